@@ -1,0 +1,34 @@
+# CROP certification workflow (Wu et al., ICLR 2022).
+# Per environment × algorithm × σ: checkpoint → qrange → LoAct, GRe, LoRe → PGD attacks → tables and
+# figures → audit.  Rules only wire files; every computation is a `crop` subcommand.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# config.yaml is the default; a --configfile given on the command line replaces it (it is not merged
+# into it), so a config that names only some environments runs only those.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
+
+
+report: "report/workflow.rst"
+
+
+include: "rules/common.smk"
+include: "rules/checkpoint.smk"
+include: "rules/qrange.smk"
+include: "rules/loact.smk"
+include: "rules/gre.smk"
+include: "rules/lore.smk"
+include: "rules/attack.smk"
+include: "rules/aggregate.smk"
+include: "rules/audit.smk"
+
+
+rule all:
+    input:
+        aggregate_outputs(),
+        audit_outputs(),
+    default_target: True

@@ -1,0 +1,494 @@
+"""The ``crop`` command: one subcommand per workflow rule.
+
+Each subcommand parses its arguments, checks them before doing any work, calls one function of the
+package, and writes its outputs atomically with a provenance file beside each.  Exit status 2 means bad
+input (config, checkpoint, arguments); nothing is written then.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main"]
+
+
+class InputError(Exception):
+    """Bad input detected before any work: reported as one line, exit status 2."""
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0 or not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def _alpha(text: str) -> float:
+    v = float(text)
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return v
+
+
+def _pos_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return v
+
+
+def _env(text: str) -> str:
+    from crop.envs import ENV_SPECS
+
+    if text not in ENV_SPECS:
+        raise argparse.ArgumentTypeError(f"unknown environment {text!r}; known: {sorted(ENV_SPECS)}")
+    return text
+
+
+def _algo(text: str) -> str:
+    from crop.config import ALGORITHMS
+
+    if text not in ALGORITHMS:
+        raise argparse.ArgumentTypeError(f"unknown algorithm {text!r}; known: {ALGORITHMS}")
+    return text
+
+
+def _common(p: argparse.ArgumentParser, sigma: bool = True, checkpoint: bool = True) -> None:
+    p.add_argument("--env", type=_env, required=True)
+    p.add_argument("--algo", type=_algo, required=True)
+    if sigma:
+        p.add_argument("--sigma", type=_positive_float, required=True)
+    if checkpoint:
+        p.add_argument("--checkpoint", required=True, help="model.pt (its model.json must sit beside it)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--threads", type=_pos_int, default=1)
+    p.add_argument("--chunk", type=_pos_int, default=1000)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars (default: only on a terminal)")
+
+
+def _certifier_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--qrange", required=True, help="qrange.json of the same env/algo/sigma")
+    p.add_argument("--m", type=_pos_int, default=10000)
+    p.add_argument("--alpha", type=_alpha, default=0.05)
+    p.add_argument("--bound", default="hoeffding", choices=["hoeffding"])
+
+
+def _setup(args) -> float:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    return time.time()
+
+
+def _load_policy(args):
+    """Verify the checkpoint against its recorded sha256 and architecture, then load it."""
+    from crop.io import read_json
+    from crop.models import CheckpointError, load_q_network
+
+    ckpt = Path(args.checkpoint)
+    meta_file = ckpt.with_suffix(".json")
+    if not meta_file.is_file():
+        raise InputError(f"{ckpt}: no checkpoint record {meta_file.name} beside it (sha256 and architecture)")
+    meta = read_json(meta_file)
+    for key in ("sha256", "net_spec", "env", "algo"):
+        if key not in meta:
+            raise InputError(f"{meta_file}: missing field {key!r}")
+    if meta["env"] != args.env or meta["algo"] != args.algo:
+        raise InputError(f"{ckpt}: recorded for {meta['env']}/{meta['algo']}, not {args.env}/{args.algo}")
+    try:
+        net = load_q_network(ckpt, meta["net_spec"], expected_sha256=meta["sha256"])
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    return net, meta
+
+
+def _load_qrange(path: str, args) -> tuple[float, float]:
+    from crop.io import read_json
+
+    q = read_json(path)
+    if q.get("env") != args.env or q.get("algo") != args.algo or not math.isclose(q.get("sigma", -1), args.sigma):
+        raise InputError(f"{path}: Q range was estimated for {q.get('env')}/{q.get('algo')}/σ={q.get('sigma')}, "
+                         f"not {args.env}/{args.algo}/σ={args.sigma}")
+    v_min, v_max = q.get("v_min"), q.get("v_max")
+    if not (isinstance(v_min, (int, float)) and isinstance(v_max, (int, float)) and v_max > v_min):
+        raise InputError(f"{path}: invalid Q range [{v_min}, {v_max}]")
+    return float(v_min), float(v_max)
+
+
+def _episode_seeds(seed: int, env: str, n: int, kind: str = "episode") -> list[int]:
+    """Initial-state seeds shared by every algorithm and σ, so their numbers compare like for like."""
+    from crop.io import derive_seed
+
+    return [derive_seed(seed, env, kind, i) % (2**31) for i in range(n)]
+
+
+def _stage_seed(args, stage: str) -> int:
+    from crop.io import derive_seed
+
+    return derive_seed(args.seed, args.env, args.algo, repr(float(args.sigma)), stage)
+
+
+def _smoother(args, net, v_min, v_max, stage: str):
+    from crop.envs import env_spec
+    from crop.smoothing import SmoothedQ
+
+    return SmoothedQ(net, args.sigma, args.m, v_min, v_max, args.alpha, env_spec(args.env).n_actions,
+                     bound=args.bound, chunk=args.chunk, seed=_stage_seed(args, stage), device=args.device)
+
+
+def _settings(args) -> dict:
+    return {k: v for k, v in vars(args).items() if k not in ("func", "progress")}
+
+
+def _inputs(args, *names) -> dict:
+    from crop.io import sha256_file
+
+    return {n: {"path": str(getattr(args, n)), "sha256": sha256_file(getattr(args, n))} for n in names}
+
+
+# ----------------------------------------------------------------------------------------------- commands
+
+def cmd_train(args) -> None:
+    from crop.io import provenance, sha256_file, write_json
+    from crop.models import save_q_network
+    from crop.registry import checkpoint_source
+    from crop.train.dqn import DQNConfig, train_dqn
+
+    started = _setup(args)
+    try:
+        src = checkpoint_source(args.env, args.algo)
+    except KeyError as exc:
+        raise InputError(exc.args[0]) from None
+    if src.get("source") != "train":
+        raise InputError(f"{args.env}/{args.algo} is not trained locally (source: {src.get('source')})")
+    cfg = DQNConfig(hidden=list(args.hidden), total_steps=args.total_steps, eval_episodes=args.eval_episodes,
+                    target_return=args.target_return)
+    net, info = train_dqn(args.env, args.seed, cfg, profile=src.get("profile"), progress=args.progress)
+    out = Path(args.out)
+    save_q_network(net, out)
+    record = {"env": args.env, "algo": args.algo, "net_spec": info["net_spec"], "profile": src.get("profile"),
+              "source": "train", "recipe": src.get("recipe"), "sha256": sha256_file(out), "training": info,
+              "clean_greedy_return": info["acceptance"],
+              "provenance": provenance("train", _settings(args), seed=args.seed, device="cpu", started=started)}
+    write_json(out.with_suffix(".json"), record)
+    print(f"trained {args.env}/{args.algo}: greedy return {info['acceptance']['mean']:.1f} over "
+          f"{info['acceptance']['episodes']} episodes after {info['steps']} steps; sha256 {record['sha256']}")
+
+
+def cmd_qrange(args) -> None:
+    from crop.io import provenance, write_json
+    from crop.qrange import estimate_qrange
+
+    started = _setup(args)
+    net, meta = _load_policy(args)
+    res = estimate_qrange(args.env, net, args.sigma, args.m, args.episodes, args.horizon,
+                          _episode_seeds(args.seed, args.env, args.episodes, "qrange-episode"),
+                          seed=_stage_seed(args, "qrange"), chunk=args.chunk, device=args.device,
+                          profile=meta.get("profile"), progress=args.progress)
+    out = {"env": args.env, "algo": args.algo, "sigma": args.sigma, **res,
+           "checkpoint_sha256": meta["sha256"],
+           "provenance": provenance("qrange", _settings(args), seed=_stage_seed(args, "qrange"),
+                                    inputs=_inputs(args, "checkpoint"), device=args.device, started=started)}
+    write_json(args.out, out)
+    print(f"qrange {args.env}/{args.algo} σ={args.sigma}: [{res['v_min']:.6g}, {res['v_max']:.6g}] "
+          f"from {res['states']} states × {args.m} samples")
+
+
+def cmd_loact(args) -> None:
+    from crop.io import provenance, write_csv, write_with_meta
+    from crop.loact import certified_ratio, run_loact
+
+    started = _setup(args)
+    net, meta = _load_policy(args)
+    v_min, v_max = _load_qrange(args.qrange, args)
+    sm = _smoother(args, net, v_min, v_max, "loact")
+    steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
+                                _episode_seeds(args.seed, args.env, args.episodes), profile=meta.get("profile"),
+                                progress=args.progress)
+    r_grid = args.sigma * np.linspace(0.0, 4.0, 81)
+    ratio = certified_ratio(steps, r_grid)
+    prov = provenance("loact", _settings(args), seed=_stage_seed(args, "loact"),
+                      inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
+    prov.update({"v_min": v_min, "v_max": v_max, "per_bound_alpha": sm.alpha_each,
+                 "states_certified": int(len(steps)),
+                 "confidence": {"per_state": 1 - args.alpha,
+                                "per_episode_union": max(0.0, 1 - args.alpha * float(episodes["steps"].max()))},
+                 "note": "radius is 0 at uncertified steps and counts in every mean"})
+    write_with_meta(args.out, lambda p: write_csv(p, steps), prov, rows=len(steps))
+    write_with_meta(args.out_episodes, lambda p: write_csv(p, episodes), prov, rows=len(episodes))
+    write_with_meta(args.out_ratio, lambda p: write_csv(p, ratio), prov, rows=len(ratio))
+    print(f"LoAct {args.env}/{args.algo} σ={args.sigma}: {steps['certified'].mean():.1%} of {len(steps)} steps "
+          f"certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
+          f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
+
+
+def cmd_gre(args) -> None:
+    import pandas as pd
+
+    from crop.envs import env_spec
+    from crop.gre import gre_bounds, sample_randomized_returns
+    from crop.io import derive_seed, provenance, write_csv, write_with_meta
+
+    started = _setup(args)
+    net, meta = _load_policy(args)
+    returns = sample_randomized_returns(args.env, net, args.sigma, args.m, args.horizon, args.gamma,
+                                        seed=_stage_seed(args, "gre"),
+                                        env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
+                                        chunk=max(args.chunk, 1), device=args.device,
+                                        profile=meta.get("profile"), progress=args.progress)
+    j_min, j_max = env_spec(args.env).return_range(args.horizon, args.gamma)
+    table = gre_bounds(returns, sigma=args.sigma, horizon=args.horizon, alpha=args.alpha,
+                       eps_grid=[f * args.sigma for f in args.eps_factors], percentiles=args.percentiles,
+                       j_min=j_min, j_max=j_max)
+    prov = provenance("gre", _settings(args), seed=_stage_seed(args, "gre"), inputs=_inputs(args, "checkpoint"),
+                      device=args.device, started=started)
+    prov.update({"j_min": j_min, "j_max": j_max,
+                 "note": "each bound holds with probability >= 1 - alpha; empty percentile_bound = no k qualifies"})
+    write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
+    write_with_meta(args.out_returns, lambda p: write_csv(p, pd.DataFrame({"return": returns})), prov,
+                    rows=len(returns))
+    print(f"GRe {args.env}/{args.algo} σ={args.sigma}: {args.m} randomized returns, mean {returns.mean():.2f}, "
+          f"median {np.median(returns):.1f}")
+
+
+def cmd_lore(args) -> None:
+    from crop.envs import env_spec
+    from crop.io import provenance, write_csv, write_with_meta
+    from crop.lore import run_lore
+
+    started = _setup(args)
+    net, meta = _load_policy(args)
+    v_min, v_max = _load_qrange(args.qrange, args)
+    sm = _smoother(args, net, v_min, v_max, "lore")
+    spec = env_spec(args.env)
+    eps_max = math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma
+    table, info = run_lore(args.env, sm, args.horizon, _episode_seeds(args.seed, args.env, 1)[0],
+                           gamma=args.gamma, eps_max=eps_max, prune=spec.nonnegative_rewards,
+                           profile=meta.get("profile"), progress=args.progress)
+    prov = provenance("lore", _settings(args), seed=_stage_seed(args, "lore"),
+                      inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
+    prov.update({"v_min": v_min, "v_max": v_max, "search": info,
+                 "initial_state": "the initial state of LoAct episode 0"})
+    write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
+    print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
+          f"{info['distinct_states_smoothed']} states smoothed, {info['nodes_per_s']} nodes/s, "
+          f"bound at ε=0: {table['lower_bound'].iloc[0]}")
+
+
+def cmd_attack_local(args) -> None:
+    from crop.attack import run_local_attack
+    from crop.io import provenance, write_csv, write_with_meta
+
+    started = _setup(args)
+    net, meta = _load_policy(args)
+    v_min, v_max = _load_qrange(args.qrange, args)
+    sm = _smoother(args, net, v_min, v_max, "attack-local")
+    table = run_local_attack(args.env, sm, [f * args.sigma for f in args.eps_factors],
+                             _episode_seeds(args.seed, args.env, args.episodes), args.horizon,
+                             steps=args.pgd_steps, m_grad=args.m_grad, seed=_stage_seed(args, "attack-local-pgd"),
+                             gamma=args.gamma, profile=meta.get("profile"), progress=args.progress)
+    table["same_start_as_lore"] = table["episode"] == 0
+    prov = provenance("attack_local", _settings(args), seed=_stage_seed(args, "attack-local"),
+                      inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
+    write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
+    print(f"local PGD {args.env}/{args.algo} σ={args.sigma}: min return per ε "
+          f"{table.groupby('eps')['return'].min().round(2).to_dict()}")
+
+
+def cmd_attack_global(args) -> None:
+    from crop.attack import run_global_attack
+    from crop.io import provenance, write_csv, write_with_meta
+
+    started = _setup(args)
+    net, meta = _load_policy(args)
+    table = run_global_attack(args.env, net, args.sigma, [f * args.sigma for f in args.eps_factors],
+                              _episode_seeds(args.seed, args.env, args.episodes, "global-attack-episode"),
+                              args.horizon, steps=args.pgd_steps, n_eot=args.n_eot, gamma=args.gamma,
+                              seed=_stage_seed(args, "attack-global"), device=args.device,
+                              profile=meta.get("profile"), progress=args.progress)
+    prov = provenance("attack_global", _settings(args), seed=_stage_seed(args, "attack-global"),
+                      inputs=_inputs(args, "checkpoint"), device=args.device, started=started)
+    write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
+    print(f"global PGD {args.env}/{args.algo} σ={args.sigma}: median return per ε "
+          f"{table.groupby('eps')['return'].median().round(2).to_dict()}")
+
+
+def _runs_from_inputs(files) -> tuple[Path, list[str]]:
+    """The results root and ENV/ALGO/sigma-S run folders that a list of run files lives in."""
+    dirs = sorted({Path(f).parent for f in files})
+    roots = {d.parents[2] for d in dirs}
+    if len(roots) != 1 or not all(d.name.startswith("sigma-") for d in dirs):
+        raise InputError(f"inputs do not lie in RESULTS/ENV/ALGO/sigma-S folders of one results folder: {dirs[:3]}")
+    root = roots.pop()
+    return root, [str(d.relative_to(root)) for d in dirs]
+
+
+def _results_and_runs(args) -> tuple[Path, list[str] | None]:
+    if args.inputs:
+        return _runs_from_inputs(args.inputs)
+    if not args.results:
+        raise InputError("give a results folder or --inputs")
+    return Path(args.results), args.runs
+
+
+def cmd_aggregate(args) -> None:
+    from crop.report.aggregate import aggregate
+
+    results, runs = _results_and_runs(args)
+    if not runs:
+        raise InputError("no runs to aggregate")
+    written = aggregate(results, runs, table_eps_factors=args.table_eps_factors,
+                        figures_dir=Path(args.figures), tables_dir=Path(args.tables))
+    print(f"aggregate: wrote {len(written)} files")
+
+
+def cmd_audit(args) -> None:
+    from crop.report.audit import audit
+
+    results, runs = _results_and_runs(args)
+    report = audit(results, out_dir=Path(args.out_dir), runs=runs, alpha=args.alpha)
+    print(f"audit: {report['violations']} violations in {report['checked']} checks")
+    if args.strict and (report["violations"] or report["integrity_problems"]):
+        sys.exit(1)
+
+
+def cmd_validate(args) -> None:
+    from crop.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    print(f"{args.config}: valid ({sum(len(e['algorithms']) * len(e['sigmas']) for e in cfg['environments'].values())}"
+          " certification targets)")
+
+
+# ----------------------------------------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="crop", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a policy locally (Double DQN)")
+    _common(p, sigma=False, checkpoint=False)
+    p.add_argument("--hidden", type=_pos_int, nargs="+", default=[128, 128])
+    p.add_argument("--total-steps", type=_pos_int, default=100000)
+    p.add_argument("--eval-episodes", type=_pos_int, default=100)
+    p.add_argument("--target-return", type=float, default=195.0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("qrange", help="estimate V_min, V_max (Appendix B.1)")
+    _common(p)
+    p.add_argument("--m", type=_pos_int, default=10000)
+    p.add_argument("--episodes", type=_pos_int, default=3)
+    p.add_argument("--horizon", type=_pos_int, default=200)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_qrange)
+
+    p = sub.add_parser("loact", help="LoAct: per-state certified radii (Algorithm 1)")
+    _common(p)
+    _certifier_args(p)
+    p.add_argument("--episodes", type=_pos_int, default=10)
+    p.add_argument("--horizon", type=_pos_int, default=200)
+    p.add_argument("--out", required=True)
+    p.add_argument("--out-episodes", required=True)
+    p.add_argument("--out-ratio", required=True)
+    p.set_defaults(func=cmd_loact)
+
+    p = sub.add_parser("gre", help="GRe: expectation and percentile bounds (Algorithm 2)")
+    _common(p)
+    p.add_argument("--m", type=_pos_int, default=10000)
+    p.add_argument("--alpha", type=_alpha, default=0.05)
+    p.add_argument("--horizon", type=_pos_int, default=200)
+    p.add_argument("--gamma", type=float, default=1.0)
+    p.add_argument("--percentiles", type=float, nargs="+", default=[0.5])
+    p.add_argument("--eps-factors", type=float, nargs="+", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--out-returns", required=True)
+    p.set_defaults(func=cmd_gre)
+
+    p = sub.add_parser("lore", help="LoRe: adaptive search for the absolute reward bound (Algorithm 3)")
+    _common(p)
+    _certifier_args(p)
+    p.add_argument("--horizon", type=_pos_int, default=10)
+    p.add_argument("--gamma", type=float, default=1.0)
+    p.add_argument("--eps-max-factor", type=_positive_float, default=None)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_lore)
+
+    p = sub.add_parser("attack-local", help="PGD against the locally smoothed policy")
+    _common(p)
+    _certifier_args(p)
+    p.add_argument("--episodes", type=_pos_int, default=3)
+    p.add_argument("--horizon", type=_pos_int, default=10)
+    p.add_argument("--gamma", type=float, default=1.0)
+    p.add_argument("--m-grad", type=_pos_int, default=256)
+    p.add_argument("--pgd-steps", type=_pos_int, default=10)
+    p.add_argument("--eps-factors", type=float, nargs="+", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_attack_local)
+
+    p = sub.add_parser("attack-global", help="PGD against the σ-randomized policy")
+    _common(p)
+    p.add_argument("--episodes", type=_pos_int, default=10)
+    p.add_argument("--horizon", type=_pos_int, default=200)
+    p.add_argument("--gamma", type=float, default=1.0)
+    p.add_argument("--n-eot", type=_pos_int, default=32)
+    p.add_argument("--pgd-steps", type=_pos_int, default=10)
+    p.add_argument("--eps-factors", type=float, nargs="+", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_attack_global)
+
+    p = sub.add_parser("aggregate", help="tables and figures named as in the paper")
+    p.add_argument("--results", help="results folder (with --runs)")
+    p.add_argument("--runs", nargs="+", help="ENV/ALGO/sigma-S folders under --results")
+    p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of --results/--runs)")
+    p.add_argument("--table-eps-factors", type=float, nargs="+", default=[0.0, 0.05, 0.1])
+    p.add_argument("--figures", required=True)
+    p.add_argument("--tables", required=True)
+    p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("audit", help="soundness and provenance audit of a results folder")
+    p.add_argument("results", nargs="?", help="results folder (every complete run in it is audited)")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--runs", nargs="*", default=None, help="only these ENV/ALGO/sigma-S folders")
+    p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of RESULTS)")
+    p.add_argument("--alpha", type=_alpha, default=0.05,
+                   help="significance level of the tests of GRe bounds against attacked returns")
+    p.add_argument("--strict", action="store_true", help="exit 1 on any violation or integrity problem")
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("validate-config", help="check a workflow config against the schema")
+    p.add_argument("config")
+    p.set_defaults(func=cmd_validate)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except InputError as exc:
+        print(f"crop {args.command}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:  # FloatingPointError (NaN Q), CheckpointError, TrainingFailed, …
+        from crop.models import CheckpointError
+        from crop.smoothing import NonFiniteQError
+        from crop.train.dqn import TrainingFailed
+
+        if isinstance(exc, (NonFiniteQError, CheckpointError, TrainingFailed)):
+            print(f"crop {args.command}: error: {exc}", file=sys.stderr)
+            sys.exit(1)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The workflow configuration: schema validation with defaults, semantic checks, and the target list.
+
+Used by the Snakefile (before any job is scheduled) and by the CLI, so a bad config is refused with one
+message that names the offending field, and nothing is computed.
+"""
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from crop.registry import checkpoint_source
+
+__all__ = ["ConfigError", "load_schema", "validate_config", "load_config", "targets", "sigma_label",
+           "ALGORITHMS"]
+
+ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
+              "NoisyNet", "GradDQN"]
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_schema() -> dict:
+    text = resources.files("crop").joinpath("schemas/config.schema.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _with_defaults(validator_class):
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def _path(parts) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def _message(err: jsonschema.ValidationError) -> str:
+    where = _path(err.absolute_path)
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = set(err.schema.get("properties", {}))
+        extra = sorted(k for k in err.instance if k not in allowed)
+        return f"{where}: unknown key(s) {extra}; allowed: {sorted(allowed)}"
+    if err.validator == "propertyNames" or (err.validator == "enum" and "propertyNames" in err.schema_path):
+        return f"{where}: unknown name {err.instance!r}; allowed: {err.validator_value}"
+    if err.validator == "enum":
+        return f"{where}: {err.instance!r} is not one of {err.validator_value}"
+    if err.validator == "exclusiveMinimum":
+        return f"{where}: {err.instance!r} must be > {err.validator_value}"
+    if err.validator == "exclusiveMaximum":
+        return f"{where}: {err.instance!r} must be < {err.validator_value}"
+    if err.validator == "minimum":
+        return f"{where}: {err.instance!r} must be >= {err.validator_value}"
+    if err.validator == "maximum":
+        return f"{where}: {err.instance!r} must be <= {err.validator_value}"
+    if err.validator == "required":
+        return f"{where}: {err.message}"
+    return f"{where}: {err.message}"
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """Validate ``config`` against the schema, fill in defaults, and check what the schema cannot.
+
+    Returns a new dict; raises :class:`ConfigError` naming the first bad field (in path order).
+    """
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: the configuration must be a mapping, got {type(config).__name__}")
+    cfg = copy.deepcopy(config)
+    schema = load_schema()
+    cls = _with_defaults(jsonschema.validators.validator_for(schema))
+    errors = sorted(cls(schema).iter_errors(cfg), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    if errors:
+        # Descend to the most specific error of a group (oneOf/anyOf) when there is one.
+        err = errors[0]
+        while err.context:
+            err = sorted(err.context, key=lambda e: len(e.absolute_path))[-1]
+        raise ConfigError(f"{source}: invalid configuration: {_message(err)}")
+    # A second pass fills defaults inside objects that were themselves just defaulted.
+    list(cls(schema).iter_errors(cfg))
+    for env, ec in cfg["environments"].items():
+        for algo in ec["algorithms"]:
+            try:
+                checkpoint_source(env, algo)
+            except KeyError as exc:
+                raise ConfigError(f"{source}: environments.{env}.algorithms: {exc.args[0]}") from None
+    return cfg
+
+
+def load_config(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return validate_config(data or {}, str(path))
+
+
+def sigma_label(sigma: float) -> str:
+    """σ as it appears in paths and figure names (the paper's spelling: 0.001, 0.1, 1.0, 1.5)."""
+    return repr(float(sigma))
+
+
+def targets(cfg: dict) -> list[tuple[str, str, str]]:
+    """(env, algo, sigma label) for every certification the config asks for."""
+    return [(env, algo, sigma_label(s))
+            for env, ec in cfg["environments"].items()
+            for algo in ec["algorithms"]
+            for s in ec["sigmas"]]

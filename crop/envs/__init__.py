@@ -1,0 +1,109 @@
+"""Environments: one factory, preprocessing profiles, faithful snapshots, and vectorised rollouts.
+
+Nothing outside this package knows how an observation is made; every other layer sees a float32 array of
+the shape the Q-network takes, to which Gaussian noise is added (the paper smooths in that space).
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["EnvSpec", "ENV_SPECS", "env_spec", "make_env", "make_vec_env", "snapshot", "restore",
+           "to_obs", "UnknownEnvError"]
+
+
+class UnknownEnvError(KeyError):
+    def __str__(self):  # KeyError quotes its message; keep it readable
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the certifiers need to know about an environment.
+
+    ``reward_range`` is the per-step reward range from the game's specification; with the horizon H and
+    γ it gives J_min, J_max of Lemma 2 / Theorem 2 (Appendix B.2: "default values in the game
+    specifications").
+    """
+
+    env_id: str
+    paper_name: str          # figure prefix as in the paper's files, e.g. "CartPole"
+    clean_name: str          # prefix of the benign-return figure, e.g. "Cartpole"
+    n_actions: int
+    obs_shape: tuple
+    reward_range: tuple
+    profile: str             # default preprocessing profile
+
+    @property
+    def nonnegative_rewards(self) -> bool:
+        """LoRe may prune only when no step can lower the return (Appendix B.3)."""
+        return self.reward_range[0] >= 0
+
+    def return_range(self, horizon: int, gamma: float = 1.0) -> tuple[float, float]:
+        """[J_min, J_max] for returns over ``horizon`` steps with discount ``gamma``."""
+        if gamma == 1.0:
+            w = float(horizon)
+        else:
+            w = (1.0 - gamma ** horizon) / (1.0 - gamma)
+        lo, hi = self.reward_range
+        return (min(0.0, lo * w), max(0.0, hi * w))
+
+
+ENV_SPECS: dict[str, EnvSpec] = {
+    "CartPole-v0": EnvSpec("CartPole-v0", "CartPole", "Cartpole", 2, (4,), (0.0, 1.0), "vector"),
+}
+
+
+def env_spec(env_id: str) -> EnvSpec:
+    try:
+        return ENV_SPECS[env_id]
+    except KeyError:
+        raise UnknownEnvError(f"unknown environment {env_id!r}; known: {sorted(ENV_SPECS)}") from None
+
+
+def make_env(env_id: str, profile: str | None = None) -> gym.Env:
+    """A single environment with the preprocessing of ``profile`` (the checkpoint's, or the default)."""
+    spec = env_spec(env_id)
+    profile = profile or spec.profile
+    if env_id == "CartPole-v0":
+        if profile != "vector":
+            raise ValueError(f"{env_id}: unknown preprocessing profile {profile!r}; known: ['vector']")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "CartPole-v0 is out of date": the paper uses v0
+            return gym.make("CartPole-v0")
+    raise UnknownEnvError(f"unknown environment {env_id!r}")
+
+
+def make_vec_env(env_id: str, num_envs: int, profile: str | None = None):
+    """``num_envs`` copies stepped in lockstep, for GRe's m trajectories and batched attacks.
+
+    CartPole uses gymnasium's numpy-vectorised ``CartPoleVectorEnv`` (the same dynamics as the single
+    environment, one array operation per step for all trajectories).
+    """
+    spec = env_spec(env_id)
+    profile = profile or spec.profile
+    if env_id == "CartPole-v0":
+        from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+        return CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=gym.spec(env_id).max_episode_steps)
+    raise UnknownEnvError(f"unknown environment {env_id!r}")
+
+
+def to_obs(obs) -> np.ndarray:
+    """The network's input as float32 (noise is added in this space)."""
+    return np.asarray(obs, dtype=np.float32)
+
+
+def snapshot(env: gym.Env):
+    """A faithful copy of ``env``'s whole state, wrappers included (CartPole: the TimeLimit counter lives in
+    the wrapper, so the *wrapped* env is copied)."""
+    return copy.deepcopy(env)
+
+
+def restore(env: gym.Env | None, snap) -> gym.Env:
+    """An environment in the state ``snap`` was taken in; ``snap`` itself stays untouched for reuse."""
+    return copy.deepcopy(snap)

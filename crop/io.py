@@ -1,0 +1,182 @@
+"""Atomic file output, hashes, seeds and provenance.
+
+Every result file is written to a temporary file in the same folder and renamed into place, so a killed
+job never leaves a half-written output behind; its provenance (settings, seeds, versions, checkpoint hash,
+runtime, and the file's own sha256 and row count) sits beside it as ``<name>.meta.json``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "write_json",
+    "read_json",
+    "write_csv",
+    "sha256_file",
+    "sha256_bytes",
+    "derive_seed",
+    "provenance",
+    "meta_path",
+    "write_with_meta",
+]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _json_default(o: Any):
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.bool_):
+        return bool(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def _finite_or_none(obj):
+    """JSON has no inf/NaN: write them as null so no reader mistakes them for numbers."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    return obj
+
+
+def dumps_json(obj: Any) -> str:
+    return json.dumps(_finite_or_none(json.loads(json.dumps(obj, default=_json_default))),
+                      indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, dumps_json(obj))
+
+
+def read_json(path: str | Path) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_csv(path: str | Path, df) -> None:
+    """Write a pandas DataFrame atomically; NaN becomes an empty field (no bound is not a number)."""
+    atomic_write_text(path, df.to_csv(index=False, lineterminator="\n", float_format="%.10g"))
+
+
+def meta_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.stem + ".meta.json")
+
+
+def derive_seed(base: int, *keys: Any) -> int:
+    """A stable 63-bit seed from a base seed and any labels (env, algo, sigma, stage, …).
+
+    Python's ``hash`` is salted per process; this is not, so reruns draw the same noise.
+    """
+    text = "\x1f".join([str(int(base)), *[str(k) for k in keys]])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=5)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                   capture_output=True, text=True, timeout=5).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("crop", "torch", "numpy", "scipy", "gymnasium", "pandas"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def provenance(stage: str, settings: dict, *, seed: int | None = None, inputs: dict | None = None,
+               device: str | None = None, started: float | None = None) -> dict:
+    """Where a result came from: stage, settings, seed, input hashes, versions, commit, device, runtime."""
+    now = time.time()
+    return {
+        "stage": stage,
+        "settings": settings,
+        "seed": seed,
+        "inputs": inputs or {},
+        "git_commit": _git_commit(),
+        "versions": _versions(),
+        "device": device,
+        "platform": platform.platform(),
+        "argv": sys.argv,
+        "runtime_s": None if started is None else round(now - started, 3),
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+    }
+
+
+def write_with_meta(path: str | Path, write: Callable[[Path], None], meta: dict, rows: int | None = None) -> None:
+    """Write a result atomically, then its ``.meta.json`` carrying the provenance and the file's own hash."""
+    path = Path(path)
+    write(path)
+    meta = dict(meta)
+    meta["output"] = {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size,
+                      "rows": rows}
+    write_json(meta_path(path), meta)

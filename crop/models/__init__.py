@@ -1,0 +1,109 @@
+"""Q-network architectures and a loader that refuses what it cannot trust.
+
+An architecture is described by a small JSON-able *spec* (``{"arch": "mlp", "in": 4, "hidden": [128, 128],
+"out": 2}``) that travels with every checkpoint, so a reader of the results knows exactly which function
+was smoothed.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from crop.io import sha256_file
+
+__all__ = ["build_q_network", "load_q_network", "save_q_network", "CheckpointError", "spec_summary"]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that must not be used: wrong hash, wrong architecture, unreadable or unsafe."""
+
+
+def _mlp(spec: dict) -> nn.Sequential:
+    dims = [int(spec["in"]), *[int(h) for h in spec.get("hidden", [])], int(spec["out"])]
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(dims) - 2:
+            layers.append(nn.ReLU())
+    # nn.Sequential keeps the state-dict keys "0.weight", "2.weight", … used by CROP's MLP checkpoints.
+    return nn.Sequential(*layers)
+
+
+_BUILDERS = {"mlp": _mlp}
+
+
+def spec_summary(spec: dict) -> str:
+    if spec.get("arch") == "mlp":
+        dims = [spec["in"], *spec.get("hidden", []), spec["out"]]
+        return "MLP " + "→".join(str(d) for d in dims)
+    return str(spec)
+
+
+def build_q_network(spec: dict) -> nn.Module:
+    """A fresh network for ``spec``; raises ``CheckpointError`` for an unknown architecture."""
+    arch = spec.get("arch")
+    if arch not in _BUILDERS:
+        raise CheckpointError(f"unknown architecture {arch!r}; known: {sorted(_BUILDERS)}")
+    return _BUILDERS[arch](spec)
+
+
+def _normalise_keys(state: dict, expected: set[str]) -> dict:
+    """Accept the key styles published checkpoints use (``0.weight`` and ``network.0.weight``)."""
+    if set(state) == expected:
+        return state
+    for prefix in ("network.", "model.", "module."):
+        stripped = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+        if set(stripped) == expected:
+            return stripped
+    return state
+
+
+def save_q_network(net: nn.Module, path: str | Path) -> None:
+    """Save a state dict (CPU tensors) atomically."""
+    from crop.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in net.state_dict().items()}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_q_network(path: str | Path, spec: dict, expected_sha256: str | None = None,
+                   device: str | torch.device = "cpu") -> nn.Module:
+    """Load a checkpoint into the architecture ``spec``, in eval mode.
+
+    * The file's sha256 is checked *before* it is opened when ``expected_sha256`` is given.
+    * ``torch.load(weights_only=True)`` never runs pickled code; tensors saved on ``cuda:0`` map to CPU.
+    * A key or shape mismatch names the missing and unexpected keys and the expected architecture.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if expected_sha256 is not None:
+        actual = sha256_file(path)
+        if actual != expected_sha256.lower():
+            raise CheckpointError(
+                f"checkpoint {path}: sha256 {actual} differs from the recorded {expected_sha256}; refusing to use it")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle refusing a non-tensor object lands here too
+        raise CheckpointError(f"checkpoint {path} cannot be loaded safely (weights_only=True): {exc}") from exc
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"checkpoint {path} is not a state dict of tensors")
+    net = build_q_network(spec)
+    expected = net.state_dict()
+    state = _normalise_keys(state, set(expected))
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    bad_shapes = sorted(f"{k}: file {tuple(state[k].shape)} vs expected {tuple(expected[k].shape)}"
+                        for k in set(expected) & set(state) if state[k].shape != expected[k].shape)
+    if missing or unexpected or bad_shapes:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit the expected architecture {spec_summary(spec)}: "
+            f"missing keys {missing}, unexpected keys {unexpected}, shape mismatches {bad_shapes}")
+    net.load_state_dict({k: v.float() for k, v in state.items()})
+    return net.to(device).eval()

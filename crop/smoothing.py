@@ -1,0 +1,136 @@
+"""Functional smoothing of a Q-network (Eq. (2) of the paper) — the project's one hot loop.
+
+``SmoothedQ`` estimates Q̃(s, a) = E_{Δ∼N(0,σ²I)} clip(Q(s+Δ, a), V_min, V_max) for every action from m
+Monte-Carlo samples, with confidence bounds that hold *simultaneously* for all actions.  Every call draws
+fresh noise from one seeded generator that keeps advancing: noise is never reused across states (the
+official CROP code drew one noise bank and reused it for every state, which makes the per-state
+certificates dependent).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from crop import stats
+
+__all__ = ["SmoothedQ", "Estimate", "NonFiniteQError", "resolve_device", "BOUNDS"]
+
+
+class NonFiniteQError(FloatingPointError):
+    """The network produced NaN or ±inf; the state index is in the message."""
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@dataclass
+class Estimate:
+    """Smoothed means of the clipped Q-values and bounds that all hold together with prob ≥ 1 − alpha."""
+
+    mean: np.ndarray   # (|A|,) float64
+    lower: np.ndarray  # (|A|,)
+    upper: np.ndarray  # (|A|,)
+    m: int
+    alpha: float       # total miscoverage of the whole set of bounds for this state
+    bound: str
+
+    @property
+    def action(self) -> int:
+        """The smoothed policy's action: argmax of the Monte-Carlo means (the paper's inference)."""
+        return int(np.argmax(self.mean))
+
+
+def _hoeffding(total: np.ndarray, m: int, lo: float, hi: float, alpha_each: float, samples=None):
+    mean = total / m
+    d = stats.hoeffding_margin(hi - lo, m, alpha_each)
+    return mean, mean - d, mean + d
+
+
+# name -> (function(total, m, lo, hi, alpha_each, samples) -> (mean, lower, upper), needs_samples)
+BOUNDS = {"hoeffding": (_hoeffding, False)}
+
+
+class SmoothedQ:
+    """Monte-Carlo estimate of the locally smoothed Q-function Q̃ (Eq. (2)), in the style of Cohen et
+    al.'s ``Smooth`` class.
+
+    Parameters mirror the paper: ``sigma`` (noise std), ``m`` (samples per state), ``v_min``/``v_max``
+    (clipping range, estimated beforehand from *independent* noise, Appendix B.1), ``alpha`` (per-state
+    miscoverage, split over the 2·|A| one-sided bounds, see :func:`crop.stats.per_bound_alpha`).
+    """
+
+    def __init__(self, q_net: torch.nn.Module, sigma: float, m: int, v_min: float, v_max: float,
+                 alpha: float, n_actions: int, *, bound: str = "hoeffding", chunk: int = 1000,
+                 seed: int = 0, device: str | torch.device | None = "cpu"):
+        if not sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {sigma}")
+        if m < 1:
+            raise ValueError(f"m must be >= 1, got {m}")
+        if not 0 < alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if not (np.isfinite(v_min) and np.isfinite(v_max) and v_max > v_min):
+            raise ValueError(f"need finite v_min < v_max, got [{v_min}, {v_max}]")
+        if bound not in BOUNDS:
+            raise ValueError(f"unknown bound {bound!r}; known: {sorted(BOUNDS)}")
+        self.device = resolve_device(device)
+        self.q_net = q_net.to(self.device).eval()
+        self.sigma, self.m, self.alpha = float(sigma), int(m), float(alpha)
+        self.v_min, self.v_max = float(v_min), float(v_max)
+        self.n_actions = int(n_actions)
+        self.bound = bound
+        self.chunk = max(1, min(int(chunk), self.m))
+        self.alpha_each = stats.per_bound_alpha(self.alpha, self.n_actions)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int(seed))
+        self.calls = 0  # states smoothed so far (for counters and confidence accounting)
+        self._buf = None
+
+    def _noise_buffer(self, shape) -> torch.Tensor:
+        if self._buf is None or self._buf.shape[1:] != shape:
+            # Contiguous (never channels_last): normal_ into a strided buffer is much slower.
+            self._buf = torch.empty((self.chunk, *shape), dtype=torch.float32, device=self.device)
+        return self._buf
+
+    @torch.inference_mode()
+    def clipped_sums(self, obs, index=None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Σ_i clip(Q(obs + Δ_i)) over m fresh noise draws (float64), and the samples if a bound needs
+        them.  Raises :class:`NonFiniteQError` naming ``index`` on NaN/inf network output."""
+        x = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
+        buf = self._noise_buffer(tuple(x.shape))
+        needs_samples = BOUNDS[self.bound][1]
+        total = torch.zeros(self.n_actions, dtype=torch.float64, device=self.device)
+        kept = [] if needs_samples else None
+        done = 0
+        while done < self.m:
+            c = min(self.chunk, self.m - done)
+            noisy = buf[:c]
+            torch.randn(noisy.shape, generator=self.generator, out=noisy)
+            noisy.mul_(self.sigma).add_(x)
+            q = self.q_net(noisy)
+            if q.shape != (c, self.n_actions):
+                raise ValueError(f"network output shape {tuple(q.shape)} != ({c}, {self.n_actions})")
+            if not torch.isfinite(q).all():
+                where = "" if index is None else f" at state {index}"
+                raise NonFiniteQError(f"the Q-network returned NaN or inf{where} (sigma={self.sigma})")
+            q = q.clamp_(self.v_min, self.v_max)
+            total += q.sum(0, dtype=torch.float64)
+            if kept is not None:
+                kept.append(q.to(torch.float64).cpu())
+            done += c
+        self.calls += 1
+        samples = torch.cat(kept).numpy() if kept is not None else None
+        return total.cpu().numpy(), samples
+
+    def estimate(self, obs, index=None) -> Estimate:
+        """Means and simultaneous confidence bounds of Q̃(obs, ·)."""
+        total, samples = self.clipped_sums(obs, index)
+        fn = BOUNDS[self.bound][0]
+        mean, lower, upper = fn(total, self.m, self.v_min, self.v_max, self.alpha_each, samples)
+        lower = np.clip(lower, self.v_min, self.v_max)
+        upper = np.clip(upper, self.v_min, self.v_max)
+        return Estimate(mean=mean, lower=lower, upper=upper, m=self.m, alpha=self.alpha, bound=self.bound)

@@ -1,0 +1,35 @@
+# Stage 3a: LoAct — certified radius of every step of clean episodes (Algorithm 1, Theorem 1).
+
+
+rule loact:
+    input:
+        model=CHECKPOINT,
+        record=CHECKPOINT_RECORD,
+        qrange=run_file("qrange"),
+    output:
+        steps=run_file("loact"),
+        episodes=run_file("loact_episodes"),
+        ratio=run_file("certified_ratio"),
+        meta=meta_file("loact"),
+        episodes_meta=meta_file("loact_episodes"),
+        ratio_meta=meta_file("certified_ratio"),
+    log:
+        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/loact.log",
+    benchmark:
+        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/loact.tsv"
+    params:
+        common=common_args,
+        stage=lambda w: (
+            f"--m {env_cfg(w)['loact']['m']} --episodes {env_cfg(w)['loact']['episodes']} "
+            f"--horizon {env_cfg(w)['loact']['horizon']} --alpha {CFG['alpha']} --bound {CFG['bound']}"
+        ),
+    threads: CFG["threads"]
+    resources:
+        mem_mb=1500,
+        runtime=120,
+    conda:
+        "../envs/crop.yaml"
+    shell:
+        "crop loact {params.common} --threads {threads} --checkpoint {input.model} --qrange {input.qrange} "
+        "{params.stage} --out {output.steps} --out-episodes {output.episodes} --out-ratio {output.ratio} "
+        "> {log} 2>&1"

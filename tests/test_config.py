@@ -1,0 +1,70 @@
+"""Bad configuration is refused before any work, with a message naming the field."""
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crop.config import ConfigError, load_config, targets, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def _bad(mutate):
+    cfg = copy.deepcopy(BASE)
+    mutate(cfg)
+    return cfg
+
+
+CASES = [
+    ("unknown top-level key", lambda c: c.update(sigmaa=1), r"unknown key.*sigmaa"),
+    ("unknown nested key", lambda c: c["environments"]["CartPole-v0"]["loact"].update(mm=3),
+     r"environments\.CartPole-v0\.loact: unknown key.*'mm'"),
+    ("sigma = 0", lambda c: c["environments"]["CartPole-v0"].update(sigmas=[0.1, 0.0]),
+     r"environments\.CartPole-v0\.sigmas\[1\]: 0\.0 must be > 0"),
+    ("negative sigma", lambda c: c["environments"]["CartPole-v0"].update(sigmas=[-0.1]),
+     r"sigmas\[0\]: -0\.1 must be > 0"),
+    ("m < 1", lambda c: c["environments"]["CartPole-v0"]["gre"].update(m=0),
+     r"environments\.CartPole-v0\.gre\.m: 0 must be >= 1"),
+    ("alpha = 1", lambda c: c.update(alpha=1.0), r"alpha: 1\.0 must be < 1"),
+    ("alpha = 0", lambda c: c.update(alpha=0), r"alpha: 0 must be > 0"),
+    ("unknown env", lambda c: c["environments"].update({"Nope-v9": c["environments"]["CartPole-v0"]}),
+     r"environments: unknown name 'Nope-v9'"),
+    ("unknown algorithm", lambda c: c["environments"]["CartPole-v0"].update(algorithms=["StdTrain", "Magic"]),
+     r"environments\.CartPole-v0\.algorithms\[1\]: 'Magic' is not one of"),
+    ("wrong type", lambda c: c["environments"]["CartPole-v0"]["loact"].update(episodes="ten"),
+     r"environments\.CartPole-v0\.loact\.episodes: 'ten' is not of type 'integer'"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,pattern", CASES, ids=[c[0] for c in CASES])
+def test_schema_names_the_bad_field(name, mutate, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        validate_config(_bad(mutate))
+
+
+def test_defaults_are_filled_and_targets_listed():
+    cfg = validate_config({"environments": {"CartPole-v0": {"algorithms": ["StdTrain"], "sigmas": [0.1, 1]}}})
+    assert cfg["alpha"] == 0.05 and cfg["environments"]["CartPole-v0"]["gre"]["m"] == 10000
+    assert targets(cfg) == [("CartPole-v0", "StdTrain", "0.1"), ("CartPole-v0", "StdTrain", "1.0")]
+
+
+def test_default_and_smoke_configs_are_valid():
+    for f in ("config.yaml", "tests/configs/smoke.yaml"):
+        load_config(REPO / f)
+
+
+def test_snakemake_refuses_bad_config_before_any_job(tmp_path):
+    cfg = _bad(lambda c: c["environments"]["CartPole-v0"].update(sigmas=[-0.5]))
+    cfg["results"] = str(tmp_path / "results")
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
+                        "--configfile", str(f), "--directory", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "environments.CartPole-v0.sigmas[0]: -0.5 must be > 0" in p.stdout + p.stderr
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,124 @@
+"""LoRe (Algorithm 3): the adaptive search equals a brute-force enumeration of every action sequence the
+radii allow, at every ε; terminal transitions, ties, pruning and snapshots are handled."""
+import copy
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from crop.loact import certify_estimate
+from crop.lore import lore_bound_at, run_lore
+from crop.smoothing import SmoothedQ
+
+
+class ToyWalk(gym.Env):
+    """Deterministic 1-D walk: 3 actions move left/stay/right; reward depends on position (may be negative
+    when ``signed``); stepping outside [-1, 1] terminates (with that step's reward)."""
+
+    def __init__(self, signed=False, repeat_states=False):
+        self.signed, self.repeat = signed, repeat_states
+        self.observation_space = gym.spaces.Box(-5, 5, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+
+    def _obs(self):
+        t = 0.0 if self.repeat else self.t / 10
+        return np.array([self.pos, t], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos, self.t = 0.1, 0
+        return self._obs(), {}
+
+    def step(self, a):
+        self.pos = round(self.pos + (int(a) - 1) * 0.35, 6)
+        self.t += 1
+        r = 1.0 - abs(self.pos)
+        if not self.signed:
+            r = max(r, 0.0)
+        return self._obs(), r, abs(self.pos) > 1.0, False, {}
+
+
+class CachedSmoother(SmoothedQ):
+    """One estimate per distinct observation, shared by LoRe and the brute force."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.cache = {}
+
+    def estimate(self, obs, index=None):
+        key = np.asarray(obs, np.float32).tobytes()
+        if key not in self.cache:
+            self.cache[key] = super().estimate(obs, index)
+        return self.cache[key]
+
+
+def brute_force(make, sm, horizon, eps, gamma=1.0, seed=0):
+    """min return over every action sequence in which each action a taken at state s has r_s(a) ≤ ε
+    (plain depth-first enumeration of the allowed sequences, no pruning, no priority queue)."""
+    certs = {}
+
+    def cert(obs):
+        k = np.asarray(obs, np.float32).tobytes()
+        if k not in certs:
+            certs[k] = certify_estimate(sm.estimate(obs), sm.sigma, sm.v_min, sm.v_max)
+        return certs[k]
+
+    def rec(env, obs, t):
+        if t == horizon:
+            return 0.0
+        c = cert(obs)
+        best = math.inf
+        for a in range(len(c.radii)):
+            if c.radii[a] > eps:
+                continue
+            e = copy.deepcopy(env)
+            o, r, term, trunc, _ = e.step(a)
+            rest = 0.0 if (term or trunc) else rec(e, o, t + 1)
+            best = min(best, gamma ** t * r + rest)
+        return best
+
+    env = make()
+    obs, _ = env.reset(seed=seed)
+    return rec(env, obs, 0)
+
+
+@pytest.mark.parametrize("signed,prune,repeat", [(False, True, False), (False, False, False),
+                                                 (True, False, False), (False, True, True)])
+def test_lore_equals_brute_force(mlp_factory, signed, prune, repeat):
+    horizon = 6
+    net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
+    sm = CachedSmoother(net, 0.3, 2000, -6.0, 6.0, 0.05, 3, seed=0)
+    make = lambda: ToyWalk(signed=signed, repeat_states=repeat)  # noqa: E731
+    table, info = run_lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False)
+    assert table["eps"].is_monotonic_increasing
+    assert table["lower_bound"].is_monotonic_decreasing
+    radii = sorted({float(r) for e in sm.cache.values()
+                    for r in certify_estimate(e, sm.sigma, sm.v_min, sm.v_max).radii})
+    grid = sorted({0.0, *radii, *[r + 1e-9 for r in radii], *[max(r - 1e-9, 0) for r in radii], 10.0})
+    assert len(radii) > 3, "the test network should produce several distinct radii"
+    for eps in grid:
+        assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, horizon, eps)), eps
+    assert info["distinct_states_smoothed"] <= len(sm.cache)
+
+
+def test_lore_bound_at_respects_search_limit():
+    import pandas as pd
+
+    t = pd.DataFrame({"eps": [0.0, 0.5], "lower_bound": [10.0, 7.0]})
+    assert lore_bound_at(t, 0.49) == 10.0 and lore_bound_at(t, 0.5) == 7.0
+    assert math.isnan(lore_bound_at(t, 0.8, valid_until=0.8))
+
+
+def test_lore_on_cartpole_equals_brute_force(mlp_factory):
+    """CartPole: the real environment, deepcopy snapshots of the wrapped env, terminal rewards kept."""
+    from crop.envs import make_env
+
+    horizon = 12
+    net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
+    sm = CachedSmoother(net, 0.05, 300, -4.0, 4.0, 0.05, 2, seed=0)
+    make = lambda: make_env("CartPole-v0")  # noqa: E731
+    table, info = run_lore("CartPole-v0", sm, horizon, 3, progress=False)
+    assert len(table) >= 3, "the pole must be able to fall within the horizon for the test to bite"
+    for eps in sorted({0.0, *table["eps"], *(table["eps"] + 1e-9), 1.0}):
+        assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, horizon, eps, seed=3)), eps

@@ -1,0 +1,110 @@
+"""The whole DAG on tests/configs/smoke.yaml: every output exists, is sane, and no attack beats a
+certificate; `snakemake --lint` is clean."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from crop import layout
+from crop.config import load_config, sigma_label
+from crop.lore import lore_bound_at
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
+
+
+def snakemake(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(cwd), *args], capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("smoke")
+    p = snakemake("--cores", "2", "--configfile", str(SMOKE), cwd=work)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    cfg = load_config(SMOKE)
+    return work / cfg["results"], cfg, work
+
+
+@pytest.mark.slow
+def test_every_output_exists_and_is_sane(smoke_run):
+    results, cfg, _ = smoke_run
+    for env, ec in cfg["environments"].items():
+        labels = [sigma_label(s) for s in ec["sigmas"]]
+        for f in layout.figure_files(results / "figures", env, labels):
+            assert f.stat().st_size > 1000, f
+        for f in layout.table_files(results / "tables", env):
+            if f.suffix == ".csv":
+                t = pd.read_csv(f)
+                assert len(t) >= len(ec["algorithms"]) and t.notna().any().all(), f
+        for algo in ec["algorithms"]:
+            rec = json.loads(layout.checkpoint_path(results, env, algo).with_suffix(".json").read_text())
+            assert rec["clean_greedy_return"]["mean"] >= 195 and rec["clean_greedy_return"]["episodes"] == 100
+            for lab in labels:
+                d = layout.run_dir(results, env, algo, lab)
+                q = json.loads((d / "qrange.json").read_text())
+                assert q["v_min"] < q["v_max"] and q["checkpoint_sha256"] == rec["sha256"]
+                st = pd.read_csv(d / "loact.csv")
+                assert {"episode", "step", "action", "certified", "radius"} <= set(st.columns)
+                assert len(st) == ec["loact"]["episodes"] * ec["loact"]["horizon"]  # CartPole survives
+                assert (st["radius"] >= 0).all()
+                assert (st.loc[~st["certified"], "radius"] == 0).all()
+                assert (st.loc[st["certified"], "radius"] > 0).all()
+                assert (st.loc[st["certified"], "q_top_lower"] > st.loc[st["certified"], "q_others_upper_max"]).all()
+                gre = pd.read_csv(d / "gre.csv")
+                assert {"eps", "expectation_bound", "percentile_bound", "p"} <= set(gre.columns)
+                assert len(gre) == len(ec["gre"]["eps_factors"]) * len(ec["gre"]["percentiles"])
+                assert gre["expectation_bound"].is_monotonic_decreasing
+                lore = pd.read_csv(d / "lore.csv")
+                assert list(lore.columns) == ["eps", "lower_bound"] and lore["eps"].iloc[0] == 0
+                assert lore["lower_bound"].is_monotonic_decreasing
+                for name in ("attack_local", "attack_global"):
+                    a = pd.read_csv(d / f"{name}.csv")
+                    assert {"eps", "episode", "return"} <= set(a.columns) and len(a) > 0
+                assert len(pd.read_csv(d / "gre_returns.csv")) == ec["gre"]["m"]
+    audit = json.loads((results / "audit" / "audit.json").read_text())
+    assert audit["checked"] > 0 and audit["integrity_problems"] == 0
+
+
+@pytest.mark.slow
+def test_no_attack_beats_a_certificate(smoke_run):
+    """GRe percentile bound vs the global attack's median, LoRe vs the local attack from the same s₀."""
+    results, cfg, _ = smoke_run
+    checked = 0
+    for env, algo, lab in [(e, a, sigma_label(s)) for e, ec in cfg["environments"].items()
+                           for a in ec["algorithms"] for s in ec["sigmas"]]:
+        d = layout.run_dir(results, env, algo, lab)
+        gre = pd.read_csv(d / "gre.csv")
+        ag = pd.read_csv(d / "attack_global.csv")
+        for eps, g in ag.groupby("eps"):
+            row = gre[np.isclose(gre["eps"], eps) & np.isclose(gre["p"], 0.5)]
+            if len(row) and row["percentile_certified"].iloc[0]:
+                assert g["return"].median() >= row["percentile_bound"].iloc[0], (lab, eps)
+                checked += 1
+        lore = pd.read_csv(d / "lore.csv")
+        al = pd.read_csv(d / "attack_local.csv")
+        for _, r in al[al["same_start_as_lore"]].iterrows():
+            assert r["return"] >= lore_bound_at(lore, r["eps"]), (lab, r["eps"])
+            checked += 1
+        assert al["flips_certified"].sum() == 0
+    assert checked >= 10
+    assert json.loads((results / "audit" / "audit.json").read_text())["violations"] == 0
+
+
+@pytest.mark.slow
+def test_rerun_has_nothing_to_do(smoke_run):
+    _, _, work = smoke_run
+    p = snakemake("-n", "--cores", "1", "--configfile", str(SMOKE), cwd=work)
+    assert p.returncode == 0 and "Nothing to be done" in p.stdout + p.stderr
+
+
+def test_lint_is_clean(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "-s", str(REPO / "Snakefile")],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert "Congratulations, your workflow is in a good condition!" in p.stdout + p.stderr, p.stdout + p.stderr
