@@ -168,7 +168,8 @@ def cmd_train(args) -> None:
         raise InputError(exc.args[0]) from None
     if src.get("source") != "train":
         raise InputError(f"{args.env}/{args.algo} is not trained locally (source: {src.get('source')})")
-    cfg = DQNConfig(hidden=list(args.hidden), total_steps=args.total_steps, eval_episodes=args.eval_episodes,
+    cfg = DQNConfig(hidden=list(args.hidden), total_steps=args.total_steps, min_steps=args.min_steps,
+                    eval_episodes=args.eval_episodes,
                     target_return=args.target_return)
     net, info = train_dqn(args.env, args.seed, cfg, profile=src.get("profile"), progress=args.progress)
     out = Path(args.out)
@@ -380,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, sigma=False, checkpoint=False)
     p.add_argument("--hidden", type=_pos_int, nargs="+", default=[128, 128])
     p.add_argument("--total-steps", type=_pos_int, default=100000)
+    p.add_argument("--min-steps", type=int, default=20000)
     p.add_argument("--eval-episodes", type=_pos_int, default=100)
     p.add_argument("--target-return", type=float, default=195.0)
     p.add_argument("--out", required=True)
@@ -427,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("attack-local", help="PGD against the locally smoothed policy")
     _common(p)
     _certifier_args(p)
-    p.add_argument("--episodes", type=_pos_int, default=3)
+    p.add_argument("--episodes", type=_pos_int, default=5)
     p.add_argument("--horizon", type=_pos_int, default=10)
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--m-grad", type=_pos_int, default=256)
@@ -438,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("attack-global", help="PGD against the σ-randomized policy")
     _common(p)
-    p.add_argument("--episodes", type=_pos_int, default=10)
+    p.add_argument("--episodes", type=_pos_int, default=20)
     p.add_argument("--horizon", type=_pos_int, default=200)
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--n-eot", type=_pos_int, default=32)

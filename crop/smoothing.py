@@ -90,10 +90,18 @@ class SmoothedQ:
         self.calls = 0  # states smoothed so far (for counters and confidence accounting)
         self._buf = None
 
-    def _noise_buffer(self, shape) -> torch.Tensor:
-        if self._buf is None or self._buf.shape[1:] != shape:
+    # Noise is drawn for a whole block of samples at once (up to this many floats, ~16 MB): interleaving a
+    # single-threaded Gaussian draw with every multi-threaded forward chunk costs more than the draw.
+    NOISE_BLOCK_FLOATS = 1 << 22
+
+    def _buffers(self, shape):
+        if self._buf is None or self._buf[0].shape[1:] != shape:
+            per = int(np.prod(shape))
+            block = min(self.m, max(self.chunk, self.NOISE_BLOCK_FLOATS // max(per, 1)))
             # Contiguous (never channels_last): normal_ into a strided buffer is much slower.
-            self._buf = torch.empty((self.chunk, *shape), dtype=torch.float32, device=self.device)
+            noise = torch.empty((block, *shape), dtype=torch.float32, device=self.device)
+            q = torch.empty((block, self.n_actions), dtype=torch.float32, device=self.device)
+            self._buf = (noise, q)
         return self._buf
 
     @torch.inference_mode()
@@ -101,27 +109,30 @@ class SmoothedQ:
         """Σ_i clip(Q(obs + Δ_i)) over m fresh noise draws (float64), and the samples if a bound needs
         them.  Raises :class:`NonFiniteQError` naming ``index`` on NaN/inf network output."""
         x = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
-        buf = self._noise_buffer(tuple(x.shape))
+        noise, qbuf = self._buffers(tuple(x.shape))
         needs_samples = BOUNDS[self.bound][1]
         total = torch.zeros(self.n_actions, dtype=torch.float64, device=self.device)
         kept = [] if needs_samples else None
         done = 0
         while done < self.m:
-            c = min(self.chunk, self.m - done)
-            noisy = buf[:c]
+            b = min(len(noise), self.m - done)
+            noisy = noise[:b]
             torch.randn(noisy.shape, generator=self.generator, out=noisy)
             noisy.mul_(self.sigma).add_(x)
-            q = self.q_net(noisy)
-            if q.shape != (c, self.n_actions):
-                raise ValueError(f"network output shape {tuple(q.shape)} != ({c}, {self.n_actions})")
+            q = qbuf[:b]
+            for s in range(0, b, self.chunk):
+                out = self.q_net(noisy[s:s + self.chunk])
+                if out.shape != (min(self.chunk, b - s), self.n_actions):
+                    raise ValueError(f"network output shape {tuple(out.shape)} != (batch, {self.n_actions})")
+                q[s:s + self.chunk] = out
             if not torch.isfinite(q).all():
                 where = "" if index is None else f" at state {index}"
                 raise NonFiniteQError(f"the Q-network returned NaN or inf{where} (sigma={self.sigma})")
-            q = q.clamp_(self.v_min, self.v_max)
+            q.clamp_(self.v_min, self.v_max)
             total += q.sum(0, dtype=torch.float64)
             if kept is not None:
                 kept.append(q.to(torch.float64).cpu())
-            done += c
+            done += b
         self.calls += 1
         samples = torch.cat(kept).numpy() if kept is not None else None
         return total.cpu().numpy(), samples

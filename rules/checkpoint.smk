@@ -11,6 +11,7 @@ rule checkpoint:
         train=lambda w: (
             f"--hidden {' '.join(map(str, env_cfg(w)['train']['hidden']))} "
             f"--total-steps {env_cfg(w)['train']['total_steps']} "
+            f"--min-steps {env_cfg(w)['train']['min_steps']} "
             f"--eval-episodes {env_cfg(w)['train']['eval_episodes']} "
             f"--target-return {env_cfg(w)['train']['target_return']}"
         ),

@@ -32,13 +32,25 @@ def _mlp(spec: dict) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-_BUILDERS = {"mlp": _mlp}
+def _nature_cnn(spec: dict) -> nn.Sequential:
+    """The DQN of Mnih et al. (2015): 3 conv layers and a 512-unit layer, on c×84×84 inputs in [0, 1]."""
+    c, out = int(spec.get("in_channels", 4)), int(spec["out"])
+    return nn.Sequential(
+        nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+        nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, out))
+
+
+_BUILDERS = {"mlp": _mlp, "nature_cnn": _nature_cnn}
 
 
 def spec_summary(spec: dict) -> str:
     if spec.get("arch") == "mlp":
         dims = [spec["in"], *spec.get("hidden", []), spec["out"]]
         return "MLP " + "→".join(str(d) for d in dims)
+    if spec.get("arch") == "nature_cnn":
+        return f"Nature-CNN {spec.get('in_channels', 4)}×84×84→{spec['out']}"
     return str(spec)
 
 

@@ -32,6 +32,7 @@ class TrainingFailed(RuntimeError):
 class DQNConfig:
     hidden: list = field(default_factory=lambda: [128, 128])
     total_steps: int = 100000
+    min_steps: int = 0           # no acceptance before this many steps (a trained, not a lucky, Q)
     learning_starts: int = 1000
     buffer_size: int = 50000
     batch_size: int = 64
@@ -139,7 +140,7 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
         if step >= cfg.learning_starts and step % cfg.eval_every == 0:
             quick = float(greedy_returns(q, env_id, quick_seeds, profile).mean())
             rec = {"step": step, "quick_mean": quick}
-            if quick >= cfg.target_return:
+            if quick >= cfg.target_return and step >= cfg.min_steps:
                 full = greedy_returns(q, env_id, accept_seeds, profile)
                 rec["accept_mean"] = float(full.mean())
                 if full.mean() >= cfg.target_return:
