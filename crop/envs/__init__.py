@@ -37,6 +37,7 @@ class EnvSpec:
     obs_shape: tuple
     reward_range: tuple
     profile: str             # default preprocessing profile
+    game_return_range: tuple | None = None  # whole-game score range from the game's rules, if any
 
     @property
     def nonnegative_rewards(self) -> bool:
@@ -50,11 +51,22 @@ class EnvSpec:
         else:
             w = (1.0 - gamma ** horizon) / (1.0 - gamma)
         lo, hi = self.reward_range
-        return (min(0.0, lo * w), max(0.0, hi * w))
+        j_min, j_max = min(0.0, lo * w), max(0.0, hi * w)
+        if self.game_return_range is not None and gamma == 1.0:
+            j_min, j_max = max(j_min, self.game_return_range[0]), min(j_max, self.game_return_range[1])
+        return (j_min, j_max)
 
 
 ENV_SPECS: dict[str, EnvSpec] = {
     "CartPole-v0": EnvSpec("CartPole-v0", "CartPole", "Cartpole", 2, (4,), (0.0, 1.0), "vector"),
+    "highway-fast-v0": EnvSpec("highway-fast-v0", "highway-fast", "highway-fast", 5, (25,), (0.0, 1.0),
+                               "flat25"),
+    # Atari: 6 actions in the full minimal set of Pong (3 for Freeway); a checkpoint's own action count
+    # (its network's output size) takes precedence.  Pong's game ends at 21 points.
+    "PongNoFrameskip-v4": EnvSpec("PongNoFrameskip-v4", "Pong", "Pong", 6, (4, 84, 84), (-1.0, 1.0),
+                                  "cleanrl", game_return_range=(-21.0, 21.0)),
+    "FreewayNoFrameskip-v4": EnvSpec("FreewayNoFrameskip-v4", "Freeway", "Freeway", 3, (4, 84, 84),
+                                     (0.0, 1.0), "cleanrl"),
 }
 
 
