@@ -77,16 +77,36 @@ def env_spec(env_id: str) -> EnvSpec:
         raise UnknownEnvError(f"unknown environment {env_id!r}; known: {sorted(ENV_SPECS)}") from None
 
 
+PROFILES = {
+    "CartPole-v0": ["vector"],
+    "highway-fast-v0": ["flat25"],
+}
+
+
+def _check_profile(env_id: str, profile: str) -> None:
+    known = PROFILES.get(env_id, [])
+    if profile not in known:
+        raise ValueError(f"{env_id}: unknown preprocessing profile {profile!r}; known: {known}")
+
+
 def make_env(env_id: str, profile: str | None = None) -> gym.Env:
     """A single environment with the preprocessing of ``profile`` (the checkpoint's, or the default)."""
     spec = env_spec(env_id)
     profile = profile or spec.profile
+    _check_profile(env_id, profile)
     if env_id == "CartPole-v0":
-        if profile != "vector":
-            raise ValueError(f"{env_id}: unknown preprocessing profile {profile!r}; known: ['vector']")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "CartPole-v0 is out of date": the paper uses v0
             return gym.make("CartPole-v0")
+    if env_id == "highway-fast-v0":
+        import highway_env  # noqa: F401  (registers the ids)
+
+        # Default configuration (Kinematics 5×5: presence, x, y, vx, vy of the 5 nearest vehicles,
+        # normalised; 5 meta-actions; 30 steps), flattened to the 25-vector CROP's MLPs take.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            env = gym.make("highway-fast-v0")
+        return gym.wrappers.FlattenObservation(env)
     raise UnknownEnvError(f"unknown environment {env_id!r}")
 
 
@@ -98,11 +118,15 @@ def make_vec_env(env_id: str, num_envs: int, profile: str | None = None):
     """
     spec = env_spec(env_id)
     profile = profile or spec.profile
+    _check_profile(env_id, profile)
     if env_id == "CartPole-v0":
         from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
         return CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=gym.spec(env_id).max_episode_steps)
-    raise UnknownEnvError(f"unknown environment {env_id!r}")
+    # Every other environment: independent copies stepped in lockstep (same-step autoreset is handled
+    # by the caller's alive mask).
+    return gym.vector.SyncVectorEnv([lambda: make_env(env_id, profile) for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
 
 
 def to_obs(obs) -> np.ndarray:
