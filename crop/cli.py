@@ -73,6 +73,14 @@ def _common(p: argparse.ArgumentParser, sigma: bool = True, checkpoint: bool = T
                    help="progress bars (default: only on a terminal)")
 
 
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--settings", default=None,
+                   help="the config's train block as JSON (hidden, total_steps, …, dqn, recipes)")
+    p.add_argument("--eval-episodes", type=_pos_int, default=None)
+    p.add_argument("--target-return", type=_return_or_none, default=argparse.SUPPRESS,
+                   help="acceptance threshold of the greedy mean return ('none': record only)")
+
+
 def _certifier_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qrange", required=True, help="qrange.json of the same env/algo/sigma")
     p.add_argument("--m", type=_pos_int, default=10000)
@@ -155,11 +163,43 @@ def _inputs(args, *names) -> dict:
 
 # ----------------------------------------------------------------------------------------------- commands
 
+def _return_or_none(text: str) -> float | None:
+    if text.lower() in ("none", "null"):
+        return None
+    v = float(text)
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number or 'none', got {text}")
+    return v
+
+
+def _train_settings(args) -> dict:
+    """The schema's train-block defaults ← ``--settings`` JSON ← explicit flags."""
+    import json
+
+    from crop.config import train_defaults
+
+    settings = train_defaults()
+    if args.settings:
+        try:
+            given = json.loads(args.settings)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--settings is not valid JSON: {exc}") from None
+        if not isinstance(given, dict):
+            raise InputError("--settings must be a JSON object (a config's train block)")
+        settings.update(given)
+    for key in ("hidden", "total_steps", "min_steps", "eval_episodes"):
+        if getattr(args, key, None) is not None:
+            settings[key] = getattr(args, key)
+    if getattr(args, "target_return", "unset") != "unset":
+        settings["target_return"] = args.target_return
+    return settings
+
+
 def cmd_train(args) -> None:
     from crop.io import provenance, sha256_file, write_json
     from crop.models import save_q_network
     from crop.registry import checkpoint_source
-    from crop.train.dqn import DQNConfig, train_dqn
+    from crop.train import prepare_training, train_policy
 
     started = _setup(args)
     try:
@@ -168,19 +208,86 @@ def cmd_train(args) -> None:
         raise InputError(exc.args[0]) from None
     if src.get("source") != "train":
         raise InputError(f"{args.env}/{args.algo} is not trained locally (source: {src.get('source')})")
-    cfg = DQNConfig(hidden=list(args.hidden), total_steps=args.total_steps, min_steps=args.min_steps,
-                    eval_episodes=args.eval_episodes,
-                    target_return=args.target_return)
-    net, info = train_dqn(args.env, args.seed, cfg, profile=src.get("profile"), progress=args.progress)
+    recipe = src.get("recipe", args.algo)
+    settings = _train_settings(args)
+    settings["recipe"] = (settings.pop("recipes", None) or {}).get(args.algo, {})
+    try:
+        prepare_training(args.env, recipe, settings)   # every check before any work
+    except ValueError as exc:
+        raise InputError(f"{args.env}/{args.algo}: {exc}") from None
+    net, info = train_policy(args.env, recipe, args.seed, settings, profile=src.get("profile"),
+                             progress=args.progress)
     out = Path(args.out)
     save_q_network(net, out)
     record = {"env": args.env, "algo": args.algo, "net_spec": info["net_spec"], "profile": src.get("profile"),
-              "source": "train", "recipe": src.get("recipe"), "sha256": sha256_file(out), "training": info,
-              "clean_greedy_return": info["acceptance"],
+              "source": "train", "recipe": recipe, "hyperparameters": info["hyperparameters"],
+              "sha256": sha256_file(out), "training": info, "clean_greedy_return": info["acceptance"],
               "provenance": provenance("train", _settings(args), seed=args.seed, device="cpu", started=started)}
     write_json(out.with_suffix(".json"), record)
     print(f"trained {args.env}/{args.algo}: greedy return {info['acceptance']['mean']:.1f} over "
-          f"{info['acceptance']['episodes']} episodes after {info['steps']} steps; sha256 {record['sha256']}")
+          f"{info['acceptance']['episodes']} episodes after {info['steps']} steps "
+          f"({info['cpu_s']:.0f} s CPU); sha256 {record['sha256']}")
+
+
+def cmd_derive(args) -> None:
+    """A policy built from another algorithm's checkpoint without training (CARRL from StdTrain)."""
+    from crop.io import derive_seed, provenance, read_json, sha256_file, write_json
+    from crop.models import CheckpointError, load_q_network, save_q_network
+    from crop.registry import checkpoint_source
+    from crop.train import TrainingFailed, greedy_returns, prepare_training
+
+    started = _setup(args)
+    try:
+        src = checkpoint_source(args.env, args.algo)
+    except KeyError as exc:
+        raise InputError(exc.args[0]) from None
+    if src.get("source") != "derive" or "base" not in src:
+        raise InputError(f"{args.env}/{args.algo} is not derived from another checkpoint "
+                         f"(source: {src.get('source')})")
+    settings = _train_settings(args)
+    overrides = {k: src[k] for k in ("eps", "norm", "method") if k in src}       # the registry's values
+    overrides.update((settings.pop("recipes", None) or {}).get(args.algo, {}))   # ← the config's
+    try:
+        _, recipe, hp = prepare_training(args.env, src.get("recipe", args.algo), {"recipe": overrides})
+    except ValueError as exc:
+        raise InputError(f"{args.env}/{args.algo}: {exc}") from None
+    base = Path(args.base_checkpoint)
+    meta_file = base.with_suffix(".json")
+    if not meta_file.is_file():
+        raise InputError(f"{base}: no checkpoint record {meta_file.name} beside it")
+    meta = read_json(meta_file)
+    if meta.get("env") != args.env or meta.get("algo") != src["base"]:
+        raise InputError(f"{base}: recorded for {meta.get('env')}/{meta.get('algo')}, but {args.algo} on "
+                         f"{args.env} is derived from {args.env}/{src['base']}")
+    if meta.get("net_spec", {}).get("arch") != "mlp":
+        raise InputError(f"{base}: {args.algo} needs an MLP base network, got {meta.get('net_spec')}")
+    try:
+        base_net = load_q_network(base, meta["net_spec"], expected_sha256=meta.get("sha256"))
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    net, spec = recipe.derive(base_net, meta["net_spec"], hp)
+    seeds = [derive_seed(args.seed, "accept-eval", i) for i in range(settings["eval_episodes"])]
+    t0 = time.process_time()
+    rets = greedy_returns(net, args.env, seeds, meta.get("profile"))
+    accept = {"step": 0, "mean": float(rets.mean()), "std": float(rets.std()), "min": float(rets.min()),
+              "episodes": len(rets)}
+    target = settings.get("target_return")
+    if target is not None and accept["mean"] < target:
+        raise TrainingFailed(f"{args.env}/{args.algo}: the derived greedy policy's mean return "
+                             f"{accept['mean']:.1f} over {len(rets)} episodes is below {target}")
+    out = Path(args.out)
+    save_q_network(net, out)
+    record = {"env": args.env, "algo": args.algo, "net_spec": spec, "profile": meta.get("profile"),
+              "source": "derive", "recipe": recipe.name, "hyperparameters": hp,
+              "base": {"algo": src["base"], "path": str(base), "sha256": meta.get("sha256")},
+              "sha256": sha256_file(out), "clean_greedy_return": accept,
+              "evaluation_cpu_s": round(time.process_time() - t0, 2),
+              "provenance": provenance("derive", _settings(args), seed=args.seed, device="cpu", started=started,
+                                       inputs={"base_checkpoint": {"path": str(base),
+                                                                   "sha256": sha256_file(base)}})}
+    write_json(out.with_suffix(".json"), record)
+    print(f"derived {args.env}/{args.algo} from {src['base']}: greedy return {accept['mean']:.1f} over "
+          f"{len(rets)} episodes; sha256 {record['sha256']}")
 
 
 def cmd_qrange(args) -> None:
@@ -377,15 +484,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="crop", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train a policy locally (Double DQN)")
+    p = sub.add_parser("train", help="train a policy locally (Double DQN and its variants)")
     _common(p, sigma=False, checkpoint=False)
-    p.add_argument("--hidden", type=_pos_int, nargs="+", default=[128, 128])
-    p.add_argument("--total-steps", type=_pos_int, default=100000)
-    p.add_argument("--min-steps", type=int, default=20000)
-    p.add_argument("--eval-episodes", type=_pos_int, default=100)
-    p.add_argument("--target-return", type=float, default=195.0)
+    _train_args(p)
+    p.add_argument("--hidden", type=_pos_int, nargs="+", default=None)
+    p.add_argument("--total-steps", type=_pos_int, default=None)
+    p.add_argument("--min-steps", type=int, default=None)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("derive", help="derive a policy from another algorithm's checkpoint (CARRL)")
+    _common(p, sigma=False, checkpoint=False)
+    _train_args(p)
+    p.add_argument("--base-checkpoint", required=True, help="the base algorithm's model.pt (model.json beside)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_derive)
 
     p = sub.add_parser("qrange", help="estimate V_min, V_max (Appendix B.1)")
     _common(p)

@@ -15,7 +15,7 @@ import yaml
 from crop.registry import checkpoint_source
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "load_config", "targets", "sigma_label",
-           "ALGORITHMS"]
+           "ALGORITHMS", "train_defaults", "train_settings"]
 
 ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
               "NoisyNet", "GradDQN"]
@@ -121,3 +121,21 @@ def targets(cfg: dict) -> list[tuple[str, str, str]]:
             for env, ec in cfg["environments"].items()
             for algo in ec["algorithms"]
             for s in ec["sigmas"]]
+
+
+def train_defaults() -> dict:
+    """The defaults of an environment's ``train`` block, from the schema (the one place they live)."""
+    props = load_schema()["$defs"]["environment"]["properties"]["train"]["properties"]
+    return {k: copy.deepcopy(v["default"]) for k, v in props.items() if "default" in v}
+
+
+def train_settings(env_cfg: dict, algo: str) -> dict:
+    """What ``crop train``/``crop derive`` need of a validated environment block for one algorithm: the
+    common budget, the DQN overrides and this algorithm's recipe overrides only (so that changing one
+    recipe's settings does not invalidate the other algorithms' checkpoints)."""
+    train = env_cfg.get("train", {})
+    out = {k: copy.deepcopy(v) for k, v in train.items() if k != "recipes"}
+    recipe = train.get("recipes", {}).get(algo)
+    if recipe:
+        out["recipes"] = {algo: copy.deepcopy(recipe)}
+    return out

@@ -1,4 +1,5 @@
-# Stage 1: obtain the policy's checkpoint (trained locally, seeded and acceptance-tested).
+# Stage 1: obtain the policy's checkpoint: trained here (seeded, acceptance-tested), or derived without
+# training from another algorithm's checkpoint (CARRL from StdTrain; crop/registry.yaml says which).
 
 
 rule checkpoint:
@@ -8,13 +9,7 @@ rule checkpoint:
     log:
         f"{R}/logs/{{env}}/{{algo}}/checkpoint.log",
     params:
-        train=lambda w: (
-            f"--hidden {' '.join(map(str, env_cfg(w)['train']['hidden']))} "
-            f"--total-steps {env_cfg(w)['train']['total_steps']} "
-            f"--min-steps {env_cfg(w)['train']['min_steps']} "
-            f"--eval-episodes {env_cfg(w)['train']['eval_episodes']} "
-            f"--target-return {env_cfg(w)['train']['target_return']}"
-        ),
+        settings=train_settings_arg,
         seed=CFG["seed"],
     threads: 1
     resources:
@@ -24,4 +19,32 @@ rule checkpoint:
         "../envs/crop.yaml"
     shell:
         "crop train --env {wildcards.env} --algo {wildcards.algo} --seed {params.seed} "
-        "--threads {threads} {params.train} --out {output.model} > {log} 2>&1"
+        "--threads {threads} --settings {params.settings} --out {output.model} > {log} 2>&1"
+
+
+rule derive_checkpoint:
+    input:
+        unpack(base_checkpoint),
+    output:
+        model=CHECKPOINT,
+        record=CHECKPOINT_RECORD,
+    log:
+        f"{R}/logs/{{env}}/{{algo}}/derive.log",
+    params:
+        settings=train_settings_arg,
+        seed=CFG["seed"],
+    wildcard_constraints:
+        algo="|".join(map(re.escape, DERIVED)) or "(?!)",
+    threads: 1
+    resources:
+        mem_mb=1500,
+        runtime=30,
+    conda:
+        "../envs/crop.yaml"
+    shell:
+        "crop derive --env {wildcards.env} --algo {wildcards.algo} --seed {params.seed} "
+        "--threads {threads} --settings {params.settings} --base-checkpoint {input.model} "
+        "--out {output.model} > {log} 2>&1"
+
+
+ruleorder: derive_checkpoint > checkpoint

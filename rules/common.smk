@@ -1,10 +1,12 @@
 # Shared set-up: validate the config (before any job is scheduled) and name every file.
+import json
 import os
 import re
 import shlex
 
 from crop import layout
-from crop.config import ConfigError, sigma_label, targets, validate_config
+from crop.config import ConfigError, sigma_label, targets, train_settings, validate_config
+from crop.registry import checkpoint_source
 
 try:
     CFG = validate_config(config, "config")
@@ -14,6 +16,16 @@ except ConfigError as exc:
 R = CFG["results"]
 ENVS = list(CFG["environments"])
 ALGOS = sorted({a for e in CFG["environments"].values() for a in e["algorithms"]})
+# ... and the algorithms whose checkpoints others are derived from (CARRL's StdTrain), even if not certified
+ALGOS = sorted(
+    set(ALGOS)
+    | {
+        checkpoint_source(e, a)["base"]
+        for e, ec in CFG["environments"].items()
+        for a in ec["algorithms"]
+        if checkpoint_source(e, a).get("source") == "derive"
+    }
+)
 SIGMAS = sorted({t[2] for t in targets(CFG)}, key=float)
 
 
@@ -48,6 +60,30 @@ def meta_file(name):
 
 CHECKPOINT = f"{R}/{{env}}/{{algo}}/checkpoint/model.pt"
 CHECKPOINT_RECORD = f"{R}/{{env}}/{{algo}}/checkpoint/model.json"
+
+# Algorithms whose checkpoint is derived from another's (CARRL from StdTrain; crop/registry.yaml).
+DERIVED = sorted(
+    {
+        a
+        for e, ec in CFG["environments"].items()
+        for a in ec["algorithms"]
+        if checkpoint_source(e, a).get("source") == "derive"
+    }
+)
+
+
+def base_checkpoint(w):
+    """The checkpoint (and its record) that (env, algo) is derived from."""
+    base = checkpoint_source(w.env, w.algo)["base"]
+    return {
+        "model": f"{R}/{w.env}/{base}/checkpoint/model.pt",
+        "record": f"{R}/{w.env}/{base}/checkpoint/model.json",
+    }
+
+
+def train_settings_arg(w):
+    """The train block's settings for this algorithm (its own recipe overrides only), as a shell word."""
+    return shlex.quote(json.dumps(train_settings(env_cfg(w), w.algo), sort_keys=True))
 
 
 def run_dirs():

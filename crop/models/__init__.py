@@ -44,6 +44,12 @@ def _nature_cnn(spec: dict) -> nn.Sequential:
 
 _BUILDERS = {"mlp": _mlp, "nature_cnn": _nature_cnn}
 
+# NoisyNet's mean network and CARRL's certified lower bound of Q (their own modules).
+from crop.models.carrl import carrl as _carrl  # noqa: E402
+from crop.models.noisy import noisy_mlp as _noisy_mlp  # noqa: E402
+
+_BUILDERS.update(noisy_mlp=_noisy_mlp, carrl=_carrl)
+
 
 def spec_summary(spec: dict) -> str:
     if spec.get("arch") == "mlp":

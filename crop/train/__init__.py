@@ -1,0 +1,80 @@
+"""Training the policies CROP certifies: one Double-DQN trainer (dqn.py), nine recipes (recipes.py).
+
+Entry points:
+    ``prepare_training(env_id, algo, settings)`` — validate everything, before any work;
+    ``train_policy(env_id, algo, seed, settings, profile, progress)`` — train and acceptance-test;
+    ``derive_carrl(base_net, base_spec, eps, norm)`` — CARRL's network from StdTrain's.
+
+``settings`` is a config's ``train`` block: ``hidden``, ``total_steps``, ``min_steps``, ``eval_episodes``,
+``target_return`` (``None``: no threshold), ``prioritized``, ``dqn`` (overrides of the per-environment
+DQN defaults below) and ``recipes`` (per-algorithm hyper-parameter overrides, ``{algo: {key: value}}``);
+``recipe`` (the overrides of this algorithm alone) is accepted instead of ``recipes``.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from crop.models.carrl import derive_carrl
+from crop.train.dqn import DQNConfig, TrainingFailed, greedy_returns, train_dqn
+from crop.train.recipes import RECIPES, Recipe, recipe_for
+
+__all__ = ["train_policy", "prepare_training", "derive_carrl", "RECIPES", "Recipe", "DQNConfig",
+           "TrainingFailed", "greedy_returns", "ENV_DQN_DEFAULTS"]
+
+# Per-environment DQN settings (CartPole: DQNConfig's own defaults).  highway-fast-v0 follows the
+# highway-env documentation's DQN example (γ = 0.8, small buffer, frequent target updates), since an
+# episode is at most 30 decisions and a step costs ~20 ms.
+ENV_DQN_DEFAULTS: dict[str, dict] = {
+    "CartPole-v0": {},
+    "highway-fast-v0": {"learning_starts": 200, "buffer_size": 15000, "batch_size": 32, "lr": 5e-4,
+                        "gamma": 0.8, "target_update": 50, "train_every": 1, "eps_decay_steps": 2000,
+                        "eps_end": 0.05, "eval_every": 500},
+}
+
+_COMMON = ("hidden", "total_steps", "min_steps", "eval_episodes", "target_return", "prioritized")
+_DQN_KEYS = {f.name for f in fields(DQNConfig)} - set(_COMMON)
+
+
+def prepare_training(env_id: str, algo: str, settings: dict | None = None) -> tuple[DQNConfig, Recipe, dict]:
+    """(DQN configuration, recipe, hyper-parameters) for ``algo`` on ``env_id``; ValueError on bad input."""
+    from crop.envs import env_spec
+
+    env_spec(env_id)
+    recipe = recipe_for(algo)
+    settings = dict(settings or {})
+    if "recipe" in settings and "recipes" in settings:
+        raise ValueError("give either 'recipe' (this algorithm's overrides) or 'recipes', not both")
+    overrides = settings.pop("recipe", None)
+    per_algo = settings.pop("recipes", None) or {}
+    if overrides is None:
+        overrides = per_algo.get(algo, {})
+    dqn = settings.pop("dqn", None) or {}
+    unknown = sorted(set(settings) - set(_COMMON))
+    if unknown:
+        raise ValueError(f"unknown training setting(s) {unknown}; known: {sorted(_COMMON + ('dqn', 'recipes'))}")
+    bad = sorted(set(dqn) - _DQN_KEYS)
+    if bad:
+        raise ValueError(f"unknown dqn setting(s) {bad}; known: {sorted(_DQN_KEYS)}")
+    hp = recipe.hyperparameters(env_id, overrides)
+    if recipe.kind != "train":
+        return DQNConfig(), recipe, hp
+    cfg = DQNConfig(**{**ENV_DQN_DEFAULTS.get(env_id, {}), **dqn,
+                       **{k: v for k, v in settings.items() if v is not None or k == "target_return"}})
+    if cfg.total_steps < 1 or cfg.eval_episodes < 1 or cfg.min_steps < 0 or not cfg.hidden:
+        raise ValueError(f"invalid training budget: {cfg}")
+    return cfg, recipe, hp
+
+
+def train_policy(env_id: str, algo: str, seed: int, settings: dict | None = None, profile: str | None = None,
+                 progress: bool | None = None):
+    """Train ``algo`` on ``env_id`` from ``seed``; returns (network in eval mode, info).
+
+    ``info`` holds ``net_spec``, ``acceptance`` (the clean greedy return: mean/std/min/episodes/step),
+    ``steps``, ``recipe``, ``hyperparameters``, ``train_config``, the evaluations and the runtime.
+    Raises ValueError (bad input, before any work) or TrainingFailed (acceptance test not passed).
+    """
+    cfg, recipe, hp = prepare_training(env_id, algo, settings)
+    if recipe.kind != "train":
+        raise ValueError(f"{algo} is not trained: it is derived from another algorithm's checkpoint "
+                         "(crop derive / crop.train.derive_carrl)")
+    return train_dqn(env_id, seed, cfg, profile=profile, progress=progress, recipe=recipe, hp=hp)
