@@ -85,6 +85,10 @@ def test_settings_merge_environment_defaults_config_and_recipe_overrides():
                                         "recipes": {"RadialRL": {"eps": 0.01}, "GaussAug": {"sigma": 9.0}}})
     assert cfg.total_steps == 500 and cfg.target_return is None and cfg.lr == 1e-4 and cfg.gamma == 0.8
     assert hp["eps"] == 0.01 and hp["ramp_steps"] == 2000 and recipe.name == "RadialRL"
+    # A recipe's own DQN defaults sit between the environment's and the config's.
+    assert prepare_training("CartPole-v0", "GradDQN", {})[0].target_update == 100
+    assert prepare_training("CartPole-v0", "StdTrain", {})[0].target_update == 500
+    assert prepare_training("CartPole-v0", "GradDQN", {"dqn": {"target_update": 7}})[0].target_update == 7
 
 
 # ---------------------------------------------------------------------------------------------- data hooks

@@ -21,7 +21,8 @@ from crop.train.recipes import RECIPES, Recipe, recipe_for
 __all__ = ["train_policy", "prepare_training", "derive_carrl", "RECIPES", "Recipe", "DQNConfig",
            "TrainingFailed", "greedy_returns", "ENV_DQN_DEFAULTS"]
 
-# Per-environment DQN settings (CartPole: DQNConfig's own defaults).  highway-fast-v0 follows the
+# Per-environment DQN settings (CartPole: DQNConfig's own defaults); a recipe may adjust them per
+# environment (Recipe.dqn_defaults), a config's train.dqn block overrides both.  highway-fast-v0 follows the
 # highway-env documentation's DQN example (γ = 0.8, small buffer, frequent target updates), since an
 # episode is at most 30 decisions and a step costs ~20 ms.
 ENV_DQN_DEFAULTS: dict[str, dict] = {
@@ -58,7 +59,7 @@ def prepare_training(env_id: str, algo: str, settings: dict | None = None) -> tu
     hp = recipe.hyperparameters(env_id, overrides)
     if recipe.kind != "train":
         return DQNConfig(), recipe, hp
-    cfg = DQNConfig(**{**ENV_DQN_DEFAULTS.get(env_id, {}), **dqn,
+    cfg = DQNConfig(**{**ENV_DQN_DEFAULTS.get(env_id, {}), **recipe.dqn_defaults.get(env_id, {}), **dqn,
                        **{k: v for k, v in settings.items() if v is not None or k == "target_return"}})
     if cfg.total_steps < 1 or cfg.eval_episodes < 1 or cfg.min_steps < 0 or not cfg.hidden:
         raise ValueError(f"invalid training budget: {cfg}")

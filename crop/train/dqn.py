@@ -6,9 +6,10 @@ two hooks through which every other training method is a small variant (crop/tra
   worst-case loss); the default is the mean Huber TD loss.
 
 Read it top to bottom like a CleanRL script: ε-greedy collection (or NoisyNet's parameter noise), a replay
-buffer (uniform, or proportional prioritized replay — Schaul et al., 2016 — with ``prioritized=True``),
-the Double-DQN target (online network picks a′, target network scores it), Huber loss, periodic hard
-target updates.  Time-limit truncation is not a terminal state (bootstrapping continues through it).
+buffer (proportional prioritized replay — Schaul et al., 2016 — as the paper's StdTrain; uniform with
+``prioritized=False``), the Double-DQN target (online network picks a′, target network scores it), Huber
+loss, periodic hard target updates.  Time-limit truncation is not a terminal state (bootstrapping
+continues through it).
 
 Acceptance: training stops as soon as the greedy policy (argmax of the network in eval mode) reaches a
 mean return ≥ ``target_return`` over ``eval_episodes`` episodes, but never before ``min_steps`` nor before
@@ -48,6 +49,8 @@ class DQNConfig:
     buffer_size: int = 50000
     batch_size: int = 64
     lr: float = 1e-3
+    lr_end: float | None = None  # linear decay of the learning rate to lr_end over lr_decay_steps (None: constant)
+    lr_decay_steps: int = 0
     gamma: float = 0.99
     target_update: int = 500
     train_every: int = 2
@@ -59,7 +62,7 @@ class DQNConfig:
     quick_eval_episodes: int = 10
     target_return: float | None = 195.0
     max_grad_norm: float = 10.0
-    prioritized: bool = False    # proportional prioritized replay (α, β annealed to 1 over total_steps)
+    prioritized: bool = True     # proportional prioritized replay (α, β annealed to 1 over total_steps)
     per_alpha: float = 0.6
     per_beta0: float = 0.4
 
@@ -219,6 +222,10 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
 
         # --- learn
         if step >= cfg.learning_starts and step % cfg.train_every == 0:
+            if cfg.lr_end is not None:
+                frac = min(1.0, step / cfg.lr_decay_steps) if cfg.lr_decay_steps > 0 else 1.0
+                for group in opt.param_groups:
+                    group["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * frac
             beta = cfg.per_beta0 + (1.0 - cfg.per_beta0) * min(1.0, step / cfg.total_steps)
             idx, batch = buf.sample(rng, cfg.batch_size, beta)
             if noisy:
