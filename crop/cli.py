@@ -234,7 +234,7 @@ def cmd_derive(args) -> None:
     from crop.io import derive_seed, provenance, read_json, sha256_file, write_json
     from crop.models import CheckpointError, load_q_network, save_q_network
     from crop.registry import checkpoint_source
-    from crop.train import TrainingFailed, greedy_returns, prepare_training
+    from crop.train import greedy_returns, prepare_training
 
     started = _setup(args)
     try:
@@ -271,10 +271,9 @@ def cmd_derive(args) -> None:
     rets = greedy_returns(net, args.env, seeds, meta.get("profile"))
     accept = {"step": 0, "mean": float(rets.mean()), "std": float(rets.std()), "min": float(rets.min()),
               "episodes": len(rets)}
+    # Nothing can be retrained here, so the trained policies' threshold is reported, not enforced.
     target = settings.get("target_return")
-    if target is not None and accept["mean"] < target:
-        raise TrainingFailed(f"{args.env}/{args.algo}: the derived greedy policy's mean return "
-                             f"{accept['mean']:.1f} over {len(rets)} episodes is below {target}")
+    accept["meets_target_return"] = None if target is None else bool(accept["mean"] >= target)
     out = Path(args.out)
     save_q_network(net, out)
     record = {"env": args.env, "algo": args.algo, "net_spec": spec, "profile": meta.get("profile"),
@@ -286,8 +285,9 @@ def cmd_derive(args) -> None:
                                        inputs={"base_checkpoint": {"path": str(base),
                                                                    "sha256": sha256_file(base)}})}
     write_json(out.with_suffix(".json"), record)
+    note = "" if accept["meets_target_return"] in (None, True) else f" (below the target return {target})"
     print(f"derived {args.env}/{args.algo} from {src['base']}: greedy return {accept['mean']:.1f} over "
-          f"{len(rets)} episodes; sha256 {record['sha256']}")
+          f"{len(rets)} episodes{note}; sha256 {record['sha256']}")
 
 
 def cmd_qrange(args) -> None:

@@ -326,9 +326,15 @@ def test_cli_derive_builds_carrl_from_stdtrain(tmp_path):
     assert rec["net_spec"]["arch"] == "carrl" and rec["net_spec"]["eps"] == 0.05   # the config overrides
     assert rec["net_spec"]["base"] == SPEC and rec["source"] == "derive"
     assert rec["base"]["sha256"] == sha256_file(base) and rec["clean_greedy_return"]["episodes"] == 3
+    assert rec["clean_greedy_return"]["meets_target_return"] is None
     carrl = load_q_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
     x = torch.randn(5, 4)
     torch.testing.assert_close(carrl(x), derive_carrl(net, SPEC, 0.05)[0](x))
+    # Nothing can be retrained, so a derived policy below the trained policies' threshold is recorded as such.
+    main(["derive", "--env", "CartPole-v0", "--algo", "CARRL", "--base-checkpoint", str(base),
+          "--eval-episodes", "2", "--target-return", "1e9", "--out", str(out)])
+    rec = json.loads(out.with_suffix(".json").read_text())
+    assert rec["clean_greedy_return"]["meets_target_return"] is False and rec["net_spec"]["eps"] == 0.1
 
 
 def test_cli_derive_refuses_the_wrong_base(tmp_path, capsys):
