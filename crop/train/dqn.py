@@ -107,7 +107,7 @@ class _Replay:
         i = self.n % self.size
         self.s[i], self.a[i], self.r[i], self.s2[i], self.d[i] = s, a, r, s2, d
         if self.prio is not None:
-            self.prio[i] = self.max_prio
+            self.prio[i] = self.max_prio ** self.cfg.per_alpha
         self.n += 1
 
     def sample(self, rng: np.random.Generator, k: int, beta: float):
@@ -116,7 +116,7 @@ class _Replay:
             idx = rng.integers(n, size=k)
             w = np.ones(k, np.float32)
         else:
-            p = self.prio[:n] ** self.cfg.per_alpha
+            p = self.prio[:n]                     # stored as priority^α
             cdf = np.cumsum(p)
             idx = np.minimum(np.searchsorted(cdf, rng.random(k) * cdf[-1], side="right"), n - 1)
             prob = p[idx] / cdf[-1]
@@ -127,8 +127,9 @@ class _Replay:
 
     def update(self, idx, td_abs: np.ndarray) -> None:
         if self.prio is not None:
-            self.prio[idx] = td_abs + 1e-6
-            self.max_prio = max(self.max_prio, float(self.prio[idx].max()))
+            prio = td_abs + 1e-6
+            self.prio[idx] = prio ** self.cfg.per_alpha
+            self.max_prio = max(self.max_prio, float(prio.max()))
 
 
 @torch.no_grad()
