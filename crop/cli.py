@@ -135,11 +135,11 @@ def _stage_seed(args, stage: str) -> int:
     return derive_seed(args.seed, args.env, args.algo, repr(float(args.sigma)), stage)
 
 
-def _smoother(args, net, v_min, v_max, stage: str):
-    from crop.envs import env_spec
+def _smoother(args, net, meta, v_min, v_max, stage: str):
     from crop.smoothing import SmoothedQ
 
-    return SmoothedQ(net, args.sigma, args.m, v_min, v_max, args.alpha, env_spec(args.env).n_actions,
+    # The action count is the checkpoint's (SA-DQN's Pong networks use 4 of the 6 actions).
+    return SmoothedQ(net, args.sigma, args.m, v_min, v_max, args.alpha, int(meta["net_spec"]["out"]),
                      bound=args.bound, chunk=args.chunk, seed=_stage_seed(args, stage), device=args.device)
 
 
@@ -156,21 +156,23 @@ def _inputs(args, *names) -> dict:
 # ----------------------------------------------------------------------------------------------- commands
 
 def cmd_train(args) -> None:
+    from crop.envs import env_spec
     from crop.io import provenance, sha256_file, write_json
     from crop.models import save_q_network
-    from crop.registry import checkpoint_source
+    from crop.registry import resolve_source
     from crop.train.dqn import DQNConfig, train_dqn
 
     started = _setup(args)
     try:
-        src = checkpoint_source(args.env, args.algo)
+        kind, src = resolve_source(args.env, args.algo, "train")
     except KeyError as exc:
         raise InputError(exc.args[0]) from None
-    if src.get("source") != "train":
-        raise InputError(f"{args.env}/{args.algo} is not trained locally (source: {src.get('source')})")
+    if kind != "train":
+        raise InputError(f"{args.env}/{args.algo} is not trained locally (source: {kind})")
+    target = args.target_return if args.target_return is not None else env_spec(args.env).solved_return
     cfg = DQNConfig(hidden=list(args.hidden), total_steps=args.total_steps, min_steps=args.min_steps,
                     eval_episodes=args.eval_episodes,
-                    target_return=args.target_return)
+                    target_return=target if target is not None else -float("inf"))
     net, info = train_dqn(args.env, args.seed, cfg, profile=src.get("profile"), progress=args.progress)
     out = Path(args.out)
     save_q_network(net, out)
@@ -181,6 +183,57 @@ def cmd_train(args) -> None:
     write_json(out.with_suffix(".json"), record)
     print(f"trained {args.env}/{args.algo}: greedy return {info['acceptance']['mean']:.1f} over "
           f"{info['acceptance']['episodes']} episodes after {info['steps']} steps; sha256 {record['sha256']}")
+
+
+def cmd_fetch(args) -> None:
+    """Download a published checkpoint (pinned sha256, mirror, lock file), check that it loads into its
+    architecture, then write model.pt and its record model.json."""
+    from crop.checkpoints import FetchError, fetch_published
+    from crop.io import provenance, sha256_file, write_json
+    from crop.models import CheckpointError, load_q_network
+    from crop.registry import resolve_source
+
+    started = _setup(args)
+    try:
+        kind, src = resolve_source(args.env, args.algo, "published")
+    except KeyError as exc:
+        raise InputError(exc.args[0]) from None
+    if kind != "published":
+        raise InputError(f"{args.env}/{args.algo} has no published checkpoint (source: {kind})")
+    out = Path(args.out)
+    tmp = out.with_name(f".{out.name}.fetching")
+    try:
+        origin = fetch_published(src, tmp, mirror=args.mirror, cache=args.cache, lock=args.lock,
+                                 progress=args.progress)
+        sha = sha256_file(tmp)
+        load_q_network(tmp, src["net_spec"], expected_sha256=sha)  # architecture and safe loading
+        tmp.replace(out)
+    except (FetchError, CheckpointError) as exc:
+        raise InputError(str(exc)) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    record = {"env": args.env, "algo": args.algo, "net_spec": src["net_spec"], "profile": src["profile"],
+              "source": "published", **origin, "sha256": sha,
+              "provenance": provenance("fetch", _settings(args), seed=None, device="cpu", started=started)}
+    write_json(out.with_suffix(".json"), record)
+    print(f"fetched {args.env}/{args.algo} from {origin['fetched_from']}"
+          f"{' member ' + origin['member'] if origin.get('member') else ''}: sha256 {sha}")
+
+
+def cmd_checkpoint(args) -> None:
+    """Obtain a policy's checkpoint from the source the config selects (train here or fetch)."""
+    from crop.registry import resolve_source
+
+    try:
+        kind, _ = resolve_source(args.env, args.algo, args.source)
+    except KeyError as exc:
+        raise InputError(exc.args[0]) from None
+    if kind == "published":
+        cmd_fetch(args)
+    elif kind == "train":
+        cmd_train(args)
+    else:
+        raise InputError(f"{args.env}/{args.algo}: source {kind!r} is not obtained by `crop checkpoint`")
 
 
 def cmd_qrange(args) -> None:
@@ -209,10 +262,11 @@ def cmd_loact(args) -> None:
     started = _setup(args)
     net, meta = _load_policy(args)
     v_min, v_max = _load_qrange(args.qrange, args)
-    sm = _smoother(args, net, v_min, v_max, "loact")
+    sm = _smoother(args, net, meta, v_min, v_max, "loact")
+    frames: list = []
     steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
                                 _episode_seeds(args.seed, args.env, args.episodes), profile=meta.get("profile"),
-                                progress=args.progress)
+                                progress=args.progress, frames=frames, max_frames=args.max_frames)
     r_grid = args.sigma * np.linspace(0.0, 4.0, 81)
     ratio = certified_ratio(steps, r_grid)
     prov = provenance("loact", _settings(args), seed=_stage_seed(args, "loact"),
@@ -225,9 +279,26 @@ def cmd_loact(args) -> None:
     write_with_meta(args.out, lambda p: write_csv(p, steps), prov, rows=len(steps))
     write_with_meta(args.out_episodes, lambda p: write_csv(p, episodes), prov, rows=len(episodes))
     write_with_meta(args.out_ratio, lambda p: write_csv(p, ratio), prov, rows=len(ratio))
+    write_with_meta(args.out_frames, lambda p: _write_frames(p, frames, args.env), prov, rows=len(frames))
     print(f"LoAct {args.env}/{args.algo} σ={args.sigma}: {steps['certified'].mean():.1%} of {len(steps)} steps "
           f"certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
           f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
+
+
+def _write_frames(path, frames, env: str) -> None:
+    """Raw game frames of LoAct episode 0 (Atari only; empty for vector observations)."""
+    import io
+
+    from crop.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    if frames:
+        arr = np.stack([f for _, f in frames]).astype(np.uint8)
+        st = np.array([t for t, _ in frames], dtype=np.int64)
+    else:
+        arr, st = np.zeros((0, 0, 0, 3), np.uint8), np.zeros(0, np.int64)
+    np.savez_compressed(buf, frames=arr, steps=st, env=np.array(env))
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def cmd_gre(args) -> None:
@@ -267,12 +338,16 @@ def cmd_lore(args) -> None:
     started = _setup(args)
     net, meta = _load_policy(args)
     v_min, v_max = _load_qrange(args.qrange, args)
-    sm = _smoother(args, net, v_min, v_max, "lore")
+    sm = _smoother(args, net, meta, v_min, v_max, "lore")
     spec = env_spec(args.env)
     eps_max = math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma
+    # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
+    reward_fn = spec.lore_reward_fn()
     table, info = run_lore(args.env, sm, args.horizon, _episode_seeds(args.seed, args.env, 1)[0],
-                           gamma=args.gamma, eps_max=eps_max, prune=spec.nonnegative_rewards,
-                           profile=meta.get("profile"), progress=args.progress)
+                           gamma=args.gamma, eps_max=eps_max,
+                           prune=spec.nonnegative_rewards or reward_fn is not None,
+                           profile=meta.get("profile"), progress=args.progress, reward_fn=reward_fn)
+    info["reward_modification"] = spec.lore_reward
     prov = provenance("lore", _settings(args), seed=_stage_seed(args, "lore"),
                       inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
     prov.update({"v_min": v_min, "v_max": v_max, "search": info,
@@ -285,19 +360,24 @@ def cmd_lore(args) -> None:
 
 def cmd_attack_local(args) -> None:
     from crop.attack import run_local_attack
+    from crop.envs import env_spec
     from crop.io import provenance, write_csv, write_with_meta
 
     started = _setup(args)
     net, meta = _load_policy(args)
     v_min, v_max = _load_qrange(args.qrange, args)
-    sm = _smoother(args, net, v_min, v_max, "attack-local")
+    sm = _smoother(args, net, meta, v_min, v_max, "attack-local")
+    spec = env_spec(args.env)
+    # Returns over LoRe's horizon with LoRe's reward modification, so the two compare like for like.
     table = run_local_attack(args.env, sm, [f * args.sigma for f in args.eps_factors],
                              _episode_seeds(args.seed, args.env, args.episodes), args.horizon,
                              steps=args.pgd_steps, m_grad=args.m_grad, seed=_stage_seed(args, "attack-local-pgd"),
-                             gamma=args.gamma, profile=meta.get("profile"), progress=args.progress)
+                             gamma=args.gamma, profile=meta.get("profile"), progress=args.progress,
+                             reward_fn=spec.lore_reward_fn())
     table["same_start_as_lore"] = table["episode"] == 0
     prov = provenance("attack_local", _settings(args), seed=_stage_seed(args, "attack-local"),
                       inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
+    prov["reward_modification"] = spec.lore_reward
     write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
     print(f"local PGD {args.env}/{args.algo} σ={args.sigma}: min return per ε "
           f"{table.groupby('eps')['return'].min().round(2).to_dict()}")
@@ -377,15 +457,39 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="crop", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
+    def train_args(p):
+        p.add_argument("--hidden", type=_pos_int, nargs="+", default=[128, 128])
+        p.add_argument("--total-steps", type=_pos_int, default=100000)
+        p.add_argument("--min-steps", type=int, default=20000)
+        p.add_argument("--eval-episodes", type=_pos_int, default=100)
+        p.add_argument("--target-return", type=float, default=None,
+                       help="acceptance threshold (default: the environment's, e.g. 195 for CartPole-v0)")
+
+    def fetch_args(p):
+        p.add_argument("--mirror", default=None, help="mirror base URL (default: $CROP_CHECKPOINT_MIRROR)")
+        p.add_argument("--cache", default=None, help="download cache (default: $CROP_CACHE or user cache)")
+        p.add_argument("--lock", default="checkpoints.lock.json",
+                       help="lock file pinning first downloads of sources published without a checksum")
+
     p = sub.add_parser("train", help="train a policy locally (Double DQN)")
     _common(p, sigma=False, checkpoint=False)
-    p.add_argument("--hidden", type=_pos_int, nargs="+", default=[128, 128])
-    p.add_argument("--total-steps", type=_pos_int, default=100000)
-    p.add_argument("--min-steps", type=int, default=20000)
-    p.add_argument("--eval-episodes", type=_pos_int, default=100)
-    p.add_argument("--target-return", type=float, default=195.0)
+    train_args(p)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("fetch", help="download a published checkpoint (sha256-pinned)")
+    _common(p, sigma=False, checkpoint=False)
+    fetch_args(p)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_fetch)
+
+    p = sub.add_parser("checkpoint", help="obtain a checkpoint from the configured source (train or fetch)")
+    _common(p, sigma=False, checkpoint=False)
+    p.add_argument("--source", choices=["auto", "train", "published"], default="auto")
+    train_args(p)
+    fetch_args(p)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_checkpoint)
 
     p = sub.add_parser("qrange", help="estimate V_min, V_max (Appendix B.1)")
     _common(p)
@@ -403,6 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--out-episodes", required=True)
     p.add_argument("--out-ratio", required=True)
+    p.add_argument("--out-frames", required=True, help="frames.npz: raw frames of episode 0 (Atari)")
+    p.add_argument("--max-frames", type=int, default=200)
     p.set_defaults(func=cmd_loact)
 
     p = sub.add_parser("gre", help="GRe: expectation and percentile bounds (Algorithm 2)")

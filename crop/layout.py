@@ -22,6 +22,7 @@ RUN_FILES = {
     "lore": "lore.csv",
     "attack_local": "attack_local.csv",
     "attack_global": "attack_global.csv",
+    "frames": "frames.npz",
 }
 
 FIGURE_FORMATS = ("pdf", "png")

@@ -56,7 +56,6 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
     env = make() if make is not None else make_env(env_id, profile)
     obs, _ = env.reset(seed=int(env_seed))
     root = _Node(snapshot(env), to_obs(obs), 0, 0.0, horizon == 0)
-    env.close()
 
     memo: dict[bytes, Certificate] = {}
     queue: list = []
@@ -73,7 +72,7 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
         return c
 
     def child(node: _Node, a: int) -> _Node:
-        e = restore(None, node.snap)
+        e = restore(env, node.snap)  # the working instance for Atari, a fresh copy otherwise
         obs, reward, terminated, truncated, _ = e.step(int(a))
         if reward_fn is not None:
             reward = reward_fn(reward)
@@ -118,6 +117,7 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
         if state["J"] != pairs[-1][1]:
             pairs.append((eps, state["J"]))
     bar.close()
+    env.close()
     n = len(memo)
     info = {
         "distinct_states_smoothed": n,

@@ -1,4 +1,5 @@
-# Stage 1: obtain the policy's checkpoint (trained locally, seeded and acceptance-tested).
+# Stage 1: obtain the policy's checkpoint from the source the config selects (crop/registry.yaml):
+# trained here (seeded, acceptance-tested) or downloaded (sha256-pinned, mirror, lock file).
 
 
 rule checkpoint:
@@ -8,12 +9,22 @@ rule checkpoint:
     log:
         f"{R}/logs/{{env}}/{{algo}}/checkpoint.log",
     params:
+        source=lambda w: env_cfg(w)["source"],
         train=lambda w: (
             f"--hidden {' '.join(map(str, env_cfg(w)['train']['hidden']))} "
             f"--total-steps {env_cfg(w)['train']['total_steps']} "
             f"--min-steps {env_cfg(w)['train']['min_steps']} "
-            f"--eval-episodes {env_cfg(w)['train']['eval_episodes']} "
-            f"--target-return {env_cfg(w)['train']['target_return']}"
+            f"--eval-episodes {env_cfg(w)['train']['eval_episodes']}"
+            + (
+                f" --target-return {env_cfg(w)['train']['target_return']}"
+                if env_cfg(w)["train"]["target_return"] is not None
+                else ""
+            )
+        ),
+        fetch=(
+            f"--lock {shlex.quote(CFG['checkpoints']['lock'])}"
+            + (f" --mirror {shlex.quote(CFG['checkpoints']['mirror'])}" if CFG["checkpoints"]["mirror"] else "")
+            + (f" --cache {shlex.quote(CFG['checkpoints']['cache'])}" if CFG["checkpoints"]["cache"] else "")
         ),
         seed=CFG["seed"],
     threads: 1
@@ -23,5 +34,6 @@ rule checkpoint:
     conda:
         "../envs/crop.yaml"
     shell:
-        "crop train --env {wildcards.env} --algo {wildcards.algo} --seed {params.seed} "
-        "--threads {threads} {params.train} --out {output.model} > {log} 2>&1"
+        "crop checkpoint --env {wildcards.env} --algo {wildcards.algo} --source {params.source} "
+        "--seed {params.seed} --threads {threads} {params.train} {params.fetch} --out {output.model} "
+        "> {log} 2>&1"

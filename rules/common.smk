@@ -38,6 +38,7 @@ def floats(xs):
 
 
 def run_file(name):
+    """A per-run result file; names in crop/layout.py."""
     return f"{R}/{{env}}/{{algo}}/sigma-{{sigma}}/{layout.RUN_FILES[name]}"
 
 

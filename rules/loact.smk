@@ -10,9 +10,11 @@ rule loact:
         steps=run_file("loact"),
         episodes=run_file("loact_episodes"),
         ratio=run_file("certified_ratio"),
+        frames=run_file("frames"),
         meta=meta_file("loact"),
         episodes_meta=meta_file("loact_episodes"),
         ratio_meta=meta_file("certified_ratio"),
+        frames_meta=meta_file("frames"),
     log:
         f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/loact.log",
     benchmark:
@@ -32,4 +34,4 @@ rule loact:
     shell:
         "crop loact {params.common} --threads {threads} --checkpoint {input.model} --qrange {input.qrange} "
         "{params.stage} --out {output.steps} --out-episodes {output.episodes} --out-ratio {output.ratio} "
-        "> {log} 2>&1"
+        "--out-frames {output.frames} > {log} 2>&1"

@@ -38,6 +38,14 @@ class EnvSpec:
     reward_range: tuple
     profile: str             # default preprocessing profile
     game_return_range: tuple | None = None  # whole-game score range from the game's rules, if any
+    lore_reward: str | None = None  # LoRe-only reward modification (Appendix E), named in the output
+    solved_return: float | None = None  # acceptance threshold of a locally trained policy, if any
+
+    def lore_reward_fn(self):
+        """The LoRe-only reward modification: negative rewards count as 0, which enables pruning."""
+        if self.lore_reward == "max(r, 0)":
+            return lambda r: max(float(r), 0.0)
+        return None
 
     @property
     def nonnegative_rewards(self) -> bool:
@@ -58,15 +66,18 @@ class EnvSpec:
 
 
 ENV_SPECS: dict[str, EnvSpec] = {
-    "CartPole-v0": EnvSpec("CartPole-v0", "CartPole", "Cartpole", 2, (4,), (0.0, 1.0), "vector"),
+    "CartPole-v0": EnvSpec("CartPole-v0", "CartPole", "Cartpole", 2, (4,), (0.0, 1.0), "vector",
+                           solved_return=195.0),
     "highway-fast-v0": EnvSpec("highway-fast-v0", "highway-fast", "highway-fast", 5, (25,), (0.0, 1.0),
                                "flat25"),
     # Atari: 6 actions in the full minimal set of Pong (3 for Freeway); a checkpoint's own action count
     # (its network's output size) takes precedence.  Pong's game ends at 21 points.
     "PongNoFrameskip-v4": EnvSpec("PongNoFrameskip-v4", "Pong", "Pong", 6, (4, 84, 84), (-1.0, 1.0),
-                                  "cleanrl", game_return_range=(-21.0, 21.0)),
+                                  "cleanrl", game_return_range=(-21.0, 21.0), lore_reward="max(r, 0)"),
+    # Freeway's ALE rewards are never negative; the paper's "losing scores 0" modification is kept for
+    # uniformity and named in the output.
     "FreewayNoFrameskip-v4": EnvSpec("FreewayNoFrameskip-v4", "Freeway", "Freeway", 3, (4, 84, 84),
-                                     (0.0, 1.0), "cleanrl"),
+                                     (0.0, 1.0), "cleanrl", lore_reward="max(r, 0)"),
 }
 
 
@@ -80,6 +91,8 @@ def env_spec(env_id: str) -> EnvSpec:
 PROFILES = {
     "CartPole-v0": ["vector"],
     "highway-fast-v0": ["flat25"],
+    "PongNoFrameskip-v4": ["cleanrl", "sa_dqn_pong", "radial"],
+    "FreewayNoFrameskip-v4": ["cleanrl", "sa_dqn_freeway", "radial"],
 }
 
 
@@ -107,6 +120,10 @@ def make_env(env_id: str, profile: str | None = None) -> gym.Env:
             warnings.simplefilter("ignore")
             env = gym.make("highway-fast-v0")
         return gym.wrappers.FlattenObservation(env)
+    if env_id.endswith("NoFrameskip-v4"):
+        from crop.envs.atari import make_atari
+
+        return make_atari(env_id, profile)
     raise UnknownEnvError(f"unknown environment {env_id!r}")
 
 
@@ -135,11 +152,27 @@ def to_obs(obs) -> np.ndarray:
 
 
 def snapshot(env: gym.Env):
-    """A faithful copy of ``env``'s whole state, wrappers included (CartPole: the TimeLimit counter lives in
-    the wrapper, so the *wrapped* env is copied)."""
-    return copy.deepcopy(env)
+    """A faithful copy of ``env``'s whole state, wrappers included.
+
+    CartPole and highway: ``copy.deepcopy`` of the *wrapped* env (the TimeLimit counter lives in the
+    wrapper).  Atari: the emulator's own state plus every wrapper's state (deepcopy would silently give a
+    fresh emulator at frame 0) — see :mod:`crop.envs.atari`.
+    """
+    from crop.envs.atari import atari_snapshot, is_atari
+
+    return atari_snapshot(env) if is_atari(env) else copy.deepcopy(env)
 
 
 def restore(env: gym.Env | None, snap) -> gym.Env:
-    """An environment in the state ``snap`` was taken in; ``snap`` itself stays untouched for reuse."""
+    """An environment in the state ``snap`` was taken in; ``snap`` stays untouched for reuse.
+
+    For Atari ``env`` (an instance with the same wrapper chain) is put into that state and returned; for
+    the others a new copy of the snapshot is returned and ``env`` is ignored.
+    """
+    from crop.envs.atari import AtariSnapshot, atari_restore
+
+    if isinstance(snap, AtariSnapshot):
+        if env is None:
+            raise ValueError("restoring an Atari snapshot needs the environment instance")
+        return atari_restore(env, snap)
     return copy.deepcopy(snap)

@@ -56,7 +56,13 @@ def load_runs(results: Path, runs) -> dict:
             f = d / name
             if not f.is_file():
                 raise FileNotFoundError(f"missing result file {f}")
-            data[key] = read_json(f) if name.endswith(".json") else pd.read_csv(f)
+            if name.endswith(".json"):
+                data[key] = read_json(f)
+            elif name.endswith(".npz"):
+                with np.load(f, allow_pickle=False) as z:
+                    data[key] = {k: z[k] for k in z.files}
+            else:
+                data[key] = pd.read_csv(f)
         meta = d / "lore.meta.json"
         data["lore_meta"] = read_json(meta) if meta.is_file() else {}
         out[(env, algo, lab)] = data
