@@ -266,7 +266,7 @@ def cmd_loact(args) -> None:
     frames: list = []
     steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
                                 _episode_seeds(args.seed, args.env, args.episodes), profile=meta.get("profile"),
-                                progress=args.progress, frames=frames, max_frames=args.max_frames)
+                                progress=args.progress, frames=frames, frames_window=tuple(args.frames_window))
     r_grid = args.sigma * np.linspace(0.0, 4.0, 81)
     ratio = certified_ratio(steps, r_grid)
     prov = provenance("loact", _settings(args), seed=_stage_seed(args, "loact"),
@@ -346,7 +346,9 @@ def cmd_lore(args) -> None:
     table, info = run_lore(args.env, sm, args.horizon, _episode_seeds(args.seed, args.env, 1)[0],
                            gamma=args.gamma, eps_max=eps_max,
                            prune=spec.nonnegative_rewards or reward_fn is not None,
-                           profile=meta.get("profile"), progress=args.progress, reward_fn=reward_fn)
+                           profile=meta.get("profile"), progress=args.progress, reward_fn=reward_fn,
+                           resume_file=Path(args.out).with_name(Path(args.out).name + ".resume"),
+                           checkpoint_every=args.checkpoint_every)
     info["reward_modification"] = spec.lore_reward
     prov = provenance("lore", _settings(args), seed=_stage_seed(args, "lore"),
                       inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
@@ -508,7 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-episodes", required=True)
     p.add_argument("--out-ratio", required=True)
     p.add_argument("--out-frames", required=True, help="frames.npz: raw frames of episode 0 (Atari)")
-    p.add_argument("--max-frames", type=int, default=200)
+    p.add_argument("--frames-window", type=int, nargs=2, default=[0, 200], metavar=("START", "END"),
+                   help="steps of episode 0 whose raw frames are kept (Atari)")
     p.set_defaults(func=cmd_loact)
 
     p = sub.add_parser("gre", help="GRe: expectation and percentile bounds (Algorithm 2)")
@@ -529,6 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=_pos_int, default=10)
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--eps-max-factor", type=_positive_float, default=None)
+    p.add_argument("--checkpoint-every", type=float, default=60.0,
+                   help="seconds between saves of the resumable search state (OUT.resume)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_lore)
 

@@ -58,12 +58,12 @@ def certify_state(smoother: SmoothedQ, obs, index=None) -> Certificate:
 
 def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, episode_seeds,
               profile: str | None = None, progress: bool | None = None, frames: list | None = None,
-              max_frames: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
+              frames_window: tuple[int, int] = (0, 200)) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Roll the locally smoothed policy π̃ on clean observations and certify every step.
 
     Returns (per-step table, per-episode table).  Uncertified steps have radius 0 and *count* in every
     mean radius (the published numbers skipped them).  For Atari, when ``frames`` is a list, the raw RGB
-    screen of episode 0 at each of its first ``max_frames`` steps is appended as (step, frame).
+    screen of episode 0 at each step t with start ≤ t < end (``frames_window``) is appended as (step, frame).
     """
     rows, eps_rows = [], []
     bar = pbar(total=episodes * horizon, desc=f"LoAct σ={smoother.sigma:g}", progress=progress)
@@ -73,7 +73,7 @@ def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, epi
         ret, t = 0.0, 0
         ale = getattr(env.unwrapped, "ale", None)
         for t in range(horizon):
-            if frames is not None and ep == 0 and ale is not None and t < max_frames:
+            if frames is not None and ep == 0 and ale is not None and frames_window[0] <= t < frames_window[1]:
                 frames.append((t, ale.getScreenRGB().copy()))
             cert = certify_state(smoother, to_obs(obs), index=f"episode {ep} step {t}")
             e = cert.estimate

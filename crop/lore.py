@@ -16,12 +16,19 @@ Details that the official implementation got wrong and this one keeps:
   * every distinct observation is smoothed once (memoised), with fresh noise.
 Confidence: each smoothed state's bounds hold with prob ≥ 1 − α, so the whole tree holds with prob
 ≥ 1 − N·α by the union bound (N distinct states), reported as ``confidence_union``.
+
+Long searches are resumable: after each critical ε the whole search state (queue, nodes with their
+environment snapshots, memoised certificates, bound so far, the noise generator's state) is written to a
+resume file at most every ``checkpoint_every`` seconds; a run killed at any point and restarted with the
+same arguments continues from it and produces the same result.  The resume file is our own pickle, trusted
+like the rest of the results folder; it is keyed by the run's arguments and deleted on success.
 """
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
+import os
+import pickle
 import time
 from dataclasses import dataclass
 
@@ -47,10 +54,12 @@ class _Node:
 
 def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
              eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
-             progress: bool | None = None, reward_fn=None, make=None) -> tuple[pd.DataFrame, dict]:
+             progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
+             checkpoint_every: float = 60.0) -> tuple[pd.DataFrame, dict]:
     """Algorithm 3.  ``prune`` must only be true when every reward is ≥ 0 (the caller checks the env).
 
     ``make`` (optional) builds the environment instead of ``make_env(env_id, profile)``.
+    ``resume_file``: where the search state is saved (and resumed from when it matches this run).
     """
     started = time.time()
     env = make() if make is not None else make_env(env_id, profile)
@@ -59,9 +68,33 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
 
     memo: dict[bytes, Certificate] = {}
     queue: list = []
-    tie = itertools.count()
-    state = {"J": math.inf, "transitions": 0, "leaves": 0}
+    state = {"J": math.inf, "transitions": 0, "leaves": 0, "tie": 0}
     bar = pbar(desc=f"LoRe σ={smoother.sigma:g}", unit="node", progress=progress)
+    key = {"env": env_id, "horizon": horizon, "env_seed": int(env_seed), "gamma": gamma, "eps_max": eps_max,
+           "prune": prune, "sigma": smoother.sigma, "m": smoother.m, "alpha": smoother.alpha,
+           "v": (smoother.v_min, smoother.v_max), "bound": smoother.bound,
+           "reward_fn": getattr(reward_fn, "__qualname__", None)}
+
+    def save(pairs) -> None:
+        from crop.io import atomic_write_bytes
+
+        blob = {"key": key, "queue": queue, "memo": memo, "state": state, "pairs": pairs,
+                "generator": smoother.generator.get_state(), "calls": smoother.calls}
+        atomic_write_bytes(resume_file, pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def load():
+        if resume_file is None or not os.path.exists(resume_file):
+            return None
+        with open(resume_file, "rb") as f:
+            blob = pickle.load(f)  # our own file (see module docstring)
+        if blob.get("key") != key:
+            return None  # a different run's state: start afresh
+        queue[:] = blob["queue"]
+        memo.update(blob["memo"])
+        state.update(blob["state"])
+        smoother.generator.set_state(blob["generator"])
+        smoother.calls = blob["calls"]
+        return blob["pairs"]
 
     def cert_of(node: _Node) -> Certificate:
         key = node.obs.tobytes()
@@ -99,11 +132,16 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
                 if r <= eps:
                     stack.append(child(node, a))
                 else:
-                    heapq.heappush(queue, (r, next(tie), node, a))
+                    state["tie"] += 1
+                    heapq.heappush(queue, (r, state["tie"], node, a))
 
-    expand(root, 0.0)
-    pairs = [(0.0, state["J"])]
+    pairs = load()
+    resumed = pairs is not None
+    if not resumed:
+        expand(root, 0.0)
+        pairs = [(0.0, state["J"])]
     valid_until = math.inf
+    last_save = time.time()
     while queue:
         eps = queue[0][0]
         if eps > eps_max:
@@ -116,11 +154,17 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
             expand(child(node, a), eps)
         if state["J"] != pairs[-1][1]:
             pairs.append((eps, state["J"]))
+        if resume_file is not None and time.time() - last_save >= checkpoint_every:
+            save(pairs)
+            last_save = time.time()
     bar.close()
     env.close()
+    if resume_file is not None and os.path.exists(resume_file):
+        os.unlink(resume_file)
     n = len(memo)
     info = {
         "distinct_states_smoothed": n,
+        "resumed": resumed,
         "transitions": state["transitions"],
         "leaves": state["leaves"],
         "valid_until_eps": valid_until,

@@ -23,7 +23,8 @@ rule loact:
         common=common_args,
         stage=lambda w: (
             f"--m {env_cfg(w)['loact']['m']} --episodes {env_cfg(w)['loact']['episodes']} "
-            f"--horizon {env_cfg(w)['loact']['horizon']} --alpha {CFG['alpha']} --bound {CFG['bound']}"
+            f"--horizon {env_cfg(w)['loact']['horizon']} --alpha {CFG['alpha']} --bound {CFG['bound']} "
+            f"--frames-window {' '.join(map(str, env_cfg(w)['loact']['frames']))}"
         ),
     threads: CFG["threads"]
     resources:

@@ -88,6 +88,19 @@ def env_spec(env_id: str) -> EnvSpec:
         raise UnknownEnvError(f"unknown environment {env_id!r}; known: {sorted(ENV_SPECS)}") from None
 
 
+class _Flatten(gym.ObservationWrapper):
+    """Kinematics 5×5 → the 25-vector (row-major), as CROP's MLP's ``reshape(-1, 25)``.  A plain class
+    (gymnasium's FlattenObservation holds a lambda) so snapshots can be pickled for resumable searches."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.observation_space.shape)),),
+                                                np.float32)
+
+    def observation(self, obs):
+        return np.asarray(obs, dtype=np.float32).reshape(-1)
+
+
 PROFILES = {
     "CartPole-v0": ["vector"],
     "highway-fast-v0": ["flat25"],
@@ -119,7 +132,7 @@ def make_env(env_id: str, profile: str | None = None) -> gym.Env:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             env = gym.make("highway-fast-v0")
-        return gym.wrappers.FlattenObservation(env)
+        return _Flatten(env)
     if env_id.endswith("NoFrameskip-v4"):
         from crop.envs.atari import make_atari
 
