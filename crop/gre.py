@@ -29,13 +29,15 @@ __all__ = ["sample_randomized_returns", "gre_bounds"]
 @torch.inference_mode()
 def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, horizon: int,
                               gamma: float, seed: int, env_seed: int, *, chunk: int = 10000, device="cpu",
-                              profile: str | None = None, progress: bool | None = None) -> np.ndarray:
-    """Returns of m σ-randomized trajectories of length ≤ ``horizon``, all stepped in lockstep."""
+                              profile: str | None = None, progress: bool | None = None,
+                              workers: int = 1) -> np.ndarray:
+    """Returns of m σ-randomized trajectories of length ≤ ``horizon``, all stepped in lockstep (the
+    environments spread over ``workers`` processes)."""
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
-    venv = make_vec_env(env_id, m, profile)
+    venv = make_vec_env(env_id, m, profile, workers=workers)
     obs, _ = venv.reset(seed=int(env_seed))
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)

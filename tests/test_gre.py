@@ -56,3 +56,12 @@ def test_returns_outside_the_declared_range_are_refused():
     with pytest.raises(ValueError, match="J_min, J_max"):
         gre_bounds(np.array([0.0, 250.0]), sigma=0.1, horizon=200, alpha=0.05, eps_grid=[0.0],
                    percentiles=[0.5], j_min=0.0, j_max=200.0)
+
+
+def test_sharded_environments_give_the_same_returns(mlp_factory):
+    """Spreading GRe's environments over worker processes changes nothing but the speed."""
+    net = mlp_factory(n_in=25, n_out=5, hidden=(16,), seed=2)
+    a = sample_randomized_returns("highway-fast-v0", net, 0.1, 6, 4, 1.0, seed=1, env_seed=9, progress=False)
+    b = sample_randomized_returns("highway-fast-v0", net, 0.1, 6, 4, 1.0, seed=1, env_seed=9, progress=False,
+                                  workers=2)
+    np.testing.assert_array_equal(a, b)

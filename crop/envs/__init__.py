@@ -140,11 +140,12 @@ def make_env(env_id: str, profile: str | None = None) -> gym.Env:
     raise UnknownEnvError(f"unknown environment {env_id!r}")
 
 
-def make_vec_env(env_id: str, num_envs: int, profile: str | None = None):
+def make_vec_env(env_id: str, num_envs: int, profile: str | None = None, workers: int = 1):
     """``num_envs`` copies stepped in lockstep, for GRe's m trajectories and batched attacks.
 
     CartPole uses gymnasium's numpy-vectorised ``CartPoleVectorEnv`` (the same dynamics as the single
-    environment, one array operation per step for all trajectories).
+    environment, one array operation per step for all trajectories).  The others are copies of the single
+    environment, spread over ``workers`` processes when more than one (:mod:`crop.envs.vector`).
     """
     spec = env_spec(env_id)
     profile = profile or spec.profile
@@ -153,8 +154,12 @@ def make_vec_env(env_id: str, num_envs: int, profile: str | None = None):
         from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
         return CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=gym.spec(env_id).max_episode_steps)
-    # Every other environment: independent copies stepped in lockstep (same-step autoreset is handled
-    # by the caller's alive mask).
+    # Every other environment: independent copies stepped in lockstep (finished trajectories are masked
+    # by the caller).
+    if workers > 1:
+        from crop.envs.vector import ShardedVectorEnv
+
+        return ShardedVectorEnv(env_id, num_envs, workers, profile)
     return gym.vector.SyncVectorEnv([lambda: make_env(env_id, profile) for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
 
