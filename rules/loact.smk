@@ -21,7 +21,8 @@ rule loact:
         common=common_args,
         stage=lambda w: (
             f"--m {env_cfg(w)['loact']['m']} --episodes {env_cfg(w)['loact']['episodes']} "
-            f"--horizon {env_cfg(w)['loact']['horizon']} --alpha {CFG['alpha']} --bound {CFG['bound']}"
+            f"--horizon {env_cfg(w)['loact']['horizon']} --alpha {CFG['alpha']} --bound {CFG['bound']} "
+            f"--alpha-mode {CFG['alpha_mode']}"
         ),
     threads: CFG["threads"]
     resources:
