@@ -120,7 +120,7 @@ def test_radius_cannot_be_beaten_by_pgd(mlp_factory):
                 for i in torch.topk(margin[j], 3).indices:
                     a = judge.estimate((s_t + adv[j * restarts + i]).numpy()).action
                     assert a == action, f"{b}: action changed inside the certified radius {certs[b].radius}"
-    assert all(n >= 5 for n in certified.values()), f"too few certified states for the test to mean anything: {certified}"
+    assert all(n >= 5 for n in certified.values()), f"too few certified states for the test to bite: {certified}"
 
 
 class _HalfSpaces(torch.nn.Module):

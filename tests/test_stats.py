@@ -233,7 +233,7 @@ def _log_capital_direct(z, bets, block, m, trunc=stats.BETTING_TRUNCATION):
 @pytest.mark.parametrize("dist", ["uniform", "near_constant_top", "near_constant_spread", "two_point"])
 def test_betting_is_never_tighter_than_the_exact_inversion(dist):
     """The reported bound is a rejected candidate: at most the exact inf{m : K(m) < 1/α} (found here by
-    200 bisection steps on K written out sample by sample), and at most rtol·(x̄ − L) below it."""
+    200 bisection steps on K written out sample by sample), and at most rtol·(x̄ − L) below it (rtol = 1 %)."""
     rng = np.random.default_rng(5)
     alpha, block = 0.01, stats.BETTING_BLOCK
     x, _ = _sample(dist, rng, (3037, 4))  # n not a multiple of the block: the tail block is exercised
@@ -254,7 +254,7 @@ def test_betting_is_never_tighter_than_the_exact_inversion(dist):
                     a, b = (mid, b) if f(mid) >= math.log(1 / alpha) else (a, mid)
                 exact = a
             assert reported[row] <= exact + 1e-12
-            assert exact - reported[row] <= 1e-3 * (z[row].mean() - exact) + 1e-9
+            assert exact - reported[row] <= 1.02e-2 * (z[row].mean() - exact) + 1e-9  # rtol = 1e-2
 
 
 def test_betting_bets_are_predictable():
@@ -284,8 +284,9 @@ def test_clopper_pearson_is_reproducible_and_exact_on_bernoulli_data():
 # ------------------------------------------------------------------------------------------------------------
 
 def test_cdf_expectation_bound_by_hand():
-    # returns (0, 10, 10, 20) on [0, 20], α = 0.5 → ε_DKW = sqrt(ln 2 / 8); at ε = 0:
-    # J_min + 10·(1 − ε_DKW)⁺ + 0·… + 10·(3/4 − ε_DKW)⁺ … with the survival levels of the sorted returns
+    # returns (0, 10, 10, 20) on [0, 20], α = 0.5 → ε_DKW = sqrt(ln 2 / 8) ≈ 0.294.  From J_min = 0 the
+    # sorted returns give widths 0, 10, 0, 10 with survival levels 1, 3/4, 2/4, 1/4; at ε = 0 each width is
+    # weighted by (level − ε_DKW)⁺:
     d = math.sqrt(math.log(2) / 8)
     r = np.array([10.0, 0.0, 20.0, 10.0])
     expect = 0 + 0 * (1 - d) + 10 * (3 / 4 - d) + 0 * (2 / 4 - d) + 10 * max(1 / 4 - d, 0)
