@@ -100,10 +100,19 @@ def _style_handles() -> list:
             Line2D([], [], color="0.2", lw=1, ls="--", marker="x", ms=4, label="PGD attack")]
 
 
+def _legend_columns(handles: list) -> tuple[list, int]:
+    """Handles reordered so that a legend (filled column by column) reads row by row, and its columns."""
+    n = len(handles)
+    ncol = n if n <= 7 else math.ceil(n / math.ceil(n / 6))
+    nrows = math.ceil(n / ncol)
+    order = [r * ncol + c for c in range(ncol) for r in range(nrows) if r * ncol + c < n]
+    return [handles[i] for i in order], ncol
+
+
 def _top_legend(fig, algos, style: bool = False) -> None:
-    handles = _algo_handles(algos) + (_style_handles() if style else [])
-    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(handles), 6),
-               frameon=False, fontsize=8)
+    handles, ncol = _legend_columns(_algo_handles(algos) + (_style_handles() if style else []))
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol, frameon=False,
+               fontsize=8)
 
 
 def _mean_std_band(ax, x, m, s, algo):
@@ -228,9 +237,9 @@ def _clean_figure(env: str, data: dict, algos, labels):
 
 def legend_figure(algos):
     """The legend strip alone: one colour per algorithm, and the line-style key."""
-    handles = _algo_handles(algos) + _style_handles()
+    handles, ncol = _legend_columns(_algo_handles(algos) + _style_handles())
     fig = plt.figure(figsize=(0.1, 0.1))
-    fig.legend(handles=handles, loc="center", ncol=min(len(handles), 6), frameon=False, fontsize=9)
+    fig.legend(handles=handles, loc="center", ncol=ncol, frameon=False, fontsize=9)
     return fig
 
 
@@ -258,7 +267,8 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
         t = int(steps[i])
         letter = chr(ord("a") + n)
         ax.axvline(t, color="0.3", ls=":", lw=0.8)
-        ax.annotate(letter, (t, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=8)
+        ax.annotate(letter, (t, 0.97), xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=8,
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
         fa = fig.add_subplot(gs[1, n])
         fa.imshow(frames[i], cmap="gray" if frames.ndim == 3 else None, interpolation="nearest")
         r = ep0.get(t, math.nan)
@@ -421,9 +431,6 @@ def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tabl
     """Write every figure and table of :func:`crop.layout.aggregate_files` for ``runs``, and nothing else."""
     data = load_runs(results, runs)
     figures_dir, tables_dir = Path(figures_dir), Path(tables_dir)
-    figures_dir.mkdir(parents=True, exist_ok=True)
-    tables_dir.mkdir(parents=True, exist_ok=True)
-    sns.set_theme(style="whitegrid", context="paper")
     envs = sorted({k[0] for k in data})
     plan = {}
     for env in envs:
@@ -433,6 +440,9 @@ def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tabl
             if e == env and needs_frames(env) and not d["frames_path"].is_file():
                 raise FileNotFoundError(f"{d['frames_path']}: missing (the Pong periodic-pattern figure needs "
                                         "the frames LoAct records for Atari runs)")
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    sns.set_theme(style="whitegrid", context="paper")
     written = []
     for env in envs:
         for stem, fig in iter_env_figures(env, data):

@@ -86,7 +86,7 @@ def load_reference(path) -> pd.DataFrame:
         except (ValueError, TypeError):
             raise ReferenceError(f"{path}: column {c!r} must be numeric (empty allowed for eps/value)") from None
     for i, r in df.iterrows():
-        where = f"{path}: row {i + 2}"
+        where = f"{path}: data row {i + 1}"
         if r["env"] not in ENV_SPECS:
             raise ReferenceError(f"{where}: unknown env {r['env']!r}; known: {sorted(ENV_SPECS)}")
         if r["algo"] not in ALGORITHMS:
@@ -100,10 +100,9 @@ def load_reference(path) -> pd.DataFrame:
             raise ReferenceError(f"{where}: metric {r['metric']} needs an eps >= 0")
         if not metric_has_eps(r["metric"]) and has_eps:
             raise ReferenceError(f"{where}: metric {r['metric']} has no eps; leave the column empty")
-    key = df[["env", "algo", "sigma", "metric", "eps"]].astype(str).agg("|".join, axis=1)
-    dup = key[key.duplicated()]
+    dup = df.index[df.duplicated(subset=["env", "algo", "sigma", "metric", "eps"])]
     if len(dup):
-        raise ReferenceError(f"{path}: row {dup.index[0] + 2} repeats an earlier (env, algo, sigma, metric, eps)")
+        raise ReferenceError(f"{path}: data row {dup[0] + 1} repeats an earlier (env, algo, sigma, metric, eps)")
     return df.reset_index(drop=True)
 
 
