@@ -290,3 +290,17 @@ def test_shipped_examples_are_valid():
     assert len(ref) >= 5 and ref["metric"].nunique() >= 5
     tol = load_tolerances(REPO / "docs" / "tolerances_example.yaml")
     assert "default" in tol
+
+
+@pytest.mark.parametrize("block, message", [
+    ({"alpha": 1.5}, r"audit\.alpha: 1\.5 must be < 1"),
+    ({"strict": "yes"}, r"audit\.strict: 'yes' is not of type 'boolean'"),
+    ({"referenc": "x.csv"}, r"audit: unknown key"),
+])
+def test_config_audit_block_is_validated(block, message):
+    from crop.config import ConfigError, validate_config
+
+    cfg = yaml.safe_load((REPO / "tests" / "configs" / "smoke.yaml").read_text())
+    assert validate_config(cfg)["audit"] == {"alpha": 0.05, "reference": None, "tolerances": None, "strict": False}
+    with pytest.raises(ConfigError, match=message):
+        validate_config({**cfg, "audit": block})

@@ -166,6 +166,23 @@ def test_standalone_audit_against_a_reference(smoke_run, tmp_path):
     assert subprocess.run(args, capture_output=True, text=True, timeout=300).returncode == 0
 
 
+def test_audit_rule_takes_the_config_audit_block(tmp_path):
+    """audit.reference / strict / alpha reach `crop audit`, with the hash of the validated config; the
+    reference is an input of the rule (a missing one stops the workflow before it runs)."""
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["audit"] = {"reference": "ref.csv", "strict": True, "alpha": 0.01}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    p = snakemake("-n", "-p", "--configfile", str(tmp_path / "c.yaml"), cwd=tmp_path)
+    assert p.returncode != 0 and "ref.csv" in p.stdout + p.stderr
+    (tmp_path / "ref.csv").write_text("env,algo,sigma,metric,eps,value\n")
+    p = snakemake("-n", "-p", "--configfile", str(tmp_path / "c.yaml"), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    cmd = next(line for line in p.stdout.splitlines() if line.lstrip().startswith("crop audit")
+               or "Shell command: crop audit" in line)
+    h = config_hash(load_config(tmp_path / "c.yaml"))
+    assert f"--config-hash {h}" in cmd and "--alpha 0.01 --reference ref.csv --strict" in cmd
+
+
 def test_lint_is_clean(tmp_path):
     p = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "-s", str(REPO / "Snakefile")],
                        capture_output=True, text=True, cwd=REPO, timeout=300)

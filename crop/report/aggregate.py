@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
@@ -126,7 +127,11 @@ def _panel_stepwise(ax, runs: dict) -> None:
         g = d["loact"].groupby("step")["radius"]
         m, s = g.mean(), g.std(ddof=0).fillna(0.0)
         _mean_std_band(ax, m.index.to_numpy(), m.to_numpy(), s.to_numpy(), a)
-    ax.set_ylim(bottom=0)
+    top = ax.get_ylim()[1]
+    ax.set_ylim(-0.02 * top, top)  # a line at r = 0 stays visible above the axis
+    if all(not (d["loact"]["radius"] > 0).any() for d in runs.values()):
+        ax.text(0.5, 0.5, "no step certified\n(r = 0 at every step)", transform=ax.transAxes, ha="center",
+                va="center", fontsize=8, color="0.35")
 
 
 def _panel_ratio(ax, runs: dict) -> None:
@@ -231,6 +236,9 @@ def _clean_figure(env: str, data: dict, algos, labels):
                 sd.append(r.std(ddof=0))
         ax.errorbar(xs, ms, yerr=sd, marker="o", ms=4, capsize=3, color=ALGO_COLORS[a], label=algo_label(a))
     ax.set_xscale("log")
+    # Ticks at the σ run, written as the paper writes σ (0.001, 0.5, 4), not as powers of ten.
+    ax.set_xticks([float(lab) for lab in labels], [f"{float(lab):g}" for lab in labels], rotation=45, fontsize=7)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7)
     return fig
 

@@ -160,7 +160,7 @@ def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = Non
                "abs_tol": tol["abs"], "rel_tol": tol["rel"], "allowed": None, "verdict": "missing", "note": ""}
         run = _find_run(data, r.env, r.algo, float(r.sigma))
         if run is None:
-            row["note"] = "run not in the audited results"
+            row["note"] = "run not in the audited results (absent, or not audited for an integrity problem)"
             rows.append(row)
             continue
         got = metric_value(run, r.metric, eps)
