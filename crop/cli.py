@@ -480,10 +480,12 @@ def cmd_aggregate(args) -> None:
         raise InputError(f"no complete runs to aggregate under {results}")
     figures = Path(args.figures) if args.figures else results / "figures"
     tables = Path(args.tables) if args.tables else results / "tables"
+    from crop.report.integrity import IntegrityError
+
     try:
         written = aggregate(results, runs, table_eps_factors=args.table_eps_factors, figures_dir=figures,
                             tables_dir=tables)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, IntegrityError) as exc:
         raise InputError(str(exc)) from None
     print(f"aggregate: wrote {len(written)} files for {len(runs)} runs to {figures} and {tables}")
 
@@ -699,7 +701,12 @@ def main(argv=None) -> None:
         print(f"crop {args.command}: error: {exc}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:  # FloatingPointError (NaN Q), CheckpointError, TrainingFailed, …
+        from crop.io import OutputError
         from crop.models import CheckpointError
+
+        if isinstance(exc, OutputError):  # full disk, read-only folder: one line, nothing half-written
+            print(f"crop {args.command}: error: {exc.strerror}", file=sys.stderr)
+            sys.exit(1)
         from crop.smoothing import NonFiniteQError
         from crop.train.dqn import TrainingFailed
 

@@ -13,6 +13,26 @@ except ConfigError as exc:
     raise WorkflowError(str(exc))
 
 R = CFG["results"]
+
+# A run killed with SIGKILL leaves Snakemake's lock behind; clear it when its owner is provably gone, so
+# rerunning the same command resumes (a live run's lock still stops a second workflow).
+from crop.runlock import clear_stale_lock, record_owner
+
+_cleared = clear_stale_lock()
+if _cleared:
+    logger.warning(_cleared)
+
+
+onstart:
+    # Before any job: a read-only, unwritable or full results folder is one clear error.
+    from crop.io import OutputError, check_writable
+
+    record_owner()
+    try:
+        check_writable(R)
+    except OutputError as exc:
+        raise WorkflowError(exc.strerror)
+
 CONFIG_HASH = config_hash(CFG)  # recorded by the audit: which configuration the results came from
 ENVS = list(CFG["environments"])
 ALGOS = sorted({a for e in CFG["environments"].values() for a in e["algorithms"]})

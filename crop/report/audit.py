@@ -44,6 +44,7 @@ from scipy import stats as st
 
 from crop.io import atomic_write_text, meta_path, read_json, sha256_file, write_json
 from crop.layout import RUN_FILES
+from crop.report.integrity import check_integrity
 from crop.lore import lore_bound_at
 
 __all__ = ["audit", "discover_runs", "check_integrity", "SCHEMA_VERSION"]
@@ -60,31 +61,6 @@ def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
         if d.is_dir() and all((d / f).is_file() for f in RUN_FILES.values()) != incomplete:
             runs.append(str(d.relative_to(results)))
     return runs
-
-
-def check_integrity(run_dir: Path) -> list[dict]:
-    """Files whose content no longer matches the hash recorded when they were written."""
-    problems = []
-    for name in RUN_FILES.values():
-        f = run_dir / name
-        if not f.is_file():
-            problems.append({"file": str(f), "problem": "missing"})
-            continue
-        if name.endswith(".json"):
-            try:
-                read_json(f)
-            except ValueError as exc:
-                problems.append({"file": str(f), "problem": f"unreadable JSON: {exc}"})
-            continue
-        m = meta_path(f)
-        if not m.is_file():
-            problems.append({"file": str(f), "problem": "no provenance file"})
-            continue
-        rec = read_json(m).get("output", {})
-        if rec.get("sha256") != sha256_file(f):
-            problems.append({"file": str(f), "problem": "sha256 differs from the one recorded at write time "
-                                                         "(truncated or modified)"})
-    return problems
 
 
 def _hoeffding_p(shortfall: float, n: int, width: float) -> float:

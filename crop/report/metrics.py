@@ -69,10 +69,15 @@ def load_runs(results: Path, runs) -> dict:
 
     ``frames.npz`` (Atari) is not read here, only its path recorded (``frames_path``).
     """
+    from crop.report.integrity import IntegrityError, check_integrity
+
     out = {}
     for run in runs:
         env, algo, lab = parse_run(run)
         d = Path(results) / run
+        problems = check_integrity(d)
+        if problems:  # never plot a truncated or edited intermediate
+            raise IntegrityError("; ".join(f"{p['file']}: {p['problem']}" for p in problems))
         data = {}
         for key, name in RUN_FILES.items():
             f = d / name
