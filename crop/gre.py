@@ -30,7 +30,7 @@ import torch
 from crop.progress import pbar
 
 from crop import stats
-from crop.envs import make_vec_env
+from crop.envs import make_env_pool
 from crop.smoothing import NonFiniteQError, resolve_device
 
 __all__ = ["sample_randomized_returns", "gre_bounds"]
@@ -47,28 +47,30 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float,
     q_net = q_net.to(dev).eval()
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
-    venv = make_vec_env(env_id, m, profile, workers=workers)
-    obs, _ = venv.reset(seed=int(env_seed))
+    pool = make_env_pool(env_id, m, profile, workers=workers)
+    obs = pool.reset(int(env_seed))
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
     discount = 1.0
     for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}", progress=progress):
-        x = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=dev)
-        actions = torch.empty(m, dtype=torch.int64, device=dev)
-        for s in range(0, m, chunk):
+        idx = np.nonzero(alive)[0]  # finished trajectories are not stepped again
+        x = torch.as_tensor(np.asarray(obs[idx], dtype=np.float32), device=dev)
+        actions = torch.empty(len(idx), dtype=torch.int64, device=dev)
+        for s in range(0, len(idx), chunk):
             xs = x[s:s + chunk]
             noisy = torch.randn(xs.shape, generator=g, device=dev).mul_(sigma).add_(xs)
             q = q_net(noisy)
             if not torch.isfinite(q).all():
                 raise NonFiniteQError(f"the Q-network returned NaN or inf at step {t} (trajectories {s}…)")
             actions[s:s + chunk] = q.argmax(1)
-        obs, reward, terminated, truncated, _ = venv.step(actions.cpu().numpy())
-        returns += discount * np.asarray(reward, dtype=np.float64) * alive
-        alive &= ~(np.asarray(terminated) | np.asarray(truncated))
+        o, reward, terminated, truncated = pool.step(idx, actions.cpu().numpy())
+        obs[idx] = o
+        returns[idx] += discount * np.asarray(reward, dtype=np.float64)
+        alive[idx] &= ~(np.asarray(terminated) | np.asarray(truncated))
         discount *= gamma
         if not alive.any():
             break
-    venv.close()
+    pool.close()
     return returns
 
 

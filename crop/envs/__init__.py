@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EnvSpec", "ENV_SPECS", "env_spec", "make_env", "make_vec_env", "snapshot", "restore",
+__all__ = ["EnvSpec", "ENV_SPECS", "env_spec", "make_env", "make_vec_env", "make_env_pool", "snapshot", "restore",
            "to_obs", "UnknownEnvError"]
 
 
@@ -140,28 +140,27 @@ def make_env(env_id: str, profile: str | None = None) -> gym.Env:
     raise UnknownEnvError(f"unknown environment {env_id!r}")
 
 
-def make_vec_env(env_id: str, num_envs: int, profile: str | None = None, workers: int = 1):
-    """``num_envs`` copies stepped in lockstep, for GRe's m trajectories and batched attacks.
+def make_vec_env(env_id: str, num_envs: int, profile: str | None = None):
+    """gymnasium's numpy-vectorised CartPole (``CartPoleVectorEnv``): the dynamics of the single
+    environment, one array operation per step for all copies."""
+    if env_id != "CartPole-v0":
+        raise UnknownEnvError(f"no native vector environment for {env_id!r}; use make_env_pool")
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
-    CartPole uses gymnasium's numpy-vectorised ``CartPoleVectorEnv`` (the same dynamics as the single
-    environment, one array operation per step for all trajectories).  The others are copies of the single
-    environment, spread over ``workers`` processes when more than one (:mod:`crop.envs.vector`).
-    """
+    return CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=gym.spec(env_id).max_episode_steps)
+
+
+def make_env_pool(env_id: str, num_envs: int, profile: str | None = None, workers: int = 1):
+    """``num_envs`` copies for GRe's m trajectories, stepped selectively (:mod:`crop.envs.vector`): CartPole
+    vectorised in numpy, the others as independent copies spread over ``workers`` processes."""
+    from crop.envs.vector import CartPolePool, EnvPool
+
     spec = env_spec(env_id)
     profile = profile or spec.profile
     _check_profile(env_id, profile)
     if env_id == "CartPole-v0":
-        from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
-
-        return CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=gym.spec(env_id).max_episode_steps)
-    # Every other environment: independent copies stepped in lockstep (finished trajectories are masked
-    # by the caller).
-    if workers > 1:
-        from crop.envs.vector import ShardedVectorEnv
-
-        return ShardedVectorEnv(env_id, num_envs, workers, profile)
-    return gym.vector.SyncVectorEnv([lambda: make_env(env_id, profile) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+        return CartPolePool(num_envs, gym.spec(env_id).max_episode_steps)
+    return EnvPool(env_id, num_envs, workers, profile)
 
 
 def to_obs(obs) -> np.ndarray:
