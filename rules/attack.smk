@@ -25,6 +25,7 @@ rule attack_local:
         ),
     threads: CFG["threads"]
     resources:
+        gpu=GPUS,
         mem_mb=2000,
         runtime=120,
     conda:
@@ -55,6 +56,7 @@ rule attack_global:
         ),
     threads: CFG["threads"]
     resources:
+        gpu=GPUS,
         mem_mb=1500,
         runtime=120,
     conda:

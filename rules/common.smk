@@ -82,3 +82,9 @@ def aggregate_outputs():
 
 def audit_outputs():
     return [f"{R}/audit/audit.md", f"{R}/audit/audit.json"]
+
+
+# GPUs a certification or attack job asks for, as Snakemake's standard resource `gpu` (the SLURM plugin
+# turns gpu=1 into `sbatch --gpus=1`): one wherever the config lets the job use CUDA.  A local run does
+# not wait for it unless given `--resources gpu=N`, and `device: auto` runs on the CPU without a GPU.
+GPUS = 0 if CFG["device"] == "cpu" else 1

@@ -24,6 +24,7 @@ rule gre:
         ),
     threads: CFG["threads"]
     resources:
+        gpu=GPUS,
         mem_mb=2000,
         runtime=120,
     conda:

@@ -28,6 +28,7 @@ rule loact:
         ),
     threads: CFG["threads"]
     resources:
+        gpu=GPUS,
         mem_mb=1500,
         runtime=120,
     conda:

@@ -26,6 +26,7 @@ rule lore:
         ),
     threads: CFG["threads"]
     resources:
+        gpu=GPUS,
         mem_mb=2000,
         runtime=240,
     conda:

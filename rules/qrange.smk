@@ -19,6 +19,7 @@ rule qrange:
         ),
     threads: CFG["threads"]
     resources:
+        gpu=GPUS,
         mem_mb=1500,
         runtime=30,
     conda:
