@@ -3,6 +3,7 @@
 # munged by the PIDs it wrote (checking each PID still runs that daemon), and remove the configuration
 # files it wrote under /etc/slurm.  Safe to run twice, or after a failed bring-up.
 set -uo pipefail
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 state=${1:?usage: ci/slurm-down.sh STATE_DIR}
 marker="# written by crop ci/slurm-up.sh"
@@ -13,9 +14,17 @@ alive() { # PID NAME: the process is alive and still is NAME (a PID can be reuse
 }
 
 # jobs first, while slurmctld can still cancel them (their slurmstepd outlive slurmd otherwise)
-if [[ -s $state/slurmctld.pid ]] && alive "$(cat "$state/slurmctld.pid")" slurmctld; then
-    scancel --full "$(squeue -h -o %i | tr '\n' ' ')" >/dev/null 2>&1 || true
-    for _ in $(seq 50); do [[ -z $(squeue -h -t running,completing 2>/dev/null) ]] && break; sleep 0.2; done
+if [[ -s $state/slurmctld.pid ]] && alive "$(cat "$state/slurmctld.pid")" slurmctld &&
+    grep -qF "$marker; state in $(cd "$state" && pwd)" /etc/slurm/slurm.conf 2>/dev/null; then
+    jobs=$(timeout 10 squeue -h -o %i 2>/dev/null | tr '\n' ' ')
+    if [[ -n ${jobs// } ]]; then
+        # shellcheck disable=SC2086
+        timeout 10 scancel --full $jobs >/dev/null 2>&1 || true
+        for _ in $(seq 50); do
+            [[ -z $(timeout 5 squeue -h -t running,completing 2>/dev/null) ]] && break
+            sleep 0.2
+        done
+    fi
 fi
 
 for d in slurmd slurmctld munged; do
@@ -30,7 +39,9 @@ for d in slurmd slurmctld munged; do
     rm -f "$f"
 done
 
-for f in /etc/slurm/slurm.conf /etc/slurm/gres.conf; do
-    [[ -e $f ]] && grep -qF "$marker" "$f" && rm -f "$f"
-done
+# the configuration, if it is this cluster's (gres.conf goes with it)
+if grep -qF "$marker; state in $(cd "$state" && pwd)" /etc/slurm/slurm.conf 2>/dev/null; then
+    rm -f /etc/slurm/slurm.conf
+    grep -qF "$marker" /etc/slurm/gres.conf 2>/dev/null && rm -f /etc/slurm/gres.conf
+fi
 echo "slurm-down: stopped (state and logs kept in $state)"

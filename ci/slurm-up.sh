@@ -9,6 +9,7 @@
 # only for MinJobAge seconds (>= 120, or the plugin waits forever); set here to 600.
 # slurm.conf must live at /etc/slurm/slurm.conf: the plugin's job step drops SLURM_CONF.
 set -euo pipefail
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 state=${1:?usage: ci/slurm-up.sh STATE_DIR}
 conf_dir=/etc/slurm
@@ -30,6 +31,15 @@ done
 
 mkdir -p "$state"
 state=$(cd "$state" && pwd)
+# a configuration this script wrote for another state folder whose daemons still run: one cluster at a time
+other=$(sed -n "s|^$marker; state in ||p" "$conf_dir/slurm.conf" 2>/dev/null || true)
+if [[ -n $other && $other != "$state" ]]; then
+    for d in slurmd slurmctld munged; do
+        if [[ -s $other/$d.pid ]] && kill -0 "$(cat "$other/$d.pid")" 2>/dev/null; then
+            die "another cluster from this script is up (state $other): run ci/slurm-down.sh $other first"
+        fi
+    done
+fi
 for d in slurmd slurmctld munged; do
     if [[ -s $state/$d.pid ]] && kill -0 "$(cat "$state/$d.pid")" 2>/dev/null; then
         die "$d is already running (pid $(cat "$state/$d.pid")): run ci/slurm-down.sh $state first"
