@@ -26,8 +26,8 @@ rule attack_local:
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
-        mem_mb=2000,
-        runtime=120,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:
@@ -57,8 +57,8 @@ rule attack_global:
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
-        mem_mb=1500,
-        runtime=120,
+        mem_mb=1000,
+        runtime=20,
     conda:
         "../envs/crop.yaml"
     shell:

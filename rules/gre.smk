@@ -25,8 +25,8 @@ rule gre:
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
-        mem_mb=2000,
-        runtime=120,
+        mem_mb=gre_mem_mb,
+        runtime=10,
     conda:
         "../envs/crop.yaml"
     shell:

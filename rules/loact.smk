@@ -29,8 +29,8 @@ rule loact:
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
-        mem_mb=1500,
-        runtime=120,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:

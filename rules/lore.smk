@@ -27,8 +27,8 @@ rule lore:
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
-        mem_mb=2000,
-        runtime=240,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:

@@ -20,8 +20,8 @@ rule qrange:
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
-        mem_mb=1500,
-        runtime=30,
+        mem_mb=1000,
+        runtime=10,
     conda:
         "../envs/crop.yaml"
     shell:
