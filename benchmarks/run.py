@@ -4,7 +4,8 @@ Prints one line per measure as ``<measure>: <ratio>`` (lines starting with ``#``
 state at m = 10,000 (fresh noise + forward + clip + mean + bounds, ``SmoothedQ.estimate``); the reference
 is a bare batched forward of the same noisy batch, pre-drawn, in the same chunks.  Goal ≤ 1.15.  For the
 Nature-CNN the Gaussian draw itself costs about as much as the forward on a CPU (``normal_`` is
-single-threaded), so its floor is forward + noise, printed as a second ratio.
+single-threaded), so its floor is forward + noise, printed as a second ratio.  First, ``bound_cost_<name>_ms``:
+the cost of each confidence bound per state at m samples and |A| = 6 (milliseconds, not a ratio).
 """
 from __future__ import annotations
 
@@ -127,12 +128,37 @@ def lore_rate(name: str, env_id: str, spec: dict, profile, m: int, horizon: int,
     return dt / max(info["transitions"], 1), info
 
 
+def measure_bounds(m: int, n_actions: int, reps: int) -> None:
+    """Cost of each confidence bound of ``SmoothedQ`` per state (the bound alone, given the m × |A| clipped
+    samples that the smoothing produced), in milliseconds: ``bound_cost_<name>_ms``."""
+    from crop.smoothing import BOUNDS
+    from crop.stats import per_bound_alpha
+
+    torch.manual_seed(0)
+    net = build_q_network({"arch": "mlp", "in": 4, "hidden": [128, 128], "out": n_actions}).eval()
+    with torch.inference_mode():
+        q = net(0.1 * torch.randn(m, 4)).double().numpy()
+    lo, hi = float(q.min()) - 0.5, float(q.max()) + 0.5
+    total, alpha_each = q.sum(0), per_bound_alpha(0.05, n_actions)
+    rng = np.random.default_rng(0)
+    fns = {name: (lambda fn=fn: fn(total, m, lo, hi, alpha_each, q, rng=rng)) for name, (fn, _) in BOUNDS.items()}
+    t = timeit(fns, reps)
+    print(f"# confidence bounds alone, m={m}, |A|={n_actions} (compare: the CartPole MLP forward of m samples)",
+          flush=True)
+    for name, sec in t.items():
+        print(f"bound_cost_{name}_ms: {1e3 * sec:.3f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--skip-cnn", action="store_true")
+    ap.add_argument("--bounds-only", action="store_true", help="only the bound_cost_* lines")
     a = ap.parse_args()
+    measure_bounds(a.m, 6, a.reps)
+    if a.bounds_only:
+        return
     measure("cartpole_mlp", {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}, (4,), 2, a.m, 1000, a.reps)
     measure("highway_mlp", {"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}, (25,), 5, a.m, 1000, a.reps)
     cnn = {"arch": "nature_cnn", "in_channels": 4, "out": 6}

@@ -73,11 +73,26 @@ def _common(p: argparse.ArgumentParser, sigma: bool = True, checkpoint: bool = T
                    help="progress bars (default: only on a terminal)")
 
 
+# The names of crop.smoothing.BOUNDS (kept here so that building the parser does not import torch).
+BOUND_NAMES = ["hoeffding", "empirical_bernstein", "betting", "clopper_pearson"]
+
+
 def _certifier_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qrange", required=True, help="qrange.json of the same env/algo/sigma")
     p.add_argument("--m", type=_pos_int, default=10000)
     p.add_argument("--alpha", type=_alpha, default=0.05)
-    p.add_argument("--bound", default="hoeffding", choices=["hoeffding"])
+    p.add_argument("--bound", default="hoeffding", choices=BOUND_NAMES,
+                   help="confidence bound for the smoothed Q-values (hoeffding: the paper's)")
+    p.add_argument("--alpha-mode", default="state", choices=["state", "family"],
+                   help="state: each state holds w.p. >= 1-alpha (the paper); family: alpha is split so that a "
+                        "whole episode (alpha/H per state) or LoRe tree (alpha*6/(pi^2 i^2)) holds jointly")
+
+
+def _state_alpha(args, horizon: int) -> float:
+    """Per-state α of LoAct / local-attack episodes of ≤ ``horizon`` states under ``--alpha-mode``."""
+    from crop.stats import loact_state_alpha
+
+    return loact_state_alpha(args.alpha, args.alpha_mode, horizon)
 
 
 def _setup(args) -> float:
@@ -135,11 +150,12 @@ def _stage_seed(args, stage: str) -> int:
     return derive_seed(args.seed, args.env, args.algo, repr(float(args.sigma)), stage)
 
 
-def _smoother(args, net, meta, v_min, v_max, stage: str):
+def _smoother(args, net, meta, v_min, v_max, stage: str, alpha: float | None = None):
     from crop.smoothing import SmoothedQ
 
+    alpha = args.alpha if alpha is None else alpha
     # The action count is the checkpoint's (SA-DQN's Pong networks use 4 of the 6 actions).
-    return SmoothedQ(net, args.sigma, args.m, v_min, v_max, args.alpha, int(meta["net_spec"]["out"]),
+    return SmoothedQ(net, args.sigma, args.m, v_min, v_max, alpha, int(meta["net_spec"]["out"]),
                      bound=args.bound, chunk=args.chunk, seed=_stage_seed(args, stage), device=args.device)
 
 
@@ -262,7 +278,7 @@ def cmd_loact(args) -> None:
     started = _setup(args)
     net, meta = _load_policy(args)
     v_min, v_max = _load_qrange(args.qrange, args)
-    sm = _smoother(args, net, meta, v_min, v_max, "loact")
+    sm = _smoother(args, net, meta, v_min, v_max, "loact", alpha=_state_alpha(args, args.horizon))
     frames: list = []
     steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
                                 _episode_seeds(args.seed, args.env, args.episodes), profile=meta.get("profile"),
@@ -271,10 +287,13 @@ def cmd_loact(args) -> None:
     ratio = certified_ratio(steps, r_grid)
     prov = provenance("loact", _settings(args), seed=_stage_seed(args, "loact"),
                       inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
-    prov.update({"v_min": v_min, "v_max": v_max, "per_bound_alpha": sm.alpha_each,
-                 "states_certified": int(len(steps)),
-                 "confidence": {"per_state": 1 - args.alpha,
-                                "per_episode_union": max(0.0, 1 - args.alpha * float(episodes["steps"].max()))},
+    longest = int(episodes["steps"].max())
+    prov.update({"v_min": v_min, "v_max": v_max, "states_certified": int(len(steps)),
+                 "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha, "per_bound_alpha": sm.alpha_each,
+                 "confidence": {"per_state": 1 - sm.alpha,
+                                "per_episode": max(0.0, 1 - sm.alpha * longest),
+                                "rule": "union bound: the 2|A| one-sided bounds of a state each at per_bound_alpha; "
+                                        f"an episode of <= {longest} states at per_state_alpha each"},
                  "note": "radius is 0 at uncertified steps and counts in every mean"})
     write_with_meta(args.out, lambda p: write_csv(p, steps), prov, rows=len(steps))
     write_with_meta(args.out_episodes, lambda p: write_csv(p, episodes), prov, rows=len(episodes))
@@ -323,7 +342,8 @@ def cmd_gre(args) -> None:
     prov = provenance("gre", _settings(args), seed=_stage_seed(args, "gre"), inputs=_inputs(args, "checkpoint"),
                       device=args.device, started=started)
     prov.update({"j_min": j_min, "j_max": j_max,
-                 "note": "each bound holds with probability >= 1 - alpha; empty percentile_bound = no k qualifies"})
+                 "note": "each bound (expectation_bound, cdf_expectation_bound, percentile_bound) holds with "
+                         "probability >= 1 - alpha; empty percentile_bound = no k qualifies"})
     write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
     write_with_meta(args.out_returns, lambda p: write_csv(p, pd.DataFrame({"return": returns})), prov,
                     rows=len(returns))
@@ -335,6 +355,7 @@ def cmd_lore(args) -> None:
     from crop.envs import env_spec
     from crop.io import provenance, write_csv, write_with_meta
     from crop.lore import run_lore
+    from crop.stats import lore_schedule_text, lore_state_alpha
 
     started = _setup(args)
     net, meta = _load_policy(args)
@@ -344,16 +365,23 @@ def cmd_lore(args) -> None:
     eps_max = math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma
     # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
     reward_fn = spec.lore_reward_fn()
+    alpha_of = None if args.alpha_mode == "state" else (lambda i: lore_state_alpha(args.alpha, "family", i))
     table, info = run_lore(args.env, sm, args.horizon, _episode_seeds(args.seed, args.env, 1)[0],
                            gamma=args.gamma, eps_max=eps_max,
                            prune=spec.nonnegative_rewards or reward_fn is not None,
                            profile=meta.get("profile"), progress=args.progress, reward_fn=reward_fn,
                            resume_file=Path(args.out).with_name(Path(args.out).name + ".resume"),
-                           checkpoint_every=args.checkpoint_every)
+                           checkpoint_every=args.checkpoint_every, alpha_of=alpha_of)
     info["reward_modification"] = spec.lore_reward
     prov = provenance("lore", _settings(args), seed=_stage_seed(args, "lore"),
                       inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
     prov.update({"v_min": v_min, "v_max": v_max, "search": info,
+                 "alpha_mode": args.alpha_mode,
+                 "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
+                 "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
+                                "tree": info["confidence_tree"],
+                                "rule": "union bound over the distinct states smoothed (search.alpha_spent = "
+                                        "sum of their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
                  "initial_state": "the initial state of LoAct episode 0"})
     write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
     print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
@@ -369,7 +397,7 @@ def cmd_attack_local(args) -> None:
     started = _setup(args)
     net, meta = _load_policy(args)
     v_min, v_max = _load_qrange(args.qrange, args)
-    sm = _smoother(args, net, meta, v_min, v_max, "attack-local")
+    sm = _smoother(args, net, meta, v_min, v_max, "attack-local", alpha=_state_alpha(args, args.horizon))
     spec = env_spec(args.env)
     # Returns over LoRe's horizon with LoRe's reward modification, so the two compare like for like.
     table = run_local_attack(args.env, sm, [f * args.sigma for f in args.eps_factors],
@@ -381,6 +409,8 @@ def cmd_attack_local(args) -> None:
     prov = provenance("attack_local", _settings(args), seed=_stage_seed(args, "attack-local"),
                       inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
     prov["reward_modification"] = spec.lore_reward
+    prov.update({"alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha,
+                 "confidence": {"per_state": 1 - sm.alpha, "per_episode": max(0.0, 1 - sm.alpha * args.horizon)}})
     write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
     print(f"local PGD {args.env}/{args.algo} σ={args.sigma}: min return per ε "
           f"{table.groupby('eps')['return'].min().round(2).to_dict()}")

@@ -3,12 +3,22 @@
 Step 1 samples m σ-randomized trajectories (Definition 3: at every step the policy acts on s_t + Δ_t with
 one fresh Δ_t ∼ N(0, σ²I)).  All m trajectories advance in lockstep, one batched forward per time step.
 Step 2 turns the m returns into
-  * the expectation bound J̲_E = F̃ − Δ_conf − (J_max − J_min)/σ·√(2/π)·ε√H            (Theorem 2), and
+  * the expectation bound J̲_E = F̃ − Δ_conf − (J_max − J_min)/σ·√(2/π)·ε√H            (Theorem 2;
+    column ``expectation_bound``, Δ_conf = (J_max − J_min)·sqrt(ln(1/α)/(2m)), Hoeffding),
+  * the CDF-based expectation bound of Kumar, Levine & Feizi (ICLR 2022, "Policy smoothing for provably
+    robust RL"), from the same m returns (column ``cdf_expectation_bound``,
+    :func:`crop.stats.cdf_expectation_bound`):
+        J̲_CDF = J_min + Σ_i (F_(i) − F_(i−1)) · Φ(Φ⁻¹(max(0, (m − i + 1)/m − ε_DKW)) − ε√H/σ),
+    F_(0) = J_min ≤ F_(1) ≤ … ≤ F_(m) the sorted returns and ε_DKW = sqrt(ln(1/α)/(2m)) the one-sided
+    DKW band (Massart's constant) — a lower bound on the same quantity E[J_ε(π′)] as J̲_E, built from the
+    whole empirical distribution instead of its mean and a Lipschitz constant; at ε = 0 (α ≤ 1/2) it is
+    never below J̲_E and for ε > 0 it is usually far tighter; and
   * the percentile bound J̲_p = k-th smallest return, k the largest index with
     P[Bin(m, p′) ≤ k − 1] ≤ α and p′ = Φ(Φ⁻¹(p) − ε√H/σ)                                (Theorem 3),
     computed with the exact binomial CDF; no bound at all when no k qualifies.
 Each number is a separate statement holding with probability ≥ 1 − α.  As the paper notes (Appendix C),
-the guarantee is for perturbations fixed in advance, not for an adaptive attacker.
+the guarantee is for perturbations fixed in advance, not for an adaptive attacker (Kumar et al. prove their
+bound also against adaptive attackers for their setting; we claim only what CROP claims).
 """
 from __future__ import annotations
 
@@ -64,7 +74,8 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float,
 
 def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float, eps_grid, percentiles,
                j_min: float, j_max: float) -> pd.DataFrame:
-    """Expectation and percentile bounds over a grid of ε (one row per (ε, p))."""
+    """Expectation bounds (Theorem 2's J̲_E and the CDF-based J̲_CDF) and percentile bounds over a grid of ε
+    (one row per (ε, p); the expectation bounds do not depend on p and repeat)."""
     returns = np.asarray(returns, dtype=np.float64)
     m = returns.size
     if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:
@@ -72,14 +83,17 @@ def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float,
                          f"[{returns.min()}, {returns.max()}]; the expectation bound would be unsound")
     ordered = np.sort(returns)
     mean = float(returns.mean())
+    eps_grid = [float(e) for e in eps_grid]
+    cdf_bounds = stats.cdf_expectation_bound(returns, j_min, j_max, alpha, sigma, np.array(eps_grid), horizon)
     rows = []
-    for eps in eps_grid:
+    for eps, cdf_bound in zip(eps_grid, cdf_bounds):
         e_bound = stats.expectation_bound(mean, j_min, j_max, m, alpha, sigma, float(eps), horizon)
         for p in percentiles:
             p_prime = stats.percentile_p_prime(float(p), float(eps), horizon, sigma)
             k = stats.percentile_order_index(m, p_prime, alpha)
             rows.append({
                 "eps": float(eps), "p": float(p), "expectation_bound": e_bound,
+                "cdf_expectation_bound": float(cdf_bound),
                 "percentile_bound": float(ordered[k - 1]) if k is not None else math.nan,
                 "percentile_certified": k is not None, "k": k if k is not None else pd.NA,
                 "p_prime": p_prime, "m": m, "horizon": horizon, "alpha": alpha, "sigma": sigma,

@@ -50,9 +50,10 @@ def certify_estimate(est: Estimate, sigma: float, v_min: float, v_max: float) ->
     return Certificate(action=a1, certified=certified, radius=radius, radii=radii, estimate=est)
 
 
-def certify_state(smoother: SmoothedQ, obs, index=None) -> Certificate:
-    """Algorithm 1 for one state: fresh noise, clip, mean, bounds, radius."""
-    est = smoother.estimate(obs, index=index)
+def certify_state(smoother: SmoothedQ, obs, index=None, alpha: float | None = None) -> Certificate:
+    """Algorithm 1 for one state: fresh noise, clip, mean, bounds, radius.  ``alpha`` overrides the
+    smoother's per-state miscoverage for this state (LoRe's ``alpha_mode: family`` schedule)."""
+    est = smoother.estimate(obs, index=index) if alpha is None else smoother.estimate(obs, index=index, alpha=alpha)
     return certify_estimate(est, smoother.sigma, smoother.v_min, smoother.v_max)
 
 

@@ -14,8 +14,12 @@ Details that the official implementation got wrong and this one keeps:
   * pruning (a node whose return so far already reaches the bound cannot lower it) is used only when no
     reward is negative;
   * every distinct observation is smoothed once (memoised), with fresh noise.
-Confidence: each smoothed state's bounds hold with prob ≥ 1 − α, so the whole tree holds with prob
-≥ 1 − N·α by the union bound (N distinct states), reported as ``confidence_union``.
+Confidence (union bound over the N distinct states smoothed, no independence needed): with a constant
+per-state α (``alpha_mode: state``) the whole tree holds with prob ≥ 1 − N·α; with the summable schedule
+α_i = α·6/(π² i²) for the i-th state (``alpha_mode: family``, :func:`crop.stats.lore_state_alpha`) it holds
+with prob ≥ 1 − Σ_{i≤N} α_i ≥ 1 − α whatever N turns out to be.  The i-th state's α depends only on i, and
+its noise is fresh, so the bound holds although which state comes i-th depends on earlier certificates.
+Reported as ``confidence_tree`` (= ``confidence_union``) with the α actually spent.
 
 Long searches are resumable: after each critical ε the whole search state (queue, nodes with their
 environment snapshots, memoised certificates, bound so far, the noise generator's state) is written to a
@@ -36,6 +40,7 @@ import numpy as np
 import pandas as pd
 from crop.progress import pbar
 
+from crop import stats
 from crop.envs import make_env, restore, snapshot, to_obs
 from crop.loact import Certificate, certify_state
 from crop.smoothing import SmoothedQ
@@ -55,10 +60,12 @@ class _Node:
 def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
              eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
              progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
-             checkpoint_every: float = 60.0) -> tuple[pd.DataFrame, dict]:
+             checkpoint_every: float = 60.0, alpha_of=None) -> tuple[pd.DataFrame, dict]:
     """Algorithm 3.  ``prune`` must only be true when every reward is ≥ 0 (the caller checks the env).
 
-    ``make`` (optional) builds the environment instead of ``make_env(env_id, profile)``.
+    ``make`` (optional) builds the environment instead of ``make_env(env_id, profile)``.  ``alpha_of``
+    (optional) maps i = 1, 2, … to the per-state α of the i-th distinct state smoothed (e.g.
+    ``lambda i: stats.lore_state_alpha(alpha, "family", i)``); by default every state uses the smoother's α.
     ``resume_file``: where the search state is saved (and resumed from when it matches this run).
     """
     started = time.time()
@@ -67,18 +74,20 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
     root = _Node(snapshot(env), to_obs(obs), 0, 0.0, horizon == 0)
 
     memo: dict[bytes, Certificate] = {}
+    alphas: list[float] = []  # per-state α actually used, in smoothing order
     queue: list = []
     state = {"J": math.inf, "transitions": 0, "leaves": 0, "tie": 0}
     bar = pbar(desc=f"LoRe σ={smoother.sigma:g}", unit="node", progress=progress)
     key = {"env": env_id, "horizon": horizon, "env_seed": int(env_seed), "gamma": gamma, "eps_max": eps_max,
            "prune": prune, "sigma": smoother.sigma, "m": smoother.m, "alpha": smoother.alpha,
            "v": (smoother.v_min, smoother.v_max), "bound": smoother.bound,
-           "reward_fn": getattr(reward_fn, "__qualname__", None)}
+           "reward_fn": getattr(reward_fn, "__qualname__", None),
+           "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None}
 
     def save(pairs) -> None:
         from crop.io import atomic_write_bytes
 
-        blob = {"key": key, "queue": queue, "memo": memo, "state": state, "pairs": pairs,
+        blob = {"key": key, "queue": queue, "memo": memo, "alphas": alphas, "state": state, "pairs": pairs,
                 "generator": smoother.generator.get_state(), "calls": smoother.calls}
         atomic_write_bytes(resume_file, pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -91,6 +100,7 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
             return None  # a different run's state: start afresh
         queue[:] = blob["queue"]
         memo.update(blob["memo"])
+        alphas[:] = blob["alphas"]
         state.update(blob["state"])
         smoother.generator.set_state(blob["generator"])
         smoother.calls = blob["calls"]
@@ -100,8 +110,11 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
         key = node.obs.tobytes()
         c = memo.get(key)
         if c is None:
-            c = certify_state(smoother, node.obs, index=f"LoRe node t={node.t}")
+            a = smoother.alpha if alpha_of is None else float(alpha_of(len(memo) + 1))
+            c = certify_state(smoother, node.obs, index=f"LoRe node t={node.t}",
+                              alpha=None if alpha_of is None else a)
             memo[key] = c
+            alphas.append(a)
         return c
 
     def child(node: _Node, a: int) -> _Node:
@@ -170,8 +183,12 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
         "valid_until_eps": valid_until,
         "eps_max": eps_max,
         "pruning": prune,
-        "per_state_alpha": smoother.alpha,
-        "confidence_union": max(0.0, 1.0 - n * smoother.alpha),
+        "per_state_alpha": smoother.alpha if alpha_of is None else None,
+        "per_state_alpha_first": alphas[0] if alphas else None,
+        "per_state_alpha_last": alphas[-1] if alphas else None,
+        "alpha_spent": float(sum(alphas)),
+        "confidence_tree": stats.union_confidence(alphas),
+        "confidence_union": stats.union_confidence(alphas),
         "runtime_s": round(time.time() - started, 3),
         "nodes_per_s": round(state["transitions"] / max(time.time() - started, 1e-9), 2),
     }

@@ -18,6 +18,7 @@ rule attack_local:
         common=common_args,
         stage=lambda w: (
             f"--m {env_cfg(w)['loact']['m']} --alpha {CFG['alpha']} --bound {CFG['bound']} "
+            f"--alpha-mode {CFG['alpha_mode']} "
             f"--episodes {env_cfg(w)['attack']['local_episodes']} "
             f"--horizon {env_cfg(w)['lore']['horizon']} --gamma {env_cfg(w)['lore']['gamma']} "
             f"--m-grad {env_cfg(w)['attack']['local_m_grad']} --pgd-steps {env_cfg(w)['attack']['pgd_steps']} "

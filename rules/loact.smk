@@ -24,7 +24,8 @@ rule loact:
         stage=lambda w: (
             f"--m {env_cfg(w)['loact']['m']} --episodes {env_cfg(w)['loact']['episodes']} "
             f"--horizon {env_cfg(w)['loact']['horizon']} --alpha {CFG['alpha']} --bound {CFG['bound']} "
-            f"--frames-window {' '.join(map(str, env_cfg(w)['loact']['frames']))}"
+            f"--frames-window {' '.join(map(str, env_cfg(w)['loact']['frames']))} "
+            f"--alpha-mode {CFG['alpha_mode']}"
         ),
     threads: CFG["threads"]
     resources:

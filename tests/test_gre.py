@@ -43,6 +43,9 @@ def test_bounds_by_definition():
     for _, r in t.iterrows():
         assert r["expectation_bound"] == pytest.approx(
             stats.expectation_bound(returns.mean(), 0, 200, 1000, 0.05, 0.1, r["eps"], 200))
+        assert r["cdf_expectation_bound"] == pytest.approx(
+            stats.cdf_expectation_bound(returns, 0, 200, 0.05, 0.1, r["eps"], 200))
+        assert 0.0 <= r["cdf_expectation_bound"] <= 200.0  # never looser than trivially J_min
         k = stats.percentile_order_index(1000, stats.percentile_p_prime(r["p"], r["eps"], 200, 0.1), 0.05)
         if k is None:
             assert not r["percentile_certified"] and math.isnan(r["percentile_bound"])
@@ -50,6 +53,11 @@ def test_bounds_by_definition():
             assert r["percentile_certified"] and r["percentile_bound"] == np.sort(returns)[k - 1]
     # at ε = 0.05, √200·0.05/0.1 ≈ 7: p′ ≈ 0, no order statistic qualifies
     assert not t[(t["eps"] == 0.05)]["percentile_certified"].any()
+    # at ε = 0 the CDF bound is never below Theorem 2's; with ε it falls, but far more slowly
+    e0 = t[t["eps"] == 0.0].iloc[0]
+    assert e0["cdf_expectation_bound"] >= e0["expectation_bound"]
+    e1 = t[t["eps"] == 0.001].iloc[0]
+    assert e1["cdf_expectation_bound"] > e1["expectation_bound"]
 
 
 def test_returns_outside_the_declared_range_are_refused():
