@@ -35,6 +35,13 @@ def _alpha(text: str) -> float:
     return v
 
 
+def _nonneg_float(text: str) -> float:
+    v = float(text)
+    if not v >= 0 or not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
 def _pos_int(text: str) -> int:
     v = int(text)
     if v < 1:
@@ -447,29 +454,82 @@ def _runs_from_inputs(files) -> tuple[Path, list[str]]:
 def _results_and_runs(args) -> tuple[Path, list[str] | None]:
     if args.inputs:
         return _runs_from_inputs(args.inputs)
+    args.results = args.results or getattr(args, "results_opt", None)
     if not args.results:
         raise InputError("give a results folder or --inputs")
+    if not Path(args.results).is_dir():
+        raise InputError(f"{args.results}: no such results folder")
     return Path(args.results), args.runs
 
 
 def cmd_aggregate(args) -> None:
     from crop.report.aggregate import aggregate
+    from crop.report.audit import discover_runs
 
     results, runs = _results_and_runs(args)
     if not runs:
-        raise InputError("no runs to aggregate")
-    written = aggregate(results, runs, table_eps_factors=args.table_eps_factors,
-                        figures_dir=Path(args.figures), tables_dir=Path(args.tables))
-    print(f"aggregate: wrote {len(written)} files")
+        from crop.layout import RUN_FILES
+
+        incomplete = discover_runs(results, incomplete=True)
+        if incomplete:  # name what is missing rather than silently dropping runs
+            missing = {r: sorted(f for f in RUN_FILES.values() if not (results / r / f).is_file()) for r in incomplete}
+            raise InputError("incomplete runs under " + str(results) + ": "
+                             + "; ".join(f"{r}: {', '.join(m)}: missing" for r, m in missing.items()))
+        runs = discover_runs(results)
+    if not runs:
+        raise InputError(f"no complete runs to aggregate under {results}")
+    figures = Path(args.figures) if args.figures else results / "figures"
+    tables = Path(args.tables) if args.tables else results / "tables"
+    from crop.report.integrity import IntegrityError
+
+    try:
+        written = aggregate(results, runs, table_eps_factors=args.table_eps_factors, figures_dir=figures,
+                            tables_dir=tables)
+    except (FileNotFoundError, IntegrityError) as exc:
+        raise InputError(str(exc)) from None
+    print(f"aggregate: wrote {len(written)} files for {len(runs)} runs to {figures} and {tables}")
 
 
 def cmd_audit(args) -> None:
     from crop.report.audit import audit
+    from crop.report.reference import ReferenceError
 
     results, runs = _results_and_runs(args)
-    report = audit(results, out_dir=Path(args.out_dir), runs=runs, alpha=args.alpha)
-    print(f"audit: {report['violations']} violations in {report['checked']} checks")
-    if args.strict and (report["violations"] or report["integrity_problems"]):
+    chash = args.config_hash
+    if args.config:
+        from crop.config import ConfigError, load_config
+        from crop.report.provenance import config_hash
+
+        try:
+            h = config_hash(load_config(args.config))
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
+        if chash and chash != h:
+            raise InputError(f"--config-hash {chash} is not the hash of {args.config} ({h})")
+        chash = h
+    out_dir = Path(args.out_dir) if args.out_dir else results / "audit"
+    try:
+        report = audit(results, out_dir=out_dir, runs=runs, alpha=args.alpha, reference=args.reference,
+                       tolerances=args.tolerances, abs_tol=args.abs_tol, rel_tol=args.rel_tol,
+                       config_hash=chash, strict=args.strict)
+    except ReferenceError as exc:
+        raise InputError(str(exc)) from None
+    ref = report["reference"]
+    print(f"audit of {results}: {len(report['runs'])} runs, {report['checked']} soundness checks, "
+          f"{report['violations']} violations, {report['integrity_problems']} integrity problems"
+          + (f", reference {ref['counts']['match']} match / {ref['counts']['differs']} differ / "
+             f"{ref['counts']['missing']} missing" if ref else "")
+          + f" -> {'PASS' if report['passed'] else 'FAIL'} ({out_dir / 'audit.md'})")
+    for v in report["violation_list"][:20]:
+        print(f"  violation: {v['env']}/{v['algo']}/sigma={v['sigma']} eps={v['eps']}: {v['check']} "
+              f"bound {v['bound']} observed {v['observed']}")
+    for p in report["integrity"][:20]:
+        print(f"  integrity: {p['file']}: {p['problem']}")
+    for r in (ref["comparisons"] if ref else []):
+        if r["verdict"] == "differs":
+            print(f"  differs: {r['env']}/{r['algo']}/sigma={r['sigma']} {r['metric']} eps={r['eps']}: "
+                  f"reproduced {r['reproduced']} vs reference {r['reference']} (allowed ±{r['allowed']})")
+    if args.strict and not report["passed"]:
         sys.exit(1)
 
 
@@ -594,22 +654,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_attack_global)
 
     p = sub.add_parser("aggregate", help="tables and figures named as in the paper")
-    p.add_argument("--results", help="results folder (with --runs)")
-    p.add_argument("--runs", nargs="+", help="ENV/ALGO/sigma-S folders under --results")
-    p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of --results/--runs)")
-    p.add_argument("--table-eps-factors", type=float, nargs="+", default=[0.0, 0.05, 0.1])
-    p.add_argument("--figures", required=True)
-    p.add_argument("--tables", required=True)
+    p.add_argument("results", nargs="?", help="results folder (every complete run in it, or --runs)")
+    p.add_argument("--results", dest="results_opt", help=argparse.SUPPRESS)
+    p.add_argument("--runs", nargs="+", help="only these ENV/ALGO/sigma-S folders under RESULTS")
+    p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of RESULTS)")
+    p.add_argument("--table-eps-factors", type=float, nargs="+", default=[0.0, 0.05, 0.1],
+                   help="ε, as multiples of σ, of the reward-bound tables")
+    p.add_argument("--figures", help="figures folder (default RESULTS/figures)")
+    p.add_argument("--tables", help="tables folder (default RESULTS/tables)")
     p.set_defaults(func=cmd_aggregate)
 
-    p = sub.add_parser("audit", help="soundness and provenance audit of a results folder")
-    p.add_argument("results", nargs="?", help="results folder (every complete run in it is audited)")
-    p.add_argument("--out-dir", required=True)
+    p = sub.add_parser("audit", help="soundness, integrity, provenance and reference audit of a results folder",
+                       description="Audit a results folder; writes OUT_DIR/audit.md and OUT_DIR/audit.json. "
+                                   "Exit status: 0 done (or passed, with --strict), 1 --strict and the audit "
+                                   "failed (a violation, an integrity problem or a reference value outside "
+                                   "tolerance), 2 bad input.")
+    p.add_argument("results", nargs="?", help="results folder (every run folder in it is audited)")
+    p.add_argument("--out-dir", help="where audit.md and audit.json go (default RESULTS/audit)")
     p.add_argument("--runs", nargs="*", default=None, help="only these ENV/ALGO/sigma-S folders")
     p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of RESULTS)")
     p.add_argument("--alpha", type=_alpha, default=0.05,
                    help="significance level of the tests of GRe bounds against attacked returns")
-    p.add_argument("--strict", action="store_true", help="exit 1 on any violation or integrity problem")
+    p.add_argument("--reference", help="reference CSV: env,algo,sigma,metric,eps,value (see README)")
+    p.add_argument("--tolerances", help="YAML/JSON per-metric tolerances {metric|default: {abs, rel}}")
+    p.add_argument("--abs-tol", type=_nonneg_float, default=None, help="absolute tolerance for every metric (overrides)")
+    p.add_argument("--rel-tol", type=_nonneg_float, default=None, help="relative tolerance for every metric (overrides)")
+    p.add_argument("--config-hash", help="hash of the workflow config the results came from (the workflow "
+                                         "passes it)")
+    p.add_argument("--config", help="workflow config file: validated and hashed (instead of --config-hash)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 on any soundness violation, integrity problem or reference value outside "
+                        "tolerance (reference values missing from the results do not fail)")
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("validate-config", help="check a workflow config against the schema")
@@ -626,7 +701,12 @@ def main(argv=None) -> None:
         print(f"crop {args.command}: error: {exc}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:  # FloatingPointError (NaN Q), CheckpointError, TrainingFailed, …
+        from crop.io import OutputError
         from crop.models import CheckpointError
+
+        if isinstance(exc, OutputError):  # full disk, read-only folder: one line, nothing half-written
+            print(f"crop {args.command}: error: {exc.strerror}", file=sys.stderr)
+            sys.exit(1)
         from crop.smoothing import NonFiniteQError
         from crop.train.dqn import TrainingFailed
 

@@ -21,9 +21,9 @@ with prob ≥ 1 − Σ_{i≤N} α_i ≥ 1 − α whatever N turns out to be.  Th
 its noise is fresh, so the bound holds although which state comes i-th depends on earlier certificates.
 Reported as ``confidence_tree`` (= ``confidence_union``) with the α actually spent.
 
-Long searches are resumable: after each critical ε the whole search state (queue, nodes with their
-environment snapshots, memoised certificates, bound so far, the noise generator's state) is written to a
-resume file at most every ``checkpoint_every`` seconds; a run killed at any point and restarted with the
+Long searches are resumable: the whole search state (queue, depth-first stack, nodes with their environment
+snapshots, memoised certificates, bound so far, the noise generator's state) is written to a resume file
+at most every ``checkpoint_every`` seconds, at any node; a run killed at any point and restarted with the
 same arguments continues from it and produces the same result.  The resume file is our own pickle, trusted
 like the rest of the results folder; it is keyed by the run's arguments and deleted on success.
 """
@@ -87,24 +87,27 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
     def save(pairs) -> None:
         from crop.io import atomic_write_bytes
 
-        blob = {"key": key, "queue": queue, "memo": memo, "alphas": alphas, "state": state, "pairs": pairs,
+        blob = {"key": key, "queue": queue, "stack": stack, "memo": memo, "alphas": alphas, "state": state,
+                "pairs": pairs,
                 "generator": smoother.generator.get_state(), "calls": smoother.calls}
         atomic_write_bytes(resume_file, pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
 
     def load():
         if resume_file is None or not os.path.exists(resume_file):
-            return None
+            return False
         with open(resume_file, "rb") as f:
             blob = pickle.load(f)  # our own file (see module docstring)
         if blob.get("key") != key:
-            return None  # a different run's state: start afresh
+            return False  # a different run's state: start afresh
         queue[:] = blob["queue"]
+        stack[:] = blob["stack"]
+        pairs[:] = blob["pairs"]
         memo.update(blob["memo"])
         alphas[:] = blob["alphas"]
         state.update(blob["state"])
         smoother.generator.set_state(blob["generator"])
         smoother.calls = blob["calls"]
-        return blob["pairs"]
+        return True
 
     def cert_of(node: _Node) -> Certificate:
         key = node.obs.tobytes()
@@ -127,9 +130,10 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
         done = bool(terminated or truncated) or node.t + 1 >= horizon
         return _Node(snapshot(e), to_obs(obs), node.t + 1, node.J + (gamma ** node.t) * float(reward), done)
 
-    def expand(start: _Node, eps: float) -> None:
-        stack = [start]
+    def drain(eps: float) -> None:
+        """Depth-first expansion of everything on the stack at perturbation ``eps``."""
         while stack:
+            maybe_save()
             node = stack.pop()
             if prune and node.J >= state["J"]:
                 continue
@@ -148,28 +152,37 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
                     state["tie"] += 1
                     heapq.heappush(queue, (r, state["tie"], node, a))
 
-    pairs = load()
-    resumed = pairs is not None
-    if not resumed:
-        expand(root, 0.0)
-        pairs = [(0.0, state["J"])]
-    valid_until = math.inf
-    last_save = time.time()
-    while queue:
-        eps = queue[0][0]
-        if eps > eps_max:
-            valid_until = eps
-            break
-        while queue and queue[0][0] <= eps:  # equal radii: expand all before recording
-            _, _, node, a = heapq.heappop(queue)
-            if prune and node.J >= state["J"]:
-                continue
-            expand(child(node, a), eps)
-        if state["J"] != pairs[-1][1]:
-            pairs.append((eps, state["J"]))
-        if resume_file is not None and time.time() - last_save >= checkpoint_every:
+    last_save = [time.time()]
+
+    def maybe_save() -> None:
+        if resume_file is not None and time.time() - last_save[0] >= checkpoint_every:
             save(pairs)
-            last_save = time.time()
+            last_save[0] = time.time()
+
+    stack: list = []
+    pairs: list = []
+    resumed = load()
+    if not resumed:
+        stack.append(root)
+        state["eps"] = 0.0
+    valid_until = math.inf
+    # The search as a loop over (stack, queue) alone, so it can be saved and resumed at any node.
+    while True:
+        eps = state["eps"]
+        drain(eps)
+        if queue and queue[0][0] <= eps:  # equal radii: expand all before recording
+            _, _, node, a = heapq.heappop(queue)
+            if not (prune and node.J >= state["J"]):
+                stack.append(child(node, a))
+            continue
+        if not pairs or state["J"] != pairs[-1][1]:
+            pairs.append((eps, state["J"]))
+        if not queue:
+            break
+        if queue[0][0] > eps_max:
+            valid_until = queue[0][0]
+            break
+        state["eps"] = queue[0][0]
     bar.close()
     env.close()
     if resume_file is not None and os.path.exists(resume_file):

@@ -118,10 +118,29 @@ class SmoothedQ:
     # single-threaded Gaussian draw with every multi-threaded forward chunk costs more than the draw.
     NOISE_BLOCK_FLOATS = 1 << 22
 
+    @torch.inference_mode()
+    def _cuda_chunk(self, shape) -> int:
+        """On a GPU the batch adapts to free memory: the largest chunk (≤ m) whose noise, input and
+        activations fit in half of the memory free now, measured with a small probe forward."""
+        per_in = 4 * int(np.prod(shape))
+        probe = min(64, self.m)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        self.q_net(torch.zeros((probe, *shape), device=self.device))
+        per_act = max(0, torch.cuda.max_memory_allocated(self.device) - base) / probe
+        free, _ = torch.cuda.mem_get_info(self.device)
+        fit = int(0.5 * free / (2 * per_in + per_act + 4 * self.n_actions))
+        return max(1, min(self.m, max(self.chunk, fit)))
+
     def _buffers(self, shape):
         if self._buf is None or self._buf[0].shape[1:] != shape:
             per = int(np.prod(shape))
-            block = min(self.m, max(self.chunk, self.NOISE_BLOCK_FLOATS // max(per, 1)))
+            if self.device.type == "cuda":
+                self.chunk = self._cuda_chunk(shape)
+                block = self.chunk
+            else:
+                block = min(self.m, max(self.chunk, self.NOISE_BLOCK_FLOATS // max(per, 1)))
             # Contiguous (never channels_last): normal_ into a strided buffer is much slower.
             noise = torch.empty((block, *shape), dtype=torch.float32, device=self.device)
             q = torch.empty((block, self.n_actions), dtype=torch.float32, device=self.device)

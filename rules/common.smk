@@ -5,6 +5,7 @@ import shlex
 
 from crop import layout
 from crop.config import ConfigError, sigma_label, targets, validate_config
+from crop.report.provenance import config_hash
 
 try:
     CFG = validate_config(config, "config")
@@ -12,6 +13,27 @@ except ConfigError as exc:
     raise WorkflowError(str(exc))
 
 R = CFG["results"]
+
+# A run killed with SIGKILL leaves Snakemake's lock behind; clear it when its owner is provably gone, so
+# rerunning the same command resumes (a live run's lock still stops a second workflow).
+from crop.runlock import clear_stale_lock, record_owner
+
+_cleared = clear_stale_lock()
+if _cleared:
+    logger.warning(_cleared)
+
+
+onstart:
+    # Before any job: a read-only, unwritable or full results folder is one clear error.
+    from crop.io import OutputError, check_writable
+
+    record_owner()
+    try:
+        check_writable(R)
+    except OutputError as exc:
+        raise WorkflowError(exc.strerror)
+
+CONFIG_HASH = config_hash(CFG)  # recorded by the audit: which configuration the results came from
 ENVS = list(CFG["environments"])
 ALGOS = sorted({a for e in CFG["environments"].values() for a in e["algorithms"]})
 SIGMAS = sorted({t[2] for t in targets(CFG)}, key=float)
@@ -63,21 +85,87 @@ FIGURES = f"{R}/figures"
 TABLES = f"{R}/tables"
 
 
-def figure_outputs(fmt):
-    return [
-        str(p)
-        for env, ec in CFG["environments"].items()
-        for p in layout.figure_files(FIGURES, env, [sigma_label(s) for s in ec["sigmas"]])
-        if p.suffix == f".{fmt}"
-    ]
+def plan():
+    """{env: (algorithms, σ labels)} of the config: what the aggregate rule draws and tabulates."""
+    return {env: (ec["algorithms"], [sigma_label(s) for s in ec["sigmas"]]) for env, ec in CFG["environments"].items()}
 
 
-def table_outputs():
-    return [str(p) for env in CFG["environments"] for p in layout.table_files(TABLES, env)]
+def figure_outputs(fmt, family=None):
+    """Figure files the aggregate rule writes in format ``fmt`` (of one family of crop.layout, or all)."""
+    out = []
+    for env, (algos, labels) in plan().items():
+        for fam, stems in layout.figure_families(env, labels, algos).items():
+            if family in (None, fam):
+                out += [f"{FIGURES}/{stem}.{fmt}" for stem in stems]
+    if family in (None, "legend"):
+        out += [f"{FIGURES}/{stem}.{fmt}" for stem in layout.GLOBAL_FIGURES]
+    return out
+
+
+def table_outputs(fmt=None):
+    return [str(p) for env in CFG["environments"] for p in layout.table_files(TABLES, env)
+            if fmt is None or p.suffix == f".{fmt}"]
+
+
+def aggregate_inputs():
+    """Every run's result files (frames.npz among them: the Pong periodic-pattern figure's frames)."""
+    return all_run_files()
 
 
 def aggregate_outputs():
     return figure_outputs("png") + figure_outputs("pdf") + table_outputs()
+
+
+def checkpoint_records():
+    return sorted({f"{R}/{env}/{algo}/checkpoint/model.json" for env, algo, _ in targets(CFG)})
+
+
+def audit_extra_inputs():
+    """The reference table and tolerances file named in the config (the audit reruns when they change)."""
+    return [CFG["audit"][k] for k in ("reference", "tolerances") if CFG["audit"].get(k)]
+
+
+def audit_options():
+    a = CFG["audit"]
+    opts = [f"--alpha {a['alpha']}"]
+    if a.get("reference"):
+        opts.append(f"--reference {shlex.quote(a['reference'])}")
+    if a.get("tolerances"):
+        opts.append(f"--tolerances {shlex.quote(a['tolerances'])}")
+    if a.get("strict"):
+        opts.append("--strict")
+    return " ".join(opts)
+
+
+def caption_settings():
+    """Per environment, the settings the report captions quote (as text; read with .get so a renamed key
+    shows as '?' instead of breaking the report)."""
+
+    def g(d, *keys):
+        for k in keys:
+            d = d.get(k, {}) if isinstance(d, dict) else {}
+        return "?" if d == {} or d is None else d
+
+    def eps(xs):
+        return "?" if xs == "?" else ", ".join(f"{x:g}" for x in xs)
+
+    out = {}
+    for env, ec in CFG["environments"].items():
+        out[env] = {
+            "algorithms": ", ".join(ec["algorithms"]),
+            "sigmas": ", ".join(sigma_label(x) for x in ec["sigmas"]),
+            "loact": (f"m = {g(ec, 'loact', 'm')} noise samples per state, {g(ec, 'loact', 'episodes')} clean "
+                      f"episodes of at most {g(ec, 'loact', 'horizon')} steps"),
+            "gre": (f"m = {g(ec, 'gre', 'm')} randomized trajectories of H = {g(ec, 'gre', 'horizon')} steps, "
+                    f"γ = {g(ec, 'gre', 'gamma')}, ε/σ ∈ {{{eps(g(ec, 'gre', 'eps_factors'))}}}"),
+            "lore": (f"m = {g(ec, 'lore', 'm')} noise samples per state, horizon H = {g(ec, 'lore', 'horizon')}, "
+                     f"γ = {g(ec, 'lore', 'gamma')}"),
+            "attack": (f"{g(ec, 'attack', 'pgd_steps')}-step ℓ2 PGD; global: {g(ec, 'attack', 'global_episodes')} "
+                       f"episodes, ε/σ ∈ {{{eps(g(ec, 'attack', 'global_eps_factors'))}}}; local (from LoRe's "
+                       f"initial state and others): {g(ec, 'attack', 'local_episodes')} episodes, ε/σ ∈ "
+                       f"{{{eps(g(ec, 'attack', 'local_eps_factors'))}}}"),
+        }
+    return out
 
 
 def audit_outputs():
