@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from crop import layout
+from crop.io import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
@@ -98,23 +99,25 @@ def _strip(x):
     return x
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _hashed_files(meta: dict, path: Path, work: Path):
+    """(record, file) for every file whose sha256 the record `meta` (in `path`) keeps."""
+    for rec in meta.get("inputs", {}).values():
+        if isinstance(rec, dict) and "path" in rec:
+            yield rec, work / rec["path"]
+    out = meta.get("output")
+    if isinstance(out, dict) and "file" in out:
+        yield out, path.parent / out["file"]
 
 
-def _check_then_drop_hashes(meta: dict, path: Path, work: Path) -> dict:
+def _check_then_drop_hashes(meta: dict, path: Path, work: Path):
     """A stage's record of a file it read or wrote that is compared by content, not bytes (a JSON result
     such as qrange.json hashes its own provenance; a .npz's zip headers depend on the Python version that
     wrote it): its sha256 (and size) is checked against that file in the same run, then left out.  The
     records of the checkpoint and of every CSV keep theirs, compared across runs like everything else."""
-    for rec, file in [*((r, work / r["path"]) for r in meta.get("inputs", {}).values() if isinstance(r, dict)
-                        and "path" in r),
-                      *((r, path.parent / r["file"]) for r in [meta.get("output")] if isinstance(r, dict)
-                        and "file" in r)]:
+    for rec, file in _hashed_files(meta, path, work):
         if file.suffix in (".json", ".npz") and "sha256" in rec:
-            assert rec.pop("sha256") == _sha256(file), (path, rec)
+            assert rec.pop("sha256") == sha256_file(file), (path, rec)
             rec.pop("bytes", None)
-    return meta
 
 
 def digest(path: Path, root: Path) -> str:
@@ -132,7 +135,7 @@ def digest(path: Path, root: Path) -> str:
                 h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
                 h.update(np.ascontiguousarray(a).tobytes())
         return h.hexdigest()
-    return _sha256(path)
+    return sha256_file(path)
 
 
 def result_digests(work: Path, cfg: dict) -> dict[str, str]:
@@ -198,8 +201,8 @@ def test_comparison_sees_results_and_settings_not_run_provenance(tmp_path):
         (run / "loact.csv").write_text(f"eps,radius\n0,{value}\n")
         meta = {"settings": {"m": m}, "runtime_s": 1.0, "finished_utc": when, "argv": [argv],
                 "inputs": {"qrange": {"path": f"r/{ENV}/{ALGO}/sigma-{SIGMA}/qrange.json",
-                                      "sha256": _sha256(run / "qrange.json")}},
-                "output": {"file": "loact.csv", "sha256": _sha256(run / "loact.csv")}}
+                                      "sha256": sha256_file(run / "qrange.json")}},
+                "output": {"file": "loact.csv", "sha256": sha256_file(run / "loact.csv")}}
         (run / "loact.meta.json").write_text(json.dumps(meta))
         return result_digests(work, cfg)
 
