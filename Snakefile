@@ -18,6 +18,11 @@ if not workflow.overwrite_configfiles:
 report: "report/workflow.rst"
 
 
+# With `snakemake --sdm apptainer` every step runs inside this Apptainer image, built from the definition
+# file containers/crop.def (see README, Containers).  Without --sdm apptainer the directive is ignored.
+container: os.path.join(workflow.basedir, "containers", "crop.sif")
+
+
 include: "rules/common.smk"
 include: "rules/checkpoint.smk"
 include: "rules/qrange.smk"

@@ -26,8 +26,9 @@ rule attack_local:
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=2000,
-        runtime=120,
+        gpu=GPUS,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:
@@ -56,8 +57,9 @@ rule attack_global:
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=1500,
-        runtime=120,
+        gpu=GPUS,
+        mem_mb=1000,
+        runtime=20,
     conda:
         "../envs/crop.yaml"
     shell:

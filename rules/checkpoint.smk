@@ -29,8 +29,8 @@ rule checkpoint:
         seed=CFG["seed"],
     threads: 1
     resources:
-        mem_mb=1500,
-        runtime=60,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:

@@ -170,3 +170,21 @@ def caption_settings():
 
 def audit_outputs():
     return [f"{R}/audit/audit.md", f"{R}/audit/audit.json"]
+
+
+# GPUs a certification or attack job asks for, as Snakemake's standard resource `gpu` (the SLURM plugin
+# turns gpu=1 into `sbatch --gpus=1`): one wherever the config lets the job use CUDA.  A local run does
+# not wait for it unless given `--resources gpu=N`, and `device: auto` runs on the CPU without a GPU.
+GPUS = 0 if CFG["device"] == "cpu" else 1
+
+
+# Memory of a GRe job (MB): the process (measured ≤ 350 MB), about 100 MB per worker process (threads),
+# and its m environment copies, measured at 2.6 MB per Atari and 0.45 MB per highway environment (CartPole
+# steps all m in numpy arrays), with 2× headroom: a few GB for highway and about 50 GB for Atari at the
+# paper's m = 10,000.
+GRE_MB_PER_ENV = {"CartPole-v0": 0.0, "highway-fast-v0": 0.45, "PongNoFrameskip-v4": 2.6,
+                  "FreewayNoFrameskip-v4": 2.6}
+
+
+def gre_mem_mb(wildcards, threads):
+    return int(2 * (350 + 100 * threads + GRE_MB_PER_ENV[wildcards.env] * env_cfg(wildcards)["gre"]["m"]))

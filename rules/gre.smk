@@ -24,8 +24,9 @@ rule gre:
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=2000,
-        runtime=120,
+        gpu=GPUS,
+        mem_mb=gre_mem_mb,
+        runtime=10,
     conda:
         "../envs/crop.yaml"
     shell:

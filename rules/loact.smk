@@ -29,8 +29,9 @@ rule loact:
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=1500,
-        runtime=120,
+        gpu=GPUS,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:

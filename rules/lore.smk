@@ -27,8 +27,9 @@ rule lore:
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=2000,
-        runtime=240,
+        gpu=GPUS,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:

@@ -18,8 +18,16 @@ STAGES = ["checkpoint", "qrange", "loact", "gre", "lore", "attack-local", "attac
 VOLATILE = (".meta.json", "qrange.json", "model.json", "audit.json", "audit.md")
 
 
-def _cmd(work):
-    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
+# What each stage writes: the target of the run that is killed during that stage, so that the stage runs
+# (after its inputs) whatever order the scheduler picks among independent jobs.
+RUN = "results-kill/CartPole-v0/StdTrain/sigma-0.05"
+TARGETS = {"checkpoint": "results-kill/CartPole-v0/StdTrain/checkpoint/model.pt", "qrange": f"{RUN}/qrange.json",
+           "loact": f"{RUN}/loact.csv", "gre": f"{RUN}/gre.csv", "lore": f"{RUN}/lore.csv",
+           "attack-local": f"{RUN}/attack_local.csv", "attack-global": f"{RUN}/attack_global.csv"}
+
+
+def _cmd(work, *targets):
+    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work), *targets,
             "--cores", "1", "--configfile", str(CONFIG)]
 
 
@@ -59,7 +67,8 @@ def run(work) -> None:
 
 def run_and_kill_during(work, stage: str, after: float = 2.5) -> bool:
     """Start the workflow; SIGKILL it (Snakemake and its job) once `crop <stage>` has run `after` seconds."""
-    p = subprocess.Popen(_cmd(work), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(_cmd(work, TARGETS[stage]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
     try:
         while p.poll() is None:
             procs = _crop_procs(stage)
