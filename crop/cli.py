@@ -341,7 +341,8 @@ def cmd_gre(args) -> None:
                                         env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
                                         chunk=max(args.chunk, 1), device=args.device,
                                         profile=meta.get("profile"), progress=args.progress,
-                                        workers=args.workers or args.threads)
+                                        workers=args.workers or args.threads,
+                                        batch=args.batch)
     j_min, j_max = env_spec(args.env).return_range(args.horizon, args.gamma)
     table = gre_bounds(returns, sigma=args.sigma, horizon=args.horizon, alpha=args.alpha,
                        eps_grid=[f * args.sigma for f in args.eps_factors], percentiles=args.percentiles,
@@ -613,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--percentiles", type=float, nargs="+", default=[0.5])
     p.add_argument("--eps-factors", type=float, nargs="+", required=True)
+    p.add_argument("--batch", type=_pos_int, default=None,
+                   help="trajectories stepped together (bounds the memory of the environment copies; "
+                        "default: all m)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes stepping the environments (default: --threads; CartPole is vectorised)")
     p.add_argument("--out", required=True)

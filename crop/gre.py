@@ -40,13 +40,24 @@ __all__ = ["sample_randomized_returns", "gre_bounds"]
 def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, horizon: int,
                               gamma: float, seed: int, env_seed: int, *, chunk: int = 10000, device="cpu",
                               profile: str | None = None, progress: bool | None = None,
-                              workers: int = 1) -> np.ndarray:
-    """Returns of m σ-randomized trajectories of length ≤ ``horizon``, all stepped in lockstep (the
-    environments spread over ``workers`` processes)."""
+                              workers: int = 1, batch: int | None = None) -> np.ndarray:
+    """Returns of m σ-randomized trajectories of length ≤ ``horizon``, stepped in lockstep blocks of
+    ``batch`` trajectories (all m when None) with the environments spread over ``workers`` processes."""
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
+    returns = np.empty(m, dtype=np.float64)
+    batch = m if batch is None else max(1, min(int(batch), m))
+    for b0 in range(0, m, batch):
+        # Trajectories in blocks of `batch` bound the memory of the environment copies (Atari: ~2.6 MB
+        # each); environment i keeps its seed env_seed + i whatever the block size.
+        returns[b0:b0 + batch] = _lockstep(env_id, q_net, dev, g, sigma, min(batch, m - b0), horizon, gamma,
+                                           env_seed + b0, chunk, profile, workers, progress)
+    return returns
+
+
+def _lockstep(env_id, q_net, dev, g, sigma, m, horizon, gamma, env_seed, chunk, profile, workers, progress):
     pool = make_env_pool(env_id, m, profile, workers=workers)
     obs = pool.reset(int(env_seed))
     alive = np.ones(m, dtype=bool)

@@ -179,12 +179,20 @@ GPUS = 0 if CFG["device"] == "cpu" else 1
 
 
 # Memory of a GRe job (MB): the process (measured ≤ 350 MB), about 100 MB per worker process (threads),
-# and its m environment copies, measured at 2.6 MB per Atari and 0.45 MB per highway environment (CartPole
-# steps all m in numpy arrays), with 2× headroom: a few GB for highway and about 50 GB for Atari at the
-# paper's m = 10,000.
+# and one block of environment copies (gre.batch), measured at 2.6 MB per Atari and 0.45 MB per highway
+# environment (CartPole steps all m in numpy arrays), with 2× headroom: about 6 GB for an Atari block of
+# 1,000.
 GRE_MB_PER_ENV = {"CartPole-v0": 0.0, "highway-fast-v0": 0.45, "PongNoFrameskip-v4": 2.6,
                   "FreewayNoFrameskip-v4": 2.6}
 
 
+def gre_batch(wildcards):
+    """GRe's block of trajectories stepped together (config gre.batch; null = all for CartPole, else 1000)."""
+    g = env_cfg(wildcards)["gre"]
+    if g["batch"] is not None:
+        return min(g["batch"], g["m"])
+    return g["m"] if wildcards.env == "CartPole-v0" else min(g["m"], 1000)
+
+
 def gre_mem_mb(wildcards, threads):
-    return int(2 * (350 + 100 * threads + GRE_MB_PER_ENV[wildcards.env] * env_cfg(wildcards)["gre"]["m"]))
+    return int(2 * (350 + 100 * threads + GRE_MB_PER_ENV[wildcards.env] * gre_batch(wildcards)))

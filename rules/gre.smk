@@ -20,7 +20,7 @@ rule gre:
             f"--m {env_cfg(w)['gre']['m']} --horizon {env_cfg(w)['gre']['horizon']} "
             f"--gamma {env_cfg(w)['gre']['gamma']} --alpha {CFG['alpha']} "
             f"--percentiles {floats(env_cfg(w)['gre']['percentiles'])} "
-            f"--eps-factors {floats(env_cfg(w)['gre']['eps_factors'])}"
+            f"--eps-factors {floats(env_cfg(w)['gre']['eps_factors'])} --batch {gre_batch(w)}"
         ),
     threads: CFG["threads"]
     resources:

@@ -73,3 +73,13 @@ def test_sharded_environments_give_the_same_returns(mlp_factory):
     b = sample_randomized_returns("highway-fast-v0", net, 0.1, 6, 4, 1.0, seed=1, env_seed=9, progress=False,
                                   workers=2)
     np.testing.assert_array_equal(a, b)
+
+
+def test_blocks_of_trajectories_keep_each_environment_seed(mlp_factory):
+    """Stepping the trajectories in blocks (bounded memory) only changes which noise each one draws:
+    with negligible σ the returns are exactly those of one big block."""
+    net = mlp_factory(n_in=25, n_out=5, hidden=(16,), seed=3)
+    a = sample_randomized_returns("highway-fast-v0", net, 1e-9, 5, 4, 1.0, seed=1, env_seed=7, progress=False)
+    b = sample_randomized_returns("highway-fast-v0", net, 1e-9, 5, 4, 1.0, seed=1, env_seed=7, progress=False,
+                                  batch=2)
+    np.testing.assert_array_equal(a, b)
