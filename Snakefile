@@ -1,6 +1,8 @@
 # CROP certification workflow (Wu et al., ICLR 2022).
 # Per environment × algorithm × σ: checkpoint → qrange → LoAct, GRe, LoRe → PGD attacks → tables and
 # figures → audit.  Rules only wire files; every computation is a `crop` subcommand.
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -10,10 +12,15 @@ min_version("9.0")
 # into it), so a config that names only some environments runs only those.
 if not workflow.overwrite_configfiles:
 
-    configfile: "config.yaml"
+    configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
 report: "report/workflow.rst"
+
+
+# With `snakemake --sdm apptainer` every step runs inside this Apptainer image, built from the definition
+# file containers/crop.def (see README, Containers).  Without --sdm apptainer the directive is ignored.
+container: os.path.join(workflow.basedir, "containers", "crop.sif")
 
 
 include: "rules/common.smk"

@@ -1,14 +1,16 @@
-"""Speed of the smoothing engine (not a test): ``python benchmarks/run.py``.
+"""Speed of the certification engine (not a test): ``python benchmarks/run.py``.
 
-Prints one line per measure as ``<measure>: <ratio>``.  The smoothed step is what LoAct/LoRe do per
+Prints one line per measure as ``<measure>: <ratio>`` (lines starting with ``#`` give the raw times).  The smoothed step is what LoAct/LoRe do per
 state at m = 10,000 (fresh noise + forward + clip + mean + bounds, ``SmoothedQ.estimate``); the reference
 is a bare batched forward of the same noisy batch, pre-drawn, in the same chunks.  Goal ≤ 1.15.  For the
 Nature-CNN the Gaussian draw itself costs about as much as the forward on a CPU (``normal_`` is
-single-threaded), so its floor is forward + noise, printed as a second ratio.
+single-threaded), so its floor is forward + noise, printed as a second ratio.  First, ``bound_cost_<name>_ms``:
+the cost of each confidence bound per state at m samples and |A| = 6 (milliseconds, not a ratio).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -63,17 +65,125 @@ def measure(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, chu
     print(f"smoothing_{name}_vs_forward_plus_noise: {t_step / (t_fwd + t_noise):.3f}", flush=True)
 
 
+def sequential_speedup(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, chunk: int, probe: int):
+    """The paper's stated procedure — m sequential single-sample passes per state (the official code) —
+    timed on ``probe`` passes and scaled to m, against one batched smoothed step."""
+    net = build_q_network(spec).eval()
+    x = torch.as_tensor(np.random.default_rng(0).random(obs_shape, dtype=np.float32))
+    g = torch.Generator().manual_seed(2)
+
+    @torch.inference_mode()
+    def sequential():
+        for _ in range(probe):
+            q = net((x + 0.1 * torch.randn((1, *obs_shape), generator=g)))
+            q.clamp(-10, 10)
+
+    sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, chunk=chunk, seed=0)
+    t = timeit({"seq": sequential, "step": lambda: sm.estimate(x.numpy())}, 3)
+    seq = t["seq"] * m / probe
+    print(f"# {name}: sequential m={m} single-sample passes ≈ {seq:.3f} s, batched smoothed step {t['step']:.4f} s",
+          flush=True)
+    print(f"speedup_vs_sequential_{name}: {seq / t['step']:.1f}", flush=True)
+
+
+def gre_lockstep(name: str, env_id: str, spec: dict, m: int, horizon: int, single: int):
+    """GRe's m trajectories in lockstep (one batched forward per step) vs one trajectory at a time."""
+    from crop.envs import make_env, to_obs
+    from crop.gre import sample_randomized_returns
+
+    net = build_q_network(spec).eval()
+    t0 = time.perf_counter()
+    sample_randomized_returns(env_id, net, 0.1, m, horizon, 1.0, seed=0, env_seed=0, progress=False)
+    t_lock = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(single):
+            env = make_env(env_id)
+            obs, _ = env.reset(seed=i)
+            for _ in range(horizon):
+                x = torch.as_tensor(to_obs(obs)).unsqueeze(0)
+                a = int(net(x + 0.1 * torch.randn(x.shape, generator=g)).argmax(1))
+                obs, r, term, trunc, _ = env.step(a)
+                if term or trunc:
+                    break
+    t_one = (time.perf_counter() - t0) * m / single
+    print(f"# GRe {name}: m={m}, H={horizon}: lockstep {t_lock:.2f} s, one at a time ≈ {t_one:.2f} s "
+          f"(timed on {single} trajectories)", flush=True)
+    print(f"gre_lockstep_speedup_{name}: {t_one / t_lock:.1f}", flush=True)
+
+
+def lore_rate(name: str, env_id: str, spec: dict, profile, m: int, horizon: int, sigma: float):
+    """Nodes per second of LoRe's search (every distinct state smoothed once)."""
+    from crop.lore import run_lore
+
+    net = build_q_network(spec).eval()
+    sm = SmoothedQ(net, sigma, m, -1.0, 1.0, 0.05, spec["out"], seed=0, chunk=min(m, 1000))
+    t0 = time.perf_counter()
+    _, info = run_lore(env_id, sm, horizon, 0, eps_max=4 * sigma, profile=profile, progress=False)
+    dt = time.perf_counter() - t0
+    print(f"# LoRe {name}: {info['transitions']} transitions, {info['distinct_states_smoothed']} states smoothed "
+          f"(m={m}) in {dt:.2f} s", flush=True)
+    print(f"lore_nodes_per_s_{name}: {info['transitions'] / dt:.1f}", flush=True)
+    return dt / max(info["transitions"], 1), info
+
+
+def measure_bounds(m: int, n_actions: int, reps: int) -> None:
+    """Cost of each confidence bound of ``SmoothedQ`` per state (the bound alone, given the m × |A| clipped
+    samples that the smoothing produced), in milliseconds: ``bound_cost_<name>_ms``."""
+    from crop.smoothing import BOUNDS
+    from crop.stats import per_bound_alpha
+
+    torch.manual_seed(0)
+    net = build_q_network({"arch": "mlp", "in": 4, "hidden": [128, 128], "out": n_actions}).eval()
+    with torch.inference_mode():
+        q = net(0.1 * torch.randn(m, 4)).double().numpy()
+    lo, hi = float(q.min()) - 0.5, float(q.max()) + 0.5
+    total, alpha_each = q.sum(0), per_bound_alpha(0.05, n_actions)
+    rng = np.random.default_rng(0)
+    fns = {name: (lambda fn=fn: fn(total, m, lo, hi, alpha_each, q, rng=rng)) for name, (fn, _) in BOUNDS.items()}
+    t = timeit(fns, reps)
+    print(f"# confidence bounds alone, m={m}, |A|={n_actions} (compare: the CartPole MLP forward of m samples)",
+          flush=True)
+    for name, sec in t.items():
+        print(f"bound_cost_{name}_ms: {1e3 * sec:.3f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--skip-cnn", action="store_true")
+    ap.add_argument("--bounds-only", action="store_true", help="only the bound_cost_* lines")
     a = ap.parse_args()
+    measure_bounds(a.m, 6, a.reps)
+    if a.bounds_only:
+        return
     measure("cartpole_mlp", {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}, (4,), 2, a.m, 1000, a.reps)
     measure("highway_mlp", {"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}, (25,), 5, a.m, 1000, a.reps)
+    cnn = {"arch": "nature_cnn", "in_channels": 4, "out": 6}
     if not a.skip_cnn:
-        measure("nature_cnn", {"arch": "nature_cnn", "in_channels": 4, "out": 6}, (4, 84, 84), 6, a.m, 250,
-                max(3, a.reps // 10))
+        measure("nature_cnn", cnn, (4, 84, 84), 6, a.m, 250, max(3, a.reps // 10))
+    sequential_speedup("cartpole_mlp", {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}, (4,), 2, a.m, 1000, 2000)
+    sequential_speedup("highway_mlp", {"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}, (25,), 5, a.m, 1000, 2000)
+    if not a.skip_cnn:
+        sequential_speedup("nature_cnn", cnn, (4, 84, 84), 6, a.m, 250, 300)
+    gre_lockstep("cartpole", "CartPole-v0", {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}, 10000, 200, 50)
+    gre_lockstep("highway", "highway-fast-v0", {"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}, 50, 10, 10)
+    lore_rate("cartpole", "CartPole-v0", {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}, None, a.m, 10, 0.5)
+    if not a.skip_cnn:
+        # Freeway's paper protocol (H = 200, m = 10,000): per-node cost = Atari step + snapshot (measured here
+        # with a small m) + one smoothed step; on a GPU the smoothed step is the CNN's forward at m = 10,000
+        # scaled by the GPU/CPU throughput ratio (FLOP rates; no GPU was lent to measure it directly).
+        per_node, _ = lore_rate("freeway_small_m", "FreewayNoFrameskip-v4", dict(cnn, out=3), "cleanrl", 16, 6, 0.5)
+        flops = 19.3e6 * a.m                      # Nature-CNN forward ≈ 19.3 MFLOP per 4×84×84 sample
+        gpu_flops = float(os.environ.get("CROP_GPU_TFLOPS", "20")) * 1e12  # sustained fp32, H100-class
+        gpu_step = flops / gpu_flops
+        node = per_node + gpu_step
+        print(f"# Freeway LoRe estimate: env+search {per_node * 1e3:.2f} ms/node + GPU smoothing {gpu_step * 1e3:.1f} "
+              f"ms/state (m={a.m}, {gpu_flops / 1e12:.0f} TFLOP/s assumed) → {3600 / node:.0f} nodes per GPU-hour",
+              flush=True)
+        print(f"lore_freeway_nodes_per_gpu_hour_estimate: {3600 / node:.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,13 @@ def _alpha(text: str) -> float:
     return v
 
 
+def _nonneg_float(text: str) -> float:
+    v = float(text)
+    if not v >= 0 or not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
 def _pos_int(text: str) -> int:
     v = int(text)
     if v < 1:
@@ -76,16 +83,44 @@ def _common(p: argparse.ArgumentParser, sigma: bool = True, checkpoint: bool = T
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settings", default=None,
                    help="the config's train block as JSON (hidden, total_steps, …, dqn, recipes)")
+    p.add_argument("--hidden", type=_pos_int, nargs="+", default=None)
+    p.add_argument("--total-steps", type=_pos_int, default=None)
+    p.add_argument("--min-steps", type=int, default=None)
     p.add_argument("--eval-episodes", type=_pos_int, default=None)
     p.add_argument("--target-return", type=_return_or_none, default=argparse.SUPPRESS,
-                   help="acceptance threshold of the greedy mean return ('none': record only)")
+                   help="acceptance threshold of the greedy mean return (default: the environment's, e.g. "
+                        "195 for CartPole-v0; 'none': no threshold, record the return only)")
+    p.add_argument("--base-checkpoint", default=None,
+                   help="derived algorithms (CARRL): the base algorithm's model.pt (model.json beside it)")
+
+
+def _fetch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mirror", default=None, help="mirror base URL (default: $CROP_CHECKPOINT_MIRROR)")
+    p.add_argument("--cache", default=None, help="download cache (default: $CROP_CACHE or user cache)")
+    p.add_argument("--lock", default="checkpoints.lock.json",
+                   help="lock file pinning first downloads of sources published without a checksum")
+
+
+# The names of crop.smoothing.BOUNDS (kept here so that building the parser does not import torch).
+BOUND_NAMES = ["hoeffding", "empirical_bernstein", "betting", "clopper_pearson"]
 
 
 def _certifier_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qrange", required=True, help="qrange.json of the same env/algo/sigma")
     p.add_argument("--m", type=_pos_int, default=10000)
     p.add_argument("--alpha", type=_alpha, default=0.05)
-    p.add_argument("--bound", default="hoeffding", choices=["hoeffding"])
+    p.add_argument("--bound", default="hoeffding", choices=BOUND_NAMES,
+                   help="confidence bound for the smoothed Q-values (hoeffding: the paper's)")
+    p.add_argument("--alpha-mode", default="state", choices=["state", "family"],
+                   help="state: each state holds w.p. >= 1-alpha (the paper); family: alpha is split so that a "
+                        "whole episode (alpha/H per state) or LoRe tree (alpha*6/(pi^2 i^2)) holds jointly")
+
+
+def _state_alpha(args, horizon: int) -> float:
+    """Per-state α of LoAct / local-attack episodes of ≤ ``horizon`` states under ``--alpha-mode``."""
+    from crop.stats import loact_state_alpha
+
+    return loact_state_alpha(args.alpha, args.alpha_mode, horizon)
 
 
 def _setup(args) -> float:
@@ -143,11 +178,12 @@ def _stage_seed(args, stage: str) -> int:
     return derive_seed(args.seed, args.env, args.algo, repr(float(args.sigma)), stage)
 
 
-def _smoother(args, net, v_min, v_max, stage: str):
-    from crop.envs import env_spec
+def _smoother(args, net, meta, v_min, v_max, stage: str, alpha: float | None = None):
     from crop.smoothing import SmoothedQ
 
-    return SmoothedQ(net, args.sigma, args.m, v_min, v_max, args.alpha, env_spec(args.env).n_actions,
+    alpha = args.alpha if alpha is None else alpha
+    # The action count is the checkpoint's (SA-DQN's Pong networks use 4 of the 6 actions).
+    return SmoothedQ(net, args.sigma, args.m, v_min, v_max, alpha, int(meta["net_spec"]["out"]),
                      bound=args.bound, chunk=args.chunk, seed=_stage_seed(args, stage), device=args.device)
 
 
@@ -177,6 +213,7 @@ def _train_settings(args) -> dict:
     import json
 
     from crop.config import train_defaults
+    from crop.envs import env_spec
 
     settings = train_defaults()
     if args.settings:
@@ -191,23 +228,26 @@ def _train_settings(args) -> dict:
         if getattr(args, key, None) is not None:
             settings[key] = getattr(args, key)
     if getattr(args, "target_return", "unset") != "unset":
-        settings["target_return"] = args.target_return
+        settings["target_return"] = args.target_return   # explicit: a number, or none = no threshold
+    elif settings.get("target_return") is None:
+        # The config's null: the environment's own threshold (CartPole-v0: 195, "solved"; others: none).
+        settings["target_return"] = env_spec(args.env).solved_return
     return settings
 
 
 def cmd_train(args) -> None:
     from crop.io import provenance, sha256_file, write_json
     from crop.models import save_q_network
-    from crop.registry import checkpoint_source
+    from crop.registry import resolve_source
     from crop.train import prepare_training, train_policy
 
     started = _setup(args)
     try:
-        src = checkpoint_source(args.env, args.algo)
+        kind, src = resolve_source(args.env, args.algo, "train")
     except KeyError as exc:
         raise InputError(exc.args[0]) from None
-    if src.get("source") != "train":
-        raise InputError(f"{args.env}/{args.algo} is not trained locally (source: {src.get('source')})")
+    if kind != "train":
+        raise InputError(f"{args.env}/{args.algo} is not trained locally (source: {kind})")
     recipe = src.get("recipe", args.algo)
     settings = _train_settings(args)
     settings["recipe"] = (settings.pop("recipes", None) or {}).get(args.algo, {})
@@ -233,17 +273,18 @@ def cmd_derive(args) -> None:
     """A policy built from another algorithm's checkpoint without training (CARRL from StdTrain)."""
     from crop.io import derive_seed, provenance, read_json, sha256_file, write_json
     from crop.models import CheckpointError, load_q_network, save_q_network
-    from crop.registry import checkpoint_source
+    from crop.registry import resolve_source
     from crop.train import greedy_returns, prepare_training
 
     started = _setup(args)
     try:
-        src = checkpoint_source(args.env, args.algo)
+        kind, src = resolve_source(args.env, args.algo, getattr(args, "source", "auto"))
     except KeyError as exc:
         raise InputError(exc.args[0]) from None
-    if src.get("source") != "derive" or "base" not in src:
-        raise InputError(f"{args.env}/{args.algo} is not derived from another checkpoint "
-                         f"(source: {src.get('source')})")
+    if kind != "derive" or "base" not in src:
+        raise InputError(f"{args.env}/{args.algo} is not derived from another checkpoint (source: {kind})")
+    if not args.base_checkpoint:
+        raise InputError(f"{args.env}/{args.algo} is derived from {src['base']}: give --base-checkpoint")
     settings = _train_settings(args)
     overrides = {k: src[k] for k in ("eps", "norm", "method") if k in src}       # the registry's values
     overrides.update((settings.pop("recipes", None) or {}).get(args.algo, {}))   # ← the config's
@@ -290,6 +331,52 @@ def cmd_derive(args) -> None:
           f"{len(rets)} episodes{note}; sha256 {record['sha256']}")
 
 
+def cmd_fetch(args) -> None:
+    """Download a published checkpoint (pinned sha256, mirror, lock file), check that it loads into its
+    architecture, then write model.pt and its record model.json."""
+    from crop.checkpoints import FetchError, fetch_published
+    from crop.io import provenance, sha256_file, write_json
+    from crop.models import CheckpointError, load_q_network
+    from crop.registry import resolve_source
+
+    started = _setup(args)
+    try:
+        kind, src = resolve_source(args.env, args.algo, "published")
+    except KeyError as exc:
+        raise InputError(exc.args[0]) from None
+    if kind != "published":
+        raise InputError(f"{args.env}/{args.algo} has no published checkpoint (source: {kind})")
+    out = Path(args.out)
+    tmp = out.with_name(f".{out.name}.fetching")
+    try:
+        origin = fetch_published(src, tmp, mirror=args.mirror, cache=args.cache, lock=args.lock,
+                                 progress=args.progress)
+        sha = sha256_file(tmp)
+        load_q_network(tmp, src["net_spec"], expected_sha256=sha)  # architecture and safe loading
+        tmp.replace(out)
+    except (FetchError, CheckpointError) as exc:
+        raise InputError(str(exc)) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    record = {"env": args.env, "algo": args.algo, "net_spec": src["net_spec"], "profile": src["profile"],
+              "source": "published", **origin, "sha256": sha,
+              "provenance": provenance("fetch", _settings(args), seed=None, device="cpu", started=started)}
+    write_json(out.with_suffix(".json"), record)
+    print(f"fetched {args.env}/{args.algo} from {origin['fetched_from']}"
+          f"{' member ' + origin['member'] if origin.get('member') else ''}: sha256 {sha}")
+
+
+def cmd_checkpoint(args) -> None:
+    """Obtain a policy's checkpoint from the source the config selects (train here or fetch)."""
+    from crop.registry import resolve_source
+
+    try:
+        kind, _ = resolve_source(args.env, args.algo, args.source)
+    except KeyError as exc:
+        raise InputError(exc.args[0]) from None
+    {"published": cmd_fetch, "train": cmd_train, "derive": cmd_derive}[kind](args)
+
+
 def cmd_qrange(args) -> None:
     from crop.io import provenance, write_json
     from crop.qrange import estimate_qrange
@@ -316,25 +403,46 @@ def cmd_loact(args) -> None:
     started = _setup(args)
     net, meta = _load_policy(args)
     v_min, v_max = _load_qrange(args.qrange, args)
-    sm = _smoother(args, net, v_min, v_max, "loact")
+    sm = _smoother(args, net, meta, v_min, v_max, "loact", alpha=_state_alpha(args, args.horizon))
+    frames: list = []
     steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
                                 _episode_seeds(args.seed, args.env, args.episodes), profile=meta.get("profile"),
-                                progress=args.progress)
+                                progress=args.progress, frames=frames, frames_window=tuple(args.frames_window))
     r_grid = args.sigma * np.linspace(0.0, 4.0, 81)
     ratio = certified_ratio(steps, r_grid)
     prov = provenance("loact", _settings(args), seed=_stage_seed(args, "loact"),
                       inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
-    prov.update({"v_min": v_min, "v_max": v_max, "per_bound_alpha": sm.alpha_each,
-                 "states_certified": int(len(steps)),
-                 "confidence": {"per_state": 1 - args.alpha,
-                                "per_episode_union": max(0.0, 1 - args.alpha * float(episodes["steps"].max()))},
+    longest = int(episodes["steps"].max())
+    prov.update({"v_min": v_min, "v_max": v_max, "states_certified": int(len(steps)),
+                 "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha, "per_bound_alpha": sm.alpha_each,
+                 "confidence": {"per_state": 1 - sm.alpha,
+                                "per_episode": max(0.0, 1 - sm.alpha * longest),
+                                "rule": "union bound: the 2|A| one-sided bounds of a state each at per_bound_alpha; "
+                                        f"an episode of <= {longest} states at per_state_alpha each"},
                  "note": "radius is 0 at uncertified steps and counts in every mean"})
     write_with_meta(args.out, lambda p: write_csv(p, steps), prov, rows=len(steps))
     write_with_meta(args.out_episodes, lambda p: write_csv(p, episodes), prov, rows=len(episodes))
     write_with_meta(args.out_ratio, lambda p: write_csv(p, ratio), prov, rows=len(ratio))
+    write_with_meta(args.out_frames, lambda p: _write_frames(p, frames, args.env), prov, rows=len(frames))
     print(f"LoAct {args.env}/{args.algo} σ={args.sigma}: {steps['certified'].mean():.1%} of {len(steps)} steps "
           f"certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
           f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
+
+
+def _write_frames(path, frames, env: str) -> None:
+    """Raw game frames of LoAct episode 0 (Atari only; empty for vector observations)."""
+    import io
+
+    from crop.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    if frames:
+        arr = np.stack([f for _, f in frames]).astype(np.uint8)
+        st = np.array([t for t, _ in frames], dtype=np.int64)
+    else:
+        arr, st = np.zeros((0, 0, 0, 3), np.uint8), np.zeros(0, np.int64)
+    np.savez_compressed(buf, frames=arr, steps=st, env=np.array(env))
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def cmd_gre(args) -> None:
@@ -350,7 +458,9 @@ def cmd_gre(args) -> None:
                                         seed=_stage_seed(args, "gre"),
                                         env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
                                         chunk=max(args.chunk, 1), device=args.device,
-                                        profile=meta.get("profile"), progress=args.progress)
+                                        profile=meta.get("profile"), progress=args.progress,
+                                        workers=args.workers or args.threads,
+                                        batch=args.batch)
     j_min, j_max = env_spec(args.env).return_range(args.horizon, args.gamma)
     table = gre_bounds(returns, sigma=args.sigma, horizon=args.horizon, alpha=args.alpha,
                        eps_grid=[f * args.sigma for f in args.eps_factors], percentiles=args.percentiles,
@@ -358,7 +468,8 @@ def cmd_gre(args) -> None:
     prov = provenance("gre", _settings(args), seed=_stage_seed(args, "gre"), inputs=_inputs(args, "checkpoint"),
                       device=args.device, started=started)
     prov.update({"j_min": j_min, "j_max": j_max,
-                 "note": "each bound holds with probability >= 1 - alpha; empty percentile_bound = no k qualifies"})
+                 "note": "each bound (expectation_bound, cdf_expectation_bound, percentile_bound) holds with "
+                         "probability >= 1 - alpha; empty percentile_bound = no k qualifies"})
     write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
     write_with_meta(args.out_returns, lambda p: write_csv(p, pd.DataFrame({"return": returns})), prov,
                     rows=len(returns))
@@ -370,19 +481,33 @@ def cmd_lore(args) -> None:
     from crop.envs import env_spec
     from crop.io import provenance, write_csv, write_with_meta
     from crop.lore import run_lore
+    from crop.stats import lore_schedule_text, lore_state_alpha
 
     started = _setup(args)
     net, meta = _load_policy(args)
     v_min, v_max = _load_qrange(args.qrange, args)
-    sm = _smoother(args, net, v_min, v_max, "lore")
+    sm = _smoother(args, net, meta, v_min, v_max, "lore")
     spec = env_spec(args.env)
     eps_max = math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma
+    # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
+    reward_fn = spec.lore_reward_fn()
+    alpha_of = None if args.alpha_mode == "state" else (lambda i: lore_state_alpha(args.alpha, "family", i))
     table, info = run_lore(args.env, sm, args.horizon, _episode_seeds(args.seed, args.env, 1)[0],
-                           gamma=args.gamma, eps_max=eps_max, prune=spec.nonnegative_rewards,
-                           profile=meta.get("profile"), progress=args.progress)
+                           gamma=args.gamma, eps_max=eps_max,
+                           prune=spec.nonnegative_rewards or reward_fn is not None,
+                           profile=meta.get("profile"), progress=args.progress, reward_fn=reward_fn,
+                           resume_file=Path(args.out).with_name(Path(args.out).name + ".resume"),
+                           checkpoint_every=args.checkpoint_every, alpha_of=alpha_of)
+    info["reward_modification"] = spec.lore_reward
     prov = provenance("lore", _settings(args), seed=_stage_seed(args, "lore"),
                       inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
     prov.update({"v_min": v_min, "v_max": v_max, "search": info,
+                 "alpha_mode": args.alpha_mode,
+                 "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
+                 "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
+                                "tree": info["confidence_tree"],
+                                "rule": "union bound over the distinct states smoothed (search.alpha_spent = "
+                                        "sum of their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
                  "initial_state": "the initial state of LoAct episode 0"})
     write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
     print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
@@ -392,19 +517,26 @@ def cmd_lore(args) -> None:
 
 def cmd_attack_local(args) -> None:
     from crop.attack import run_local_attack
+    from crop.envs import env_spec
     from crop.io import provenance, write_csv, write_with_meta
 
     started = _setup(args)
     net, meta = _load_policy(args)
     v_min, v_max = _load_qrange(args.qrange, args)
-    sm = _smoother(args, net, v_min, v_max, "attack-local")
+    sm = _smoother(args, net, meta, v_min, v_max, "attack-local", alpha=_state_alpha(args, args.horizon))
+    spec = env_spec(args.env)
+    # Returns over LoRe's horizon with LoRe's reward modification, so the two compare like for like.
     table = run_local_attack(args.env, sm, [f * args.sigma for f in args.eps_factors],
                              _episode_seeds(args.seed, args.env, args.episodes), args.horizon,
                              steps=args.pgd_steps, m_grad=args.m_grad, seed=_stage_seed(args, "attack-local-pgd"),
-                             gamma=args.gamma, profile=meta.get("profile"), progress=args.progress)
+                             gamma=args.gamma, profile=meta.get("profile"), progress=args.progress,
+                             reward_fn=spec.lore_reward_fn())
     table["same_start_as_lore"] = table["episode"] == 0
     prov = provenance("attack_local", _settings(args), seed=_stage_seed(args, "attack-local"),
                       inputs=_inputs(args, "checkpoint", "qrange"), device=str(sm.device), started=started)
+    prov["reward_modification"] = spec.lore_reward
+    prov.update({"alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha,
+                 "confidence": {"per_state": 1 - sm.alpha, "per_episode": max(0.0, 1 - sm.alpha * args.horizon)}})
     write_with_meta(args.out, lambda p: write_csv(p, table), prov, rows=len(table))
     print(f"local PGD {args.env}/{args.algo} σ={args.sigma}: min return per ε "
           f"{table.groupby('eps')['return'].min().round(2).to_dict()}")
@@ -441,29 +573,82 @@ def _runs_from_inputs(files) -> tuple[Path, list[str]]:
 def _results_and_runs(args) -> tuple[Path, list[str] | None]:
     if args.inputs:
         return _runs_from_inputs(args.inputs)
+    args.results = args.results or getattr(args, "results_opt", None)
     if not args.results:
         raise InputError("give a results folder or --inputs")
+    if not Path(args.results).is_dir():
+        raise InputError(f"{args.results}: no such results folder")
     return Path(args.results), args.runs
 
 
 def cmd_aggregate(args) -> None:
     from crop.report.aggregate import aggregate
+    from crop.report.audit import discover_runs
 
     results, runs = _results_and_runs(args)
     if not runs:
-        raise InputError("no runs to aggregate")
-    written = aggregate(results, runs, table_eps_factors=args.table_eps_factors,
-                        figures_dir=Path(args.figures), tables_dir=Path(args.tables))
-    print(f"aggregate: wrote {len(written)} files")
+        from crop.layout import RUN_FILES
+
+        incomplete = discover_runs(results, incomplete=True)
+        if incomplete:  # name what is missing rather than silently dropping runs
+            missing = {r: sorted(f for f in RUN_FILES.values() if not (results / r / f).is_file()) for r in incomplete}
+            raise InputError("incomplete runs under " + str(results) + ": "
+                             + "; ".join(f"{r}: {', '.join(m)}: missing" for r, m in missing.items()))
+        runs = discover_runs(results)
+    if not runs:
+        raise InputError(f"no complete runs to aggregate under {results}")
+    figures = Path(args.figures) if args.figures else results / "figures"
+    tables = Path(args.tables) if args.tables else results / "tables"
+    from crop.report.integrity import IntegrityError
+
+    try:
+        written = aggregate(results, runs, table_eps_factors=args.table_eps_factors, figures_dir=figures,
+                            tables_dir=tables)
+    except (FileNotFoundError, IntegrityError) as exc:
+        raise InputError(str(exc)) from None
+    print(f"aggregate: wrote {len(written)} files for {len(runs)} runs to {figures} and {tables}")
 
 
 def cmd_audit(args) -> None:
     from crop.report.audit import audit
+    from crop.report.reference import ReferenceError
 
     results, runs = _results_and_runs(args)
-    report = audit(results, out_dir=Path(args.out_dir), runs=runs, alpha=args.alpha)
-    print(f"audit: {report['violations']} violations in {report['checked']} checks")
-    if args.strict and (report["violations"] or report["integrity_problems"]):
+    chash = args.config_hash
+    if args.config:
+        from crop.config import ConfigError, load_config
+        from crop.report.provenance import config_hash
+
+        try:
+            h = config_hash(load_config(args.config))
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
+        if chash and chash != h:
+            raise InputError(f"--config-hash {chash} is not the hash of {args.config} ({h})")
+        chash = h
+    out_dir = Path(args.out_dir) if args.out_dir else results / "audit"
+    try:
+        report = audit(results, out_dir=out_dir, runs=runs, alpha=args.alpha, reference=args.reference,
+                       tolerances=args.tolerances, abs_tol=args.abs_tol, rel_tol=args.rel_tol,
+                       config_hash=chash, strict=args.strict)
+    except ReferenceError as exc:
+        raise InputError(str(exc)) from None
+    ref = report["reference"]
+    print(f"audit of {results}: {len(report['runs'])} runs, {report['checked']} soundness checks, "
+          f"{report['violations']} violations, {report['integrity_problems']} integrity problems"
+          + (f", reference {ref['counts']['match']} match / {ref['counts']['differs']} differ / "
+             f"{ref['counts']['missing']} missing" if ref else "")
+          + f" -> {'PASS' if report['passed'] else 'FAIL'} ({out_dir / 'audit.md'})")
+    for v in report["violation_list"][:20]:
+        print(f"  violation: {v['env']}/{v['algo']}/sigma={v['sigma']} eps={v['eps']}: {v['check']} "
+              f"bound {v['bound']} observed {v['observed']}")
+    for p in report["integrity"][:20]:
+        print(f"  integrity: {p['file']}: {p['problem']}")
+    for r in (ref["comparisons"] if ref else []):
+        if r["verdict"] == "differs":
+            print(f"  differs: {r['env']}/{r['algo']}/sigma={r['sigma']} {r['metric']} eps={r['eps']}: "
+                  f"reproduced {r['reproduced']} vs reference {r['reference']} (allowed ±{r['allowed']})")
+    if args.strict and not report["passed"]:
         sys.exit(1)
 
 
@@ -487,18 +672,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a policy locally (Double DQN and its variants)")
     _common(p, sigma=False, checkpoint=False)
     _train_args(p)
-    p.add_argument("--hidden", type=_pos_int, nargs="+", default=None)
-    p.add_argument("--total-steps", type=_pos_int, default=None)
-    p.add_argument("--min-steps", type=int, default=None)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("derive", help="derive a policy from another algorithm's checkpoint (CARRL)")
     _common(p, sigma=False, checkpoint=False)
     _train_args(p)
-    p.add_argument("--base-checkpoint", required=True, help="the base algorithm's model.pt (model.json beside)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_derive)
+    p = sub.add_parser("fetch", help="download a published checkpoint (sha256-pinned)")
+    _common(p, sigma=False, checkpoint=False)
+    _fetch_args(p)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_fetch)
+
+    p = sub.add_parser("checkpoint",
+                       help="obtain a checkpoint from the configured source (train, fetch or derive)")
+    _common(p, sigma=False, checkpoint=False)
+    p.add_argument("--source", choices=["auto", "train", "published"], default="auto")
+    _train_args(p)
+    _fetch_args(p)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_checkpoint)
 
     p = sub.add_parser("qrange", help="estimate V_min, V_max (Appendix B.1)")
     _common(p)
@@ -516,6 +711,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--out-episodes", required=True)
     p.add_argument("--out-ratio", required=True)
+    p.add_argument("--out-frames", required=True, help="frames.npz: raw frames of episode 0 (Atari)")
+    p.add_argument("--frames-window", type=int, nargs=2, default=[0, 200], metavar=("START", "END"),
+                   help="steps of episode 0 whose raw frames are kept (Atari)")
     p.set_defaults(func=cmd_loact)
 
     p = sub.add_parser("gre", help="GRe: expectation and percentile bounds (Algorithm 2)")
@@ -526,6 +724,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--percentiles", type=float, nargs="+", default=[0.5])
     p.add_argument("--eps-factors", type=float, nargs="+", required=True)
+    p.add_argument("--batch", type=_pos_int, default=None,
+                   help="trajectories stepped together (bounds the memory of the environment copies; "
+                        "default: all m)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes stepping the environments (default: --threads; CartPole is vectorised)")
     p.add_argument("--out", required=True)
     p.add_argument("--out-returns", required=True)
     p.set_defaults(func=cmd_gre)
@@ -536,6 +739,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=_pos_int, default=10)
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--eps-max-factor", type=_positive_float, default=None)
+    p.add_argument("--checkpoint-every", type=float, default=60.0,
+                   help="seconds between saves of the resumable search state (OUT.resume)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_lore)
 
@@ -563,22 +768,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_attack_global)
 
     p = sub.add_parser("aggregate", help="tables and figures named as in the paper")
-    p.add_argument("--results", help="results folder (with --runs)")
-    p.add_argument("--runs", nargs="+", help="ENV/ALGO/sigma-S folders under --results")
-    p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of --results/--runs)")
-    p.add_argument("--table-eps-factors", type=float, nargs="+", default=[0.0, 0.05, 0.1])
-    p.add_argument("--figures", required=True)
-    p.add_argument("--tables", required=True)
+    p.add_argument("results", nargs="?", help="results folder (every complete run in it, or --runs)")
+    p.add_argument("--results", dest="results_opt", help=argparse.SUPPRESS)
+    p.add_argument("--runs", nargs="+", help="only these ENV/ALGO/sigma-S folders under RESULTS")
+    p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of RESULTS)")
+    p.add_argument("--table-eps-factors", type=float, nargs="+", default=[0.0, 0.05, 0.1],
+                   help="ε, as multiples of σ, of the reward-bound tables")
+    p.add_argument("--figures", help="figures folder (default RESULTS/figures)")
+    p.add_argument("--tables", help="tables folder (default RESULTS/tables)")
     p.set_defaults(func=cmd_aggregate)
 
-    p = sub.add_parser("audit", help="soundness and provenance audit of a results folder")
-    p.add_argument("results", nargs="?", help="results folder (every complete run in it is audited)")
-    p.add_argument("--out-dir", required=True)
+    p = sub.add_parser("audit", help="soundness, integrity, provenance and reference audit of a results folder",
+                       description="Audit a results folder; writes OUT_DIR/audit.md and OUT_DIR/audit.json. "
+                                   "Exit status: 0 done (or passed, with --strict), 1 --strict and the audit "
+                                   "failed (a violation, an integrity problem or a reference value outside "
+                                   "tolerance), 2 bad input.")
+    p.add_argument("results", nargs="?", help="results folder (every run folder in it is audited)")
+    p.add_argument("--out-dir", help="where audit.md and audit.json go (default RESULTS/audit)")
     p.add_argument("--runs", nargs="*", default=None, help="only these ENV/ALGO/sigma-S folders")
     p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of RESULTS)")
     p.add_argument("--alpha", type=_alpha, default=0.05,
                    help="significance level of the tests of GRe bounds against attacked returns")
-    p.add_argument("--strict", action="store_true", help="exit 1 on any violation or integrity problem")
+    p.add_argument("--reference", help="reference CSV: env,algo,sigma,metric,eps,value (see README)")
+    p.add_argument("--tolerances", help="YAML/JSON per-metric tolerances {metric|default: {abs, rel}}")
+    p.add_argument("--abs-tol", type=_nonneg_float, default=None, help="absolute tolerance for every metric (overrides)")
+    p.add_argument("--rel-tol", type=_nonneg_float, default=None, help="relative tolerance for every metric (overrides)")
+    p.add_argument("--config-hash", help="hash of the workflow config the results came from (the workflow "
+                                         "passes it)")
+    p.add_argument("--config", help="workflow config file: validated and hashed (instead of --config-hash)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 on any soundness violation, integrity problem or reference value outside "
+                        "tolerance (reference values missing from the results do not fail)")
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("validate-config", help="check a workflow config against the schema")
@@ -595,7 +815,12 @@ def main(argv=None) -> None:
         print(f"crop {args.command}: error: {exc}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:  # FloatingPointError (NaN Q), CheckpointError, TrainingFailed, …
+        from crop.io import OutputError
         from crop.models import CheckpointError
+
+        if isinstance(exc, OutputError):  # full disk, read-only folder: one line, nothing half-written
+            print(f"crop {args.command}: error: {exc.strerror}", file=sys.stderr)
+            sys.exit(1)
         from crop.smoothing import NonFiniteQError
         from crop.train.dqn import TrainingFailed
 

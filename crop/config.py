@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from crop.registry import checkpoint_source
+from crop.registry import resolve_source
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "load_config", "targets", "sigma_label",
            "ALGORITHMS", "train_defaults", "train_settings"]
@@ -93,11 +93,13 @@ def validate_config(config: dict, source: str = "config") -> dict:
     # A second pass fills defaults inside objects that were themselves just defaulted.
     list(cls(schema).iter_errors(cfg))
     for env, ec in cfg["environments"].items():
-        for algo in ec["algorithms"]:
+        for i, algo in enumerate(ec["algorithms"]):
             try:
-                checkpoint_source(env, algo)
+                kind, entry = resolve_source(env, algo, ec["source"])
+                if kind == "derive":   # its base checkpoint is obtained under the same setting
+                    resolve_source(env, entry["base"], ec["source"])
             except KeyError as exc:
-                raise ConfigError(f"{source}: environments.{env}.algorithms: {exc.args[0]}") from None
+                raise ConfigError(f"{source}: environments.{env}.algorithms[{i}]: {exc.args[0]}") from None
     return cfg
 
 

@@ -3,12 +3,22 @@
 Step 1 samples m σ-randomized trajectories (Definition 3: at every step the policy acts on s_t + Δ_t with
 one fresh Δ_t ∼ N(0, σ²I)).  All m trajectories advance in lockstep, one batched forward per time step.
 Step 2 turns the m returns into
-  * the expectation bound J̲_E = F̃ − Δ_conf − (J_max − J_min)/σ·√(2/π)·ε√H            (Theorem 2), and
+  * the expectation bound J̲_E = F̃ − Δ_conf − (J_max − J_min)/σ·√(2/π)·ε√H            (Theorem 2;
+    column ``expectation_bound``, Δ_conf = (J_max − J_min)·sqrt(ln(1/α)/(2m)), Hoeffding),
+  * the CDF-based expectation bound of Kumar, Levine & Feizi (ICLR 2022, "Policy smoothing for provably
+    robust RL"), from the same m returns (column ``cdf_expectation_bound``,
+    :func:`crop.stats.cdf_expectation_bound`):
+        J̲_CDF = J_min + Σ_i (F_(i) − F_(i−1)) · Φ(Φ⁻¹(max(0, (m − i + 1)/m − ε_DKW)) − ε√H/σ),
+    F_(0) = J_min ≤ F_(1) ≤ … ≤ F_(m) the sorted returns and ε_DKW = sqrt(ln(1/α)/(2m)) the one-sided
+    DKW band (Massart's constant) — a lower bound on the same quantity E[J_ε(π′)] as J̲_E, built from the
+    whole empirical distribution instead of its mean and a Lipschitz constant; at ε = 0 (α ≤ 1/2) it is
+    never below J̲_E and for ε > 0 it is usually far tighter; and
   * the percentile bound J̲_p = k-th smallest return, k the largest index with
     P[Bin(m, p′) ≤ k − 1] ≤ α and p′ = Φ(Φ⁻¹(p) − ε√H/σ)                                (Theorem 3),
     computed with the exact binomial CDF; no bound at all when no k qualifies.
 Each number is a separate statement holding with probability ≥ 1 − α.  As the paper notes (Appendix C),
-the guarantee is for perturbations fixed in advance, not for an adaptive attacker.
+the guarantee is for perturbations fixed in advance, not for an adaptive attacker (Kumar et al. prove their
+bound also against adaptive attackers for their setting; we claim only what CROP claims).
 """
 from __future__ import annotations
 
@@ -20,7 +30,7 @@ import torch
 from crop.progress import pbar
 
 from crop import stats
-from crop.envs import make_vec_env
+from crop.envs import make_env_pool
 from crop.smoothing import NonFiniteQError, resolve_device
 
 __all__ = ["sample_randomized_returns", "gre_bounds"]
@@ -29,40 +39,56 @@ __all__ = ["sample_randomized_returns", "gre_bounds"]
 @torch.inference_mode()
 def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, horizon: int,
                               gamma: float, seed: int, env_seed: int, *, chunk: int = 10000, device="cpu",
-                              profile: str | None = None, progress: bool | None = None) -> np.ndarray:
-    """Returns of m σ-randomized trajectories of length ≤ ``horizon``, all stepped in lockstep."""
+                              profile: str | None = None, progress: bool | None = None,
+                              workers: int = 1, batch: int | None = None) -> np.ndarray:
+    """Returns of m σ-randomized trajectories of length ≤ ``horizon``, stepped in lockstep blocks of
+    ``batch`` trajectories (all m when None) with the environments spread over ``workers`` processes."""
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
-    venv = make_vec_env(env_id, m, profile)
-    obs, _ = venv.reset(seed=int(env_seed))
+    returns = np.empty(m, dtype=np.float64)
+    batch = m if batch is None else max(1, min(int(batch), m))
+    for b0 in range(0, m, batch):
+        # Trajectories in blocks of `batch` bound the memory of the environment copies (Atari: ~2.6 MB
+        # each); environment i keeps its seed env_seed + i whatever the block size.
+        returns[b0:b0 + batch] = _lockstep(env_id, q_net, dev, g, sigma, min(batch, m - b0), horizon, gamma,
+                                           env_seed + b0, chunk, profile, workers, progress)
+    return returns
+
+
+def _lockstep(env_id, q_net, dev, g, sigma, m, horizon, gamma, env_seed, chunk, profile, workers, progress):
+    pool = make_env_pool(env_id, m, profile, workers=workers)
+    obs = pool.reset(int(env_seed))
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
     discount = 1.0
     for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}", progress=progress):
-        x = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=dev)
-        actions = torch.empty(m, dtype=torch.int64, device=dev)
-        for s in range(0, m, chunk):
+        idx = np.nonzero(alive)[0]  # finished trajectories are not stepped again
+        x = torch.as_tensor(np.asarray(obs[idx], dtype=np.float32), device=dev)
+        actions = torch.empty(len(idx), dtype=torch.int64, device=dev)
+        for s in range(0, len(idx), chunk):
             xs = x[s:s + chunk]
             noisy = torch.randn(xs.shape, generator=g, device=dev).mul_(sigma).add_(xs)
             q = q_net(noisy)
             if not torch.isfinite(q).all():
                 raise NonFiniteQError(f"the Q-network returned NaN or inf at step {t} (trajectories {s}…)")
             actions[s:s + chunk] = q.argmax(1)
-        obs, reward, terminated, truncated, _ = venv.step(actions.cpu().numpy())
-        returns += discount * np.asarray(reward, dtype=np.float64) * alive
-        alive &= ~(np.asarray(terminated) | np.asarray(truncated))
+        o, reward, terminated, truncated = pool.step(idx, actions.cpu().numpy())
+        obs[idx] = o
+        returns[idx] += discount * np.asarray(reward, dtype=np.float64)
+        alive[idx] &= ~(np.asarray(terminated) | np.asarray(truncated))
         discount *= gamma
         if not alive.any():
             break
-    venv.close()
+    pool.close()
     return returns
 
 
 def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float, eps_grid, percentiles,
                j_min: float, j_max: float) -> pd.DataFrame:
-    """Expectation and percentile bounds over a grid of ε (one row per (ε, p))."""
+    """Expectation bounds (Theorem 2's J̲_E and the CDF-based J̲_CDF) and percentile bounds over a grid of ε
+    (one row per (ε, p); the expectation bounds do not depend on p and repeat)."""
     returns = np.asarray(returns, dtype=np.float64)
     m = returns.size
     if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:
@@ -70,14 +96,17 @@ def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float,
                          f"[{returns.min()}, {returns.max()}]; the expectation bound would be unsound")
     ordered = np.sort(returns)
     mean = float(returns.mean())
+    eps_grid = [float(e) for e in eps_grid]
+    cdf_bounds = stats.cdf_expectation_bound(returns, j_min, j_max, alpha, sigma, np.array(eps_grid), horizon)
     rows = []
-    for eps in eps_grid:
+    for eps, cdf_bound in zip(eps_grid, cdf_bounds):
         e_bound = stats.expectation_bound(mean, j_min, j_max, m, alpha, sigma, float(eps), horizon)
         for p in percentiles:
             p_prime = stats.percentile_p_prime(float(p), float(eps), horizon, sigma)
             k = stats.percentile_order_index(m, p_prime, alpha)
             rows.append({
                 "eps": float(eps), "p": float(p), "expectation_bound": e_bound,
+                "cdf_expectation_bound": float(cdf_bound),
                 "percentile_bound": float(ordered[k - 1]) if k is not None else math.nan,
                 "percentile_certified": k is not None, "k": k if k is not None else pd.NA,
                 "p_prime": p_prime, "m": m, "horizon": horizon, "alpha": alpha, "sigma": sigma,

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,23 +47,48 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+class OutputError(OSError):
+    """A result file could not be written (full disk, read-only or unwritable folder)."""
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``; on any failure
+    the temporary file is removed and an :class:`OutputError` names the file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OutputError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and not isinstance(exc, OutputError):
+            raise OutputError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
         raise
+
+
+def check_writable(folder: str | Path, min_free_mb: int = 50) -> None:
+    """Raise :class:`OutputError` unless ``folder`` can be created and written, with some room left."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".crop-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise OutputError(exc.errno, f"results folder {folder} is not writable: {exc.strerror or exc}") from None
+    free = shutil.disk_usage(folder).free / 2**20
+    if free < min_free_mb:
+        raise OutputError(28, f"results folder {folder} has only {free:.0f} MB free (need ≥ {min_free_mb} MB)")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

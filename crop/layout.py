@@ -1,10 +1,40 @@
 """Names of every file the workflow writes — one place, read by the Snakefile and the report code.
 
 Per (env, algo, σ):   results/{env}/{algo}/sigma-{σ}/{qrange.json, loact.csv, gre.csv, lore.csv, …}
-Per (env, algo):      results/{env}/{algo}/checkpoint/model.pt (+ model.json: sha256, architecture)
+                      (+ frames.npz for Atari: raw RGB frames of LoAct episode 0, read by the Pong figure)
+Per (env, algo):      results/{env}/{algo}/checkpoint/model.pt (+ model.json: sha256, architecture, source)
 Figures:              results/figures/{Env}_{kind}[_sigma-{σ}].{pdf,png}  (the paper's file names)
-Tables:               results/tables/{Env}_{name}.{csv,md}
+Tables:               results/tables/{Env}_{name}.{csv,md,tex}
 Audit:                results/audit/audit.{md,json}
+
+``{Env}`` is the paper's spelling of the environment (``CartPole``, ``highway-fast``, ``Pong``, ``Freeway``);
+``{Clean}`` is the spelling of the paper's benign-return and legend files (``Cartpole`` for CartPole, else
+the same as ``{Env}``).
+
+Figure families (:func:`figure_families`; every file as PDF and PNG), per environment:
+
+  stepwise         {Env}_stepwise_sigma-{σ} (one σ each) and {Env}_stepwise (one panel per σ in one row, one
+                   legend on top) — Fig. 1 (fig:statewise), whose rows are the multi-panel file.  The
+                   multi-panel files ({Env}_stepwise, {Env}_certified_ratio, {Env}_all_bounds) show every σ
+                   run except Freeway's large σ, which have their own figure (large_sigma).
+  certified_ratio  {Env}_certified_ratio_sigma-{σ} and {Env}_certified_ratio — App. F.1 (fig:cert-ratio)
+  global_mean      {Env}_global_mean_sigma-{σ} — Fig. 3 (fig:all-bounds), row J̲_E, PGD dashed
+  global_median    {Env}_global_median_sigma-{σ} — Fig. 3, row J̲_p (p = 50 %), PGD dashed
+  adasearch        {Env}_adasearch_sigma-{σ} — Fig. 3, row J̲ (LoRe), PGD dashed
+  all_bounds       {Env}_all_bounds: rows J̲_E, J̲_p, J̲ and a column per σ — Fig. 3 (and the CartPole /
+                   highway bound grids of App. F) as one file
+  loact_clean      {Clean}_loact_clean, every σ run — Fig. 2 (fig:statewise-clean); with Freeway's large σ
+                   in the run it is App. F.2's fig:clean-full
+  legend           {Clean}_legend: the environment's algorithms and the solid/dashed key — the legend strip
+                   the paper puts above each figure
+  large_sigma      Freeway_large_sigma: rows stepwise / adasearch, a column per large σ ∈ {1.5, 2.0, 4.0}
+                   that ran — App. F.2 (fig:statewise-large); its panels are also written as the ordinary
+                   per-σ files Freeway_stepwise_sigma-1.5, Freeway_adasearch_sigma-1.5, …
+  periodic         Pong_periodic_sigma-{σ}_{algo}: certified radius over the window of recorded steps,
+                   with the game frames at marked steps below — App. F.3 (fig:pong-periodic); one per
+                   algorithm and σ, because each smoothed policy plays its own episode (its own frames)
+
+and once per results folder: ``legend`` (every algorithm of the run, with the solid/dashed key).
 """
 from __future__ import annotations
 
@@ -22,11 +52,23 @@ RUN_FILES = {
     "lore": "lore.csv",
     "attack_local": "attack_local.csv",
     "attack_global": "attack_global.csv",
+    "frames": "frames.npz",
 }
 
+# Atari LoAct runs also write the raw frames of episode 0 (``frames``: uint8 [T, 210, 160, 3],
+# ``steps``: int [T]); the periodic-pattern figure is drawn from them for these environments.
+FRAMES_FILE = "frames.npz"
+PERIODIC_ENVS = ("PongNoFrameskip-v4",)
+
+# Appendix F.2: Freeway under large smoothing (σ ∈ {1.5, 2.0, 4.0}).
+LARGE_SIGMAS = {"FreewayNoFrameskip-v4": (1.5, 2.0, 4.0)}
+
 FIGURE_FORMATS = ("pdf", "png")
-TABLE_FORMATS = ("csv", "md")
-TABLES = ("mean_radius", "benign_return", "reward_bounds")
+TABLE_FORMATS = ("csv", "md", "tex")
+TABLES = ("mean_radius", "benign_return", "reward_bounds", "tightness")
+FIGURE_FAMILIES = ("stepwise", "certified_ratio", "global_mean", "global_median", "adasearch", "all_bounds",
+                   "loact_clean", "legend", "large_sigma", "periodic")
+GLOBAL_FIGURES = ("legend",)
 
 
 def run_dir(results, env: str, algo: str, sigma_label: str) -> Path:
@@ -37,21 +79,76 @@ def checkpoint_path(results, env: str, algo: str) -> Path:
     return Path(results) / env / algo / "checkpoint" / "model.pt"
 
 
-def figure_stems(env: str, sigma_labels) -> list[str]:
+def checkpoint_record(results, env: str, algo: str) -> Path:
+    return checkpoint_path(results, env, algo).with_suffix(".json")
+
+
+def needs_frames(env: str) -> bool:
+    """Whether the report reads ``frames.npz`` of this environment's runs (the Pong periodic figure)."""
+    return env in PERIODIC_ENVS
+
+
+def large_sigma_labels(env: str, sigma_labels) -> list[str]:
+    """The run's σ labels that belong to the paper's large-σ study of ``env`` (in the paper's order)."""
+    large = LARGE_SIGMAS.get(env, ())
+    return [lab for lab in sorted(sigma_labels, key=float) if any(abs(float(lab) - s) < 1e-12 for s in large)]
+
+
+def main_sigma_labels(env: str, sigma_labels) -> list[str]:
+    """The σ of the main-text multi-panel figures: every σ run except the large-σ study's (App. F.2), which
+    has its own figure — unless only large σ ran."""
+    labs = sorted(sigma_labels, key=float)
+    large = set(large_sigma_labels(env, labs))
+    return [lab for lab in labs if lab not in large] or labs
+
+
+def figure_families(env: str, sigma_labels, algos=()) -> dict[str, list[str]]:
+    """Figure stems of one environment by family (see the module docstring); ``algos`` names the
+    algorithms run (only the periodic-pattern figure depends on them)."""
     s = env_spec(env)
-    stems = [f"{s.clean_name}_loact_clean"]
-    for lab in sigma_labels:
-        stems += [f"{s.paper_name}_stepwise_sigma-{lab}", f"{s.paper_name}_certified_ratio_sigma-{lab}",
-                  f"{s.paper_name}_global_mean_sigma-{lab}", f"{s.paper_name}_global_median_sigma-{lab}",
-                  f"{s.paper_name}_adasearch_sigma-{lab}"]
-    return stems
+    p, c = s.paper_name, s.clean_name
+    labs = sorted(sigma_labels, key=float)
+    fam = {
+        "stepwise": [f"{p}_stepwise_sigma-{lab}" for lab in labs] + [f"{p}_stepwise"],
+        "certified_ratio": [f"{p}_certified_ratio_sigma-{lab}" for lab in labs] + [f"{p}_certified_ratio"],
+        "global_mean": [f"{p}_global_mean_sigma-{lab}" for lab in labs],
+        "global_median": [f"{p}_global_median_sigma-{lab}" for lab in labs],
+        "adasearch": [f"{p}_adasearch_sigma-{lab}" for lab in labs],
+        "all_bounds": [f"{p}_all_bounds"],
+        "loact_clean": [f"{c}_loact_clean"],
+        "legend": [f"{c}_legend"],
+        "large_sigma": [f"{p}_large_sigma"] if large_sigma_labels(env, labs) else [],
+        "periodic": ([f"{p}_periodic_sigma-{lab}_{a}" for lab in labs for a in algos]
+                     if needs_frames(env) else []),
+    }
+    assert tuple(fam) == FIGURE_FAMILIES
+    return fam
 
 
-def figure_files(figures_dir, env: str, sigma_labels) -> list[Path]:
-    return [Path(figures_dir) / f"{stem}.{fmt}" for stem in figure_stems(env, sigma_labels)
+def figure_stems(env: str, sigma_labels, algos=()) -> list[str]:
+    return [stem for stems in figure_families(env, sigma_labels, algos).values() for stem in stems]
+
+
+def figure_files(figures_dir, env: str, sigma_labels, algos=()) -> list[Path]:
+    return [Path(figures_dir) / f"{stem}.{fmt}" for stem in figure_stems(env, sigma_labels, algos)
             for fmt in FIGURE_FORMATS]
+
+
+def global_figure_files(figures_dir) -> list[Path]:
+    return [Path(figures_dir) / f"{stem}.{fmt}" for stem in GLOBAL_FIGURES for fmt in FIGURE_FORMATS]
 
 
 def table_files(tables_dir, env: str) -> list[Path]:
     s = env_spec(env)
     return [Path(tables_dir) / f"{s.paper_name}_{name}.{fmt}" for name in TABLES for fmt in TABLE_FORMATS]
+
+
+def aggregate_files(figures_dir, tables_dir, plan: dict) -> list[Path]:
+    """Every file ``crop aggregate`` writes for ``plan`` = {env: (algos, sigma_labels)}, nothing else."""
+    out = []
+    for env, (algos, labels) in plan.items():
+        out += figure_files(figures_dir, env, labels, algos)
+        out += table_files(tables_dir, env)
+    if plan:
+        out += global_figure_files(figures_dir)
+    return out

@@ -50,18 +50,21 @@ def certify_estimate(est: Estimate, sigma: float, v_min: float, v_max: float) ->
     return Certificate(action=a1, certified=certified, radius=radius, radii=radii, estimate=est)
 
 
-def certify_state(smoother: SmoothedQ, obs, index=None) -> Certificate:
-    """Algorithm 1 for one state: fresh noise, clip, mean, bounds, radius."""
-    est = smoother.estimate(obs, index=index)
+def certify_state(smoother: SmoothedQ, obs, index=None, alpha: float | None = None) -> Certificate:
+    """Algorithm 1 for one state: fresh noise, clip, mean, bounds, radius.  ``alpha`` overrides the
+    smoother's per-state miscoverage for this state (LoRe's ``alpha_mode: family`` schedule)."""
+    est = smoother.estimate(obs, index=index) if alpha is None else smoother.estimate(obs, index=index, alpha=alpha)
     return certify_estimate(est, smoother.sigma, smoother.v_min, smoother.v_max)
 
 
 def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, episode_seeds,
-              profile: str | None = None, progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+              profile: str | None = None, progress: bool | None = None, frames: list | None = None,
+              frames_window: tuple[int, int] = (0, 200)) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Roll the locally smoothed policy π̃ on clean observations and certify every step.
 
     Returns (per-step table, per-episode table).  Uncertified steps have radius 0 and *count* in every
-    mean radius (the published numbers skipped them).
+    mean radius (the published numbers skipped them).  For Atari, when ``frames`` is a list, the raw RGB
+    screen of episode 0 at each step t with start ≤ t < end (``frames_window``) is appended as (step, frame).
     """
     rows, eps_rows = [], []
     bar = pbar(total=episodes * horizon, desc=f"LoAct σ={smoother.sigma:g}", progress=progress)
@@ -69,7 +72,10 @@ def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, epi
         env = make_env(env_id, profile)
         obs, _ = env.reset(seed=int(episode_seeds[ep]))
         ret, t = 0.0, 0
+        ale = getattr(env.unwrapped, "ale", None)
         for t in range(horizon):
+            if frames is not None and ep == 0 and ale is not None and frames_window[0] <= t < frames_window[1]:
+                frames.append((t, ale.getScreenRGB().copy()))
             cert = certify_state(smoother, to_obs(obs), index=f"episode {ep} step {t}")
             e = cert.estimate
             runner = np.where(np.arange(len(e.mean)) != cert.action, e.mean, -np.inf)

@@ -1,6 +1,6 @@
-"""Where each (environment, algorithm) policy comes from: a training recipe or a published checkpoint.
-
-The data lives in ``registry.yaml`` beside this file, so adding a checkpoint is a data change.
+"""Where each (environment, algorithm) policy comes from: a training recipe, a published checkpoint, or
+another checkpoint it is derived from.  The data lives in ``registry.yaml`` beside this file, so adding a
+checkpoint is a data change.
 """
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from importlib import resources
 
 import yaml
 
-__all__ = ["registry", "checkpoint_source"]
+__all__ = ["registry", "sources", "resolve_source", "checkpoint_source", "SOURCE_KINDS"]
+
+SOURCE_KINDS = ("published", "derive", "train")  # the order `auto` prefers
 
 
 @lru_cache(maxsize=1)
@@ -17,8 +19,8 @@ def registry() -> dict:
     return yaml.safe_load(resources.files("crop").joinpath("registry.yaml").read_text())
 
 
-def checkpoint_source(env: str, algo: str) -> dict:
-    """The registry entry for (env, algo); KeyError with a readable message when there is none."""
+def sources(env: str, algo: str) -> dict:
+    """All sources of (env, algo); KeyError with a readable message when there is none."""
     entries = registry().get("policies", {})
     try:
         return entries[env][algo]
@@ -26,3 +28,20 @@ def checkpoint_source(env: str, algo: str) -> dict:
         known = sorted(entries.get(env, {}))
         raise KeyError(f"no checkpoint source or training recipe for algorithm {algo!r} on {env!r} "
                        f"(available: {known})") from None
+
+
+def resolve_source(env: str, algo: str, prefer: str = "auto") -> tuple[str, dict]:
+    """(kind, entry) for a config's ``source`` preference: auto (published, else derived, else trained),
+    train (trained, else derived) or published (published, else derived)."""
+    s = sources(env, algo)
+    order = {"auto": SOURCE_KINDS, "train": ("train", "derive"), "published": ("published", "derive")}[prefer]
+    for kind in order:
+        if kind in s:
+            return kind, s[kind]
+    raise KeyError(f"{algo!r} on {env!r} has no {prefer} source (available: {sorted(s)})")
+
+
+def checkpoint_source(env: str, algo: str, prefer: str = "auto") -> dict:
+    """The entry of the source ``prefer`` selects, with its ``kind`` added."""
+    kind, entry = resolve_source(env, algo, prefer)
+    return {"kind": kind, **entry}

@@ -45,14 +45,36 @@ class Estimate:
         return int(np.argmax(self.mean))
 
 
-def _hoeffding(total: np.ndarray, m: int, lo: float, hi: float, alpha_each: float, samples=None):
+def _hoeffding(total: np.ndarray, m: int, lo: float, hi: float, alpha_each: float, samples=None, rng=None):
     mean = total / m
     d = stats.hoeffding_margin(hi - lo, m, alpha_each)
-    return mean, mean - d, mean + d
+    return mean, np.clip(mean - d, lo, hi), np.clip(mean + d, lo, hi)
 
 
-# name -> (function(total, m, lo, hi, alpha_each, samples) -> (mean, lower, upper), needs_samples)
-BOUNDS = {"hoeffding": (_hoeffding, False)}
+def _empirical_bernstein(total, m, lo, hi, alpha_each, samples, rng=None):
+    return (total / m, *stats.empirical_bernstein_bounds(samples, lo, hi, alpha_each))
+
+
+def _betting(total, m, lo, hi, alpha_each, samples, rng=None):
+    return (total / m, *stats.betting_bounds(samples, lo, hi, alpha_each))
+
+
+def _clopper_pearson(total, m, lo, hi, alpha_each, samples, rng=None):
+    if rng is None:
+        raise ValueError("the clopper_pearson bound needs its own seeded generator for the random rounding")
+    return (total / m, *stats.clopper_pearson_bounds(samples, lo, hi, alpha_each, rng))
+
+
+# name -> (function(total, m, lo, hi, alpha_each, samples, rng) -> (mean, lower, upper), needs_samples).
+# Every function returns one-sided bounds at level alpha_each per side (see crop.stats); the mean is always
+# the plain Monte-Carlo mean, so the smoothed policy's action does not depend on the bound.  ``rng`` is the
+# smoother's own generator for randomised rounding (clopper_pearson), independent of the noise.
+BOUNDS = {
+    "hoeffding": (_hoeffding, False),
+    "empirical_bernstein": (_empirical_bernstein, True),
+    "betting": (_betting, True),
+    "clopper_pearson": (_clopper_pearson, True),
+}
 
 
 class SmoothedQ:
@@ -87,6 +109,8 @@ class SmoothedQ:
         self.alpha_each = stats.per_bound_alpha(self.alpha, self.n_actions)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(seed))
+        # Randomised rounding (clopper_pearson) draws from its own stream, never from the noise generator.
+        self.rounding_rng = np.random.default_rng([int(seed) % 2**63, 0x524F554E44])
         self.calls = 0  # states smoothed so far (for counters and confidence accounting)
         self._buf = None
 
@@ -94,10 +118,29 @@ class SmoothedQ:
     # single-threaded Gaussian draw with every multi-threaded forward chunk costs more than the draw.
     NOISE_BLOCK_FLOATS = 1 << 22
 
+    @torch.inference_mode()
+    def _cuda_chunk(self, shape) -> int:
+        """On a GPU the batch adapts to free memory: the largest chunk (≤ m) whose noise, input and
+        activations fit in half of the memory free now, measured with a small probe forward."""
+        per_in = 4 * int(np.prod(shape))
+        probe = min(64, self.m)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        self.q_net(torch.zeros((probe, *shape), device=self.device))
+        per_act = max(0, torch.cuda.max_memory_allocated(self.device) - base) / probe
+        free, _ = torch.cuda.mem_get_info(self.device)
+        fit = int(0.5 * free / (2 * per_in + per_act + 4 * self.n_actions))
+        return max(1, min(self.m, max(self.chunk, fit)))
+
     def _buffers(self, shape):
         if self._buf is None or self._buf[0].shape[1:] != shape:
             per = int(np.prod(shape))
-            block = min(self.m, max(self.chunk, self.NOISE_BLOCK_FLOATS // max(per, 1)))
+            if self.device.type == "cuda":
+                self.chunk = self._cuda_chunk(shape)
+                block = self.chunk
+            else:
+                block = min(self.m, max(self.chunk, self.NOISE_BLOCK_FLOATS // max(per, 1)))
             # Contiguous (never channels_last): normal_ into a strided buffer is much slower.
             noise = torch.empty((block, *shape), dtype=torch.float32, device=self.device)
             q = torch.empty((block, self.n_actions), dtype=torch.float32, device=self.device)
@@ -137,11 +180,19 @@ class SmoothedQ:
         samples = torch.cat(kept).numpy() if kept is not None else None
         return total.cpu().numpy(), samples
 
-    def estimate(self, obs, index=None) -> Estimate:
-        """Means and simultaneous confidence bounds of Q̃(obs, ·)."""
+    def estimate(self, obs, index=None, alpha: float | None = None) -> Estimate:
+        """Means and simultaneous confidence bounds of Q̃(obs, ·): all 2·|A| one-sided bounds hold together
+        with probability ≥ 1 − ``alpha`` (default: the smoother's ``alpha``; LoRe's ``alpha_mode: family``
+        passes a per-state value from its schedule)."""
+        if alpha is None:
+            alpha, alpha_each = self.alpha, self.alpha_each
+        else:
+            if not 0 < alpha < 1:
+                raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+            alpha_each = stats.per_bound_alpha(alpha, self.n_actions)
         total, samples = self.clipped_sums(obs, index)
         fn = BOUNDS[self.bound][0]
-        mean, lower, upper = fn(total, self.m, self.v_min, self.v_max, self.alpha_each, samples)
+        mean, lower, upper = fn(total, self.m, self.v_min, self.v_max, alpha_each, samples, rng=self.rounding_rng)
         lower = np.clip(lower, self.v_min, self.v_max)
         upper = np.clip(upper, self.v_min, self.v_max)
-        return Estimate(mean=mean, lower=lower, upper=upper, m=self.m, alpha=self.alpha, bound=self.bound)
+        return Estimate(mean=mean, lower=lower, upper=upper, m=self.m, alpha=float(alpha), bound=self.bound)

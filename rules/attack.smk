@@ -18,6 +18,7 @@ rule attack_local:
         common=common_args,
         stage=lambda w: (
             f"--m {env_cfg(w)['loact']['m']} --alpha {CFG['alpha']} --bound {CFG['bound']} "
+            f"--alpha-mode {CFG['alpha_mode']} "
             f"--episodes {env_cfg(w)['attack']['local_episodes']} "
             f"--horizon {env_cfg(w)['lore']['horizon']} --gamma {env_cfg(w)['lore']['gamma']} "
             f"--m-grad {env_cfg(w)['attack']['local_m_grad']} --pgd-steps {env_cfg(w)['attack']['pgd_steps']} "
@@ -25,8 +26,9 @@ rule attack_local:
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=2000,
-        runtime=120,
+        gpu=GPUS,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:
@@ -55,8 +57,9 @@ rule attack_global:
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=1500,
-        runtime=120,
+        gpu=GPUS,
+        mem_mb=1000,
+        runtime=20,
     conda:
         "../envs/crop.yaml"
     shell:

@@ -1,50 +1,33 @@
-# Stage 1: obtain the policy's checkpoint: trained here (seeded, acceptance-tested), or derived without
-# training from another algorithm's checkpoint (CARRL from StdTrain; crop/registry.yaml says which).
+# Stage 1: obtain the policy's checkpoint from the source the config selects (crop/registry.yaml):
+# trained here (seeded, acceptance-tested), downloaded (sha256-pinned, mirror, lock file), or derived
+# without training from another algorithm's checkpoint (CARRL from StdTrain).
 
 
 rule checkpoint:
-    output:
-        model=CHECKPOINT,
-        record=CHECKPOINT_RECORD,
-    log:
-        f"{R}/logs/{{env}}/{{algo}}/checkpoint.log",
-    params:
-        settings=train_settings_arg,
-        seed=CFG["seed"],
-    threads: 1
-    resources:
-        mem_mb=1500,
-        runtime=60,
-    conda:
-        "../envs/crop.yaml"
-    shell:
-        "crop train --env {wildcards.env} --algo {wildcards.algo} --seed {params.seed} "
-        "--threads {threads} --settings {params.settings} --out {output.model} > {log} 2>&1"
-
-
-rule derive_checkpoint:
     input:
         unpack(base_checkpoint),
     output:
         model=CHECKPOINT,
         record=CHECKPOINT_RECORD,
     log:
-        f"{R}/logs/{{env}}/{{algo}}/derive.log",
+        f"{R}/logs/{{env}}/{{algo}}/checkpoint.log",
     params:
+        source=lambda w: env_cfg(w)["source"],
         settings=train_settings_arg,
+        base=lambda w, input: f"--base-checkpoint {shlex.quote(input.base)}" if "base" in input.keys() else "",
+        fetch=(
+            f"--lock {shlex.quote(CFG['checkpoints']['lock'])}"
+            + (f" --mirror {shlex.quote(CFG['checkpoints']['mirror'])}" if CFG["checkpoints"]["mirror"] else "")
+            + (f" --cache {shlex.quote(CFG['checkpoints']['cache'])}" if CFG["checkpoints"]["cache"] else "")
+        ),
         seed=CFG["seed"],
-    wildcard_constraints:
-        algo="|".join(map(re.escape, DERIVED)) or "(?!)",
     threads: 1
     resources:
         mem_mb=1500,
-        runtime=30,
+        runtime=checkpoint_runtime,
     conda:
         "../envs/crop.yaml"
     shell:
-        "crop derive --env {wildcards.env} --algo {wildcards.algo} --seed {params.seed} "
-        "--threads {threads} --settings {params.settings} --base-checkpoint {input.model} "
+        "crop checkpoint --env {wildcards.env} --algo {wildcards.algo} --source {params.source} "
+        "--seed {params.seed} --threads {threads} --settings {params.settings} {params.base} {params.fetch} "
         "--out {output.model} > {log} 2>&1"
-
-
-ruleorder: derive_checkpoint > checkpoint

@@ -7,6 +7,7 @@ import shlex
 from crop import layout
 from crop.config import ConfigError, sigma_label, targets, train_settings, validate_config
 from crop.registry import checkpoint_source
+from crop.report.provenance import config_hash
 
 try:
     CFG = validate_config(config, "config")
@@ -14,16 +15,43 @@ except ConfigError as exc:
     raise WorkflowError(str(exc))
 
 R = CFG["results"]
+
+# A run killed with SIGKILL leaves Snakemake's lock behind; clear it when its owner is provably gone, so
+# rerunning the same command resumes (a live run's lock still stops a second workflow).
+from crop.runlock import clear_stale_lock, record_owner
+
+_cleared = clear_stale_lock()
+if _cleared:
+    logger.warning(_cleared)
+
+
+onstart:
+    # Before any job: a read-only, unwritable or full results folder is one clear error.
+    from crop.io import OutputError, check_writable
+
+    record_owner()
+    try:
+        check_writable(R)
+    except OutputError as exc:
+        raise WorkflowError(exc.strerror)
+
+CONFIG_HASH = config_hash(CFG)  # recorded by the audit: which configuration the results came from
 ENVS = list(CFG["environments"])
-ALGOS = sorted({a for e in CFG["environments"].values() for a in e["algorithms"]})
-# ... and the algorithms whose checkpoints others are derived from (CARRL's StdTrain), even if not certified
+
+
+def policy_source(env, algo):
+    """The registry entry (with its ``kind``) that the environment's ``source`` setting selects."""
+    return checkpoint_source(env, algo, CFG["environments"][env]["source"])
+
+
+# The certified algorithms, and those whose checkpoints others are derived from (CARRL's StdTrain).
 ALGOS = sorted(
-    set(ALGOS)
+    {a for e in CFG["environments"].values() for a in e["algorithms"]}
     | {
-        checkpoint_source(e, a)["base"]
+        policy_source(e, a)["base"]
         for e, ec in CFG["environments"].items()
         for a in ec["algorithms"]
-        if checkpoint_source(e, a).get("source") == "derive"
+        if policy_source(e, a)["kind"] == "derive"
     }
 )
 SIGMAS = sorted({t[2] for t in targets(CFG)}, key=float)
@@ -50,6 +78,7 @@ def floats(xs):
 
 
 def run_file(name):
+    """A per-run result file; names in crop/layout.py."""
     return f"{R}/{{env}}/{{algo}}/sigma-{{sigma}}/{layout.RUN_FILES[name]}"
 
 
@@ -61,24 +90,27 @@ def meta_file(name):
 CHECKPOINT = f"{R}/{{env}}/{{algo}}/checkpoint/model.pt"
 CHECKPOINT_RECORD = f"{R}/{{env}}/{{algo}}/checkpoint/model.json"
 
-# Algorithms whose checkpoint is derived from another's (CARRL from StdTrain; crop/registry.yaml).
-DERIVED = sorted(
-    {
-        a
-        for e, ec in CFG["environments"].items()
-        for a in ec["algorithms"]
-        if checkpoint_source(e, a).get("source") == "derive"
-    }
-)
 
 
 def base_checkpoint(w):
-    """The checkpoint (and its record) that (env, algo) is derived from."""
-    base = checkpoint_source(w.env, w.algo)["base"]
+    """The checkpoint that (env, algo) is derived from (CARRL: StdTrain's), or nothing."""
+    src = policy_source(w.env, w.algo)
+    if src["kind"] != "derive":
+        return {}
     return {
-        "model": f"{R}/{w.env}/{base}/checkpoint/model.pt",
-        "record": f"{R}/{w.env}/{base}/checkpoint/model.json",
+        "base": f"{R}/{w.env}/{src['base']}/checkpoint/model.pt",
+        "base_record": f"{R}/{w.env}/{src['base']}/checkpoint/model.json",
     }
+
+
+def checkpoint_runtime(w):
+    """Minutes a checkpoint job may take (SLURM): downloads and derivations are short; training is budgeted
+    per environment step (CPU: CartPole ≈ 1,500 steps/s, highway ≈ 40/s, Atari ≈ 100/s on a GPU)."""
+    kind = policy_source(w.env, w.algo)["kind"]
+    if kind != "train":
+        return 30
+    steps_per_s = {"CartPole-v0": 500, "highway-fast-v0": 20}.get(w.env, 50)
+    return 30 + int(env_cfg(w)["train"]["total_steps"] / steps_per_s / 60 * 2)
 
 
 def train_settings_arg(w):
@@ -98,22 +130,114 @@ FIGURES = f"{R}/figures"
 TABLES = f"{R}/tables"
 
 
-def figure_outputs(fmt):
-    return [
-        str(p)
-        for env, ec in CFG["environments"].items()
-        for p in layout.figure_files(FIGURES, env, [sigma_label(s) for s in ec["sigmas"]])
-        if p.suffix == f".{fmt}"
-    ]
+def plan():
+    """{env: (algorithms, σ labels)} of the config: what the aggregate rule draws and tabulates."""
+    return {env: (ec["algorithms"], [sigma_label(s) for s in ec["sigmas"]]) for env, ec in CFG["environments"].items()}
 
 
-def table_outputs():
-    return [str(p) for env in CFG["environments"] for p in layout.table_files(TABLES, env)]
+def figure_outputs(fmt, family=None):
+    """Figure files the aggregate rule writes in format ``fmt`` (of one family of crop.layout, or all)."""
+    out = []
+    for env, (algos, labels) in plan().items():
+        for fam, stems in layout.figure_families(env, labels, algos).items():
+            if family in (None, fam):
+                out += [f"{FIGURES}/{stem}.{fmt}" for stem in stems]
+    if family in (None, "legend"):
+        out += [f"{FIGURES}/{stem}.{fmt}" for stem in layout.GLOBAL_FIGURES]
+    return out
+
+
+def table_outputs(fmt=None):
+    return [str(p) for env in CFG["environments"] for p in layout.table_files(TABLES, env)
+            if fmt is None or p.suffix == f".{fmt}"]
+
+
+def aggregate_inputs():
+    """Every run's result files (frames.npz among them: the Pong periodic-pattern figure's frames)."""
+    return all_run_files()
 
 
 def aggregate_outputs():
     return figure_outputs("png") + figure_outputs("pdf") + table_outputs()
 
 
+def checkpoint_records():
+    return sorted({f"{R}/{env}/{algo}/checkpoint/model.json" for env, algo, _ in targets(CFG)})
+
+
+def audit_extra_inputs():
+    """The reference table and tolerances file named in the config (the audit reruns when they change)."""
+    return [CFG["audit"][k] for k in ("reference", "tolerances") if CFG["audit"].get(k)]
+
+
+def audit_options():
+    a = CFG["audit"]
+    opts = [f"--alpha {a['alpha']}"]
+    if a.get("reference"):
+        opts.append(f"--reference {shlex.quote(a['reference'])}")
+    if a.get("tolerances"):
+        opts.append(f"--tolerances {shlex.quote(a['tolerances'])}")
+    if a.get("strict"):
+        opts.append("--strict")
+    return " ".join(opts)
+
+
+def caption_settings():
+    """Per environment, the settings the report captions quote (as text; read with .get so a renamed key
+    shows as '?' instead of breaking the report)."""
+
+    def g(d, *keys):
+        for k in keys:
+            d = d.get(k, {}) if isinstance(d, dict) else {}
+        return "?" if d == {} or d is None else d
+
+    def eps(xs):
+        return "?" if xs == "?" else ", ".join(f"{x:g}" for x in xs)
+
+    out = {}
+    for env, ec in CFG["environments"].items():
+        out[env] = {
+            "algorithms": ", ".join(ec["algorithms"]),
+            "sigmas": ", ".join(sigma_label(x) for x in ec["sigmas"]),
+            "loact": (f"m = {g(ec, 'loact', 'm')} noise samples per state, {g(ec, 'loact', 'episodes')} clean "
+                      f"episodes of at most {g(ec, 'loact', 'horizon')} steps"),
+            "gre": (f"m = {g(ec, 'gre', 'm')} randomized trajectories of H = {g(ec, 'gre', 'horizon')} steps, "
+                    f"γ = {g(ec, 'gre', 'gamma')}, ε/σ ∈ {{{eps(g(ec, 'gre', 'eps_factors'))}}}"),
+            "lore": (f"m = {g(ec, 'lore', 'm')} noise samples per state, horizon H = {g(ec, 'lore', 'horizon')}, "
+                     f"γ = {g(ec, 'lore', 'gamma')}"),
+            "attack": (f"{g(ec, 'attack', 'pgd_steps')}-step ℓ2 PGD; global: {g(ec, 'attack', 'global_episodes')} "
+                       f"episodes, ε/σ ∈ {{{eps(g(ec, 'attack', 'global_eps_factors'))}}}; local (from LoRe's "
+                       f"initial state and others): {g(ec, 'attack', 'local_episodes')} episodes, ε/σ ∈ "
+                       f"{{{eps(g(ec, 'attack', 'local_eps_factors'))}}}"),
+        }
+    return out
+
+
 def audit_outputs():
     return [f"{R}/audit/audit.md", f"{R}/audit/audit.json"]
+
+
+# GPUs a certification or attack job asks for, as Snakemake's standard resource `gpu` (the SLURM plugin
+# turns gpu=1 into `sbatch --gpus=1`): one wherever the config lets the job use CUDA.  A local run does
+# not wait for it unless given `--resources gpu=N`, and `device: auto` runs on the CPU without a GPU.
+GPUS = 0 if CFG["device"] == "cpu" else 1
+
+
+# Memory of a GRe job (MB): the process (measured ≤ 350 MB), about 100 MB per worker process (threads),
+# and one block of environment copies (gre.batch), measured at 2.6 MB per Atari and 0.45 MB per highway
+# environment (CartPole steps all m in numpy arrays), with 2× headroom: about 6 GB for an Atari block of
+# 1,000.
+GRE_MB_PER_ENV = {"CartPole-v0": 0.0, "highway-fast-v0": 0.45, "PongNoFrameskip-v4": 2.6,
+                  "FreewayNoFrameskip-v4": 2.6}
+
+
+def gre_batch(wildcards):
+    """GRe's block of trajectories stepped together (config gre.batch; null = all for CartPole, else 1000)."""
+    g = env_cfg(wildcards)["gre"]
+    if g["batch"] is not None:
+        return min(g["batch"], g["m"])
+    return g["m"] if wildcards.env == "CartPole-v0" else min(g["m"], 1000)
+
+
+def gre_mem_mb(wildcards, threads):
+    return int(2 * (350 + 100 * threads + GRE_MB_PER_ENV[wildcards.env] * gre_batch(wildcards)))

@@ -20,12 +20,13 @@ rule gre:
             f"--m {env_cfg(w)['gre']['m']} --horizon {env_cfg(w)['gre']['horizon']} "
             f"--gamma {env_cfg(w)['gre']['gamma']} --alpha {CFG['alpha']} "
             f"--percentiles {floats(env_cfg(w)['gre']['percentiles'])} "
-            f"--eps-factors {floats(env_cfg(w)['gre']['eps_factors'])}"
+            f"--eps-factors {floats(env_cfg(w)['gre']['eps_factors'])} --batch {gre_batch(w)}"
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=2000,
-        runtime=120,
+        gpu=GPUS,
+        mem_mb=gre_mem_mb,
+        runtime=10,
     conda:
         "../envs/crop.yaml"
     shell:

@@ -10,9 +10,11 @@ rule loact:
         steps=run_file("loact"),
         episodes=run_file("loact_episodes"),
         ratio=run_file("certified_ratio"),
+        frames=run_file("frames"),
         meta=meta_file("loact"),
         episodes_meta=meta_file("loact_episodes"),
         ratio_meta=meta_file("certified_ratio"),
+        frames_meta=meta_file("frames"),
     log:
         f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/loact.log",
     benchmark:
@@ -21,15 +23,18 @@ rule loact:
         common=common_args,
         stage=lambda w: (
             f"--m {env_cfg(w)['loact']['m']} --episodes {env_cfg(w)['loact']['episodes']} "
-            f"--horizon {env_cfg(w)['loact']['horizon']} --alpha {CFG['alpha']} --bound {CFG['bound']}"
+            f"--horizon {env_cfg(w)['loact']['horizon']} --alpha {CFG['alpha']} --bound {CFG['bound']} "
+            f"--frames-window {' '.join(map(str, env_cfg(w)['loact']['frames']))} "
+            f"--alpha-mode {CFG['alpha_mode']}"
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=1500,
-        runtime=120,
+        gpu=GPUS,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:
         "crop loact {params.common} --threads {threads} --checkpoint {input.model} --qrange {input.qrange} "
         "{params.stage} --out {output.steps} --out-episodes {output.episodes} --out-ratio {output.ratio} "
-        "> {log} 2>&1"
+        "--out-frames {output.frames} > {log} 2>&1"

@@ -17,7 +17,8 @@ rule lore:
         common=common_args,
         stage=lambda w: (
             f"--m {env_cfg(w)['lore']['m']} --horizon {env_cfg(w)['lore']['horizon']} "
-            f"--gamma {env_cfg(w)['lore']['gamma']} --alpha {CFG['alpha']} --bound {CFG['bound']}"
+            f"--gamma {env_cfg(w)['lore']['gamma']} --alpha {CFG['alpha']} --bound {CFG['bound']} "
+            f"--alpha-mode {CFG['alpha_mode']}"
             + (
                 f" --eps-max-factor {env_cfg(w)['lore']['eps_max_factor']}"
                 if env_cfg(w)["lore"]["eps_max_factor"] is not None
@@ -26,8 +27,9 @@ rule lore:
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=2000,
-        runtime=240,
+        gpu=GPUS,
+        mem_mb=1000,
+        runtime=15,
     conda:
         "../envs/crop.yaml"
     shell:

@@ -19,8 +19,9 @@ rule qrange:
         ),
     threads: CFG["threads"]
     resources:
-        mem_mb=1500,
-        runtime=30,
+        gpu=GPUS,
+        mem_mb=1000,
+        runtime=10,
     conda:
         "../envs/crop.yaml"
     shell:

@@ -73,3 +73,52 @@ def test_spec_and_unknown_env():
     assert s.n_actions == 2 and s.return_range(200) == (0.0, 200.0) and s.nonnegative_rewards
     with pytest.raises(UnknownEnvError, match="unknown environment 'Nope-v0'"):
         env_spec("Nope-v0")
+
+
+@pytest.mark.parametrize("env_id,profile,shape,n", [
+    ("PongNoFrameskip-v4", "cleanrl", (4, 84, 84), 6),
+    ("PongNoFrameskip-v4", "sa_dqn_pong", (1, 84, 84), 4),
+    ("PongNoFrameskip-v4", "radial", (1, 80, 80), 6),
+    ("FreewayNoFrameskip-v4", "sa_dqn_freeway", (1, 84, 84), 3),
+    ("FreewayNoFrameskip-v4", "cleanrl", (4, 84, 84), 3),
+])
+def test_atari_profiles_and_faithful_snapshots(env_id, profile, shape, n):
+    env = make_env(env_id, profile)
+    obs, _ = env.reset(seed=2)
+    assert obs.shape == shape and obs.dtype == np.float32 and 0 <= obs.min() and obs.max() <= 1
+    assert env.action_space.n == n
+    rng = np.random.default_rng(1)
+    for a in rng.integers(0, n, 40):
+        env.step(int(a))
+    snap = snapshot(env)
+    actions = [int(a) for a in rng.integers(0, n, 60)]
+    first = _play(env, actions)
+    _play(env, [0] * 25)                       # wander off, then come back
+    assert _play(restore(env, snap), actions) == first
+    assert _play(restore(env, snap), actions) == first
+
+
+def test_deepcopy_of_atari_is_not_a_snapshot():
+    """The fact our snapshot exists for: deepcopy restarts the emulator."""
+    import copy
+
+    env = make_env("PongNoFrameskip-v4", "cleanrl")
+    env.reset(seed=0)
+    for _ in range(80):
+        env.step(2)
+    clone = copy.deepcopy(env)
+    assert not np.array_equal(env.step(0)[0], clone.step(0)[0])
+
+
+def test_sa_dqn_frames_are_transposed_like_the_original():
+    """SA-DQN feeds np.swapaxes(obs, 2, 0): rows of our observation are the frame's columns."""
+    env = make_env("PongNoFrameskip-v4", "sa_dqn_pong")
+    obs, _ = env.reset(seed=0)
+    import cv2
+
+    frame = env.unwrapped.ale.getScreenRGB()
+    g = cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY)
+    g = np.concatenate((np.zeros((210, 4), g.dtype), g, np.zeros((210, 4), g.dtype)), axis=1)[21 + 10:189 + 10]
+    expected = cv2.resize(g, (84, 84), interpolation=cv2.INTER_AREA).T / 255.0
+    # the observation max-pools the last two frames; the last frame alone is close, and its transpose is not
+    assert np.abs(obs[0] - expected).mean() < np.abs(obs[0] - expected.T).mean()

@@ -45,11 +45,13 @@ class CachedSmoother(SmoothedQ):
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.cache = {}
+        self.alphas = []  # the per-state α of every fresh estimate, in order
 
-    def estimate(self, obs, index=None):
+    def estimate(self, obs, index=None, alpha=None):
         key = np.asarray(obs, np.float32).tobytes()
         if key not in self.cache:
-            self.cache[key] = super().estimate(obs, index)
+            self.cache[key] = super().estimate(obs, index, alpha=alpha)
+            self.alphas.append(self.cache[key].alpha)
         return self.cache[key]
 
 
@@ -122,3 +124,31 @@ def test_lore_on_cartpole_equals_brute_force(mlp_factory):
     assert len(table) >= 3, "the pole must be able to fall within the horizon for the test to bite"
     for eps in sorted({0.0, *table["eps"], *(table["eps"] + 1e-9), 1.0}):
         assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, horizon, eps, seed=3)), eps
+
+
+def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
+    """alpha_mode family: the i-th distinct state smoothed gets α·6/(π² i²); the outputs report what was
+    spent, and the tree's joint confidence is ≥ 1 − α however many states were smoothed.  The search itself
+    is still exact for the certificates it drew (brute force)."""
+    from crop import stats
+
+    horizon, alpha = 6, 0.05
+    net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
+    sm = CachedSmoother(net, 0.3, 2000, -6.0, 6.0, alpha, 3, seed=0)
+    make = lambda: ToyWalk()  # noqa: E731
+    table, info = run_lore("toy", sm, horizon, 0, make=make, progress=False,
+                           alpha_of=lambda i: stats.lore_state_alpha(alpha, "family", i))
+    n = info["distinct_states_smoothed"]
+    schedule = [alpha * 6 / (math.pi ** 2 * i * i) for i in range(1, n + 1)]
+    assert n > 3 and sm.alphas == pytest.approx(schedule)
+    assert info["alpha_spent"] == pytest.approx(sum(schedule)) and info["alpha_spent"] <= alpha
+    assert info["confidence_tree"] == pytest.approx(1 - sum(schedule)) and info["confidence_tree"] >= 1 - alpha
+    assert info["per_state_alpha_first"] == pytest.approx(schedule[0])
+    assert info["per_state_alpha_last"] == pytest.approx(schedule[-1])
+    for eps in (0.0, 0.05, 0.2, 10.0):
+        assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, horizon, eps)), eps
+    # state mode (the paper): every state at α, the union bound over N states
+    sm2 = CachedSmoother(net, 0.3, 2000, -6.0, 6.0, alpha, 3, seed=0)
+    _, info2 = run_lore("toy", sm2, horizon, 0, make=make, progress=False)
+    assert set(sm2.alphas) == {alpha} and info2["per_state_alpha"] == alpha
+    assert info2["confidence_tree"] == pytest.approx(max(0.0, 1 - alpha * info2["distinct_states_smoothed"]))

@@ -5,7 +5,7 @@ import torch
 
 from crop.attack import pgd_l2
 from crop.loact import certify_state
-from crop.smoothing import NonFiniteQError, SmoothedQ
+from crop.smoothing import BOUNDS, NonFiniteQError, SmoothedQ
 
 
 def test_fresh_noise_for_every_state_and_reproducible_by_seed(mlp_factory):
@@ -27,9 +27,10 @@ def test_chunking_does_not_change_the_estimate(mlp_factory):
     np.testing.assert_allclose(ests[0].mean, ests[1].mean, rtol=1e-6)
 
 
-def test_clipping_to_the_q_range(mlp_factory):
+@pytest.mark.parametrize("bound", sorted(BOUNDS))
+def test_clipping_to_the_q_range(mlp_factory, bound):
     net = mlp_factory(seed=4, scale=30.0)
-    e = SmoothedQ(net, 1.0, 1000, -0.5, 0.5, 0.05, 2, seed=0).estimate(np.ones(4, np.float32))
+    e = SmoothedQ(net, 1.0, 1000, -0.5, 0.5, 0.05, 2, bound=bound, seed=0).estimate(np.ones(4, np.float32))
     assert np.all(e.mean >= -0.5) and np.all(e.mean <= 0.5)
     assert np.all(e.lower >= -0.5) and np.all(e.upper <= 0.5)
 
@@ -56,41 +57,70 @@ def test_bad_parameters_are_refused(mlp_factory, bad):
         SmoothedQ(mlp_factory(), n_actions=2, **kw)
 
 
+def _margins(net, s, deltas, action, sigma, generator, n=4096):
+    """Smoothed margin (best other action minus ``action``) at s + δ for every δ, on a fresh noise bank."""
+    with torch.no_grad():
+        fresh = torch.randn(n, s.numel(), generator=generator) * sigma
+        q = torch.stack([net(s + d + fresh).mean(0) for d in deltas])
+        others = q.clone()
+        others[:, action] = -1e9
+        return others.max(1).values - q[:, action]
+
+
+def _project(perturbation, radius):
+    """Scale each row into the closed ℓ2 ball of its radius."""
+    norm = perturbation.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return perturbation * torch.clamp(radius.reshape(-1, 1) / norm, max=1.0)
+
+
 def test_radius_cannot_be_beaten_by_pgd(mlp_factory):
-    """Soundness of Theorem 1: PGD with restarts at 0.99 × the certified radius never changes the smoothed
-    action, judged with 40× more samples than the certificate used."""
+    """Soundness of Theorem 1 with every bound: PGD with 16 restarts at 0.99 × the certified radius never
+    changes the smoothed action, judged (for the 2 restarts per bound that a fresh noise bank rates most
+    adversarial) with 40× more samples than the certificate used.  All bounds of a state share one batched
+    attack (the action is the same for every bound: same noise, same means)."""
     torch.manual_seed(0)
-    sigma, certified = 0.5, 0
+    gen = torch.Generator().manual_seed(0)
+    sigma, restarts = 0.5, 16
+    certified = {b: 0 for b in BOUNDS}
     for net_seed in range(3):
         net = mlp_factory(n_in=2, n_out=3, hidden=(16, 16), seed=net_seed, scale=2.0)
         states = np.random.default_rng(net_seed).normal(size=(8, 2)).astype(np.float32)
         with torch.no_grad():  # V range from independent noise, as the qrange stage does
             q = net(torch.as_tensor(states).repeat(1000, 1) + sigma * torch.randn(8000, 2))
         lo, hi = float(q.min()), float(q.max())
-        cert_sm = SmoothedQ(net, sigma, 10000, lo, hi, 0.05, 3, seed=net_seed)
+        smoothers = {b: SmoothedQ(net, sigma, 10000, lo, hi, 0.05, 3, bound=b, seed=net_seed) for b in BOUNDS}
         judge = SmoothedQ(net, sigma, 400000, lo, hi, 0.05, 3, seed=100 + net_seed, chunk=100000)
         for s in states:
-            c = certify_state(cert_sm, s)
-            if not c.certified:
+            certs = {b: certify_state(sm, s) for b, sm in smoothers.items()}
+            certs = {b: c for b, c in certs.items() if c.certified}
+            if not certs:
                 continue
-            certified += 1
+            action = {c.action for c in certs.values()}
+            assert len(action) == 1, "the smoothed action must not depend on the bound"
+            action = action.pop()
+            names = list(certs)
+            for b in names:
+                certified[b] += 1
+            radius = torch.tensor([0.99 * certs[b].radius for b in names]).repeat_interleave(restarts)
+            s_t = torch.as_tensor(s)
+            x = s_t.repeat(len(radius), 1) + 1e-3 * torch.randn(len(radius), 2)  # restarts
             bank = torch.randn(512, 2) * sigma
-            x = torch.as_tensor(s).unsqueeze(0).repeat(16, 1)
-            x = x + 1e-3 * torch.randn_like(x)  # restarts
 
             def loss(z):
                 q = net((z.unsqueeze(1) + bank).flatten(0, 1)).reshape(len(z), 512, 3).mean(1)
                 others = q.clone()
-                others[:, c.action] = -1e9
-                return others.max(1).values - q[:, c.action]
+                others[:, action] = -1e9
+                return others.max(1).values - q[:, action]
 
-            eps = torch.full((16,), 0.99 * c.radius)
-            delta = pgd_l2(loss, x, eps, steps=30)
-            assert torch.all(delta.norm(dim=1) <= 0.99 * c.radius * (1 + 1e-5))
-            for d in delta:
-                a = judge.estimate((torch.as_tensor(s) + d).numpy()).action
-                assert a == c.action, f"action changed inside the certified radius {c.radius}"
-    assert certified >= 5, "too few certified states for the test to mean anything"
+            delta = pgd_l2(loss, x, radius, steps=30)
+            adv = _project(x + delta - s_t, radius)  # the whole perturbation, restart offset included
+            assert torch.all(adv.norm(dim=1) <= radius * (1 + 1e-5))
+            margin = _margins(net, s_t, adv, action, sigma, gen).reshape(len(names), restarts)
+            for j, b in enumerate(names):
+                for i in torch.topk(margin[j], 2).indices:
+                    a = judge.estimate((s_t + adv[j * restarts + i]).numpy()).action
+                    assert a == action, f"{b}: action changed inside the certified radius {certs[b].radius}"
+    assert all(n >= 5 for n in certified.values()), f"too few certified states for the test to bite: {certified}"
 
 
 class _HalfSpaces(torch.nn.Module):
@@ -108,27 +138,68 @@ class _HalfSpaces(torch.nn.Module):
 
 
 def test_nearly_tight_radius_is_not_beaten_and_is_close_to_the_boundary():
+    """For every bound: the radius lies below the true distance to the smoothed decision boundary (and not
+    far below it), and PGD at 0.99 × the radius fails while PGD at 1.25 × the distance succeeds."""
     sigma = 0.5
     net = _HalfSpaces([[1.0, 0.0], [-1.0, 0.0]], [0.0, 0.0])
-    sm = SmoothedQ(net, sigma, 10000, 0.0, 1.0, 0.05, 2, seed=1)
     judge = SmoothedQ(net, sigma, 400000, 0.0, 1.0, 0.05, 2, seed=2, chunk=100000)
     bank = torch.randn(4096, 2) * sigma
+    gen = torch.Generator().manual_seed(3)
+
+    def loss(z):
+        q = net((z.unsqueeze(1) + bank).flatten(0, 1)).reshape(len(z), -1, 2).mean(1)
+        return q[:, 1] - q[:, 0]
+
     for x1 in (0.2, 0.4, 0.8):
         s = np.array([x1, 0.3], np.float32)
-        c = certify_state(sm, s)
-        assert c.certified and c.action == 0
-        # The smoothed decision boundary is x₁ = 0: the radius is below the distance, and not far below.
-        assert 0.8 * x1 < c.radius < x1
+        s_t = torch.as_tensor(s)
+        x = s_t.repeat(8, 1) + 1e-3 * torch.randn(8, 2)
+        for b in BOUNDS:
+            c = certify_state(SmoothedQ(net, sigma, 10000, 0.0, 1.0, 0.05, 2, bound=b, seed=1), s)
+            assert c.certified and c.action == 0, b
+            # The smoothed decision boundary is x₁ = 0: the radius is below the distance, and not far below.
+            assert 0.8 * x1 < c.radius < x1, (b, x1, c.radius)
+            radius = torch.full((8,), 0.99 * c.radius)
+            adv = _project(x + pgd_l2(loss, x, radius, steps=40) - s_t, radius)
+            for i in torch.topk(_margins(net, s_t, adv, 0, sigma, gen), 3).indices:
+                a = judge.estimate((s_t + adv[i]).numpy()).action
+                assert a == 0, f"{b}: action changed inside the certified radius at x1={x1}"
+        # beyond the true boundary the attack must succeed: the test can fail
+        delta = pgd_l2(loss, x, torch.full((8,), 1.25 * x1), steps=40)
+        assert 1 in {judge.estimate((torch.as_tensor(s) + d).numpy()).action for d in delta}
 
-        def loss(z):
-            q = net((z.unsqueeze(1) + bank).flatten(0, 1)).reshape(len(z), -1, 2).mean(1)
-            return q[:, 1] - q[:, 0]
 
-        x = torch.as_tensor(s).repeat(8, 1) + 1e-3 * torch.randn(8, 2)
-        for factor, must_hold in ((0.99, True), (1.25, False)):
-            delta = pgd_l2(loss, x, torch.full((8,), factor * x1 if not must_hold else factor * c.radius), steps=40)
-            acts = {judge.estimate((torch.as_tensor(s) + d).numpy()).action for d in delta}
-            if must_hold:
-                assert acts == {0}, f"action changed inside the certified radius at x1={x1}"
-            else:  # beyond the true boundary the attack must succeed: the test can fail
-                assert 1 in acts
+def test_every_bound_is_offered_by_the_cli_and_the_schema():
+    from crop.cli import BOUND_NAMES
+    from crop.config import load_schema
+
+    assert sorted(BOUND_NAMES) == sorted(BOUNDS)
+    assert sorted(load_schema()["properties"]["bound"]["enum"]) == sorted(BOUNDS)
+    assert load_schema()["properties"]["bound"]["default"] == "hoeffding"
+    assert load_schema()["properties"]["alpha_mode"]["default"] == "state"
+
+
+def test_the_bound_never_changes_the_noise_or_the_action(mlp_factory):
+    """Every bound sees the same noise stream (clopper_pearson rounds with its own generator), so the
+    means — and the smoothed policy's action — do not depend on the choice of bound."""
+    net = mlp_factory(n_in=4, n_out=3, seed=6)
+    x = np.full(4, 0.2, np.float32)
+    ests = {b: SmoothedQ(net, 0.3, 2000, -5, 5, 0.05, 3, bound=b, seed=4).estimate(x) for b in BOUNDS}
+    for b, e in ests.items():
+        np.testing.assert_array_equal(e.mean, ests["hoeffding"].mean)
+        assert e.bound == b
+    cp = [SmoothedQ(net, 0.3, 2000, -5, 5, 0.05, 3, bound="clopper_pearson", seed=4).estimate(x) for _ in range(2)]
+    np.testing.assert_array_equal(cp[0].lower, cp[1].lower)  # the rounding is seeded
+
+
+@pytest.mark.parametrize("bound", sorted(BOUNDS))
+def test_per_call_alpha_overrides_the_smoothers_alpha(mlp_factory, bound):
+    net = mlp_factory(n_in=4, n_out=2, seed=7)
+    x = np.zeros(4, np.float32)
+    wide = SmoothedQ(net, 0.3, 3000, -5, 5, 0.05, 2, bound=bound, seed=1).estimate(x, alpha=1e-6)
+    base = SmoothedQ(net, 0.3, 3000, -5, 5, 0.05, 2, bound=bound, seed=1).estimate(x)
+    assert wide.alpha == 1e-6 and base.alpha == 0.05
+    np.testing.assert_array_equal(wide.mean, base.mean)
+    if bound != "clopper_pearson":  # (randomised rounding differs draw by draw; its width still grows)
+        assert np.all(wide.lower <= base.lower) and np.all(wide.upper >= base.upper)
+    assert np.all(wide.upper - wide.lower > base.upper - base.lower)

@@ -320,8 +320,8 @@ def test_cli_derive_builds_carrl_from_stdtrain(tmp_path):
     base, net = _fake_stdtrain(tmp_path)
     out = tmp_path / "CARRL" / "model.pt"
     main(["derive", "--env", "CartPole-v0", "--algo", "CARRL", "--base-checkpoint", str(base),
-          "--settings", json.dumps({"eval_episodes": 3, "target_return": None,
-                                    "recipes": {"CARRL": {"eps": 0.05}}}), "--out", str(out)])
+          "--settings", json.dumps({"eval_episodes": 3, "recipes": {"CARRL": {"eps": 0.05}}}),
+          "--target-return", "none", "--out", str(out)])
     rec = json.loads(out.with_suffix(".json").read_text())
     assert rec["net_spec"]["arch"] == "carrl" and rec["net_spec"]["eps"] == 0.05   # the config overrides
     assert rec["net_spec"]["base"] == SPEC and rec["source"] == "derive"
@@ -335,6 +335,12 @@ def test_cli_derive_builds_carrl_from_stdtrain(tmp_path):
           "--eval-episodes", "2", "--target-return", "1e9", "--out", str(out)])
     rec = json.loads(out.with_suffix(".json").read_text())
     assert rec["clean_greedy_return"]["meets_target_return"] is False and rec["net_spec"]["eps"] == 0.1
+    # The config's null target_return is the environment's threshold (CartPole-v0: 195).
+    main(["derive", "--env", "CartPole-v0", "--algo", "CARRL", "--base-checkpoint", str(base),
+          "--settings", json.dumps({"eval_episodes": 2, "target_return": None}), "--out", str(out)])
+    rec = json.loads(out.with_suffix(".json").read_text())
+    assert rec["clean_greedy_return"]["meets_target_return"] is (rec["clean_greedy_return"]["mean"] >= 195)
+    assert rec["provenance"]["settings"]["settings"] is not None
 
 
 def test_cli_derive_refuses_the_wrong_base(tmp_path, capsys):
@@ -355,7 +361,9 @@ def test_registry_lists_a_recipe_for_every_local_policy():
     from crop.registry import registry
 
     for env, algos in registry()["policies"].items():
-        for algo, entry in algos.items():
-            if entry["source"] in ("train", "derive"):
-                assert RECIPES[entry["recipe"]].kind == entry["source"], (env, algo)
+        for algo, entries in algos.items():
+            for kind in ("train", "derive"):
+                if kind in entries:
+                    assert RECIPES[entries[kind]["recipe"]].kind == kind, (env, algo)
     assert set(registry()["policies"]["CartPole-v0"]) == set(ALGORITHMS)
+    assert set(registry()["policies"]["highway-fast-v0"]) == set(ALGORITHMS)

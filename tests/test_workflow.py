@@ -13,6 +13,7 @@ import yaml
 from crop import layout
 from crop.config import load_config, sigma_label
 from crop.lore import lore_bound_at
+from crop.report.provenance import config_hash
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
@@ -35,9 +36,12 @@ def smoke_run(tmp_path_factory):
 @pytest.mark.slow
 def test_every_output_exists_and_is_sane(smoke_run):
     results, cfg, _ = smoke_run
+    plan = {env: (ec["algorithms"], [sigma_label(s) for s in ec["sigmas"]]) for env, ec in cfg["environments"].items()}
+    declared = set(layout.aggregate_files(results / "figures", results / "tables", plan))
+    assert {p for d in ("figures", "tables") for p in (results / d).iterdir()} == declared  # nothing undeclared
     for env, ec in cfg["environments"].items():
         labels = [sigma_label(s) for s in ec["sigmas"]]
-        for f in layout.figure_files(results / "figures", env, labels):
+        for f in layout.figure_files(results / "figures", env, labels, ec["algorithms"]):
             assert f.stat().st_size > 1000, f
         for f in layout.table_files(results / "tables", env):
             if f.suffix == ".csv":
@@ -70,6 +74,9 @@ def test_every_output_exists_and_is_sane(smoke_run):
                 assert len(pd.read_csv(d / "gre_returns.csv")) == ec["gre"]["m"]
     audit = json.loads((results / "audit" / "audit.json").read_text())
     assert audit["checked"] > 0 and audit["integrity_problems"] == 0
+    # The workflow passes the hash of the validated config; every run's checkpoint record is found.
+    assert audit["config_hash"] == config_hash(cfg)
+    assert all(p["checkpoint_source"] == "train" and p["checkpoint"]["file_verified"] for p in audit["provenance"])
 
 
 @pytest.mark.slow
@@ -102,6 +109,78 @@ def test_rerun_has_nothing_to_do(smoke_run):
     _, _, work = smoke_run
     p = snakemake("-n", "--cores", "1", "--configfile", str(SMOKE), cwd=work)
     assert p.returncode == 0 and "Nothing to be done" in p.stdout + p.stderr
+
+
+def _report_results(html: str) -> dict:
+    """The ``results`` object a Snakemake HTML report embeds: {path: {caption, mime_type, …}}."""
+    i = html.index("var results = {") + len("var results = ")
+    return json.JSONDecoder().raw_decode(html[i:])[0]
+
+
+@pytest.mark.slow
+def test_snakemake_report(smoke_run):
+    results, cfg, work = smoke_run
+    p = snakemake("--configfile", str(SMOKE), "--report", "report.html", cwd=work)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    html = (work / "report.html").read_text()
+    entries = _report_results(html)
+    rel = results.relative_to(work)
+    pngs = sorted(f"{rel}/figures/{f.name}" for f in (results / "figures").glob("*.png"))
+    csvs = sorted(f"{rel}/tables/{f.name}" for f in (results / "tables").glob("*.csv"))
+    assert set(pngs + csvs + [f"{rel}/audit/audit.md"]) == set(entries)
+    sigmas = ", ".join(sigma_label(s) for s in cfg["environments"]["CartPole-v0"]["sigmas"])
+    for path, e in entries.items():
+        cap = e["caption"]
+        assert len(cap) > 200, path
+        name = path.rsplit("/", 1)[1]
+        if "legend" not in name and "audit" not in name:
+            assert "Theorem" in cap, path  # which theorem
+        if name.endswith(".png") and "legend" not in name:
+            assert f"σ ∈ {{{sigmas}}}" in cap and "CartPole-v0" in cap, path  # which settings
+    assert "m = 1000 noise samples per state" in entries[f"{rel}/figures/CartPole_stepwise.png"]["caption"]
+    assert config_hash(cfg) in entries[f"{rel}/audit/audit.md"]["caption"]
+    assert "CROP certification workflow" in html and "runtimes_spec" in html
+
+
+@pytest.mark.slow
+def test_standalone_audit_against_a_reference(smoke_run, tmp_path):
+    """`crop audit RESULTS --reference FILE` on the smoke run: values taken from its own tables match, a
+    planted mismatch differs, and --strict fails on it."""
+    results, cfg, _ = smoke_run
+    mr = pd.read_csv(results / "tables" / "CartPole_mean_radius.csv").set_index("algo")
+    rb = pd.read_csv(results / "tables" / "CartPole_reward_bounds.csv")
+    rows = [{"env": "CartPole-v0", "algo": "StdTrain", "sigma": float(c.split("=")[1]), "metric": "mean_radius",
+             "eps": None, "value": mr.loc["StdTrain", c]} for c in mr.columns]
+    r0 = rb.iloc[0]
+    rows.append({"env": "CartPole-v0", "algo": r0["algo"], "sigma": r0["sigma"], "metric": "expectation_bound",
+                 "eps": r0["eps"], "value": r0["expectation_bound"] + 25.0})  # planted mismatch
+    ref = tmp_path / "ref.csv"
+    pd.DataFrame(rows).to_csv(ref, index=False)
+    args = [sys.executable, "-m", "crop.cli", "audit", str(results), "--reference", str(ref), "--out-dir",
+            str(tmp_path / "audit")]
+    p = subprocess.run(args + ["--strict"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    rep = json.loads((tmp_path / "audit" / "audit.json").read_text())
+    assert rep["reference"]["counts"] == {"match": len(rows) - 1, "differs": 1, "missing": 0}
+    assert rep["violations"] == 0 and rep["mismatches"] == 1 and "differs: CartPole-v0/StdTrain" in p.stdout
+    assert subprocess.run(args, capture_output=True, text=True, timeout=300).returncode == 0
+
+
+def test_audit_rule_takes_the_config_audit_block(tmp_path):
+    """audit.reference / strict / alpha reach `crop audit`, with the hash of the validated config; the
+    reference is an input of the rule (a missing one stops the workflow before it runs)."""
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["audit"] = {"reference": "ref.csv", "strict": True, "alpha": 0.01}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    p = snakemake("-n", "-p", "--configfile", str(tmp_path / "c.yaml"), cwd=tmp_path)
+    assert p.returncode != 0 and "ref.csv" in p.stdout + p.stderr
+    (tmp_path / "ref.csv").write_text("env,algo,sigma,metric,eps,value\n")
+    p = snakemake("-n", "-p", "--configfile", str(tmp_path / "c.yaml"), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    cmd = next(line for line in p.stdout.splitlines() if line.lstrip().startswith("crop audit")
+               or "Shell command: crop audit" in line)
+    h = config_hash(load_config(tmp_path / "c.yaml"))
+    assert f"--config-hash {h}" in cmd and "--alpha 0.01 --reference ref.csv --strict" in cmd
 
 
 def test_lint_is_clean(tmp_path):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EnvSpec", "ENV_SPECS", "env_spec", "make_env", "make_vec_env", "snapshot", "restore",
+__all__ = ["EnvSpec", "ENV_SPECS", "env_spec", "make_env", "make_vec_env", "make_env_pool", "snapshot", "restore",
            "to_obs", "UnknownEnvError"]
 
 
@@ -38,6 +38,14 @@ class EnvSpec:
     reward_range: tuple
     profile: str             # default preprocessing profile
     game_return_range: tuple | None = None  # whole-game score range from the game's rules, if any
+    lore_reward: str | None = None  # LoRe-only reward modification (Appendix E), named in the output
+    solved_return: float | None = None  # acceptance threshold of a locally trained policy, if any
+
+    def lore_reward_fn(self):
+        """The LoRe-only reward modification: negative rewards count as 0, which enables pruning."""
+        if self.lore_reward == "max(r, 0)":
+            return lambda r: max(float(r), 0.0)
+        return None
 
     @property
     def nonnegative_rewards(self) -> bool:
@@ -58,15 +66,18 @@ class EnvSpec:
 
 
 ENV_SPECS: dict[str, EnvSpec] = {
-    "CartPole-v0": EnvSpec("CartPole-v0", "CartPole", "Cartpole", 2, (4,), (0.0, 1.0), "vector"),
+    "CartPole-v0": EnvSpec("CartPole-v0", "CartPole", "Cartpole", 2, (4,), (0.0, 1.0), "vector",
+                           solved_return=195.0),
     "highway-fast-v0": EnvSpec("highway-fast-v0", "highway-fast", "highway-fast", 5, (25,), (0.0, 1.0),
                                "flat25"),
     # Atari: 6 actions in the full minimal set of Pong (3 for Freeway); a checkpoint's own action count
     # (its network's output size) takes precedence.  Pong's game ends at 21 points.
     "PongNoFrameskip-v4": EnvSpec("PongNoFrameskip-v4", "Pong", "Pong", 6, (4, 84, 84), (-1.0, 1.0),
-                                  "cleanrl", game_return_range=(-21.0, 21.0)),
+                                  "cleanrl", game_return_range=(-21.0, 21.0), lore_reward="max(r, 0)"),
+    # Freeway's ALE rewards are never negative; the paper's "losing scores 0" modification is kept for
+    # uniformity and named in the output.
     "FreewayNoFrameskip-v4": EnvSpec("FreewayNoFrameskip-v4", "Freeway", "Freeway", 3, (4, 84, 84),
-                                     (0.0, 1.0), "cleanrl"),
+                                     (0.0, 1.0), "cleanrl", lore_reward="max(r, 0)"),
 }
 
 
@@ -77,9 +88,24 @@ def env_spec(env_id: str) -> EnvSpec:
         raise UnknownEnvError(f"unknown environment {env_id!r}; known: {sorted(ENV_SPECS)}") from None
 
 
+class _Flatten(gym.ObservationWrapper):
+    """Kinematics 5×5 → the 25-vector (row-major), as CROP's MLP's ``reshape(-1, 25)``.  A plain class
+    (gymnasium's FlattenObservation holds a lambda) so snapshots can be pickled for resumable searches."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.observation_space.shape)),),
+                                                np.float32)
+
+    def observation(self, obs):
+        return np.asarray(obs, dtype=np.float32).reshape(-1)
+
+
 PROFILES = {
     "CartPole-v0": ["vector"],
     "highway-fast-v0": ["flat25"],
+    "PongNoFrameskip-v4": ["cleanrl", "sa_dqn_pong", "radial"],
+    "FreewayNoFrameskip-v4": ["cleanrl", "sa_dqn_freeway", "radial"],
 }
 
 
@@ -106,27 +132,35 @@ def make_env(env_id: str, profile: str | None = None) -> gym.Env:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             env = gym.make("highway-fast-v0")
-        return gym.wrappers.FlattenObservation(env)
+        return _Flatten(env)
+    if env_id.endswith("NoFrameskip-v4"):
+        from crop.envs.atari import make_atari
+
+        return make_atari(env_id, profile)
     raise UnknownEnvError(f"unknown environment {env_id!r}")
 
 
 def make_vec_env(env_id: str, num_envs: int, profile: str | None = None):
-    """``num_envs`` copies stepped in lockstep, for GRe's m trajectories and batched attacks.
+    """gymnasium's numpy-vectorised CartPole (``CartPoleVectorEnv``): the dynamics of the single
+    environment, one array operation per step for all copies."""
+    if env_id != "CartPole-v0":
+        raise UnknownEnvError(f"no native vector environment for {env_id!r}; use make_env_pool")
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
-    CartPole uses gymnasium's numpy-vectorised ``CartPoleVectorEnv`` (the same dynamics as the single
-    environment, one array operation per step for all trajectories).
-    """
+    return CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=gym.spec(env_id).max_episode_steps)
+
+
+def make_env_pool(env_id: str, num_envs: int, profile: str | None = None, workers: int = 1):
+    """``num_envs`` copies for GRe's m trajectories, stepped selectively (:mod:`crop.envs.vector`): CartPole
+    vectorised in numpy, the others as independent copies spread over ``workers`` processes."""
+    from crop.envs.vector import CartPolePool, EnvPool
+
     spec = env_spec(env_id)
     profile = profile or spec.profile
     _check_profile(env_id, profile)
     if env_id == "CartPole-v0":
-        from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
-
-        return CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=gym.spec(env_id).max_episode_steps)
-    # Every other environment: independent copies stepped in lockstep (same-step autoreset is handled
-    # by the caller's alive mask).
-    return gym.vector.SyncVectorEnv([lambda: make_env(env_id, profile) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+        return CartPolePool(num_envs, gym.spec(env_id).max_episode_steps)
+    return EnvPool(env_id, num_envs, workers, profile)
 
 
 def to_obs(obs) -> np.ndarray:
@@ -135,11 +169,27 @@ def to_obs(obs) -> np.ndarray:
 
 
 def snapshot(env: gym.Env):
-    """A faithful copy of ``env``'s whole state, wrappers included (CartPole: the TimeLimit counter lives in
-    the wrapper, so the *wrapped* env is copied)."""
-    return copy.deepcopy(env)
+    """A faithful copy of ``env``'s whole state, wrappers included.
+
+    CartPole and highway: ``copy.deepcopy`` of the *wrapped* env (the TimeLimit counter lives in the
+    wrapper).  Atari: the emulator's own state plus every wrapper's state (deepcopy would silently give a
+    fresh emulator at frame 0) — see :mod:`crop.envs.atari`.
+    """
+    from crop.envs.atari import atari_snapshot, is_atari
+
+    return atari_snapshot(env) if is_atari(env) else copy.deepcopy(env)
 
 
 def restore(env: gym.Env | None, snap) -> gym.Env:
-    """An environment in the state ``snap`` was taken in; ``snap`` itself stays untouched for reuse."""
+    """An environment in the state ``snap`` was taken in; ``snap`` stays untouched for reuse.
+
+    For Atari ``env`` (an instance with the same wrapper chain) is put into that state and returned; for
+    the others a new copy of the snapshot is returned and ``env`` is ignored.
+    """
+    from crop.envs.atari import AtariSnapshot, atari_restore
+
+    if isinstance(snap, AtariSnapshot):
+        if env is None:
+            raise ValueError("restoring an Atari snapshot needs the environment instance")
+        return atari_restore(env, snap)
     return copy.deepcopy(snap)

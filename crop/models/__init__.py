@@ -32,17 +32,49 @@ def _mlp(spec: dict) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def _conv_trunk(c: int) -> list[nn.Module]:
+    return [nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten()]
+
+
+def _trunk_width(in_size: int) -> int:
+    s = ((in_size - 8) // 4 + 1)
+    s = (s - 4) // 2 + 1
+    s = s - 3 + 1
+    return 64 * s * s
+
+
 def _nature_cnn(spec: dict) -> nn.Sequential:
-    """The DQN of Mnih et al. (2015): 3 conv layers and a 512-unit layer, on c×84×84 inputs in [0, 1]."""
-    c, out = int(spec.get("in_channels", 4)), int(spec["out"])
-    return nn.Sequential(
-        nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
-        nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-        nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, out))
+    """The DQN of Mnih et al. (2015): 3 conv layers and a 512-unit layer on c×n×n inputs in [0, 1].
+
+    Keys 0, 2, 4 (conv), 7, 9 (linear) — the layout of CleanRL/CROP's ``QNetwork.network`` (84×84×4),
+    SA-DQN's non-dueling ``CnnDQN`` (84×84×1) and RADIAL-RL's ``CnnDQN.model`` (80×80×1).
+    """
+    c, n, out = int(spec.get("in_channels", 4)), int(spec.get("in_size", 84)), int(spec["out"])
+    return nn.Sequential(*_conv_trunk(c), nn.Linear(_trunk_width(n), 512), nn.ReLU(), nn.Linear(512, out))
 
 
-_BUILDERS = {"mlp": _mlp, "nature_cnn": _nature_cnn}
+class DuelingCnn(nn.Module):
+    """SA-DQN's ``DuelingCnnDQN``: Q = V + A − mean(A), keys ``cnn.*``, ``advantage.*``, ``value.*``."""
+
+    def __init__(self, c: int, n: int, out: int):
+        super().__init__()
+        w = _trunk_width(n)
+        self.cnn = nn.Sequential(*_conv_trunk(c))
+        self.advantage = nn.Sequential(nn.Linear(w, 512), nn.ReLU(), nn.Linear(512, out))
+        self.value = nn.Sequential(nn.Linear(w, 512), nn.ReLU(), nn.Linear(512, 1))
+
+    def forward(self, x):
+        h = self.cnn(x)
+        a = self.advantage(h)
+        return self.value(h) + a - a.mean(dim=1, keepdim=True)
+
+
+def _dueling_cnn(spec: dict) -> nn.Module:
+    return DuelingCnn(int(spec.get("in_channels", 1)), int(spec.get("in_size", 84)), int(spec["out"]))
+
+
+_BUILDERS = {"mlp": _mlp, "nature_cnn": _nature_cnn, "dueling_cnn": _dueling_cnn}
 
 # NoisyNet's mean network and CARRL's certified lower bound of Q (their own modules).
 from crop.models.carrl import carrl as _carrl  # noqa: E402
@@ -55,8 +87,10 @@ def spec_summary(spec: dict) -> str:
     if spec.get("arch") == "mlp":
         dims = [spec["in"], *spec.get("hidden", []), spec["out"]]
         return "MLP " + "→".join(str(d) for d in dims)
-    if spec.get("arch") == "nature_cnn":
-        return f"Nature-CNN {spec.get('in_channels', 4)}×84×84→{spec['out']}"
+    if spec.get("arch") in ("nature_cnn", "dueling_cnn"):
+        n = spec.get("in_size", 84)
+        kind = "Nature-CNN" if spec["arch"] == "nature_cnn" else "dueling Nature-CNN"
+        return f"{kind} {spec.get('in_channels', 4)}×{n}×{n}→{spec['out']}"
     return str(spec)
 
 

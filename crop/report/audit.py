@@ -1,10 +1,11 @@
-"""Audit of a results folder: integrity, soundness and provenance, with evidence.
+"""Audit of a results folder: integrity, soundness, provenance, and agreement with a reference — with
+evidence for every verdict.  Writes ``audit.json`` (machine-readable) and ``audit.md`` (for people).
 
-Soundness checks (a *violation* is evidence against a certificate):
+Soundness checks (a *violation* is evidence against a certificate), per (env, algo, σ, ε):
   * LoRe bound above the return of the local PGD attack started from the same initial state (LoRe's bound
     is absolute: any such return is a violation);
   * LoAct: the attacked smoothed policy changed its action at a step whose certified radius exceeded ε;
-  * a bound that rises with ε;
+  * a bound (J̲_E, J̲_p, J̲) that rises with ε;
   * GRe percentile bound J̲_p above the attacked p-quantile, and GRe expectation bound above the attacked
     mean, at the same ε.  These bounds are about the *distribution* of returns, and a few attacked episodes
     can fall below a valid bound by chance; so each GRe row records the raw comparison
@@ -13,7 +14,24 @@ Soundness checks (a *violation* is evidence against a certificate):
     exp(−2n·shortfall²/(J_max − J_min)²) for the expectation bound — and counts as a violation when that
     p-value is below the audit's ``alpha``.
 Integrity: every result file's sha256 must match the one recorded in its ``.meta.json`` (a truncated
-or edited file is reported, not silently used).
+or edited file is reported, not silently used); every stage must have used the checkpoint recorded in
+``model.json`` (and ``model.pt``, when present, must still have that hash); a run folder missing result
+files is reported as incomplete.
+Provenance (:mod:`crop.report.provenance`): per run the checkpoint sha256 and source, commits, package
+versions, seeds, devices and runtimes, and the hash of the workflow config the audit ran under.
+Reference (:mod:`crop.report.reference`): each value of a reference table gets a verdict match / differs /
+missing within per-metric tolerances.
+
+``passed`` is true when there is no violation, no integrity problem and no reference value that differs;
+``crop audit --strict`` exits with status 1 otherwise.  Reference values the results folder does not have
+(``missing``) are listed and counted but do not fail the audit: a reference usually covers more settings
+than one run.
+
+audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``config_hash``, ``strict``,
+``passed``, ``checked``, ``violations``, ``empirical_below``, ``integrity_problems``, ``integrity``,
+``incomplete_runs``, ``violation_list``, ``checks``, ``provenance``, ``warnings``, ``mismatches``,
+``reference_missing``, ``reference`` (null, or ``file``, ``sha256``, ``tolerances_file``, ``tolerances``,
+``counts`` {match, differs, missing}, ``rows``, ``comparisons``).
 """
 from __future__ import annotations
 
@@ -24,46 +42,25 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
-from crop.io import meta_path, read_json, sha256_file, write_json, atomic_write_text
+from crop.io import atomic_write_text, meta_path, read_json, sha256_file, write_json
 from crop.layout import RUN_FILES
+from crop.report.integrity import check_integrity
 from crop.lore import lore_bound_at
 
-__all__ = ["audit", "discover_runs", "check_integrity"]
+__all__ = ["audit", "discover_runs", "check_integrity", "SCHEMA_VERSION"]
 
 TOL = 1e-9
+SCHEMA_VERSION = 2
 
 
-def discover_runs(results: Path) -> list[str]:
+def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
+    """``ENV/ALGO/sigma-S`` folders under ``results`` holding every result file (or, with ``incomplete``,
+    those missing some)."""
     runs = []
     for d in sorted(Path(results).glob("*/*/sigma-*")):
-        if d.is_dir() and all((d / f).is_file() for f in RUN_FILES.values()):
+        if d.is_dir() and all((d / f).is_file() for f in RUN_FILES.values()) != incomplete:
             runs.append(str(d.relative_to(results)))
     return runs
-
-
-def check_integrity(run_dir: Path) -> list[dict]:
-    """Files whose content no longer matches the hash recorded when they were written."""
-    problems = []
-    for name in RUN_FILES.values():
-        f = run_dir / name
-        if not f.is_file():
-            problems.append({"file": str(f), "problem": "missing"})
-            continue
-        if name.endswith(".json"):
-            try:
-                read_json(f)
-            except ValueError as exc:
-                problems.append({"file": str(f), "problem": f"unreadable JSON: {exc}"})
-            continue
-        m = meta_path(f)
-        if not m.is_file():
-            problems.append({"file": str(f), "problem": "no provenance file"})
-            continue
-        rec = read_json(m).get("output", {})
-        if rec.get("sha256") != sha256_file(f):
-            problems.append({"file": str(f), "problem": "sha256 differs from the one recorded at write time "
-                                                         "(truncated or modified)"})
-    return problems
 
 
 def _hoeffding_p(shortfall: float, n: int, width: float) -> float:
@@ -84,7 +81,7 @@ def _monotone(xs, ys) -> list[tuple[float, float, float]]:
     return [(a[0], a[1], b[1]) for a, b in zip(pairs, pairs[1:]) if b[1] > a[1] + TOL]
 
 
-def _audit_run(results: Path, run: str, alpha: float) -> tuple[list[dict], int, dict]:
+def _audit_run(results: Path, run: str, alpha: float) -> tuple[list[dict], int]:
     d = results / run
     env, algo, sig = Path(run).parts
     key = {"env": env, "algo": algo, "sigma": float(sig[len("sigma-"):])}
@@ -140,63 +137,146 @@ def _audit_run(results: Path, run: str, alpha: float) -> tuple[list[dict], int, 
     for _, r in al.iterrows():
         add("loact_certified_steps_not_flipped", float(r["eps"]), 0, int(r["flips_certified"]),
             int(r["flips_certified"]) > 0, episode=int(r["episode"]))
-
-    q = read_json(d / RUN_FILES["qrange"])
-    prov = {**key, "checkpoint_sha256": q.get("checkpoint_sha256"),
-            "git_commit": (q.get("provenance") or {}).get("git_commit"),
-            "versions": (q.get("provenance") or {}).get("versions"),
-            "seeds": {}, "runtime_s": {}, "device": (q.get("provenance") or {}).get("device")}
-    for name, f in RUN_FILES.items():
-        m = meta_path(d / f) if not f.endswith(".json") else None
-        if m is not None and m.is_file():
-            mm = read_json(m)
-            prov["seeds"][name] = mm.get("seed")
-            prov["runtime_s"][name] = mm.get("runtime_s")
-    return items, checked, prov
+    return items, checked
 
 
-def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05) -> dict:
+def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, reference=None, tolerances=None,
+          abs_tol: float | None = None, rel_tol: float | None = None, config_hash: str | None = None,
+          strict: bool = False) -> dict:
+    """Audit ``runs`` (default: every run folder under ``results``) and write ``audit.{json,md}``.
+
+    ``reference``: a reference CSV (see :mod:`crop.report.reference`); ``tolerances``: a YAML/JSON
+    tolerances file; ``abs_tol``/``rel_tol`` override both for every metric.  Raises
+    :class:`crop.report.reference.ReferenceError` on a malformed reference or tolerances file, before
+    writing anything.
+    """
+    from crop.report.metrics import load_runs
+    from crop.report.provenance import run_provenance
+    from crop.report.reference import compare_reference, load_reference, load_tolerances, reference_summary
+
     results = Path(results)
+    ref = load_reference(reference) if reference is not None else None
+    file_tol = load_tolerances(tolerances) if tolerances is not None else None
+    incomplete = [] if runs else discover_runs(results, incomplete=True)
     runs = list(runs) if runs else discover_runs(results)
-    items, checked, provs, integrity = [], 0, [], []
+    items, checked, provs, integrity, warnings, sound_runs = [], 0, [], [], [], []
+    for run in incomplete:
+        missing = [f for f in RUN_FILES.values() if not (results / run / f).is_file()]
+        integrity.append({"run": run, "file": str(results / run),
+                          "problem": f"incomplete run, not audited (missing {', '.join(missing)})"})
     for run in runs:
         problems = check_integrity(results / run)
         integrity += [{"run": run, **p} for p in problems]
         if problems:
             continue
-        it, n, prov = _audit_run(results, run, alpha)
+        prov, prov_problems, prov_warnings = run_provenance(results, run)
+        prov["config_hash"] = config_hash
+        provs.append(prov)
+        integrity += prov_problems
+        warnings += prov_warnings
+        it, n = _audit_run(results, run, alpha)
         items += it
         checked += n
-        provs.append(prov)
+        sound_runs.append(run)
+    if config_hash is None:
+        warnings.append("no config hash given (standalone audit): the config the results came from is not "
+                        "identified; pass --config or --config-hash")
+    ref_block = None
+    if ref is not None:
+        data = load_runs(results, sound_runs)
+        rows = compare_reference(ref, data, file_tol, abs_tol, rel_tol)
+        ref_block = reference_summary(reference, rows, file_tol, tolerances, abs_tol, rel_tol)
     violations = [i for i in items if i["violation"]]
-    report = {"results": str(results), "runs": runs, "alpha": alpha, "checked": checked,
-              "violations": len(violations),
+    mismatches = ref_block["counts"]["differs"] if ref_block else 0
+    report = {"schema_version": SCHEMA_VERSION, "results": str(results), "runs": runs, "alpha": alpha,
+              "config_hash": config_hash, "strict": bool(strict),
+              "passed": not violations and not integrity and not mismatches,
+              "checked": checked, "violations": len(violations),
               "empirical_below": sum(bool(i.get("empirical_below")) for i in items),
-              "integrity_problems": len(integrity), "integrity": integrity,
-              "violation_list": violations, "checks": items, "provenance": provs}
+              "integrity_problems": len(integrity), "integrity": integrity, "incomplete_runs": incomplete,
+              "violation_list": violations, "checks": items, "provenance": provs, "warnings": warnings,
+              "mismatches": mismatches,
+              "reference_missing": ref_block["counts"]["missing"] if ref_block else 0,
+              "reference": ref_block}
     out_dir = Path(out_dir)
     write_json(out_dir / "audit.json", report)
     atomic_write_text(out_dir / "audit.md", _markdown(report))
     return report
 
 
+def _md_table(rows, columns=None, limit: int | None = None) -> list[str]:
+    df = pd.DataFrame(rows)
+    if columns:
+        df = df[[c for c in columns if c in df.columns]]
+    more = []
+    if limit is not None and len(df) > limit:
+        more = [f"", f"… and {len(df) - limit} more rows (all in audit.json)."]
+        df = df.head(limit)
+    return [df.to_markdown(index=False, floatfmt=".6g", missingval="—"), *more, ""]
+
+
 def _markdown(rep: dict) -> str:
-    lines = ["# CROP audit", "", f"Results folder: `{rep['results']}`; runs audited: {len(rep['runs'])}.", "",
-             f"- soundness checks: **{rep['checked']}**", f"- violations: **{rep['violations']}**",
-             f"- GRe rows where the attacked statistic fell below the bound without significance at "
-             f"α = {rep['alpha']} (chance with few attacked episodes, listed below): "
-             f"**{rep['empirical_below']}**",
-             f"- integrity problems: **{rep['integrity_problems']}**", ""]
-    if rep["integrity"]:
-        lines += ["## Integrity problems", "", pd.DataFrame(rep["integrity"]).to_markdown(index=False), ""]
-    lines += ["## Violations", ""]
+    ref = rep["reference"]
+    verdict = "PASS" if rep["passed"] else "FAIL"
+    why = []
+    if rep["violations"]:
+        why.append(f"{rep['violations']} soundness violation(s)")
+    if rep["integrity_problems"]:
+        why.append(f"{rep['integrity_problems']} integrity problem(s)")
+    if rep["mismatches"]:
+        why.append(f"{rep['mismatches']} reference value(s) outside tolerance")
+    lines = ["# CROP audit", "",
+             f"**{verdict}**" + (f": {'; '.join(why)}." if why else
+                                 ": no attack beat a certificate, no bound rose with ε, every result file is "
+                                 "intact" + (", and every reproduced reference value is within tolerance."
+                                             if ref else ".")), "",
+             f"Results folder: `{rep['results']}`; runs audited: {len(rep['runs'])}; "
+             f"config hash: `{rep['config_hash'] or 'not given'}`.", "",
+             "| | |", "|---|---|",
+             f"| soundness checks | {rep['checked']} |",
+             f"| violations | {rep['violations']} |",
+             f"| attacked statistic below a GRe bound, not significant at α = {rep['alpha']} | "
+             f"{rep['empirical_below']} |",
+             f"| integrity problems | {rep['integrity_problems']} |"]
+    if ref:
+        c = ref["counts"]
+        lines += [f"| reference values: match / differs / missing | {c['match']} / {c['differs']} / {c['missing']} |"]
+    lines += ["", "## Soundness violations", ""]
     if rep["violation_list"]:
-        lines += [pd.DataFrame(rep["violation_list"]).to_markdown(index=False), ""]
+        lines += ["Each row: the check, where, the certified bound, what the attack observed.", ""]
+        lines += _md_table(rep["violation_list"], ["env", "algo", "sigma", "eps", "check", "bound", "observed",
+                                                   "episode", "p_value"])
     else:
-        lines += ["None: no attack went below a certified bound, and no bound rose with ε.", ""]
+        lines += ["None: no attack went below a certified bound, no certified action changed within its radius, "
+                  "and no bound rose with ε.", ""]
+    lines += ["## Integrity", ""]
+    if rep["integrity"]:
+        lines += _md_table(rep["integrity"], ["run", "file", "problem"])
+    else:
+        lines += ["Every result file has the sha256 recorded when it was written, and every stage used the "
+                  "recorded checkpoint.", ""]
+    if ref:
+        lines += ["## Reference comparison", "",
+                  f"Reference `{ref['file']}` (sha256 `{ref['sha256'][:16]}…`), tolerances "
+                  f"{'from `' + ref['tolerances_file'] + '`' if ref['tolerances_file'] else 'built in'}: a "
+                  "value matches when |reproduced − reference| ≤ max(abs, rel·|reference|).", ""]
+        if ref["tolerances"]:
+            lines += _md_table([{"metric": m, **t} for m, t in ref["tolerances"].items()])
+        cols = ["env", "algo", "sigma", "metric", "eps", "reference", "reproduced", "delta", "allowed", "verdict",
+                "note"]
+        for verdict_name, title in (("differs", "Differs"), ("missing", "Missing from these results"),
+                                    ("match", "Match")):
+            rows = [r for r in ref["comparisons"] if r["verdict"] == verdict_name]
+            if rows:
+                lines += [f"### {title} ({len(rows)})", ""]
+                lines += _md_table(rows, cols, limit=200)
     below = [i for i in rep["checks"] if i.get("empirical_below") and not i["violation"]]
     if below:
-        lines += ["## Below the bound, not significant", "", pd.DataFrame(below).to_markdown(index=False), ""]
+        lines += ["## Below a GRe bound, not significant", "",
+                  f"A distributional bound can be undercut by a few attacked episodes by chance; these rows were "
+                  f"not significant at α = {rep['alpha']} (p-value of the one-sided test).", ""]
+        lines += _md_table(below, ["env", "algo", "sigma", "eps", "check", "bound", "observed", "episodes",
+                                   "p_value"])
     if rep["checks"]:
         df = pd.DataFrame(rep["checks"])
         summary = df.groupby(["env", "algo", "sigma", "check"]).agg(checked=("violation", "size"),
@@ -204,8 +284,22 @@ def _markdown(rep: dict) -> str:
         lines += ["## Checks per run", "", summary.reset_index().to_markdown(index=False), ""]
     if rep["provenance"]:
         lines += ["## Provenance", ""]
-        for p in rep["provenance"]:
-            lines.append(f"- {p['env']} / {p['algo']} / σ={p['sigma']}: checkpoint sha256 `{p['checkpoint_sha256']}`, "
-                         f"commit `{p['git_commit']}`, device {p['device']}")
-        lines.append("")
+        rows = [{"env": p["env"], "algo": p["algo"], "sigma": p["sigma"],
+                 "checkpoint": (p["checkpoint_sha256"] or "—")[:12], "source": p["checkpoint_source"] or "—",
+                 "verified": p["checkpoint"].get("file_verified"), "commit": ", ".join(c[:12] for c in p["git_commits"]),
+                 "device": p["device"], "runtime_s": p["runtime_total_s"], "finished_utc": p["finished_utc"]}
+                for p in rep["provenance"]]
+        lines += _md_table(rows)
+        stages = sorted({s for p in rep["provenance"] for s in p["runtime_s"]})
+        lines += ["Runtime per stage (s):", ""]
+        lines += _md_table([{"run": p["run"], **{s: p["runtime_s"].get(s) for s in stages}}
+                            for p in rep["provenance"]])
+        lines += ["Seed per stage (derived from the config's seed and the run's labels):", ""]
+        lines += _md_table([{"run": p["run"], **{s: str(p["seeds"].get(s)) for s in stages}}
+                            for p in rep["provenance"]])
+        versions = {k: v for p in rep["provenance"] for k, v in (p["versions"] or {}).items()}
+        if versions:
+            lines += ["Package versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())), ""]
+    if rep["warnings"]:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in rep["warnings"]] + [""]
     return "\n".join(lines)

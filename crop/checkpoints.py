@@ -1,0 +1,224 @@
+"""Published checkpoints: download through pooch with the sha256 pinned, a cache, a mirror, a lock file,
+and safe extraction from archives.  Downloaded files are untrusted until their hash matches.
+
+* Sources with a published or pinned sha256 (CROP's highway models): pooch refuses a mismatch and keeps
+  no file.
+* Sources whose publisher gives no checksum (SA-DQN's tarball, RADIAL-RL's zip): the sha256 of the first
+  download is pinned in a lock file (``checkpoints.lock.json`` by default) and any later mismatch is
+  refused.
+* Mirror (offline and air-gapped sites): ``--mirror URL`` (config ``checkpoints.mirror``) or the
+  environment variable ``CROP_CHECKPOINT_MIRROR``; a file is then fetched from ``{mirror}/{mirror_path}``
+  and must still match the pinned hash.
+* Archives: every member name is checked (no absolute paths, no ``..``, no links leaving the archive, no
+  device files — ``tarfile.data_filter`` semantics), and only the wanted regular member is streamed to
+  our own path, with a byte limit that also stops decompression bombs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlparse
+
+from crop.io import atomic_write_text, sha256_file
+
+__all__ = ["ArchiveError", "FetchError", "fetch_published", "extract_member", "mirror_url", "DEFAULT_LOCK",
+           "MAX_MEMBER_BYTES", "cache_dir"]
+
+DEFAULT_LOCK = "checkpoints.lock.json"
+MAX_MEMBER_BYTES = 1 << 30          # 1 GiB for one checkpoint file
+MAX_ARCHIVE_BYTES = 8 << 30         # declared uncompressed size of a whole archive
+MAX_ARCHIVE_MEMBERS = 10000
+
+
+class FetchError(RuntimeError):
+    """A download that must not be used (hash mismatch, unreachable, not pinned)."""
+
+
+class ArchiveError(FetchError):
+    """An archive that is unsafe or does not hold the expected member."""
+
+
+def cache_dir(cache: str | os.PathLike | None = None) -> Path:
+    import pooch
+
+    return Path(cache or os.environ.get("CROP_CACHE") or pooch.os_cache("crop"))
+
+
+def mirror_url(entry: dict, mirror: str | None) -> str:
+    """The URL a source is fetched from: its own, or ``{mirror}/{mirror_path}``."""
+    mirror = mirror or os.environ.get("CROP_CHECKPOINT_MIRROR") or None
+    if not mirror:
+        return entry["url"]
+    path = entry.get("mirror_path") or PurePosixPath(urlparse(entry["url"]).path).name
+    return mirror.rstrip("/") + "/" + path.lstrip("/")
+
+
+def _read_lock(lock: Path) -> dict:
+    if not lock.is_file():
+        return {}
+    try:
+        return json.loads(lock.read_text())
+    except json.JSONDecodeError as exc:
+        raise FetchError(f"lock file {lock} is not valid JSON: {exc}") from None
+
+
+def _download(url: str, known_sha256: str | None, fname: str, cache: Path, progress: bool | None) -> Path:
+    import pooch
+
+    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        path = pooch.retrieve(url, known_hash=f"sha256:{known_sha256}" if known_sha256 else None, fname=fname,
+                              path=cache, progressbar=bool(progress))
+    except ValueError as exc:  # pooch: hash mismatch; the downloaded file is not kept
+        raise FetchError(f"{url}: {exc}; refusing it") from None
+    except Exception as exc:  # network errors
+        raise FetchError(f"{url}: download failed: {exc}") from None
+    return Path(path)
+
+
+def fetch_published(entry: dict, dest: Path, *, mirror: str | None = None, cache=None,
+                    lock: str | os.PathLike | None = DEFAULT_LOCK, progress: bool | None = None) -> dict:
+    """Download (or take from the cache) a published checkpoint and write it to ``dest``.
+
+    ``entry``: ``url``, ``sha256`` (of the file, or of the archive when ``member`` is set) or none,
+    ``member`` (path inside an archive), ``mirror_path``.  Returns provenance for the checkpoint record.
+    ``dest`` is written atomically only after every check passed.
+    """
+    url = mirror_url(entry, mirror)
+    original = entry["url"]
+    known = entry.get("sha256")
+    lock_path = Path(lock) if lock else None
+    pinned_by_lock = False
+    if known is None:
+        if lock_path is None:
+            raise FetchError(f"{original}: the publisher gives no checksum and no lock file is configured")
+        rec = _read_lock(lock_path).get(original)
+        if rec is not None:
+            known, pinned_by_lock = rec["sha256"], True
+    name = PurePosixPath(urlparse(original).path).name or "download"
+    fname = f"{known[:16]}-{name}" if known else f"unpinned-{name}"
+    path = _download(url, known, fname, cache_dir(cache), progress)
+    digest = sha256_file(path)
+    if known is None:
+        # First download of an unpinned source: pin it so every later fetch must match.
+        data = _read_lock(lock_path)
+        data[original] = {"sha256": digest, "pinned_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          "fetched_from": url}
+        atomic_write_text(lock_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        pinned_path = path.with_name(f"{digest[:16]}-{name}")
+        os.replace(path, pinned_path)
+        path = pinned_path
+    elif digest != known:  # defence in depth: pooch already checked
+        path.unlink(missing_ok=True)
+        raise FetchError(f"{url}: sha256 {digest} differs from the pinned {known}; refusing it")
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if entry.get("member"):
+        extract_member(path, entry["member"], dest)
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+            for block in iter(lambda: src.read(1 << 20), b""):
+                out.write(block)
+        os.replace(tmp, dest)
+    return {"url": original, "fetched_from": url, "download_sha256": digest,
+            "pinned_by": "lock file" if (pinned_by_lock or entry.get("sha256") is None) else "registry",
+            "lock_file": str(lock_path) if entry.get("sha256") is None else None,
+            "member": entry.get("member")}
+
+
+# ------------------------------------------------------------------------------------------ archives
+
+def _check_name(name: str) -> None:
+    p = PurePosixPath(name.replace("\\", "/"))
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or p.is_absolute():
+        raise ArchiveError(f"archive member {name!r} has an absolute path; refusing the archive")
+    if ".." in p.parts:
+        raise ArchiveError(f"archive member {name!r} climbs out of the archive ('..'); refusing the archive")
+    if "\x00" in name:
+        raise ArchiveError(f"archive member {name!r} has a NUL byte; refusing the archive")
+
+
+def _find(names: list[str], member: str) -> str:
+    if member in names:
+        return member
+    base = PurePosixPath(member).name
+    hits = [n for n in names if PurePosixPath(n).name == base]
+    if len(hits) != 1:
+        raise ArchiveError(f"archive has {len(hits)} members named {base!r} (wanted {member!r})")
+    return hits[0]
+
+
+def _stream(src, dest: Path, limit: int, what: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    n = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for block in iter(lambda: src.read(1 << 20), b""):
+                n += len(block)
+                if n > limit:
+                    raise ArchiveError(f"{what} expands beyond the limit of {limit} bytes; refusing it")
+                out.write(block)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def extract_member(archive: Path, member: str, dest: Path, max_bytes: int = MAX_MEMBER_BYTES) -> None:
+    """Validate the whole archive, then stream one regular member to ``dest`` (atomically)."""
+    archive, dest = Path(archive), Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            infos = zf.infolist()
+            if len(infos) > MAX_ARCHIVE_MEMBERS:
+                raise ArchiveError(f"{archive}: {len(infos)} members; refusing it")
+            total = 0
+            for info in infos:
+                _check_name(info.filename)
+                mode = info.external_attr >> 16
+                if stat.S_ISLNK(mode):
+                    raise ArchiveError(f"{archive}: member {info.filename!r} is a symbolic link; refusing the archive")
+                total += info.file_size
+            if total > MAX_ARCHIVE_BYTES:
+                raise ArchiveError(f"{archive}: declares {total} uncompressed bytes; refusing it")
+            name = _find([i.filename for i in infos if not i.is_dir()], member)
+            info = zf.getinfo(name)
+            if info.file_size > max_bytes:
+                raise ArchiveError(f"{archive}: member {name!r} declares {info.file_size} bytes, over the "
+                                   f"limit of {max_bytes}; refusing it")
+            with zf.open(info) as src:  # the byte count also stops a member that lies about its size
+                _stream(src, dest, max_bytes, f"{archive}: member {name!r}")
+        return
+    if tarfile.is_tarfile(archive):
+        with tarfile.open(archive) as tf:
+            members = []
+            total = 0
+            for m in tf:
+                if len(members) >= MAX_ARCHIVE_MEMBERS:
+                    raise ArchiveError(f"{archive}: too many members; refusing it")
+                _check_name(m.name)
+                try:  # Python's own "data" filter: links that escape, device files, absolute link targets
+                    tarfile.data_filter(m, "/nonexistent-crop-extract-root")
+                except tarfile.FilterError as exc:
+                    raise ArchiveError(f"{archive}: member {m.name!r} is unsafe ({exc}); refusing the archive") from None
+                total += m.size
+                members.append(m)
+            if total > MAX_ARCHIVE_BYTES:
+                raise ArchiveError(f"{archive}: declares {total} uncompressed bytes; refusing it")
+            name = _find([m.name for m in members if m.isreg()], member)
+            m = tf.getmember(name)
+            if m.size > max_bytes:
+                raise ArchiveError(f"{archive}: member {name!r} has {m.size} bytes, over the limit of "
+                                   f"{max_bytes}; refusing it")
+            src = tf.extractfile(m)
+            _stream(src, dest, max_bytes, f"{archive}: member {name!r}")
+        return
+    raise ArchiveError(f"{archive} is neither a zip nor a tar archive")

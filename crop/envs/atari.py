@@ -1,0 +1,261 @@
+"""Atari (ale-py, gymnasium 1.x) with the preprocessing of each checkpoint family, and faithful snapshots.
+
+Preprocessing is a property of the *checkpoint*; each profile reproduces the wrapper chain its network
+was trained with, in the gymnasium API:
+
+``cleanrl`` (CROP's own retrains, OpenAI-baselines style)
+    30 random no-ops on reset, frame skip 4 with max-pool over the last 2 RGB frames, FIRE on reset where
+    the game has it, grayscale (cv2 RGB→GRAY), 84×84 (INTER_AREA), 4-frame stack (channels first), reward
+    sign-clipped, pixels / 255.  Observation 4×84×84.
+``sa_dqn`` (chenhongge/SA_DQN release: ``common/wrappers.py``, ``config/*.json``)
+    the same skip/max-pool and FIRE, one grayscale frame, *central crop* (pad 4 columns each side, keep
+    168 rows from 21 + crop_shift; Pong crop_shift = 10, Freeway 0), 84×84 INTER_AREA, the first
+    ``restrict_actions`` actions (Pong: 4), no frame stack, pixels / 255, and SA-DQN's ``np.swapaxes(obs,
+    2, 0)``: the network sees the frame *transposed* (1×W×H).  Observation 1×84×84.
+``radial`` (tuomaso/radial_rl ``DQN/environment.py``)
+    frame skip 4 with max-pool over the last *3* frames (a deque that also holds the reset frame), FIRE,
+    rows 34…194 and columns 0…160, mean of the RGB channels, / 255, cv2.resize to 80×80 (twice, as the
+    original does), full action set.  Observation 1×80×80.
+
+Life loss never ends an episode here (the paper evaluates whole games; Pong and Freeway have no lives).
+
+Snapshots: ``copy.deepcopy`` of an Atari env silently gives a fresh emulator at frame 0.  A faithful
+snapshot is ``ale.cloneState(include_rng=True)`` plus the Python state of every wrapper (frame-stack queue,
+max-pool buffer, …) and of the base env's RNG.
+"""
+from __future__ import annotations
+
+import copy
+from collections import deque
+from dataclasses import dataclass
+
+import cv2
+import gymnasium as gym
+import numpy as np
+
+cv2.ocl.setUseOpenCL(False)
+
+__all__ = ["ATARI_PROFILES", "make_atari", "AtariSnapshot", "atari_snapshot", "atari_restore", "is_atari"]
+
+# profile -> settings; `*_pong`/`*_freeway` variants carry the per-game options of the published configs
+ATARI_PROFILES = {
+    "cleanrl": dict(kind="cleanrl"),
+    "sa_dqn_pong": dict(kind="sa_dqn", crop_shift=10, restrict_actions=4),
+    "sa_dqn_freeway": dict(kind="sa_dqn", crop_shift=0, restrict_actions=0),
+    "radial": dict(kind="radial", crop1=34, crop2=34, dimension2=80),
+}
+
+
+class NoopReset(gym.Wrapper):
+    """1…noop_max no-ops after reset, drawn from the env's seeded RNG (baselines' NoopResetEnv)."""
+
+    def __init__(self, env, noop_max=30):
+        super().__init__(env)
+        self.noop_max = noop_max
+        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        noops = int(self.unwrapped.np_random.integers(1, self.noop_max + 1))
+        for _ in range(noops):
+            obs, _, term, trunc, info = self.env.step(0)
+            if term or trunc:
+                obs, info = self.env.reset()
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Repeat the action ``skip`` times, sum rewards, max-pool the last ``pool`` RGB frames.
+
+    ``pool=2`` is baselines' MaxAndSkipEnv (frames skip−2 and skip−1 of this step); ``pool=3`` with
+    ``keep_reset_frame`` is RADIAL-RL's deque(maxlen=3) that persists across steps.
+    """
+
+    def __init__(self, env, skip=4, pool=2, rolling=False):
+        super().__init__(env)
+        self.skip, self.pool, self.rolling = skip, pool, rolling
+        self.frames = deque(maxlen=pool)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.frames.clear()
+        if self.rolling:
+            self.frames.append(obs)
+        return obs, info
+
+    def step(self, action):
+        total, term, trunc, info = 0.0, False, False, {}
+        if not self.rolling:
+            self.frames.clear()
+        obs = None
+        for i in range(self.skip):
+            obs, r, term, trunc, info = self.env.step(action)
+            total += float(r)
+            if self.rolling or i >= self.skip - self.pool:
+                self.frames.append(obs)
+            if term or trunc:
+                break
+        if not self.frames:  # the episode ended before a pooled frame: use the last one
+            self.frames.append(obs)
+        return np.max(np.stack(self.frames), axis=0), total, term, trunc, info
+
+
+class FireReset(gym.Wrapper):
+    """Press FIRE (and then action 2) after reset, for games that wait for it."""
+
+    def reset(self, **kwargs):
+        self.env.reset(**kwargs)
+        obs, _, term, trunc, info = self.env.step(1)
+        if term or trunc:
+            self.env.reset(**kwargs)
+        obs, _, term, trunc, info = self.env.step(2)
+        if term or trunc:
+            obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+class RestrictActions(gym.ActionWrapper):
+    """Only the first n actions (SA-DQN's RestrictedActionEnv)."""
+
+    def __init__(self, env, n):
+        super().__init__(env)
+        self.action_space = gym.spaces.Discrete(n)
+
+    def action(self, a):
+        return int(a)
+
+
+class SignReward(gym.RewardWrapper):
+    def reward(self, r):
+        return float(np.sign(r))
+
+
+class ProcessFrame(gym.ObservationWrapper):
+    """RGB frame → the network's input for one profile (float32)."""
+
+    def __init__(self, env, kind, **opts):
+        super().__init__(env)
+        self.kind, self.opts = kind, opts
+        if kind == "cleanrl":
+            shape, dtype = (1, 84, 84), np.uint8
+        elif kind == "sa_dqn":
+            shape, dtype = (1, 84, 84), np.uint8
+        elif kind == "radial":
+            shape, dtype = (1, 80, 80), np.float32
+        else:
+            raise ValueError(f"unknown Atari preprocessing {kind!r}")
+        self.observation_space = gym.spaces.Box(0, 255 if dtype == np.uint8 else 1, shape, dtype)
+
+    def observation(self, frame):
+        if self.kind == "cleanrl":
+            g = cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY)
+            return cv2.resize(g, (84, 84), interpolation=cv2.INTER_AREA)[None]
+        if self.kind == "sa_dqn":
+            g = cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY)
+            pad = np.zeros((g.shape[0], 4), g.dtype)
+            g = np.concatenate((pad, g, pad), axis=1)            # 210 × 168
+            h, w = g.shape
+            off = (h - w) // 2
+            shift = self.opts.get("crop_shift", 0)
+            g = g[off + shift:h - off + shift]                  # 168 × 168
+            g = cv2.resize(g, (84, 84), interpolation=cv2.INTER_AREA)
+            return np.ascontiguousarray(g.T[None])              # SA-DQN's swapaxes(obs, 2, 0): 1 × W × H
+        # radial
+        c1, c2, d2 = self.opts["crop1"], self.opts["crop2"], self.opts["dimension2"]
+        f = frame[c1:c2 + 160, :160].mean(2).astype(np.float32) * (1.0 / 255.0)
+        f = cv2.resize(f, (80, d2))
+        f = cv2.resize(f, (80, 80))
+        return f.reshape(1, 80, 80)
+
+
+class FrameStack(gym.Wrapper):
+    """Stack the last k frames along the channel axis (channels first)."""
+
+    def __init__(self, env, k):
+        super().__init__(env)
+        self.k = k
+        self.frames = deque(maxlen=k)
+        s = env.observation_space
+        self.observation_space = gym.spaces.Box(0, 255, (k * s.shape[0], *s.shape[1:]), s.dtype)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.k):
+            self.frames.append(obs)
+        return np.concatenate(self.frames, 0), info
+
+    def step(self, action):
+        obs, r, term, trunc, info = self.env.step(action)
+        self.frames.append(obs)
+        return np.concatenate(self.frames, 0), r, term, trunc, info
+
+
+class ToFloat(gym.ObservationWrapper):
+    """Pixels / 255 as float32 — the space in which noise is added."""
+
+    def __init__(self, env, scale):
+        super().__init__(env)
+        self.scale = scale
+        self.observation_space = gym.spaces.Box(0.0, 1.0, env.observation_space.shape, np.float32)
+
+    def observation(self, obs):
+        return np.asarray(obs, dtype=np.float32) * self.scale
+
+
+def make_atari(env_id: str, profile: str) -> gym.Env:
+    import ale_py
+
+    gym.register_envs(ale_py)
+    if profile not in ATARI_PROFILES:
+        raise ValueError(f"{env_id}: unknown Atari profile {profile!r}; known: {sorted(ATARI_PROFILES)}")
+    opts = dict(ATARI_PROFILES[profile])
+    kind = opts.pop("kind")
+    env = gym.make(env_id, disable_env_checker=True)  # NoFrameskip-v4: frameskip 1, no sticky actions
+    env = NoopReset(env, 30)
+    env = MaxAndSkip(env, 4, pool=3 if kind == "radial" else 2, rolling=kind == "radial")
+    if "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireReset(env)
+    if opts.get("restrict_actions"):
+        env = RestrictActions(env, opts["restrict_actions"])
+    env = SignReward(env)
+    env = ProcessFrame(env, kind, **opts)
+    if kind == "cleanrl":
+        env = FrameStack(env, 4)
+    return ToFloat(env, 1.0 if kind == "radial" else 1.0 / 255.0)
+
+
+def is_atari(env: gym.Env) -> bool:
+    return hasattr(env.unwrapped, "ale")
+
+
+@dataclass
+class AtariSnapshot:
+    ale_state: object
+    rng_state: dict
+    layers: list  # per wrapper (outermost first): its attributes except the wrapped env
+
+
+_SKIP = {"env", "_action_space", "_observation_space", "_metadata", "_cached_spec"}
+
+
+def atari_snapshot(env: gym.Env) -> AtariSnapshot:
+    layers, e = [], env
+    while isinstance(e, gym.Wrapper):
+        layers.append({k: copy.deepcopy(v) for k, v in vars(e).items() if k not in _SKIP})
+        e = e.env
+    return AtariSnapshot(e.ale.cloneState(include_rng=True), copy.deepcopy(e.np_random.bit_generator.state),
+                         layers)
+
+
+def atari_restore(env: gym.Env, snap: AtariSnapshot) -> gym.Env:
+    """Put ``env`` (built with the same profile) back into the snapshot's state; returns ``env``."""
+    e, i = env, 0
+    while isinstance(e, gym.Wrapper):
+        for k, v in snap.layers[i].items():
+            setattr(e, k, copy.deepcopy(v))
+        e, i = e.env, i + 1
+    if i != len(snap.layers):
+        raise ValueError("snapshot taken from a different wrapper chain")
+    e.ale.restoreState(snap.ale_state)
+    e.np_random.bit_generator.state = copy.deepcopy(snap.rng_state)
+    return env

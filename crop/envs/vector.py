@@ -1,0 +1,147 @@
+"""Many copies of an environment for GRe's m trajectories: stepped selectively, optionally in processes.
+
+GRe advances its m σ-randomized trajectories together: one batched forward per time step, then each
+trajectory that is still running takes its step.  Finished trajectories are not stepped again (a crashed
+highway episode costs nothing further).  For environments whose step is slow Python (highway-env ≈ 50
+steps/s per core, ALE) the environments are split into contiguous shards, one per worker process; the
+main process keeps the network.  Environment i is reset with seed ``seed + i`` whatever the number of
+workers, so the returns do not depend on it.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import numpy as np
+
+__all__ = ["EnvPool", "CartPolePool"]
+
+
+def _make_envs(env_id: str, profile: str | None, n: int):
+    from crop.envs import make_env
+
+    return [make_env(env_id, profile) for _ in range(n)]
+
+
+def _reset(envs, seed0: int):
+    return np.stack([np.asarray(e.reset(seed=int(seed0) + k)[0], dtype=np.float32) for k, e in enumerate(envs)])
+
+
+def _step(envs, local_idx, actions):
+    obs, rew, term, trunc = [], [], [], []
+    for k, a in zip(local_idx, actions):
+        o, r, te, tr, _ = envs[int(k)].step(int(a))
+        obs.append(np.asarray(o, dtype=np.float32))
+        rew.append(float(r))
+        term.append(bool(te))
+        trunc.append(bool(tr))
+    return np.stack(obs), np.array(rew), np.array(term), np.array(trunc)
+
+
+def _worker(conn, env_id, profile, n):
+    import torch
+
+    torch.set_num_threads(1)
+    envs = _make_envs(env_id, profile, n)
+    try:
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "reset":
+                conn.send(_reset(envs, arg))
+            elif cmd == "step":
+                conn.send(_step(envs, *arg))
+            elif cmd == "close":
+                break
+    finally:
+        for e in envs:
+            e.close()
+        conn.close()
+
+
+class EnvPool:
+    """``num_envs`` environments; ``reset(seed)`` → all observations, ``step(idx, actions)`` → the results of
+    the environments ``idx`` only (in that order)."""
+
+    def __init__(self, env_id: str, num_envs: int, workers: int = 1, profile: str | None = None):
+        self.num_envs = num_envs
+        workers = max(1, min(workers, num_envs))
+        sizes = [num_envs // workers + (i < num_envs % workers) for i in range(workers)]
+        self.bounds = np.cumsum([0, *sizes])
+        self.conns, self.procs, self.envs = [], [], None
+        if workers == 1:
+            self.envs = _make_envs(env_id, profile, num_envs)
+            return
+        ctx = mp.get_context("spawn")  # no fork after torch/OpenMP initialisation
+        for n in sizes:
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(b, env_id, profile, n), daemon=True)
+            p.start()
+            b.close()
+            self.conns.append(a)
+            self.procs.append(p)
+
+    def reset(self, seed: int):
+        if self.envs is not None:
+            return _reset(self.envs, seed)
+        for i, c in enumerate(self.conns):
+            c.send(("reset", int(seed) + int(self.bounds[i])))
+        return np.concatenate([c.recv() for c in self.conns])
+
+    def step(self, idx, actions):
+        idx, actions = np.asarray(idx), np.asarray(actions)
+        if self.envs is not None:
+            return _step(self.envs, idx, actions)
+        shard = np.searchsorted(self.bounds, idx, side="right") - 1
+        asked = []
+        for i, c in enumerate(self.conns):
+            sel = np.nonzero(shard == i)[0]
+            if sel.size:
+                c.send(("step", (idx[sel] - self.bounds[i], actions[sel])))
+                asked.append((i, sel))
+        out = [None] * 4
+        parts = [(sel, self.conns[i].recv()) for i, sel in asked]
+        for j in range(4):
+            first = parts[0][1][j]
+            arr = np.empty((len(idx), *first.shape[1:]), dtype=first.dtype)
+            for sel, res in parts:
+                arr[sel] = res[j]
+            out[j] = arr
+        return tuple(out)
+
+    def close(self):
+        if self.envs is not None:
+            for e in self.envs:
+                e.close()
+        for c in self.conns:
+            try:
+                c.send(("close", None))
+                c.close()
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+class CartPolePool:
+    """CartPole's numpy-vectorised environment behind the same interface: every copy steps (one array
+    operation is cheaper than selecting), the results of ``idx`` are returned."""
+
+    def __init__(self, num_envs: int, max_episode_steps: int):
+        from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+        self.venv = CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=max_episode_steps)
+        self.num_envs = num_envs
+        self._actions = np.zeros(num_envs, dtype=np.int64)
+
+    def reset(self, seed: int):
+        return self.venv.reset(seed=int(seed))[0]
+
+    def step(self, idx, actions):
+        self._actions[:] = 0
+        self._actions[idx] = actions
+        obs, r, term, trunc, _ = self.venv.step(self._actions)
+        return obs[idx], np.asarray(r)[idx], np.asarray(term)[idx], np.asarray(trunc)[idx]
+
+    def close(self):
+        self.venv.close()

@@ -1,0 +1,153 @@
+"""Scalar metrics of one run, by name: what the tables print and what a reference table is compared with.
+
+A *metric* is one number per (env, algo, σ) — or per (env, algo, σ, ε) for the reward bounds and the
+attacks.  The names are those of the reference CSV (``env, algo, sigma, metric, eps, value``) read by
+``crop audit --reference``:
+
+=====================  ===  ===========================================================================
+metric                 ε    value
+=====================  ===  ===========================================================================
+mean_radius            —    LoAct: mean certified radius over every step of every episode (Theorem 1;
+                            uncertified steps count as 0)
+certified_fraction     —    LoAct: share of steps certified (radius > 0)
+benign_return          —    LoAct: mean return of the smoothed policy π̃ over its clean episodes
+expectation_bound      ε    GRe: expectation bound J̲_E (Theorem 2)
+percentile_bound       ε    GRe: percentile bound J̲_p at p = 0.5, the paper's (Theorem 3);
+                            ``percentile_bound_p<P>`` (e.g. ``percentile_bound_p0.9``) for another p
+lore_bound             ε    LoRe: absolute lower bound J̲ (Theorem 4, Algorithm 3) from LoAct
+                            episode 0's initial state
+pgd_global_mean        ε    mean return of the σ-randomized policy under global ℓ2 PGD
+pgd_global_median      ε    median of the same returns
+pgd_local_return       ε    lowest return of π̃ under local PGD from LoRe's initial state
+=====================  ===  ===========================================================================
+
+A metric is *unavailable* (``None``) when the run did not compute it — an ε off the run's grid, or beyond
+LoRe's searched range; it is NaN when the run computed "no value" (a percentile bound no order statistic
+certifies).
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from crop.io import read_json
+from crop.layout import FRAMES_FILE, RUN_FILES
+from crop.lore import lore_bound_at
+
+__all__ = ["load_runs", "parse_run", "METRICS", "EPS_METRICS", "metric_value", "is_metric", "metric_has_eps", "lore_valid_until"]
+
+METRICS = {
+    "mean_radius": "LoAct mean certified radius (uncertified steps count as 0)",
+    "certified_fraction": "LoAct share of certified steps",
+    "benign_return": "mean return of the smoothed policy over LoAct's clean episodes",
+    "expectation_bound": "GRe expectation bound J_E at eps (Theorem 2)",
+    "percentile_bound": "GRe percentile bound J_p, p = 0.5, at eps (Theorem 3)",
+    "lore_bound": "LoRe absolute lower bound J at eps (Theorem 4)",
+    "pgd_global_mean": "mean return under global PGD at eps",
+    "pgd_global_median": "median return under global PGD at eps",
+    "pgd_local_return": "lowest return under local PGD from LoRe's initial state at eps",
+}
+EPS_METRICS = {"expectation_bound", "percentile_bound", "lore_bound", "pgd_global_mean", "pgd_global_median",
+               "pgd_local_return"}
+_PERCENTILE = re.compile(r"^percentile_bound_p(0?\.\d+|1(\.0*)?|0)$")
+
+
+def parse_run(run: str) -> tuple[str, str, str]:
+    """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S``."""
+    parts = Path(run).parts
+    if len(parts) != 3 or not parts[2].startswith("sigma-"):
+        raise ValueError(f"run {run!r} is not of the form ENV/ALGO/sigma-S")
+    return parts[0], parts[1], parts[2][len("sigma-"):]
+
+
+def load_runs(results: Path, runs) -> dict:
+    """Read every result file of every run: {(env, algo, sigma_label): {name: DataFrame | dict}}.
+
+    ``frames.npz`` (Atari) is not read here, only its path recorded (``frames_path``).
+    """
+    from crop.report.integrity import IntegrityError, check_integrity
+
+    out = {}
+    for run in runs:
+        env, algo, lab = parse_run(run)
+        d = Path(results) / run
+        problems = check_integrity(d)
+        if problems:  # never plot a truncated or edited intermediate
+            raise IntegrityError("; ".join(f"{p['file']}: {p['problem']}" for p in problems))
+        data = {}
+        for key, name in RUN_FILES.items():
+            f = d / name
+            if not f.is_file():
+                raise FileNotFoundError(f"missing result file {f}")
+            if name == FRAMES_FILE:
+                continue  # read on demand by the Pong figure
+            data[key] = read_json(f) if name.endswith(".json") else pd.read_csv(f)
+        meta = d / "lore.meta.json"
+        data["lore_meta"] = read_json(meta) if meta.is_file() else {}
+        data["frames_path"] = d / FRAMES_FILE
+        out[(env, algo, lab)] = data
+    return out
+
+
+def is_metric(name: str) -> bool:
+    return name in METRICS or bool(_PERCENTILE.match(name))
+
+
+def metric_has_eps(name: str) -> bool:
+    return name in EPS_METRICS or bool(_PERCENTILE.match(name))
+
+
+def _close(a, b) -> np.ndarray:
+    return np.isclose(np.asarray(a, dtype=float), float(b), rtol=1e-9, atol=1e-12)
+
+
+def lore_valid_until(run: dict) -> float:
+    v = ((run.get("lore_meta") or {}).get("search") or {}).get("valid_until_eps")
+    return math.inf if v is None else float(v)
+
+
+def metric_value(run: dict, metric: str, eps: float | None = None) -> float | None:
+    """``metric`` of one run (``run``: the DataFrames of :func:`crop.report.aggregate.load_runs`).
+
+    Returns None when the run did not compute it (see the module docstring), NaN for "no value".
+    """
+    if not is_metric(metric):
+        raise KeyError(f"unknown metric {metric!r}; known: {sorted(METRICS)} and percentile_bound_p<P>")
+    if metric_has_eps(metric) and eps is None:
+        raise ValueError(f"metric {metric} needs an eps")
+    if metric == "mean_radius":
+        return float(run["loact"]["radius"].mean())
+    if metric == "certified_fraction":
+        return float(run["loact"]["certified"].astype(bool).mean())
+    if metric == "benign_return":
+        return float(run["loact_episodes"]["return"].mean())
+    eps = float(eps)
+    if metric == "expectation_bound":
+        g = run["gre"][_close(run["gre"]["eps"], eps)]
+        return float(g["expectation_bound"].iloc[0]) if len(g) else None
+    if metric.startswith("percentile_bound"):
+        p = 0.5 if metric == "percentile_bound" else float(metric[len("percentile_bound_p"):])
+        gre = run["gre"]
+        g = gre[_close(gre["eps"], eps) & _close(gre["p"], p)]
+        if not len(g):
+            return None
+        v = g["percentile_bound"].iloc[0]
+        return math.nan if pd.isna(v) else float(v)
+    if metric == "lore_bound":
+        v = lore_bound_at(run["lore"], eps, lore_valid_until(run))
+        return None if math.isnan(v) else float(v)
+    if metric in ("pgd_global_mean", "pgd_global_median"):
+        ag = run["attack_global"]
+        r = ag[_close(ag["eps"], eps)]["return"]
+        if not len(r):
+            return None
+        return float(r.mean() if metric == "pgd_global_mean" else r.median())
+    if metric == "pgd_local_return":
+        al = run["attack_local"]
+        r = al[_close(al["eps"], eps) & al["same_start_as_lore"].astype(bool)]["return"]
+        return float(r.min()) if len(r) else None
+    raise AssertionError(metric)

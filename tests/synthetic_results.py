@@ -1,0 +1,162 @@
+"""A small, sound results folder in the workflow's file formats, for tests of the report and the audit.
+
+Numbers are drawn at random but obey what the certifiers guarantee: bounds fall with ε, every attacked
+return is at or above its bound, no certified step flips.  Tests then plant violations, mismatches and
+tampering with :func:`rewrite_csv` (which keeps the provenance hash consistent, as a real rerun would) or by
+editing files directly (which the integrity check must catch).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from crop.envs import env_spec
+from crop.io import provenance, read_json, write_csv, write_json, write_with_meta
+from crop.layout import FRAMES_FILE, checkpoint_path, needs_frames, run_dir
+
+EPISODES = 3
+HORIZON = 30
+GRE_FACTORS = (0.0, 0.05, 0.1, 0.2)
+LOCAL_FACTORS = (0.0, 0.5, 1.0, 2.0)
+GLOBAL_FACTORS = (0.0, 0.05, 0.1, 0.2)
+GLOBAL_EPISODES = 12
+
+
+def _meta(stage, sha, seed, runtime=0.5):
+    m = provenance(stage, {"stage": stage}, seed=seed, inputs={"checkpoint": {"path": "model.pt", "sha256": sha}},
+                   device="cpu")
+    m["runtime_s"] = runtime
+    return m
+
+
+def make_checkpoint(root: Path, env: str, algo: str) -> str:
+    ck = checkpoint_path(root, env, algo)
+    ck.parent.mkdir(parents=True, exist_ok=True)
+    payload = f"weights of {env}/{algo}".encode()
+    ck.write_bytes(payload)
+    sha = hashlib.sha256(payload).hexdigest()
+    write_json(ck.with_suffix(".json"), {"env": env, "algo": algo, "sha256": sha, "source": "train",
+                                         "recipe": "dqn", "profile": env_spec(env).profile,
+                                         "net_spec": {"arch": "mlp"}, "provenance": {"git_commit": "abc"}})
+    return sha
+
+
+def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    spec = env_spec(env)
+    lab = repr(float(sigma))
+    d = run_dir(root, env, algo, lab)
+    d.mkdir(parents=True, exist_ok=True)
+    write_json(d / "qrange.json", {"env": env, "algo": algo, "sigma": sigma, "v_min": 0.0, "v_max": 10.0,
+                                   "checkpoint_sha256": sha,
+                                   "provenance": _meta("qrange", sha, seed, 0.1)})
+    # LoAct: a periodic radius pattern, some steps uncertified; episodes of different lengths.
+    rows = []
+    for e in range(EPISODES):
+        for t in range(HORIZON - e):
+            certified = bool(rng.random() < 0.8)
+            radius = sigma * (0.5 + 0.5 * np.sin(t / 3.0 + e)) * rng.uniform(0.5, 1.5) if certified else 0.0
+            rows.append({"episode": e, "step": t, "action": int(rng.integers(spec.n_actions)),
+                         "certified": certified, "radius": radius if certified else 0.0,
+                         "reward": float(rng.integers(0, 2)), "q_top": 1.0, "q_runner_up": 0.5,
+                         "q_top_lower": 0.9, "q_others_upper_max": 0.6})
+    steps = pd.DataFrame(rows)
+    m = _meta("loact", sha, seed + 1)
+    write_with_meta(d / "loact.csv", lambda p: write_csv(p, steps), m, rows=len(steps))
+    ep = steps.groupby("episode").agg(**{"return": ("reward", "sum"), "steps": ("step", "size"),
+                                         "mean_radius": ("radius", "mean"),
+                                         "certified_fraction": ("certified", "mean")}).reset_index()
+    write_with_meta(d / "loact_episodes.csv", lambda p: write_csv(p, ep), m, rows=len(ep))
+    r_grid = sigma * np.linspace(0.0, 4.0, 21)
+    ratio = pd.DataFrame([{"r": r, "episode": e, "eta": float(((g["radius"] >= r) & g["certified"]).mean())}
+                          for r in r_grid for e, g in steps.groupby("episode")])
+    write_with_meta(d / "certified_ratio.csv", lambda p: write_csv(p, ratio), m, rows=len(ratio))
+    # GRe: bounds falling with ε; returns of the randomized policy.
+    j_min, j_max = spec.return_range(HORIZON)
+    returns = rng.uniform(0.7, 1.0, 200) * (j_max - j_min) + j_min
+    gre = []
+    for f in GRE_FACTORS:
+        eps = f * sigma
+        gre.append({"eps": eps, "p": 0.5, "expectation_bound": returns.mean() - (j_max - j_min) * (0.05 + 2 * f),
+                    "percentile_bound": np.median(returns) - (j_max - j_min) * (0.02 + f),
+                    "percentile_certified": True, "k": 90, "p_prime": 0.45, "m": len(returns), "horizon": HORIZON,
+                    "alpha": 0.05, "sigma": sigma, "mean_return": returns.mean(), "median_return": np.median(returns),
+                    "j_min": j_min, "j_max": j_max})
+    gre = pd.DataFrame(gre)
+    m = _meta("gre", sha, seed + 2)
+    write_with_meta(d / "gre.csv", lambda p: write_csv(p, gre), m, rows=len(gre))
+    write_with_meta(d / "gre_returns.csv", lambda p: write_csv(p, pd.DataFrame({"return": returns})), m,
+                    rows=len(returns))
+    # LoRe: a falling step function of ε.
+    lore = pd.DataFrame({"eps": [0.0, 0.5 * sigma, 1.5 * sigma], "lower_bound": [6.0, 4.0, 1.0]})
+    m = _meta("lore", sha, seed + 3)
+    m["search"] = {"valid_until_eps": None, "distinct_states_smoothed": 10}
+    write_with_meta(d / "lore.csv", lambda p: write_csv(p, lore), m, rows=len(lore))
+    # Attacks: every return at or above its bound.
+    loc = []
+    for f in LOCAL_FACTORS:
+        eps = f * sigma
+        bound = float(lore[lore["eps"] <= eps]["lower_bound"].iloc[-1])
+        for e in range(2):
+            loc.append({"eps": eps, "episode": e, "return": bound + float(rng.integers(0, 3)), "steps": 6,
+                        "flips": int(rng.integers(0, 2)), "flips_certified": 0, "horizon": 6,
+                        "same_start_as_lore": e == 0})
+    loc = pd.DataFrame(loc)
+    write_with_meta(d / "attack_local.csv", lambda p: write_csv(p, loc), _meta("attack_local", sha, seed + 4),
+                    rows=len(loc))
+    glob = []
+    for f, g in zip(GLOBAL_FACTORS, gre.itertuples()):
+        top = max(g.expectation_bound, g.percentile_bound)
+        for e in range(GLOBAL_EPISODES):
+            glob.append({"eps": f * sigma, "episode": e, "return": min(j_max, top + rng.uniform(0, 0.1) * (j_max - j_min)),
+                         "horizon": HORIZON})
+    glob = pd.DataFrame(glob)
+    write_with_meta(d / "attack_global.csv", lambda p: write_csv(p, glob), _meta("attack_global", sha, seed + 5),
+                    rows=len(glob))
+    frames = []  # (step, RGB frame): Atari runs only, as the LoAct stage writes them
+    if needs_frames(env):
+        for i, t in enumerate(range(5, 25)):
+            f = np.zeros((210, 160, 3), dtype=np.uint8)
+            f[:, :, 1] = 60
+            f[30 + 5 * i: 40 + 5 * i, 140:144, :] = 255  # a moving paddle
+            frames.append((t, f))
+    from crop.cli import _write_frames
+
+    write_with_meta(d / FRAMES_FILE, lambda p: _write_frames(p, frames, env), _meta("loact", sha, seed + 1),
+                    rows=len(frames))
+    return d
+
+
+def make_results(root: Path, plan: dict, seed: int = 0) -> dict:
+    """``plan`` = {env: {algo: [σ, …]}}; returns {(env, algo, σ label): run folder}."""
+    root = Path(root)
+    out = {}
+    for i, (env, algos) in enumerate(plan.items()):
+        for j, (algo, sigmas) in enumerate(algos.items()):
+            sha = make_checkpoint(root, env, algo)
+            for k, s in enumerate(sigmas):
+                out[(env, algo, repr(float(s)))] = make_run(root, env, algo, s, sha, seed=seed + 100 * i + 10 * j + k)
+    return out
+
+
+def rewrite_csv(path: Path, df: pd.DataFrame) -> None:
+    """Replace a result CSV and update the hash in its provenance (a consistent, re-computed result)."""
+    meta_file = path.with_name(path.stem + ".meta.json")
+    meta = read_json(meta_file)
+    meta.pop("output", None)
+    write_with_meta(path, lambda p: write_csv(p, df), meta, rows=len(df))
+
+
+def runs_of(results: dict) -> list[str]:
+    return [f"{e}/{a}/sigma-{s}" for e, a, s in results]
+
+
+def write_reference(path: Path, rows: list[dict]) -> Path:
+    pd.DataFrame(rows, columns=["env", "algo", "sigma", "metric", "eps", "value"]).to_csv(path, index=False)
+    return path
+
+
+__all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "runs_of", "write_reference"]

@@ -1,0 +1,306 @@
+"""The audit on a small synthetic results folder: planted violations and mismatches are reported with their
+place, integrity problems are caught, provenance is recorded, strict mode fails the exit status."""
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from crop import layout
+from crop.cli import main
+from crop.config import load_config
+from crop.report.audit import audit
+from crop.report.provenance import config_hash
+from crop.report.reference import (DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances,
+                                   tolerance_for)
+from synthetic_results import make_results, rewrite_csv, runs_of, write_reference
+
+PLAN = {"CartPole-v0": {"StdTrain": [0.05, 0.1], "GaussAug": [0.1]},
+        "FreewayNoFrameskip-v4": {"RadialRL": [1.5]}}
+REPO = Path(__file__).resolve().parents[1]
+
+AUDIT_KEYS = {"schema_version", "results", "runs", "alpha", "config_hash", "strict", "passed", "checked",
+              "violations", "empirical_below", "integrity_problems", "integrity", "incomplete_runs",
+              "violation_list", "checks", "provenance", "warnings", "mismatches", "reference_missing", "reference"}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pristine")
+    make_results(root, PLAN)
+    return root
+
+
+@pytest.fixture
+def results(pristine, tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(pristine, root)
+    return root
+
+
+def _run(root, env="CartPole-v0", algo="StdTrain", lab="0.1"):
+    return layout.run_dir(root, env, algo, lab)
+
+
+def _cli(*args):
+    try:
+        main(["audit", *map(str, args)])
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def test_sound_results_pass(results):
+    rep = audit(results, results / "audit", config_hash="abc123")
+    assert set(rep) == AUDIT_KEYS
+    assert rep["passed"] and rep["violations"] == 0 and rep["integrity_problems"] == 0
+    assert len(rep["runs"]) == 4 and rep["checked"] >= 4 * 10
+    kinds = {c["check"] for c in rep["checks"]}
+    assert {"lore_vs_pgd_local", "gre_expectation_vs_pgd_mean", "gre_percentile_p0.5_vs_pgd",
+            "loact_certified_steps_not_flipped"} <= kinds
+    on_disk = json.loads((results / "audit" / "audit.json").read_text())
+    assert on_disk["passed"] and on_disk["config_hash"] == "abc123"
+    assert (results / "audit" / "audit.md").read_text().startswith("# CROP audit\n\n**PASS**")
+    assert _cli(results, "--strict", "--out-dir", results / "a2") == 0
+
+
+def test_planted_violations_are_listed_with_their_place(results):
+    # LoRe: the local PGD from LoRe's own initial state ends below the certified bound at ε = σ.
+    d = _run(results)
+    al = pd.read_csv(d / "attack_local.csv")
+    at = np.isclose(al["eps"], 0.1) & al["same_start_as_lore"]
+    lore = pd.read_csv(d / "lore.csv")
+    bound = float(lore[lore["eps"] <= 0.1]["lower_bound"].iloc[-1])
+    al.loc[at, "return"] = bound - 1
+    # LoAct: a certified step's action flipped under attack.
+    al.loc[np.isclose(al["eps"], 0.05) & (al["episode"] == 1), "flips_certified"] = 2
+    rewrite_csv(d / "attack_local.csv", al)
+    # GRe: the expectation bound rises with ε in another run.
+    d2 = _run(results, "CartPole-v0", "GaussAug", "0.1")
+    gre = pd.read_csv(d2 / "gre.csv")
+    gre.loc[gre.index[-1], "expectation_bound"] = gre["expectation_bound"].iloc[-2] + 1.0
+    rewrite_csv(d2 / "gre.csv", gre)
+
+    rep = audit(results, results / "audit")
+    assert not rep["passed"] and rep["violations"] == 3
+    got = {(v["env"], v["algo"], v["sigma"], round(v["eps"], 9), v["check"]) for v in rep["violation_list"]}
+    assert got == {("CartPole-v0", "StdTrain", 0.1, 0.1, "lore_vs_pgd_local"),
+                   ("CartPole-v0", "StdTrain", 0.1, 0.05, "loact_certified_steps_not_flipped"),
+                   ("CartPole-v0", "GaussAug", 0.1, round(float(gre["eps"].iloc[-2]), 9), "gre_expectation_monotone")}
+    lore_v = next(v for v in rep["violation_list"] if v["check"] == "lore_vs_pgd_local")
+    assert lore_v["bound"] == bound and lore_v["observed"] == bound - 1
+    md = (results / "audit" / "audit.md").read_text()
+    assert "**FAIL**: 3 soundness violation(s)" in md and "lore_vs_pgd_local" in md
+    assert _cli(results, "--out-dir", results / "a2") == 0
+    assert _cli(results, "--strict", "--out-dir", results / "a2") == 1
+
+
+def test_gre_needs_significance_before_a_violation(results):
+    d = _run(results, "CartPole-v0", "StdTrain", "0.05")
+    gre = pd.read_csv(d / "gre.csv")
+    ag = pd.read_csv(d / "attack_global.csv")
+    e1, e2 = sorted(ag["eps"].unique())[1:3]
+    pb1 = float(gre.loc[np.isclose(gre["eps"], e1), "percentile_bound"].iloc[0])
+    pb2 = float(gre.loc[np.isclose(gre["eps"], e2), "percentile_bound"].iloc[0])
+    # At e1 one attacked episode (of 12) falls below J_p: P[Bin(12, 0.5) >= 1] is large, not a violation.
+    ag.loc[ag.index[np.isclose(ag["eps"], e1)][0], "return"] = pb1 - 5
+    # At e2 every attacked episode falls below J_p: P[Bin(12, 0.5) >= 12] = 2^-12, a violation.
+    ag.loc[np.isclose(ag["eps"], e2), "return"] = pb2 - 5
+    rewrite_csv(d / "attack_global.csv", ag)
+    rep = audit(results, results / "audit", alpha=0.05)
+    rows = {round(c["eps"], 9): c for c in rep["checks"] if c["check"] == "gre_percentile_p0.5_vs_pgd"
+            and c["algo"] == "StdTrain" and c["sigma"] == 0.05}
+    assert rows[round(e1, 9)]["attacked_below"] == 1 and not rows[round(e1, 9)]["violation"]
+    assert rows[round(e1, 9)]["p_value"] > 0.05
+    assert rows[round(e2, 9)]["violation"] and math.isclose(rows[round(e2, 9)]["p_value"], 0.5 ** 12)
+    assert any(v["check"] == "gre_percentile_p0.5_vs_pgd" and math.isclose(v["eps"], e2)
+               for v in rep["violation_list"])
+
+
+def _reference_rows(results):
+    """Reference values computed here from the raw files (not by the code under test)."""
+    d = _run(results)
+    st = pd.read_csv(d / "loact.csv")
+    ep = pd.read_csv(d / "loact_episodes.csv")
+    gre = pd.read_csv(d / "gre.csv")
+    lore = pd.read_csv(d / "lore.csv")
+    ag = pd.read_csv(d / "attack_global.csv")
+    e = float(gre["eps"].iloc[1])
+    return {
+        "radius": dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="mean_radius", eps=None,
+                       value=st["radius"].mean()),
+        "benign": dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="benign_return", eps=None,
+                       value=ep["return"].mean() * 1.03),  # within the default 5 %
+        "mismatch": dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="expectation_bound", eps=e,
+                         value=float(gre["expectation_bound"].iloc[1]) + 7.5),  # planted: 7.5 reward units off
+        "lore": dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="lore_bound", eps=0.07,  # between radii
+                     value=float(lore[lore["eps"] <= 0.07]["lower_bound"].iloc[-1])),
+        "median": dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="pgd_global_median", eps=e,
+                       value=float(ag[np.isclose(ag["eps"], e)]["return"].median())),
+        "off_grid": dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="expectation_bound", eps=0.0123,
+                         value=1.0),
+        "no_run": dict(env="CartPole-v0", algo="StdTrain", sigma=0.7, metric="mean_radius", eps=None, value=0.1),
+    }
+
+
+def test_planted_reference_mismatch_is_reported(results):
+    rows = _reference_rows(results)
+    ref = write_reference(results.parent / "ref.csv", list(rows.values()))
+    rep = audit(results, results / "audit", reference=ref)
+    comps = rep["reference"]["comparisons"]
+    verdict = dict(zip(rows, (c["verdict"] for c in comps)))
+    assert verdict == {"radius": "match", "benign": "match", "mismatch": "differs", "lore": "match",
+                       "median": "match", "off_grid": "missing", "no_run": "missing"}
+    bad = comps[list(rows).index("mismatch")]
+    assert math.isclose(bad["delta"], -7.5, abs_tol=1e-6) and bad["allowed"] < 7.5
+    assert rep["reference"]["counts"] == {"match": 4, "differs": 1, "missing": 2}
+    assert rep["mismatches"] == 1 and rep["reference_missing"] == 2 and not rep["passed"]
+    assert rep["violations"] == 0  # a mismatch is not a soundness violation
+    md = (results / "audit" / "audit.md").read_text()
+    assert "### Differs (1)" in md and "expectation_bound" in md.split("### Differs (1)")[1].split("###")[0]
+    assert _cli(results, "--reference", ref, "--out-dir", results / "a2") == 0
+    assert _cli(results, "--reference", ref, "--strict", "--out-dir", results / "a2") == 1
+    # Missing reference values alone do not fail strict mode.
+    only_missing = write_reference(results.parent / "ref2.csv", [rows["radius"], rows["off_grid"], rows["no_run"]])
+    assert _cli(results, "--reference", only_missing, "--strict", "--out-dir", results / "a3") == 0
+    rep3 = json.loads((results / "a3" / "audit.json").read_text())
+    assert rep3["passed"] and rep3["reference"]["counts"] == {"match": 1, "differs": 0, "missing": 2}
+
+
+def test_tolerances_file_and_flags(results, tmp_path):
+    rows = _reference_rows(results)
+    ref = write_reference(tmp_path / "ref.csv", [rows["benign"], rows["mismatch"]])
+    # --rel-tol/--abs-tol override every metric: 3 % off is now too much.
+    assert _cli(results, "--reference", ref, "--rel-tol", "0.01", "--abs-tol", "0", "--out-dir", tmp_path / "a") == 0
+    rep = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert [c["verdict"] for c in rep["reference"]["comparisons"]] == ["differs", "differs"]
+    # A tolerances file widening one metric (and nothing else).
+    tol = tmp_path / "tol.yaml"
+    tol.write_text(yaml.safe_dump({"expectation_bound": {"abs": 8.0}, "default": {"rel": 0.0}}))
+    rep = audit(results, tmp_path / "b", reference=ref, tolerances=tol)
+    assert [c["verdict"] for c in rep["reference"]["comparisons"]] == ["match", "match"]
+    assert rep["reference"]["tolerances"]["expectation_bound"] == {"abs": 8.0, "rel": 0.0}
+    # benign_return: abs from the built-in default (1.0), rel from the file's default (0).
+    assert rep["reference"]["tolerances"]["benign_return"] == {"abs": DEFAULT_TOLERANCES["benign_return"]["abs"],
+                                                               "rel": 0.0}
+    assert tolerance_for("percentile_bound_p0.9", {"percentile_bound": {"rel": 0.2}}) == \
+        {"abs": DEFAULT_TOLERANCES["percentile_bound"]["abs"], "rel": 0.2}
+
+
+def test_empty_reference_value_means_no_bound(results, tmp_path):
+    d = _run(results)
+    gre = pd.read_csv(d / "gre.csv")
+    e = float(gre["eps"].iloc[-1])
+    gre.loc[gre.index[-1], ["percentile_bound", "percentile_certified"]] = [np.nan, False]
+    rewrite_csv(d / "gre.csv", gre)
+    base = dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="percentile_bound", eps=e)
+    ref = write_reference(tmp_path / "ref.csv", [{**base, "value": None},
+                                                 {**base, "metric": "percentile_bound_p0.5", "value": 3.0}])
+    rep = audit(results, tmp_path / "a", reference=ref)
+    assert [c["verdict"] for c in rep["reference"]["comparisons"]] == ["match", "differs"]
+
+
+def test_integrity_problems(results):
+    # A result file edited after it was written.
+    with open(_run(results) / "lore.csv", "a") as f:
+        f.write("9,100\n")
+    # A checkpoint that is not the one the results were computed from.
+    ck = layout.checkpoint_path(results, "FreewayNoFrameskip-v4", "RadialRL")
+    ck.write_bytes(b"other weights")
+    # A stage computed from another checkpoint.
+    d = _run(results, "CartPole-v0", "GaussAug", "0.1")
+    meta = json.loads((d / "gre.meta.json").read_text())
+    meta["inputs"]["checkpoint"]["sha256"] = "f" * 64
+    (d / "gre.meta.json").write_text(json.dumps(meta))
+    # An incomplete run folder.
+    (results / "CartPole-v0" / "StdTrain" / "sigma-0.3").mkdir()
+    rep = audit(results, results / "audit")
+    problems = {(p["file"].split("/results/")[-1], p["problem"].split(" (")[0]) for p in rep["integrity"]}
+    assert ("CartPole-v0/StdTrain/sigma-0.1/lore.csv",
+            "sha256 differs from the one recorded at write time") in problems
+    assert ("FreewayNoFrameskip-v4/RadialRL/checkpoint/model.pt",
+            "checkpoint sha256 differs from the one recorded in model.json") in problems
+    assert any(f == "CartPole-v0/GaussAug/sigma-0.1/gre.csv" and "computed from checkpoint ffffffffffff" in p
+               for f, p in problems)
+    assert any(f == "CartPole-v0/StdTrain/sigma-0.3" and p.startswith("incomplete run") for f, p in problems)
+    assert rep["integrity_problems"] == 4 and not rep["passed"] and rep["violations"] == 0
+    assert "CartPole-v0/StdTrain/sigma-0.1" not in [p["run"] for p in rep["provenance"]]  # not audited
+    assert _cli(results, "--strict", "--out-dir", results / "a2") == 1
+
+
+def test_provenance_per_run(results, tmp_path):
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text((REPO / "tests" / "configs" / "smoke.yaml").read_text())
+    assert _cli(results, "--config", cfg_file, "--out-dir", tmp_path / "a") == 0
+    rep = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert rep["config_hash"] == config_hash(load_config(cfg_file))
+    rec = json.loads(layout.checkpoint_record(results, "CartPole-v0", "StdTrain").read_text())
+    p = next(p for p in rep["provenance"] if p["run"] == "CartPole-v0/StdTrain/sigma-0.1")
+    assert p["checkpoint_sha256"] == rec["sha256"] and p["checkpoint_source"] == "train"
+    assert p["checkpoint"]["file_verified"] is True and p["config_hash"] == rep["config_hash"]
+    assert set(p["seeds"]) == {"qrange", "loact", "gre", "lore", "attack_local", "attack_global"}
+    assert all(isinstance(s, int) for s in p["seeds"].values())
+    assert p["runtime_total_s"] == pytest.approx(sum(p["runtime_s"].values()))
+    assert p["versions"]["numpy"] == np.__version__ and p["device"] == "cpu"
+    assert p["git_commits"]
+    # A config hash that does not belong to the config is refused.
+    assert _cli(results, "--config", cfg_file, "--config-hash", "0" * 64, "--out-dir", tmp_path / "b") == 2
+
+
+def test_config_hash_is_canonical():
+    a = {"x": 1, "y": {"b": [1, 2], "a": "s"}}
+    b = {"y": {"a": "s", "b": [1, 2]}, "x": 1}
+    assert config_hash(a) == config_hash(b) != config_hash({**a, "x": 2})
+
+
+@pytest.mark.parametrize("row, message", [
+    ("CartPole-v0,StdTrain,0.1,mean_radius,0.5,1", "has no eps"),
+    ("CartPole-v0,StdTrain,0.1,lore_bound,,1", "needs an eps"),
+    ("CartPole-v0,StdTrain,0.1,radius_mean,,1", "unknown metric"),
+    ("Nope-v0,StdTrain,0.1,mean_radius,,1", "unknown env"),
+    ("CartPole-v0,Magic,0.1,mean_radius,,1", "unknown algo"),
+    ("CartPole-v0,StdTrain,0,mean_radius,,1", "sigma must be > 0"),
+    ("CartPole-v0,StdTrain,0.1,mean_radius,,1\nCartPole-v0,StdTrain,0.1,mean_radius,,2", "data row 2 repeats"),
+])
+def test_malformed_reference_is_refused(tmp_path, results, row, message):
+    ref = tmp_path / "ref.csv"
+    ref.write_text("env,algo,sigma,metric,eps,value\n" + row + "\n")
+    with pytest.raises(ReferenceError, match=message):
+        load_reference(ref)
+    assert _cli(results, "--reference", ref, "--out-dir", tmp_path / "a") == 2
+    assert not (tmp_path / "a" / "audit.json").exists()
+
+
+def test_malformed_tolerances_are_refused(tmp_path):
+    tol = tmp_path / "tol.yaml"
+    for bad, message in [({"mean_radious": {"rel": 0.1}}, "unknown metric"),
+                         ({"mean_radius": {"rel": -1}}, "must be a finite number"),
+                         ({"mean_radius": {"relative": 0.1}}, "abs.*rel")]:
+        tol.write_text(yaml.safe_dump(bad))
+        with pytest.raises(ReferenceError, match=message):
+            load_tolerances(tol)
+
+
+def test_shipped_examples_are_valid():
+    ref = load_reference(REPO / "docs" / "reference_example.csv")
+    assert len(ref) >= 5 and ref["metric"].nunique() >= 5
+    tol = load_tolerances(REPO / "docs" / "tolerances_example.yaml")
+    assert "default" in tol
+
+
+@pytest.mark.parametrize("block, message", [
+    ({"alpha": 1.5}, r"audit\.alpha: 1\.5 must be < 1"),
+    ({"strict": "yes"}, r"audit\.strict: 'yes' is not of type 'boolean'"),
+    ({"referenc": "x.csv"}, r"audit: unknown key"),
+])
+def test_config_audit_block_is_validated(block, message):
+    from crop.config import ConfigError, validate_config
+
+    cfg = yaml.safe_load((REPO / "tests" / "configs" / "smoke.yaml").read_text())
+    assert validate_config(cfg)["audit"] == {"alpha": 0.05, "reference": None, "tolerances": None, "strict": False}
+    with pytest.raises(ConfigError, match=message):
+        validate_config({**cfg, "audit": block})

@@ -1,0 +1,135 @@
+"""Faults: corrupted intermediates are caught before aggregation; a full or unwritable results folder gives
+a clear error and leaves nothing half-written."""
+import errno
+import os
+
+import pytest
+
+from crop.cli import main
+from crop.io import atomic_write_bytes
+
+from synthetic_results import make_results
+
+
+@pytest.fixture
+def results(tmp_path):
+    make_results(tmp_path, {"CartPole-v0": {"StdTrain": [0.01, 0.1]}})
+    return tmp_path
+
+
+def test_truncated_intermediate_is_refused_before_aggregation(results, capsys):
+    f = results / "CartPole-v0/StdTrain/sigma-0.1/loact.csv"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])  # half a loact.csv, as a crash of a careless writer would leave
+    with pytest.raises(SystemExit) as e:
+        main(["aggregate", str(results)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "loact.csv" in err and "truncated or modified" in err
+    assert not list((results / "figures").glob("*.png")) if (results / "figures").exists() else True
+
+
+def test_a_full_disk_leaves_no_partial_file(tmp_path, monkeypatch):
+    import crop.io as cio
+
+    target = tmp_path / "out" / "loact.csv"
+    monkeypatch.setattr(cio.os, "fdopen", lambda fd, mode: _Full(fd))  # the disk fills up on write
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_bytes(target, b"x" * 1000)
+    assert not target.exists() and not list(target.parent.glob(".*tmp"))
+
+
+def test_cli_reports_a_full_disk_in_one_line(tmp_path, monkeypatch, capsys, mlp_factory):
+    import crop.io as cio
+    from crop.io import sha256_file, write_json
+    from crop.models import save_q_network
+
+    save_q_network(mlp_factory(hidden=(16,)), tmp_path / "model.pt")
+    write_json(tmp_path / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
+                                         "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
+                                         "sha256": sha256_file(tmp_path / "model.pt")})
+    monkeypatch.setattr(cio.os, "fdopen", lambda fd, mode: _Full(fd))
+    out = tmp_path / "qrange.json"
+    with pytest.raises(SystemExit) as e:
+        main(["qrange", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint",
+              str(tmp_path / "model.pt"), "--m", "20", "--episodes", "1", "--horizon", "3", "--out", str(out)])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "cannot write" in err and "qrange.json" in err and "No space left on device" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+class _Full:
+    def __init__(self, fd):
+        self.fd = fd
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        os.close(self.fd)
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        return self.fd
+
+
+def _immutable(path, on: bool) -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("chattr") is None:
+        return False
+    return subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True).returncode == 0
+
+
+def test_read_only_results_folder_is_one_clear_error(tmp_path):
+    """An unwritable results folder stops the workflow before any job, naming the folder."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    res = tmp_path / "results-smoke"
+    res.mkdir()
+    if not _immutable(res, True):
+        pytest.skip("chattr +i not available here (the test needs an unwritable folder even for root)")
+    try:
+        p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                            str(tmp_path), "--cores", "1", "--configfile", str(REPO / "tests/configs/smoke.yaml")],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        _immutable(res, False)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0
+    assert "results folder results-smoke is not writable" in out
+    assert not any(res.iterdir())
+
+
+def test_second_workflow_on_the_same_folder_is_stopped_by_the_lock(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+           "--cores", "1", "--configfile", str(REPO / "tests/configs/smoke.yaml")]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        locks = tmp_path / ".snakemake" / "locks"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (locks.is_dir() and any(locks.iterdir())):
+            time.sleep(0.2)
+        assert locks.is_dir() and any(locks.iterdir()), "the first run never took its lock"
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert second.returncode != 0
+        assert "LockException" in second.stdout + second.stderr or "cannot be locked" in second.stdout + second.stderr
+    finally:
+        first.kill()
+        first.wait()

@@ -1,0 +1,183 @@
+"""Published checkpoints through the same code path users hit: pooch download from a mirror served on
+127.0.0.1, sha256 pinning (registry or lock file), safe archive extraction."""
+import functools
+import http.server
+import io
+import json
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from crop.checkpoints import ArchiveError, FetchError, extract_member, fetch_published
+from crop.cli import main
+from crop.envs import make_env
+from crop.io import sha256_file
+from crop.models import load_q_network
+from crop.registry import resolve_source
+
+from conftest import SHARED
+
+CKPTS = SHARED / "checkpoints"
+HIGHWAY = CKPTS / "crop-highway-fast-v0"
+needs_shared = pytest.mark.skipif(not HIGHWAY.is_dir(), reason="../shared/checkpoints not present")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def serve():
+    """serve(folder) -> base URL of an HTTP server on 127.0.0.1 for that folder (stopped afterwards)."""
+    servers = []
+
+    def start(folder):
+        h = functools.partial(_Quiet, directory=str(folder))
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+@needs_shared
+def test_fetch_through_the_cli_from_a_mirror(tmp_path, serve):
+    mirror = serve(CKPTS)
+    out = tmp_path / "ck" / "model.pt"
+    main(["fetch", "--env", "highway-fast-v0", "--algo", "StdTrain", "--mirror", mirror,
+          "--cache", str(tmp_path / "cache"), "--lock", str(tmp_path / "lock.json"), "--out", str(out)])
+    rec = json.loads(out.with_suffix(".json").read_text())
+    _, entry = resolve_source("highway-fast-v0", "StdTrain", "published")
+    assert rec["sha256"] == entry["sha256"] == sha256_file(out)
+    assert rec["fetched_from"].startswith(mirror) and rec["url"] == entry["url"]
+    load_q_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
+
+
+@needs_shared
+def test_wrong_sha256_is_refused_and_leaves_no_file(tmp_path, serve, monkeypatch, capsys):
+    mirror = serve(CKPTS)
+    _, entry = resolve_source("highway-fast-v0", "StdTrain", "published")
+    bad = dict(entry, sha256="0" * 64)
+    monkeypatch.setattr("crop.registry.resolve_source", lambda env, algo, prefer: ("published", bad))
+    out = tmp_path / "ck" / "model.pt"
+    with pytest.raises(SystemExit) as e:
+        main(["fetch", "--env", "highway-fast-v0", "--algo", "StdTrain", "--mirror", mirror,
+              "--cache", str(tmp_path / "cache"), "--out", str(out)])
+    assert e.value.code == 2
+    assert "refusing" in capsys.readouterr().err
+    assert not out.exists() and not out.with_suffix(".json").exists()
+    assert not any((tmp_path / "cache").glob("*")), "a file with the wrong hash stayed in the cache"
+
+
+@needs_shared
+def test_every_published_highway_checkpoint_loads_and_plays(tmp_path, serve):
+    mirror = serve(CKPTS)
+    spec = {"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}
+    sums = [line.split() for line in (HIGHWAY / "SHA256SUMS").read_text().splitlines() if line.strip()]
+    assert len(sums) == 8
+    for sha, name in sums:
+        entry = {"url": f"https://example.invalid/{name}", "sha256": sha,
+                 "mirror_path": f"crop-highway-fast-v0/{name}"}
+        dest = tmp_path / name
+        fetch_published(entry, dest, mirror=mirror, cache=tmp_path / "cache")
+        net = load_q_network(dest, spec, expected_sha256=sha)
+        env = make_env("highway-fast-v0")
+        obs, _ = env.reset(seed=0)
+        steps, done = 0, False
+        while not done:
+            a = int(net(torch.as_tensor(obs).unsqueeze(0)).argmax(1))
+            obs, r, term, trunc, _ = env.step(a)
+            steps += 1
+            done = term or trunc
+        assert steps >= 1 and np.isfinite(r)
+
+
+def _tar(path, members):
+    """members: list of (TarInfo-kwargs, bytes | None)."""
+    with tarfile.open(path, "w:gz") as tf:
+        for kw, data in members:
+            ti = tarfile.TarInfo(kw.pop("name"))
+            for k, v in kw.items():
+                setattr(ti, k, v)
+            if data is not None:
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+            else:
+                tf.addfile(ti)
+    return path
+
+
+def _state_bytes(seed=0):
+    torch.manual_seed(seed)
+    buf = io.BytesIO()
+    torch.save({"0.weight": torch.randn(2, 4), "0.bias": torch.zeros(2)}, buf)
+    return buf.getvalue()
+
+
+def test_lock_file_pins_the_first_download_and_refuses_a_change(tmp_path, serve):
+    site = tmp_path / "site"
+    site.mkdir()
+    _tar(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes(0))])
+    mirror = serve(site)
+    entry = {"url": "http://publisher.invalid/models.tar.gz", "member": "models/Pong-natural.model",
+             "mirror_path": "models.tar.gz"}
+    lock = tmp_path / "lock.json"
+    fetch_published(entry, tmp_path / "a.pt", mirror=mirror, cache=tmp_path / "cache", lock=lock)
+    pinned = json.loads(lock.read_text())[entry["url"]]["sha256"]
+    assert pinned == sha256_file(site / "models.tar.gz")
+    fetch_published(entry, tmp_path / "b.pt", mirror=mirror, cache=tmp_path / "cache2", lock=lock)  # same file: ok
+    _tar(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes(1))])  # publisher changed it
+    with pytest.raises(FetchError, match="refusing"):
+        fetch_published(entry, tmp_path / "c.pt", mirror=mirror, cache=tmp_path / "cache3", lock=lock)
+    assert not (tmp_path / "c.pt").exists()
+
+
+@pytest.mark.parametrize("hostile", [
+    [({"name": "../escape.model"}, b"x")],
+    [({"name": "/tmp/crop-absolute.model"}, b"x")],
+    [({"name": "models/link", "type": tarfile.SYMTYPE, "linkname": "../../../etc/passwd"}, None)],
+    [({"name": "models/hard", "type": tarfile.LNKTYPE, "linkname": "/etc/passwd"}, None)],
+    [({"name": "dev", "type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 3}, None)],
+], ids=["dotdot", "absolute", "symlink-escape", "hardlink-absolute", "device"])
+def test_hostile_tar_members_are_refused(tmp_path, hostile):
+    arc = _tar(tmp_path / "a.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes())] + hostile)
+    out = tmp_path / "out" / "model.pt"
+    before = set(Path("/tmp").iterdir())
+    with pytest.raises(ArchiveError, match="refusing"):
+        extract_member(arc, "models/Pong-natural.model", out)
+    assert not out.exists()
+    assert not Path("/tmp/crop-absolute.model").exists() and set(Path("/tmp").iterdir()) - before <= {tmp_path}
+
+
+def test_zip_with_dotdot_and_bomb_are_refused(tmp_path):
+    z = tmp_path / "evil.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("ok/Pong.pt", _state_bytes())
+        zf.writestr("../../escape.pt", b"x")
+    with pytest.raises(ArchiveError, match="climbs out"):
+        extract_member(z, "ok/Pong.pt", tmp_path / "o1.pt")
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("PongNoFrameskip-v4_robust.pt", b"\0" * (8 << 20))  # 8 MiB of zeros, a few KB zipped
+    assert bomb.stat().st_size < 100_000
+    with pytest.raises(ArchiveError, match="limit"):
+        extract_member(bomb, "PongNoFrameskip-v4_robust.pt", tmp_path / "o2.pt", max_bytes=1 << 20)
+    assert not (tmp_path / "o2.pt").exists() and not list(tmp_path.glob(".o2.pt.*"))
+
+
+def test_member_found_by_basename_in_a_subfolder(tmp_path):
+    z = tmp_path / "DQN_trained_models.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("DQN_trained_models/PongNoFrameskip-v4_robust.pt", b"weights")
+    extract_member(z, "PongNoFrameskip-v4_robust.pt", tmp_path / "m.pt")
+    assert (tmp_path / "m.pt").read_bytes() == b"weights"

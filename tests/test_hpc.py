@@ -1,0 +1,305 @@
+"""The HPC paths, run for real on one small target (one σ of tests/configs/smoke.yaml: checkpoint, qrange,
+LoAct, GRe, LoRe and both attacks — 7 jobs):
+
+* SLURM: a one-node cluster (ci/slurm-up.sh: munged, slurmctld, slurmd on 127.0.0.1, one fake GPU) runs
+  the target through profiles/slurm; every job must have gone through sbatch (and the certification
+  and attack jobs must have been given the GPU), and the results must equal a local run's.
+* Containers: the steps of containers/crop.def built into a podman image (ci/container-build.sh) run the
+  target through `snakemake --sdm apptainer`, with a podman stand-in for apptainer
+  (ci/apptainer-podman.py); the results must equal a local run's.
+
+Both need root and Debian packages (slurm-wlm munge; podman runc debootstrap).  Where they are missing
+the tests are skipped with the reason, unless CROP_REQUIRE_HPC=1 (.ci/run sets it after installing
+them): then a missing piece fails the test.
+
+"Equal" is byte-equality of every result file under results-smoke/CartPole-v0/ (the CSVs, model.pt),
+except that
+* JSON files (qrange.json, model.json and every .meta.json) are compared after dropping the provenance
+  keys that legitimately differ between two runs of the same computation (VOLATILE: timestamps,
+  durations and rates, argv, platform, git commit, the interpreter's patch version);
+* frames.npz is compared by its arrays: its zip headers depend on the Python that wrote it (3.11.2 in
+  the image writes other zip64 header fields than 3.11.7);
+* so the sha256 (and size) that a .meta.json records for a JSON or .npz file it read or wrote is checked
+  against that file in its own run instead of across runs.
+Everything else — settings, seeds, the checkpoint's and every output's sha256 and row count, package
+versions, the device used — must match.
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from crop import layout
+from crop.io import sha256_file
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
+ENV, ALGO, SIGMA = "CartPole-v0", "StdTrain", "0.1"
+CERTIFICATION_RULES = {"qrange", "loact", "gre", "lore", "attack_local", "attack_global"}
+REQUIRE = os.environ.get("CROP_REQUIRE_HPC") == "1"
+# Provenance keys that legitimately differ between two runs of the same computation: when and how fast
+# (*_utc, runtime_s, *_per_s), how it was called (argv: the absolute path of the `crop` script), where
+# (platform; git_commit: none inside the container), and which build of the interpreter (versions.python:
+# the image's Debian python3 is 3.11.2, the host's may be another 3.11.x).
+VOLATILE = {"argv", "runtime_s", "platform", "git_commit", "python"}
+VOLATILE_SUFFIXES = ("_utc", "_per_s")
+SBIN = os.pathsep.join(["/usr/local/sbin", "/usr/sbin", "/sbin"])
+
+
+def need(ok: bool, reason: str):
+    if not ok:
+        if REQUIRE:
+            pytest.fail(f"{reason} (CROP_REQUIRE_HPC=1)")
+        pytest.skip(reason)
+
+
+def need_root_and(*tools: str, packages: str):
+    need(os.geteuid() == 0, "needs root (daemons, debootstrap, rootful podman)")
+    path = os.environ.get("PATH", "") + os.pathsep + SBIN
+    missing = [t for t in tools if shutil.which(t, path=path) is None]
+    need(not missing, f"{', '.join(missing)} not installed: apt-get install {packages}")
+
+
+def run_env(**extra) -> dict:
+    """The environment of a run: this interpreter's scripts (`crop`, `snakemake`) first on PATH."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", ""), SBIN])
+    return dict(os.environ, PATH=path, **extra)
+
+
+def snakemake(work: Path, cfg: Path, *args: str, env: dict | None = None, timeout: int = 900):
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                        str(work), "--configfile", str(cfg), *args], capture_output=True, text=True,
+                       timeout=timeout, env=env or run_env())
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    return p.stdout + p.stderr
+
+
+def target_files(cfg: dict) -> list[str]:
+    run = f"{cfg['results']}/{ENV}/{ALGO}/sigma-{SIGMA}"
+    return [f"{run}/{name}" for name in layout.RUN_FILES.values()]
+
+
+def _volatile(key: str) -> bool:
+    return key in VOLATILE or key.endswith(VOLATILE_SUFFIXES)
+
+
+def _strip(x):
+    if isinstance(x, dict):
+        return {k: _strip(v) for k, v in x.items() if not _volatile(k)}
+    if isinstance(x, list):
+        return [_strip(v) for v in x]
+    return x
+
+
+def _hashed_files(meta: dict, path: Path, work: Path):
+    """(record, file) for every file whose sha256 the record `meta` (in `path`) keeps."""
+    for rec in meta.get("inputs", {}).values():
+        if isinstance(rec, dict) and "path" in rec:
+            yield rec, work / rec["path"]
+    out = meta.get("output")
+    if isinstance(out, dict) and "file" in out:
+        yield out, path.parent / out["file"]
+
+
+def _check_then_drop_hashes(meta: dict, path: Path, work: Path):
+    """A stage's record of a file it read or wrote that is compared by content, not bytes (a JSON result
+    such as qrange.json hashes its own provenance; a .npz's zip headers depend on the Python version that
+    wrote it): its sha256 (and size) is checked against that file in the same run, then left out.  The
+    records of the checkpoint and of every CSV keep theirs, compared across runs like everything else."""
+    for rec, file in _hashed_files(meta, path, work):
+        if file.suffix in (".json", ".npz") and "sha256" in rec:
+            assert rec.pop("sha256") == sha256_file(file), (path, rec)
+            rec.pop("bytes", None)
+
+
+def digest(path: Path, root: Path) -> str:
+    """What must be equal between two runs: see the module docstring."""
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        for rec in (data, data.get("provenance", {})):
+            _check_then_drop_hashes(rec, path, root)
+        return hashlib.sha256(json.dumps(_strip(data), sort_keys=True).encode()).hexdigest()
+    if path.suffix == ".npz":
+        h = hashlib.sha256()
+        with np.load(path) as z:
+            for name in sorted(z.files):
+                a = z[name]
+                h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
+                h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()
+    return sha256_file(path)
+
+
+def result_digests(work: Path, cfg: dict) -> dict[str, str]:
+    root = work / cfg["results"] / ENV
+    return {str(p.relative_to(root)): digest(p, work) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def hpc_config(tmp_path_factory):
+    """smoke.yaml with `device: auto`, so that the certification and attack jobs ask for a GPU (and, on
+    a node without CUDA, run on the CPU)."""
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["device"] = "auto"
+    path = tmp_path_factory.mktemp("hpc-config") / "hpc.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path, cfg
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, hpc_config):
+    path, cfg = hpc_config
+    work = tmp_path_factory.mktemp("local")
+    snakemake(work, path, "--cores", "2", *target_files(cfg))
+    digests = result_digests(work, cfg)
+    assert {f"StdTrain/sigma-{SIGMA}/{n}" for n in layout.RUN_FILES.values()} <= set(digests)
+    assert {"StdTrain/checkpoint/model.pt", "StdTrain/checkpoint/model.json"} <= set(digests)
+    return digests
+
+
+# --- cheap checks, everywhere -------------------------------------------------------------------------
+
+def _planned_resources(cfg_path: Path, cfg: dict, tmp_path: Path) -> dict[str, str]:
+    out = snakemake(tmp_path, cfg_path, "-n", "--profile", str(REPO / "profiles" / "slurm"), *target_files(cfg))
+    rules = re.findall(r"^(?:local)?rule (\w+):\n(?:.*\n)*?\s+resources: (.*)$", out, flags=re.M)
+    assert rules, out[-3000:]
+    return dict(rules)
+
+
+@pytest.mark.parametrize("device, gpus", [("cpu", 0), ("auto", 1), ("cuda", 1)])
+def test_certification_rules_ask_for_a_gpu_only_where_they_may_use_one(device, gpus, tmp_path):
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["device"] = device
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    planned = _planned_resources(path, cfg, tmp_path)
+    assert set(planned) == CERTIFICATION_RULES | {"checkpoint"}
+    for rule, res in planned.items():
+        fields = dict(kv.split("=", 1) for kv in res.split(", "))
+        assert int(fields.get("gpu", 0)) == (gpus if rule in CERTIFICATION_RULES else 0), (rule, res)
+        assert int(fields["mem_mb"]) > 0 and int(fields["runtime"]) > 0, (rule, res)
+
+
+def test_comparison_sees_results_and_settings_not_run_provenance(tmp_path):
+    """The equality the HPC tests assert is not vacuous: a changed number or setting shows, a changed
+    timestamp, argv or recorded hash of a JSON input (checked against its file) does not."""
+    cfg = {"results": "r"}
+
+    def write(work: Path, value="1.5", m=1000, when="2026-01-01T00:00:00Z", argv="/a/crop"):
+        run = work / "r" / ENV / ALGO / f"sigma-{SIGMA}"
+        run.mkdir(parents=True)
+        q = {"v_min": 0.0, "provenance": {"finished_utc": when, "argv": [argv]}}
+        (run / "qrange.json").write_text(json.dumps(q))
+        (run / "loact.csv").write_text(f"eps,radius\n0,{value}\n")
+        meta = {"settings": {"m": m}, "runtime_s": 1.0, "finished_utc": when, "argv": [argv],
+                "inputs": {"qrange": {"path": f"r/{ENV}/{ALGO}/sigma-{SIGMA}/qrange.json",
+                                      "sha256": sha256_file(run / "qrange.json")}},
+                "output": {"file": "loact.csv", "sha256": sha256_file(run / "loact.csv")}}
+        (run / "loact.meta.json").write_text(json.dumps(meta))
+        return result_digests(work, cfg)
+
+    base = write(tmp_path / "a")
+    assert write(tmp_path / "b", when="2026-01-02T00:00:01Z", argv="/b/crop") == base
+    assert write(tmp_path / "c", value="1.6") != base
+    assert write(tmp_path / "d", m=999) != base
+
+
+# --- SLURM --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    need_root_and("munged", "slurmctld", "slurmd", "sbatch", packages="slurm-wlm munge")
+    state = tmp_path_factory.mktemp("slurm")
+    up = subprocess.run(["bash", str(REPO / "ci" / "slurm-up.sh"), str(state)], capture_output=True, text=True,
+                        timeout=120, env=run_env())
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield state
+    finally:  # every daemon started, stopped by its PID, whether the bring-up or a test failed or not
+        down = subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(state)], capture_output=True,
+                              text=True, timeout=120, env=run_env())
+        print(down.stdout + down.stderr)
+
+
+def slurm_jobs(name: str) -> list[dict]:
+    """Jobs the controller still knows (MinJobAge = 600 s) named `name`, as dicts of their fields."""
+    out = subprocess.run(["scontrol", "show", "job", "--oneliner"], capture_output=True, text=True,
+                         check=True, env=run_env()).stdout
+    jobs = [dict(kv.split("=", 1) for kv in line.split() if "=" in kv) for line in out.splitlines() if line]
+    return [j for j in jobs if j.get("JobName") == name]
+
+
+@pytest.mark.slow
+def test_slurm_profile_runs_the_target_through_sbatch_with_local_results(slurm_cluster, hpc_config, local_run,
+                                                                         tmp_path):
+    path, cfg = hpc_config
+    out = snakemake(tmp_path, path, "--profile", str(REPO / "profiles" / "slurm"),
+                    # this cluster has no accounting database (slurmdbd): squeue for job states, no account;
+                    # and no need to wait the plugin's default 40 s before the first status check
+                    "--slurm-status-command", "squeue", "--slurm-no-account",
+                    "--slurm-init-seconds-before-status-checks", "2", *target_files(cfg))
+    run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
+    jobs = slurm_jobs(run_id)
+    rules = [re.match(r"rule_(\w+?)_wildcards", j["Comment"]).group(1) for j in jobs]
+    assert sorted(rules) == sorted(CERTIFICATION_RULES | {"checkpoint"}), (rules, out[-3000:])
+    for j, rule in zip(jobs, rules):
+        assert j["JobState"] == "COMPLETED" and j["ExitCode"] == "0:0" and j["BatchFlag"] == "1", j
+        assert j["NodeList"] == "crop-ci", j
+        assert ("gpu:1" in j.get("TresPerJob", "")) == (rule in CERTIFICATION_RULES), j
+    assert result_digests(tmp_path, cfg) == local_run
+
+
+# --- containers ---------------------------------------------------------------------------------------
+
+IMAGE = "localhost/crop-ci:test"
+
+
+@pytest.fixture(scope="module")
+def container_image(tmp_path_factory):
+    need_root_and("podman", "runc", "debootstrap", packages="podman runc debootstrap")
+    work = tmp_path_factory.mktemp("container")
+    env = run_env(CONTAINERS_CONF=str(work / "containers.conf"), CONTAINERS_STORAGE_CONF=str(work / "storage.conf"),
+                  PYTHON=sys.executable)  # whose pip fills the wheelhouse
+    try:
+        b = subprocess.run(["bash", str(REPO / "ci" / "container-build.sh"), str(work), IMAGE], capture_output=True,
+                           text=True, timeout=1800, env=env)
+        assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-5000:]
+        print(b.stdout)
+        yield env
+    finally:  # the image store lives in `work`: empty it with podman (it holds overlay mounts), then delete
+        subprocess.run(["podman", "rmi", "--all", "--force"], capture_output=True, env=env, timeout=300)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_container_runs_the_target_via_sdm_apptainer_with_local_results(container_image, hpc_config, local_run,
+                                                                       tmp_path):
+    path, cfg = hpc_config
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "apptainer").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO / "ci" / "apptainer-podman.py"}" "$@"\n')
+    (shim / "apptainer").chmod(0o755)
+    log = tmp_path / "apptainer-calls.jsonl"
+    env = dict(container_image, CROP_PODMAN_IMAGE=IMAGE, CROP_APPTAINER_LOG=str(log))
+    env["PATH"] = f"{shim}{os.pathsep}{env['PATH']}"
+    work = tmp_path / "work"
+    snakemake(work, path, "--sdm", "apptainer", "--cores", "2", *target_files(cfg), env=env)
+
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(calls) == 7 and {c["image"] for c in calls} == {str(REPO / "containers" / "crop.sif")}
+    assert all(c["command"][0] == "bash" and "crop " in c["command"][-1] for c in calls)
+    assert result_digests(work, cfg) == local_run
+    # ...and the steps ran on the image's interpreter, not this one
+    image_python = subprocess.run(["podman", "run", "--rm", "--network=none", IMAGE, "python", "-c",
+                                   "import platform; print(platform.python_version())"], capture_output=True,
+                                  text=True, check=True, env=container_image).stdout.strip()
+    meta = json.loads((work / cfg["results"] / ENV / ALGO / f"sigma-{SIGMA}" / "loact.meta.json").read_text())
+    assert meta["versions"]["python"] == image_python

@@ -1,0 +1,109 @@
+"""Killed mid-stage with SIGKILL, rerun with the same command: the workflow completes and its results are
+byte-identical to an uninterrupted run; two uninterrupted runs are byte-identical too (CPU)."""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "tests" / "configs" / "kill.yaml"
+STAGES = ["checkpoint", "qrange", "loact", "gre", "lore", "attack-local", "attack-global"]
+# Files whose bytes are results; provenance (.meta.json, qrange.json/model.json/audit: runtimes, paths,
+# timestamps), logs and benchmarks legitimately differ between runs.
+VOLATILE = (".meta.json", "qrange.json", "model.json", "audit.json", "audit.md")
+
+
+# What each stage writes: the target of the run that is killed during that stage, so that the stage runs
+# (after its inputs) whatever order the scheduler picks among independent jobs.
+RUN = "results-kill/CartPole-v0/StdTrain/sigma-0.05"
+TARGETS = {"checkpoint": "results-kill/CartPole-v0/StdTrain/checkpoint/model.pt", "qrange": f"{RUN}/qrange.json",
+           "loact": f"{RUN}/loact.csv", "gre": f"{RUN}/gre.csv", "lore": f"{RUN}/lore.csv",
+           "attack-local": f"{RUN}/attack_local.csv", "attack-global": f"{RUN}/attack_global.csv"}
+
+
+def _cmd(work, *targets):
+    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work), *targets,
+            "--cores", "1", "--configfile", str(CONFIG)]
+
+
+def result_hashes(results: Path) -> dict:
+    out = {}
+    for f in sorted(results.rglob("*")):
+        rel = f.relative_to(results)
+        if not f.is_file() or rel.parts[0] in ("logs", "benchmarks") or f.name.endswith(VOLATILE):
+            continue
+        out[str(rel)] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def _crop_procs(stage: str) -> list[tuple[int, float]]:
+    """(pid, seconds running) of live `crop <stage>` processes."""
+    found = []
+    clk = os.sysconf("SC_CLK_TCK")
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+            start = int((p / "stat").read_text().rsplit(")", 1)[1].split()[19]) / clk
+        except (OSError, IndexError, ValueError):
+            continue
+        words = [a.decode(errors="replace") for a in argv]
+        if any(w.endswith("crop") or w == "crop.cli" for w in words) and stage in words:
+            found.append((int(p.name), uptime - start))
+    return found
+
+
+def run(work) -> None:
+    p = subprocess.run(_cmd(work), capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def run_and_kill_during(work, stage: str, after: float = 2.5) -> bool:
+    """Start the workflow; SIGKILL it (Snakemake and its job) once `crop <stage>` has run `after` seconds."""
+    p = subprocess.Popen(_cmd(work, TARGETS[stage]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        while p.poll() is None:
+            procs = _crop_procs(stage)
+            if procs and max(t for _, t in procs) >= after:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                return True
+            time.sleep(0.1)
+        return False
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    work = tmp_path_factory.mktemp("clean")
+    run(work)
+    return work
+
+
+@pytest.mark.slow
+def test_two_runs_are_byte_identical(clean, tmp_path):
+    run(tmp_path)
+    a, b = result_hashes(clean / "results-kill"), result_hashes(tmp_path / "results-kill")
+    assert a == b and len(a) > 40
+
+
+@pytest.mark.slow
+def test_killed_in_every_stage_and_rerun_gives_the_same_results(clean, tmp_path):
+    killed = []
+    for stage in STAGES:
+        if run_and_kill_during(tmp_path, stage):
+            killed.append(stage)
+    run(tmp_path)  # the same command, to completion
+    assert killed == STAGES, f"could not kill during {set(STAGES) - set(killed)}"
+    assert result_hashes(tmp_path / "results-kill") == result_hashes(clean / "results-kill")

@@ -1,0 +1,218 @@
+"""Figures and tables of `crop aggregate` on a synthetic results folder with four environments: exactly the
+files crop.layout names, the paper's spellings, one colour per algorithm everywhere, the multi-panel,
+legend, Freeway large-σ and Pong periodic figures, and tables that agree with the raw result files."""
+import math
+import re
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.colors import to_hex
+
+from crop import layout
+from crop.cli import main
+from crop.report import aggregate as agg
+from crop.report.metrics import load_runs
+from synthetic_results import make_results, runs_of
+
+PLAN = {
+    "CartPole-v0": {"StdTrain": [0.01, 0.1], "GaussAug": [0.01, 0.1]},
+    "highway-fast-v0": {"CARRL": [0.05]},
+    "PongNoFrameskip-v4": {"StdTrain": [0.01]},
+    "FreewayNoFrameskip-v4": {"RadialRL": [0.5, 1.5, 4.0], "SA-MDP-PGD": [1.5]},
+}
+EPS_FACTORS = [0.0, 0.1]
+
+
+def _layout_plan(plan):
+    return {env: (list(algos), sorted({repr(float(s)) for ss in algos.values() for s in ss}, key=float))
+            for env, algos in plan.items()}
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    runs = make_results(root, PLAN)
+    written = agg.aggregate(root, runs_of(runs), table_eps_factors=EPS_FACTORS, figures_dir=root / "figures",
+                            tables_dir=root / "tables")
+    return root, runs, written
+
+
+def test_aggregate_writes_exactly_the_declared_files(synthetic):
+    root, _, written = synthetic
+    expected = set(layout.aggregate_files(root / "figures", root / "tables", _layout_plan(PLAN)))
+    on_disk = {p for d in ("figures", "tables") for p in (root / d).iterdir()}
+    assert on_disk == expected == set(written)
+    names = {p.name for p in on_disk}
+    # The paper's spellings, the multi-panel rows, legends, Freeway's large σ and Pong's periodic patterns.
+    for name in ["Cartpole_loact_clean.pdf", "CartPole_stepwise_sigma-0.01.png", "CartPole_stepwise.pdf",
+                 "CartPole_certified_ratio.png", "CartPole_all_bounds.png", "Cartpole_legend.pdf", "legend.png",
+                 "highway-fast_stepwise_sigma-0.05.png", "highway-fast_adasearch_sigma-0.05.pdf",
+                 "Freeway_stepwise_sigma-1.5.pdf", "Freeway_stepwise_sigma-4.0.pdf", "Freeway_adasearch_sigma-1.5.pdf",
+                 "Freeway_large_sigma.png", "Freeway_loact_clean.png", "Pong_global_mean_sigma-0.01.png",
+                 "Pong_periodic_sigma-0.01_StdTrain.png", "Pong_stepwise.png",
+                 "CartPole_mean_radius.tex", "CartPole_tightness.csv", "Freeway_reward_bounds.md"]:
+        assert name in names, name
+    assert not any(n.startswith("Pong_large_sigma") or n.startswith("CartPole_periodic") for n in names)
+    for p in on_disk:
+        head = p.read_bytes()[:8]
+        if p.suffix == ".png":
+            assert head.startswith(b"\x89PNG") and p.stat().st_size > 3000, p
+        elif p.suffix == ".pdf":
+            assert head.startswith(b"%PDF"), p
+
+
+def _figs(env, data, wanted):
+    """The figures of ``env`` named in ``wanted`` (the others closed as soon as drawn)."""
+    out = {}
+    for stem, fig in agg.iter_env_figures(env, data):
+        if stem in wanted:
+            out[stem] = fig
+        else:
+            matplotlib.pyplot.close(fig)
+    assert set(out) == set(wanted)
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(synthetic):
+    root, runs, _ = synthetic
+    return load_runs(root, runs_of(runs))
+
+
+def test_one_colour_per_algorithm_in_every_figure(data):
+    seen = {}
+    for env in PLAN:
+        for stem, fig in agg.iter_env_figures(env, data):
+            for ax in fig.axes:
+                for line in ax.get_lines():
+                    label = line.get_label()
+                    for a in agg.ALGO_COLORS:
+                        if label == agg.algo_label(a):
+                            assert to_hex(line.get_color()) == agg.ALGO_COLORS[a], (stem, label)
+                            seen.setdefault(a, set()).add(stem.split("_")[0])
+            for lg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
+                for h, t in zip(lg.legend_handles, lg.get_texts()):
+                    for a in agg.ALGO_COLORS:
+                        if t.get_text() == agg.algo_label(a):
+                            assert to_hex(h.get_color()) == agg.ALGO_COLORS[a], (stem, a)
+            matplotlib.pyplot.close(fig)
+    assert seen["StdTrain"] >= {"CartPole", "Pong"}  # StdTrain drawn in two environments, same colour
+    assert len(set(agg.ALGO_COLORS.values())) == len(agg.ALGO_COLORS)
+
+
+def test_multipanel_and_large_sigma_figures(data):
+    figs = _figs("FreewayNoFrameskip-v4", data, ["Freeway_stepwise", "Freeway_large_sigma", "Freeway_all_bounds",
+                                                 "Freeway_stepwise_sigma-1.5", "Freeway_legend"])
+    try:
+        # Fig. 1 row: one panel per main-text σ (large σ have their own figure).
+        assert [ax.get_title() for ax in figs["Freeway_stepwise"].axes] == ["σ=0.5"]
+        # App. F.2: rows (a) stepwise and (b) LoRe, a column per large σ run.
+        large = figs["Freeway_large_sigma"].axes
+        assert len(large) == 4 and [ax.get_title() for ax in large[:2]] == ["σ=1.5", "σ=4.0"]
+        assert "certified radius" in large[0].get_ylabel() and "lower bound" in large[2].get_ylabel()
+        # Fig. 3 grid: three rows of bounds.
+        assert len(figs["Freeway_all_bounds"].axes) == 3
+        # The per-σ panel shows every algorithm run at that σ.
+        labels = {ln.get_label() for ln in figs["Freeway_stepwise_sigma-1.5"].axes[0].get_lines()}
+        assert {"RadialRL", "SA-MDP (PGD)"} <= labels
+        # The legend strip names the environment's algorithms and the line styles.
+        texts = [t.get_text() for t in figs["Freeway_legend"].legends[0].get_texts()]
+        assert texts[:2] == ["SA-MDP (PGD)", "RadialRL"] and "PGD attack" in texts
+    finally:
+        for f in figs.values():
+            matplotlib.pyplot.close(f)
+    cart = _figs("CartPole-v0", data, ["CartPole_stepwise"])
+    try:
+        assert [ax.get_title() for ax in cart["CartPole_stepwise"].axes] == ["σ=0.01", "σ=0.1"]
+        # The mean line of a stepwise panel is the per-step mean of loact.csv.
+        st = data[("CartPole-v0", "GaussAug", "0.1")]["loact"]
+        line = next(ln for ln in cart["CartPole_stepwise"].axes[1].get_lines() if ln.get_label() == "GaussAug")
+        np.testing.assert_allclose(line.get_ydata(), st.groupby("step")["radius"].mean().to_numpy())
+    finally:
+        for f in cart.values():
+            matplotlib.pyplot.close(f)
+
+
+def test_pong_periodic_figure_shows_the_recorded_frames(data):
+    figs = _figs("PongNoFrameskip-v4", data, ["Pong_periodic_sigma-0.01_StdTrain"])
+    try:
+        fig = figs["Pong_periodic_sigma-0.01_StdTrain"]
+        frames, steps = agg.load_frames(data[("PongNoFrameskip-v4", "StdTrain", "0.01")]["frames_path"])
+        images = [ax for ax in fig.axes if ax.images]
+        assert len(images) == min(agg.PERIODIC_FRAMES, len(steps))
+        shown = [np.asarray(ax.images[0].get_array()) for ax in images]
+        picked = [int(re.search(r"t=(\d+)", ax.get_title()).group(1)) for ax in images]
+        assert picked[0] == steps.min() and picked[-1] == steps.max()
+        for arr, t in zip(shown, picked):
+            np.testing.assert_array_equal(arr, frames[list(steps).index(t)])
+        plot = next(ax for ax in fig.axes if not ax.images)
+        x = plot.get_lines()[0].get_xdata()
+        assert x.min() == steps.min() and x.max() == steps.max()
+    finally:
+        for f in figs.values():
+            matplotlib.pyplot.close(f)
+
+
+def test_missing_frames_for_pong_is_an_error(tmp_path, capsys):
+    runs = make_results(tmp_path, {"PongNoFrameskip-v4": {"StdTrain": [0.01]}})
+    (runs[("PongNoFrameskip-v4", "StdTrain", "0.01")] / layout.FRAMES_FILE).unlink()
+    with pytest.raises(SystemExit) as e:
+        main(["aggregate", str(tmp_path)])
+    assert e.value.code == 2
+    assert "frames.npz: missing" in capsys.readouterr().err
+    assert not (tmp_path / "figures").exists()  # refused before drawing anything
+
+
+def test_tables_agree_with_the_result_files(synthetic):
+    root, runs, _ = synthetic
+    mr = pd.read_csv(root / "tables" / "CartPole_mean_radius.csv").set_index("algo")
+    br = pd.read_csv(root / "tables" / "CartPole_benign_return.csv").set_index("algo")
+    for (env, algo, lab), d in runs.items():
+        if env != "CartPole-v0":
+            continue
+        st = pd.read_csv(d / "loact.csv")
+        assert math.isclose(mr.loc[algo, f"sigma={float(lab)}"], st["radius"].mean(), rel_tol=1e-9)
+        ep = pd.read_csv(d / "loact_episodes.csv")
+        assert math.isclose(br.loc[algo, f"sigma={float(lab)}"], ep["return"].mean(), rel_tol=1e-9)
+    rb = pd.read_csv(root / "tables" / "Freeway_reward_bounds.csv")
+    tight = pd.read_csv(root / "tables" / "Freeway_tightness.csv")
+    assert len(rb) == len(tight) == 4 * len(EPS_FACTORS)
+    for r, t in zip(rb.itertuples(), tight.itertuples()):
+        d = runs[("FreewayNoFrameskip-v4", r.algo, repr(r.sigma))]
+        ag = pd.read_csv(d / "attack_global.csv")
+        ret = ag[np.isclose(ag["eps"], r.eps)]["return"]
+        gre = pd.read_csv(d / "gre.csv")
+        eb = gre[np.isclose(gre["eps"], r.eps)]["expectation_bound"].iloc[0]
+        assert math.isclose(r.pgd_global_mean, ret.mean(), rel_tol=1e-9)
+        assert math.isclose(t.gap_mean, ret.mean() - eb, rel_tol=1e-7, abs_tol=1e-7)
+        assert math.isclose(t.gap_median, r.pgd_global_median - r.percentile_bound_p50, abs_tol=1e-7)
+        assert t.gap_mean >= 0 and t.gap_median >= 0  # the synthetic results are sound
+        if r.eps == 0:
+            assert math.isclose(t.gap_lore, r.pgd_local_return - r.lore_bound, abs_tol=1e-7) and t.gap_lore >= 0
+        else:  # ε = 0.1σ is not on the local attack's grid: no PGD return there, so no gap
+            assert math.isnan(r.pgd_local_return) and math.isnan(t.gap_lore) and not math.isnan(r.lore_bound)
+
+
+def test_latex_tables_use_booktabs(synthetic):
+    root, _, _ = synthetic
+    for name in layout.TABLES:
+        tex = (root / "tables" / f"Freeway_{name}.tex").read_text()
+        csv = pd.read_csv(root / "tables" / f"Freeway_{name}.csv")
+        body = tex[tex.index(r"\midrule") + len(r"\midrule"):tex.index(r"\bottomrule")].strip().splitlines()
+        assert tex.index(r"\begin{tabular}") < tex.index(r"\toprule") < tex.index(r"\midrule") \
+            < tex.index(r"\bottomrule") < tex.index(r"\end{tabular}")
+        assert len(body) == len(csv) and all(row.endswith(r"\\") for row in body)
+        header = tex[tex.index(r"\toprule") + len(r"\toprule"):tex.index(r"\midrule")]
+        assert header.count("&") == len(csv.columns) - 1
+        assert "SA-MDP (PGD)" in tex and "SA-MDP-PGD" not in tex.split(r"\toprule")[1]  # display names
+    assert r"$\sigma=0.5$" in (root / "tables" / "Freeway_mean_radius.tex").read_text()
+
+
+def test_latex_escapes_and_marks_missing_values():
+    df = pd.DataFrame({"algo": ["SA-MDP-CVX"], "note_x": ["50% & $"], "v": [math.nan]})
+    tex = agg.latex_table(df, "cap")
+    row = tex.split(r"\midrule")[1].split(r"\bottomrule")[0].strip()
+    assert row == r"SA-MDP (CVX) & 50\% \& \$ & -- \\"
+    assert r"note\_x" in tex
