@@ -16,7 +16,7 @@ from crop.models import build_q_network, load_q_network, save_q_network
 from crop.models.carrl import derive_carrl
 from crop.models.noisy import NoisyLinear, resample_noise
 from crop.train import RECIPES, prepare_training, train_policy
-from crop.train.dqn import Batch, DQNConfig, TrainContext, _Replay
+from crop.train.dqn import Batch, DQNConfig, TrainContext, _Replay, is_pixel_obs
 
 torch.set_num_threads(1)
 
@@ -55,7 +55,9 @@ def test_every_algorithm_has_a_recipe_and_the_schema_lists_its_hyperparameters()
     assert sorted(RECIPES) == sorted(ALGORITHMS)
     schema = load_schema()["$defs"]["environment"]["properties"]["train"]["properties"]["recipes"]["properties"]
     for algo, recipe in RECIPES.items():
-        for env in ("CartPole-v0", "highway-fast-v0"):
+        envs = ("CartPole-v0", "highway-fast-v0") + (("PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
+                                                     if recipe.images else ())
+        for env in envs:
             keys = set(recipe.hyperparameters(env))
             assert keys == set(schema.get(algo, {}).get("properties", {})), (algo, env)
 
@@ -367,3 +369,124 @@ def test_registry_lists_a_recipe_for_every_local_policy():
                     assert RECIPES[entries[kind]["recipe"]].kind == kind, (env, algo)
     assert set(registry()["policies"]["CartPole-v0"]) == set(ALGORITHMS)
     assert set(registry()["policies"]["highway-fast-v0"]) == set(ALGORITHMS)
+
+
+# ---------------------------------------------------------------------------------------------- Atari
+
+SMALL_CNN = {"arch": "nature_cnn", "in_channels": 2, "in_size": 36, "out": 3}   # 36×36: the smallest trunk
+
+
+def _pong_frames(n=40, seed=0):
+    from crop.envs import make_env
+
+    env = make_env("PongNoFrameskip-v4", "cleanrl")
+    obs, _ = env.reset(seed=seed)
+    frames = [obs]
+    for t in range(n - 1):
+        obs, *_ = env.step(t % 6)
+        frames.append(obs)
+    env.close()
+    return np.stack(frames)
+
+
+def test_atari_settings_follow_cleanrl_and_refuse_what_has_no_cnn():
+    cfg, recipe, hp = prepare_training("PongNoFrameskip-v4", "GaussAug", {"total_steps": 1_500_000})
+    assert (cfg.lr, cfg.buffer_size, cfg.learning_starts, cfg.train_every, cfg.target_update, cfg.batch_size,
+            cfg.eps_end, cfg.eps_decay_fraction, cfg.gamma, cfg.device) == \
+        (1e-4, 100_000, 80_000, 4, 1000, 32, 0.01, 0.1, 0.99, "cpu")
+    assert hp == {"sigma": 0.005}
+    assert prepare_training("FreewayNoFrameskip-v4", "AdvTrain", {})[2]["eps"] == 0.05
+    # An explicit step count replaces the default fraction.
+    assert prepare_training("PongNoFrameskip-v4", "StdTrain",
+                            {"dqn": {"eps_decay_steps": 5}})[0].eps_decay_fraction is None
+    for algo in ("NoisyNet", "CARRL"):
+        with pytest.raises(ValueError, match="no image"):
+            prepare_training("PongNoFrameskip-v4", algo, {})
+    with pytest.raises(ValueError, match="device"):
+        prepare_training("PongNoFrameskip-v4", "StdTrain", {"dqn": {"device": "tpu"}})
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA"):
+            prepare_training("PongNoFrameskip-v4", "StdTrain", {"dqn": {"device": "cuda"}})
+    spec = RECIPES["StdTrain"].net_spec_for((4, 84, 84), [128], 3, {})
+    assert spec == {"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 3}
+
+
+def test_pixel_replay_is_uint8_and_returns_observations_bit_for_bit():
+    frames = _pong_frames()
+    assert is_pixel_obs(frames[0]) and len(np.unique(frames)) > 2
+    buf = _Replay(len(frames) - 1, frames.shape[1:], DQNConfig(prioritized=False), pixels=True)
+    for i in range(len(frames) - 1):
+        buf.add(frames[i], 0, 0.0, frames[i + 1], 0.0)
+    assert buf.s.dtype == np.uint8 and buf.s.nbytes + buf.s2.nbytes == (len(frames) - 1) * 2 * 4 * 84 * 84
+    idx, batch = buf.sample(np.random.default_rng(0), 64, beta=1.0)
+    assert batch.s.dtype == torch.float32
+    assert torch.equal(batch.s, torch.as_tensor(frames[idx])) and torch.equal(batch.s2, torch.as_tensor(frames[idx + 1]))
+    # A frame that is not k/255 is refused rather than silently rounded.
+    off = frames[0] + np.float32(0.001)
+    assert not is_pixel_obs(off)
+    with pytest.raises(ValueError, match="k/255"):
+        buf.add(off, 0, 0.0, frames[1], 0.0)
+
+
+@pytest.mark.parametrize("algo", ["GaussAug", "AdvTrain", "GradDQN"])
+def test_perturbed_image_batches_stay_in_the_pixel_domain(algo):
+    net = _net(8, SMALL_CNN)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 2, (16, 2, 36, 36), generator=g).float()          # pixels at 0 and 1: clamping bites
+    batch = Batch(s=x, a=torch.zeros(16, dtype=torch.long), r=torch.zeros(16), s2=x.clone(), d=torch.zeros(16),
+                  w=torch.ones(16))
+    hp = {"sigma": 0.1} if algo == "GaussAug" else {"eps": 2.0}
+    recipe, free = _ctx(net, algo, env="PongNoFrameskip-v4", **hp)
+    _, boxed = _ctx(net, algo, env="PongNoFrameskip-v4", **hp)
+    boxed.domain = (0.0, 1.0)
+    unclamped, out = recipe.perturb(free, batch), recipe.perturb(boxed, batch)
+    assert (unclamped.s < 0).any() or (unclamped.s > 1).any()              # without the domain it leaves [0, 1]
+    assert not torch.equal(out.s, batch.s)
+    for t in (out.s, out.s2):
+        assert t.min() >= 0 and t.max() <= 1
+
+
+@pytest.mark.parametrize("algo", ["SA-MDP-PGD", "SA-MDP-CVX", "RadialRL"])
+def test_loss_recipes_run_on_a_cnn(algo):
+    net = _net(9, SMALL_CNN)
+    recipe, ctx = _ctx(net, algo, env="PongNoFrameskip-v4")
+    ctx.domain = (0.0, 1.0)
+    g = torch.Generator().manual_seed(2)
+    batch = Batch(s=torch.rand(8, 2, 36, 36, generator=g), a=torch.randint(3, (8,), generator=g),
+                  r=torch.ones(8), s2=torch.rand(8, 2, 36, 36, generator=g), d=torch.zeros(8), w=torch.ones(8))
+    q_all, y, td = _td_parts(net, batch)
+    loss = recipe.loss(ctx, batch, q_all, y, td)
+    assert torch.isfinite(loss) and loss.item() >= td.mean().item() - 1e-6   # each adds a term ≥ 0 (RadialRL: wc ≥ TD)
+    loss.backward()
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def _tiny_atari(env, algo, seed=0):
+    settings = {"total_steps": 300, "target_return": None, "eval_episodes": 1,
+                "dqn": {"learning_starts": 100, "buffer_size": 300, "batch_size": 8, "eval_max_steps": 50}}
+    return train_policy(env, algo, seed, settings, progress=False)
+
+
+def test_tiny_atari_training_is_a_deterministic_cnn_that_loads_back(tmp_path):
+    a, info = _tiny_atari("PongNoFrameskip-v4", "StdTrain")
+    spec = info["net_spec"]
+    assert spec == {"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6}
+    assert info["replay_dtype"] == "uint8" and info["device"] == "cpu" and info["eps_decay_steps"] == 30
+    assert info["acceptance"]["step"] == 300 and info["acceptance"]["episodes"] == 1
+    b, _ = _tiny_atari("PongNoFrameskip-v4", "StdTrain")
+    torch.manual_seed(0)
+    init = build_q_network(spec)
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k                      # same seed, same weights (CPU)
+    assert any(not torch.equal(v, init.state_dict()[k]) for k, v in a.state_dict().items())   # it learned
+    save_q_network(a, tmp_path / "model.pt")
+    loaded = load_q_network(tmp_path / "model.pt", spec, expected_sha256=sha256_file(tmp_path / "model.pt"))
+    x = torch.as_tensor(_pong_frames(8))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), a(x))
+
+
+def test_tiny_atari_gaussaug_on_freeway():
+    net, info = _tiny_atari("FreewayNoFrameskip-v4", "GaussAug")
+    assert info["net_spec"]["out"] == 3 and info["hyperparameters"] == {"sigma": 0.005}
+    assert info["replay_dtype"] == "uint8" and not net.training

@@ -30,6 +30,17 @@ ENV_DQN_DEFAULTS: dict[str, dict] = {
     "highway-fast-v0": {"learning_starts": 200, "buffer_size": 15000, "batch_size": 32, "lr": 5e-4,
                         "gamma": 0.8, "target_update": 50, "train_every": 1, "eps_decay_steps": 2000,
                         "eps_end": 0.05, "eval_every": 500},
+    # CleanRL's dqn_atari.py (lr 1e-4, 80k steps before learning, an update every 4 steps, target every
+    # 1000, batch 32, ε 1 → 0.01 over 10 % of the steps, γ 0.99) with the paper config's 100k buffer.
+    # Rewards are sign-clipped by the environment factory for every Atari profile (SignReward in
+    # crop/envs/atari.py, as CleanRL's ClipRewardEnv) — a no-op for Pong (±1) and Freeway (0/1), so training
+    # and certification see the same rewards.  Evaluation episodes are cut at 27,000 decisions (108k
+    # frames, the usual ALE cap).  Prioritized replay stays on (the paper's StdTrain; CleanRL: uniform).
+    **{env: {"lr": 1e-4, "buffer_size": 100_000, "learning_starts": 80_000, "train_every": 4,
+             "target_update": 1000, "batch_size": 32, "eps_start": 1.0, "eps_end": 0.01,
+             "eps_decay_fraction": 0.1, "gamma": 0.99, "eval_every": 50_000, "quick_eval_episodes": 3,
+             "eval_max_steps": 27_000}
+       for env in ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4")},
 }
 
 _COMMON = ("hidden", "total_steps", "min_steps", "eval_episodes", "target_return", "prioritized")
@@ -40,8 +51,11 @@ def prepare_training(env_id: str, algo: str, settings: dict | None = None) -> tu
     """(DQN configuration, recipe, hyper-parameters) for ``algo`` on ``env_id``; ValueError on bad input."""
     from crop.envs import env_spec
 
-    env_spec(env_id)
+    images = len(env_spec(env_id).obs_shape) == 3
     recipe = recipe_for(algo)
+    if images and not recipe.images:
+        raise ValueError(f"{algo} has no image (CNN) variant, so it cannot be trained on {env_id}; "
+                         "use the published checkpoints (crop/registry.yaml)")
     settings = dict(settings or {})
     if "recipe" in settings and "recipes" in settings:
         raise ValueError("give either 'recipe' (this algorithm's overrides) or 'recipes', not both")
@@ -59,10 +73,24 @@ def prepare_training(env_id: str, algo: str, settings: dict | None = None) -> tu
     hp = recipe.hyperparameters(env_id, overrides)
     if recipe.kind != "train":
         return DQNConfig(), recipe, hp
-    cfg = DQNConfig(**{**ENV_DQN_DEFAULTS.get(env_id, {}), **recipe.dqn_defaults.get(env_id, {}), **dqn,
-                       **{k: v for k, v in settings.items() if v is not None or k == "target_return"}})
+    merged = {**ENV_DQN_DEFAULTS.get(env_id, {}), **recipe.dqn_defaults.get(env_id, {}), **dqn,
+              **{k: v for k, v in settings.items() if v is not None or k == "target_return"}}
+    if "eps_decay_steps" in dqn and "eps_decay_fraction" not in dqn:
+        merged["eps_decay_fraction"] = None   # an explicit step count beats a default fraction
+    cfg = DQNConfig(**merged)
     if cfg.total_steps < 1 or cfg.eval_episodes < 1 or cfg.min_steps < 0 or not cfg.hidden:
         raise ValueError(f"invalid training budget: {cfg}")
+    if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):
+        raise ValueError(f"device must be cpu, cuda or auto, got {cfg.device!r}")
+    if str(cfg.device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {cfg.device!r} asked for, but no CUDA device is available (use auto)")
+    if cfg.eps_decay_fraction is not None and not 0 < cfg.eps_decay_fraction <= 1:
+        raise ValueError(f"eps_decay_fraction must be in (0, 1], got {cfg.eps_decay_fraction!r}")
+    if cfg.eval_max_steps is not None and cfg.eval_max_steps < 1:
+        raise ValueError(f"eval_max_steps must be >= 1, got {cfg.eval_max_steps!r}")
     return cfg, recipe, hp
 
 

@@ -16,6 +16,11 @@ mean return ≥ ``target_return`` over ``eval_episodes`` episodes, but never bef
 the recipe's robustness schedule is complete (a robust recipe is accepted at its full ε); it fails loudly
 otherwise rather than hand a weak policy to the certifiers.  With ``target_return=None`` there is no
 threshold: it trains ``total_steps`` steps and records the final greedy return.
+
+Images (Atari, 4×84×84 under the ``cleanrl`` profile): the Q-network is the Nature CNN (Mnih et al., 2015)
+instead of an MLP, replay stores pixels as uint8 (exact: the profile's observations are k/255), every
+observation a recipe perturbs is clamped to the pixel domain [0, 1], and ``device`` (cpu | cuda | auto)
+puts the networks and the update on a GPU (the replay buffer and the environment stay on the CPU).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from crop.io import derive_seed
 from crop.models import build_q_network
 from crop.models.noisy import resample_noise
 from crop.progress import pbar
+from crop.smoothing import resolve_device
 
 __all__ = ["DQNConfig", "TrainingFailed", "Batch", "TrainContext", "train_dqn", "greedy_returns"]
 
@@ -65,6 +71,9 @@ class DQNConfig:
     prioritized: bool = True     # proportional prioritized replay (α, β annealed to 1 over total_steps)
     per_alpha: float = 0.6
     per_beta0: float = 0.4
+    eps_decay_fraction: float | None = None  # ε decays over this fraction of total_steps (replaces eps_decay_steps)
+    eval_max_steps: int | None = None  # greedy evaluation episodes cut after this many steps (None: the env's own end)
+    device: str = "cpu"          # cpu | cuda | auto (cuda if available); CPU runs are bit-for-bit reproducible
 
 
 @dataclass
@@ -88,14 +97,36 @@ class TrainContext:
     gen: torch.Generator         # torch noise (GaussAug, PGD random starts, NoisyNet)
     rng: np.random.Generator     # numpy choices (which frames AdvTrain perturbs)
     stats: dict = field(default_factory=dict)
+    domain: tuple | None = None  # the valid observation box, (0, 1) for pixels: perturbed states stay inside
+
+    def clamp(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` projected onto the observation domain (unchanged for vector observations)."""
+        return x if self.domain is None else x.clamp(*self.domain)
+
+
+PIXEL = np.float32(1.0 / 255.0)
+
+
+def is_pixel_obs(obs: np.ndarray) -> bool:
+    """An image whose values are exactly k/255 (k = 0…255), as crop/envs/atari.py's ToFloat makes them."""
+    obs = np.asarray(obs)
+    if obs.ndim != 3 or obs.dtype != np.float32 or obs.min() < 0 or obs.max() > 1:
+        return False
+    return bool(np.array_equal(np.rint(obs * 255).astype(np.uint8).astype(np.float32) * PIXEL, obs))
 
 
 class _Replay:
-    """A ring buffer; uniform sampling, or proportional prioritized sampling with importance weights."""
+    """A ring buffer; uniform sampling, or proportional prioritized sampling with importance weights.
 
-    def __init__(self, size: int, obs_dim: int, cfg: DQNConfig):
-        self.size, self.cfg, self.n = size, cfg, 0
-        self.s = np.zeros((size, obs_dim), np.float32)
+    ``pixels``: observations are stored as uint8 (k for k/255 — exact, checked on every add) and decoded
+    with the same float32 product as the environment's ToFloat, so a sampled state is bit-identical to the
+    observed one.  A 4×84×84 transition then takes 2 × 28,224 B = 56 kB (s and s′; 5.6 GB for 100k
+    transitions) instead of 226 kB as float32."""
+
+    def __init__(self, size: int, obs_shape, cfg: DQNConfig, pixels: bool = False):
+        self.size, self.cfg, self.n, self.pixels = size, cfg, 0, pixels
+        shape = (obs_shape,) if isinstance(obs_shape, (int, np.integer)) else tuple(obs_shape)
+        self.s = np.zeros((size, *shape), np.uint8 if pixels else np.float32)
         self.s2 = np.zeros_like(self.s)
         self.a = np.zeros(size, np.int64)
         self.r = np.zeros(size, np.float32)
@@ -103,8 +134,20 @@ class _Replay:
         self.prio = np.zeros(size, np.float64) if cfg.prioritized else None
         self.max_prio = 1.0
 
+    def _encode(self, x) -> np.ndarray:
+        x = np.asarray(x, np.float32)
+        k = np.rint(x * 255).clip(0, 255).astype(np.uint8)
+        if not np.array_equal(k.astype(np.float32) * PIXEL, x):
+            raise ValueError("pixel replay: the observation is not exactly k/255 (use float replay)")
+        return k
+
+    def decode(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float32) * PIXEL if self.pixels else x
+
     def add(self, s, a, r, s2, d) -> None:
         i = self.n % self.size
+        if self.pixels:
+            s, s2 = self._encode(s), self._encode(s2)
         self.s[i], self.a[i], self.r[i], self.s2[i], self.d[i] = s, a, r, s2, d
         if self.prio is not None:
             self.prio[i] = self.max_prio ** self.cfg.per_alpha
@@ -123,7 +166,8 @@ class _Replay:
             w = (n * prob) ** (-beta)
             w = (w / w.max()).astype(np.float32)
         t = torch.as_tensor
-        return idx, Batch(t(self.s[idx]), t(self.a[idx]), t(self.r[idx]), t(self.s2[idx]), t(self.d[idx]), t(w))
+        return idx, Batch(t(self.decode(self.s[idx])), t(self.a[idx]), t(self.r[idx]),
+                          t(self.decode(self.s2[idx])), t(self.d[idx]), t(w))
 
     def update(self, idx, td_abs: np.ndarray) -> None:
         if self.prio is not None:
@@ -132,23 +176,31 @@ class _Replay:
             self.max_prio = max(self.max_prio, float(prio.max()))
 
 
+def _device_of(net: torch.nn.Module) -> torch.device:
+    p = next(iter(net.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
 @torch.no_grad()
-def greedy_returns(net: torch.nn.Module, env_id: str, seeds, profile: str | None = None) -> np.ndarray:
+def greedy_returns(net: torch.nn.Module, env_id: str, seeds, profile: str | None = None,
+                   max_steps: int | None = None) -> np.ndarray:
     """Returns of the greedy policy argmax_a Q(s, a) (no smoothing; the network in eval mode, i.e. NoisyNet's
-    mean network) from the given reset seeds."""
+    mean network) from the given reset seeds; an episode is cut after ``max_steps`` steps if given."""
     was_training = net.training
     net.eval()
+    dev = _device_of(net)
     out = []
     try:
         for s in seeds:
             env = make_env(env_id, profile)
             obs, _ = env.reset(seed=int(s))
-            total, done = 0.0, False
+            total, done, t = 0.0, False, 0
             while not done:
-                a = int(net(torch.as_tensor(to_obs(obs)).unsqueeze(0)).argmax(1))
+                a = int(net(torch.as_tensor(to_obs(obs), device=dev).unsqueeze(0)).argmax(1))
                 obs, r, term, trunc, _ = env.step(a)
                 total += float(r)
-                done = term or trunc
+                t += 1
+                done = term or trunc or (max_steps is not None and t >= max_steps)
             env.close()
             out.append(total)
     finally:
@@ -169,25 +221,37 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
     recipe = recipe or RECIPES["StdTrain"]
     hp = dict(hp or {})
     started, cpu_started = time.time(), time.process_time()
-    spec = env_spec(env_id)
-    net_spec = recipe.net_spec(int(np.prod(spec.obs_shape)), list(cfg.hidden), spec.n_actions, hp)
+    dev = resolve_device(cfg.device)
+    env_spec(env_id)
+    env = make_env(env_id, profile)
+    # The profile's own observation shape and action set (a profile may restrict the actions).
+    obs_shape, n_actions = tuple(env.observation_space.shape), int(env.action_space.n)
+    net_spec = recipe.net_spec_for(obs_shape, list(cfg.hidden), n_actions, hp)
+    eps_decay = (max(1, int(round(cfg.eps_decay_fraction * cfg.total_steps)))
+                 if cfg.eps_decay_fraction is not None else cfg.eps_decay_steps)
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(derive_seed(seed, "recipe", recipe.name) % 2**63)
-    q = build_q_network(net_spec).train()
-    target = build_q_network(net_spec).train()
+    gen = torch.Generator(device=dev).manual_seed(derive_seed(seed, "recipe", recipe.name) % 2**63)
+    q = build_q_network(net_spec).to(dev).train()     # initialised on the CPU: the same weights on any device
+    target = build_q_network(net_spec).to(dev).train()
     target.load_state_dict(q.state_dict())
     opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
     noisy = recipe.exploration == "noisy"
-    ctx = TrainContext(q, target, 0, hp, spec.n_actions, gen, np.random.default_rng(derive_seed(seed, "recipe-rng")))
+    ctx = TrainContext(q, target, 0, hp, n_actions, gen, np.random.default_rng(derive_seed(seed, "recipe-rng")))
     accept_after = max(cfg.min_steps, recipe.schedule_end(hp))
 
-    buf = _Replay(cfg.buffer_size, net_spec["in"], cfg)
-    env = make_env(env_id, profile)
     obs, _ = env.reset(seed=derive_seed(seed, "train-reset", 0))
     obs = to_obs(obs)
+    pixels = is_pixel_obs(obs)
+    if pixels:
+        ctx.domain = (0.0, 1.0)   # pixels / 255: a perturbed frame must stay a valid frame
+    buf = _Replay(cfg.buffer_size, obs_shape, cfg, pixels=pixels)
+
+    def greedy_action(x: np.ndarray) -> int:
+        with torch.no_grad():
+            return int(q(torch.as_tensor(x, device=dev).unsqueeze(0)).argmax(1))
     episodes, ep_ret, recent = 0, 0.0, []
     evals, stats_log = [], []
     quick_seeds = [derive_seed(seed, "quick-eval", i) for i in range(cfg.quick_eval_episodes)]
@@ -200,15 +264,13 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
         # --- act: ε-greedy, or (NoisyNet) greedy w.r.t. a fresh sample of the noisy network
         if noisy:
             resample_noise(q, gen)
-            with torch.no_grad():
-                a = int(q(torch.as_tensor(obs).unsqueeze(0)).argmax(1))
+            a = greedy_action(obs)
         else:
-            eps = cfg.eps_end + (cfg.eps_start - cfg.eps_end) * max(0.0, 1 - step / cfg.eps_decay_steps)
+            eps = cfg.eps_end + (cfg.eps_start - cfg.eps_end) * max(0.0, 1 - step / eps_decay)
             if rng.random() < eps:
-                a = int(rng.integers(spec.n_actions))
+                a = int(rng.integers(n_actions))
             else:
-                with torch.no_grad():
-                    a = int(q(torch.as_tensor(obs).unsqueeze(0)).argmax(1))
+                a = greedy_action(obs)
         nxt, r, term, trunc, _ = env.step(a)
         nxt = to_obs(nxt)
         buf.add(obs, a, r, nxt, float(term))
@@ -229,6 +291,8 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
                     group["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * frac
             beta = cfg.per_beta0 + (1.0 - cfg.per_beta0) * min(1.0, step / cfg.total_steps)
             idx, batch = buf.sample(rng, cfg.batch_size, beta)
+            if dev.type != "cpu":
+                batch = Batch(*(x.to(dev, non_blocking=True) for x in astuple_batch(batch)))
             if noisy:
                 resample_noise(q, gen)
                 resample_noise(target, gen)
@@ -244,16 +308,16 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
             loss.backward()
             torch.nn.utils.clip_grad_norm_(q.parameters(), cfg.max_grad_norm)
             opt.step()
-            buf.update(idx, (pred - y).detach().abs().numpy())
+            buf.update(idx, (pred - y).detach().abs().cpu().numpy())
         if step % cfg.target_update == 0:
             target.load_state_dict(q.state_dict())
 
         # --- evaluate (greedy, eval mode)
         if cfg.target_return is not None and step >= cfg.learning_starts and step % cfg.eval_every == 0:
-            quick = float(greedy_returns(q, env_id, quick_seeds, profile).mean())
+            quick = float(greedy_returns(q, env_id, quick_seeds, profile, cfg.eval_max_steps).mean())
             rec = {"step": step, "quick_mean": quick, **{k: round(float(v), 6) for k, v in ctx.stats.items()}}
             if quick >= cfg.target_return and step >= accept_after:
-                full = greedy_returns(q, env_id, accept_seeds, profile)
+                full = greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps)
                 rec["accept_mean"] = float(full.mean())
                 if full.mean() >= cfg.target_return:
                     accepted = _summary(full, step)
@@ -264,7 +328,7 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
     env.close()
     bar.close()
     if cfg.target_return is None:   # no threshold: record the final policy's greedy return
-        accepted = _summary(greedy_returns(q, env_id, accept_seeds, profile), cfg.total_steps)
+        accepted = _summary(greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps), cfg.total_steps)
     if not accepted:
         last = evals[-1] if evals else None
         raise TrainingFailed(
@@ -272,7 +336,12 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
             f"over {cfg.eval_episodes} episodes within {cfg.total_steps} steps (last evaluation: {last})")
     info = {"net_spec": net_spec, "recipe": recipe.name, "hyperparameters": hp, "train_config": asdict(cfg),
             "seed": seed, "steps": accepted["step"], "episodes": episodes, "acceptance": accepted,
-            "accept_after_step": accept_after, "evaluations": evals,
+            "accept_after_step": accept_after, "evaluations": evals, "device": str(dev),
+            "replay_dtype": str(buf.s.dtype), "eps_decay_steps": eps_decay,
             "runtime_s": round(time.time() - started, 2),
             "cpu_s": round(time.process_time() - cpu_started, 2)}
-    return q.eval(), info
+    return q.cpu().eval(), info
+
+
+def astuple_batch(batch: Batch) -> tuple:
+    return (batch.s, batch.a, batch.r, batch.s2, batch.d, batch.w)

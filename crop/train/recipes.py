@@ -13,6 +13,13 @@ range; with 0.05 RadialRL's worst-case loss diverged on seed 1) and 0.005 on hig
 4,000-step budget gave clean returns of 12 (SA-MDP-PGD) and 8 (RadialRL) against 15 and 12; one seed,
 20 episodes).  An ℓ∞ box of radius ε contains the ℓ2 ball of radius ε, so these are trained for at least
 that ℓ2 ε.
+Atari (pixels in [0, 1], 4×84×84 under the ``cleanrl`` profile): the network is the Nature CNN; GaussAug's σ
+is the paper's 0.005; AdvTrain and GradDQN use ℓ2 ε = 0.05, inside the paper's Atari smoothing range
+σ ∈ [0.001, 0.1] (an ℓ2 ball of radius 0.05 over 28,224 pixels can still move single pixels by 0.05);
+SA-MDP and RadialRL use their authors' ℓ∞ ε = 1/255 (SA-DQN's κ = 0.005, c = 1).  Schedules start after
+learning_starts (80k) and end by a third of the paper config's 1.5M steps.  Every perturbed frame is
+clamped to [0, 1] (``ctx.clamp``), and the bounds of SA-MDP-CVX and RadialRL are over the box ∩ [0, 1].
+NoisyNet (noisy MLP layers only) and CARRL (an MLP base) are refused on images.
 Every schedule is linear in environment steps; a recipe is accepted only once its ε is at full value.
 """
 from __future__ import annotations
@@ -43,7 +50,8 @@ def pgd_linf(loss_fn, x: torch.Tensor, eps: float, steps: int, gen: torch.Genera
     """Maximise ``loss_fn(x + δ)`` (per-sample, shape (B,)) over ‖δ‖∞ ≤ eps: sign steps of 2.5·ε/steps
     from a uniform random start in the box (as SA-DQN's PGD)."""
     alpha = 2.5 * eps / max(steps, 1)
-    delta = (torch.rand(x.shape, generator=gen) * 2 - 1) * eps if random_start else torch.zeros_like(x)
+    delta = ((torch.rand(x.shape, generator=gen, device=x.device) * 2 - 1) * eps if random_start
+             else torch.zeros_like(x))
     for _ in range(steps):
         delta.requires_grad_(True)
         with torch.enable_grad():
@@ -72,6 +80,13 @@ def _weighted_mean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------- recipes
 
+_ATARI = ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
+
+
+def _atari(**hp) -> dict:
+    return {env: dict(hp) for env in _ATARI}
+
+
 class Recipe:
     """StdTrain: Double DQN (van Hasselt et al., 2016), the base of every variant."""
 
@@ -81,6 +96,7 @@ class Recipe:
     defaults: dict = {}
     env_defaults: dict = {}
     dqn_defaults: dict = {}       # env → DQNConfig overrides this recipe needs (on top of ENV_DQN_DEFAULTS)
+    images = True                 # trains on image observations (a CNN)
 
     # -- hyper-parameters
     def hyperparameters(self, env_id: str, overrides: dict | None = None) -> dict:
@@ -113,6 +129,18 @@ class Recipe:
     def net_spec(self, n_in: int, hidden: list, n_out: int, hp: dict) -> dict:
         return {"arch": "mlp", "in": n_in, "hidden": list(hidden), "out": n_out}
 
+    def net_spec_for(self, obs_shape: tuple, hidden: list, n_out: int, hp: dict) -> dict:
+        """Images (c×n×n): the Nature CNN of Mnih et al. (2015) (``hidden`` does not apply); vectors:
+        ``net_spec`` on the flattened observation."""
+        if len(obs_shape) == 3:
+            if not self.images:
+                raise ValueError(f"{self.name} has no image (CNN) variant")
+            c, h, w = obs_shape
+            if h != w:
+                raise ValueError(f"the Nature CNN needs square frames, got {obs_shape}")
+            return {"arch": "nature_cnn", "in_channels": int(c), "in_size": int(h), "out": int(n_out)}
+        return self.net_spec(int(math.prod(obs_shape)), hidden, n_out, hp)
+
     def schedule_end(self, hp: dict) -> int:
         """The step at which the recipe's robustness schedule reaches full strength (acceptance waits)."""
         return int(hp.get("ramp_start", 0) + hp.get("ramp_steps", 0)) if "eps" in hp else 0
@@ -137,11 +165,13 @@ class GaussAug(Recipe):
 
     name = "GaussAug"
     defaults = {"sigma": 0.05}   # CartPole and highway
+    env_defaults = _atari(sigma=0.005)
 
     def perturb(self, ctx, batch):
         sigma = float(ctx.hp["sigma"])
-        return replace(batch, s=batch.s + sigma * torch.randn(batch.s.shape, generator=ctx.gen),
-                       s2=batch.s2 + sigma * torch.randn(batch.s2.shape, generator=ctx.gen))
+        def noise(x):
+            return ctx.clamp(x + sigma * torch.randn(x.shape, generator=ctx.gen, device=x.device))
+        return replace(batch, s=noise(batch.s), s2=noise(batch.s2))
 
 
 class AdvTrain(Recipe):
@@ -152,7 +182,8 @@ class AdvTrain(Recipe):
 
     name = "AdvTrain"
     defaults = {"eps": 0.1, "norm": 2, "steps": 5, "fraction": 0.5, "ramp_start": 2000, "ramp_steps": 8000}
-    env_defaults = {"highway-fast-v0": {"eps": 0.05, "ramp_start": 200, "ramp_steps": 1000}}
+    env_defaults = {"highway-fast-v0": {"eps": 0.05, "ramp_start": 200, "ramp_steps": 1000},
+                    **_atari(eps=0.05, ramp_start=100_000, ramp_steps=400_000)}
 
     def perturb(self, ctx, batch):
         eps = self.eps_now(ctx)
@@ -165,10 +196,10 @@ class AdvTrain(Recipe):
         s = batch.s[idx]
         with torch.no_grad():
             greedy = ctx.q(s).argmax(1)
-        delta = pgd(lambda z: F.cross_entropy(ctx.q(z), greedy, reduction="none"), s, eps, ctx.hp["norm"],
-                    int(ctx.hp["steps"]), ctx.gen)
+        delta = pgd(lambda z: F.cross_entropy(ctx.q(ctx.clamp(z)), greedy, reduction="none"), s, eps,
+                    ctx.hp["norm"], int(ctx.hp["steps"]), ctx.gen)
         s_new = batch.s.clone()
-        s_new[idx] = s + delta
+        s_new[idx] = ctx.clamp(s + delta)   # clamping to the domain only shortens δ: still in the ball
         ctx.stats["adv_eps"] = eps
         return replace(batch, s=s_new)
 
@@ -184,7 +215,8 @@ class GradDQN(Recipe):
     name = "GradDQN"
     defaults = {"eps": 0.1, "norm": 2, "candidates": 10, "fraction": 1.0, "ramp_start": 2000,
                 "ramp_steps": 8000}
-    env_defaults = {"highway-fast-v0": {"eps": 0.05, "ramp_start": 200, "ramp_steps": 1000}}
+    env_defaults = {"highway-fast-v0": {"eps": 0.05, "ramp_start": 200, "ramp_steps": 1000},
+                    **_atari(eps=0.05, ramp_start=100_000, ramp_steps=400_000)}
     # Measured on CartPole (seed 0): with a target update every 500 steps the greedy policies of GradDQN
     # and NoisyNet sat on a plateau at ~100 return (the cart running off the track) from min_steps until
     # 58,000 and 61,000 steps; every 100 steps they pass at 20,000 and 25,000.  (With 100 for every
@@ -197,23 +229,26 @@ class GradDQN(Recipe):
             raise ValueError("GradDQN: only the ℓ2 norm is implemented (norm: 2)")
 
     @staticmethod
-    def adversarial_states(q, s: torch.Tensor, eps: float, candidates: int, gen) -> torch.Tensor:
+    def adversarial_states(q, s: torch.Tensor, eps: float, candidates: int, gen, clamp=None) -> torch.Tensor:
         with torch.no_grad():
             q_clean = q(s)
         worst = q_clean.argmin(1)
         x = s.clone().requires_grad_(True)
         with torch.enable_grad():
             (g,) = torch.autograd.grad(F.log_softmax(q(x), 1).gather(1, worst[:, None]).sum(), x)
-        g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        u = torch.rand((candidates, s.shape[0], 1), generator=gen)          # Beta(1, 1) step sizes
-        cand = s.unsqueeze(0) + eps * u * g.unsqueeze(0)                    # (n, B, d)
+        view = (-1,) + (1,) * (s.dim() - 1)                                 # (per-sample norms of any shape)
+        g = g / g.flatten(1).norm(dim=1).clamp_min(1e-12).reshape(view)
+        u = torch.rand((candidates, s.shape[0]) + (1,) * (s.dim() - 1), generator=gen, device=s.device)
+        cand = s.unsqueeze(0) + eps * u * g.unsqueeze(0)                    # (n, B, *obs): Beta(1, 1) steps
+        if clamp is not None:
+            cand = clamp(cand)
         with torch.no_grad():
             acts = q(cand.flatten(0, 1)).argmax(1).reshape(candidates, -1)  # the agent's action at each
             val = q_clean.gather(1, acts.T).T                               # Q(s, that action), (n, B)
             best_val, best = val.min(0)
             own = q_clean.gather(1, q_clean.argmax(1, keepdim=True)).squeeze(1)
             chosen = cand[best, torch.arange(s.shape[0])]
-            return torch.where((best_val < own)[:, None], chosen, s)
+            return torch.where((best_val < own).reshape(view), chosen, s)
 
     def perturb(self, ctx, batch):
         eps = self.eps_now(ctx)
@@ -223,8 +258,9 @@ class GradDQN(Recipe):
             return batch
         idx = torch.as_tensor(ctx.rng.choice(B, size=k, replace=False)) if k < B else torch.arange(B)
         s_new = batch.s.clone()
-        s_new[idx] = self.adversarial_states(ctx.q, batch.s[idx], eps, int(ctx.hp["candidates"]), ctx.gen)
-        ctx.stats["adv_changed"] = float((s_new != batch.s).any(1).float().mean())
+        s_new[idx] = self.adversarial_states(ctx.q, batch.s[idx], eps, int(ctx.hp["candidates"]), ctx.gen,
+                                             ctx.clamp)
+        ctx.stats["adv_changed"] = float((s_new != batch.s).flatten(1).any(1).float().mean())
         return replace(batch, s=s_new)
 
 
@@ -237,7 +273,8 @@ class _SAMDP(Recipe):
 
     defaults = {"eps": 0.02, "norm": "inf", "kappa": 0.1, "hinge_c": 0.1, "ramp_start": 5000,
                 "ramp_steps": 10000}
-    env_defaults = {"highway-fast-v0": {"eps": 0.005, "ramp_start": 500, "ramp_steps": 1500}}
+    env_defaults = {"highway-fast-v0": {"eps": 0.005, "ramp_start": 500, "ramp_steps": 1500},
+                    **_atari(eps=1 / 255, kappa=0.005, hinge_c=1.0, ramp_start=100_000, ramp_steps=400_000)}
 
     def inner_max(self, ctx, s, labels, eps) -> torch.Tensor:
         raise NotImplementedError
@@ -264,9 +301,9 @@ class SAMDP_PGD(_SAMDP):
     defaults = {**_SAMDP.defaults, "steps": 5}
 
     def inner_max(self, ctx, s, labels, eps):
-        delta = pgd(lambda z: action_margin(ctx.q(z), labels), s, eps, ctx.hp["norm"], int(ctx.hp["steps"]),
-                    ctx.gen)
-        return action_margin(ctx.q(s + delta), labels)   # a lower bound of the true inner max
+        delta = pgd(lambda z: action_margin(ctx.q(ctx.clamp(z)), labels), s, eps, ctx.hp["norm"],
+                    int(ctx.hp["steps"]), ctx.gen)
+        return action_margin(ctx.q(ctx.clamp(s + delta)), labels)   # a lower bound of the true inner max
 
 
 class SAMDP_CVX(_SAMDP):
@@ -282,10 +319,10 @@ class SAMDP_CVX(_SAMDP):
         beta = 1.0 - ramp(ctx.step, ctx.hp["ramp_start"], ctx.hp["ramp_steps"])
         ub = 0.0
         if beta > 0:   # (each bound computed only when its weight is non-zero)
-            ub = ub + beta * crown_bounds(ctx.q, s, eps, norm, C=C, intermediate="ibp", intersect_ibp=False,
-                                          bound_lower=False)[1]
+            ub = ub + beta * crown_bounds(ctx.q, s, eps, norm, C=C, domain=ctx.domain, intermediate="ibp",
+                                          intersect_ibp=False, bound_lower=False)[1]
         if beta < 1:
-            ub = ub + (1 - beta) * ibp_bounds(ctx.q, s, eps, norm, C=C)[1]
+            ub = ub + (1 - beta) * ibp_bounds(ctx.q, s, eps, norm, C=C, domain=ctx.domain)[1]
         return ub.max(1).values
 
 
@@ -298,11 +335,12 @@ class RadialRL(Recipe):
 
     name = "RadialRL"
     defaults = {"eps": 0.02, "norm": "inf", "kappa_end": 0.5, "ramp_start": 0, "ramp_steps": 20000}
-    env_defaults = {"highway-fast-v0": {"eps": 0.005, "ramp_steps": 2000}}
+    env_defaults = {"highway-fast-v0": {"eps": 0.005, "ramp_steps": 2000},
+                    **_atari(eps=1 / 255, ramp_start=100_000, ramp_steps=400_000)}
 
     def worst_case_loss(self, ctx, batch, q_all, y, eps) -> torch.Tensor:
         """Per-sample worst-case loss; ≥ the TD loss of the taken action, since lb ≤ Q(s, a) ≤ ub."""
-        lb, ub = ibp_bounds(ctx.q, batch.s, eps, ctx.hp["norm"])
+        lb, ub = ibp_bounds(ctx.q, batch.s, eps, ctx.hp["norm"], domain=ctx.domain)
         onehot = F.one_hot(batch.a, q_all.shape[1]).to(q_all.dtype)
         target = onehot * y.unsqueeze(1) + (1 - onehot) * q_all
         diff = torch.maximum((ub - target).abs(), (lb - target).abs())
@@ -327,6 +365,7 @@ class NoisyNet(Recipe):
 
     name = "NoisyNet"
     exploration = "noisy"
+    images = False                # noisy linear layers only (crop/models/noisy.py)
     defaults = {"sigma0": 0.5}
     dqn_defaults = {"CartPole-v0": {"target_update": 100}}   # see GradDQN
 
@@ -347,6 +386,7 @@ class CARRL(Recipe):
 
     name = "CARRL"
     kind = "derive"
+    images = False                # CROWN bounds of an MLP base (crop/models/carrl.py)
     defaults = {"eps": 0.1, "norm": 2, "method": "crown"}
     env_defaults = {"highway-fast-v0": {"eps": 0.05}}
 
