@@ -187,3 +187,48 @@ def test_lint_is_clean(tmp_path):
     p = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "-s", str(REPO / "Snakefile")],
                        capture_output=True, text=True, cwd=REPO, timeout=300)
     assert "Congratulations, your workflow is in a good condition!" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_paper_config_builds_the_full_dag(tmp_path):
+    """configs/paper.yaml: every env × algo × σ × stage is planned, by the rule that owns it, and so are
+    every policy's checkpoint and the paper's figures and tables; certification jobs ask for a GPU."""
+    from crop.registry import resolve_source
+
+    paper = REPO / "configs" / "paper.yaml"
+    p = snakemake("--configfile", str(paper), "--summary", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    planned = {}
+    for line in p.stdout.splitlines()[1:]:
+        cols = line.split("\t")
+        if len(cols) >= 6:
+            planned[cols[0]] = cols[2]
+    cfg = load_config(paper)
+    results = Path(cfg["results"])
+    stage_rule = {"qrange": "qrange", "loact": "loact", "loact_episodes": "loact", "certified_ratio": "loact",
+                  "gre": "gre", "gre_returns": "gre", "lore": "lore", "attack_local": "attack_local",
+                  "attack_global": "attack_global"}
+    runs = 0
+    for env, ec in cfg["environments"].items():
+        assert len(ec["sigmas"]) >= 6
+        for algo in ec["algorithms"]:
+            resolve_source(env, algo, ec["source"])
+            assert planned.pop(str(layout.checkpoint_path(results, env, algo))) == "checkpoint", (env, algo)
+            for s in ec["sigmas"]:
+                d = layout.run_dir(results, env, algo, sigma_label(s))
+                for name, rule in stage_rule.items():
+                    assert planned.get(str(d / layout.RUN_FILES[name])) == rule, (d, name)
+                if layout.needs_frames(env):
+                    assert planned.get(str(d / layout.RUN_FILES["frames"])) == "loact", d
+                runs += 1
+    assert set(cfg["environments"]) == {"PongNoFrameskip-v4", "FreewayNoFrameskip-v4", "CartPole-v0",
+                                        "highway-fast-v0"}
+    assert runs == 216
+    plan = {env: (ec["algorithms"], [sigma_label(s) for s in ec["sigmas"]]) for env, ec in cfg["environments"].items()}
+    for f in layout.aggregate_files(results / "figures", results / "tables", plan):
+        assert planned.get(str(f)) == "aggregate", f
+    # device: auto — each certification and attack job declares one GPU (SLURM: --gpus=1)
+    p = snakemake("--configfile", str(paper), "-n", cwd=tmp_path)
+    jobs = p.stdout.split("\nrule ")[1:]
+    gpu_rules = {"qrange", "loact", "gre", "lore", "attack_local", "attack_global"}
+    certs = [j for j in jobs if j.split(":", 1)[0] in gpu_rules]
+    assert len(certs) == 6 * runs and all("gpu=1" in j for j in certs)
