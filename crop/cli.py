@@ -262,7 +262,8 @@ def cmd_train(args) -> None:
     record = {"env": args.env, "algo": args.algo, "net_spec": info["net_spec"], "profile": src.get("profile"),
               "source": "train", "recipe": recipe, "hyperparameters": info["hyperparameters"],
               "sha256": sha256_file(out), "training": info, "clean_greedy_return": info["acceptance"],
-              "provenance": provenance("train", _settings(args), seed=args.seed, device="cpu", started=started)}
+              "provenance": provenance("train", _settings(args), seed=args.seed, device=info["device"],
+                                        started=started)}
     write_json(out.with_suffix(".json"), record)
     print(f"trained {args.env}/{args.algo}: greedy return {info['acceptance']['mean']:.1f} over "
           f"{info['acceptance']['episodes']} episodes after {info['steps']} steps "

@@ -23,8 +23,9 @@ rule checkpoint:
         seed=CFG["seed"],
     threads: 1
     resources:
-        mem_mb=1500,
+        mem_mb=checkpoint_mem_mb,
         runtime=checkpoint_runtime,
+        gpu=checkpoint_gpus,
     conda:
         "../envs/crop.yaml"
     shell:

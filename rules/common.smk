@@ -113,6 +113,26 @@ def checkpoint_runtime(w):
     return 30 + int(env_cfg(w)["train"]["total_steps"] / steps_per_s / 60 * 2)
 
 
+# Replay memory of an image policy: s and s′ as uint8, 4×84×84 each (crop/train/dqn.py _Replay).
+TRANSITION_BYTES = {"PongNoFrameskip-v4": 2 * 4 * 84 * 84, "FreewayNoFrameskip-v4": 2 * 4 * 84 * 84}
+
+
+def checkpoint_mem_mb(w):
+    """Memory of a checkpoint job (MB): 1.5 GB, plus an Atari policy's replay buffer when it is trained here
+    (100k transitions × 56 kB = 5.6 GB), with 20 % headroom."""
+    if policy_source(w.env, w.algo)["kind"] != "train" or w.env not in TRANSITION_BYTES:
+        return 1500
+    size = env_cfg(w)["train"].get("dqn", {}).get("buffer_size", 100_000)
+    return 1500 + int(size * TRANSITION_BYTES[w.env] / 1e6 * 1.2)
+
+
+def checkpoint_gpus(w):
+    """One GPU for a policy trained here on a device other than the CPU (train.dqn.device)."""
+    if policy_source(w.env, w.algo)["kind"] != "train":
+        return 0
+    return 0 if env_cfg(w)["train"].get("dqn", {}).get("device", "cpu") == "cpu" else 1
+
+
 def train_settings_arg(w):
     """The train block's settings for this algorithm (its own recipe overrides only), as a shell word."""
     return shlex.quote(json.dumps(train_settings(env_cfg(w), w.algo), sort_keys=True))
