@@ -490,3 +490,22 @@ def test_tiny_atari_gaussaug_on_freeway():
     net, info = _tiny_atari("FreewayNoFrameskip-v4", "GaussAug")
     assert info["net_spec"]["out"] == 3 and info["hyperparameters"] == {"sigma": 0.005}
     assert info["replay_dtype"] == "uint8" and not net.training
+
+
+def test_greedy_evaluation_stops_at_eval_max_steps(monkeypatch):
+    import gymnasium as gym
+
+    import crop.train.dqn as dqn
+
+    steps = []
+
+    class Count(gym.Wrapper):
+        def step(self, a):
+            steps.append(a)
+            return self.env.step(a)
+
+    real = dqn.make_env
+    monkeypatch.setattr(dqn, "make_env", lambda *a, **k: Count(real(*a, **k)))
+    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6})
+    out = dqn.greedy_returns(net, "PongNoFrameskip-v4", [0, 1], "cleanrl", max_steps=7)
+    assert len(out) == 2 and len(steps) == 14

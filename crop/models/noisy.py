@@ -48,8 +48,9 @@ class NoisyLinear(nn.Module):
 
     @torch.no_grad()
     def resample(self, generator: torch.Generator | None = None) -> None:
-        self.eps_in.copy_(self._f(torch.randn(self.in_features, generator=generator)))
-        self.eps_out.copy_(self._f(torch.randn(self.out_features, generator=generator)))
+        dev = self.eps_in.device   # (a CUDA generator draws on its own device)
+        self.eps_in.copy_(self._f(torch.randn(self.in_features, generator=generator, device=dev)))
+        self.eps_out.copy_(self._f(torch.randn(self.out_features, generator=generator, device=dev)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:  # evaluation / certification: the mean network, deterministic

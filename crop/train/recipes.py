@@ -192,7 +192,7 @@ class AdvTrain(Recipe):
         if eps == 0 or k == 0:
             ctx.stats["adv_eps"] = 0.0
             return batch
-        idx = torch.as_tensor(ctx.rng.choice(B, size=k, replace=False))
+        idx = torch.as_tensor(ctx.rng.choice(B, size=k, replace=False), device=batch.s.device)
         s = batch.s[idx]
         with torch.no_grad():
             greedy = ctx.q(s).argmax(1)
@@ -256,7 +256,8 @@ class GradDQN(Recipe):
         k = int(round(float(ctx.hp["fraction"]) * B))
         if eps == 0 or k == 0:
             return batch
-        idx = torch.as_tensor(ctx.rng.choice(B, size=k, replace=False)) if k < B else torch.arange(B)
+        idx = (torch.as_tensor(ctx.rng.choice(B, size=k, replace=False), device=batch.s.device) if k < B
+               else torch.arange(B, device=batch.s.device))
         s_new = batch.s.clone()
         s_new[idx] = self.adversarial_states(ctx.q, batch.s[idx], eps, int(ctx.hp["candidates"]), ctx.gen,
                                              ctx.clamp)
