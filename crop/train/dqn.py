@@ -292,7 +292,7 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
             beta = cfg.per_beta0 + (1.0 - cfg.per_beta0) * min(1.0, step / cfg.total_steps)
             idx, batch = buf.sample(rng, cfg.batch_size, beta)
             if dev.type != "cpu":
-                batch = Batch(*(x.to(dev, non_blocking=True) for x in astuple_batch(batch)))
+                batch = Batch(**{k: v.to(dev, non_blocking=True) for k, v in vars(batch).items()})
             if noisy:
                 resample_noise(q, gen)
                 resample_noise(target, gen)
@@ -341,7 +341,3 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
             "runtime_s": round(time.time() - started, 2),
             "cpu_s": round(time.process_time() - cpu_started, 2)}
     return q.cpu().eval(), info
-
-
-def astuple_batch(batch: Batch) -> tuple:
-    return (batch.s, batch.a, batch.r, batch.s2, batch.d, batch.w)
