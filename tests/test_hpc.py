@@ -15,7 +15,7 @@ them): then a missing piece fails the test.
 "Equal" is byte-equality of every result file under results-smoke/CartPole-v0/ (the CSVs, model.pt),
 except that
 * JSON files (qrange.json, model.json and every .meta.json) are compared after dropping the provenance
-  keys that legitimately differ between two runs of the same computation (VOLATILE: timestamps,
+  keys that legitimately differ between two runs of the same computation (VOLATILE: timestamps, CPU times,
   durations and rates, argv, platform, git commit, the interpreter's patch version);
 * frames.npz is compared by its arrays: its zip headers depend on the Python that wrote it (3.11.2 in
   the image writes other zip64 header fields than 3.11.7);
@@ -50,7 +50,7 @@ REQUIRE = os.environ.get("CROP_REQUIRE_HPC") == "1"
 # (platform; git_commit: none inside the container), and which build of the interpreter (versions.python:
 # the image's Debian python3 is 3.11.2, the host's may be another 3.11.x).
 VOLATILE = {"argv", "runtime_s", "platform", "git_commit", "python"}
-VOLATILE_SUFFIXES = ("_utc", "_per_s")
+VOLATILE_SUFFIXES = ("_utc", "_per_s", "cpu_s")   # cpu_s: training and evaluation CPU time
 SBIN = os.pathsep.join(["/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 
