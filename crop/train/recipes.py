@@ -160,12 +160,12 @@ class Recipe:
 
 class GaussAug(Recipe):
     """GaussAug (Behzadan & Munir, 2017; Kos & Song, 2017): i.i.d. N(0, σ²) noise on every training
-    observation (s and s′ of every sampled transition, fresh at every update).  The paper uses σ = 0.005
-    on Atari pixels; here σ is in state units, in the range of CROP's smoothing σ for the environment."""
+    observation (s and s′ of every sampled transition, fresh at every update), σ = 0.005 as the paper
+    (Appendix E: "the best testing performance under attacks"), in observation units on every environment.
+    (With σ = 0.05 on CartPole, seed 0 never passed the acceptance test within 100,000 steps.)"""
 
     name = "GaussAug"
-    defaults = {"sigma": 0.05}   # CartPole and highway
-    env_defaults = _atari(sigma=0.005)
+    defaults = {"sigma": 0.005}
 
     def perturb(self, ctx, batch):
         sigma = float(ctx.hp["sigma"])
