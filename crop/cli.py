@@ -179,11 +179,12 @@ def _stage_seed(args, stage: str) -> int:
 
 
 def _smoother(args, net, meta, v_min, v_max, stage: str, alpha: float | None = None):
+    from crop.models import n_actions
     from crop.smoothing import SmoothedQ
 
     alpha = args.alpha if alpha is None else alpha
     # The action count is the checkpoint's (SA-DQN's Pong networks use 4 of the 6 actions).
-    return SmoothedQ(net, args.sigma, args.m, v_min, v_max, alpha, int(meta["net_spec"]["out"]),
+    return SmoothedQ(net, args.sigma, args.m, v_min, v_max, alpha, n_actions(meta["net_spec"]),
                      bound=args.bound, chunk=args.chunk, seed=_stage_seed(args, stage), device=args.device)
 
 
@@ -681,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train_args(p)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_derive)
+
     p = sub.add_parser("fetch", help="download a published checkpoint (sha256-pinned)")
     _common(p, sigma=False, checkpoint=False)
     _fetch_args(p)

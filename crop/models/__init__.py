@@ -14,7 +14,7 @@ from torch import nn
 
 from crop.io import sha256_file
 
-__all__ = ["build_q_network", "load_q_network", "save_q_network", "CheckpointError", "spec_summary"]
+__all__ = ["build_q_network", "load_q_network", "save_q_network", "CheckpointError", "spec_summary", "n_actions"]
 
 
 class CheckpointError(RuntimeError):
@@ -83,7 +83,21 @@ from crop.models.noisy import noisy_mlp as _noisy_mlp  # noqa: E402
 _BUILDERS.update(noisy_mlp=_noisy_mlp, carrl=_carrl)
 
 
+def n_actions(spec: dict) -> int:
+    """The number of Q-values (actions) a spec's network outputs; a wrapping spec (CARRL) has its base's."""
+    if "out" in spec:
+        return int(spec["out"])
+    if isinstance(spec.get("base"), dict):
+        return n_actions(spec["base"])
+    raise CheckpointError(f"network spec {spec} names no output size ('out')")
+
+
 def spec_summary(spec: dict) -> str:
+    if spec.get("arch") == "carrl":
+        return (f"CARRL ({spec.get('method', 'crown')} lower bound, ℓ{spec.get('norm', 2)} ε = {spec.get('eps')}) "
+                f"over {spec_summary(spec['base'])}")
+    if spec.get("arch") == "noisy_mlp":
+        return "NoisyNet " + spec_summary({**spec, "arch": "mlp"})
     if spec.get("arch") == "mlp":
         dims = [spec["in"], *spec.get("hidden", []), spec["out"]]
         return "MLP " + "→".join(str(d) for d in dims)
