@@ -52,8 +52,11 @@ def test_defaults_are_filled_and_targets_listed():
     assert targets(cfg) == [("CartPole-v0", "StdTrain", "0.1"), ("CartPole-v0", "StdTrain", "1.0")]
 
 
-def test_default_and_smoke_configs_are_valid():
-    for f in ("config.yaml", "tests/configs/smoke.yaml"):
+def test_default_and_shipped_configs_are_valid():
+    files = ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml")),
+             *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "configs").glob("*.yaml"))]
+    assert {"configs/paper.yaml", "configs/cartpole.yaml", "tests/configs/smoke.yaml"} <= set(files)
+    for f in files:
         load_config(REPO / f)
 
 
