@@ -22,8 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from crop.config import ALGORITHMS, train_defaults  # noqa: E402
-from crop.envs import env_spec  # noqa: E402
+from crop.config import ALGORITHMS, target_return, train_defaults  # noqa: E402
 from crop.io import derive_seed  # noqa: E402
 from crop.train import TrainingFailed, greedy_returns, prepare_training, train_policy  # noqa: E402
 
@@ -38,8 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     settings = {**train_defaults(), **json.loads(args.settings)}
-    if settings["target_return"] is None:   # as in a config: null = the environment's threshold (if any)
-        settings["target_return"] = env_spec(args.env).solved_return
+    settings["target_return"] = target_return(args.env, settings["target_return"])   # as in a config
     rows, base = [], None
     for algo in args.algos:
         cfg, recipe, hp = prepare_training(args.env, algo, settings)

@@ -213,8 +213,7 @@ def _train_settings(args) -> dict:
     """The schema's train-block defaults ← ``--settings`` JSON ← explicit flags."""
     import json
 
-    from crop.config import train_defaults
-    from crop.envs import env_spec
+    from crop.config import target_return, train_defaults
 
     settings = train_defaults()
     if args.settings:
@@ -230,9 +229,8 @@ def _train_settings(args) -> dict:
             settings[key] = getattr(args, key)
     if getattr(args, "target_return", "unset") != "unset":
         settings["target_return"] = args.target_return   # explicit: a number, or none = no threshold
-    elif settings.get("target_return") is None:
-        # The config's null: the environment's own threshold (CartPole-v0: 195, "solved"; others: none).
-        settings["target_return"] = env_spec(args.env).solved_return
+    else:
+        settings["target_return"] = target_return(args.env, settings.get("target_return"))
     return settings
 
 

@@ -15,7 +15,7 @@ import yaml
 from crop.registry import resolve_source
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "load_config", "targets", "sigma_label",
-           "ALGORITHMS", "train_defaults", "train_settings"]
+           "ALGORITHMS", "train_defaults", "train_settings", "target_return"]
 
 ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
               "NoisyNet", "GradDQN"]
@@ -141,3 +141,11 @@ def train_settings(env_cfg: dict, algo: str) -> dict:
     if recipe:
         out["recipes"] = {algo: copy.deepcopy(recipe)}
     return out
+
+
+def target_return(env_id: str, value: float | None) -> float | None:
+    """A config's ``train.target_return``: null means the environment's own threshold (CartPole-v0: 195,
+    "solved"; None — no threshold — for the others)."""
+    from crop.envs import env_spec  # lazily: the Snakefile imports this module
+
+    return env_spec(env_id).solved_return if value is None else value

@@ -107,12 +107,16 @@ class TrainContext:
 PIXEL = np.float32(1.0 / 255.0)
 
 
+def _to_pixels(x: np.ndarray) -> np.ndarray | None:
+    """The uint8 k with k/255 == x exactly (as crop/envs/atari.py's ToFloat makes frames), or None."""
+    k = np.rint(x * 255).clip(0, 255).astype(np.uint8)
+    return k if np.array_equal(k.astype(np.float32) * PIXEL, x) else None
+
+
 def is_pixel_obs(obs: np.ndarray) -> bool:
     """An image whose values are exactly k/255 (k = 0…255), as crop/envs/atari.py's ToFloat makes them."""
     obs = np.asarray(obs)
-    if obs.ndim != 3 or obs.dtype != np.float32 or obs.min() < 0 or obs.max() > 1:
-        return False
-    return bool(np.array_equal(np.rint(obs * 255).astype(np.uint8).astype(np.float32) * PIXEL, obs))
+    return obs.ndim == 3 and obs.dtype == np.float32 and _to_pixels(obs) is not None
 
 
 class _Replay:
@@ -135,9 +139,8 @@ class _Replay:
         self.max_prio = 1.0
 
     def _encode(self, x) -> np.ndarray:
-        x = np.asarray(x, np.float32)
-        k = np.rint(x * 255).clip(0, 255).astype(np.uint8)
-        if not np.array_equal(k.astype(np.float32) * PIXEL, x):
+        k = _to_pixels(np.asarray(x, np.float32))
+        if k is None:
             raise ValueError("pixel replay: the observation is not exactly k/255 (use float replay)")
         return k
 
