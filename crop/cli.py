@@ -132,10 +132,16 @@ def _setup(args) -> float:
 
 def _load_policy(args):
     """Verify the checkpoint against its recorded sha256 and architecture, then load it."""
+    return _load_checkpoint(args.checkpoint, args.env, args.algo)
+
+
+def _load_checkpoint(path, env: str, algo: str, why: str = ""):
+    """``path`` (model.pt) verified against its record model.json — for ``env``/``algo``, its sha256 and
+    architecture — then loaded; ``why`` is added to a mismatch's message."""
     from crop.io import read_json
     from crop.models import CheckpointError, load_q_network
 
-    ckpt = Path(args.checkpoint)
+    ckpt = Path(path)
     meta_file = ckpt.with_suffix(".json")
     if not meta_file.is_file():
         raise InputError(f"{ckpt}: no checkpoint record {meta_file.name} beside it (sha256 and architecture)")
@@ -143,8 +149,8 @@ def _load_policy(args):
     for key in ("sha256", "net_spec", "env", "algo"):
         if key not in meta:
             raise InputError(f"{meta_file}: missing field {key!r}")
-    if meta["env"] != args.env or meta["algo"] != args.algo:
-        raise InputError(f"{ckpt}: recorded for {meta['env']}/{meta['algo']}, not {args.env}/{args.algo}")
+    if meta["env"] != env or meta["algo"] != algo:
+        raise InputError(f"{ckpt}: recorded for {meta['env']}/{meta['algo']}, not {env}/{algo}{why}")
     try:
         net = load_q_network(ckpt, meta["net_spec"], expected_sha256=meta["sha256"])
     except CheckpointError as exc:
@@ -271,8 +277,8 @@ def cmd_train(args) -> None:
 
 def cmd_derive(args) -> None:
     """A policy built from another algorithm's checkpoint without training (CARRL from StdTrain)."""
-    from crop.io import derive_seed, provenance, read_json, sha256_file, write_json
-    from crop.models import CheckpointError, load_q_network, save_q_network
+    from crop.io import derive_seed, provenance, sha256_file, write_json
+    from crop.models import save_q_network
     from crop.registry import resolve_source
     from crop.train import greedy_returns, prepare_training
 
@@ -293,19 +299,10 @@ def cmd_derive(args) -> None:
     except ValueError as exc:
         raise InputError(f"{args.env}/{args.algo}: {exc}") from None
     base = Path(args.base_checkpoint)
-    meta_file = base.with_suffix(".json")
-    if not meta_file.is_file():
-        raise InputError(f"{base}: no checkpoint record {meta_file.name} beside it")
-    meta = read_json(meta_file)
-    if meta.get("env") != args.env or meta.get("algo") != src["base"]:
-        raise InputError(f"{base}: recorded for {meta.get('env')}/{meta.get('algo')}, but {args.algo} on "
-                         f"{args.env} is derived from {args.env}/{src['base']}")
-    if meta.get("net_spec", {}).get("arch") != "mlp":
-        raise InputError(f"{base}: {args.algo} needs an MLP base network, got {meta.get('net_spec')}")
-    try:
-        base_net = load_q_network(base, meta["net_spec"], expected_sha256=meta.get("sha256"))
-    except CheckpointError as exc:
-        raise InputError(str(exc)) from None
+    base_net, meta = _load_checkpoint(base, args.env, src["base"],
+                                      f" ({args.algo} on {args.env} is derived from {args.env}/{src['base']})")
+    if meta["net_spec"].get("arch") != "mlp":
+        raise InputError(f"{base}: {args.algo} needs an MLP base network, got {meta['net_spec']}")
     net, spec = recipe.derive(base_net, meta["net_spec"], hp)
     seeds = [derive_seed(args.seed, "accept-eval", i) for i in range(settings["eval_episodes"])]
     t0 = time.process_time()
@@ -319,7 +316,7 @@ def cmd_derive(args) -> None:
     save_q_network(net, out)
     record = {"env": args.env, "algo": args.algo, "net_spec": spec, "profile": meta.get("profile"),
               "source": "derive", "recipe": recipe.name, "hyperparameters": hp,
-              "base": {"algo": src["base"], "path": str(base), "sha256": meta.get("sha256")},
+              "base": {"algo": src["base"], "path": str(base), "sha256": meta["sha256"]},
               "sha256": sha256_file(out), "clean_greedy_return": accept,
               "evaluation_cpu_s": round(time.process_time() - t0, 2),
               "provenance": provenance("derive", _settings(args), seed=args.seed, device="cpu", started=started,
