@@ -378,19 +378,22 @@ def cmd_qrange(args) -> None:
     from crop.io import provenance, write_json
     from crop.qrange import estimate_qrange
 
+    if args.method == "quantile" and not args.quantile < 0.5:
+        raise InputError(f"--quantile must be in (0, 0.5), got {args.quantile}")
     started = _setup(args)
     net, meta = _load_policy(args)
     res = estimate_qrange(args.env, net, args.sigma, args.m, args.episodes, args.horizon,
                           _episode_seeds(args.seed, args.env, args.episodes, "qrange-episode"),
                           seed=_stage_seed(args, "qrange"), chunk=args.chunk, device=args.device,
-                          profile=meta.get("profile"), progress=args.progress)
+                          profile=meta.get("profile"), progress=args.progress, method=args.method,
+                          quantile=args.quantile)
     out = {"env": args.env, "algo": args.algo, "sigma": args.sigma, **res,
            "checkpoint_sha256": meta["sha256"],
            "provenance": provenance("qrange", _settings(args), seed=_stage_seed(args, "qrange"),
                                     inputs=_inputs(args, "checkpoint"), device=args.device, started=started)}
     write_json(args.out, out)
     print(f"qrange {args.env}/{args.algo} σ={args.sigma}: [{res['v_min']:.6g}, {res['v_max']:.6g}] "
-          f"from {res['states']} states × {args.m} samples")
+          f"({args.method}) from {res['states']} states × {args.m} samples")
 
 
 def cmd_loact(args) -> None:
@@ -698,6 +701,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--m", type=_pos_int, default=10000)
     p.add_argument("--episodes", type=_pos_int, default=3)
     p.add_argument("--horizon", type=_pos_int, default=200)
+    p.add_argument("--method", default="smoothed", choices=["smoothed", "samples", "quantile"],
+                   help="smoothed: min/max of the smoothed Q over actions and visited states (the paper's); "
+                        "samples: of every single noisy output; quantile: of per-state q / 1-q quantiles")
+    p.add_argument("--quantile", type=_positive_float, default=0.01,
+                   help="q of --method quantile (0 < q < 0.5)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_qrange)
 

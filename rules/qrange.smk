@@ -15,7 +15,8 @@ rule qrange:
         common=common_args,
         stage=lambda w: (
             f"--m {env_cfg(w)['qrange']['m']} --episodes {env_cfg(w)['qrange']['episodes']} "
-            f"--horizon {env_cfg(w)['qrange']['horizon']}"
+            f"--horizon {env_cfg(w)['qrange']['horizon']} --method {env_cfg(w)['qrange']['method']} "
+            f"--quantile {env_cfg(w)['qrange']['quantile']!r}"
         ),
     threads: CFG["threads"]
     resources:
