@@ -32,7 +32,8 @@ P_TOP_LOWER = 0.6       # normalised L(a1) of every synthetic LoAct step
 
 
 def _meta(stage, sha, seed, runtime=0.5, **settings):
-    m = provenance(stage, {"stage": stage, **settings}, seed=seed, inputs={"checkpoint": {"path": "model.pt", "sha256": sha}},
+    m = provenance(stage, {"stage": stage, **settings}, seed=seed,
+                   inputs={"checkpoint": {"path": "model.pt", "sha256": sha}},
                    device="cpu")
     m["runtime_s"] = runtime
     return m

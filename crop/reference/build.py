@@ -93,6 +93,10 @@ def _curve_at(x: np.ndarray, y: np.ndarray, eps: float, how: str) -> float | Non
     return float(np.interp(eps, x, y))
 
 
+def _round(x: float) -> float:
+    return float(f"{x:.12g}")
+
+
 def build_reference(tarball: Path) -> pd.DataFrame:
     rows, curves, attacks = [], {}, {}
     for name, df in _members(tarball):
@@ -126,14 +130,15 @@ def build_reference(tarball: Path) -> pd.DataFrame:
     for key, (df, source) in sorted(attacks.items()):
         env, algo, sigma, kind = key
         for x, y in zip(df["x"], df["y"]):
-            rows.append((env, algo, sigma, KINDS[kind][1], float(x), float(y), "as_published", source))
+            rows.append((env, algo, sigma, KINDS[kind][1], _round(x), float(y), "as_published", source))
     for key, (df, source) in sorted(curves.items()):
         env, algo, sigma, kind = key
         metric, _, how = KINDS[kind]
         x, y = df["x"].to_numpy(float), df["y"].to_numpy(float)
-        grid = {f * sigma for f in EPS_FACTORS}
+        # ε to 12 significant digits: 0.1·0.1 and a published 0.01 are one ε
+        grid = {_round(f * sigma) for f in EPS_FACTORS}
         if key in attacks:
-            grid |= set(attacks[key][0]["x"].astype(float))
+            grid |= {_round(x) for x in attacks[key][0]["x"].astype(float)}
         for eps in sorted(grid):
             v = _curve_at(x, y, eps, how)
             if v is not None:

@@ -180,9 +180,10 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
             lines += _table(trend, ["algo", "σ values", "Spearman ρ (reproduced vs published)", "direction over σ"])
     other = compared[~compared["metric"].isin([radius_metric, "benign_return"]) & (compared["verdict"] == "differs")]
     if len(other):
-        other = other.assign(score=np.abs(np.log(other["ratio"].where(other["ratio"] > 0).astype(float))).fillna(np.inf))
-        rows = [{"algo": r.algo, "σ": _fmt(r.sigma), "metric": r.metric, "ε": _fmt(r.eps), "published": _fmt(r.reference),
-                 "reproduced": _fmt(r.reproduced), "ratio": _fmt(r.ratio, 2)}
+        log_ratio = np.log(other["ratio"].where(other["ratio"] > 0).astype(float))
+        other = other.assign(score=np.abs(log_ratio).fillna(np.inf))  # a sign change counts as the largest
+        rows = [{"algo": r.algo, "σ": _fmt(r.sigma), "metric": r.metric, "ε": _fmt(r.eps),
+                 "published": _fmt(r.reference), "reproduced": _fmt(r.reproduced), "ratio": _fmt(r.ratio, 2)}
                 for r in other.sort_values("score", ascending=False).head(10).itertuples()]
         lines += ["Largest differences among the bounds and attacks:", ""]
         lines += _table(rows, ["algo", "σ", "metric", "ε", "published", "reproduced", "ratio"])
