@@ -1,6 +1,24 @@
-# Stage 6: audit — integrity of every result file, soundness (no attack below a certified bound, no
-# bound rising with ε), provenance (config hash, checkpoint, commits, seeds, runtimes), and the comparison
-# with a reference table when the config names one (audit.reference).
+# Stage 6: audit — integrity of every result file, soundness (no attack below a certified bound beyond what
+# chance allows, no bound rising with ε), provenance (config hash, checkpoint, commits, seeds, runtimes), and
+# the comparison with a reference table when the config names one (audit.reference: a CSV, or `paper` for
+# the paper's published numbers) — then also the reproduction report (reproduction.md, one figure per env).
+from crop.envs import env_spec
+from crop.report.reference import resolve_reference
+
+AUDIT_REFERENCE = CFG["audit"].get("reference")
+
+
+def audit_reference_inputs():
+    """The reference table (`paper`: the packaged one) and tolerances file: the audit reruns when they change."""
+    return [str(resolve_reference(p)) if p == AUDIT_REFERENCE else p for p in audit_extra_inputs()]
+
+
+def reproduction_outputs():
+    if not AUDIT_REFERENCE:
+        return []
+    figs = [f"{R}/audit/reproduction_{env_spec(env).paper_name}.png" for env in ENVS]
+    return [f"{R}/audit/reproduction.md"] + [report(f, caption="../report/reproduction.rst", category="Audit")
+                                             for f in figs]
 
 
 rule audit:
@@ -8,17 +26,18 @@ rule audit:
         runs=all_run_files(),
         records=checkpoint_records(),
         tables=table_outputs(),
-        extra=audit_extra_inputs(),
+        extra=audit_reference_inputs(),
     output:
         md=report(f"{R}/audit/audit.md", caption="../report/audit.rst", category="Audit"),
         json=f"{R}/audit/audit.json",
+        reproduction=reproduction_outputs(),
     log:
         f"{R}/logs/audit.log",
     params:
         out_dir=lambda w, output: os.path.dirname(output.json),
         options=audit_options(),
         config_hash=CONFIG_HASH,
-        # read by the caption (report/audit.rst)
+        # read by the captions (report/audit.rst, report/reproduction.rst)
         audit=CFG["audit"],
     threads: 1
     resources:
