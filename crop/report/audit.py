@@ -435,11 +435,16 @@ def _markdown(rep: dict) -> str:
             rows = [r for r in ref["comparisons"] if r["verdict"] == verdict_name]
             if rows:
                 df = pd.DataFrame(rows).fillna({"note": ""})
-                summary = (df.groupby(["env", "algo", "sigma", "metric", "note"], dropna=False)
-                           .size().rename("values").reset_index())
-                lines += [f"### {title} ({len(rows)})", "", "Counted per (env, algo, σ, metric); every row is in "
-                          "audit.json.", ""]
-                lines += _md_table(summary.to_dict("records"), limit=100)
+                absent = df["note"].str.startswith("run not")
+                summary = pd.concat([  # runs absent altogether: one line per (env, algo)
+                    df[absent].groupby(["env", "algo", "note"]).agg(sigma=("sigma", lambda x: ", ".join(
+                        f"{v:g}" for v in sorted(set(x)))), values=("metric", "size")).reset_index().assign(metric="all"),
+                    df[~absent].groupby(["env", "algo", "sigma", "metric", "note"], dropna=False)
+                    .size().rename("values").reset_index()])
+                lines += [f"### {title} ({len(rows)})", "", "Counted per run (or per algorithm where its runs are "
+                          "absent) and metric; every row is in audit.json.", ""]
+                lines += _md_table(summary[["env", "algo", "sigma", "metric", "note", "values"]]
+                                   .to_dict("records"), limit=100)
     raw = [i for i in rep["checks"] if i.get("empirical_below") and not i["violation"]]
     lines += ["## Chance", "",
               "A certificate holds with probability ≥ 1 − α for the *exact* smoothed policy; the attacked policy is "
