@@ -6,19 +6,9 @@ from crop.envs import env_spec
 from crop.report.reference import resolve_reference
 
 AUDIT_REFERENCE = CFG["audit"].get("reference")
-
-
-def audit_reference_inputs():
-    """The reference table (`paper`: the packaged one) and tolerances file: the audit reruns when they change."""
-    return [str(resolve_reference(p)) if p == AUDIT_REFERENCE else p for p in audit_extra_inputs()]
-
-
-def reproduction_outputs():
-    if not AUDIT_REFERENCE:
-        return []
-    figs = [f"{R}/audit/reproduction_{env_spec(env).paper_name}.png" for env in ENVS]
-    return [f"{R}/audit/reproduction.md"] + [report(f, caption="../report/reproduction.rst", category="Audit")
-                                             for f in figs]
+# With a reference: reproduction.md and one figure per environment (crop.report.reproduction).
+REPRODUCTION_MD = [f"{R}/audit/reproduction.md"] if AUDIT_REFERENCE else []
+REPRODUCTION_FIGURES = [f"{R}/audit/reproduction_{env_spec(e).paper_name}.png" for e in ENVS if AUDIT_REFERENCE]
 
 
 rule audit:
@@ -26,11 +16,13 @@ rule audit:
         runs=all_run_files(),
         records=checkpoint_records(),
         tables=table_outputs(),
-        extra=audit_reference_inputs(),
+        # the reference (`paper`: the packaged table) and tolerances: the audit reruns when they change
+        extra=[str(resolve_reference(p)) if p == AUDIT_REFERENCE else p for p in audit_extra_inputs()],
     output:
         md=report(f"{R}/audit/audit.md", caption="../report/audit.rst", category="Audit"),
         json=f"{R}/audit/audit.json",
-        reproduction=reproduction_outputs(),
+        reproduction=REPRODUCTION_MD
+        + [report(f, caption="../report/reproduction.rst", category="Audit") for f in REPRODUCTION_FIGURES],
     log:
         f"{R}/logs/audit.log",
     params:
