@@ -1,6 +1,14 @@
-# Stage 6: audit — integrity of every result file, soundness (no attack below a certified bound, no
-# bound rising with ε), provenance (config hash, checkpoint, commits, seeds, runtimes), and the comparison
-# with a reference table when the config names one (audit.reference).
+# Stage 6: audit — integrity of every result file, soundness (no attack below a certified bound beyond what
+# chance allows, no bound rising with ε), provenance (config hash, checkpoint, commits, seeds, runtimes), and
+# the comparison with a reference table when the config names one (audit.reference: a CSV, or `paper` for
+# the paper's published numbers) — then also the reproduction report (reproduction.md, one figure per env).
+from crop.envs import env_spec
+from crop.report.reference import resolve_reference
+
+AUDIT_REFERENCE = CFG["audit"].get("reference")
+# With a reference: reproduction.md and one figure per environment (crop.report.reproduction).
+REPRODUCTION_MD = [f"{R}/audit/reproduction.md"] if AUDIT_REFERENCE else []
+REPRODUCTION_FIGURES = [f"{R}/audit/reproduction_{env_spec(e).paper_name}.png" for e in ENVS if AUDIT_REFERENCE]
 
 
 rule audit:
@@ -8,17 +16,20 @@ rule audit:
         runs=all_run_files(),
         records=checkpoint_records(),
         tables=table_outputs(),
-        extra=audit_extra_inputs(),
+        # the reference (`paper`: the packaged table) and tolerances: the audit reruns when they change
+        extra=[str(resolve_reference(p)) if p == AUDIT_REFERENCE else p for p in audit_extra_inputs()],
     output:
         md=report(f"{R}/audit/audit.md", caption="../report/audit.rst", category="Audit"),
         json=f"{R}/audit/audit.json",
+        reproduction=REPRODUCTION_MD
+        + [report(f, caption="../report/reproduction.rst", category="Audit") for f in REPRODUCTION_FIGURES],
     log:
         f"{R}/logs/audit.log",
     params:
         out_dir=lambda w, output: os.path.dirname(output.json),
         options=audit_options(),
         config_hash=CONFIG_HASH,
-        # read by the caption (report/audit.rst)
+        # read by the captions (report/audit.rst, report/reproduction.rst)
         audit=CFG["audit"],
     threads: 1
     resources:

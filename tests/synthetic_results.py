@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
 
 from crop.envs import env_spec
 from crop.io import provenance, read_json, write_csv, write_json, write_with_meta
@@ -23,10 +24,16 @@ GRE_FACTORS = (0.0, 0.05, 0.1, 0.2)
 LOCAL_FACTORS = (0.0, 0.5, 1.0, 2.0)
 GLOBAL_FACTORS = (0.0, 0.05, 0.1, 0.2)
 GLOBAL_EPISODES = 12
+V_MIN, V_MAX = 0.0, 10.0
+M_ATTACK = 10_000       # the local attack's Monte-Carlo samples per state (recorded in its settings)
+ALPHA_STATE = 1e-4      # per-state miscoverage of the local attack's certificates
+LORE_ALPHA_SPENT = 1e-3  # the α LoRe's search spent
+P_TOP_LOWER = 0.6       # normalised L(a1) of every synthetic LoAct step
 
 
-def _meta(stage, sha, seed, runtime=0.5):
-    m = provenance(stage, {"stage": stage}, seed=seed, inputs={"checkpoint": {"path": "model.pt", "sha256": sha}},
+def _meta(stage, sha, seed, runtime=0.5, **settings):
+    m = provenance(stage, {"stage": stage, **settings}, seed=seed,
+                   inputs={"checkpoint": {"path": "model.pt", "sha256": sha}},
                    device="cpu")
     m["runtime_s"] = runtime
     return m
@@ -50,7 +57,7 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     lab = repr(float(sigma))
     d = run_dir(root, env, algo, lab)
     d.mkdir(parents=True, exist_ok=True)
-    write_json(d / "qrange.json", {"env": env, "algo": algo, "sigma": sigma, "v_min": 0.0, "v_max": 10.0,
+    write_json(d / "qrange.json", {"env": env, "algo": algo, "sigma": sigma, "v_min": V_MIN, "v_max": V_MAX,
                                    "checkpoint_sha256": sha,
                                    "provenance": _meta("qrange", sha, seed, 0.1)})
     # LoAct: a periodic radius pattern, some steps uncertified; episodes of different lengths.
@@ -62,9 +69,10 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
             rows.append({"episode": e, "step": t, "action": int(rng.integers(spec.n_actions)),
                          "certified": certified, "radius": radius if certified else 0.0,
                          "reward": float(rng.integers(0, 2)), "q_top": 1.0, "q_runner_up": 0.5,
-                         "q_top_lower": 0.9, "q_others_upper_max": 0.6})
+                         **margins(radius if certified else 0.0, sigma)})
     steps = pd.DataFrame(rows)
     m = _meta("loact", sha, seed + 1)
+    m.update(v_min=V_MIN, v_max=V_MAX)
     write_with_meta(d / "loact.csv", lambda p: write_csv(p, steps), m, rows=len(steps))
     ep = steps.groupby("episode").agg(**{"return": ("reward", "sum"), "steps": ("step", "size"),
                                          "mean_radius": ("radius", "mean"),
@@ -93,7 +101,7 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     # LoRe: a falling step function of ε.
     lore = pd.DataFrame({"eps": [0.0, 0.5 * sigma, 1.5 * sigma], "lower_bound": [6.0, 4.0, 1.0]})
     m = _meta("lore", sha, seed + 3)
-    m["search"] = {"valid_until_eps": None, "distinct_states_smoothed": 10}
+    m["search"] = {"valid_until_eps": None, "distinct_states_smoothed": 10, "alpha_spent": LORE_ALPHA_SPENT}
     write_with_meta(d / "lore.csv", lambda p: write_csv(p, lore), m, rows=len(lore))
     # Attacks: every return at or above its bound.
     loc = []
@@ -105,8 +113,9 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
                         "flips": int(rng.integers(0, 2)), "flips_certified": 0, "horizon": 6,
                         "same_start_as_lore": e == 0})
     loc = pd.DataFrame(loc)
-    write_with_meta(d / "attack_local.csv", lambda p: write_csv(p, loc), _meta("attack_local", sha, seed + 4),
-                    rows=len(loc))
+    am = _meta("attack_local", sha, seed + 4, m=M_ATTACK, alpha=ALPHA_STATE)
+    am["per_state_alpha"] = ALPHA_STATE
+    write_with_meta(d / "attack_local.csv", lambda p: write_csv(p, loc), am, rows=len(loc))
     glob = []
     for f, g in zip(GLOBAL_FACTORS, gre.itertuples()):
         top = max(g.expectation_bound, g.percentile_bound)
@@ -128,6 +137,15 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     write_with_meta(d / FRAMES_FILE, lambda p: _write_frames(p, frames, env), _meta("loact", sha, seed + 1),
                     rows=len(frames))
     return d
+
+
+def margins(radius: float, sigma: float) -> dict:
+    """LoAct's recorded bounds for a step of Theorem-1 radius ``radius`` (0: not certified): L(a1) at
+    P_TOP_LOWER of the V range, max U(a) where r = σ/2·(Φ⁻¹(p_L) − Φ⁻¹(p_U)) puts it."""
+    w = V_MAX - V_MIN
+    z_l = norm.ppf(P_TOP_LOWER)
+    p_u = norm.cdf(z_l - 2 * radius / sigma) if radius > 0 else P_TOP_LOWER + 0.05
+    return {"q_top_lower": V_MIN + w * P_TOP_LOWER, "q_others_upper_max": V_MIN + w * float(p_u)}
 
 
 def make_results(root: Path, plan: dict, seed: int = 0) -> dict:
@@ -159,4 +177,4 @@ def write_reference(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-__all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "runs_of", "write_reference"]
+__all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "runs_of", "write_reference", "margins"]

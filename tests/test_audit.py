@@ -24,8 +24,9 @@ PLAN = {"CartPole-v0": {"StdTrain": [0.05, 0.1], "GaussAug": [0.1]},
 REPO = Path(__file__).resolve().parents[1]
 
 AUDIT_KEYS = {"schema_version", "results", "runs", "alpha", "config_hash", "strict", "passed", "checked",
-              "violations", "empirical_below", "integrity_problems", "integrity", "incomplete_runs",
-              "violation_list", "checks", "provenance", "warnings", "mismatches", "reference_missing", "reference"}
+              "violations", "empirical_below", "integrity_problems", "integrity", "incomplete_runs", "partial_runs",
+              "violation_list", "checks", "provenance", "warnings", "mismatches", "reference_missing", "reference",
+              "reproduction"}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,11 @@ def results(pristine, tmp_path):
 
 def _run(root, env="CartPole-v0", algo="StdTrain", lab="0.1"):
     return layout.run_dir(root, env, algo, lab)
+
+
+def _verdicts(rep):
+    """Verdicts of the reference's rows (the run's values the reference lacks come after them)."""
+    return [c["verdict"] for c in rep["reference"]["comparisons"] if c["verdict"] != "not_in_reference"]
 
 
 def _cli(*args):
@@ -177,12 +183,12 @@ def test_tolerances_file_and_flags(results, tmp_path):
     # --rel-tol/--abs-tol override every metric: 3 % off is now too much.
     assert _cli(results, "--reference", ref, "--rel-tol", "0.01", "--abs-tol", "0", "--out-dir", tmp_path / "a") == 0
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
-    assert [c["verdict"] for c in rep["reference"]["comparisons"]] == ["differs", "differs"]
+    assert _verdicts(rep) == ["differs", "differs"]
     # A tolerances file widening one metric (and nothing else).
     tol = tmp_path / "tol.yaml"
     tol.write_text(yaml.safe_dump({"expectation_bound": {"abs": 8.0}, "default": {"rel": 0.0}}))
     rep = audit(results, tmp_path / "b", reference=ref, tolerances=tol)
-    assert [c["verdict"] for c in rep["reference"]["comparisons"]] == ["match", "match"]
+    assert _verdicts(rep) == ["match", "match"]
     assert rep["reference"]["tolerances"]["expectation_bound"] == {"abs": 8.0, "rel": 0.0}
     # benign_return: abs from the built-in default (1.0), rel from the file's default (0).
     assert rep["reference"]["tolerances"]["benign_return"] == {"abs": DEFAULT_TOLERANCES["benign_return"]["abs"],
@@ -201,7 +207,7 @@ def test_empty_reference_value_means_no_bound(results, tmp_path):
     ref = write_reference(tmp_path / "ref.csv", [{**base, "value": None},
                                                  {**base, "metric": "percentile_bound_p0.5", "value": 3.0}])
     rep = audit(results, tmp_path / "a", reference=ref)
-    assert [c["verdict"] for c in rep["reference"]["comparisons"]] == ["match", "differs"]
+    assert _verdicts(rep) == ["match", "differs"]
 
 
 def test_integrity_problems(results):

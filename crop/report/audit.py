@@ -1,26 +1,50 @@
 """Audit of a results folder: integrity, soundness, provenance, and agreement with a reference — with
-evidence for every verdict.  Writes ``audit.json`` (machine-readable) and ``audit.md`` (for people).
+evidence for every verdict.  Writes ``audit.json`` (machine-readable) and ``audit.md`` (for people), and with a
+reference also ``reproduction.md`` and one figure per environment (:mod:`crop.report.reproduction`).
 
-Soundness checks (a *violation* is evidence against a certificate), per (env, algo, σ, ε):
-  * LoRe bound above the return of the local PGD attack started from the same initial state (LoRe's bound
-    is absolute: any such return is a violation);
-  * LoAct: the attacked smoothed policy changed its action at a step whose certified radius exceeded ε;
-  * a bound (J̲_E, J̲_p, J̲) that rises with ε;
-  * GRe percentile bound J̲_p above the attacked p-quantile, and GRe expectation bound above the attacked
-    mean, at the same ε.  These bounds are about the *distribution* of returns, and a few attacked episodes
-    can fall below a valid bound by chance; so each GRe row records the raw comparison
-    (``empirical_below``) and a test of the bound against the attacked returns — the one-sided binomial
-    p-value P[Bin(n, p) ≥ #returns below J̲_p] for the percentile bound, Hoeffding's
-    exp(−2n·shortfall²/(J_max − J_min)²) for the expectation bound — and counts as a violation when that
-    p-value is below the audit's ``alpha``.
+A run folder may hold any subset of the stages (a LoAct-only or GRe-only run): each check runs where its
+files are there, and the reference comparison covers every value the run has.
+
+Soundness checks, per (env, algo, σ, ε).  A *violation* is a count the audit can show is statistically
+incompatible with sound certificates (p-value below ``alpha``); a raw failure within what chance allows is
+listed (``empirical_below``) but is not a violation:
+
+* **a bound rising with ε** (J̲_E, J̲_p, J̲): deterministic, always a violation;
+* **GRe** percentile bound J̲_p above the attacked p-quantile, and expectation bound above the attacked mean:
+  these bounds are about the *distribution* of returns; p-values P[Bin(n, p) ≥ #returns below J̲_p] and
+  Hoeffding's exp(−2n·shortfall²/(J_max − J_min)²);
+* **LoAct: a certified step whose action a local attack flipped** (``flips_certified``).  The certificate
+  (Theorem 1) is for the exact smoothed policy and holds with probability ≥ 1 − α per state; the attacked
+  policy is its m-sample estimate, which may take another action inside a valid radius.  If the clean
+  state's bounds L(a₁) (``q_top_lower``) and max U(a) (``q_others_upper_max``) hold, Lemma 3 (σΦ⁻¹ of the
+  clipped smoothed Q is 1-Lipschitz) gives, for ‖δ‖ ≤ ε, Q̃(s+δ, a₁) − Q̃(s+δ, a) ≥
+  Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)) with p = (bound − V_min)/w, w = V_max − V_min; and by
+  Hoeffding (each sample of Q̃(·, a) − Q̃(·, a₁) lies in [−w, w]) the m-sample argmax is not a₁ with
+  probability ≤ (|A| − 1)·exp(−m·Δ²/(2w²)) (:func:`flip_probability_bound`).  A counted flip thus has
+  probability ≤ α + that bound per step.  attack_local.csv records only per-episode counts, not the attacked
+  steps' margins, so the per-step chance is *estimated* on LoAct's own steps certified beyond ε (the mean of
+  α + bound over them; 1 when LoAct has none: unassessed) and the count over all N attacked steps at that ε
+  is tested against Bin(N, chance) — conservative in N (every attacked step counted, certified or not) and
+  in the tail (a Poisson-binomial count is no more spread above its mean than the binomial of the same mean,
+  Hoeffding 1956);
+* **LoRe bound above the local PGD return** from LoRe's own initial state.  LoRe's bound (Theorem 4) holds
+  for every trajectory of the exact smoothed policy under ‖δ‖ ≤ ε with probability ≥ 1 − α_spent (the α the
+  search spent, ``lore.meta.json``); the attacked episode leaves that tree only where its m-sample action
+  is one LoRe excluded.  The chance of an attacked return below the bound is ≤ α_spent + P[leave], with
+  P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state): p_t the flip bound
+  above where step t is certified beyond ε; 0 where it is not and |A| = 2 (both actions are in the tree);
+  1 where it is not and |A| > 2 (the other actions' margins are not recorded), and for steps beyond LoAct
+  episode 0.  The row is a violation when that chance is below ``alpha``.
+
+Every row is tested at level ``alpha`` on its own (no correction for the number of rows).
 Integrity: every result file's sha256 must match the one recorded in its ``.meta.json`` (a truncated
 or edited file is reported, not silently used); every stage must have used the checkpoint recorded in
-``model.json`` (and ``model.pt``, when present, must still have that hash); a run folder missing result
-files is reported as incomplete.
+``model.json`` (and ``model.pt``, when present, must still have that hash); a stage with some but not all of
+its files, or a run folder with no result at all, is an integrity problem; a partial run is not.
 Provenance (:mod:`crop.report.provenance`): per run the checkpoint sha256 and source, commits, package
 versions, seeds, devices and runtimes, and the hash of the workflow config the audit ran under.
-Reference (:mod:`crop.report.reference`): each value of a reference table gets a verdict match / differs /
-missing within per-metric tolerances.
+Reference (:mod:`crop.report.reference`; ``"paper"`` for the paper's published numbers): each value gets a
+verdict match / differs / missing (not in the run) / not_in_reference, within per-metric tolerances.
 
 ``passed`` is true when there is no violation, no integrity problem and no reference value that differs;
 ``crop audit --strict`` exits with status 1 otherwise.  Reference values the results folder does not have
@@ -29,9 +53,10 @@ than one run.
 
 audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``config_hash``, ``strict``,
 ``passed``, ``checked``, ``violations``, ``empirical_below``, ``integrity_problems``, ``integrity``,
-``incomplete_runs``, ``violation_list``, ``checks``, ``provenance``, ``warnings``, ``mismatches``,
-``reference_missing``, ``reference`` (null, or ``file``, ``sha256``, ``tolerances_file``, ``tolerances``,
-``counts`` {match, differs, missing}, ``rows``, ``comparisons``).
+``incomplete_runs``, ``partial_runs``, ``violation_list``, ``checks``, ``provenance``, ``warnings``,
+``mismatches``, ``reference_missing``, ``reference`` (null, or ``file``, ``name``, ``sha256``,
+``tolerances_file``, ``tolerances``, ``counts`` {match, differs, missing}, ``not_in_reference``, ``rows``,
+``comparisons``), ``reproduction`` (null, or the files of the reproduction report).
 """
 from __future__ import annotations
 
@@ -42,15 +67,17 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
-from crop.io import atomic_write_text, meta_path, read_json, sha256_file, write_json
+from crop.envs import env_spec
+from crop.io import atomic_write_text, meta_path, read_json, write_json
 from crop.layout import RUN_FILES
-from crop.report.integrity import check_integrity
 from crop.lore import lore_bound_at
+from crop.report.integrity import check_integrity, stages_present
 
-__all__ = ["audit", "discover_runs", "check_integrity", "SCHEMA_VERSION"]
+__all__ = ["audit", "discover_runs", "discover_run_folders", "check_integrity", "flip_probability_bound",
+           "loact_flip_chance", "lore_leave_chance", "SCHEMA_VERSION"]
 
 TOL = 1e-9
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
@@ -63,6 +90,11 @@ def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
     return runs
 
 
+def discover_run_folders(results: Path) -> list[str]:
+    """Every ``ENV/ALGO/sigma-S`` folder under ``results``, complete or partial."""
+    return [str(d.relative_to(results)) for d in sorted(Path(results).glob("*/*/sigma-*")) if d.is_dir()]
+
+
 def _hoeffding_p(shortfall: float, n: int, width: float) -> float:
     """P[mean of n returns in an interval of ``width`` falls ``shortfall`` below its expectation] ≤ this."""
     if shortfall <= 0 or n == 0:
@@ -71,8 +103,10 @@ def _hoeffding_p(shortfall: float, n: int, width: float) -> float:
 
 
 def _binom_p(n_below: int, n: int, p: float) -> float:
-    """P[Bin(n, p) ≥ n_below]: how surprising n_below attacked returns under a valid p-th percentile bound are."""
-    return float(st.binom.sf(n_below - 1, n, p)) if n else 1.0
+    """P[Bin(n, p) ≥ n_below]: how surprising n_below events of probability ≤ p each are among n."""
+    if n_below <= 0:
+        return 1.0
+    return float(st.binom.sf(n_below - 1, n, min(max(p, 0.0), 1.0))) if n else 1.0
 
 
 def _monotone(xs, ys) -> list[tuple[float, float, float]]:
@@ -81,10 +115,101 @@ def _monotone(xs, ys) -> list[tuple[float, float, float]]:
     return [(a[0], a[1], b[1]) for a, b in zip(pairs, pairs[1:]) if b[1] > a[1] + TOL]
 
 
-def _audit_run(results: Path, run: str, alpha: float) -> tuple[list[dict], int]:
+def flip_probability_bound(q_top_lower, q_others_upper_max, v_min: float, v_max: float, sigma: float,
+                           eps: float, m: int, n_actions: int) -> np.ndarray:
+    """Upper bound on P[the m-sample smoothed action at s + δ is not a₁], for every ‖δ‖₂ ≤ ε, given that the
+    clean state's bounds L(a₁) = ``q_top_lower`` and max_{a≠a₁} U(a) = ``q_others_upper_max`` hold.
+
+    Lemma 3 (Φ⁻¹ of the normalised clipped smoothed Q moves by at most ‖δ‖/σ) bounds the true gap at s + δ
+    below by Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)); Hoeffding on the m differences of clipped
+    samples (each in [−w, w]) and a union over the |A| − 1 other actions give (|A| − 1)·exp(−mΔ²/(2w²)).
+    Where Δ ≤ 0 (ε reaches the radius) the bound is 1."""
+    w = float(v_max - v_min)
+    pl = np.clip((np.asarray(q_top_lower, float) - v_min) / w, 0.0, 1.0)
+    pu = np.clip((np.asarray(q_others_upper_max, float) - v_min) / w, 0.0, 1.0)
+    with np.errstate(invalid="ignore"):
+        gap = w * (st.norm.cdf(st.norm.ppf(pl) - eps / sigma) - st.norm.cdf(st.norm.ppf(pu) + eps / sigma))
+    gap = np.where(np.isnan(gap), 0.0, np.maximum(gap, 0.0))
+    return np.minimum(1.0, (n_actions - 1) * np.exp(-m * gap ** 2 / (2.0 * w ** 2)))
+
+
+def _chance_inputs(d: Path, env: str) -> dict:
+    """What the chance estimates need, from the run's files; missing entries are None."""
+    def meta(key):
+        f = meta_path(d / RUN_FILES[key])
+        return read_json(f) if f.is_file() else {}
+
+    lm, am = meta("loact"), meta("attack_local")
+    q = read_json(d / RUN_FILES["qrange"]) if (d / RUN_FILES["qrange"]).is_file() else {}
+    v_min = lm.get("v_min", q.get("v_min"))
+    v_max = lm.get("v_max", q.get("v_max"))
+    a_set = am.get("settings") or {}
+    return {"steps": pd.read_csv(d / RUN_FILES["loact"]) if (d / RUN_FILES["loact"]).is_file() else None,
+            "v_min": v_min, "v_max": v_max, "m": a_set.get("m"),
+            "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": env_spec(env).n_actions}
+
+
+def _margins_ok(c: dict) -> str:
+    """Why the chance of a flip cannot be estimated ('' when it can)."""
+    if c["steps"] is None:
+        return "no loact.csv: no recorded margins"
+    if not {"q_top_lower", "q_others_upper_max"} <= set(c["steps"].columns):
+        return "loact.csv lacks q_top_lower / q_others_upper_max"
+    if c["v_min"] is None or c["v_max"] is None or not c["v_max"] > c["v_min"]:
+        return "no V range recorded"
+    if c["m"] is None or c["alpha"] is None:
+        return "attack_local.meta.json lacks the attack's m or alpha"
+    return ""
+
+
+def _step_flip_bounds(c: dict, sigma: float, eps: float, steps: pd.DataFrame) -> np.ndarray:
+    return flip_probability_bound(steps["q_top_lower"], steps["q_others_upper_max"], c["v_min"], c["v_max"],
+                                  sigma, eps, int(c["m"]), c["n_actions"])
+
+
+def loact_flip_chance(c: dict, sigma: float, eps: float) -> tuple[float, str]:
+    """(per-step chance of a counted flip at ε, note): the mean of α + :func:`flip_probability_bound` over
+    LoAct's steps certified beyond ε; 1 when it cannot be estimated."""
+    why = _margins_ok(c)
+    if why:
+        return 1.0, f"unassessed ({why})"
+    s = c["steps"]
+    beyond = s[s["certified"].astype(bool) & (s["radius"] > eps)]
+    if beyond.empty:
+        return 1.0, "unassessed (no LoAct step certified beyond this eps)"
+    p = np.minimum(1.0, float(c["alpha"]) + _step_flip_bounds(c, sigma, eps, beyond))
+    return float(p.mean()), f"estimated on {len(beyond)} LoAct steps certified beyond eps"
+
+
+def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int) -> tuple[float, str]:
+    """(P[the attacked episode leaves LoRe's tree] estimated along LoAct episode 0's first ``horizon``
+    steps, note); see the module docstring."""
+    why = _margins_ok(c)
+    if why:
+        return 1.0, f"unassessed ({why})"
+    s = c["steps"]
+    ep0 = s[s["episode"] == s["episode"].min()].sort_values("step").head(horizon)
+    if len(ep0) < horizon:
+        return 1.0, f"LoAct episode 0 has {len(ep0)} < {horizon} steps"
+    beyond = ep0["certified"].astype(bool).to_numpy() & (ep0["radius"].to_numpy(float) > eps)
+    p = np.where(beyond, _step_flip_bounds(c, sigma, eps, ep0), 0.0 if c["n_actions"] == 2 else 1.0)
+    return float(1.0 - np.prod(1.0 - p)), f"estimated along LoAct episode 0 ({horizon} steps)"
+
+
+def _lore_alpha(lmeta: dict) -> float:
+    """The α LoRe's search spent (union over its smoothed states); 1 when not recorded."""
+    search = lmeta.get("search") or {}
+    if search.get("alpha_spent") is not None:
+        return float(search["alpha_spent"])
+    a, n = (lmeta.get("settings") or {}).get("alpha"), search.get("distinct_states_smoothed")
+    return float(a) * int(n) if a is not None and n is not None else 1.0
+
+
+def _audit_run(results: Path, run: str, alpha: float, stages: list[str]) -> tuple[list[dict], int]:
     d = results / run
     env, algo, sig = Path(run).parts
-    key = {"env": env, "algo": algo, "sigma": float(sig[len("sigma-"):])}
+    sigma = float(sig[len("sigma-"):])
+    key = {"env": env, "algo": algo, "sigma": sigma}
     items, checked = [], 0
 
     def add(kind, eps, bound, observed, violation, **extra):
@@ -93,88 +218,109 @@ def _audit_run(results: Path, run: str, alpha: float) -> tuple[list[dict], int]:
         items.append({**key, "check": kind, "eps": eps, "bound": bound, "observed": observed,
                       "violation": bool(violation), **extra})
 
-    gre = pd.read_csv(d / RUN_FILES["gre"])
-    ag = pd.read_csv(d / RUN_FILES["attack_global"])
-    for eps, g in ag.groupby("eps"):
-        rows = gre[np.isclose(gre["eps"], eps)]
-        if rows.empty:
-            continue
-        ret = g["return"].to_numpy()
-        eb = float(rows["expectation_bound"].iloc[0])
-        width = float(rows["j_max"].iloc[0] - rows["j_min"].iloc[0])
-        pv = _hoeffding_p(eb - ret.mean(), len(ret), width)
-        add("gre_expectation_vs_pgd_mean", float(eps), eb, float(ret.mean()), pv < alpha,
-            empirical_below=bool(ret.mean() < eb - TOL), episodes=len(ret), p_value=pv)
-        for _, r in rows.iterrows():
-            if not bool(r["percentile_certified"]):
+    gre = pd.read_csv(d / RUN_FILES["gre"]) if "gre" in stages else None
+    if gre is not None and "attack_global" in stages:
+        ag = pd.read_csv(d / RUN_FILES["attack_global"])
+        for eps, g in ag.groupby("eps"):
+            rows = gre[np.isclose(gre["eps"], eps)]
+            if rows.empty:
                 continue
-            pb, p = float(r["percentile_bound"]), float(r["p"])
-            q = float(np.quantile(ret, p, method="inverted_cdf"))
-            below = int((ret < pb - TOL).sum())
-            pv = _binom_p(below, len(ret), p)
-            add(f"gre_percentile_p{p:g}_vs_pgd", float(eps), pb, q, pv < alpha,
-                empirical_below=bool(q < pb - TOL), attacked_below=below, episodes=len(ret), p_value=pv)
-    for p, g in gre.groupby("p"):
-        for eps, b, nb in _monotone(g["eps"], g["percentile_bound"].astype(float)):
-            add(f"gre_percentile_p{p:g}_monotone", eps, b, nb, True)
-    for eps, b, nb in _monotone(gre["eps"], gre["expectation_bound"]):
-        add("gre_expectation_monotone", eps, b, nb, True)
+            ret = g["return"].to_numpy()
+            eb = float(rows["expectation_bound"].iloc[0])
+            width = float(rows["j_max"].iloc[0] - rows["j_min"].iloc[0])
+            pv = _hoeffding_p(eb - ret.mean(), len(ret), width)
+            add("gre_expectation_vs_pgd_mean", float(eps), eb, float(ret.mean()), pv < alpha,
+                empirical_below=bool(ret.mean() < eb - TOL), episodes=len(ret), p_value=pv)
+            for _, r in rows.iterrows():
+                if not bool(r["percentile_certified"]):
+                    continue
+                pb, p = float(r["percentile_bound"]), float(r["p"])
+                q = float(np.quantile(ret, p, method="inverted_cdf"))
+                below = int((ret < pb - TOL).sum())
+                pv = _binom_p(below, len(ret), p)
+                add(f"gre_percentile_p{p:g}_vs_pgd", float(eps), pb, q, pv < alpha,
+                    empirical_below=bool(q < pb - TOL), attacked_below=below, episodes=len(ret), p_value=pv)
+    if gre is not None:
+        for p, g in gre.groupby("p"):
+            for eps, b, nb in _monotone(g["eps"], g["percentile_bound"].astype(float)):
+                add(f"gre_percentile_p{p:g}_monotone", eps, b, nb, True)
+        for eps, b, nb in _monotone(gre["eps"], gre["expectation_bound"]):
+            add("gre_expectation_monotone", eps, b, nb, True)
 
-    lore = pd.read_csv(d / RUN_FILES["lore"])
-    lmeta = read_json(meta_path(d / RUN_FILES["lore"])) if meta_path(d / RUN_FILES["lore"]).is_file() else {}
-    valid_until = (lmeta.get("search") or {}).get("valid_until_eps")
-    valid_until = math.inf if valid_until is None else float(valid_until)
-    al = pd.read_csv(d / RUN_FILES["attack_local"])
-    same = al[al["same_start_as_lore"].astype(bool)]
-    for _, r in same.iterrows():
-        b = lore_bound_at(lore, float(r["eps"]), valid_until)
-        if math.isnan(b):
-            continue
-        add("lore_vs_pgd_local", float(r["eps"]), b, float(r["return"]), float(r["return"]) < b - TOL,
-            episode=int(r["episode"]))
-    for eps, b, nb in _monotone(lore["eps"], lore["lower_bound"]):
-        add("lore_monotone", eps, b, nb, True)
-    for _, r in al.iterrows():
-        add("loact_certified_steps_not_flipped", float(r["eps"]), 0, int(r["flips_certified"]),
-            int(r["flips_certified"]) > 0, episode=int(r["episode"]))
+    al = pd.read_csv(d / RUN_FILES["attack_local"]) if "attack_local" in stages else None
+    chance = _chance_inputs(d, env) if al is not None else None
+    if "lore" in stages:
+        lore = pd.read_csv(d / RUN_FILES["lore"])
+        lmeta = read_json(meta_path(d / RUN_FILES["lore"])) if meta_path(d / RUN_FILES["lore"]).is_file() else {}
+        valid_until = (lmeta.get("search") or {}).get("valid_until_eps")
+        valid_until = math.inf if valid_until is None else float(valid_until)
+        if al is not None:
+            a_lore = _lore_alpha(lmeta)
+            for _, r in al[al["same_start_as_lore"].astype(bool)].iterrows():
+                eps = float(r["eps"])
+                b = lore_bound_at(lore, eps, valid_until)
+                if math.isnan(b):
+                    continue
+                below = float(r["return"]) < b - TOL
+                leave, note = lore_leave_chance(chance, sigma, eps, int(r["steps"]))
+                allowed = min(1.0, a_lore + leave)
+                pv = allowed if below else 1.0
+                add("lore_vs_pgd_local", eps, b, float(r["return"]), pv < alpha, empirical_below=below,
+                    episode=int(r["episode"]), p_value=pv, chance=allowed, alpha_spent=a_lore, p_leave=leave,
+                    note=note)
+        for eps, b, nb in _monotone(lore["eps"], lore["lower_bound"]):
+            add("lore_monotone", eps, b, nb, True)
+    if al is not None:
+        for eps, g in al.groupby("eps"):
+            flips, n = int(g["flips_certified"].sum()), int(g["steps"].sum())
+            per_step, note = loact_flip_chance(chance, sigma, float(eps))
+            pv = _binom_p(flips, n, per_step)
+            add("loact_certified_steps_not_flipped", float(eps), 0, flips, pv < alpha, empirical_below=flips > 0,
+                episodes=len(g), steps=n, chance=per_step, expected=n * per_step, p_value=pv, note=note)
     return items, checked
 
 
 def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, reference=None, tolerances=None,
           abs_tol: float | None = None, rel_tol: float | None = None, config_hash: str | None = None,
           strict: bool = False) -> dict:
-    """Audit ``runs`` (default: every run folder under ``results``) and write ``audit.{json,md}``.
+    """Audit ``runs`` (default: every run folder under ``results``, complete or partial) and write
+    ``audit.{json,md}`` — and, with a ``reference`` (a CSV, or ``"paper"``), the reproduction report.
 
-    ``reference``: a reference CSV (see :mod:`crop.report.reference`); ``tolerances``: a YAML/JSON
-    tolerances file; ``abs_tol``/``rel_tol`` override both for every metric.  Raises
-    :class:`crop.report.reference.ReferenceError` on a malformed reference or tolerances file, before
+    ``tolerances``: a YAML/JSON tolerances file; ``abs_tol``/``rel_tol`` override both for every metric.
+    Raises :class:`crop.report.reference.ReferenceError` on a malformed reference or tolerances file, before
     writing anything.
     """
-    from crop.report.metrics import load_runs
     from crop.report.provenance import run_provenance
-    from crop.report.reference import compare_reference, load_reference, load_tolerances, reference_summary
+    from crop.report.reference import compare_reference, load_partial_runs, load_reference, load_tolerances
+    from crop.report.reference import reference_summary
 
     results = Path(results)
     ref = load_reference(reference) if reference is not None else None
     file_tol = load_tolerances(tolerances) if tolerances is not None else None
-    incomplete = [] if runs else discover_runs(results, incomplete=True)
-    runs = list(runs) if runs else discover_runs(results)
+    runs = list(runs) if runs else discover_run_folders(results)
     items, checked, provs, integrity, warnings, sound_runs = [], 0, [], [], [], []
-    for run in incomplete:
-        missing = [f for f in RUN_FILES.values() if not (results / run / f).is_file()]
-        integrity.append({"run": run, "file": str(results / run),
-                          "problem": f"incomplete run, not audited (missing {', '.join(missing)})"})
+    incomplete, partial = [], []
     for run in runs:
-        problems = check_integrity(results / run)
-        integrity += [{"run": run, **p} for p in problems]
-        if problems:
+        full, absent, half = stages_present(results / run)
+        if absent or half:
+            incomplete.append(run)
+        if not full:
+            integrity.append({"run": run, "file": str(results / run),
+                              "problem": "incomplete run, not audited (no result file)"})
             continue
+        integrity += [{"run": run, **p} for p in half]
+        problems = check_integrity(results / run, only_present=True)
+        integrity += [{"run": run, **p} for p in problems]
+        if problems or half:
+            continue
+        if absent:
+            partial.append({"run": run, "stages": full, "absent": absent})
         prov, prov_problems, prov_warnings = run_provenance(results, run)
         prov["config_hash"] = config_hash
         provs.append(prov)
         integrity += prov_problems
         warnings += prov_warnings
-        it, n = _audit_run(results, run, alpha)
+        it, n = _audit_run(results, run, alpha, full)
         items += it
         checked += n
         sound_runs.append(run)
@@ -183,7 +329,7 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
                         "identified; pass --config or --config-hash")
     ref_block = None
     if ref is not None:
-        data = load_runs(results, sound_runs)
+        data = load_partial_runs(results, sound_runs)
         rows = compare_reference(ref, data, file_tol, abs_tol, rel_tol)
         ref_block = reference_summary(reference, rows, file_tol, tolerances, abs_tol, rel_tol)
     violations = [i for i in items if i["violation"]]
@@ -194,11 +340,15 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
               "checked": checked, "violations": len(violations),
               "empirical_below": sum(bool(i.get("empirical_below")) for i in items),
               "integrity_problems": len(integrity), "integrity": integrity, "incomplete_runs": incomplete,
-              "violation_list": violations, "checks": items, "provenance": provs, "warnings": warnings,
-              "mismatches": mismatches,
+              "partial_runs": partial, "violation_list": violations, "checks": items, "provenance": provs,
+              "warnings": warnings, "mismatches": mismatches,
               "reference_missing": ref_block["counts"]["missing"] if ref_block else 0,
-              "reference": ref_block}
+              "reference": ref_block, "reproduction": None}
     out_dir = Path(out_dir)
+    if ref_block is not None:
+        from crop.report.reproduction import write_reproduction
+
+        report["reproduction"] = write_reproduction(ref_block, out_dir, sorted({Path(r).parts[0] for r in runs}))
     write_json(out_dir / "audit.json", report)
     atomic_write_text(out_dir / "audit.md", _markdown(report))
     return report
@@ -227,56 +377,87 @@ def _markdown(rep: dict) -> str:
         why.append(f"{rep['mismatches']} reference value(s) outside tolerance")
     lines = ["# CROP audit", "",
              f"**{verdict}**" + (f": {'; '.join(why)}." if why else
-                                 ": no attack beat a certificate, no bound rose with ε, every result file is "
-                                 "intact" + (", and every reproduced reference value is within tolerance."
-                                             if ref else ".")), "",
-             f"Results folder: `{rep['results']}`; runs audited: {len(rep['runs'])}; "
-             f"config hash: `{rep['config_hash'] or 'not given'}`.", "",
+                                 ": no attack beat a certificate beyond what chance allows, no bound rose with ε, "
+                                 "every result file is intact"
+                                 + (", and every reproduced reference value is within tolerance." if ref else ".")),
+             "", f"Results folder: `{rep['results']}`; runs audited: {len(rep['runs'])}"
+             + (f" ({len(rep['partial_runs'])} partial)" if rep["partial_runs"] else "")
+             + f"; config hash: `{rep['config_hash'] or 'not given'}`.", "",
              "| | |", "|---|---|",
              f"| soundness checks | {rep['checked']} |",
-             f"| violations | {rep['violations']} |",
-             f"| attacked statistic below a GRe bound, not significant at α = {rep['alpha']} | "
-             f"{rep['empirical_below']} |",
+             f"| violations (statistically incompatible with sound certificates at α = {rep['alpha']}) | "
+             f"{rep['violations']} |",
+             f"| raw failures within what chance allows (not violations) | "
+             f"{sum(1 for i in rep['checks'] if i.get('empirical_below') and not i['violation'])} |",
              f"| integrity problems | {rep['integrity_problems']} |"]
     if ref:
         c = ref["counts"]
-        lines += [f"| reference values: match / differs / missing | {c['match']} / {c['differs']} / {c['missing']} |"]
+        lines += [f"| reference values: agree / differ / not in the run / not in the reference | {c['match']} / "
+                  f"{c['differs']} / {c['missing']} / {ref['not_in_reference']} |"]
     lines += ["", "## Soundness violations", ""]
     if rep["violation_list"]:
-        lines += ["Each row: the check, where, the certified bound, what the attack observed.", ""]
+        lines += ["Each row: the check, where, the certified bound, what the attack observed, and the p-value of "
+                  "the observation under sound certificates (see “Chance” below).", ""]
         lines += _md_table(rep["violation_list"], ["env", "algo", "sigma", "eps", "check", "bound", "observed",
-                                                   "episode", "p_value"])
+                                                   "episode", "steps", "expected", "p_value"])
     else:
-        lines += ["None: no attack went below a certified bound, no certified action changed within its radius, "
-                  "and no bound rose with ε.", ""]
+        lines += ["None: no attack went below a certified bound, and no certified action changed within its radius, "
+                  "beyond what chance allows; no bound rose with ε.", ""]
     lines += ["## Integrity", ""]
     if rep["integrity"]:
         lines += _md_table(rep["integrity"], ["run", "file", "problem"])
     else:
         lines += ["Every result file has the sha256 recorded when it was written, and every stage used the "
                   "recorded checkpoint.", ""]
+    if rep["partial_runs"]:
+        lines += ["## Partial runs", "", "Audited for the stages they have (not an integrity problem):", ""]
+        lines += _md_table([{"run": p["run"], "stages": ", ".join(p["stages"]), "absent": ", ".join(p["absent"])}
+                            for p in rep["partial_runs"]])
     if ref:
         lines += ["## Reference comparison", "",
-                  f"Reference `{ref['file']}` (sha256 `{ref['sha256'][:16]}…`), tolerances "
+                  f"Reference `{ref['name']}` (`{ref['file']}`, sha256 `{ref['sha256'][:16]}…`), tolerances "
                   f"{'from `' + ref['tolerances_file'] + '`' if ref['tolerances_file'] else 'built in'}: a "
-                  "value matches when |reproduced − reference| ≤ max(abs, rel·|reference|).", ""]
+                  "value agrees when |reproduced − reference| ≤ max(abs, rel·|reference|); ratio = reproduced / "
+                  "reference. The LoAct mean radius is compared in the reference's convention (mean_radius: "
+                  "uncertified steps count 0; mean_radius_certified: the paper's, certified steps only)."
+                  + (" Plain-words summary and figures: `reproduction.md`." if rep.get("reproduction") else ""), ""]
         if ref["tolerances"]:
             lines += _md_table([{"metric": m, **t} for m, t in ref["tolerances"].items()])
-        cols = ["env", "algo", "sigma", "metric", "eps", "reference", "reproduced", "delta", "allowed", "verdict",
-                "note"]
-        for verdict_name, title in (("differs", "Differs"), ("missing", "Missing from these results"),
-                                    ("match", "Match")):
+        cols = ["env", "algo", "sigma", "metric", "eps", "reference", "reproduced", "ratio", "delta", "allowed",
+                "verdict", "note"]
+        for verdict_name, title in (("differs", "Differs"), ("match", "Match")):
             rows = [r for r in ref["comparisons"] if r["verdict"] == verdict_name]
             if rows:
                 lines += [f"### {title} ({len(rows)})", ""]
                 lines += _md_table(rows, cols, limit=200)
-    below = [i for i in rep["checks"] if i.get("empirical_below") and not i["violation"]]
-    if below:
-        lines += ["## Below a GRe bound, not significant", "",
-                  f"A distributional bound can be undercut by a few attacked episodes by chance; these rows were "
-                  f"not significant at α = {rep['alpha']} (p-value of the one-sided test).", ""]
-        lines += _md_table(below, ["env", "algo", "sigma", "eps", "check", "bound", "observed", "episodes",
-                                   "p_value"])
+        for verdict_name, title in (("missing", "Missing from these results (not in the run)"),
+                                    ("not_in_reference", "In the run, not in the reference")):
+            rows = [r for r in ref["comparisons"] if r["verdict"] == verdict_name]
+            if rows:
+                df = pd.DataFrame(rows).fillna({"note": ""})
+                absent = df["note"].str.startswith("run not")
+                summary = pd.concat([  # runs absent altogether: one line per (env, algo)
+                    df[absent].groupby(["env", "algo", "note"]).agg(sigma=("sigma", lambda x: ", ".join(
+                        f"{v:g}" for v in sorted(set(x)))), values=("metric", "size")).reset_index().assign(metric="all"),
+                    df[~absent].groupby(["env", "algo", "sigma", "metric", "note"], dropna=False)
+                    .size().rename("values").reset_index()])
+                lines += [f"### {title} ({len(rows)})", "", "Counted per run (or per algorithm where its runs are "
+                          "absent) and metric; every row is in audit.json.", ""]
+                lines += _md_table(summary[["env", "algo", "sigma", "metric", "note", "values"]]
+                                   .to_dict("records"), limit=100)
+    raw = [i for i in rep["checks"] if i.get("empirical_below") and not i["violation"]]
+    lines += ["## Chance", "",
+              "A certificate holds with probability ≥ 1 − α for the *exact* smoothed policy; the attacked policy is "
+              "its m-sample estimate, which may take another action inside a valid radius, and a distributional "
+              "GRe bound can be undercut by a few attacked episodes. So each count is compared with what chance "
+              f"allows and is a violation only when its p-value is below α = {rep['alpha']} (how each chance is "
+              "computed: docs/audit.md).", ""]
+    if raw:
+        lines += ["Raw failures within chance (not violations):", ""]
+        lines += _md_table(raw, ["env", "algo", "sigma", "eps", "check", "bound", "observed", "steps", "expected",
+                                 "chance", "p_value", "note"])
+    else:
+        lines += ["No raw failure either.", ""]
     if rep["checks"]:
         df = pd.DataFrame(rep["checks"])
         summary = df.groupby(["env", "algo", "sigma", "check"]).agg(checked=("violation", "size"),
@@ -286,7 +467,8 @@ def _markdown(rep: dict) -> str:
         lines += ["## Provenance", ""]
         rows = [{"env": p["env"], "algo": p["algo"], "sigma": p["sigma"],
                  "checkpoint": (p["checkpoint_sha256"] or "—")[:12], "source": p["checkpoint_source"] or "—",
-                 "verified": p["checkpoint"].get("file_verified"), "commit": ", ".join(c[:12] for c in p["git_commits"]),
+                 "verified": p["checkpoint"].get("file_verified"),
+                 "commit": ", ".join(c[:12] for c in p["git_commits"]),
                  "device": p["device"], "runtime_s": p["runtime_total_s"], "finished_utc": p["finished_utc"]}
                 for p in rep["provenance"]]
         lines += _md_table(rows)

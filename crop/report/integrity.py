@@ -1,5 +1,9 @@
 """Integrity of result files: each must still have the sha256 recorded in its ``.meta.json`` when it was
-written, so a truncated or edited intermediate (half a ``loact.csv``) is caught before anything reads it."""
+written, so a truncated or edited intermediate (half a ``loact.csv``) is caught before anything reads it.
+
+A run folder may hold any subset of the workflow's *stages* (:data:`STAGE_FILES`): a LoAct-only or a
+GRe-only run is a partial run, audited for what it has.  A stage with some of its files but not all is
+half-written — an integrity problem."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,20 +11,49 @@ from pathlib import Path
 from crop.io import meta_path, read_json, sha256_file
 from crop.layout import RUN_FILES
 
-__all__ = ["check_integrity", "IntegrityError"]
+__all__ = ["check_integrity", "IntegrityError", "STAGE_FILES", "stages_present"]
+
+# The files each stage writes (every file of RUN_FILES belongs to exactly one stage).
+STAGE_FILES = {
+    "qrange": ("qrange",),
+    "loact": ("loact", "loact_episodes", "certified_ratio", "frames"),
+    "gre": ("gre", "gre_returns"),
+    "lore": ("lore",),
+    "attack_local": ("attack_local",),
+    "attack_global": ("attack_global",),
+}
+assert sorted(k for ks in STAGE_FILES.values() for k in ks) == sorted(RUN_FILES), "STAGE_FILES misses a file"
 
 
 class IntegrityError(ValueError):
     pass
 
 
-def check_integrity(run_dir: Path) -> list[dict]:
-    """Files whose content no longer matches the hash recorded when they were written."""
+def stages_present(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
+    """(stages with every file, stages with none, problems of stages with some files but not all)."""
+    full, absent, problems = [], [], []
+    for stage, keys in STAGE_FILES.items():
+        there = [(RUN_FILES[k], (Path(run_dir) / RUN_FILES[k]).is_file()) for k in keys]
+        if all(ok for _, ok in there):
+            full.append(stage)
+        elif not any(ok for _, ok in there):
+            absent.append(stage)
+        else:
+            missing = ", ".join(f for f, ok in there if not ok)
+            problems.append({"file": str(Path(run_dir)),
+                             "problem": f"incomplete run: stage {stage} lacks {missing} (half-written stage)"})
+    return full, absent, problems
+
+
+def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
+    """Files whose content no longer matches the hash recorded when they were written; with
+    ``only_present``, the files of a partial run's stages only (absent stages are not problems)."""
     problems = []
     for name in RUN_FILES.values():
         f = run_dir / name
         if not f.is_file():
-            problems.append({"file": str(f), "problem": "missing"})
+            if not only_present:
+                problems.append({"file": str(f), "problem": "missing"})
             continue
         if name.endswith(".json"):
             try:

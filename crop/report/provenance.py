@@ -43,7 +43,7 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
     d = results / run
     problems, warnings = [], []
     stages = {}
-    q = read_json(d / RUN_FILES["qrange"])
+    q = read_json(d / RUN_FILES["qrange"]) if (d / RUN_FILES["qrange"]).is_file() else {}  # partial runs
     if isinstance(q.get("provenance"), dict):
         stages["qrange"] = {**q["provenance"], "_file": RUN_FILES["qrange"],
                             "_checkpoint": q.get("checkpoint_sha256")}

@@ -2,25 +2,41 @@
 
 Reference CSV (``#`` starts a comment line), one value per row::
 
-    env,algo,sigma,metric,eps,value
+    env,algo,sigma,metric,eps,value[,convention,source]
     CartPole-v0,StdTrain,0.1,benign_return,,200
     CartPole-v0,StdTrain,0.1,percentile_bound,0.005,180
 
 ``env`` is the environment id (``CartPole-v0``, ``highway-fast-v0``, ``PongNoFrameskip-v4``,
 ``FreewayNoFrameskip-v4``), ``algo`` an algorithm slug (``StdTrain``, ``SA-MDP-PGD``, …), ``metric`` one of
-:data:`crop.report.metrics.METRICS` (or ``percentile_bound_p<P>``), ``eps`` the attack ε (absolute, not a
-multiple of σ) for the metrics that have one and empty for the others, ``value`` the reference number —
-empty meaning "no value" (e.g. no percentile bound certified).
+:data:`crop.report.metrics.METRICS` (or ``percentile_bound_p<P>``) or ``mean_radius_certified`` (below),
+``eps`` the attack ε (absolute, not a multiple of σ) for the metrics that have one and empty for the others,
+``value`` the reference number — empty meaning "no value" (e.g. no percentile bound certified).  Optional
+columns: ``convention`` (a ``mean_radius`` row with convention ``certified_only`` is compared as
+``mean_radius_certified``) and ``source`` (where the number comes from; carried into the report).
 
-Verdicts: **match** (|reproduced − reference| ≤ max(abs, rel·|reference|)), **differs**, **missing** (the
-results folder has no such value: the run is absent, the ε is not on its grid, or beyond LoRe's searched
-range).  An empty reference value matches only an empty (NaN) reproduced value.
+``--reference paper`` (config ``audit.reference: paper``) reads the paper's published numbers,
+``crop/reference/crop-paper.csv`` (built by :mod:`crop.reference.build`).
+
+Averaging conventions of the LoAct mean radius — the same on both sides of every comparison:
+
+* ``mean_radius`` (this project's headline): the mean over every step of every episode, an uncertified step
+  counting as radius 0;
+* ``mean_radius_certified`` (the paper's): at each time step t the mean radius over the episodes whose step
+  t was certified (0 when none was), then the mean of these per-step values over t — how the leaderboard's
+  per-step curves (which drop uncertified steps) become one number per (env, algo, σ).
+
+Verdicts, per row: **match** (agrees: |reproduced − reference| ≤ max(abs, rel·|reference|)), **differs**
+(with ``ratio`` = reproduced / reference), **missing** (not in the run: the run, or its stage, is absent,
+the ε is not on its grid, or beyond LoRe's searched range) and **not_in_reference** (a value the run has
+that the reference lacks; listed, never a failure).  An empty reference value matches only an empty (NaN)
+reproduced value.  The audit compares every stage a run has, so a partial run (LoAct only, GRe only, …)
+is compared for what it computed.
 
 Tolerances, per metric, each of ``abs`` and ``rel`` resolved separately, first found wins:
 ``--abs-tol`` / ``--rel-tol`` on the command line (all metrics) > the tolerances file's entry for the
-metric (``percentile_bound_p<P>`` falls back to ``percentile_bound``) > its ``default`` entry >
-:data:`DEFAULT_TOLERANCES` for the metric > ``DEFAULT_TOLERANCES["default"]``.  The tolerances file is YAML
-or JSON::
+metric (``percentile_bound_p<P>`` falls back to ``percentile_bound``, ``mean_radius_certified`` to
+``mean_radius``) > its ``default`` entry > :data:`DEFAULT_TOLERANCES` for the metric >
+``DEFAULT_TOLERANCES["default"]``.  The tolerances file is YAML or JSON::
 
     default: {abs: 0.0, rel: 0.05}
     mean_radius: {rel: 0.1}
@@ -36,18 +52,30 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
 from crop.config import ALGORITHMS
 from crop.envs import ENV_SPECS
-from crop.io import sha256_file
-from crop.report.metrics import is_metric, metric_has_eps, metric_value
+from crop.io import read_json, sha256_file
+from crop.layout import FRAMES_FILE, RUN_FILES
+from crop.report.metrics import is_metric as _is_project_metric
+from crop.report.metrics import lore_valid_until, metric_has_eps, metric_value, parse_run
 
-__all__ = ["ReferenceError", "DEFAULT_TOLERANCES", "REFERENCE_COLUMNS", "load_reference", "load_tolerances",
-           "tolerance_for", "compare_reference", "reference_summary"]
+__all__ = ["ReferenceError", "DEFAULT_TOLERANCES", "REFERENCE_COLUMNS", "VERDICTS", "load_reference",
+           "load_tolerances", "tolerance_for", "compare_reference", "reference_summary", "resolve_reference",
+           "load_partial_runs", "reference_metric_value", "mean_radius_certified", "is_reference_metric"]
 
 REFERENCE_COLUMNS = ["env", "algo", "sigma", "metric", "eps", "value"]
+OPTIONAL_COLUMNS = ["convention", "source"]
+VERDICTS = ("match", "differs", "missing", "not_in_reference")
+CERTIFIED_ONLY = "mean_radius_certified"
+# Which stage's data a metric needs (a partial run without it has the row "missing").
+_NEEDS = {"mean_radius": "loact", "certified_fraction": "loact", CERTIFIED_ONLY: "loact",
+          "benign_return": "loact_episodes", "expectation_bound": "gre", "percentile_bound": "gre",
+          "lore_bound": "lore", "pgd_global_mean": "attack_global", "pgd_global_median": "attack_global",
+          "pgd_local_return": "attack_local"}
 
 DEFAULT_TOLERANCES = {
     "default": {"abs": 0.0, "rel": 0.05},
@@ -67,39 +95,66 @@ class ReferenceError(ValueError):
     """A malformed reference table or tolerances file."""
 
 
+def is_reference_metric(name: str) -> bool:
+    return name == CERTIFIED_ONLY or _is_project_metric(name)
+
+
+def _family(metric: str) -> str:
+    if metric.startswith("percentile_bound"):
+        return "percentile_bound"
+    return "mean_radius" if metric == CERTIFIED_ONLY else metric
+
+
+def resolve_reference(reference) -> Path:
+    """The file behind ``reference``: ``"paper"`` is the packaged table of the paper's numbers."""
+    from crop.reference import PAPER_REFERENCE, PAPER_REFERENCE_NAME
+
+    return PAPER_REFERENCE if str(reference) == PAPER_REFERENCE_NAME else Path(reference)
+
+
 def load_reference(path) -> pd.DataFrame:
-    """Read and check a reference CSV; raises :class:`ReferenceError` naming the first bad row."""
-    path = Path(path)
+    """Read and check a reference CSV (or ``"paper"``); raises :class:`ReferenceError` naming the first bad
+    row.  Returns the columns env, algo, sigma, metric (a ``certified_only`` mean radius renamed to
+    ``mean_radius_certified``), eps, value, convention, source."""
+    path = resolve_reference(path)
     try:
-        df = pd.read_csv(path, comment="#", dtype={"env": str, "algo": str, "metric": str},
-                         skipinitialspace=True)
+        df = pd.read_csv(path, comment="#", dtype={"env": str, "algo": str, "metric": str, "convention": str,
+                                                   "source": str}, skipinitialspace=True)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise ReferenceError(f"{path}: cannot read the reference table: {exc}") from None
     df.columns = [c.strip() for c in df.columns]
     missing = [c for c in REFERENCE_COLUMNS if c not in df.columns]
     if missing:
         raise ReferenceError(f"{path}: missing column(s) {missing}; a reference has columns {REFERENCE_COLUMNS}")
-    df = df[REFERENCE_COLUMNS].copy()
+    for c in OPTIONAL_COLUMNS:
+        if c not in df.columns:
+            df[c] = ""
+    df = df[REFERENCE_COLUMNS + OPTIONAL_COLUMNS].copy()
+    df[OPTIONAL_COLUMNS] = df[OPTIONAL_COLUMNS].fillna("").astype(str)
     for c in ("sigma", "eps", "value"):
         try:
             df[c] = pd.to_numeric(df[c], errors="raise").astype(float)
         except (ValueError, TypeError):
             raise ReferenceError(f"{path}: column {c!r} must be numeric (empty allowed for eps/value)") from None
-    for i, r in df.iterrows():
+    certified_only = (df["metric"] == "mean_radius") & (df["convention"].str.strip() == "certified_only")
+    df.loc[certified_only, "metric"] = CERTIFIED_ONLY
+    known_env, known_algo = set(ENV_SPECS), set(ALGORITHMS)
+    for i, r in enumerate(df.itertuples(index=False)):
         where = f"{path}: data row {i + 1}"
-        if r["env"] not in ENV_SPECS:
-            raise ReferenceError(f"{where}: unknown env {r['env']!r}; known: {sorted(ENV_SPECS)}")
-        if r["algo"] not in ALGORITHMS:
-            raise ReferenceError(f"{where}: unknown algo {r['algo']!r}; known: {ALGORITHMS}")
-        if not isinstance(r["metric"], str) or not is_metric(r["metric"]):
-            raise ReferenceError(f"{where}: unknown metric {r['metric']!r} (see crop.report.metrics.METRICS)")
-        if not (r["sigma"] > 0):
-            raise ReferenceError(f"{where}: sigma must be > 0, got {r['sigma']}")
-        has_eps = not math.isnan(r["eps"])
-        if metric_has_eps(r["metric"]) and not (has_eps and r["eps"] >= 0):
-            raise ReferenceError(f"{where}: metric {r['metric']} needs an eps >= 0")
-        if not metric_has_eps(r["metric"]) and has_eps:
-            raise ReferenceError(f"{where}: metric {r['metric']} has no eps; leave the column empty")
+        if r.env not in known_env:
+            raise ReferenceError(f"{where}: unknown env {r.env!r}; known: {sorted(ENV_SPECS)}")
+        if r.algo not in known_algo:
+            raise ReferenceError(f"{where}: unknown algo {r.algo!r}; known: {ALGORITHMS}")
+        if not isinstance(r.metric, str) or not is_reference_metric(r.metric):
+            raise ReferenceError(f"{where}: unknown metric {r.metric!r} (see crop.report.metrics.METRICS, "
+                                 f"or {CERTIFIED_ONLY})")
+        if not (r.sigma > 0):
+            raise ReferenceError(f"{where}: sigma must be > 0, got {r.sigma}")
+        has_eps = not math.isnan(r.eps)
+        if metric_has_eps(r.metric) and not (has_eps and r.eps >= 0):
+            raise ReferenceError(f"{where}: metric {r.metric} needs an eps >= 0")
+        if not metric_has_eps(r.metric) and has_eps:
+            raise ReferenceError(f"{where}: metric {r.metric} has no eps; leave the column empty")
     dup = df.index[df.duplicated(subset=["env", "algo", "sigma", "metric", "eps"])]
     if len(dup):
         raise ReferenceError(f"{path}: data row {dup[0] + 1} repeats an earlier (env, algo, sigma, metric, eps)")
@@ -116,7 +171,7 @@ def load_tolerances(path) -> dict:
     if not isinstance(tol, dict):
         raise ReferenceError(f"{path}: tolerances must be a mapping of metric -> {{abs, rel}}")
     for name, entry in tol.items():
-        if name != "default" and not is_metric(str(name)):
+        if name != "default" and not is_reference_metric(str(name)):
             raise ReferenceError(f"{path}: unknown metric {name!r} (or 'default')")
         if not isinstance(entry, dict) or not entry or set(entry) - {"abs", "rel"}:
             raise ReferenceError(f"{path}: {name}: give a mapping with 'abs' and/or 'rel'")
@@ -129,7 +184,7 @@ def load_tolerances(path) -> dict:
 def tolerance_for(metric: str, file_tol: dict | None = None, abs_tol: float | None = None,
                   rel_tol: float | None = None) -> dict:
     """{"abs", "rel"} for ``metric`` by the precedence in the module docstring."""
-    family = "percentile_bound" if metric.startswith("percentile_bound") else metric
+    family = _family(metric)
     file_tol = file_tol or {}
     chain = [{"abs": abs_tol, "rel": rel_tol}, file_tol.get(metric, {}), file_tol.get(family, {}),
              file_tol.get("default", {}), DEFAULT_TOLERANCES.get(metric, {}), DEFAULT_TOLERANCES.get(family, {}),
@@ -137,6 +192,80 @@ def tolerance_for(metric: str, file_tol: dict | None = None, abs_tol: float | No
     out = {}
     for k in ("abs", "rel"):
         out[k] = next(float(src[k]) for src in chain if src.get(k) is not None)
+    return out
+
+
+def load_partial_runs(results: Path, runs) -> dict:
+    """{(env, algo, sigma_label): {name: DataFrame | dict}} with the files each run *has* (a partial run's
+    absent stages are absent keys).  The caller checks integrity first."""
+    out = {}
+    for run in runs:
+        env, algo, lab = parse_run(run)
+        d = Path(results) / run
+        data = {}
+        for key, name in RUN_FILES.items():
+            f = d / name
+            if name == FRAMES_FILE or not f.is_file():
+                continue
+            data[key] = read_json(f) if name.endswith(".json") else pd.read_csv(f)
+        meta = d / "lore.meta.json"
+        data["lore_meta"] = read_json(meta) if meta.is_file() else {}
+        out[(env, algo, lab)] = data
+    return out
+
+
+def mean_radius_certified(steps: pd.DataFrame) -> float:
+    """The paper's convention: per time step the mean radius over the episodes certified at that step (0 when
+    none is), then the mean over the steps any episode reached."""
+    cert = steps["certified"].astype(bool)
+    per_step = steps["radius"].where(cert).groupby(steps["step"]).mean().fillna(0.0)
+    return float(per_step.mean()) if len(per_step) else math.nan
+
+
+def reference_metric_value(run: dict, metric: str, eps: float | None = None) -> float | None:
+    """:func:`crop.report.metrics.metric_value`, plus ``mean_radius_certified``; None when the run did not
+    compute the value (its stage absent, or the ε off its grid)."""
+    if _NEEDS[_family(metric)] not in run:
+        return None
+    if metric == CERTIFIED_ONLY:
+        return mean_radius_certified(run["loact"])
+    return metric_value(run, metric, eps)
+
+
+def _norm(metric: str) -> str:
+    """``percentile_bound_p0.5`` is ``percentile_bound``."""
+    if metric.startswith("percentile_bound_p") and math.isclose(float(metric[len("percentile_bound_p"):]), 0.5):
+        return "percentile_bound"
+    return metric
+
+
+def _eps_key(eps) -> float | None:
+    return None if eps is None or (isinstance(eps, float) and math.isnan(eps)) else float(f"{float(eps):.9g}")
+
+
+def run_rows(run: dict) -> list[tuple[str, float | None]]:
+    """Every (metric, ε) a run has computed, for the rows the reference lacks."""
+    out = []
+    if "loact" in run:
+        out += [("mean_radius", None), (CERTIFIED_ONLY, None), ("certified_fraction", None)]
+    if "loact_episodes" in run:
+        out.append(("benign_return", None))
+    if "gre" in run:
+        g = run["gre"]
+        for e in sorted(g["eps"].unique()):
+            out.append(("expectation_bound", float(e)))
+        for (p, e), _ in g.groupby(["p", "eps"]):
+            out.append(("percentile_bound" if math.isclose(p, 0.5) else f"percentile_bound_p{p:g}", float(e)))
+    if "lore" in run:
+        vu = lore_valid_until(run)
+        out += [("lore_bound", float(e)) for e in sorted(run["lore"]["eps"].unique()) if e < vu]
+    if "attack_global" in run:
+        for e in sorted(run["attack_global"]["eps"].unique()):
+            out += [("pgd_global_mean", float(e)), ("pgd_global_median", float(e))]
+    if "attack_local" in run:
+        al = run["attack_local"]
+        out += [("pgd_local_return", float(e)) for e in sorted(al[al["same_start_as_lore"].astype(bool)]["eps"]
+                                                               .unique())]
     return out
 
 
@@ -149,23 +278,28 @@ def _find_run(data: dict, env: str, algo: str, sigma: float):
 
 def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = None, abs_tol: float | None = None,
                       rel_tol: float | None = None) -> list[dict]:
-    """One verdict per reference row; ``data`` as from :func:`crop.report.metrics.load_runs`."""
-    rows = []
+    """One verdict per reference row (in the reference's order), then one ``not_in_reference`` row per value
+    the runs have that the reference lacks; ``data`` as from :func:`load_partial_runs`."""
+    rows, seen = [], set()
     for r in ref.itertuples(index=False):
         tol = tolerance_for(r.metric, file_tol, abs_tol, rel_tol)
         eps = None if math.isnan(r.eps) else float(r.eps)
         ref_v = float(r.value)
         row = {"env": r.env, "algo": r.algo, "sigma": float(r.sigma), "metric": r.metric, "eps": eps,
-               "reference": None if math.isnan(ref_v) else ref_v, "reproduced": None, "delta": None,
-               "abs_tol": tol["abs"], "rel_tol": tol["rel"], "allowed": None, "verdict": "missing", "note": ""}
+               "reference": None if math.isnan(ref_v) else ref_v, "reproduced": None, "delta": None, "ratio": None,
+               "abs_tol": tol["abs"], "rel_tol": tol["rel"], "allowed": None, "verdict": "missing", "note": "",
+               "source": getattr(r, "source", "")}
         run = _find_run(data, r.env, r.algo, float(r.sigma))
         if run is None:
             row["note"] = "run not in the audited results (absent, or not audited for an integrity problem)"
             rows.append(row)
             continue
-        got = metric_value(run, r.metric, eps)
+        seen.add((id(run), _norm(r.metric), _eps_key(eps)))
+        stage = _NEEDS[_family(r.metric)]
+        got = reference_metric_value(run, r.metric, eps)
         if got is None:
-            row["note"] = "eps not computed by this run (off its grid or beyond LoRe's searched range)"
+            row["note"] = (f"stage {stage.replace('_episodes', '')} not in this run" if stage not in run else
+                           "eps not computed by this run (off its grid or beyond LoRe's searched range)")
             rows.append(row)
             continue
         row["reproduced"] = None if math.isnan(got) else got
@@ -177,15 +311,29 @@ def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = Non
             allowed = max(tol["abs"], tol["rel"] * abs(ref_v))
             delta = got - ref_v
             ok = abs(delta) <= allowed * (1 + 1e-12)
-            row.update(delta=delta, allowed=allowed, verdict="match" if ok else "differs")
+            row.update(delta=delta, allowed=allowed, verdict="match" if ok else "differs",
+                       ratio=got / ref_v if ref_v != 0 else None)
         rows.append(row)
+    for (env, algo, lab), run in sorted(data.items()):
+        for metric, eps in run_rows(run):
+            if (id(run), _norm(metric), _eps_key(eps)) in seen:
+                continue
+            got = reference_metric_value(run, metric, eps)
+            rows.append({"env": env, "algo": algo, "sigma": float(lab), "metric": metric, "eps": eps,
+                         "reference": None, "reproduced": None if got is None or math.isnan(got) else got,
+                         "delta": None, "ratio": None, "abs_tol": None, "rel_tol": None, "allowed": None,
+                         "verdict": "not_in_reference", "note": "the reference has no such value", "source": ""})
     return rows
 
 
 def reference_summary(path, rows: list[dict], file_tol: dict | None, tol_path, abs_tol, rel_tol) -> dict:
+    """The audit's ``reference`` block.  ``counts`` has the verdicts about reference rows (match, differs,
+    missing); ``not_in_reference`` counts the run's values the reference lacks."""
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("match", "differs", "missing")}
-    metrics = sorted({r["metric"] for r in rows})
-    return {"file": str(path), "sha256": sha256_file(path),
+    metrics = sorted({r["metric"] for r in rows if r["verdict"] != "not_in_reference"})
+    file = resolve_reference(path)
+    return {"file": str(file), "name": str(path), "sha256": sha256_file(file),
             "tolerances_file": None if tol_path is None else str(tol_path),
             "tolerances": {m: tolerance_for(m, file_tol, abs_tol, rel_tol) for m in metrics},
-            "counts": counts, "rows": len(rows), "comparisons": rows}
+            "counts": counts, "not_in_reference": sum(r["verdict"] == "not_in_reference" for r in rows),
+            "rows": len(rows), "comparisons": rows}

@@ -1,0 +1,240 @@
+"""The reproduction report: how a run compares with a reference (by default the paper's published numbers),
+in plain words and one figure per environment.  Written by ``crop audit --reference …`` next to audit.md:
+
+* ``reproduction.md``: per environment, which rows agree, which differ and by how much (ratio reproduced /
+  published), the trend over σ, and what is known about why (the notes of ``../shared/reference/README.md``
+  for the paper's numbers);
+* ``reproduction_{Env}.png``: the reproduced (solid) and published (dashed) value per (algorithm, σ): LoAct
+  mean radius in the reference's convention (log scale) and benign return.
+
+Input: the ``reference`` block of the audit (:func:`crop.report.reference.reference_summary`).
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as st
+
+from crop.envs import env_spec
+from crop.io import atomic_write_text
+
+__all__ = ["write_reproduction", "figure_name", "KNOWN", "GENERAL_NOTES"]
+
+GENERAL_NOTES = [
+    "The published mean radius averages certified steps only: the leaderboard's per-step curves drop "
+    "uncertified steps. It is compared here in the same convention (`mean_radius_certified`: per step the mean "
+    "over the episodes certified there, then the mean over steps); the project's headline `mean_radius` counts "
+    "an uncertified step as 0 and has no published counterpart.",
+    "The published bound curves are read at the run's ε (linear interpolation for GRe, the step function for "
+    "LoRe); the published attack curves only at their own ε.",
+]
+KNOWN = {  # what is known about the published numbers, per environment (../shared/reference/README.md)
+    "highway-fast-v0": [
+        "CROP's published StdTrain network (`highway-fast_nat.pth`) reproduces the leaderboard row labelled "
+        "**RadialRL** (benign return and radius pattern), not the row labelled StdTrain: compare a StdTrain run "
+        "on that network with the RadialRL row (table below).",
+        "At σ ≤ 0.1 the published highway radii are 6–13× larger than any reproduction on that network, in "
+        "highway-env 1.4 (the authors' era) and 1.12: treat the small-σ rows as not reproducible, not as a "
+        "target. At σ ≥ 0.5 reproductions land in the published range.",
+    ],
+    "CartPole-v0": [
+        "The authors did not publish their CartPole networks: a run with locally trained policies can match the "
+        "shape of the results (trends over σ, ordering of methods), not the values.",
+    ],
+    "PongNoFrameskip-v4": [
+        "The published Pong networks are not all available (StdTrain and SA-MDP come from SA-DQN's release, "
+        "RadialRL from RADIAL-RL's, the others were not published): locally trained policies can match trends, "
+        "not values.",
+    ],
+    "FreewayNoFrameskip-v4": [
+        "The published Freeway networks are not all available (StdTrain and SA-MDP come from SA-DQN's release, "
+        "RadialRL from RADIAL-RL's, the others were not published): locally trained policies can match trends, "
+        "not values.",
+    ],
+}
+RADIUS_METRICS = ("mean_radius_certified", "mean_radius")
+
+
+def figure_name(env: str) -> str:
+    return f"reproduction_{env_spec(env).paper_name}.png"
+
+
+def _fmt(x, digits=3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:.{digits}g}"
+
+
+def _radius_metric(df: pd.DataFrame) -> str:
+    """The mean-radius convention the reference uses (the paper's when it has both or neither)."""
+    has = set(df.loc[df["reference"].notna(), "metric"])
+    return next((m for m in RADIUS_METRICS if m in has), RADIUS_METRICS[0])
+
+
+def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_algos = sorted(set(df.loc[df["reproduced"].notna(), "algo"]))
+    algos = run_algos or sorted(set(df["algo"]))
+    colors = {a: plt.cm.tab10(i % 10) for i, a in enumerate(algos)}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for ax, metric, title in ((axes[0], radius_metric, f"LoAct {radius_metric} (log scale)"),
+                              (axes[1], "benign_return", "benign return")):
+        sub = df[df["metric"] == metric]
+        for a in algos:
+            g = sub[sub["algo"] == a].sort_values("sigma")
+            for col, style, label in (("reference", dict(ls="--", marker="o", mfc="none"), "published"),
+                                      ("reproduced", dict(ls="-", marker="o"), "reproduced")):
+                v = g[["sigma", col]].dropna()
+                if metric == radius_metric:
+                    v = v[v[col] > 0]  # log scale: zero radii are not drawn
+                if len(v):
+                    ax.plot(v["sigma"], v[col], color=colors[a], label=f"{a} ({label})", **style)
+        ax.set_xscale("log")
+        if metric == radius_metric and ax.lines:
+            ax.set_yscale("log")
+        ax.set_xlabel("σ")
+        ax.set_title(title, fontsize=10)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes)
+    handles, labels = axes[0].get_legend_handles_labels()
+    h2, l2 = axes[1].get_legend_handles_labels()
+    seen = dict(zip(labels + l2, handles + h2))
+    if seen:
+        fig.legend(seen.values(), seen.keys(), loc="outside right upper", fontsize=7)
+    fig.suptitle(f"{env}: reproduced (solid) vs published (dashed)", fontsize=11)
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _table(rows: list[dict], cols: list[str]) -> list[str]:
+    if not rows:
+        return ["(none)", ""]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return out + [""]
+
+
+def _ratio_range(g: pd.DataFrame) -> str:
+    r = g["ratio"].dropna()
+    r = r[r > 0]
+    if r.empty:
+        return ""
+    lo, hi = r.min(), r.max()
+    return f" (reproduced/published {_fmt(lo, 2)}" + (f"–{_fmt(hi, 2)})" if not math.isclose(lo, hi) else ")")
+
+
+def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]:
+    lines = [f"## {env}", ""]
+    ran = df[df["verdict"].isin(["match", "differs"]) | (df["verdict"] == "not_in_reference")
+             | df["note"].str.startswith("stage") | df["note"].str.startswith("eps")]
+    compared = df[df["verdict"].isin(["match", "differs"])]
+    absent_runs = df[(df["verdict"] == "missing") & df["note"].str.startswith("run not")]
+    if paper:
+        lines += [f"- {n}" for n in KNOWN.get(env, [])] + [""]
+    lines += [f"![{env}]({fig})", ""]
+    if compared.empty:
+        lines += [f"No value of this run could be compared: {len(ran)} values of the run, "
+                  f"{len(absent_runs)} reference values for runs not in the results.", ""]
+    else:
+        n_ok, n_bad = int((compared["verdict"] == "match").sum()), int((compared["verdict"] == "differs").sum())
+        lines += [f"Of {len(compared)} values compared, **{n_ok} agree** within tolerance and **{n_bad} differ**. "
+                  f"{len(absent_runs)} reference values belong to runs not in these results.", ""]
+        per = []
+        for metric, g in compared.groupby("metric"):
+            ok, bad = int((g["verdict"] == "match").sum()), g[g["verdict"] == "differs"]
+            per.append({"metric": metric, "agree": ok, "differ": len(bad),
+                        "ratio of differing rows (min–median–max)":
+                            "—" if bad["ratio"].dropna().empty else
+                            " – ".join(_fmt(x, 2) for x in bad["ratio"].dropna().quantile([0, 0.5, 1]))})
+        lines += _table(per, ["metric", "agree", "differ", "ratio of differing rows (min–median–max)"])
+    radius_metric = _radius_metric(df)
+    key = df[df["metric"].isin([radius_metric, "benign_return"]) & df["reproduced"].notna()]
+    if len(key):
+        lines += [f"LoAct mean radius (`{radius_metric}`) and benign return, per algorithm and σ:", ""]
+        rows = [{"algo": r.algo, "σ": _fmt(r.sigma), "metric": r.metric, "published": _fmt(r.reference),
+                 "reproduced": _fmt(r.reproduced), "ratio": _fmt(r.ratio, 2),
+                 "verdict": {"match": "agrees", "differs": "differs", "not_in_reference": "not in the reference"}
+                 .get(r.verdict, r.verdict)}
+                for r in key.sort_values(["metric", "algo", "sigma"]).itertuples()]
+        lines += _table(rows, ["algo", "σ", "metric", "published", "reproduced", "ratio", "verdict"])
+        trend = []
+        for a, g in key[key["metric"] == radius_metric].dropna(subset=["reference"]).groupby("algo"):
+            if len(g) >= 3 and g["reference"].nunique() > 1 and g["reproduced"].nunique() > 1:
+                rho = st.spearmanr(g["reference"], g["reproduced"]).statistic
+                up_pub = np.sign(st.spearmanr(g["sigma"], g["reference"]).statistic)
+                up_rep = np.sign(st.spearmanr(g["sigma"], g["reproduced"]).statistic)
+                trend.append({"algo": a, "σ values": len(g), "Spearman ρ (reproduced vs published)": _fmt(rho, 2),
+                              "direction over σ": "same" if up_pub == up_rep else "opposite"})
+        if trend:
+            lines += ["Trend of the mean radius over σ (rank correlation; values may differ where trends agree):", ""]
+            lines += _table(trend, ["algo", "σ values", "Spearman ρ (reproduced vs published)", "direction over σ"])
+    other = compared[~compared["metric"].isin([radius_metric, "benign_return"]) & (compared["verdict"] == "differs")]
+    if len(other):
+        log_ratio = np.log(other["ratio"].where(other["ratio"] > 0).astype(float))
+        other = other.assign(score=np.abs(log_ratio).fillna(np.inf))  # a sign change counts as the largest
+        rows = [{"algo": r.algo, "σ": _fmt(r.sigma), "metric": r.metric, "ε": _fmt(r.eps),
+                 "published": _fmt(r.reference), "reproduced": _fmt(r.reproduced), "ratio": _fmt(r.ratio, 2)}
+                for r in other.sort_values("score", ascending=False).head(10).itertuples()]
+        lines += ["Largest differences among the bounds and attacks:", ""]
+        lines += _table(rows, ["algo", "σ", "metric", "ε", "published", "reproduced", "ratio"])
+    if paper and env == "highway-fast-v0":
+        mine = df[(df["algo"] == "StdTrain") & df["metric"].isin([radius_metric, "benign_return"])
+                  & df["reproduced"].notna()]
+        pub = df[(df["algo"] == "RadialRL") & df["reference"].notna()].set_index(["metric", "sigma"])["reference"]
+        rows = []
+        for r in mine.sort_values(["metric", "sigma"]).itertuples():
+            ref = pub.get((r.metric, r.sigma))
+            if ref is not None:
+                rows.append({"σ": _fmt(r.sigma), "metric": r.metric, "published (RadialRL row)": _fmt(ref),
+                             "reproduced (StdTrain)": _fmt(r.reproduced),
+                             "ratio": _fmt(r.reproduced / ref if ref else None, 2)})
+        if rows:
+            lines += ["The StdTrain run against the published row labelled RadialRL (see above):", ""]
+            lines += _table(rows, ["σ", "metric", "published (RadialRL row)", "reproduced (StdTrain)", "ratio"])
+    return lines
+
+
+def write_reproduction(ref_block: dict, out_dir: Path, envs) -> dict:
+    """Write ``reproduction.md`` and ``reproduction_{Env}.png`` for every environment in ``envs`` (those of
+    the audited runs) into ``out_dir``; returns {"md": path, "figures": [paths]}."""
+    from crop.reference import PAPER_REFERENCE_NAME
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paper = str(ref_block.get("name")) == PAPER_REFERENCE_NAME
+    df = pd.DataFrame(ref_block["comparisons"], columns=["env", "algo", "sigma", "metric", "eps", "reference",
+                                                         "reproduced", "ratio", "verdict", "note"])
+    df["note"] = df["note"].fillna("").astype(str)
+    for c in ("reference", "reproduced", "ratio", "sigma", "eps"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    c = ref_block["counts"]
+    lines = ["# Reproduction report", "",
+             f"Reference: `{ref_block['name']}`"
+             + (" — the CROP paper's published numbers (Wu et al., ICLR 2022), from the leaderboard's data"
+                if paper else "") + f" (`{ref_block['file']}`).", "",
+             f"Overall: **{c['match']} values agree** within tolerance, **{c['differs']} differ**, {c['missing']} "
+             f"reference values are not in this run (their run or stage is absent, or the ε is off its grid), and "
+             f"{ref_block['not_in_reference']} values of the run have no reference counterpart. Tolerances per "
+             "metric and every row: audit.md and audit.json.", ""]
+    if paper:
+        lines += [f"- {n}" for n in GENERAL_NOTES] + [""]
+    figures = []
+    for env in sorted(envs):
+        fig = out_dir / figure_name(env)
+        sub = df[df["env"] == env]
+        _figure(sub, env, _radius_metric(sub), fig)
+        figures.append(str(fig))
+        lines += _env_section(sub, env, paper, fig.name)
+    md = out_dir / "reproduction.md"
+    atomic_write_text(md, "\n".join(lines))
+    return {"md": str(md), "figures": figures}
