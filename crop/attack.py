@@ -104,7 +104,6 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
     flips = np.zeros(len(runs), dtype=int)
     flips_cert = np.zeros(len(runs), dtype=int)
     alive = np.ones(len(runs), dtype=bool)
-    lo, hi = smoother.v_min, smoother.v_max
     for t in pbar(range(horizon), desc=f"local PGD σ={smoother.sigma:g}", progress=progress):
         idx = np.nonzero(alive)[0]
         if idx.size == 0:

@@ -10,15 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import random_mlp
+from test_lore import ToyWalk
 
 from crop import stats
 from crop.io import sha256_file, write_json
 from crop.lore import LoRe, run_lore
 from crop.models import save_q_network
 from crop.smoothing import SmoothedQ
-
-from conftest import random_mlp
-from test_lore import ToyWalk
 
 
 class Killed(Exception):
@@ -56,8 +55,8 @@ def _case(env):
 @pytest.mark.parametrize("env,bound,mode,lives", [
     ("toy", "clopper_pearson", "state", 0), ("toy", "clopper_pearson", "state", 1),
     ("toy", "clopper_pearson", "state", 9), ("toy", "clopper_pearson", "family", 6),
-    ("toy", "hoeffding", "state", 9), ("toy", "hoeffding", "family", 5), ("CartPole-v0", "clopper_pearson", "state", 30),
-    ("CartPole-v0", "hoeffding", "family", 30)])
+    ("toy", "hoeffding", "state", 9), ("toy", "hoeffding", "family", 5),
+    ("CartPole-v0", "clopper_pearson", "state", 30), ("CartPole-v0", "hoeffding", "family", 30)])
 def test_resumed_search_is_byte_identical(tmp_path, env, bound, mode, lives):
     net_kw, sm_args, kw = _case(env)
     if mode == "family":
