@@ -77,6 +77,7 @@ class LoRe:
     builds the environment instead of ``make_env(env_id, profile)``.  ``alpha_of`` (optional) maps
     i = 1, 2, … to the per-state α of the i-th distinct state smoothed (e.g.
     ``lambda i: stats.lore_state_alpha(alpha, "family", i)``); by default every state uses the smoother's α.
+    One object runs one search.
     """
 
     #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
@@ -112,14 +113,14 @@ class LoRe:
         resumed from when it matches this run); deleted on success.
         """
         started = time.time()
+        # The working environment (Atari restores every snapshot into it), also when resuming.
         self.env = self.make() if self.make is not None else make_env(self.env_id, self.profile)
         obs, _ = self.env.reset(seed=self.env_seed)
         root = _Node(snapshot(self.env), to_obs(obs), 0, 0.0, self.horizon == 0)
         self._bar = pbar(desc=f"LoRe σ={self.smoother.sigma:g}", unit="node", progress=progress)
         resumed = resume_file is not None and self.load(resume_file)
         if not resumed:
-            self.stack.append(root)
-            self.eps = 0.0
+            self.stack.append(root)  # Algorithm 3 starts at s₀ with ε = 0
         if resume_file is not None:
             self._autosave = (resume_file, checkpoint_every, time.time())
         # The search as a loop over (stack, queue) alone, so it can be saved and resumed at any node.
