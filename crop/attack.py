@@ -16,19 +16,21 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from crop.progress import pbar
 
 from crop.envs import make_env, to_obs
 from crop.loact import certify_state
+from crop.progress import pbar
 from crop.smoothing import NonFiniteQError, SmoothedQ, resolve_device
 
-__all__ = ["pgd_l2", "run_local_attack", "run_global_attack"]
+__all__ = ["pgd_l2", "project_l2", "run_local_attack", "run_global_attack"]
 
 
 def pgd_l2(loss_fn, x: torch.Tensor, eps: torch.Tensor, steps: int = 10, step_scale: float = 2.5) -> torch.Tensor:
     """Maximise ``loss_fn(x + δ)`` (a per-sample loss of shape (B,)) over ‖δ_b‖₂ ≤ eps_b.
 
-    Step size ``step_scale · ε / steps`` (Madry et al.); one normalisation and one projection per step.
+    Step size ``step_scale · ε / steps`` (Madry et al.); one normalisation and one projection per step
+    (:func:`project_l2`, exact in float32: the returned δ and the perturbation x + δ − x actually applied
+    both have norm ≤ ε as computed).
     """
     B = x.shape[0]
     view = (B,) + (1,) * (x.dim() - 1)
@@ -41,10 +43,40 @@ def pgd_l2(loss_fn, x: torch.Tensor, eps: torch.Tensor, steps: int = 10, step_sc
             loss = loss_fn(x + delta).sum()
             (grad,) = torch.autograd.grad(loss, delta)
         gnorm = grad.flatten(1).norm(dim=1).clamp_min(1e-12).reshape(view)
-        delta = delta.detach() + alpha * grad / gnorm
-        dnorm = delta.flatten(1).norm(dim=1).reshape(view)
-        delta = delta * torch.clamp(eps / dnorm.clamp_min(1e-12), max=1.0)
+        delta = project_l2(delta.detach() + alpha * grad / gnorm, eps, x)
     return delta.detach()
+
+
+def project_l2(delta: torch.Tensor, eps: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+    """Each row δ_b scaled onto the ℓ2 ball of radius eps_b, so that its norm *as computed in its own
+    precision* is ≤ eps_b (and, given ``x``, also the norm of (x + δ) − x, the perturbation the network
+    actually sees).  Rows whose norms already hold are returned unchanged.
+
+    The plain scale ε/‖δ‖ rounds: ‖δ·ε/‖δ‖‖ can exceed ε by a few ulps (in float32 up to ~4e−7 relative),
+    and rounding x + δ adds more.  The scale is therefore lowered, one ulp at a time and then geometrically,
+    until the computed norms hold; both are monotone in the scale, so this ends (at the latest at 0).
+    """
+    view = (delta.shape[0],) + (1,) * (delta.dim() - 1)
+    eps = torch.as_tensor(eps, dtype=delta.dtype, device=delta.device).reshape(-1).expand(delta.shape[0]).reshape(view)
+
+    def too_long(d):
+        over = d.flatten(1).norm(dim=1).reshape(view) > eps
+        if x is not None:
+            over |= ((x + d) - x).flatten(1).norm(dim=1).reshape(view) > eps
+        return over
+
+    scale = torch.clamp(eps / delta.flatten(1).norm(dim=1).clamp_min(1e-12).reshape(view), max=1.0)
+    out = delta * scale
+    over = too_long(out)
+    zero = torch.zeros_like(scale)
+    k = 0
+    while bool(over.any()):
+        lower = torch.nextafter(scale, zero) if k < 4 else scale * (1 - 2.0 ** min(k - 24, 0))
+        scale = torch.where(over, lower, scale)
+        out = delta * scale
+        over = too_long(out)
+        k += 1
+    return out
 
 
 def _check(q: torch.Tensor, where: str) -> None:
@@ -72,7 +104,6 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
     flips = np.zeros(len(runs), dtype=int)
     flips_cert = np.zeros(len(runs), dtype=int)
     alive = np.ones(len(runs), dtype=bool)
-    lo, hi = smoother.v_min, smoother.v_max
     for t in pbar(range(horizon), desc=f"local PGD σ={smoother.sigma:g}", progress=progress):
         idx = np.nonzero(alive)[0]
         if idx.size == 0:

@@ -27,13 +27,14 @@ import math
 import numpy as np
 import pandas as pd
 import torch
-from crop.progress import pbar
 
 from crop import stats
 from crop.envs import make_env_pool
+from crop.io import derive_seed
+from crop.progress import pbar
 from crop.smoothing import NonFiniteQError, resolve_device
 
-__all__ = ["sample_randomized_returns", "gre_bounds"]
+__all__ = ["sample_randomized_returns", "gre_bounds", "TrajectoryNoise"]
 
 
 @torch.inference_mode()
@@ -42,35 +43,76 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float,
                               profile: str | None = None, progress: bool | None = None,
                               workers: int = 1, batch: int | None = None) -> np.ndarray:
     """Returns of m σ-randomized trajectories of length ≤ ``horizon``, stepped in lockstep blocks of
-    ``batch`` trajectories (all m when None) with the environments spread over ``workers`` processes."""
+    ``batch`` trajectories (all m when None) with the environments spread over ``workers`` processes.
+
+    Trajectory i starts from the environment reset with seed ``env_seed + i`` and draws its noise Δ_t from
+    its own stream (:class:`TrajectoryNoise`), so its return depends on neither ``batch``, ``workers``,
+    ``chunk`` nor the other trajectories (nor on m: the first m returns of a larger run are these)."""
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
-    g = torch.Generator(device=dev)
-    g.manual_seed(int(seed))
     returns = np.empty(m, dtype=np.float64)
     batch = m if batch is None else max(1, min(int(batch), m))
     for b0 in range(0, m, batch):
-        # Trajectories in blocks of `batch` bound the memory of the environment copies (Atari: ~2.6 MB
-        # each); environment i keeps its seed env_seed + i whatever the block size.
-        returns[b0:b0 + batch] = _lockstep(env_id, q_net, dev, g, sigma, min(batch, m - b0), horizon, gamma,
-                                           env_seed + b0, chunk, profile, workers, progress)
+        # Trajectories in blocks of `batch` bound the memory of the environment copies (Atari: ~2.6 MB each).
+        returns[b0:b0 + batch] = _lockstep(env_id, q_net, dev, seed, sigma, b0, min(batch, m - b0), horizon,
+                                           gamma, env_seed, chunk, profile, workers, progress)
     return returns
 
 
-def _lockstep(env_id, q_net, dev, g, sigma, m, horizon, gamma, env_seed, chunk, profile, workers, progress):
+class TrajectoryNoise:
+    """Standard normal noise for GRe's trajectories b0, …, b0 + n − 1, independent of how they are blocked.
+
+    Trajectories are grouped in fixed groups of ``group`` consecutive indices (a number that depends only on
+    the observation size); group g owns a generator seeded from (``seed``, g) that draws one (group, *shape)
+    array per time step, and trajectory i takes row i mod group of its group's t-th draw.  A group whose
+    trajectories have all finished stops drawing: nothing that still runs depends on it.  Definition 3's
+    fresh Δ_t ∼ N(0, I) (times σ) per trajectory and step, reproducible to the byte for any block layout.
+    """
+
+    #: floats per group draw: CartPole 4,096 trajectories a group, highway 655, Atari 1.
+    GROUP_FLOATS = 1 << 14
+
+    def __init__(self, seed: int, b0: int, n: int, shape: tuple, device):
+        self.shape, self.device, self.b0 = tuple(shape), device, int(b0)
+        self.group = max(1, self.GROUP_FLOATS // max(1, int(np.prod(self.shape))))
+        self.first = self.b0 // self.group
+        last = (self.b0 + n - 1) // self.group
+        self.generators = []
+        for g in range(self.first, last + 1):
+            gen = torch.Generator(device=device)
+            gen.manual_seed(derive_seed(seed, "gre-trajectory-noise", g))
+            self.generators.append(gen)
+
+    def step(self, idx: np.ndarray) -> torch.Tensor:
+        """This time step's noise for the block's trajectories ``idx`` (local indices, those still running);
+        call once per time step."""
+        i = np.asarray(idx, dtype=np.int64) + self.b0
+        groups = i // self.group
+        out = torch.empty((len(i), *self.shape), dtype=torch.float32, device=self.device)
+        for g in np.unique(groups):
+            z = torch.randn((self.group, *self.shape), generator=self.generators[g - self.first],
+                            device=self.device)
+            sel = np.nonzero(groups == g)[0]
+            out[torch.as_tensor(sel, device=self.device)] = z[torch.as_tensor(i[sel] - g * self.group,
+                                                                              device=self.device)]
+        return out
+
+
+def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, chunk, profile, workers, progress):
+    """The m trajectories b0, …, b0 + m − 1 in lockstep: one batched forward per time step."""
     pool = make_env_pool(env_id, m, profile, workers=workers)
-    obs = pool.reset(int(env_seed))
+    obs = pool.reset(int(env_seed) + b0)  # environment k of the pool: seed env_seed + b0 + k
+    noise = TrajectoryNoise(seed, b0, m, obs.shape[1:], dev)
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
     discount = 1.0
     for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}", progress=progress):
         idx = np.nonzero(alive)[0]  # finished trajectories are not stepped again
         x = torch.as_tensor(np.asarray(obs[idx], dtype=np.float32), device=dev)
+        noisy = noise.step(idx).mul_(sigma).add_(x)
         actions = torch.empty(len(idx), dtype=torch.int64, device=dev)
         for s in range(0, len(idx), chunk):
-            xs = x[s:s + chunk]
-            noisy = torch.randn(xs.shape, generator=g, device=dev).mul_(sigma).add_(xs)
-            q = q_net(noisy)
+            q = q_net(noisy[s:s + chunk])
             if not torch.isfinite(q).all():
                 raise NonFiniteQError(f"the Q-network returned NaN or inf at step {t} (trajectories {s}…)")
             actions[s:s + chunk] = q.argmax(1)

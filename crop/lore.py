@@ -22,10 +22,11 @@ its noise is fresh, so the bound holds although which state comes i-th depends o
 Reported as ``confidence_tree`` (= ``confidence_union``) with the α actually spent.
 
 Long searches are resumable: the whole search state (queue, depth-first stack, nodes with their environment
-snapshots, memoised certificates, bound so far, the noise generator's state) is written to a resume file
-at most every ``checkpoint_every`` seconds, at any node; a run killed at any point and restarted with the
-same arguments continues from it and produces the same result.  The resume file is our own pickle, trusted
-like the rest of the results folder; it is keyed by the run's arguments and deleted on success.
+snapshots, memoised certificates, bound so far, the smoother's noise generator and randomised-rounding
+stream) is written to a resume file at most every ``checkpoint_every`` seconds, at any node; a run killed at
+any point and restarted with the same arguments continues from it and produces the same result, byte for
+byte.  The resume file is our own pickle, trusted like the rest of the results folder; it is keyed by the
+run's arguments and deleted on success.
 """
 from __future__ import annotations
 
@@ -38,18 +39,21 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from crop.progress import pbar
 
 from crop import stats
 from crop.envs import make_env, restore, snapshot, to_obs
 from crop.loact import Certificate, certify_state
+from crop.progress import pbar
 from crop.smoothing import SmoothedQ
 
-__all__ = ["run_lore", "lore_bound_at"]
+__all__ = ["LoRe", "run_lore", "lore_bound_at"]
 
 
 @dataclass
 class _Node:
+    """A node of the search tree: the environment's snapshot and observation at step ``t``, the discounted
+    return ``J`` collected on the way there, and whether it is a leaf (terminal or at the horizon)."""
+
     snap: object
     obs: np.ndarray
     t: int
@@ -57,155 +61,219 @@ class _Node:
     leaf: bool
 
 
-def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
-             eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
-             progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
-             checkpoint_every: float = 60.0, alpha_of=None) -> tuple[pd.DataFrame, dict]:
-    """Algorithm 3.  ``prune`` must only be true when every reward is ≥ 0 (the caller checks the env).
+class LoRe:
+    """Algorithm 3 from one initial state: the bound J̲ of Theorem 4 at every critical ε, by adaptive search.
 
-    ``make`` (optional) builds the environment instead of ``make_env(env_id, profile)``.  ``alpha_of``
-    (optional) maps i = 1, 2, … to the per-state α of the i-th distinct state smoothed (e.g.
+    Read like Cohen et al.'s ``Smooth.certify``: build it with the smoothed Q (:class:`SmoothedQ`) and the
+    environment, then :meth:`certify` returns the table of pairs (ε_i, J̲_i).  Its fields are Algorithm 3's
+    state: the depth-first ``stack`` of nodes to expand at the current ``eps``, the priority ``queue`` of
+    (r(a), tie, node, a) for actions not yet possible (keyed by Theorem 4's radius r(a)), the memoised
+    certificates ``memo`` (one per distinct observation, with its per-state α in ``alphas``), the bound
+    ``J`` so far (the smallest return over the leaves reached) and the recorded ``pairs``.  :meth:`save`
+    and :meth:`load` write and read exactly these fields (and the smoother's random state) so that a
+    killed search resumes where it stopped; the search itself knows nothing about files.
+
+    ``prune`` must only be true when every reward is ≥ 0 (the caller checks the env).  ``make`` (optional)
+    builds the environment instead of ``make_env(env_id, profile)``.  ``alpha_of`` (optional) maps
+    i = 1, 2, … to the per-state α of the i-th distinct state smoothed (e.g.
     ``lambda i: stats.lore_state_alpha(alpha, "family", i)``); by default every state uses the smoother's α.
-    ``resume_file``: where the search state is saved (and resumed from when it matches this run).
+    One object runs one search.
     """
-    started = time.time()
-    env = make() if make is not None else make_env(env_id, profile)
-    obs, _ = env.reset(seed=int(env_seed))
-    root = _Node(snapshot(env), to_obs(obs), 0, 0.0, horizon == 0)
 
-    memo: dict[bytes, Certificate] = {}
-    alphas: list[float] = []  # per-state α actually used, in smoothing order
-    queue: list = []
-    state = {"J": math.inf, "transitions": 0, "leaves": 0, "tie": 0}
-    bar = pbar(desc=f"LoRe σ={smoother.sigma:g}", unit="node", progress=progress)
-    key = {"env": env_id, "horizon": horizon, "env_seed": int(env_seed), "gamma": gamma, "eps_max": eps_max,
-           "prune": prune, "sigma": smoother.sigma, "m": smoother.m, "alpha": smoother.alpha,
-           "v": (smoother.v_min, smoother.v_max), "bound": smoother.bound,
-           "reward_fn": getattr(reward_fn, "__qualname__", None),
-           "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None}
+    #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
+    RESUME_FORMAT = 2
 
-    def save(pairs) -> None:
-        from crop.io import atomic_write_bytes
+    def __init__(self, env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
+                 eps_max: float = math.inf, prune: bool = True, profile: str | None = None, reward_fn=None,
+                 make=None, alpha_of=None):
+        self.env_id, self.smoother, self.horizon, self.env_seed = env_id, smoother, horizon, int(env_seed)
+        self.gamma, self.eps_max, self.prune, self.profile = gamma, eps_max, prune, profile
+        self.reward_fn, self.make, self.alpha_of = reward_fn, make, alpha_of
+        # Algorithm 3's state (everything save/load carries)
+        self.queue: list = []                      # heap of (r(a), tie, node, a)
+        self.stack: list[_Node] = []               # nodes to expand depth-first at ε = eps
+        self.memo: dict[bytes, Certificate] = {}   # observation bytes -> its certificate
+        self.alphas: list[float] = []              # per-state α actually used, in smoothing order
+        self.pairs: list[tuple[float, float]] = []  # the output (ε_i, J̲_i)
+        self.eps = 0.0                             # the current critical ε
+        self.J = math.inf                          # min return over the leaves reached so far
+        self.transitions = self.leaves = self.tie = 0
+        self.valid_until = math.inf                # the next critical ε beyond eps_max, if the search stopped
+        self.env = None
+        self._bar = None
+        self._autosave = None                      # (resume file, seconds between saves, time of last save)
 
-        blob = {"key": key, "queue": queue, "stack": stack, "memo": memo, "alphas": alphas, "state": state,
-                "pairs": pairs,
-                "generator": smoother.generator.get_state(), "calls": smoother.calls}
-        atomic_write_bytes(resume_file, pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
+    # ---- the search ---------------------------------------------------------------------------------------
 
-    def load():
-        if resume_file is None or not os.path.exists(resume_file):
-            return False
-        with open(resume_file, "rb") as f:
-            blob = pickle.load(f)  # our own file (see module docstring)
-        if blob.get("key") != key:
-            return False  # a different run's state: start afresh
-        queue[:] = blob["queue"]
-        stack[:] = blob["stack"]
-        pairs[:] = blob["pairs"]
-        memo.update(blob["memo"])
-        alphas[:] = blob["alphas"]
-        state.update(blob["state"])
-        smoother.generator.set_state(blob["generator"])
-        smoother.calls = blob["calls"]
-        return True
+    def certify(self, *, resume_file=None, checkpoint_every: float = 60.0,
+                progress: bool | None = None) -> tuple[pd.DataFrame, dict]:
+        """Run Algorithm 3 to the end (or to ``eps_max``): the table (ε_i, J̲_i) and the search's record.
 
-    def cert_of(node: _Node) -> Certificate:
-        key = node.obs.tobytes()
-        c = memo.get(key)
-        if c is None:
-            a = smoother.alpha if alpha_of is None else float(alpha_of(len(memo) + 1))
-            c = certify_state(smoother, node.obs, index=f"LoRe node t={node.t}",
-                              alpha=None if alpha_of is None else a)
-            memo[key] = c
-            alphas.append(a)
-        return c
+        ``resume_file``: where the search state is saved at most every ``checkpoint_every`` seconds (and
+        resumed from when it matches this run); deleted on success.
+        """
+        started = time.time()
+        # The working environment (Atari restores every snapshot into it), also when resuming.
+        self.env = self.make() if self.make is not None else make_env(self.env_id, self.profile)
+        obs, _ = self.env.reset(seed=self.env_seed)
+        root = _Node(snapshot(self.env), to_obs(obs), 0, 0.0, self.horizon == 0)
+        self._bar = pbar(desc=f"LoRe σ={self.smoother.sigma:g}", unit="node", progress=progress)
+        resumed = resume_file is not None and self.load(resume_file)
+        if not resumed:
+            self.stack.append(root)  # Algorithm 3 starts at s₀ with ε = 0
+        if resume_file is not None:
+            self._autosave = (resume_file, checkpoint_every, time.time())
+        # The search as a loop over (stack, queue) alone, so it can be saved and resumed at any node.
+        while True:
+            self.drain(self.eps)
+            if self.queue and self.queue[0][0] <= self.eps:  # equal radii: expand all before recording
+                _, _, node, a = heapq.heappop(self.queue)
+                if not self.pruned(node):
+                    self.stack.append(self.expand(node, a))
+                continue
+            if not self.pairs or self.J != self.pairs[-1][1]:
+                self.pairs.append((self.eps, self.J))
+            if not self.queue:
+                break
+            if self.queue[0][0] > self.eps_max:
+                self.valid_until = self.queue[0][0]
+                break
+            self.eps = self.queue[0][0]  # the next critical ε: the smallest radius not yet reached
+        self._bar.close()
+        self.env.close()
+        if resume_file is not None and os.path.exists(resume_file):
+            os.unlink(resume_file)
+        return self.bound_table(), self.info(resumed, started)
 
-    def child(node: _Node, a: int) -> _Node:
-        e = restore(env, node.snap)  # the working instance for Atari, a fresh copy otherwise
-        obs, reward, terminated, truncated, _ = e.step(int(a))
-        if reward_fn is not None:
-            reward = reward_fn(reward)
-        state["transitions"] += 1
-        bar.update(1)
-        done = bool(terminated or truncated) or node.t + 1 >= horizon
-        return _Node(snapshot(e), to_obs(obs), node.t + 1, node.J + (gamma ** node.t) * float(reward), done)
-
-    def drain(eps: float) -> None:
-        """Depth-first expansion of everything on the stack at perturbation ``eps``."""
-        while stack:
-            maybe_save()
-            node = stack.pop()
-            if prune and node.J >= state["J"]:
+    def drain(self, eps: float) -> None:
+        """Depth-first expansion of everything on the stack at perturbation ``eps``: at each node every
+        action with r(a) ≤ ε is followed, the others wait in the queue keyed by r(a)."""
+        while self.stack:
+            self._maybe_save()
+            node = self.stack.pop()
+            if self.pruned(node):
                 continue
             if node.leaf:
-                state["leaves"] += 1
-                state["J"] = min(state["J"], node.J)
+                self.leaves += 1
+                self.J = min(self.J, node.J)
                 continue
-            c = cert_of(node)
+            c = self.certificate(node)
             # Explore the policy's own action last (pushed first) so each branch's cheaper alternatives
             # are visited depth-first in a stable order.
             for a in sorted(range(len(c.radii)), key=lambda a: (a != c.action, a)):
                 r = float(c.radii[a])
                 if r <= eps:
-                    stack.append(child(node, a))
+                    self.stack.append(self.expand(node, a))
                 else:
-                    state["tie"] += 1
-                    heapq.heappush(queue, (r, state["tie"], node, a))
+                    self.tie += 1
+                    heapq.heappush(self.queue, (r, self.tie, node, a))
 
-    last_save = [time.time()]
+    def pruned(self, node: _Node) -> bool:
+        """A node whose return so far already reaches the bound cannot lower it (rewards ≥ 0 only)."""
+        return self.prune and node.J >= self.J
 
-    def maybe_save() -> None:
-        if resume_file is not None and time.time() - last_save[0] >= checkpoint_every:
-            save(pairs)
-            last_save[0] = time.time()
+    def certificate(self, node: _Node) -> Certificate:
+        """Theorem 4's radii r(a) at the node's observation (Algorithm 1 with fresh noise), once per
+        distinct observation; the i-th new one spends α_i = ``alpha_of(i)``."""
+        key = node.obs.tobytes()
+        c = self.memo.get(key)
+        if c is None:
+            a = self.smoother.alpha if self.alpha_of is None else float(self.alpha_of(len(self.memo) + 1))
+            c = certify_state(self.smoother, node.obs, index=f"LoRe node t={node.t}",
+                              alpha=None if self.alpha_of is None else a)
+            self.memo[key] = c
+            self.alphas.append(a)
+        return c
 
-    stack: list = []
-    pairs: list = []
-    resumed = load()
-    if not resumed:
-        stack.append(root)
-        state["eps"] = 0.0
-    valid_until = math.inf
-    # The search as a loop over (stack, queue) alone, so it can be saved and resumed at any node.
-    while True:
-        eps = state["eps"]
-        drain(eps)
-        if queue and queue[0][0] <= eps:  # equal radii: expand all before recording
-            _, _, node, a = heapq.heappop(queue)
-            if not (prune and node.J >= state["J"]):
-                stack.append(child(node, a))
-            continue
-        if not pairs or state["J"] != pairs[-1][1]:
-            pairs.append((eps, state["J"]))
-        if not queue:
-            break
-        if queue[0][0] > eps_max:
-            valid_until = queue[0][0]
-            break
-        state["eps"] = queue[0][0]
-    bar.close()
-    env.close()
-    if resume_file is not None and os.path.exists(resume_file):
-        os.unlink(resume_file)
-    n = len(memo)
-    info = {
-        "distinct_states_smoothed": n,
-        "resumed": resumed,
-        "transitions": state["transitions"],
-        "leaves": state["leaves"],
-        "valid_until_eps": valid_until,
-        "eps_max": eps_max,
-        "pruning": prune,
-        "per_state_alpha": smoother.alpha if alpha_of is None else None,
-        "per_state_alpha_first": alphas[0] if alphas else None,
-        "per_state_alpha_last": alphas[-1] if alphas else None,
-        "alpha_spent": float(sum(alphas)),
-        "confidence_tree": stats.union_confidence(alphas),
-        "confidence_union": stats.union_confidence(alphas),
-        "runtime_s": round(time.time() - started, 3),
-        "nodes_per_s": round(state["transitions"] / max(time.time() - started, 1e-9), 2),
-    }
-    return pd.DataFrame(pairs, columns=["eps", "lower_bound"]), info
+    def expand(self, node: _Node, a: int) -> _Node:
+        """The child reached by taking action ``a`` at ``node`` (from the node's snapshot, never in place)."""
+        e = restore(self.env, node.snap)  # the working instance for Atari, a fresh copy otherwise
+        obs, reward, terminated, truncated, _ = e.step(int(a))
+        if self.reward_fn is not None:
+            reward = self.reward_fn(reward)
+        self.transitions += 1
+        self._bar.update(1)
+        done = bool(terminated or truncated) or node.t + 1 >= self.horizon
+        return _Node(snapshot(e), to_obs(obs), node.t + 1, node.J + (self.gamma ** node.t) * float(reward), done)
+
+    def bound_table(self) -> pd.DataFrame:
+        """The step function (ε_i, J̲_i): for every ε ∈ [ε_i, ε_{i+1}), J_ε(π̃) ≥ J̲_i (Theorem 4)."""
+        return pd.DataFrame(self.pairs, columns=["eps", "lower_bound"])
+
+    def info(self, resumed: bool, started: float) -> dict:
+        """What the search did and the confidence it holds with (union bound over the states smoothed)."""
+        n = len(self.memo)
+        alphas = self.alphas
+        return {
+            "distinct_states_smoothed": n,
+            "resumed": resumed,
+            "transitions": self.transitions,
+            "leaves": self.leaves,
+            "valid_until_eps": self.valid_until,
+            "eps_max": self.eps_max,
+            "pruning": self.prune,
+            "per_state_alpha": self.smoother.alpha if self.alpha_of is None else None,
+            "per_state_alpha_first": alphas[0] if alphas else None,
+            "per_state_alpha_last": alphas[-1] if alphas else None,
+            "alpha_spent": float(sum(alphas)),
+            "confidence_tree": stats.union_confidence(alphas),
+            "confidence_union": stats.union_confidence(alphas),
+            "runtime_s": round(time.time() - started, 3),
+            "nodes_per_s": round(self.transitions / max(time.time() - started, 1e-9), 2),
+        }
+
+    # ---- resume: kept apart from the search ------------------------------------------------------------------
+
+    def key(self) -> dict:
+        """What identifies this run: a resume file written under another key is ignored."""
+        sm, alpha_of = self.smoother, self.alpha_of
+        return {"format": self.RESUME_FORMAT, "env": self.env_id, "horizon": self.horizon,
+                "env_seed": self.env_seed, "gamma": self.gamma, "eps_max": self.eps_max, "prune": self.prune,
+                "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
+                "reward_fn": getattr(self.reward_fn, "__qualname__", None),
+                "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None}
+
+    _FIELDS = ("queue", "stack", "memo", "alphas", "pairs", "eps", "J", "transitions", "leaves", "tie")
+
+    def save(self, path) -> None:
+        """Write the whole search state and the smoother's random state (noise generator and randomised
+        rounding stream) to ``path`` atomically."""
+        from crop.io import atomic_write_bytes
+
+        blob = {"key": self.key(), "smoother": self.smoother.get_state(),
+                **{f: getattr(self, f) for f in self._FIELDS}}
+        atomic_write_bytes(path, pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def load(self, path) -> bool:
+        """Restore the state saved by :meth:`save` if ``path`` exists and belongs to this run."""
+        if not os.path.exists(path):
+            return False
+        with open(path, "rb") as f:
+            blob = pickle.load(f)  # our own file (see module docstring)
+        if blob.get("key") != self.key():
+            return False  # a different run's state: start afresh
+        for f in self._FIELDS:
+            setattr(self, f, blob[f])
+        self.smoother.set_state(blob["smoother"])
+        return True
+
+    def _maybe_save(self) -> None:
+        if self._autosave is None:
+            return
+        path, every, last = self._autosave
+        if time.time() - last >= every:
+            self.save(path)
+            self._autosave = (path, every, time.time())
+
+
+def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
+             eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
+             progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
+             checkpoint_every: float = 60.0, alpha_of=None) -> tuple[pd.DataFrame, dict]:
+    """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record."""
+    search = LoRe(env_id, smoother, horizon, env_seed, gamma=gamma, eps_max=eps_max, prune=prune,
+                  profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of)
+    return search.certify(resume_file=resume_file, checkpoint_every=checkpoint_every, progress=progress)
 
 
 def lore_bound_at(table: pd.DataFrame, eps: float, valid_until: float = math.inf) -> float:

@@ -114,6 +114,17 @@ class SmoothedQ:
         self.calls = 0  # states smoothed so far (for counters and confidence accounting)
         self._buf = None
 
+    def get_state(self) -> dict:
+        """Everything random about the smoother's future: the noise generator, the randomised-rounding
+        stream and the call counter (a resumed search restores it with :meth:`set_state`)."""
+        return {"generator": self.generator.get_state(), "rounding": self.rounding_rng.bit_generator.state,
+                "calls": self.calls}
+
+    def set_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self.rounding_rng.bit_generator.state = state["rounding"]
+        self.calls = state["calls"]
+
     # Noise is drawn for a whole block of samples at once (up to this many floats, ~16 MB): interleaving a
     # single-threaded Gaussian draw with every multi-threaded forward chunk costs more than the draw.
     NOISE_BLOCK_FLOATS = 1 << 22

@@ -2,13 +2,12 @@
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from crop import stats
-from crop.envs import make_env, make_vec_env
-from crop.gre import gre_bounds, sample_randomized_returns
+from crop.envs import make_env
+from crop.gre import TrajectoryNoise, gre_bounds, sample_randomized_returns
 
 
 def test_lockstep_returns_equal_single_trajectories(mlp_factory):
@@ -16,14 +15,11 @@ def test_lockstep_returns_equal_single_trajectories(mlp_factory):
     m, H = 12, 60
     # σ so small that the randomized policy is the greedy one: every trajectory is then deterministic
     R = sample_randomized_returns("CartPole-v0", net, 1e-9, m, H, 1.0, seed=0, env_seed=11, progress=False)
-    venv = make_vec_env("CartPole-v0", m)
-    venv.reset(seed=11)
     expected = []
     for i in range(m):
         e = make_env("CartPole-v0")
-        e.reset(seed=0)
-        e.unwrapped.state = np.array(venv.state[:, i], dtype=np.float64)
-        obs, J = np.array(e.unwrapped.state, np.float32), 0.0
+        obs, _ = e.reset(seed=11 + i)  # trajectory i: the environment reset with seed env_seed + i
+        J = 0.0
         for t in range(H):
             a = int(net(torch.as_tensor(obs).unsqueeze(0)).argmax(1))
             obs, r, term, trunc, _ = e.step(a)
@@ -75,11 +71,52 @@ def test_sharded_environments_give_the_same_returns(mlp_factory):
     np.testing.assert_array_equal(a, b)
 
 
-def test_blocks_of_trajectories_keep_each_environment_seed(mlp_factory):
-    """Stepping the trajectories in blocks (bounded memory) only changes which noise each one draws:
-    with negligible σ the returns are exactly those of one big block."""
+def test_blocks_of_trajectories_change_nothing_on_the_env_pool(mlp_factory):
+    """Stepping the trajectories in blocks (bounded memory) changes nothing: each keeps its environment
+    seed and its own noise (σ large enough for the noise to decide actions)."""
     net = mlp_factory(n_in=25, n_out=5, hidden=(16,), seed=3)
-    a = sample_randomized_returns("highway-fast-v0", net, 1e-9, 5, 4, 1.0, seed=1, env_seed=7, progress=False)
-    b = sample_randomized_returns("highway-fast-v0", net, 1e-9, 5, 4, 1.0, seed=1, env_seed=7, progress=False,
+    a = sample_randomized_returns("highway-fast-v0", net, 0.5, 5, 4, 1.0, seed=1, env_seed=7, progress=False)
+    b = sample_randomized_returns("highway-fast-v0", net, 0.5, 5, 4, 1.0, seed=1, env_seed=7, progress=False,
                                   batch=2)
     np.testing.assert_array_equal(a, b)
+
+
+def test_cartpole_returns_depend_neither_on_the_blocks_nor_on_m(mlp_factory):
+    """Trajectory i: environment seed env_seed + i and its own noise stream, whatever the block size, the
+    forward chunk or the number of trajectories m (the first m returns of a larger run are the same)."""
+    net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=5, scale=2.0)
+    m, H = 23, 80
+
+    def run(**kw):
+        kw = {"m": m, **kw}
+        return sample_randomized_returns("CartPole-v0", net, 0.3, kw.pop("m"), H, 1.0, seed=3, env_seed=11,
+                                         progress=False, **kw)
+
+    ref = run()
+    assert len(set(ref)) > 3, "the noise and the initial states must matter for the test to bite"
+    for kw in ({"batch": 7}, {"batch": 1}, {"chunk": 5}, {"batch": 10, "chunk": 3}):
+        np.testing.assert_array_equal(run(**kw), ref, err_msg=str(kw))
+    np.testing.assert_array_equal(run(m=9), ref[:9])
+    np.testing.assert_array_equal(run(m=40, batch=13)[:m], ref)
+    # the noise decides: another noise seed changes returns, the same initial states kept
+    other = sample_randomized_returns("CartPole-v0", net, 0.3, m, H, 1.0, seed=4, env_seed=11, progress=False)
+    assert (other != ref).any()
+
+
+def test_trajectory_noise_is_per_trajectory_and_standard_normal():
+    """Row i at step t is the same for any block layout and whichever trajectories have finished; the rows
+    are standard normal and differ between trajectories and steps."""
+    shape, n, T = (3,), 9000, 3
+    whole = TrajectoryNoise(seed=5, b0=0, n=n, shape=shape, device="cpu")
+    assert 1 < whole.group < n, "several groups for the test to bite"
+    full = [whole.step(np.arange(n)) for _ in range(T)]
+    for b0, size in ((0, 1), (4000, 2000), (n - 5, 5), (whole.group - 3, 7)):
+        part = TrajectoryNoise(seed=5, b0=b0, n=size, shape=shape, device="cpu")
+        for t in range(T):
+            # finished trajectories draw nothing more (here a whole group finishes after step 0)
+            alive = np.arange(size)[size // 2:][:: max(t, 1)] if t else np.arange(size)
+            got = part.step(alive)
+            assert torch.equal(got, full[t][b0 + alive]), (b0, size, t)
+    z = torch.stack(full).reshape(-1).double()
+    assert abs(float(z.mean())) < 0.01 and abs(float(z.std()) - 1) < 0.01
+    assert not torch.equal(full[0][0], full[1][0]) and not torch.equal(full[0][0], full[0][1])

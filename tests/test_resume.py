@@ -1,4 +1,6 @@
-"""A LoRe search killed with SIGKILL and restarted reaches the same result as an uninterrupted run."""
+"""A LoRe search (Algorithm 3) stopped at any node and resumed from its resume file reaches the same result,
+byte for byte, as an uninterrupted run: the search state and both random streams of the smoother (the
+noise generator and the randomised-rounding stream of ``clopper_pearson``) are restored."""
 import json
 import os
 import signal
@@ -8,14 +10,106 @@ import time
 from pathlib import Path
 
 import pytest
-
-from crop.io import sha256_file, write_json
-from crop.models import save_q_network
-
 from conftest import random_mlp
+from test_lore import ToyWalk
+
+from crop import stats
+from crop.io import sha256_file, write_json
+from crop.lore import LoRe, run_lore
+from crop.models import save_q_network
+from crop.smoothing import SmoothedQ
 
 
-def _setup(d: Path):
+class Killed(Exception):
+    """Stands for SIGKILL: raised from inside the search, after the last save."""
+
+
+class DyingSmoother(SmoothedQ):
+    """Smooths ``lives`` states, then the process 'dies' (before the next state's noise is drawn)."""
+
+    def __init__(self, *a, lives, **kw):
+        super().__init__(*a, **kw)
+        self.lives = lives
+
+    def estimate(self, obs, index=None, alpha=None):
+        if self.lives == 0:
+            raise Killed
+        self.lives -= 1
+        return super().estimate(obs, index, alpha=alpha)
+
+
+def _run(smoother, resume_file, every, **kw):
+    table, info = run_lore(smoother=smoother, resume_file=resume_file, checkpoint_every=every, progress=False,
+                           **kw)
+    return table.to_csv(index=False, float_format="%.17g").encode(), info
+
+
+def _case(env):
+    if env == "toy":
+        return (dict(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0), (0.3, 2000, -6.0, 6.0, 0.05, 3),
+                dict(env_id="toy", horizon=8, env_seed=0, make=lambda: ToyWalk(signed=False), gamma=0.9))
+    return (dict(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), (0.05, 300, -4.0, 4.0, 0.05, 2),
+            dict(env_id="CartPole-v0", horizon=10, env_seed=3))
+
+
+@pytest.mark.parametrize("env,bound,mode,lives", [
+    ("toy", "clopper_pearson", "state", 0), ("toy", "clopper_pearson", "state", 1),
+    ("toy", "clopper_pearson", "state", 9), ("toy", "clopper_pearson", "family", 6),
+    ("toy", "hoeffding", "state", 9), ("toy", "hoeffding", "family", 5),
+    ("CartPole-v0", "clopper_pearson", "state", 30), ("CartPole-v0", "hoeffding", "family", 30)])
+def test_resumed_search_is_byte_identical(tmp_path, env, bound, mode, lives):
+    net_kw, sm_args, kw = _case(env)
+    if mode == "family":
+        kw["alpha_of"] = lambda i: stats.lore_state_alpha(0.05, "family", i)
+    clean_sm = SmoothedQ(random_mlp(**net_kw), *sm_args, bound=bound, seed=7)
+    clean, clean_info = _run(clean_sm, None, 60.0, **kw)
+
+    resume = tmp_path / "lore.resume"
+    dying = DyingSmoother(random_mlp(**net_kw), *sm_args, bound=bound, seed=7, lives=lives)
+    with pytest.raises(Killed):
+        _run(dying, resume, 0.0, **kw)  # saves before every node
+    assert resume.exists()
+    fresh = SmoothedQ(random_mlp(**net_kw), *sm_args, bound=bound, seed=7)  # a new process: a new smoother
+    resumed, info = _run(fresh, resume, 1e9, **kw)
+    assert info["resumed"] is True and clean_info["resumed"] is False
+    assert info["distinct_states_smoothed"] > lives + 3, "states must be smoothed after the resume to bite"
+    assert resumed == clean
+    volatile = ("resumed", "runtime_s", "nodes_per_s")
+    assert {k: v for k, v in info.items() if k not in volatile} == \
+        {k: v for k, v in clean_info.items() if k not in volatile}
+    assert fresh.calls == clean_sm.calls and not resume.exists()
+
+
+def test_every_certificate_after_the_resume_is_the_uninterrupted_one(tmp_path):
+    """Stronger than equal outputs: the certificate of every state smoothed after the resume (Clopper–
+    Pearson, whose bounds use the rounding stream) equals the uninterrupted run's, bit for bit."""
+    net_kw, sm_args, kw = _case("toy")
+    clean = LoRe(smoother=SmoothedQ(random_mlp(**net_kw), *sm_args, bound="clopper_pearson", seed=2), **kw)
+    clean.certify(progress=False)
+    resume = tmp_path / "lore.resume"
+    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_kw), *sm_args, bound="clopper_pearson", seed=2,
+                                        lives=5), **kw)
+    with pytest.raises(Killed):
+        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
+    again = LoRe(smoother=SmoothedQ(random_mlp(**net_kw), *sm_args, bound="clopper_pearson", seed=2), **kw)
+    again.certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert list(again.memo) == list(clean.memo) and len(clean.memo) > 10
+    for key, c in clean.memo.items():
+        assert again.memo[key].radii.tobytes() == c.radii.tobytes()
+
+
+def test_a_resume_file_of_another_run_is_ignored(tmp_path):
+    net_kw, sm_args, kw = _case("toy")
+    resume = tmp_path / "lore.resume"
+    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_kw), *sm_args, seed=2, lives=5), **kw)
+    with pytest.raises(Killed):
+        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
+    other = LoRe(smoother=SmoothedQ(random_mlp(**net_kw), *sm_args, bound="clopper_pearson", seed=2), **kw)
+    _, info = other.certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert info["resumed"] is False  # another bound: another run, started afresh
+
+
+def _setup(d: Path, bound: str):
     d.mkdir(parents=True)
     net = random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
     save_q_network(net, d / "model.pt")
@@ -27,14 +121,15 @@ def _setup(d: Path):
     return [sys.executable, "-m", "crop.cli", "lore", "--env", "CartPole-v0", "--algo", "StdTrain",
             "--sigma", "0.05", "--checkpoint", str(d / "model.pt"), "--qrange", str(d / "qrange.json"),
             "--m", "300", "--horizon", "13", "--seed", "5", "--checkpoint-every", "0.3", "--out",
-            str(d / "lore.csv"), "--no-progress"]
+            str(d / "lore.csv"), "--no-progress", "--bound", bound]
 
 
 @pytest.mark.slow
-def test_lore_survives_sigkill(tmp_path):
-    clean = _setup(tmp_path / "clean")
+@pytest.mark.parametrize("bound", ["hoeffding", "clopper_pearson"])
+def test_lore_survives_sigkill(tmp_path, bound):
+    clean = _setup(tmp_path / "clean", bound)
     subprocess.run(clean, check=True, capture_output=True, timeout=600)
-    killed = _setup(tmp_path / "killed")
+    killed = _setup(tmp_path / "killed", bound)
     resume = tmp_path / "killed" / "lore.csv.resume"
     p = subprocess.Popen(killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300

@@ -5,7 +5,7 @@ trajectory that is still running takes its step.  Finished trajectories are not 
 highway episode costs nothing further).  For environments whose step is slow Python (highway-env ≈ 50
 steps/s per core, ALE) the environments are split into contiguous shards, one per worker process; the
 main process keeps the network.  Environment i is reset with seed ``seed + i`` whatever the number of
-workers, so the returns do not depend on it.
+workers (CartPole's vectorised copies too), so the returns do not depend on it.
 """
 from __future__ import annotations
 
@@ -125,17 +125,25 @@ class EnvPool:
 
 class CartPolePool:
     """CartPole's numpy-vectorised environment behind the same interface: every copy steps (one array
-    operation is cheaper than selecting), the results of ``idx`` are returned."""
+    operation is cheaper than selecting), the results of ``idx`` are returned.  Copy k starts where the
+    single environment starts after ``reset(seed=seed + k)``, as in :class:`EnvPool` (the vector
+    environment's own reset would draw all initial states from one seed, so they would change with the
+    number of copies)."""
 
     def __init__(self, num_envs: int, max_episode_steps: int):
-        from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+        from gymnasium.envs.classic_control.cartpole import CartPoleEnv, CartPoleVectorEnv
 
         self.venv = CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=max_episode_steps)
+        self._single = CartPoleEnv()
         self.num_envs = num_envs
         self._actions = np.zeros(num_envs, dtype=np.int64)
 
     def reset(self, seed: int):
-        return self.venv.reset(seed=int(seed))[0]
+        self.venv.reset(seed=int(seed))  # counters and bookkeeping; the initial states are replaced below
+        for k in range(self.num_envs):
+            self._single.reset(seed=int(seed) + k)
+            self.venv.state[:, k] = self._single.state
+        return self.venv.state.T.astype(np.float32)
 
     def step(self, idx, actions):
         self._actions[:] = 0
@@ -145,3 +153,4 @@ class CartPolePool:
 
     def close(self):
         self.venv.close()
+        self._single.close()

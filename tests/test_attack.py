@@ -1,0 +1,66 @@
+"""ℓ2 PGD (Appendix E) stays inside its budget exactly: ‖δ‖ ≤ ε as computed in float32, also for the
+perturbation (x + δ) − x that the network sees, and the projection is the nearest point up to rounding."""
+import numpy as np
+import pytest
+import torch
+
+from crop.attack import pgd_l2, project_l2
+
+
+def _norms(d):
+    return d.flatten(1).norm(dim=1)
+
+
+def _cases(shape, n=4000, seed=0):
+    """Random δ at every scale: on the sphere (ε·u/‖u‖ rounded in float32), just outside and inside it,
+    far outside, tiny and huge ε."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn((n, *shape), generator=g)
+    eps = torch.exp(torch.empty(n).uniform_(-12, 6, generator=g)).float()
+    eps[:50] = 0.0
+    on = u / _norms(u).reshape(-1, *[1] * len(shape)) * eps.reshape(-1, *[1] * len(shape))
+    kind = torch.randint(0, 4, (n,), generator=g)
+    factor = torch.tensor([1.0, 1.0 + 1e-7, 0.999, 7.5])[kind].reshape(-1, *[1] * len(shape))
+    return on * factor, eps
+
+
+@pytest.mark.parametrize("shape", [(4,), (25,), (3, 11, 13)])
+def test_projection_keeps_the_float32_norm_within_eps(shape):
+    delta, eps = _cases(shape)
+    view = (-1,) + (1,) * len(shape)
+    naive = delta * torch.clamp(eps.reshape(view) / _norms(delta).clamp_min(1e-12).reshape(view), max=1.0)
+    assert (_norms(naive) > eps).sum() > 20, "the cases must include ones the plain scaling gets wrong"
+    out = project_l2(delta, eps)
+    assert out.dtype == torch.float32 and torch.all(_norms(out) <= eps)
+    inside = _norms(delta) <= eps
+    assert torch.equal(out[inside], delta[inside])  # nothing to do: unchanged, bit for bit
+    # the nearest point of the ball, up to a few ulps: same direction, norm ε to float32 precision
+    outside = ~inside & (eps > 0)
+    assert torch.all(_norms(out[outside]) >= eps[outside] * (1 - 1e-5))
+    cos = (out[outside] * delta[outside]).flatten(1).sum(1) / (_norms(out[outside]) * _norms(delta[outside]))
+    assert torch.all(cos > 1 - 1e-5)
+
+
+def test_projection_bounds_the_perturbation_the_network_sees():
+    """(x + δ) − x rounds too (|x| ≫ ε): given x, that perturbation is within ε as well."""
+    delta, eps = _cases((4,), seed=1)
+    x = torch.randn(delta.shape, generator=torch.Generator().manual_seed(2)) * 100
+    seen = ((x + delta) - x)
+    assert (_norms(seen) > eps).sum() > 20, "rounding of x + δ must matter for the test to bite"
+    out = project_l2(delta, eps, x)
+    assert torch.all(_norms(out) <= eps) and torch.all(_norms((x + out) - x) <= eps)
+
+
+def test_pgd_stays_within_eps_and_finds_the_linear_optimum():
+    """Linear loss w·(x+δ): the optimum is δ = ε·w/‖w‖; PGD reaches it without leaving the ball."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 6, generator=g) * 3
+    w = torch.randn(6, generator=g)
+    eps = torch.exp(torch.empty(500).uniform_(-8, 1, generator=g))
+    delta = pgd_l2(lambda z: z @ w, x, eps, steps=10)
+    assert torch.all(_norms(delta) <= eps) and torch.all(_norms((x + delta) - x) <= eps)
+    best = (eps[:, None] * w / w.norm()) @ w
+    # short of the optimum only by the rounding of x + δ (a few ulps of x per coordinate) and ~1e-4 of PGD
+    ulp = np.spacing(x.abs().max(1).values.numpy()) * np.sqrt(6) * float(w.norm())
+    assert np.all((delta @ w).numpy() <= best.numpy() * (1 + 1e-6))
+    assert np.all((delta @ w).numpy() >= best.numpy() * (1 - 1e-4) - 4 * ulp)
