@@ -385,14 +385,20 @@ def cmd_fetch(args) -> None:
 
 
 def _eval_settings(args) -> tuple[int, float | None]:
-    """Episodes and target of the clean greedy return of a fetched or imported checkpoint: --eval-episodes,
-    else the config's train block (--settings), else the schema's default; the environment's threshold."""
+    """Episodes and target of the clean greedy return of a fetched or imported checkpoint: under the workflow
+    (`crop checkpoint`) the config's train block, as for a trained policy; on its own --eval-episodes, else
+    EVAL_EPISODES_ALONE; the environment's threshold."""
     if hasattr(args, "settings"):
         settings = _train_settings(args)
         return settings["eval_episodes"], settings.get("target_return")
-    from crop.config import target_return, train_defaults
+    from crop.config import target_return
 
-    return args.eval_episodes or train_defaults()["eval_episodes"], target_return(args.env, None)
+    return args.eval_episodes or EVAL_EPISODES_ALONE, target_return(args.env, None)
+
+
+# Episodes of the clean greedy return of `crop fetch` / `crop import` run by hand (a highway episode takes
+# about 1.5 s on one core); the workflow uses the config's train.eval_episodes.
+EVAL_EPISODES_ALONE = 10
 
 
 def cmd_import(args) -> None:
@@ -750,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, sigma=False, checkpoint=False)
     _fetch_args(p)
     p.add_argument("--eval-episodes", type=_pos_int, default=None,
-                   help="episodes of the clean greedy return recorded in model.json (default: 100)")
+                   help="episodes of the clean greedy return recorded in model.json (default: 10)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_fetch)
 
@@ -771,7 +777,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, sigma=False, checkpoint=False)
     _import_args(p)
     p.add_argument("--eval-episodes", type=_pos_int, default=None,
-                   help="episodes of the clean greedy return recorded in model.json (default: 100)")
+                   help="episodes of the clean greedy return recorded in model.json (default: 10)")
     p.add_argument("--out", required=True, help="model.pt to write (model.json beside it)")
     p.set_defaults(func=cmd_import)
 
