@@ -1,7 +1,7 @@
 """Where each (environment, algorithm) policy comes from: a training recipe, a published checkpoint, or
 another checkpoint it is derived from — or, with a config's ``source: file``, the user's own policy file
-(``environments.ENV.files.ALGO``, imported by ``crop import``).  The data lives in ``registry.yaml`` beside this file, so adding a
-checkpoint is a data change.
+(``environments.ENV.files.ALGO``, imported by ``crop import``).  The data lives in ``registry.yaml`` beside
+this file, so adding a checkpoint is a data change.
 """
 from __future__ import annotations
 

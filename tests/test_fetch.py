@@ -222,7 +222,8 @@ def test_a_local_mirror_pins_an_unpinned_source_and_names_a_missing_file(tmp_pat
 
 
 def test_an_unknown_protocol_is_named_as_such(tmp_path):
-    with pytest.raises(FetchError, match="unsupported protocol 's3'; give an http.s.:// or ftp:// URL, a file:// URL or a folder"):
+    with pytest.raises(FetchError, match="unsupported protocol 's3'; give an http.s.:// or ftp:// URL, a file:// "
+                                         "URL or a folder"):
         fetch_published({"url": "https://x.invalid/m.pt", "sha256": "0" * 64}, tmp_path / "m.pt",
                         mirror="s3://bucket/models", cache=tmp_path / "cache")
 

@@ -14,8 +14,8 @@ from torch import nn
 
 from crop.io import sha256_file
 
-__all__ = ["build_q_network", "load_q_network", "load_state", "save_q_network", "unsafe_load_reason", "CheckpointError", "spec_summary",
-           "n_actions"]
+__all__ = ["build_q_network", "load_q_network", "load_state", "save_q_network", "unsafe_load_reason",
+           "CheckpointError", "spec_summary", "n_actions"]
 
 
 class CheckpointError(RuntimeError):

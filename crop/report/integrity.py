@@ -30,8 +30,9 @@ def check_integrity(run_dir: Path) -> list[dict]:
             try:
                 read_json(f)
             except ValueError as exc:
+                rule = _RULE.get(key, key)
                 problems.append({"file": str(f), "problem": f"unreadable JSON: {exc}; delete it and rerun the "
-                                                             f"workflow (or `snakemake --forcerun {_RULE.get(key, key)}`)"})
+                                                             f"workflow (or `snakemake --forcerun {rule}`)"})
             continue
         m = meta_path(f)
         if not m.is_file():
