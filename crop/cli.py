@@ -761,7 +761,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("checkpoint",
-                       help="obtain a checkpoint from the configured source (train, fetch or derive)")
+                       help="obtain a checkpoint from the configured source (train, fetch, derive or import)")
     _common(p, sigma=False, checkpoint=False)
     p.add_argument("--source", choices=["auto", "train", "published", "file"], default="auto")
     _train_args(p)
