@@ -137,17 +137,19 @@ def _sb3_q_net(state: dict, what: str) -> dict:
     q = {k[len("q_net."):]: v for k, v in state.items() if k.startswith("q_net.")}
     if not q:
         raise PolicyImportError(f"{what}: no q_net.* tensors (keys {sorted(state)[:6]}…); is it a DQN policy?")
+    # CnnPolicy: NatureCNN (cnn.0/2/4 = nature_cnn 0/2/4, linear.0 = 7) and its head q_net.0 (= 9).
+    head_offset = 9 if any(k.startswith("features_extractor.") for k in q) else 0
     out = {}
     for k, v in q.items():
-        m = re.fullmatch(r"features_extractor\.(cnn)\.(\d+)\.(weight|bias)", k) or \
-            re.fullmatch(r"features_extractor\.(linear)\.0\.(weight|bias)", k)
-        if k.startswith("q_net."):  # MlpPolicy: the whole network; CnnPolicy: the head after the NatureCNN
-            idx, leaf = k[len("q_net."):].split(".", 1)
-            out[f"{int(idx) + (9 if any(n.startswith('features_extractor.') for n in q) else 0)}.{leaf}"] = v
-        elif m and m.group(1) == "cnn":
-            out[f"{m.group(2)}.{m.group(3)}"] = v
-        elif m:
-            out[f"7.{m.group(2)}"] = v
+        cnn = re.fullmatch(r"features_extractor\.cnn\.(\d+)\.(weight|bias)", k)
+        linear = re.fullmatch(r"features_extractor\.linear\.0\.(weight|bias)", k)
+        head = re.fullmatch(r"q_net\.(\d+)\.(weight|bias)", k)
+        if head:  # MlpPolicy: the whole network; CnnPolicy: the head
+            out[f"{int(head.group(1)) + head_offset}.{head.group(2)}"] = v
+        elif cnn:
+            out[f"{cnn.group(1)}.{cnn.group(2)}"] = v
+        elif linear:
+            out[f"7.{linear.group(1)}"] = v
         else:
             raise PolicyImportError(f"{what}: unexpected key q_net.{k} (a features extractor crop does not know)")
     return out
