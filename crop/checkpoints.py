@@ -8,7 +8,9 @@ and safe extraction from archives.  Downloaded files are untrusted until their h
   refused.
 * Mirror (offline and air-gapped sites): ``--mirror URL`` (config ``checkpoints.mirror``) or the
   environment variable ``CROP_CHECKPOINT_MIRROR``; a file is then fetched from ``{mirror}/{mirror_path}``
-  and must still match the pinned hash.
+  and must still match the pinned hash.  The mirror is an http(s)/ftp URL, a ``file://`` URL or a plain
+  folder: a local file is copied by pooch's own machinery (a custom downloader), so the same sha256 rules
+  apply to it as to a download.
 * Archives: every member name is checked (no absolute paths, no ``..``, no links leaving the archive, no
   device files — ``tarfile.data_filter`` semantics), and only the wanted regular member is streamed to
   our own path, with a byte limit that also stops decompression bombs.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import tarfile
 import tempfile
@@ -24,16 +27,20 @@ import time
 import zipfile
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from crop.io import atomic_write_text, sha256_file
 
 __all__ = ["ArchiveError", "FetchError", "fetch_published", "extract_member", "mirror_url", "DEFAULT_LOCK",
-           "MAX_MEMBER_BYTES", "cache_dir"]
+           "MAX_MEMBER_BYTES", "cache_dir", "local_path", "clean_greedy_return"]
 
 DEFAULT_LOCK = "checkpoints.lock.json"
 MAX_MEMBER_BYTES = 1 << 30          # 1 GiB for one checkpoint file
 MAX_ARCHIVE_BYTES = 8 << 30         # declared uncompressed size of a whole archive
 MAX_ARCHIVE_MEMBERS = 10000
+REMOTE_SCHEMES = ("http", "https", "ftp", "sftp", "doi")   # what pooch downloads
+MIRROR_HINT = ("offline or behind a firewall? give --mirror (an http(s) URL, a file:// URL or a folder holding a "
+               "copy of the files; config checkpoints.mirror) or set CROP_CHECKPOINT_MIRROR")
 
 
 class FetchError(RuntimeError):
@@ -68,17 +75,79 @@ def _read_lock(lock: Path) -> dict:
         raise FetchError(f"lock file {lock} is not valid JSON: {exc}") from None
 
 
-def _download(url: str, known_sha256: str | None, fname: str, cache: Path, progress: bool | None) -> Path:
+def local_path(url: str) -> Path | None:
+    """The local file a ``file://`` URL or a plain path names; None for a remote URL."""
+    p = urlparse(url)
+    if p.scheme == "file":
+        if p.netloc not in ("", "localhost"):
+            raise FetchError(f"{url}: a file:// URL names a file on this machine (file:///path), not on "
+                             f"host {p.netloc!r}")
+        return Path(url2pathname(p.path))
+    if p.scheme == "" or (len(p.scheme) == 1 and os.name == "nt"):  # a folder; C:\\ on Windows
+        return Path(url)
+    if p.scheme not in REMOTE_SCHEMES:
+        raise FetchError(f"{url}: unsupported protocol {p.scheme!r}; give an http(s):// or ftp:// URL, a "
+                         "file:// URL or a folder")
+    return None
+
+
+class _CopyFrom:
+    """A pooch downloader that copies a local file (a ``file://`` or folder mirror), at most ``limit`` bytes,
+    so that pooch applies the same hash check and cache to it as to a download."""
+
+    def __init__(self, path: Path, limit: int = MAX_ARCHIVE_BYTES):
+        self.path, self.limit = path, limit
+
+    def __call__(self, url, output_file, pooch_obj=None, check_only=False):
+        if not self.path.is_file():
+            raise FetchError(f"{self.path}: no such file in the mirror (expected the source's mirror_path "
+                             "under the mirror folder, as in crop/registry.yaml)")
+        if check_only:
+            return True
+        if self.path.stat().st_size > self.limit:
+            raise FetchError(f"{self.path}: over the limit of {self.limit} bytes; refusing it")
+        out = open(output_file, "wb") if isinstance(output_file, (str, os.PathLike)) else output_file
+        try:
+            with open(self.path, "rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+        finally:
+            if out is not output_file:
+                out.close()
+        return None
+
+
+def _reason(exc: Exception, url: str) -> str:
+    """A download error in a few words (requests' messages run to several hundred characters)."""
+    text = str(exc)
+    host = urlparse(url).hostname
+    if any(s in text for s in ("NameResolutionError", "Failed to resolve", "Name or service not known",
+                               "Temporary failure in name resolution", "nodename nor servname")):
+        return f"cannot resolve the host {host!r} (no network or no DNS)"
+    if "Connection refused" in text:
+        return f"connection refused by {host!r}"
+    if "timed out" in text.lower():
+        return f"{host!r} timed out"
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first[:200]}"
+
+
+def _download(url: str, known_sha256: str | None, fname: str, cache: Path, progress: bool | None,
+              mirrored: bool = False) -> Path:
     import pooch
 
+    local = local_path(url)
     cache.mkdir(parents=True, exist_ok=True)
     try:
         path = pooch.retrieve(url, known_hash=f"sha256:{known_sha256}" if known_sha256 else None, fname=fname,
-                              path=cache, progressbar=bool(progress))
+                              path=cache, progressbar=bool(progress) and local is None,
+                              downloader=_CopyFrom(local) if local is not None else None)
+    except FetchError:
+        raise
     except ValueError as exc:  # pooch: hash mismatch; the downloaded file is not kept
         raise FetchError(f"{url}: {exc}; refusing it") from None
     except Exception as exc:  # network errors
-        raise FetchError(f"{url}: download failed: {exc}") from None
+        where = "check the mirror's URL and that it serves the file" if mirrored else MIRROR_HINT
+        raise FetchError(f"{url}: download failed: {_reason(exc, url)}; {where}") from None
     return Path(path)
 
 
@@ -103,7 +172,7 @@ def fetch_published(entry: dict, dest: Path, *, mirror: str | None = None, cache
             known, pinned_by_lock = rec["sha256"], True
     name = PurePosixPath(urlparse(original).path).name or "download"
     fname = f"{known[:16]}-{name}" if known else f"unpinned-{name}"
-    path = _download(url, known, fname, cache_dir(cache), progress)
+    path = _download(url, known, fname, cache_dir(cache), progress, mirrored=url != original)
     digest = sha256_file(path)
     if known is None:
         # First download of an unpinned source: pin it so every later fetch must match.
@@ -222,3 +291,23 @@ def extract_member(archive: Path, member: str, dest: Path, max_bytes: int = MAX_
             _stream(src, dest, max_bytes, f"{archive}: member {name!r}")
         return
     raise ArchiveError(f"{archive} is neither a zip nor a tar archive")
+
+
+# ------------------------------------------------------------------------------------- clean return
+
+def clean_greedy_return(net, env: str, profile: str | None, episodes: int, seed: int = 0,
+                        target: float | None = None) -> dict:
+    """The clean greedy return of a checkpoint that was not trained here (fetched or imported), as trained
+    checkpoints record it in ``model.json``: argmax_a Q(s, a), no noise, from the acceptance test's reset seeds
+    (``derive_seed(seed, "accept-eval", i)``), an episode cut at the environment's ``eval_max_steps``.
+    Nothing is retrained, so ``target`` (the trained policies' threshold) is reported, not enforced."""
+    from crop.io import derive_seed
+    from crop.train import ENV_DQN_DEFAULTS, greedy_returns
+
+    max_steps = ENV_DQN_DEFAULTS.get(env, {}).get("eval_max_steps")
+    seeds = [derive_seed(seed, "accept-eval", i) for i in range(episodes)]
+    t0 = time.process_time()
+    rets = greedy_returns(net, env, seeds, profile, max_steps)
+    return {"mean": float(rets.mean()), "std": float(rets.std()), "min": float(rets.min()), "episodes": len(rets),
+            "max_steps": max_steps, "meets_target_return": None if target is None else bool(rets.mean() >= target),
+            "cpu_s": round(time.process_time() - t0, 2)}

@@ -95,10 +95,24 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _fetch_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mirror", default=None, help="mirror base URL (default: $CROP_CHECKPOINT_MIRROR)")
+    p.add_argument("--mirror", default=None,
+                   help="mirror: base URL, file:// URL or folder (default: $CROP_CHECKPOINT_MIRROR)")
     p.add_argument("--cache", default=None, help="download cache (default: $CROP_CACHE or user cache)")
     p.add_argument("--lock", default="checkpoints.lock.json",
                    help="lock file pinning first downloads of sources published without a checksum")
+
+
+def _import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--file", default=None, help="your policy file: a PyTorch state dict, a CleanRL checkpoint "
+                                                "or a Stable-Baselines3 DQN .zip (docs/own-policy.md)")
+    p.add_argument("--arch", default="mlp",
+                   help='its architecture: a network spec as JSON ({"arch": "mlp", "in": 4, "hidden": [64, 64], '
+                        '"out": 2}; nature_cnn, dueling_cnn) or mlp, sizes read from the weights (default)')
+    p.add_argument("--profile", default=None,
+                   help="the preprocessing profile it was trained with (crop/envs PROFILES; default: the env's)")
+    p.add_argument("--format", default="auto", choices=["auto", "torch", "cleanrl", "sb3"],
+                   help="file format (auto: an SB3 zip by its policy.pth, CleanRL by .cleanrl_model)")
+    p.add_argument("--file-sha256", default=None, help="refuse the file unless it has this sha256")
 
 
 # The names of crop.smoothing.BOUNDS (kept here so that building the parser does not import torch).
@@ -143,8 +157,12 @@ def _load_checkpoint(path, env: str, algo: str, why: str = ""):
 
     ckpt = Path(path)
     meta_file = ckpt.with_suffix(".json")
+    if not ckpt.is_file():
+        raise InputError(f"{ckpt}: no such checkpoint file; give a model.pt written by `crop checkpoint`, "
+                         "`crop fetch` or `crop import` (your own policy: `crop import`)")
     if not meta_file.is_file():
-        raise InputError(f"{ckpt}: no checkpoint record {meta_file.name} beside it (sha256 and architecture)")
+        raise InputError(f"{ckpt}: no checkpoint record {meta_file.name} beside it (sha256 and architecture); "
+                         f"import your own policy with `crop import --file {ckpt} …` (docs/own-policy.md)")
     meta = read_json(meta_file)
     for key in ("sha256", "net_spec", "env", "algo"):
         if key not in meta:
@@ -331,7 +349,7 @@ def cmd_derive(args) -> None:
 def cmd_fetch(args) -> None:
     """Download a published checkpoint (pinned sha256, mirror, lock file), check that it loads into its
     architecture, then write model.pt and its record model.json."""
-    from crop.checkpoints import FetchError, fetch_published
+    from crop.checkpoints import FetchError, clean_greedy_return, fetch_published
     from crop.io import provenance, sha256_file, write_json
     from crop.models import CheckpointError, load_q_network
     from crop.registry import resolve_source
@@ -349,29 +367,85 @@ def cmd_fetch(args) -> None:
         origin = fetch_published(src, tmp, mirror=args.mirror, cache=args.cache, lock=args.lock,
                                  progress=args.progress)
         sha = sha256_file(tmp)
-        load_q_network(tmp, src["net_spec"], expected_sha256=sha)  # architecture and safe loading
+        net = load_q_network(tmp, src["net_spec"], expected_sha256=sha)  # architecture and safe loading
+        episodes, target = _eval_settings(args)
+        clean = clean_greedy_return(net, args.env, src["profile"], episodes, args.seed, target)
         tmp.replace(out)
     except (FetchError, CheckpointError) as exc:
         raise InputError(str(exc)) from None
     finally:
         tmp.unlink(missing_ok=True)
     record = {"env": args.env, "algo": args.algo, "net_spec": src["net_spec"], "profile": src["profile"],
-              "source": "published", **origin, "sha256": sha,
-              "provenance": provenance("fetch", _settings(args), seed=None, device="cpu", started=started)}
+              "source": "published", **origin, "sha256": sha, "clean_greedy_return": clean,
+              "provenance": provenance("fetch", _settings(args), seed=args.seed, device="cpu", started=started)}
     write_json(out.with_suffix(".json"), record)
     print(f"fetched {args.env}/{args.algo} from {origin['fetched_from']}"
-          f"{' member ' + origin['member'] if origin.get('member') else ''}: sha256 {sha}")
+          f"{' member ' + origin['member'] if origin.get('member') else ''}: greedy return {clean['mean']:.1f} "
+          f"over {clean['episodes']} episodes; sha256 {sha}")
+
+
+def _eval_settings(args) -> tuple[int, float | None]:
+    """Episodes and target of the clean greedy return of a fetched or imported checkpoint: under the workflow
+    (`crop checkpoint`) the config's train block, as for a trained policy; on its own --eval-episodes, else
+    EVAL_EPISODES_ALONE; the environment's threshold."""
+    if hasattr(args, "settings"):
+        settings = _train_settings(args)
+        return settings["eval_episodes"], settings.get("target_return")
+    from crop.config import target_return
+
+    return args.eval_episodes or EVAL_EPISODES_ALONE, target_return(args.env, None)
+
+
+# Episodes of the clean greedy return of `crop fetch` / `crop import` run by hand (a highway episode takes
+# about 1.5 s on one core); the workflow uses the config's train.eval_episodes.
+EVAL_EPISODES_ALONE = 10
+
+
+def cmd_import(args) -> None:
+    """Your own policy: import a state dict (PyTorch, CleanRL, Stable-Baselines3 DQN zip) into model.pt and its
+    record model.json (sha256 of the source and of the result, architecture, profile, clean greedy return)."""
+    from crop.checkpoints import clean_greedy_return
+    from crop.envs import PROFILES, env_spec
+    from crop.importing import import_policy
+    from crop.io import provenance, sha256_file, write_json
+    from crop.models import CheckpointError, save_q_network, spec_summary
+
+    started = _setup(args)
+    if not args.file:
+        raise InputError("give --file, the policy file to import (docs/own-policy.md)")
+    profile = args.profile or env_spec(args.env).profile
+    if profile not in PROFILES.get(args.env, []):
+        raise InputError(f"--profile {profile!r} is not a preprocessing profile of {args.env}; known: "
+                         f"{PROFILES.get(args.env, [])}")
+    episodes, target = _eval_settings(args)
+    try:
+        net, info = import_policy(args.file, args.arch, args.format, args.file_sha256)
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    clean = clean_greedy_return(net, args.env, profile, episodes, args.seed, target)
+    out = Path(args.out)
+    save_q_network(net, out)
+    spec = info.pop("net_spec")
+    record = {"env": args.env, "algo": args.algo, "net_spec": spec, "profile": profile, "source": "file",
+              "imported_from": info, "sha256": sha256_file(out), "clean_greedy_return": clean,
+              "provenance": provenance("import", _settings(args), seed=args.seed, device="cpu", started=started,
+                                       inputs={"file": {"path": info["path"], "sha256": info["sha256"]}})}
+    write_json(out.with_suffix(".json"), record)
+    print(f"imported {args.env}/{args.algo} from {args.file} ({info['format']}, {spec_summary(spec)}, profile "
+          f"{profile}): greedy return {clean['mean']:.1f} over {clean['episodes']} episodes; sha256 "
+          f"{record['sha256']}")
 
 
 def cmd_checkpoint(args) -> None:
-    """Obtain a policy's checkpoint from the source the config selects (train here or fetch)."""
+    """Obtain a policy's checkpoint from the source the config selects (train here, fetch, derive or import)."""
     from crop.registry import resolve_source
 
+    files = {args.algo: {"path": args.file}} if getattr(args, "file", None) else None
     try:
-        kind, _ = resolve_source(args.env, args.algo, args.source)
+        kind, _ = resolve_source(args.env, args.algo, args.source, files)
     except KeyError as exc:
         raise InputError(exc.args[0]) from None
-    {"published": cmd_fetch, "train": cmd_train, "derive": cmd_derive}[kind](args)
+    {"published": cmd_fetch, "train": cmd_train, "derive": cmd_derive, "file": cmd_import}[kind](args)
 
 
 def cmd_qrange(args) -> None:
@@ -684,17 +758,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fetch", help="download a published checkpoint (sha256-pinned)")
     _common(p, sigma=False, checkpoint=False)
     _fetch_args(p)
+    p.add_argument("--eval-episodes", type=_pos_int, default=None,
+                   help="episodes of the clean greedy return recorded in model.json (default: 10)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("checkpoint",
-                       help="obtain a checkpoint from the configured source (train, fetch or derive)")
+                       help="obtain a checkpoint from the configured source (train, fetch, derive or import)")
     _common(p, sigma=False, checkpoint=False)
-    p.add_argument("--source", choices=["auto", "train", "published"], default="auto")
+    p.add_argument("--source", choices=["auto", "train", "published", "file"], default="auto")
     _train_args(p)
     _fetch_args(p)
+    _import_args(p)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_checkpoint)
+
+    p = sub.add_parser("import", help="import your own policy (PyTorch, CleanRL or SB3 DQN file) as a checkpoint",
+                       description="Import a Q-network trained elsewhere into model.pt and its record model.json "
+                                   "(sha256 of the file and of the result, architecture, preprocessing profile, "
+                                   "clean greedy return), so that every certifier accepts it.")
+    _common(p, sigma=False, checkpoint=False)
+    _import_args(p)
+    p.add_argument("--eval-episodes", type=_pos_int, default=None,
+                   help="episodes of the clean greedy return recorded in model.json (default: 10)")
+    p.add_argument("--out", required=True, help="model.pt to write (model.json beside it)")
+    p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("qrange", help="estimate V_min, V_max (Appendix B.1)")
     _common(p)

@@ -6,6 +6,7 @@ message that names the offending field, and nothing is computed.
 from __future__ import annotations
 
 import copy
+import difflib
 from importlib import resources
 from pathlib import Path
 
@@ -50,16 +51,30 @@ def _path(parts) -> str:
     return out or "(top level)"
 
 
+def _did_you_mean(word, choices) -> str:
+    """' (did you mean 'sigmas'?)' for a misspelt key or name (difflib's close matches), else ''."""
+    if not isinstance(word, str):
+        return ""
+    choices = [c for c in choices if isinstance(c, str)]
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if not close and len(word) >= 3:  # an abbreviation: 'arch' for 'architecture'
+        close = [c for c in choices if c.startswith(word)][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _message(err: jsonschema.ValidationError) -> str:
     where = _path(err.absolute_path)
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         allowed = set(err.schema.get("properties", {}))
         extra = sorted(k for k in err.instance if k not in allowed)
-        return f"{where}: unknown key(s) {extra}; allowed: {sorted(allowed)}"
+        named = ", ".join(f"{k!r}{_did_you_mean(k, allowed)}" for k in extra)
+        return f"{where}: unknown key {named}; allowed: {sorted(allowed)}"
     if err.validator == "propertyNames" or (err.validator == "enum" and "propertyNames" in err.schema_path):
-        return f"{where}: unknown name {err.instance!r}; allowed: {err.validator_value}"
+        return (f"{where}: unknown name {err.instance!r}{_did_you_mean(err.instance, err.validator_value)}; "
+                f"allowed: {err.validator_value}")
     if err.validator == "enum":
-        return f"{where}: {err.instance!r} is not one of {err.validator_value}"
+        return (f"{where}: {err.instance!r} is not one of {err.validator_value}"
+                f"{_did_you_mean(err.instance, err.validator_value)}")
     if err.validator == "exclusiveMinimum":
         return f"{where}: {err.instance!r} must be > {err.validator_value}"
     if err.validator == "exclusiveMaximum":
@@ -83,7 +98,10 @@ def validate_config(config: dict, source: str = "config") -> dict:
     cfg = copy.deepcopy(config)
     schema = load_schema()
     cls = _with_defaults(jsonschema.validators.validator_for(schema))
-    errors = sorted(cls(schema).iter_errors(cfg), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    # At one path an unknown key comes first: a misspelt 'sigmaz' also makes 'sigmas' missing, and the
+    # message should name the key that was written.
+    errors = sorted(cls(schema).iter_errors(cfg), key=lambda e: (list(map(str, e.absolute_path)),
+                                                                 e.validator != "additionalProperties", e.message))
     if errors:
         # Descend to the most specific error of a group (oneOf/anyOf) when there is one.
         err = errors[0]
@@ -95,9 +113,9 @@ def validate_config(config: dict, source: str = "config") -> dict:
     for env, ec in cfg["environments"].items():
         for i, algo in enumerate(ec["algorithms"]):
             try:
-                kind, entry = resolve_source(env, algo, ec["source"])
+                kind, entry = resolve_source(env, algo, ec["source"], ec.get("files"))
                 if kind == "derive":   # its base checkpoint is obtained under the same setting
-                    resolve_source(env, entry["base"], ec["source"])
+                    resolve_source(env, entry["base"], ec["source"], ec.get("files"))
             except KeyError as exc:
                 raise ConfigError(f"{source}: environments.{env}.algorithms[{i}]: {exc.args[0]}") from None
     return cfg
@@ -105,10 +123,15 @@ def validate_config(config: dict, source: str = "config") -> dict:
 
 def load_config(path: str | Path) -> dict:
     path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file; give the path of a workflow config (config.yaml or "
+                          "one in configs/)")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc}") from None
     return validate_config(data or {}, str(path))
 
 

@@ -1,14 +1,66 @@
-"""Progress bars for every long loop: shown on a terminal, silent in a rule's log (not a TTY), where
-each stage prints a one-line summary instead."""
+"""Progress of every long loop: a live bar on a terminal, and in a rule's log (stderr not a terminal) one
+plain line every ``CROP_PROGRESS_INTERVAL`` seconds (default 30) with the position, rate and ETA, so that
+``tail -f`` on a Snakemake log shows where a job is."""
 from __future__ import annotations
+
+import os
+import sys
 
 from tqdm.auto import tqdm
 
-__all__ = ["pbar"]
+__all__ = ["pbar", "LOG_INTERVAL_S", "LineWriter"]
+
+LOG_INTERVAL_S = 30.0
+# Without a bar (a log file has no use for one): position, percentage when the total is known, rate, ETA.
+_LOG_FORMAT = ("{desc}: {n_fmt}/{total_fmt} {unit} ({percentage:.0f} %) "
+               "[{elapsed} elapsed, {remaining} left, {rate_fmt}]")
+_LOG_FORMAT_NO_TOTAL = "{desc}: {n_fmt} {unit} [{elapsed} elapsed, {rate_fmt}]"
+
+
+class LineWriter:
+    """A file for tqdm that turns its in-place redraws (``\\r…``) into whole lines, as a log needs."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").strip()
+        if line:
+            self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _interval() -> float:
+    try:
+        return max(0.0, float(os.environ.get("CROP_PROGRESS_INTERVAL", LOG_INTERVAL_S)))
+    except ValueError:
+        return LOG_INTERVAL_S
 
 
 def pbar(iterable=None, *, desc: str, total: int | None = None, progress: bool | None = None,
-         unit: str = "it"):
-    """``progress=None``: on when stderr is a terminal; ``True``/``False`` force it."""
-    return tqdm(iterable, total=total, desc=desc, unit=unit, mininterval=2.0, dynamic_ncols=True,
-                disable=None if progress is None else not progress)
+         unit: str = "it", interval: float | None = None):
+    """``progress=None``: a bar on a terminal, log lines every ``interval`` s otherwise (``interval``
+    defaults to ``$CROP_PROGRESS_INTERVAL`` or 30 s); ``True`` forces the bar, ``False`` silences both."""
+    if progress is False:
+        return tqdm(iterable, total=total, desc=desc, unit=unit, disable=True)
+    if progress or _isatty(sys.stderr):
+        return tqdm(iterable, total=total, desc=desc, unit=unit, mininterval=2.0, dynamic_ncols=True)
+    if total is None and iterable is not None:
+        try:
+            total = len(iterable)
+        except TypeError:
+            pass
+    # maxinterval=inf: the monitor thread must not shorten mininterval; miniters=1 checks the clock on
+    # every update, so a slow loop is reported on time.
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=LineWriter(sys.stderr),
+                mininterval=_interval() if interval is None else interval, maxinterval=float("inf"),
+                miniters=1, bar_format=_LOG_FORMAT if total else _LOG_FORMAT_NO_TOTAL, ascii=True)

@@ -1,6 +1,7 @@
 # Stage 1: obtain the policy's checkpoint from the source the config selects (crop/registry.yaml):
-# trained here (seeded, acceptance-tested), downloaded (sha256-pinned, mirror, lock file), or derived
-# without training from another algorithm's checkpoint (CARRL from StdTrain).
+# trained here (seeded, acceptance-tested), downloaded (sha256-pinned, mirror, lock file), derived
+# without training from another algorithm's checkpoint (CARRL from StdTrain), or imported from your own
+# policy file (source: file; docs/own-policy.md).
 
 
 rule checkpoint:
@@ -21,6 +22,7 @@ rule checkpoint:
             + (f" --cache {shlex.quote(CFG['checkpoints']['cache'])}" if CFG["checkpoints"]["cache"] else "")
         ),
         seed=CFG["seed"],
+        policy_file=import_args,
     threads: 1
     resources:
         mem_mb=checkpoint_mem_mb,
@@ -31,4 +33,4 @@ rule checkpoint:
     shell:
         "crop checkpoint --env {wildcards.env} --algo {wildcards.algo} --source {params.source} "
         "--seed {params.seed} --threads {threads} --settings {params.settings} {params.base} {params.fetch} "
-        "--out {output.model} > {log} 2>&1"
+        "{params.policy_file} --out {output.model} > {log} 2>&1"

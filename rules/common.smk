@@ -42,7 +42,8 @@ ENVS = list(CFG["environments"])
 
 def policy_source(env, algo):
     """The registry entry (with its ``kind``) that the environment's ``source`` setting selects."""
-    return checkpoint_source(env, algo, CFG["environments"][env]["source"])
+    ec = CFG["environments"][env]
+    return checkpoint_source(env, algo, ec["source"], ec.get("files"))
 
 
 # The certified algorithms, and those whose checkpoints others are derived from (CARRL's StdTrain).
@@ -93,8 +94,11 @@ CHECKPOINT_RECORD = f"{R}/{{env}}/{{algo}}/checkpoint/model.json"
 
 
 def base_checkpoint(w):
-    """The checkpoint that (env, algo) is derived from (CARRL: StdTrain's), or nothing."""
+    """The checkpoint that (env, algo) is derived from (CARRL: StdTrain's), your own policy file (source:
+    file), or nothing."""
     src = policy_source(w.env, w.algo)
+    if src["kind"] == "file":
+        return {"policy_file": src["path"]}
     if src["kind"] != "derive":
         return {}
     return {
@@ -132,6 +136,21 @@ def checkpoint_gpus(w):
     if policy_source(w.env, w.algo)["kind"] != "train":
         return 0
     return 0 if env_cfg(w)["train"].get("dqn", {}).get("device", "cpu") == "cpu" else 1
+
+
+def import_args(w):
+    """`crop import`'s flags for an algorithm whose source is your own file (docs/own-policy.md), else ''."""
+    src = policy_source(w.env, w.algo)
+    if src["kind"] != "file":
+        return ""
+    arch = src.get("architecture", "mlp")
+    args = [f"--file {shlex.quote(src['path'])}", f"--format {src.get('format', 'auto')}",
+            f"--arch {shlex.quote(arch if isinstance(arch, str) else json.dumps(arch, sort_keys=True))}"]
+    if src.get("profile"):
+        args.append(f"--profile {shlex.quote(src['profile'])}")
+    if src.get("sha256"):
+        args.append(f"--file-sha256 {src['sha256']}")
+    return " ".join(args)
 
 
 def train_settings_arg(w):

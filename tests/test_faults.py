@@ -26,7 +26,22 @@ def test_truncated_intermediate_is_refused_before_aggregation(results, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "loact.csv" in err and "truncated or modified" in err
+    # the fix, since Snakemake will not recompute a file that exists and is newer than its inputs
+    assert "delete it and rerun the workflow (or `snakemake --forcerun loact`)" in err
+    assert err.count("\n") == 1, err
     assert not list((results / "figures").glob("*.png")) if (results / "figures").exists() else True
+
+
+@pytest.mark.parametrize("name, rule", [("gre_returns.csv", "gre"), ("certified_ratio.csv", "loact"),
+                                        ("attack_global.csv", "attack_global"), ("lore.csv", "lore")])
+def test_a_modified_file_names_the_rule_that_recomputes_it(results, name, rule):
+    from crop.report.integrity import check_integrity
+
+    run = results / "CartPole-v0/StdTrain/sigma-0.01"
+    with open(run / name, "a") as f:
+        f.write("0\n")
+    (problem,) = check_integrity(run)
+    assert problem["file"].endswith(name) and f"`snakemake --forcerun {rule}`" in problem["problem"]
 
 
 def test_a_full_disk_leaves_no_partial_file(tmp_path, monkeypatch):

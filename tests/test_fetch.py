@@ -54,9 +54,10 @@ def serve():
 def test_fetch_through_the_cli_from_a_mirror(tmp_path, serve):
     mirror = serve(CKPTS)
     out = tmp_path / "ck" / "model.pt"
-    main(["fetch", "--env", "highway-fast-v0", "--algo", "StdTrain", "--mirror", mirror,
+    main(["fetch", "--env", "highway-fast-v0", "--algo", "StdTrain", "--mirror", mirror, "--eval-episodes", "1",
           "--cache", str(tmp_path / "cache"), "--lock", str(tmp_path / "lock.json"), "--out", str(out)])
     rec = json.loads(out.with_suffix(".json").read_text())
+    assert rec["clean_greedy_return"]["episodes"] == 1
     _, entry = resolve_source("highway-fast-v0", "StdTrain", "published")
     assert rec["sha256"] == entry["sha256"] == sha256_file(out)
     assert rec["fetched_from"].startswith(mirror) and rec["url"] == entry["url"]
@@ -181,3 +182,78 @@ def test_member_found_by_basename_in_a_subfolder(tmp_path):
         zf.writestr("DQN_trained_models/PongNoFrameskip-v4_robust.pt", b"weights")
     extract_member(z, "PongNoFrameskip-v4_robust.pt", tmp_path / "m.pt")
     assert (tmp_path / "m.pt").read_bytes() == b"weights"
+
+
+# ------------------------------------------------------------------ local mirrors, offline, clean return
+
+@needs_shared
+@pytest.mark.parametrize("form", ["file-url", "folder"])
+def test_file_url_and_plain_folder_mirrors_with_the_same_sha256_rules(tmp_path, form):
+    """A file:// URL or a plain folder is a mirror like an http one: the pinned sha256 must match, and a
+    mismatch is refused without keeping a file."""
+    mirror = CKPTS.resolve().as_uri() if form == "file-url" else str(CKPTS)
+    _, entry = resolve_source("highway-fast-v0", "StdTrain", "published")
+    dest = tmp_path / "a.pt"
+    origin = fetch_published(entry, dest, mirror=mirror, cache=tmp_path / "cache")
+    assert sha256_file(dest) == entry["sha256"] == origin["download_sha256"]
+    assert origin["fetched_from"].startswith(mirror) and origin["pinned_by"] == "registry"
+    with pytest.raises(FetchError, match="refusing"):
+        fetch_published(dict(entry, sha256="0" * 64), tmp_path / "b.pt", mirror=mirror, cache=tmp_path / "c2")
+    assert not (tmp_path / "b.pt").exists() and not any((tmp_path / "c2").glob("*"))
+    assert sha256_file(HIGHWAY / "highway-fast_nat.pth") == entry["sha256"]  # the mirror itself is untouched
+
+
+def test_a_local_mirror_pins_an_unpinned_source_and_names_a_missing_file(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    _tar(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes(0))])
+    entry = {"url": "http://publisher.invalid/models.tar.gz", "member": "models/Pong-natural.model",
+             "mirror_path": "models.tar.gz"}
+    lock = tmp_path / "lock.json"
+    fetch_published(entry, tmp_path / "a.pt", mirror=site.as_uri(), cache=tmp_path / "cache", lock=lock)
+    assert json.loads(lock.read_text())[entry["url"]]["sha256"] == sha256_file(site / "models.tar.gz")
+    assert (site / "models.tar.gz").is_file()  # copied, not moved
+    _tar(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes(1))])
+    with pytest.raises(FetchError, match="refusing"):
+        fetch_published(entry, tmp_path / "b.pt", mirror=str(site), cache=tmp_path / "cache2", lock=lock)
+    with pytest.raises(FetchError, match="no such file in the mirror"):
+        fetch_published(dict(entry, mirror_path="elsewhere.tar.gz"), tmp_path / "c.pt", mirror=str(site),
+                        cache=tmp_path / "cache3", lock=lock)
+
+
+def test_an_unknown_protocol_is_named_as_such(tmp_path):
+    with pytest.raises(FetchError, match="unsupported protocol 's3'; give an http.s.:// or ftp:// URL, a file:// "
+                                         "URL or a folder"):
+        fetch_published({"url": "https://x.invalid/m.pt", "sha256": "0" * 64}, tmp_path / "m.pt",
+                        mirror="s3://bucket/models", cache=tmp_path / "cache")
+
+
+def test_offline_fetch_says_to_use_a_mirror(tmp_path, capsys, monkeypatch):
+    _, entry = resolve_source("highway-fast-v0", "StdTrain", "published")
+    offline = dict(entry, url="https://crop-no-such-host.invalid/highway-fast_nat.pth")
+    monkeypatch.setattr("crop.registry.resolve_source", lambda env, algo, prefer: ("published", offline))
+    monkeypatch.delenv("CROP_CHECKPOINT_MIRROR", raising=False)
+    out = tmp_path / "ck" / "model.pt"
+    with pytest.raises(SystemExit) as e:
+        main(["fetch", "--env", "highway-fast-v0", "--algo", "StdTrain", "--cache", str(tmp_path / "cache"),
+              "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "cannot resolve the host 'crop-no-such-host.invalid'" in err
+    assert "--mirror" in err and "CROP_CHECKPOINT_MIRROR" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@needs_shared
+def test_fetched_model_json_records_the_clean_greedy_return(tmp_path):
+    out = tmp_path / "ck" / "model.pt"
+    main(["fetch", "--env", "highway-fast-v0", "--algo", "StdTrain", "--mirror", str(CKPTS), "--eval-episodes", "2",
+          "--cache", str(tmp_path / "cache"), "--out", str(out)])
+    rec = json.loads(out.with_suffix(".json").read_text())
+    from crop.io import derive_seed
+    from crop.train import greedy_returns
+
+    net = load_q_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
+    rets = greedy_returns(net, "highway-fast-v0", [derive_seed(0, "accept-eval", i) for i in range(2)], "flat25")
+    cgr = rec["clean_greedy_return"]
+    assert cgr["episodes"] == 2 and cgr["mean"] == pytest.approx(float(rets.mean())) and cgr["mean"] > 0

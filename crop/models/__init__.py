@@ -14,7 +14,8 @@ from torch import nn
 
 from crop.io import sha256_file
 
-__all__ = ["build_q_network", "load_q_network", "save_q_network", "CheckpointError", "spec_summary", "n_actions"]
+__all__ = ["build_q_network", "load_q_network", "load_state", "save_q_network", "unsafe_load_reason",
+           "CheckpointError", "spec_summary", "n_actions"]
 
 
 class CheckpointError(RuntimeError):
@@ -127,6 +128,17 @@ def _normalise_keys(state: dict, expected: set[str]) -> dict:
     return state
 
 
+def unsafe_load_reason(exc: Exception) -> str:
+    """torch.load's refusal in one line: what it refused (its advice to load with weights_only=False, i.e. to
+    run the file's code, is dropped on purpose)."""
+    import re
+
+    text = str(exc)
+    m = re.search(r"WeightsUnpickler error: (.*?)(?: Please use|\n|$)", text)
+    first = m.group(1) if m else (text.strip().splitlines() or [type(exc).__name__])[0]
+    return " ".join(first.split())[:300]
+
+
 def save_q_network(net: nn.Module, path: str | Path) -> None:
     """Save a state dict (CPU tensors) atomically."""
     from crop.io import atomic_write_bytes
@@ -155,11 +167,18 @@ def load_q_network(path: str | Path, spec: dict, expected_sha256: str | None = N
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle refusing a non-tensor object lands here too
-        raise CheckpointError(f"checkpoint {path} cannot be loaded safely (weights_only=True): {exc}") from exc
+        raise CheckpointError(f"checkpoint {path} cannot be loaded safely (weights_only=True): "
+                              f"{unsafe_load_reason(exc)}; refusing it") from exc
+    return load_state(state, spec, f"checkpoint {path}", device)
+
+
+def load_state(state, spec: dict, what: str = "state dict", device: str | torch.device = "cpu") -> nn.Module:
+    """Load a state dict of tensors (as ``torch.load(weights_only=True)`` returns it) into ``spec``, in eval
+    mode; ``what`` names its origin in errors.  Key styles of published checkpoints are accepted."""
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"checkpoint {path} is not a state dict of tensors")
+        raise CheckpointError(f"{what} is not a state dict of tensors")
     net = build_q_network(spec)
     expected = net.state_dict()
     state = _normalise_keys(state, set(expected))
@@ -169,7 +188,7 @@ def load_q_network(path: str | Path, spec: dict, expected_sha256: str | None = N
                         for k in set(expected) & set(state) if state[k].shape != expected[k].shape)
     if missing or unexpected or bad_shapes:
         raise CheckpointError(
-            f"checkpoint {path} does not fit the expected architecture {spec_summary(spec)}: "
+            f"{what} does not fit the expected architecture {spec_summary(spec)}: "
             f"missing keys {missing}, unexpected keys {unexpected}, shape mismatches {bad_shapes}")
     net.load_state_dict({k: v.float() for k, v in state.items()})
     return net.to(device).eval()

@@ -29,6 +29,10 @@ class IntegrityError(ValueError):
     pass
 
 
+# The workflow rule (rules/*.smk) that writes a run file whose rule is not named like it.
+_RULE = {"loact_episodes": "loact", "certified_ratio": "loact", "frames": "loact", "gre_returns": "gre"}
+
+
 def stages_present(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
     """(stages with every file, stages with none, problems of stages with some files but not all)."""
     full, absent, problems = [], [], []
@@ -49,7 +53,7 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
     """Files whose content no longer matches the hash recorded when they were written; with
     ``only_present``, the files of a partial run's stages only (absent stages are not problems)."""
     problems = []
-    for name in RUN_FILES.values():
+    for key, name in RUN_FILES.items():
         f = run_dir / name
         if not f.is_file():
             if not only_present:
@@ -59,7 +63,9 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
             try:
                 read_json(f)
             except ValueError as exc:
-                problems.append({"file": str(f), "problem": f"unreadable JSON: {exc}"})
+                rule = _RULE.get(key, key)
+                problems.append({"file": str(f), "problem": f"unreadable JSON: {exc}; delete it and rerun the "
+                                                             f"workflow (or `snakemake --forcerun {rule}`)"})
             continue
         m = meta_path(f)
         if not m.is_file():
@@ -67,6 +73,9 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
             continue
         rec = read_json(m).get("output", {})
         if rec.get("sha256") != sha256_file(f):
+            # Snakemake will not recompute a file that exists and is newer than its inputs: say how.
+            rule = _RULE.get(key, key)
             problems.append({"file": str(f), "problem": "sha256 differs from the one recorded at write time "
-                                                         "(truncated or modified)"})
+                                                         "(truncated or modified); delete it and rerun the workflow "
+                                                         f"(or `snakemake --forcerun {rule}`) to recompute it"})
     return problems

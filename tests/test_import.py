@@ -1,0 +1,239 @@
+"""Your own policy (issue 12 item 5): `crop import` turns a PyTorch state dict, a CleanRL checkpoint or the
+q_net of a Stable-Baselines3 DQN .zip — each made here the way its library writes it — into a checkpoint
+whose network computes exactly the source's Q-values and whose model.json every certifier accepts; hostile
+files are refused before anything is written; a config with `source: file` is validated and planned."""
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from crop.cli import main
+from crop.config import ConfigError, validate_config
+from crop.importing import PolicyImportError, import_policy
+from crop.io import derive_seed, sha256_file
+from crop.models import load_q_network
+from crop.train import greedy_returns
+
+REPO = Path(__file__).resolve().parents[1]
+X = torch.randn(32, 4, generator=torch.Generator().manual_seed(7))
+
+
+def _mlp(sizes, seed):
+    torch.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(sizes) - 2 else [])
+    return nn.Sequential(*layers).eval()
+
+
+class CleanRLQNetwork(nn.Module):
+    """CleanRL's dqn.py QNetwork (120 → 84 hidden units, weights under ``network.``)."""
+
+    def __init__(self, n_in=4, n_out=2):
+        super().__init__()
+        self.network = nn.Sequential(nn.Linear(n_in, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                                     nn.Linear(84, n_out))
+
+    def forward(self, x):
+        return self.network(x)
+
+
+def _sb3_zip(path, q_net: nn.Sequential, target: nn.Sequential, policy_bytes=None, extra=()):
+    """An SB3 DQN archive as `model.save()` writes it: data (JSON), policy.pth (online q_net and target
+    q_net_target, ``q_net.q_net.0.weight`` …), an optimizer, pytorch_variables.pth, the version file."""
+    state = {f"q_net.q_net.{k}": v for k, v in q_net.state_dict().items()}
+    state.update({f"q_net_target.q_net.{k}": v for k, v in target.state_dict().items()})
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("data", json.dumps({"policy_class": {":type:": "<class 'abc.ABCMeta'>"},
+                                        "policy_kwargs": {"net_arch": [64, 64]}}))
+        zf.writestr("policy.pth", buf.getvalue() if policy_bytes is None else policy_bytes)
+        zf.writestr("policy.optimizer.pth", b"")
+        zf.writestr("pytorch_variables.pth", b"")
+        zf.writestr("_stable_baselines3_version", "2.3.2")
+        for name, data in extra:
+            zf.writestr(name, data)
+    return path
+
+
+def _import(tmp_path, src, *extra, algo="StdTrain", episodes="3"):
+    out = tmp_path / "ck" / "model.pt"
+    main(["import", "--env", "CartPole-v0", "--algo", algo, "--file", str(src), "--eval-episodes", episodes,
+          "--out", str(out), *extra])
+    return out, json.loads(out.with_suffix(".json").read_text())
+
+
+def _same_q(out, rec, reference):
+    net = load_q_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
+    with torch.no_grad():
+        assert torch.equal(net(X), reference(X))
+    return net
+
+
+def test_plain_pytorch_state_dict(tmp_path):
+    src_net = _mlp([4, 16, 16, 2], seed=1)
+    src = tmp_path / "mine.pt"
+    torch.save(src_net.state_dict(), src)
+    out, rec = _import(tmp_path, src)  # architecture mlp (default): sizes read from the weights
+    assert rec["net_spec"] == {"arch": "mlp", "in": 4, "hidden": [16, 16], "out": 2}
+    assert rec["source"] == "file" and rec["profile"] == "vector" and rec["algo"] == "StdTrain"
+    assert rec["imported_from"]["sha256"] == sha256_file(src) and rec["imported_from"]["format"] == "torch"
+    assert rec["sha256"] == sha256_file(out)
+    net = _same_q(out, rec, src_net)
+    # the clean greedy return is the greedy policy's, from the acceptance test's seeds
+    rets = greedy_returns(net, "CartPole-v0", [derive_seed(0, "accept-eval", i) for i in range(3)], "vector")
+    cgr = rec["clean_greedy_return"]
+    assert cgr["episodes"] == 3 and cgr["mean"] == pytest.approx(float(rets.mean())) and 1 <= cgr["mean"] <= 200
+    assert cgr["meets_target_return"] == (cgr["mean"] >= 195)
+
+
+def test_cleanrl_checkpoint(tmp_path):
+    q = CleanRLQNetwork().eval()
+    src = tmp_path / "runs" / "CartPole-v0__dqn__1__1700000000" / "dqn.cleanrl_model"
+    src.parent.mkdir(parents=True)
+    torch.save(q.state_dict(), src)  # as cleanrl/dqn.py saves it
+    spec = {"arch": "mlp", "in": 4, "hidden": [120, 84], "out": 2}
+    out, rec = _import(tmp_path, src, "--arch", json.dumps(spec))
+    assert rec["imported_from"]["format"] == "cleanrl" and rec["net_spec"] == spec
+    _same_q(out, rec, q)
+
+
+def test_sb3_dqn_zip_takes_the_online_q_net(tmp_path):
+    q_net, target = _mlp([4, 64, 64, 2], seed=2), _mlp([4, 64, 64, 2], seed=3)
+    src = _sb3_zip(tmp_path / "dqn_cartpole.zip", q_net, target)
+    out, rec = _import(tmp_path, src)
+    assert rec["imported_from"]["format"] == "sb3" and rec["imported_from"]["member"] == "policy.pth"
+    assert rec["net_spec"] == {"arch": "mlp", "in": 4, "hidden": [64, 64], "out": 2}  # MlpPolicy default
+    _same_q(out, rec, q_net)
+
+
+def test_sb3_cnn_policy_maps_onto_nature_cnn(tmp_path):
+    """CnnPolicy: NatureCNN features (cnn.0/2/4, linear.0) and a one-layer head q_net.0."""
+    torch.manual_seed(4)
+    cnn = nn.Sequential(nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
+                        nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten())
+    linear, head = nn.Sequential(nn.Linear(3136, 512), nn.ReLU()), nn.Sequential(nn.Linear(512, 6))
+    state = {**{f"q_net.features_extractor.cnn.{k}": v for k, v in cnn.state_dict().items()},
+             **{f"q_net.features_extractor.linear.{k}": v for k, v in linear.state_dict().items()},
+             **{f"q_net.q_net.{k}": v for k, v in head.state_dict().items()}}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    src = tmp_path / "dqn_pong.zip"
+    with zipfile.ZipFile(src, "w") as zf:
+        zf.writestr("policy.pth", buf.getvalue())
+    net, info = import_policy(src, {"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6})
+    x = torch.rand(2, 4, 84, 84)
+    with torch.no_grad():
+        assert torch.equal(net(x), head(linear(cnn(x))))
+    assert info["format"] == "sb3"
+
+
+def test_imported_checkpoint_is_certified_by_the_certifiers(tmp_path):
+    src_net = _mlp([4, 16, 2], seed=5)
+    torch.save(src_net.state_dict(), tmp_path / "mine.pt")
+    out, _ = _import(tmp_path, tmp_path / "mine.pt", episodes="1")
+    q = tmp_path / "qrange.json"
+    main(["qrange", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", str(out),
+          "--m", "20", "--episodes", "1", "--horizon", "5", "--out", str(q)])
+    assert json.loads(q.read_text())["checkpoint_sha256"] == sha256_file(out)
+
+
+# ------------------------------------------------------------------------------------------ refused
+
+def _refused(tmp_path, capsys, src, *extra, match):
+    out = tmp_path / "ck" / "model.pt"
+    with pytest.raises(SystemExit) as e:
+        main(["import", "--env", "CartPole-v0", "--algo", "StdTrain", "--file", str(src), "--eval-episodes", "1",
+              "--out", str(out), *extra])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1, err  # one line
+    assert not out.exists() and not out.with_suffix(".json").exists()
+    return err
+
+
+def test_pickled_code_in_policy_pth_is_never_run(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    buf = io.BytesIO()
+    torch.save({"q_net.q_net.0.weight": Evil()}, buf)
+    src = _sb3_zip(tmp_path / "evil.zip", _mlp([4, 2], 0), _mlp([4, 2], 0), policy_bytes=buf.getvalue())
+    _refused(tmp_path, capsys, src, match="weights_only")
+    assert not marker.exists()
+
+
+def test_zip_with_a_climbing_member_is_refused(tmp_path, capsys):
+    src = _sb3_zip(tmp_path / "climb.zip", _mlp([4, 2], 0), _mlp([4, 2], 0), extra=[("../../escape", b"x")])
+    _refused(tmp_path, capsys, src, match="climbs out")
+    assert not (tmp_path.parent / "escape").exists()
+
+
+def test_an_oversized_member_is_not_read(tmp_path):
+    src = _sb3_zip(tmp_path / "big.zip", _mlp([4, 256, 256, 2], 0), _mlp([4, 256, 256, 2], 0))
+    with pytest.raises(PolicyImportError, match="over the limit"):
+        import_policy(src, "mlp", max_bytes=4096)
+
+
+def test_a_pinned_sha256_and_nan_weights_and_a_wrong_architecture(tmp_path, capsys):
+    net = _mlp([4, 16, 2], 0)
+    src = tmp_path / "mine.pt"
+    torch.save(net.state_dict(), src)
+    _refused(tmp_path, capsys, src, "--file-sha256", "0" * 64, match="differs from the pinned")
+    _refused(tmp_path, capsys, src, "--arch", '{"arch": "mlp", "in": 4, "hidden": [32], "out": 2}',
+             match="shape mismatches")
+    _refused(tmp_path, capsys, src, "--profile", "flat25", match="not a preprocessing profile of CartPole-v0")
+    with torch.no_grad():
+        net[0].bias[3] = float("nan")
+    torch.save(net.state_dict(), src)
+    _refused(tmp_path, capsys, src, match="non-finite weights")
+    _refused(tmp_path, capsys, tmp_path / "absent.pt", match="no such policy file")
+
+
+# ------------------------------------------------------------------------------------------ workflow
+
+def _file_config(tmp_path, **entry):
+    cfg = yaml.safe_load((REPO / "tests" / "configs" / "smoke.yaml").read_text())
+    cfg["results"] = str(tmp_path / "results")
+    ec = cfg["environments"]["CartPole-v0"]
+    ec["source"] = "file"
+    ec["files"] = {"StdTrain": {"path": str(tmp_path / "dqn_cartpole.zip"), **entry}}
+    return cfg
+
+
+def test_config_source_file_is_validated(tmp_path):
+    cfg = validate_config(_file_config(tmp_path, profile="vector"))
+    assert cfg["environments"]["CartPole-v0"]["files"]["StdTrain"]["architecture"] == "mlp"  # default
+    bad = _file_config(tmp_path)
+    bad["environments"]["CartPole-v0"]["files"] = {}
+    with pytest.raises(ConfigError, match=r"source: file but no file: give environments\.CartPole-v0\.files\."
+                                          r"StdTrain"):
+        validate_config(bad)  # CARRL is derived from StdTrain, whose file is missing
+    with pytest.raises(ConfigError, match="files.StdTrain: unknown key 'arch' .did you mean 'architecture'"):
+        validate_config(_file_config(tmp_path, arch="mlp"))
+
+
+def test_snakemake_dry_run_plans_the_import(tmp_path):
+    _sb3_zip(tmp_path / "dqn_cartpole.zip", _mlp([4, 64, 64, 2], 0), _mlp([4, 64, 64, 2], 1))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(_file_config(tmp_path, format="sb3")))
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                        str(tmp_path), "-n", "-p", "--configfile", str(tmp_path / "c.yaml")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    cmds = [ln for ln in p.stdout.splitlines() if "crop checkpoint" in ln]
+    std = [c for c in cmds if "--algo StdTrain" in c]
+    assert len(std) == 1 and "--source file" in std[0]
+    assert f"--file {tmp_path / 'dqn_cartpole.zip'} --format sb3 --arch mlp" in std[0]
+    carrl = [c for c in cmds if "--algo CARRL" in c]
+    assert len(carrl) == 1 and "--base-checkpoint" in carrl[0] and "--file" not in carrl[0]
