@@ -175,7 +175,7 @@ def _top_legend(fig, algos, style: bool = False) -> None:
                fontsize=8, handlelength=3.2)
 
 
-def _ylim(ax, lo: float, hi: float, min_span: float, floor: float | None = None) -> None:
+def _ylim(ax, lo: float, hi: float, min_span: float) -> None:
     """y-limits around the data [lo, hi] (5 % padding); a flat or nearly flat series gets a window of
     ``min_span`` instead of matplotlib's ± a tiny band that blows noise-free constants up to a slope."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
@@ -183,14 +183,12 @@ def _ylim(ax, lo: float, hi: float, min_span: float, floor: float | None = None)
     if hi - lo < min_span:
         mid = 0.5 * (lo + hi)
         lo, hi = mid - 0.5 * min_span, mid + 0.5 * min_span
-        if floor is not None and lo < floor <= mid:
-            lo, hi = floor, floor + min_span
     pad = 0.05 * (hi - lo)
     ax.set_ylim(lo - pad, hi + pad)
 
 
 def _return_span(lo: float, hi: float) -> float:
-    """The smallest y window for returns: a tenth of their magnitude, at least 1 (one unit of reward)."""
+    """The smallest y window for returns: ± a tenth of their magnitude, at least 1 (one unit of reward)."""
     return max(1.0, 0.2 * max(abs(lo), abs(hi)))
 
 
