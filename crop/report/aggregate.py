@@ -59,6 +59,9 @@ ALGO_LABELS = {"SA-MDP-PGD": "SA-MDP (PGD)", "SA-MDP-CVX": "SA-MDP (CVX)"}
 PERIODIC_FRAMES = 6  # frames shown under the periodic-pattern plot
 # Certified bounds are solid, PGD attacks dashed and drawn above them (a white edge keeps each dash visible
 # over a solid line of the same colour); line ``gid``s say which is which ("bound:ALGO", "attack:ALGO").
+# Coinciding series stay distinguishable: marker sizes shrink along the algorithm list (markers at the same
+# point nest), dash patterns start at an offset that depends on the algorithm (coinciding dashed lines
+# alternate colours), and error bars are dodged sideways.
 BOUND_Z, ATTACK_Z = 2.0, 3.0
 ATTACK_STYLE = {"ls": (0, (4, 2)), "lw": 1.4, "zorder": ATTACK_Z,
                 "path_effects": [patheffects.Stroke(linewidth=2.8, foreground="white"), patheffects.Normal()]}
@@ -133,11 +136,21 @@ def _markevery(algo: str, n: int):
     return (ALGORITHMS.index(algo) * every // len(ALGORITHMS), every)
 
 
-def _bound_line(ax, x, y, algo, *, markevery="auto", ms=4.0, **kw):
+def _marker_size(algo: str) -> float:
+    return 5.6 - 0.3 * ALGORITHMS.index(algo)
+
+
+def _line_width(algo: str) -> float:
+    """Earlier algorithms draw wider lines, so that a later one drawn over the same values leaves an edge."""
+    return 1.9 - 0.09 * ALGORITHMS.index(algo)
+
+
+def _bound_line(ax, x, y, algo, *, markevery="auto", **kw):
     """A certified quantity (solid, the algorithm's colour and marker)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    kw.setdefault("lw", 1.2)
-    (line,) = ax.plot(x, y, color=ALGO_COLORS[algo], marker=ALGO_MARKERS[algo], ms=ms, ls="-", zorder=BOUND_Z,
+    kw.setdefault("lw", _line_width(algo))
+    (line,) = ax.plot(x, y, color=ALGO_COLORS[algo], marker=ALGO_MARKERS[algo], ms=_marker_size(algo), ls="-",
+                      zorder=BOUND_Z,
                       markevery=_markevery(algo, len(x)) if markevery == "auto" else markevery,
                       label=algo_label(algo), gid=f"bound:{algo}", **kw)
     return line
@@ -145,13 +158,14 @@ def _bound_line(ax, x, y, algo, *, markevery="auto", ms=4.0, **kw):
 
 def _attack_line(ax, x, y, algo):
     """A PGD attack's return (dashed, above the bounds, no markers to hide it)."""
+    style = {**ATTACK_STYLE, "ls": (2.0 * (ALGORITHMS.index(algo) % 3), (4, 2))}
     (line,) = ax.plot(np.asarray(x, dtype=float), np.asarray(y, dtype=float), color=ALGO_COLORS[algo],
-                      label="_nolegend_", gid=f"attack:{algo}", **ATTACK_STYLE)
+                      label="_nolegend_", gid=f"attack:{algo}", **style)
     return line
 
 
 def _algo_handles(algos) -> list:
-    return [Line2D([], [], color=ALGO_COLORS[a], marker=ALGO_MARKERS[a], ms=5, lw=1.5, label=algo_label(a))
+    return [Line2D([], [], color=ALGO_COLORS[a], marker=ALGO_MARKERS[a], ms=6, lw=1.5, label=algo_label(a))
             for a in algos]
 
 
@@ -288,8 +302,8 @@ def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
         keep = lore[lore["eps"] <= end]
         xs = np.append(keep["eps"].to_numpy(), end)
         ys = np.append(keep["lower_bound"].to_numpy(), keep["lower_bound"].iloc[-1])
-        ax.step(xs, ys, where="post", color=ALGO_COLORS[a], label=algo_label(a), lw=1.2, zorder=BOUND_Z,
-                marker=ALGO_MARKERS[a], ms=4, markevery=list(range(len(keep))), gid=f"bound:{a}")
+        ax.step(xs, ys, where="post", color=ALGO_COLORS[a], label=algo_label(a), lw=_line_width(a), zorder=BOUND_Z,
+                marker=ALGO_MARKERS[a], ms=_marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
         att = d["attack_local"]
         g = att[att["same_start_as_lore"].astype(bool)].groupby("eps")["return"].min()
         _attack_line(ax, g.index, g.to_numpy(), a)
@@ -373,7 +387,7 @@ def _clean_figure(env: str, data: dict, algos, labels):
     fig, ax = _single(f"{env_spec(env).paper_name}: benign return of the smoothed policy", LABELS["sigma"],
                       LABELS["return"])
     lo, hi = np.inf, -np.inf
-    for a in algos:
+    for i, a in enumerate(algos):
         xs, ms, sd = [], [], []
         for lab in labels:
             if (env, a, lab) in data:
@@ -382,8 +396,11 @@ def _clean_figure(env: str, data: dict, algos, labels):
                 ms.append(r.mean())
                 sd.append(r.std(ddof=0))
         ms, sd = np.asarray(ms, dtype=float), np.asarray(sd, dtype=float)
-        ax.errorbar(xs, ms, yerr=sd, marker=ALGO_MARKERS[a], ms=4, capsize=3, color=ALGO_COLORS[a], lw=1.2,
-                    label=algo_label(a), zorder=BOUND_Z)
+        # Dodged sideways (a few hundredths of a decade per algorithm) so that equal returns do not hide
+        # each other; the σ ticks stay at the true σ.
+        dodge = 10.0 ** (0.025 * (i - 0.5 * (len(algos) - 1)))
+        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=sd, marker=ALGO_MARKERS[a], ms=_marker_size(a), capsize=3,
+                    color=ALGO_COLORS[a], lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
         if len(ms):
             lo, hi = min(lo, float(np.min(ms - sd))), max(hi, float(np.max(ms + sd)))
     _ylim(ax, lo, hi, _return_span(lo, hi))
