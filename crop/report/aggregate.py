@@ -576,7 +576,9 @@ def markdown_table(df: pd.DataFrame, caption: str) -> str:
         out["algo"] = out["algo"].map(algo_label)
     out = out.astype(object).where(out.notna(), None)  # tabulate prints missingval for None only
     out.columns = [_md_header(c) for c in df.columns]
-    return f"{caption}\n\n" + out.to_markdown(index=False, floatfmt=".4g", missingval="—") + "\n"
+    align = ["right" if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]) else "left"
+             for c in df.columns]  # numbers right, also in a column that is all empty cells
+    return f"{caption}\n\n" + out.to_markdown(index=False, floatfmt=".4g", missingval="—", colalign=align) + "\n"
 
 
 def _write_table(df: pd.DataFrame, base: Path, caption: str) -> list[Path]:
