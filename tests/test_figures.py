@@ -87,6 +87,39 @@ def test_one_colour_and_marker_per_algorithm_all_distinct(nine):
     assert drawn["StdTrain"] == drawn["CARRL"] == {"CartPole", "Freeway"}  # the same colour in both envs
 
 
+# Machado, Oliveira & Fernandes (2009) simulation matrices (severity 1.0, linear RGB) of the three dichromacies.
+_CVD = {"protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216],
+                       [-0.003882, -0.048116, 1.051998]],
+        "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                         [-0.011820, 0.042940, 0.968881]],
+        "tritanopia": [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602],
+                       [0.004733, 0.691367, 0.303900]]}
+
+
+def _lab(hex_colour, matrix=None):
+    """CIELAB (D65) of an sRGB colour, as seen through a dichromacy simulation ``matrix``."""
+    c = np.asarray(matplotlib.colors.to_rgb(hex_colour))
+    lin = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    if matrix is not None:
+        lin = np.clip(np.asarray(matrix) @ lin, 0.0, 1.0)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ lin
+    t = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(t > 0.008856, np.cbrt(t), 7.787 * t + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_colours_stay_distinct_under_colour_vision_deficiencies():
+    """Every pair of the nine colours differs by ΔE*ab ≥ 15 for normal vision and under simulated protanopia,
+    deuteranopia and tritanopia (seaborn's "colorblind" palette, used before, falls to 10.8)."""
+    for name, matrix in [("normal", None), *_CVD.items()]:
+        lab = {a: _lab(c, matrix) for a, c in agg.ALGO_COLORS.items()}
+        worst = min((float(np.linalg.norm(lab[a] - lab[b])), a, b) for i, a in enumerate(ALGORITHMS)
+                    for b in ALGORITHMS[i + 1:])
+        assert worst[0] >= 15.0, (name, worst)
+    # StdTrain (the baseline, drawn first) is the darkest colour: no later pale line can hide it.
+    assert _lab(agg.ALGO_COLORS["StdTrain"])[0] == min(_lab(c)[0] for c in agg.ALGO_COLORS.values())
+
+
 def test_attack_lines_dashed_above_the_bounds_and_in_the_legend(nine):
     *_, figs = nine
     checked = 0
