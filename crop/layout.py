@@ -25,8 +25,9 @@ Figure families (:func:`figure_families`; every file as PDF and PNG), per enviro
                    highway bound grids of App. F) as one file
   loact_clean      {Clean}_loact_clean, every σ run — Fig. 2 (fig:statewise-clean); with Freeway's large σ
                    in the run it is App. F.2's fig:clean-full
-  legend           {Clean}_legend: the environment's algorithms and the solid/dashed key — the legend strip
-                   the paper puts above each figure
+  legend           {Clean}_legend: the environment's algorithms (colour and marker, the same in every
+                   figure of the run) and the solid/dashed key — the legend strip the paper puts above each
+                   figure; the only legend file
   large_sigma      Freeway_large_sigma: rows stepwise / adasearch, a column per large σ ∈ {1.5, 2.0, 4.0}
                    that ran — App. F.2 (fig:statewise-large); its panels are also written as the ordinary
                    per-σ files Freeway_stepwise_sigma-1.5, Freeway_adasearch_sigma-1.5, …
@@ -34,7 +35,7 @@ Figure families (:func:`figure_families`; every file as PDF and PNG), per enviro
                    with the game frames at marked steps below — App. F.3 (fig:pong-periodic); one per
                    algorithm and σ, because each smoothed policy plays its own episode (its own frames)
 
-and once per results folder: ``legend`` (every algorithm of the run, with the solid/dashed key).
+Nothing is written once per results folder (:data:`GLOBAL_FIGURES` is empty).
 """
 from __future__ import annotations
 
@@ -65,10 +66,13 @@ LARGE_SIGMAS = {"FreewayNoFrameskip-v4": (1.5, 2.0, 4.0)}
 
 FIGURE_FORMATS = ("pdf", "png")
 TABLE_FORMATS = ("csv", "md", "tex")
-TABLES = ("mean_radius", "benign_return", "reward_bounds", "tightness")
+TABLES = ("mean_radius", "mean_radius_certified", "benign_return", "reward_bounds", "tightness")
 FIGURE_FAMILIES = ("stepwise", "certified_ratio", "global_mean", "global_median", "adasearch", "all_bounds",
                    "loact_clean", "legend", "large_sigma", "periodic")
-GLOBAL_FIGURES = ("legend",)
+# Figures written once per results folder, beside the per-environment ones.  None: the colours and markers are
+# the same in every figure, so each environment's legend strip ({Clean}_legend) is the key; a run-wide copy
+# of it (the former ``legend``) was byte-identical to it in one-environment runs.
+GLOBAL_FIGURES = ()
 
 
 def run_dir(results, env: str, algo: str, sigma_label: str) -> Path:

@@ -47,13 +47,15 @@ def test_aggregate_writes_exactly_the_declared_files(synthetic):
     names = {p.name for p in on_disk}
     # The paper's spellings, the multi-panel rows, legends, Freeway's large σ and Pong's periodic patterns.
     for name in ["Cartpole_loact_clean.pdf", "CartPole_stepwise_sigma-0.01.png", "CartPole_stepwise.pdf",
-                 "CartPole_certified_ratio.png", "CartPole_all_bounds.png", "Cartpole_legend.pdf", "legend.png",
+                 "CartPole_certified_ratio.png", "CartPole_all_bounds.png", "Cartpole_legend.pdf",
                  "highway-fast_stepwise_sigma-0.05.png", "highway-fast_adasearch_sigma-0.05.pdf",
                  "Freeway_stepwise_sigma-1.5.pdf", "Freeway_stepwise_sigma-4.0.pdf", "Freeway_adasearch_sigma-1.5.pdf",
                  "Freeway_large_sigma.png", "Freeway_loact_clean.png", "Pong_global_mean_sigma-0.01.png",
                  "Pong_periodic_sigma-0.01_StdTrain.png", "Pong_stepwise.png",
-                 "CartPole_mean_radius.tex", "CartPole_tightness.csv", "Freeway_reward_bounds.md"]:
+                 "CartPole_mean_radius.tex", "CartPole_mean_radius_certified.md", "CartPole_tightness.csv",
+                 "Freeway_reward_bounds.md"]:
         assert name in names, name
+    assert "legend.png" not in names  # one legend file per environment, no run-wide copy of it
     assert not any(n.startswith("Pong_large_sigma") or n.startswith("CartPole_periodic") for n in names)
     for p in on_disk:
         head = p.read_bytes()[:8]
@@ -119,7 +121,7 @@ def test_multipanel_and_large_sigma_figures(data):
         assert {"RadialRL", "SA-MDP (PGD)"} <= labels
         # The legend strip names the environment's algorithms and the line styles.
         texts = [t.get_text() for t in figs["Freeway_legend"].legends[0].get_texts()]
-        assert texts[:2] == ["SA-MDP (PGD)", "RadialRL"] and "PGD attack" in texts
+        assert texts[:2] == ["SA-MDP (PGD)", "RadialRL"] and "PGD attack (dashed)" in texts
     finally:
         for f in figs.values():
             matplotlib.pyplot.close(f)
@@ -168,12 +170,15 @@ def test_missing_frames_for_pong_is_an_error(tmp_path, capsys):
 def test_tables_agree_with_the_result_files(synthetic):
     root, runs, _ = synthetic
     mr = pd.read_csv(root / "tables" / "CartPole_mean_radius.csv").set_index("algo")
+    mc = pd.read_csv(root / "tables" / "CartPole_mean_radius_certified.csv").set_index("algo")
     br = pd.read_csv(root / "tables" / "CartPole_benign_return.csv").set_index("algo")
     for (env, algo, lab), d in runs.items():
         if env != "CartPole-v0":
             continue
         st = pd.read_csv(d / "loact.csv")
         assert math.isclose(mr.loc[algo, f"sigma={float(lab)}"], st["radius"].mean(), rel_tol=1e-9)
+        certified = st["radius"][st["certified"].astype(bool)]
+        assert math.isclose(mc.loc[algo, f"sigma={float(lab)}"], certified.mean(), rel_tol=1e-9)
         ep = pd.read_csv(d / "loact_episodes.csv")
         assert math.isclose(br.loc[algo, f"sigma={float(lab)}"], ep["return"].mean(), rel_tol=1e-9)
     rb = pd.read_csv(root / "tables" / "Freeway_reward_bounds.csv")
@@ -186,13 +191,16 @@ def test_tables_agree_with_the_result_files(synthetic):
         gre = pd.read_csv(d / "gre.csv")
         eb = gre[np.isclose(gre["eps"], r.eps)]["expectation_bound"].iloc[0]
         assert math.isclose(r.pgd_global_mean, ret.mean(), rel_tol=1e-9)
-        assert math.isclose(t.gap_mean, ret.mean() - eb, rel_tol=1e-7, abs_tol=1e-7)
-        assert math.isclose(t.gap_median, r.pgd_global_median - r.percentile_bound_p50, abs_tol=1e-7)
-        assert t.gap_mean >= 0 and t.gap_median >= 0  # the synthetic results are sound
+        gap_mean, gap_median = t.pgd_mean_minus_expectation_bound, t.pgd_median_minus_percentile_bound
+        assert math.isclose(gap_mean, ret.mean() - eb, rel_tol=1e-7, abs_tol=1e-7)
+        assert math.isclose(gap_median, r.pgd_global_median - r.percentile_bound_p50, abs_tol=1e-7)
+        assert gap_mean >= 0 and gap_median >= 0  # the synthetic results are sound
         if r.eps == 0:
-            assert math.isclose(t.gap_lore, r.pgd_local_return - r.lore_bound, abs_tol=1e-7) and t.gap_lore >= 0
+            gap_lore = t.pgd_local_minus_lore_bound
+            assert math.isclose(gap_lore, r.pgd_local_return - r.lore_bound, abs_tol=1e-7) and gap_lore >= 0
         else:  # ε = 0.1σ is not on the local attack's grid: no PGD return there, so no gap
-            assert math.isnan(r.pgd_local_return) and math.isnan(t.gap_lore) and not math.isnan(r.lore_bound)
+            assert math.isnan(r.pgd_local_return) and math.isnan(t.pgd_local_minus_lore_bound)
+            assert not math.isnan(r.lore_bound)
 
 
 def test_latex_tables_use_booktabs(synthetic):

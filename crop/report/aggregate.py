@@ -1,14 +1,18 @@
 """Tidy tables and the paper's figures from the per-run result files (reads results only).
 
-The file names and families are listed in :mod:`crop.layout`.  In every figure an algorithm has the same
-colour (:data:`ALGO_COLORS`, fixed over all nine algorithms, whichever of them a run has), certified
-bounds are solid lines and PGD attacks dashed, shading is ± one standard deviation over episodes.
+The file names and families are listed in :mod:`crop.layout`; docs/figures.md describes each for a reader.
+In every figure an algorithm has the same colour and marker (:data:`ALGO_COLORS`, :data:`ALGO_MARKERS`, fixed
+over all nine algorithms, whichever of them a run has), certified bounds are solid lines and PGD attacks
+dashed (drawn above the bounds), shading is ± one standard deviation over episodes, axis labels use the
+paper's symbols (:data:`LABELS`).
 
-Tables (per environment; CSV for scripts, Markdown for reading, LaTeX with booktabs for papers):
-  {Env}_mean_radius     mean certified radius, algorithm × σ (uncertified steps count as 0)
-  {Env}_benign_return   mean benign return of π̃, algorithm × σ
-  {Env}_reward_bounds   J̲_E, J̲_p (p = 50 %), J̲ and the PGD returns at the chosen ε (and their gaps)
-  {Env}_tightness       PGD return − bound for each bound (≥ 0 when sound; small when tight)
+Tables (per environment; CSV with stable column keys for scripts, Markdown with a caption and reader's
+column names, LaTeX with booktabs for papers; an empty cell is ``—`` in Markdown, ``--`` in LaTeX):
+  {Env}_mean_radius            mean certified radius, algorithm × σ, uncertified steps count as 0 (headline)
+  {Env}_mean_radius_certified  the same over certified steps only (the paper's and the leaderboard's mean)
+  {Env}_benign_return          mean benign return of π̃, algorithm × σ
+  {Env}_reward_bounds          J̲_E, J̲_p (p = 50 %), J̲ and the PGD returns at the chosen ε
+  {Env}_tightness              PGD return − bound for each bound (≥ 0 when sound; small when tight)
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib import patheffects  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from crop.config import ALGORITHMS  # noqa: E402
@@ -32,15 +37,46 @@ from crop.io import atomic_write_bytes, atomic_write_text  # noqa: E402
 from crop.layout import (FIGURE_FORMATS, GLOBAL_FIGURES, TABLES,  # noqa: E402
                          aggregate_files, figure_families, large_sigma_labels, main_sigma_labels, needs_frames,
                          table_files)
-from crop.report.metrics import load_runs, lore_valid_until, metric_value  # noqa: E402
+from crop.report.metrics import (CONVENTIONS, load_runs, lore_valid_until, metric_value,  # noqa: E402
+                                 per_step_mean_radius)
 
 __all__ = ["aggregate", "load_runs", "iter_env_figures", "legend_figure", "env_tables", "latex_table",
-           "load_frames", "ALGO_COLORS", "ALGO_LABELS", "algo_label"]
+           "markdown_table", "load_frames", "gre_curve", "ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "LABELS",
+           "algo_label"]
 
-# One colour per algorithm, the same in every figure (fixed over the full list, not the algorithms run).
-ALGO_COLORS = dict(zip(ALGORITHMS, sns.color_palette("colorblind", len(ALGORITHMS)).as_hex()))
+# One colour and one marker per algorithm, the same in every figure (fixed over the full list, not the
+# algorithms run).  Colours: Paul Tol's "muted" qualitative scheme (https://personal.sron.nl/~pault/), nine
+# colours chosen to stay distinct under the common colour-vision deficiencies.  Markers: series that coincide
+# (two policies that certify nothing, two returns at the maximum) still show each algorithm, because their
+# markers are placed at staggered points (:func:`_markevery`).
+ALGO_COLORS = {"StdTrain": "#332288", "GaussAug": "#88ccee", "AdvTrain": "#44aa99", "SA-MDP-PGD": "#117733",
+               "SA-MDP-CVX": "#999933", "RadialRL": "#cc6677", "CARRL": "#ddcc77", "NoisyNet": "#882255",
+               "GradDQN": "#aa4499"}
+ALGO_MARKERS = {"StdTrain": "o", "GaussAug": "s", "AdvTrain": "^", "SA-MDP-PGD": "v", "SA-MDP-CVX": "D",
+                "RadialRL": "P", "CARRL": "X", "NoisyNet": "*", "GradDQN": "h"}
+assert list(ALGO_COLORS) == list(ALGO_MARKERS) == list(ALGORITHMS)
 ALGO_LABELS = {"SA-MDP-PGD": "SA-MDP (PGD)", "SA-MDP-CVX": "SA-MDP (CVX)"}
 PERIODIC_FRAMES = 6  # frames shown under the periodic-pattern plot
+# Certified bounds are solid, PGD attacks dashed and drawn above them (a white edge keeps each dash visible
+# over a solid line of the same colour); line ``gid``s say which is which ("bound:ALGO", "attack:ALGO").
+# Coinciding series stay distinguishable: marker sizes shrink along the algorithm list (markers at the same
+# point nest), dash patterns start at an offset that depends on the algorithm (coinciding dashed lines
+# alternate colours), and error bars are dodged sideways.
+BOUND_Z, ATTACK_Z = 2.0, 3.0
+ATTACK_STYLE = {"ls": (0, (4, 2)), "lw": 1.4, "zorder": ATTACK_Z,
+                "path_effects": [patheffects.Stroke(linewidth=2.8, foreground="white"), patheffects.Normal()]}
+# Axis labels in math text (the paper's symbols, no literal underscores).
+LABELS = {
+    "t": "time step $t$",
+    "r": "certified radius $r$",
+    "eta": r"certified ratio $\eta_r$ (%)",
+    "eps": r"attack $\epsilon$",
+    "J_E": r"expectation bound $\underline{J}_E$",
+    "J_p": r"percentile bound $\underline{J}_p$ ($p=50\%$)",
+    "J": r"absolute lower bound $\underline{J}$",
+    "sigma": r"smoothing $\sigma$",
+    "return": r"benign return of $\tilde{\pi}$",
+}
 
 
 def algo_label(algo: str) -> str:
@@ -92,13 +128,50 @@ def _grid(nrows: int, ncols: int, w: float = 2.7, h: float = 2.3):
     return fig, axes
 
 
+def _markevery(algo: str, n: int):
+    """Markers on about eight of ``n`` points, staggered by algorithm so that coinciding series show all."""
+    if n <= 12:
+        return None
+    every = math.ceil(n / 8)
+    return (ALGORITHMS.index(algo) * every // len(ALGORITHMS), every)
+
+
+def _marker_size(algo: str) -> float:
+    return 5.6 - 0.3 * ALGORITHMS.index(algo)
+
+
+def _line_width(algo: str) -> float:
+    """Earlier algorithms draw wider lines, so that a later one drawn over the same values leaves an edge."""
+    return 1.9 - 0.09 * ALGORITHMS.index(algo)
+
+
+def _bound_line(ax, x, y, algo, *, markevery="auto", **kw):
+    """A certified quantity (solid, the algorithm's colour and marker)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    kw.setdefault("lw", _line_width(algo))
+    (line,) = ax.plot(x, y, color=ALGO_COLORS[algo], marker=ALGO_MARKERS[algo], ms=_marker_size(algo), ls="-",
+                      zorder=BOUND_Z,
+                      markevery=_markevery(algo, len(x)) if markevery == "auto" else markevery,
+                      label=algo_label(algo), gid=f"bound:{algo}", **kw)
+    return line
+
+
+def _attack_line(ax, x, y, algo):
+    """A PGD attack's return (dashed, above the bounds, no markers to hide it)."""
+    style = {**ATTACK_STYLE, "ls": (2.0 * (ALGORITHMS.index(algo) % 3), (4, 2))}
+    (line,) = ax.plot(np.asarray(x, dtype=float), np.asarray(y, dtype=float), color=ALGO_COLORS[algo],
+                      label="_nolegend_", gid=f"attack:{algo}", **style)
+    return line
+
+
 def _algo_handles(algos) -> list:
-    return [Line2D([], [], color=ALGO_COLORS[a], lw=2, label=algo_label(a)) for a in algos]
+    return [Line2D([], [], color=ALGO_COLORS[a], marker=ALGO_MARKERS[a], ms=6, lw=1.5, label=algo_label(a))
+            for a in algos]
 
 
 def _style_handles() -> list:
-    return [Line2D([], [], color="0.2", lw=1.5, ls="-", label="certified bound"),
-            Line2D([], [], color="0.2", lw=1, ls="--", marker="x", ms=4, label="PGD attack")]
+    return [Line2D([], [], color="0.25", lw=1.4, ls="-", label="certified bound (solid)"),
+            Line2D([], [], color="0.25", label="PGD attack (dashed)", **ATTACK_STYLE)]
 
 
 def _legend_columns(handles: list) -> tuple[list, int]:
@@ -113,80 +186,140 @@ def _legend_columns(handles: list) -> tuple[list, int]:
 def _top_legend(fig, algos, style: bool = False) -> None:
     handles, ncol = _legend_columns(_algo_handles(algos) + (_style_handles() if style else []))
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol, frameon=False,
-               fontsize=8)
+               fontsize=8, handlelength=3.2)
+
+
+def _ylim(ax, lo: float, hi: float, min_span: float) -> None:
+    """y-limits around the data [lo, hi] (5 % padding); a flat or nearly flat series gets a window of
+    ``min_span`` instead of matplotlib's ± a tiny band that blows noise-free constants up to a slope."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return
+    if hi - lo < min_span:
+        mid = 0.5 * (lo + hi)
+        lo, hi = mid - 0.5 * min_span, mid + 0.5 * min_span
+    pad = 0.05 * (hi - lo)
+    ax.set_ylim(lo - pad, hi + pad)
+
+
+def _return_span(lo: float, hi: float) -> float:
+    """The smallest y window for returns: ± a tenth of their magnitude, at least 1 (one unit of reward)."""
+    return max(1.0, 0.2 * max(abs(lo), abs(hi)))
 
 
 def _mean_std_band(ax, x, m, s, algo):
-    ax.plot(x, m, color=ALGO_COLORS[algo], label=algo_label(algo), lw=1)
-    ax.fill_between(x, m - s, m + s, color=ALGO_COLORS[algo], alpha=0.2, lw=0)
+    _bound_line(ax, x, m, algo)
+    ax.fill_between(x, m - s, m + s, color=ALGO_COLORS[algo], alpha=0.15, lw=0, zorder=1)
 
 
-def _panel_stepwise(ax, runs: dict) -> None:
-    """Certified radius per time step, mean ± std over episodes (uncertified steps count as 0)."""
+def _panel_stepwise(ax, runs: dict, sigma: float) -> None:
+    """Certified radius per time step: at step t, mean ± std over the episodes still running at t,
+    uncertified steps counted as 0 (:func:`crop.report.metrics.per_step_mean_radius`)."""
+    top = 0.0
     for a, d in runs.items():
-        g = d["loact"].groupby("step")["radius"]
-        m, s = g.mean(), g.std(ddof=0).fillna(0.0)
-        _mean_std_band(ax, m.index.to_numpy(), m.to_numpy(), s.to_numpy(), a)
-    top = ax.get_ylim()[1]
-    ax.set_ylim(-0.02 * top, top)  # a line at r = 0 stays visible above the axis
-    if all(not (d["loact"]["radius"] > 0).any() for d in runs.values()):
-        ax.text(0.5, 0.5, "no step certified\n(r = 0 at every step)", transform=ax.transAxes, ha="center",
-                va="center", fontsize=8, color="0.35")
+        ps = per_step_mean_radius(d["loact"], "uncertified_zero")
+        m, s = ps["mean"].to_numpy(), ps["std"].fillna(0.0).to_numpy()
+        _mean_std_band(ax, ps.index.to_numpy(), m, s, a)
+        top = max(top, float(np.nanmax(m + s)) if len(m) else 0.0)
+    if top <= 0:
+        top = 0.1 * sigma  # nothing certified: a radius axis on the scale of σ, the line at r = 0 visible
+        if runs:
+            ax.text(0.5, 0.5, "no step certified\n(r = 0 at every step)", transform=ax.transAxes, ha="center",
+                    va="center", fontsize=8, color="0.35")
+    ax.set_ylim(-0.03 * top, 1.05 * top)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
 
-def _panel_ratio(ax, runs: dict) -> None:
+def _panel_ratio(ax, runs: dict, sigma: float) -> None:
     """Certified ratio η_r (% of steps certified at radius ≥ r), mean ± std over episodes."""
     for a, d in runs.items():
         g = d["certified_ratio"].groupby("r")["eta"]
         m, s = 100 * g.mean(), 100 * g.std(ddof=0).fillna(0.0)
         _mean_std_band(ax, m.index.to_numpy(), m.to_numpy(), s.to_numpy(), a)
-    ax.set_ylim(-2, 102)
+    ax.set_ylim(-3, 103)
 
 
-def _panel_global(ax, runs: dict, kind: str) -> None:
-    """GRe bound vs ε (solid) and the global PGD mean/median return (dashed)."""
-    col, stat = ("expectation_bound", "mean") if kind == "mean" else ("percentile_bound", "median")
+def _gre_rows(d: dict, kind: str) -> pd.DataFrame:
+    gre = d["gre"]
+    rows = gre[np.isclose(gre["p"], 0.5)] if kind == "median" else gre.drop_duplicates("eps")
+    return rows.sort_values("eps")
+
+
+def gre_curve(d: dict, kind: str, x_end: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """GRe's bound (``kind`` "mean": J̲_E, Theorem 2; "median": J̲_p at p = 0.5, Theorem 3) of one run over
+    [0, ``x_end``]: the rows of ``gre.csv``, then — where the run's ε grid ends before the plot's x range
+    (the attack's grid reaches further) — the same bound at larger ε from the same stored returns
+    (``gre_returns.csv``, :func:`crop.gre.gre_bounds`, α per point as in gre.csv).  A percentile no order
+    statistic certifies is drawn as the trivial bound J_min.  Returns (ε, bound, n) with the first ``n``
+    points from gre.csv."""
+    col = "expectation_bound" if kind == "mean" else "percentile_bound"
+    rows = _gre_rows(d, kind)
+    eps, y = rows["eps"].to_numpy(float), rows[col].to_numpy(float)
+    n = len(eps)
+    last = float(eps.max()) if n else 0.0
+    if n and x_end > last * (1 + 1e-9):
+        from crop.gre import gre_bounds  # the certifier's own formulas, not a copy
+
+        r0 = rows.iloc[0]
+        extra = np.linspace(last, x_end, 17)[1:]
+        ext = gre_bounds(d["gre_returns"]["return"].to_numpy(float), sigma=float(r0["sigma"]),
+                         horizon=int(r0["horizon"]), alpha=float(r0["alpha"]), eps_grid=extra, percentiles=[0.5],
+                         j_min=float(r0["j_min"]), j_max=float(r0["j_max"]))
+        eps, y = np.append(eps, extra), np.append(y, ext[col].to_numpy(float))
+    if kind == "median" and n:
+        y = np.where(np.isnan(y), float(rows["j_min"].iloc[0]), y)
+    return eps, y, n
+
+
+def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
+    """GRe bound vs ε (solid; markers at the run's own ε grid) and the global PGD mean/median (dashed)."""
+    stat = "mean" if kind == "mean" else "median"
+    x_end = 0.0
+    for d in runs.values():
+        x_end = max(x_end, float(d["gre"]["eps"].max()), float(d["attack_global"]["eps"].max()))
     j_lo, j_hi = np.inf, -np.inf
     for a, d in runs.items():
-        gre = d["gre"]
-        j_lo, j_hi = min(j_lo, gre["j_min"].min()), max(j_hi, gre["j_max"].max())
-        gre = gre[np.isclose(gre["p"], 0.5)] if kind == "median" else gre.drop_duplicates("eps")
-        ax.plot(gre["eps"], gre[col], color=ALGO_COLORS[a], label=algo_label(a), marker=".", ms=4, lw=1.2)
+        j_lo, j_hi = min(j_lo, d["gre"]["j_min"].min()), max(j_hi, d["gre"]["j_max"].max())
+        eps, y, n = gre_curve(d, kind, x_end)
+        _bound_line(ax, eps, y, a, markevery=list(range(n)))
         att = d["attack_global"].groupby("eps")["return"].agg(stat)
-        ax.plot(att.index, att.to_numpy(), color=ALGO_COLORS[a], ls="--", lw=1, marker="x", ms=3)
+        _attack_line(ax, att.index, att.to_numpy(), a)
     if np.isfinite(j_lo) and j_hi > j_lo:
-        # The expectation bound falls far below J_min at large ε; show the meaningful range only.
+        # The expectation bound falls below J_min at large ε (vacuous there); show [J_min, J_max].
         pad = 0.05 * (j_hi - j_lo)
         ax.set_ylim(j_lo - pad, j_hi + pad)
-    ax.set_xlim(left=0)
+    ax.set_xlim(0, x_end * 1.02 if x_end > 0 else None)
 
 
-def _panel_adasearch(ax, runs: dict) -> None:
+def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
     """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed)."""
     xmax = 0.0
     for d in runs.values():
-        att = d["attack_local"]
-        xmax = max(xmax, float(att["eps"].max()), float(d["lore"]["eps"].max()))
+        xmax = max(xmax, float(d["attack_local"]["eps"].max()), float(d["lore"]["eps"].max()))
+    lo, hi = np.inf, -np.inf
     for a, d in runs.items():
         lore = d["lore"].sort_values("eps")
         end = min(xmax, lore_valid_until(d))
         keep = lore[lore["eps"] <= end]
         xs = np.append(keep["eps"].to_numpy(), end)
         ys = np.append(keep["lower_bound"].to_numpy(), keep["lower_bound"].iloc[-1])
-        ax.step(xs, ys, where="post", color=ALGO_COLORS[a], label=algo_label(a), lw=1.2)
+        ax.step(xs, ys, where="post", color=ALGO_COLORS[a], label=algo_label(a), lw=_line_width(a), zorder=BOUND_Z,
+                marker=ALGO_MARKERS[a], ms=_marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
         att = d["attack_local"]
         g = att[att["same_start_as_lore"].astype(bool)].groupby("eps")["return"].min()
-        ax.plot(g.index, g.to_numpy(), color=ALGO_COLORS[a], ls="--", marker="x", ms=3, lw=1)
-    ax.set_xlim(left=0)
+        _attack_line(ax, g.index, g.to_numpy(), a)
+        vals = np.concatenate([ys, g.to_numpy(float)])
+        lo, hi = min(lo, np.nanmin(vals)), max(hi, np.nanmax(vals))
+    _ylim(ax, lo, hi, _return_span(lo, hi))
+    ax.set_xlim(0, xmax * 1.02 if xmax > 0 else None)
 
 
 _PANELS = {
-    "stepwise": (_panel_stepwise, "time step t", "certified radius r"),
-    "certified_ratio": (_panel_ratio, "radius r", "certified ratio η_r (%)"),
-    "global_mean": (lambda ax, runs: _panel_global(ax, runs, "mean"), "attack ε", "expectation bound J̲_E"),
-    "global_median": (lambda ax, runs: _panel_global(ax, runs, "median"), "attack ε",
-                      "percentile bound J̲_p (p=50%)"),
-    "adasearch": (_panel_adasearch, "attack ε", "absolute lower bound J̲"),
+    "stepwise": (_panel_stepwise, LABELS["t"], LABELS["r"]),
+    "certified_ratio": (_panel_ratio, "radius $r$", LABELS["eta"]),
+    "global_mean": (lambda ax, runs, sigma: _panel_global(ax, runs, sigma, "mean"), LABELS["eps"], LABELS["J_E"]),
+    "global_median": (lambda ax, runs, sigma: _panel_global(ax, runs, sigma, "median"), LABELS["eps"],
+                      LABELS["J_p"]),
+    "adasearch": (_panel_adasearch, LABELS["eps"], LABELS["J"]),
 }
 _STYLE_KEY = {"global_mean", "global_median", "adasearch"}
 
@@ -198,10 +331,19 @@ def _runs_at(data: dict, env: str, lab: str, algos) -> dict:
 def _single_panel_figure(kind: str, env: str, lab: str, runs: dict):
     draw, xlabel, ylabel = _PANELS[kind]
     fig, ax = _single(f"{env_spec(env).paper_name}, σ={lab}", xlabel, ylabel)
-    draw(ax, runs)
-    ax.legend(fontsize=7, title="solid: certified, dashed: PGD" if kind in _STYLE_KEY else None,
-              title_fontsize=6)
+    draw(ax, runs, float(lab))
+    _axes_legend(ax, _algo_handles(runs) + (_style_handles() if kind in _STYLE_KEY else []))
     return fig
+
+
+def _axes_legend(ax, handles: list) -> None:
+    """The legend of a one-panel figure: inside when short, to the right of the axes when it would cover
+    the data."""
+    if len(handles) <= 4:
+        ax.legend(handles=handles, fontsize=7, handlelength=3.2)
+    else:
+        ax.legend(handles=handles, fontsize=7, handlelength=3.2, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  borderaxespad=0.0, frameon=False)
 
 
 def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
@@ -211,7 +353,7 @@ def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
         draw, xlabel, ylabel = _PANELS[kind]
         for j, lab in enumerate(labels):
             ax = axes[i][j]
-            draw(ax, _runs_at(data, env, lab, algos))
+            draw(ax, _runs_at(data, env, lab, algos), float(lab))
             if i == 0:
                 ax.set_title(f"σ={lab}", fontsize=9)
             ax.set_xlabel(xlabel, fontsize=8)
@@ -224,9 +366,28 @@ def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
     return fig
 
 
+def _thin_tick_labels(ax) -> None:
+    """Blank the x tick labels that would overlap a kept one (horizontal labels, never rotated)."""
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    last = None
+    for label in ax.get_xticklabels():
+        if not label.get_text():
+            continue
+        box = label.get_window_extent(renderer)
+        if last is not None and box.x0 < last.x1 + 3:
+            label.set_text("")
+            label.set_visible(False)
+        else:
+            last = box
+
+
 def _clean_figure(env: str, data: dict, algos, labels):
-    fig, ax = _single(f"{env_spec(env).paper_name}: benign return of π̃", "σ", "return")
-    for a in algos:
+    fig, ax = _single(f"{env_spec(env).paper_name}: benign return of the smoothed policy", LABELS["sigma"],
+                      LABELS["return"])
+    lo, hi = np.inf, -np.inf
+    for i, a in enumerate(algos):
         xs, ms, sd = [], [], []
         for lab in labels:
             if (env, a, lab) in data:
@@ -234,20 +395,31 @@ def _clean_figure(env: str, data: dict, algos, labels):
                 xs.append(float(lab))
                 ms.append(r.mean())
                 sd.append(r.std(ddof=0))
-        ax.errorbar(xs, ms, yerr=sd, marker="o", ms=4, capsize=3, color=ALGO_COLORS[a], label=algo_label(a))
+        ms, sd = np.asarray(ms, dtype=float), np.asarray(sd, dtype=float)
+        # Dodged sideways (a few hundredths of a decade per algorithm) so that equal returns do not hide
+        # each other; the σ ticks stay at the true σ.
+        dodge = 10.0 ** (0.025 * (i - 0.5 * (len(algos) - 1)))
+        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=sd, marker=ALGO_MARKERS[a], ms=_marker_size(a), capsize=3,
+                    color=ALGO_COLORS[a], lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
+        if len(ms):
+            lo, hi = min(lo, float(np.min(ms - sd))), max(hi, float(np.max(ms + sd)))
+    _ylim(ax, lo, hi, _return_span(lo, hi))
     ax.set_xscale("log")
-    # Ticks at the σ run, written as the paper writes σ (0.001, 0.5, 4), not as powers of ten.
-    ax.set_xticks([float(lab) for lab in labels], [f"{float(lab):g}" for lab in labels], rotation=45, fontsize=7)
+    # Ticks at the σ run, written as the paper writes σ (0.001, 0.5, 4), not as powers of ten; labels that
+    # would collide are left out rather than rotated.
+    ax.set_xticks([float(lab) for lab in labels], [f"{float(lab):g}" for lab in labels], fontsize=7)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.legend(fontsize=7)
+    _axes_legend(ax, _algo_handles(algos))
+    _thin_tick_labels(ax)
     return fig
 
 
-def legend_figure(algos):
-    """The legend strip alone: one colour per algorithm, and the line-style key."""
+def legend_figure(algos, title: str | None = None):
+    """The legend strip alone: one colour and marker per algorithm, and the line-style key."""
     handles, ncol = _legend_columns(_algo_handles(algos) + _style_handles())
     fig = plt.figure(figsize=(0.1, 0.1))
-    fig.legend(handles=handles, loc="center", ncol=ncol, frameon=False, fontsize=9)
+    fig.legend(handles=handles, loc="center", ncol=ncol, frameon=False, fontsize=9, handlelength=3.2,
+               title=title, title_fontsize=9)
     return fig
 
 
@@ -266,8 +438,9 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
     ax.plot(window.index, window.to_numpy(), color=ALGO_COLORS[algo], lw=1.2, label=algo_label(algo))
     ax.set_xlim(lo, max(hi, lo + 1))
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("time step t", fontsize=8)
-    ax.set_ylabel("certified radius r", fontsize=8)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel(LABELS["t"], fontsize=8)
+    ax.set_ylabel(LABELS["r"], fontsize=8)
     ax.set_title(f"{env_spec(env).paper_name}, {algo_label(algo)}, σ={lab}: LoAct episode 0, steps {lo}–{hi}",
                  fontsize=9)
     ax.tick_params(labelsize=7)
@@ -303,7 +476,7 @@ def iter_env_figures(env: str, data: dict):
     yield fam["all_bounds"][0], _grid_figure(env, data, algos, ["global_mean", "global_median", "adasearch"],
                                              main, row_names=["(Global)", "(Global)", "(Local)"])
     yield fam["loact_clean"][0], _clean_figure(env, data, algos, labels)
-    yield fam["legend"][0], legend_figure(algos)
+    yield fam["legend"][0], legend_figure(algos, title=spec.paper_name)
     if fam["large_sigma"]:
         large = large_sigma_labels(env, labels)
         yield fam["large_sigma"][0], _grid_figure(env, data, algos, ["stepwise", "adasearch"], large,
@@ -315,13 +488,28 @@ def iter_env_figures(env: str, data: dict):
 
 # --------------------------------------------------------------------------------------------- tables
 
+# Column keys of the CSV tables (stable names for scripts) and what a reader is shown for them in Markdown and
+# LaTeX.  ``sigma=S`` columns are the σ of an algorithm × σ table.
+TIGHTNESS_COLUMNS = {"pgd_mean_minus_expectation_bound": ("pgd_global_mean", "expectation_bound"),
+                     "pgd_median_minus_percentile_bound": ("pgd_global_median", "percentile_bound_p50"),
+                     "pgd_local_minus_lore_bound": ("pgd_local_return", "lore_bound")}
+_MD_HEADERS = {
+    "algo": "algorithm", "sigma": "σ", "eps": "ε",
+    "expectation_bound": "expectation bound J̲ᴇ", "percentile_bound_p50": "percentile bound J̲ₚ (p = 50 %)",
+    "lore_bound": "LoRe bound J̲", "pgd_global_mean": "PGD global: mean return",
+    "pgd_global_median": "PGD global: median return", "pgd_local_return": "PGD local: return from LoRe's s₀",
+    "pgd_mean_minus_expectation_bound": "PGD mean − J̲ᴇ",
+    "pgd_median_minus_percentile_bound": "PGD median − J̲ₚ",
+    "pgd_local_minus_lore_bound": "PGD local − J̲",
+}
 _LATEX_HEADERS = {
     "algo": "Algorithm", "sigma": r"$\sigma$", "eps": r"$\epsilon$",
     "expectation_bound": r"$\underline{J}_E$", "percentile_bound_p50": r"$\underline{J}_{p}$ ($p=50\%$)",
     "lore_bound": r"$\underline{J}$ (LoRe)", "pgd_global_mean": "PGD mean", "pgd_global_median": "PGD median",
     "pgd_local_return": "PGD local",
-    "gap_mean": r"PGD mean $-\,\underline{J}_E$", "gap_median": r"PGD median $-\,\underline{J}_p$",
-    "gap_lore": r"PGD local $-\,\underline{J}$",
+    "pgd_mean_minus_expectation_bound": r"PGD mean $-\,\underline{J}_E$",
+    "pgd_median_minus_percentile_bound": r"PGD median $-\,\underline{J}_p$",
+    "pgd_local_minus_lore_bound": r"PGD local $-\,\underline{J}$",
 }
 _TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
@@ -372,12 +560,38 @@ def _pivot(df: pd.DataFrame, value: str) -> pd.DataFrame:
     return t.reset_index()
 
 
+def _md_header(col: str) -> str:
+    if col in _MD_HEADERS:
+        return _MD_HEADERS[col]
+    if col.startswith("sigma="):
+        return f"σ = {col[len('sigma='):]}"
+    return col
+
+
+def markdown_table(df: pd.DataFrame, caption: str) -> str:
+    """``df`` as a Markdown table for reading: the caption above, column names a reader understands, display
+    names of the algorithms, 4 significant digits and — for an empty cell (never ``nan``)."""
+    out = df.copy()
+    if "algo" in out:
+        out["algo"] = out["algo"].map(algo_label)
+    out = out.astype(object).where(out.notna(), None)  # tabulate prints missingval for None only
+    out.columns = [_md_header(c) for c in df.columns]
+    align = ["right" if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]) else "left"
+             for c in df.columns]  # numbers right, also in a column that is all empty cells
+    return f"{caption}\n\n" + out.to_markdown(index=False, floatfmt=".4g", missingval="—", colalign=align) + "\n"
+
+
 def _write_table(df: pd.DataFrame, base: Path, caption: str) -> list[Path]:
     paths = {fmt: base.with_name(f"{base.name}.{fmt}") for fmt in ("csv", "md", "tex")}
     atomic_write_text(paths["csv"], df.to_csv(index=False, lineterminator="\n", float_format="%.10g"))
-    atomic_write_text(paths["md"], df.to_markdown(index=False, floatfmt=".4g", missingval="—") + "\n")
+    atomic_write_text(paths["md"], markdown_table(df, caption))
     atomic_write_text(paths["tex"], latex_table(df, caption))
     return list(paths.values())
+
+
+def _eps(factor: float, sigma: float) -> float:
+    """ε = factor·σ without binary noise (0.05·0.1 is 0.005, not 0.005000000000000001)."""
+    return float(f"{factor * sigma:.12g}")
 
 
 def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.DataFrame, str]]:
@@ -389,12 +603,13 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
             continue
         ep = d["loact_episodes"]
         rows.append({"algo": a, "sigma": float(lab), "mean_radius": metric_value(d, "mean_radius"),
+                     "mean_radius_certified": metric_value(d, "mean_radius_certified"),
                      "certified_fraction": metric_value(d, "certified_fraction"),
                      "benign_return": metric_value(d, "benign_return"),
                      "benign_return_std": float(ep["return"].std(ddof=0))})
         sigma = float(lab)
         for f in table_eps_factors:
-            eps = f * sigma
+            eps = _eps(f, sigma)
             vals = {m: metric_value(d, m, eps) for m in ("expectation_bound", "percentile_bound", "lore_bound",
                                                          "pgd_global_mean", "pgd_global_median",
                                                          "pgd_local_return")}
@@ -407,19 +622,26 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                                "pgd_local_return": vals["pgd_local_return"]})
     df = pd.DataFrame(rows)
     bounds = pd.DataFrame(bound_rows)
-    bounds["gap_mean"] = bounds["pgd_global_mean"] - bounds["expectation_bound"]
-    bounds["gap_median"] = bounds["pgd_global_median"] - bounds["percentile_bound_p50"]
-    bounds["gap_lore"] = bounds["pgd_local_return"] - bounds["lore_bound"]
-    tight = bounds[["algo", "sigma", "eps", "gap_mean", "gap_median", "gap_lore"]]
+    tight = bounds[["algo", "sigma", "eps"]].copy()
+    for col, (attack, bound) in TIGHTNESS_COLUMNS.items():
+        tight[col] = bounds[attack] - bounds[bound]
     p = spec.paper_name
+    conv0, conv1 = CONVENTIONS["uncertified_zero"], CONVENTIONS["certified_only"]
     out = {
         "mean_radius": (_pivot(df, "mean_radius"),
-                        f"{p}: mean certified radius of LoAct (Theorem 1), uncertified steps counted as 0"),
+                        f"{p}: mean certified radius of LoAct (Theorem 1) over all steps, {conv0} (this project's "
+                        f"headline; the paper's convention, {conv1}, is in {p}_mean_radius_certified)"),
+        "mean_radius_certified": (_pivot(df, "mean_radius_certified"),
+                                  f"{p}: mean certified radius of LoAct (Theorem 1), {conv1} (the paper's and the "
+                                  f"CROP leaderboard's convention; empty where no step was certified; {conv0} is "
+                                  f"in {p}_mean_radius)"),
         "benign_return": (_pivot(df, "benign_return"),
                           f"{p}: mean benign return of the smoothed policy over LoAct's clean episodes"),
-        "reward_bounds": (bounds, f"{p}: certified reward bounds J_E (Thm 2), J_p (p=50%, Thm 3), J (LoRe, "
-                                  "Thm 4) and PGD returns at the chosen eps"),
-        "tightness": (tight, f"{p}: PGD return minus certified bound (>= 0 when sound, small when tight)"),
+        "reward_bounds": (bounds, f"{p}: certified reward bounds J̲ᴇ (Theorem 2), J̲ₚ (p = 50 %, Theorem 3), "
+                                  "J̲ (LoRe, Theorem 4) and the PGD returns at ε = f·σ; empty: not computed at "
+                                  "that ε"),
+        "tightness": (tight, f"{p}: PGD return minus certified bound (≥ 0 when the bound holds, small when it is "
+                             "tight); empty: no attack or no bound at that ε"),
     }
     assert tuple(out) == TABLES
     return out
@@ -456,9 +678,7 @@ def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tabl
         for stem, fig in iter_env_figures(env, data):
             written += _save(fig, figures_dir, stem)
         written += _tables_for_env(env, data, tables_dir, table_eps_factors)
-    all_algos = [a for a in ALGORITHMS if any(a in algos for algos, _ in plan.values())]
-    assert GLOBAL_FIGURES == ("legend",)
-    written += _save(legend_figure(all_algos), figures_dir, "legend")
+    assert GLOBAL_FIGURES == ()  # one legend file per environment ({Clean}_legend), no copy of it
     expected = set(aggregate_files(figures_dir, tables_dir, plan))
     if set(written) != expected or len(written) != len(expected):
         raise RuntimeError(f"aggregate wrote {sorted(map(str, set(written) - expected))} beyond the layout and "

@@ -8,7 +8,9 @@ attacks.  The names are those of the reference CSV (``env, algo, sigma, metric, 
 metric                 ε    value
 =====================  ===  ===========================================================================
 mean_radius            —    LoAct: mean certified radius over every step of every episode (Theorem 1;
-                            uncertified steps count as 0)
+                            uncertified steps count as 0 — this project's headline)
+mean_radius_certified  —    LoAct: mean certified radius over the certified steps only (the paper's and
+                            the CROP leaderboard's convention); NaN when no step is certified
 certified_fraction     —    LoAct: share of steps certified (radius > 0)
 benign_return          —    LoAct: mean return of the smoothed policy π̃ over its clean episodes
 expectation_bound      ε    GRe: expectation bound J̲_E (Theorem 2)
@@ -20,6 +22,12 @@ pgd_global_mean        ε    mean return of the σ-randomized policy under globa
 pgd_global_median      ε    median of the same returns
 pgd_local_return       ε    lowest return of π̃ under local PGD from LoRe's initial state
 =====================  ===  ===========================================================================
+
+The two averaging conventions of a mean radius (:data:`CONVENTIONS`, :func:`mean_radius`) differ only in
+what an uncertified step contributes: radius 0 to a mean over all steps ("uncertified = 0", the headline:
+a policy that certifies 1 % of its steps at radius 0.1 has mean radius 0.001), or nothing ("certified steps
+only", the paper's: the same policy has mean radius 0.1).  Per-step curves (:func:`per_step_mean_radius`)
+average, at step t, over the episodes still running at t, in either convention.
 
 A metric is *unavailable* (``None``) when the run did not compute it — an ε off the run's grid, or beyond
 LoRe's searched range; it is NaN when the run computed "no value" (a percentile bound no order statistic
@@ -38,10 +46,18 @@ from crop.io import read_json
 from crop.layout import FRAMES_FILE, RUN_FILES
 from crop.lore import lore_bound_at
 
-__all__ = ["load_runs", "parse_run", "METRICS", "EPS_METRICS", "metric_value", "is_metric", "metric_has_eps", "lore_valid_until"]
+__all__ = ["load_runs", "parse_run", "METRICS", "EPS_METRICS", "metric_value", "is_metric", "metric_has_eps",
+           "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
+
+# The two averaging conventions of a mean certified radius: key -> what a reader is told.
+CONVENTIONS = {
+    "uncertified_zero": "uncertified = 0",
+    "certified_only": "certified steps only",
+}
 
 METRICS = {
     "mean_radius": "LoAct mean certified radius (uncertified steps count as 0)",
+    "mean_radius_certified": "LoAct mean certified radius over certified steps only (the paper's convention)",
     "certified_fraction": "LoAct share of certified steps",
     "benign_return": "mean return of the smoothed policy over LoAct's clean episodes",
     "expectation_bound": "GRe expectation bound J_E at eps (Theorem 2)",
@@ -110,6 +126,47 @@ def lore_valid_until(run: dict) -> float:
     return math.inf if v is None else float(v)
 
 
+def _check_convention(convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown averaging convention {convention!r}; known: {sorted(CONVENTIONS)}")
+
+
+def _radii(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(radius, certified) of LoAct's per-step table; an uncertified step's radius is 0 whatever is stored."""
+    certified = steps["certified"].astype(bool).to_numpy()
+    return np.where(certified, steps["radius"].to_numpy(dtype=float), 0.0), certified
+
+
+def mean_radius(steps: pd.DataFrame, convention: str = "uncertified_zero") -> float:
+    """Mean certified radius (Theorem 1) of LoAct's per-step table ``steps`` (columns ``radius``,
+    ``certified``) over every step of every episode: ``uncertified_zero`` counts an uncertified step as
+    radius 0, ``certified_only`` averages over certified steps only (NaN when there are none)."""
+    _check_convention(convention)
+    radius, certified = _radii(steps)
+    if convention == "uncertified_zero":
+        return float(radius.mean()) if radius.size else math.nan
+    return float(radius[certified].mean()) if certified.any() else math.nan
+
+
+def per_step_mean_radius(steps: pd.DataFrame, convention: str = "uncertified_zero") -> pd.DataFrame:
+    """Per time step t: the mean and standard deviation (ddof = 0) of the certified radius over the episodes
+    still running at t (an episode that ended before t contributes nothing, not a 0), as the paper's Fig. 1.
+
+    Columns ``mean``, ``std``, ``running`` (episodes that reached t) and ``averaged`` (episodes in the mean:
+    all running ones for ``uncertified_zero``, those certified at t for ``certified_only``; the mean is NaN
+    where that is 0); indexed by ``step``."""
+    _check_convention(convention)
+    radius, certified = _radii(steps)
+    df = pd.DataFrame({"step": steps["step"].to_numpy(int), "radius": radius, "certified": certified})
+    running = df.groupby("step").size()
+    used = df if convention == "uncertified_zero" else df[df["certified"]]
+    g = used.groupby("step")["radius"]
+    out = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=0)}).reindex(running.index)
+    out["running"] = running
+    out["averaged"] = used.groupby("step").size().reindex(running.index, fill_value=0)
+    return out
+
+
 def metric_value(run: dict, metric: str, eps: float | None = None) -> float | None:
     """``metric`` of one run (``run``: the DataFrames of :func:`crop.report.aggregate.load_runs`).
 
@@ -120,7 +177,9 @@ def metric_value(run: dict, metric: str, eps: float | None = None) -> float | No
     if metric_has_eps(metric) and eps is None:
         raise ValueError(f"metric {metric} needs an eps")
     if metric == "mean_radius":
-        return float(run["loact"]["radius"].mean())
+        return mean_radius(run["loact"], "uncertified_zero")
+    if metric == "mean_radius_certified":
+        return mean_radius(run["loact"], "certified_only")
     if metric == "certified_fraction":
         return float(run["loact"]["certified"].astype(bool).mean())
     if metric == "benign_return":

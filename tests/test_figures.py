@@ -1,0 +1,306 @@
+"""What a reviewer checks in the figures and tables, as code can see it: math-text labels, one colour and
+marker per algorithm in every figure, dashed attack lines above the bounds with an honest legend, sensible
+y-limits for flat series, horizontal non-overlapping ticks, GRe curves over the whole x range, Markdown
+tables without ``nan`` or raw keys, and both averaging conventions of the mean radius on planted data."""
+import math
+import re
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.colors import to_hex
+
+from crop.config import ALGORITHMS
+from crop.gre import gre_bounds
+from crop.report import aggregate as agg
+from crop.report.metrics import load_runs, mean_radius, metric_value, per_step_mean_radius
+from synthetic_results import make_results, rewrite_csv, runs_of
+
+CART = "CartPole-v0"
+matplotlib.rcParams["figure.max_open_warning"] = 0  # the fixture keeps every figure of a run open
+
+
+def _close_all(figs):
+    for f in figs.values():
+        matplotlib.pyplot.close(f)
+
+
+def _all_figures(data, env):
+    return dict(agg.iter_env_figures(env, data))
+
+
+@pytest.fixture(scope="module")
+def nine(tmp_path_factory):
+    """CartPole with all nine algorithms at one σ (the colour and style checks) and Freeway with two."""
+    root = tmp_path_factory.mktemp("nine")
+    plan = {CART: {a: [0.1] for a in ALGORITHMS}, "FreewayNoFrameskip-v4": {"StdTrain": [0.5], "CARRL": [0.5]}}
+    runs = make_results(root, plan)
+    data = load_runs(root, runs_of(runs))
+    figs = {**_all_figures(data, CART), **_all_figures(data, "FreewayNoFrameskip-v4")}
+    yield root, runs, data, figs
+    _close_all(figs)
+
+
+def _text_outside_math(label: str) -> str:
+    return re.sub(r"\$[^$]*\$", "", label)
+
+
+def test_axis_labels_are_math_text(nine):
+    *_, figs = nine
+    seen = set()
+    for stem, fig in figs.items():
+        for ax in fig.axes:
+            for label in (ax.get_xlabel(), ax.get_ylabel()):
+                assert "_" not in _text_outside_math(label), (stem, label)  # no literal J_E, η_r, …
+                assert label.count("$") % 2 == 0, (stem, label)
+                seen.add(label.split("\n")[-1])
+    assert agg.LABELS["J_E"] in seen and r"$\underline{J}_E$" in agg.LABELS["J_E"]
+    assert agg.LABELS["J_p"] in seen and r"$\underline{J}_p$" in agg.LABELS["J_p"]
+    assert agg.LABELS["J"] in seen and r"$\underline{J}$" in agg.LABELS["J"]
+    assert agg.LABELS["eta"] in seen and r"$\eta_r$" in agg.LABELS["eta"]
+    assert agg.LABELS["eps"] in seen and agg.LABELS["r"] in seen
+
+
+def test_one_colour_and_marker_per_algorithm_all_distinct(nine):
+    *_, figs = nine
+    assert list(agg.ALGO_COLORS) == ALGORITHMS
+    assert len({to_hex(c) for c in agg.ALGO_COLORS.values()}) == 9
+    assert len(set(agg.ALGO_MARKERS.values())) == 9
+    drawn = {}
+    for stem, fig in figs.items():
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                gid = line.get_gid() or ""
+                if ":" in gid:
+                    algo = gid.split(":", 1)[1]
+                    assert to_hex(line.get_color()) == agg.ALGO_COLORS[algo], (stem, gid)
+                    if gid.startswith("bound:"):
+                        assert line.get_marker() == agg.ALGO_MARKERS[algo], (stem, gid)
+                    drawn.setdefault(algo, set()).add(stem.split("_")[0])
+        for lg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
+            for h, t in zip(lg.legend_handles, lg.get_texts()):
+                for a in ALGORITHMS:
+                    if t.get_text() == agg.algo_label(a):
+                        assert to_hex(h.get_color()) == agg.ALGO_COLORS[a] and h.get_marker() == agg.ALGO_MARKERS[a]
+    assert set(drawn) == set(ALGORITHMS)
+    assert drawn["StdTrain"] == drawn["CARRL"] == {"CartPole", "Freeway"}  # the same colour in both envs
+
+
+# Machado, Oliveira & Fernandes (2009) simulation matrices (severity 1.0, linear RGB) of the three dichromacies.
+_CVD = {"protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216],
+                       [-0.003882, -0.048116, 1.051998]],
+        "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                         [-0.011820, 0.042940, 0.968881]],
+        "tritanopia": [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602],
+                       [0.004733, 0.691367, 0.303900]]}
+
+
+def _lab(hex_colour, matrix=None):
+    """CIELAB (D65) of an sRGB colour, as seen through a dichromacy simulation ``matrix``."""
+    c = np.asarray(matplotlib.colors.to_rgb(hex_colour))
+    lin = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    if matrix is not None:
+        lin = np.clip(np.asarray(matrix) @ lin, 0.0, 1.0)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ lin
+    t = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(t > 0.008856, np.cbrt(t), 7.787 * t + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_colours_stay_distinct_under_colour_vision_deficiencies():
+    """Every pair of the nine colours differs by ΔE*ab ≥ 15 for normal vision and under simulated protanopia,
+    deuteranopia and tritanopia (seaborn's "colorblind" palette, used before, falls to 10.8)."""
+    for name, matrix in [("normal", None), *_CVD.items()]:
+        lab = {a: _lab(c, matrix) for a, c in agg.ALGO_COLORS.items()}
+        worst = min((float(np.linalg.norm(lab[a] - lab[b])), a, b) for i, a in enumerate(ALGORITHMS)
+                    for b in ALGORITHMS[i + 1:])
+        assert worst[0] >= 15.0, (name, worst)
+    # StdTrain (the baseline, drawn first) is the darkest colour: no later pale line can hide it.
+    assert _lab(agg.ALGO_COLORS["StdTrain"])[0] == min(_lab(c)[0] for c in agg.ALGO_COLORS.values())
+
+
+def test_attack_lines_dashed_above_the_bounds_and_in_the_legend(nine):
+    *_, figs = nine
+    checked = 0
+    for stem, fig in figs.items():
+        if not any(k in stem for k in ("global_mean", "global_median", "adasearch", "all_bounds")):
+            continue
+        for ax in fig.axes:
+            bounds = [ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith("bound:")]
+            attacks = [ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith("attack:")]
+            assert bounds and attacks, stem
+            assert {b.get_gid()[6:] for b in bounds} == {a.get_gid()[7:] for a in attacks}
+            for a in attacks:
+                assert a.get_linestyle() == "--" and a.get_marker() in ("None", None, "", " "), stem
+                assert a.get_zorder() > max(b.get_zorder() for b in bounds), stem
+                assert a.get_path_effects(), stem  # a white edge keeps the dashes visible over a solid line
+            assert all(b.get_linestyle() == "-" for b in bounds)
+            checked += 1
+        legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        styles = {t.get_text(): h.get_linestyle() for lg in legends for h, t in zip(lg.legend_handles, lg.get_texts())}
+        dashed = [t for t, ls in styles.items() if ls == "--"]
+        assert dashed and all("PGD" in t for t in dashed), (stem, styles)  # the key shows a dashed sample
+        assert any(ls == "-" and "certified" in t for t, ls in styles.items()), stem
+    assert checked >= 9
+    legend = [t.get_text() for t in figs["Cartpole_legend"].legends[0].get_texts()]
+    assert "PGD attack (dashed)" in legend and len(legend) == 11
+
+
+def _flat_results(root):
+    """CartPole, two algorithms: benign returns all 40, LoRe bound and local attack flat at 6, and one
+    algorithm that certifies no step (radius 0 everywhere)."""
+    runs = make_results(root, {CART: {"StdTrain": [0.1], "CARRL": [0.1]}})
+    for (env, algo, lab), d in runs.items():
+        ep = pd.read_csv(d / "loact_episodes.csv")
+        ep["return"] = 40.0
+        rewrite_csv(d / "loact_episodes.csv", ep)
+        rewrite_csv(d / "lore.csv", pd.DataFrame({"eps": [0.0], "lower_bound": [6.0]}))
+        al = pd.read_csv(d / "attack_local.csv")
+        al["return"] = 6.0
+        rewrite_csv(d / "attack_local.csv", al)
+        if algo == "CARRL":
+            st = pd.read_csv(d / "loact.csv")
+            st["radius"], st["certified"] = 0.0, False
+            rewrite_csv(d / "loact.csv", st)
+    return runs
+
+
+def test_flat_series_get_sensible_y_limits(tmp_path):
+    runs = _flat_results(tmp_path)
+    data = load_runs(tmp_path, runs_of(runs))
+    figs = _all_figures(data, CART)
+    try:
+        lo, hi = figs["Cartpole_loact_clean"].axes[0].get_ylim()
+        assert lo < 40 < hi and hi - lo >= 0.1 * 40  # not 40 ± a tiny band
+        for stem in ("CartPole_adasearch_sigma-0.1", "CartPole_all_bounds"):
+            ax = figs[stem].axes[-1]
+            lo, hi = ax.get_ylim()
+            assert lo < 6 < hi and hi - lo >= 1.0, stem
+        only_carrl = {k: v for k, v in data.items() if k[1] == "CARRL"}
+        fig = dict(agg.iter_env_figures(CART, only_carrl))["CartPole_stepwise_sigma-0.1"]
+        lo, hi = fig.axes[0].get_ylim()
+        assert lo < 0 < hi and hi >= 0.05 * 0.1  # radius 0 everywhere: an axis on the scale of σ
+        assert any("no step certified" in t.get_text() for t in fig.axes[0].texts)
+    finally:
+        _close_all(figs)
+
+
+def test_sigma_ticks_are_horizontal_and_do_not_overlap(tmp_path):
+    sigmas = [0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1]
+    runs = make_results(tmp_path, {CART: {"StdTrain": sigmas}})
+    data = load_runs(tmp_path, runs_of(runs))
+    fig = next(f for s, f in agg.iter_env_figures(CART, data) if s == "Cartpole_loact_clean" or
+               matplotlib.pyplot.close(f))
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        shown = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        assert len(shown) >= 3 and all(t.get_rotation() == 0 for t in ax.get_xticklabels())
+        boxes = sorted((t.get_window_extent(r) for t in shown), key=lambda b: b.x0)
+        assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:]))
+        assert [t.get_text() for t in shown][0] == "0.001" and "0.1" in [t.get_text() for t in shown]
+    finally:
+        matplotlib.pyplot.close(fig)
+
+
+def test_gre_curves_span_the_attack_range(tmp_path):
+    """GRe computed up to 0.05σ, the global attack up to 0.4σ: the bound is drawn to 0.4σ, equal to the
+    certifier's own formulas (crop.gre.gre_bounds) on the whole grid, and the vacuous median as J_min."""
+    sigma = 0.1
+    runs = make_results(tmp_path, {CART: {"StdTrain": [sigma]}})
+    d = runs[(CART, "StdTrain", repr(sigma))]
+    returns = pd.read_csv(d / "gre_returns.csv")["return"].to_numpy()
+    j_min, j_max = 0.0, 40.0
+    kw = dict(sigma=sigma, horizon=30, alpha=0.05, percentiles=[0.5], j_min=j_min, j_max=j_max)
+    rewrite_csv(d / "gre.csv", gre_bounds(returns, eps_grid=[0.0, 0.002, 0.005], **kw))
+    ag = pd.read_csv(d / "attack_global.csv")
+    ag["eps"] = ag["eps"] * 2.0  # the attack's grid now reaches 0.4σ
+    rewrite_csv(d / "attack_global.csv", ag)
+    data = load_runs(tmp_path, runs_of(runs))
+    run = data[(CART, "StdTrain", repr(sigma))]
+    for kind, col in (("mean", "expectation_bound"), ("median", "percentile_bound")):
+        eps, y, n = agg.gre_curve(run, kind, 0.04)
+        assert n == 3 and eps[-1] == pytest.approx(0.04) and np.all(np.diff(eps) > 0)
+        ref = gre_bounds(returns, eps_grid=eps, **kw)[col].to_numpy()
+        if kind == "median":
+            assert np.isnan(ref).any()  # far out no order statistic certifies the median …
+            ref = np.where(np.isnan(ref), j_min, ref)  # … and the figure shows the trivial bound J_min
+        np.testing.assert_allclose(y, ref, rtol=1e-9)  # gre.csv stores 10 significant digits
+    figs = _all_figures(data, CART)
+    try:
+        for stem in ("CartPole_global_mean_sigma-0.1", "CartPole_global_median_sigma-0.1"):
+            ax = figs[stem].axes[0]
+            bound = next(ln for ln in ax.get_lines() if ln.get_gid() == "bound:StdTrain")
+            attack = next(ln for ln in ax.get_lines() if ln.get_gid() == "attack:StdTrain")
+            assert max(bound.get_xdata()) == pytest.approx(max(attack.get_xdata())) == pytest.approx(0.04)
+            assert ax.get_xlim()[1] >= 0.04
+    finally:
+        _close_all(figs)
+
+
+# ------------------------------------------------------------------------------- both averaging conventions
+
+def _planted_steps():
+    """Episode 0: radii 0.2, (uncertified), 0.4; episode 1: (uncertified), 0.6 — and it ends a step earlier.
+    An uncertified step's stored radius is junk (0.9) on purpose: it must count as 0 or not at all."""
+    return pd.DataFrame({"episode": [0, 0, 0, 1, 1], "step": [0, 1, 2, 0, 1],
+                         "certified": [True, False, True, False, True], "radius": [0.2, 0.9, 0.4, 0.9, 0.6]})
+
+
+def test_mean_radius_conventions_on_planted_steps():
+    st = _planted_steps()
+    assert mean_radius(st, "uncertified_zero") == pytest.approx((0.2 + 0 + 0.4 + 0 + 0.6) / 5)
+    assert mean_radius(st, "certified_only") == pytest.approx((0.2 + 0.4 + 0.6) / 3)
+    none = st.assign(certified=False)
+    assert mean_radius(none, "uncertified_zero") == 0.0 and math.isnan(mean_radius(none, "certified_only"))
+    with pytest.raises(ValueError, match="unknown averaging convention"):
+        mean_radius(st, "skip")
+
+
+def test_per_step_mean_over_the_episodes_still_running():
+    st = _planted_steps()
+    z = per_step_mean_radius(st, "uncertified_zero")
+    c = per_step_mean_radius(st, "certified_only")
+    assert list(z.index) == [0, 1, 2] and list(z["running"]) == [2, 2, 1]
+    # Step 2: only episode 0 still runs, so the mean is its 0.4 (not 0.4 / 2 with the ended episode as 0).
+    np.testing.assert_allclose(z["mean"], [0.1, 0.3, 0.4])
+    np.testing.assert_allclose(z["std"], [0.1, 0.3, 0.0])
+    np.testing.assert_allclose(c["mean"], [0.2, 0.6, 0.4])
+    assert list(c["averaged"]) == [1, 1, 1] and list(z["averaged"]) == [2, 2, 1]
+
+
+def test_tables_give_both_conventions(tmp_path):
+    runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "CARRL": [0.1]}})
+    std = runs[(CART, "StdTrain", "0.1")]
+    base = pd.read_csv(std / "loact.csv").iloc[:0]
+    planted = _planted_steps()
+    rewrite_csv(std / "loact.csv", pd.concat([base, planted], ignore_index=True)
+                .assign(action=0, reward=1.0, q_top=1.0, q_runner_up=0.5, q_top_lower=0.9, q_others_upper_max=0.6))
+    carrl = runs[(CART, "CARRL", "0.1")]
+    st = pd.read_csv(carrl / "loact.csv")
+    rewrite_csv(carrl / "loact.csv", st.assign(certified=False, radius=0.0))
+    data = load_runs(tmp_path, runs_of(runs))
+    assert metric_value(data[(CART, "StdTrain", "0.1")], "mean_radius") == pytest.approx(0.24)
+    assert metric_value(data[(CART, "StdTrain", "0.1")], "mean_radius_certified") == pytest.approx(0.4)
+    agg.aggregate(tmp_path, runs_of(runs), table_eps_factors=[0.0, 0.05], figures_dir=tmp_path / "fig",
+                  tables_dir=tmp_path / "tab")
+    zero = pd.read_csv(tmp_path / "tab" / "CartPole_mean_radius.csv").set_index("algo")
+    cert = pd.read_csv(tmp_path / "tab" / "CartPole_mean_radius_certified.csv").set_index("algo")
+    assert zero.loc["StdTrain", "sigma=0.1"] == pytest.approx(0.24)
+    assert cert.loc["StdTrain", "sigma=0.1"] == pytest.approx(0.4)
+    assert zero.loc["CARRL", "sigma=0.1"] == 0 and math.isnan(cert.loc["CARRL", "sigma=0.1"])
+    md = (tmp_path / "tab" / "CartPole_mean_radius_certified.md").read_text()
+    assert "certified steps only" in md and re.search(r"\| CARRL\s+\|\s+—\s+\|", md)
+    assert "uncertified = 0" in (tmp_path / "tab" / "CartPole_mean_radius.md").read_text()
+    # Markdown: no nan, reader's column names (no snake_case keys), ε without binary noise.
+    for f in (tmp_path / "tab").glob("*.md"):
+        text = f.read_text()
+        assert not re.search(r"\bnan\b", text, re.I), f.name
+        header = next(line for line in text.splitlines() if line.startswith("|"))
+        assert "_" not in header and "gap" not in header, (f.name, header)
+    rb = (tmp_path / "tab" / "CartPole_reward_bounds.csv").read_text()
+    assert "0.005," in rb and "0.005000000000000001" not in rb
+    assert re.search(r"\|\s+0\.005\s+\|", (tmp_path / "tab" / "CartPole_reward_bounds.md").read_text())
+    assert math.isnan(metric_value(data[(CART, "CARRL", "0.1")], "mean_radius_certified"))
