@@ -257,6 +257,11 @@ def test_mean_radius_conventions_on_planted_steps():
     assert mean_radius(none, "uncertified_zero") == 0.0 and math.isnan(mean_radius(none, "certified_only"))
     with pytest.raises(ValueError, match="unknown averaging convention"):
         mean_radius(st, "skip")
+    # certified_only is the mean over steps of the per-step curve (0 where no episode is certified), not the
+    # pooled mean over certified steps: step 0 (0.2 + 0.4) / 2, step 1 0.9, step 2 none certified -> 0
+    two = pd.DataFrame({"episode": [0, 1, 0, 0], "step": [0, 0, 1, 2], "certified": [True, True, True, False],
+                        "radius": [0.2, 0.4, 0.9, 0.5]})
+    assert mean_radius(two, "certified_only") == pytest.approx((0.3 + 0.9 + 0.0) / 3)
 
 
 def test_per_step_mean_over_the_episodes_still_running():

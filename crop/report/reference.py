@@ -61,7 +61,7 @@ from crop.envs import ENV_SPECS
 from crop.io import read_json, sha256_file
 from crop.layout import FRAMES_FILE, RUN_FILES
 from crop.report.metrics import is_metric as _is_project_metric
-from crop.report.metrics import lore_valid_until, metric_has_eps, metric_value, parse_run
+from crop.report.metrics import lore_valid_until, mean_radius, metric_has_eps, metric_value, parse_run
 
 __all__ = ["ReferenceError", "DEFAULT_TOLERANCES", "REFERENCE_COLUMNS", "VERDICTS", "load_reference",
            "load_tolerances", "tolerance_for", "compare_reference", "reference_summary", "resolve_reference",
@@ -215,11 +215,10 @@ def load_partial_runs(results: Path, runs) -> dict:
 
 
 def mean_radius_certified(steps: pd.DataFrame) -> float:
-    """The paper's convention: per time step the mean radius over the episodes certified at that step (0 when
-    none is), then the mean over the steps any episode reached."""
-    cert = steps["certified"].astype(bool)
-    per_step = steps["radius"].where(cert).groupby(steps["step"]).mean().fillna(0.0)
-    return float(per_step.mean()) if len(per_step) else math.nan
+    """The paper's convention (:func:`crop.report.metrics.mean_radius`, ``certified_only``), with 0 for a run
+    that certified no step (the published curves are 0 at such steps)."""
+    v = mean_radius(steps, "certified_only")
+    return 0.0 if math.isnan(v) and len(steps) else v
 
 
 def reference_metric_value(run: dict, metric: str, eps: float | None = None) -> float | None:
