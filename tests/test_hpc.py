@@ -80,7 +80,8 @@ def snakemake(work: Path, cfg: Path, *args: str, env: dict | None = None, timeou
     REPO/Snakefile``; run from REPO, so relative paths in it are the README's) followed by `args`."""
     command = command or ["snakemake", "-s", str(REPO / "Snakefile")]
     assert command[0] == "snakemake", command
-    p = subprocess.run([sys.executable, "-m", *command, "--directory", str(work), "--configfile", str(cfg), *args],
+    # --configfile takes several values: --directory after it ends them, so `args` may begin with targets
+    p = subprocess.run([sys.executable, "-m", *command, "--configfile", str(cfg), "--directory", str(work), *args],
                        capture_output=True, text=True, timeout=timeout, env=env or run_env(), cwd=REPO)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     return p.stdout + p.stderr
