@@ -199,6 +199,9 @@ def test_the_docs_give_one_slurm_command_and_the_profile_needs_no_accounting():
 
 def _planned_resources(cfg_path: Path, cfg: dict, tmp_path: Path) -> dict[str, str]:
     out = snakemake(tmp_path, cfg_path, "-n", *target_files(cfg), command=readme_slurm_command())
+    # the profile's constant disk_mb spares Snakemake sizing the inputs while it builds the DAG, which
+    # printed "RuntimeWarning: coroutine 'InputFiles._predicated_size_files.<locals>.sizes' was never awaited"
+    assert "never awaited" not in out, out[-3000:]
     rules = re.findall(r"^(?:local)?rule (\w+):\n(?:.*\n)*?\s+resources: (.*)$", out, flags=re.M)
     assert rules, out[-3000:]
     return dict(rules)
@@ -273,8 +276,9 @@ def test_slurm_profile_runs_the_target_through_sbatch_with_local_results(slurm_c
     path, cfg = hpc_config
     # the README's command as written (no flags added: this cluster has no accounting database, and the
     # profile must work on it as on one with accounting), on the test's config and target
+    # (before the profile asked squeue, this hung: the plugin's default, sacct, never saw a job finish here)
     out = snakemake(tmp_path, path, *target_files(cfg), command=readme_slurm_command())
-    assert "accounting storage is disabled" not in out, out[-3000:]
+    assert "never awaited" not in out, out[-3000:]
     run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
     jobs = slurm_jobs(run_id)
     rules = [re.match(r"rule_(\w+?)_wildcards", j["Comment"]).group(1) for j in jobs]
