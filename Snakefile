@@ -19,8 +19,13 @@ report: "report/workflow.rst"
 
 
 # With `snakemake --sdm apptainer` every step runs inside this Apptainer image, built from the definition
-# file containers/crop.def (see README, Containers).  Without --sdm apptainer the directive is ignored.
+# file containers/crop.def (docs/hpc.md, Containers).  Without --sdm apptainer the directive is ignored.
 container: os.path.join(workflow.basedir, "containers", "crop.sif")
+
+# Matplotlib's cache (the figures' font list) in /tmp, per user, not in the working directory: Snakemake
+# runs a container's steps with --home set to the working directory, where matplotlib would otherwise
+# leave .cache/matplotlib.  The steps inherit this environment (locally, in containers and on SLURM).
+os.environ.setdefault("MPLCONFIGDIR", f"/tmp/crop-matplotlib-{os.getuid()}")
 
 
 include: "rules/common.smk"
@@ -39,3 +44,11 @@ rule all:
         aggregate_outputs(),
         audit_outputs(),
     default_target: True
+
+
+# At the end of every run (not dry runs, not the jobs SLURM runs): the audit's verdict and where the
+# figures, tables and report are (crop/report/summary.py).
+onsuccess:
+    from crop.report.summary import print_summary
+
+    print_summary(R, workflow.overwrite_configfiles)

@@ -5,8 +5,9 @@
 # in the foreground of their own sessions, and their PIDs written to STATE_DIR/*.pid for slurm-down.sh).
 # munged, slurmctld and slurmd listen on 127.0.0.1 only.  The node declares one fake GPU
 # (gres.conf: File=/dev/null) so that jobs asking for --gpus=1 are scheduled and accounted like real ones.
-# No slurmdbd: Snakemake's SLURM plugin must query job states with `squeue`, which sees a finished job
-# only for MinJobAge seconds (>= 120, or the plugin waits forever); set here to 600.
+# No slurmdbd (as on some sites): profiles/slurm asks job states of `squeue`, which sees a finished job only
+# for MinJobAge seconds (>= 180, the plugin's longest gap between two checks, or it waits forever); set
+# here to 600.  `sacct` would answer "accounting storage is disabled" and the run would hang.
 # slurm.conf must live at /etc/slurm/slurm.conf: the plugin's job step drops SLURM_CONF.
 set -euo pipefail
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"

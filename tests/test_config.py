@@ -55,7 +55,8 @@ def test_defaults_are_filled_and_targets_listed():
 def test_default_and_shipped_configs_are_valid():
     files = ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml")),
              *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "configs").glob("*.yaml"))]
-    assert {"configs/paper.yaml", "configs/cartpole.yaml", "tests/configs/smoke.yaml"} <= set(files)
+    assert {"configs/paper.yaml", "configs/cartpole.yaml", "configs/quickstart.yaml",
+            "tests/configs/smoke.yaml"} <= set(files)
     for f in files:
         load_config(REPO / f)
 
