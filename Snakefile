@@ -35,7 +35,7 @@ include: "rules/audit.smk"
 
 
 rule all:
+    default_target: True
     input:
         aggregate_outputs(),
         audit_outputs(),
-    default_target: True

@@ -27,8 +27,8 @@ from urllib.parse import urlparse
 
 from crop.io import atomic_write_text, sha256_file
 
-__all__ = ["ArchiveError", "FetchError", "fetch_published", "extract_member", "mirror_url", "DEFAULT_LOCK",
-           "MAX_MEMBER_BYTES", "cache_dir"]
+__all__ = ["ArchiveError", "FetchError", "fetch_published", "fetch_checkpoint", "extract_member", "mirror_url",
+           "DEFAULT_LOCK", "MAX_MEMBER_BYTES", "cache_dir"]
 
 DEFAULT_LOCK = "checkpoints.lock.json"
 MAX_MEMBER_BYTES = 1 << 30          # 1 GiB for one checkpoint file
@@ -133,6 +133,29 @@ def fetch_published(entry: dict, dest: Path, *, mirror: str | None = None, cache
             "member": entry.get("member")}
 
 
+def fetch_checkpoint(entry: dict, out: str | os.PathLike, *, mirror: str | None = None, cache=None,
+                     lock: str | os.PathLike | None = DEFAULT_LOCK, progress: bool | None = None) -> dict:
+    """Fetch a published checkpoint (registry ``entry``) to ``out``, verified to load safely into its
+    architecture before it is put in place; returns the fields of its record model.json.  Raises
+    :class:`crop.io.InputError` (nothing is written then)."""
+    from crop.io import InputError
+    from crop.models import CheckpointError, load_q_network
+
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.fetching")
+    try:
+        origin = fetch_published(entry, tmp, mirror=mirror, cache=cache, lock=lock, progress=progress)
+        sha = sha256_file(tmp)
+        load_q_network(tmp, entry["net_spec"], expected_sha256=sha)  # architecture and safe loading
+        tmp.replace(out)
+    except (FetchError, CheckpointError) as exc:
+        raise InputError(str(exc)) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"net_spec": entry["net_spec"], "profile": entry["profile"], "source": "published", **origin,
+            "sha256": sha}
+
+
 # ------------------------------------------------------------------------------------------ archives
 
 def _check_name(name: str) -> None:
@@ -208,7 +231,8 @@ def extract_member(archive: Path, member: str, dest: Path, max_bytes: int = MAX_
                 try:  # Python's own "data" filter: links that escape, device files, absolute link targets
                     tarfile.data_filter(m, "/nonexistent-crop-extract-root")
                 except tarfile.FilterError as exc:
-                    raise ArchiveError(f"{archive}: member {m.name!r} is unsafe ({exc}); refusing the archive") from None
+                    raise ArchiveError(
+                        f"{archive}: member {m.name!r} is unsafe ({exc}); refusing the archive") from None
                 total += m.size
                 members.append(m)
             if total > MAX_ARCHIVE_BYTES:

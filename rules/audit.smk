@@ -14,18 +14,18 @@ rule audit:
         json=f"{R}/audit/audit.json",
     log:
         f"{R}/logs/audit.log",
+    conda:
+        "../envs/crop.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
     params:
         out_dir=lambda w, output: os.path.dirname(output.json),
         options=audit_options(),
         config_hash=CONFIG_HASH,
         # read by the caption (report/audit.rst)
         audit=CFG["audit"],
-    threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=10,
-    conda:
-        "../envs/crop.yaml"
     shell:
         "crop audit --inputs {input.runs} --out-dir {params.out_dir} --config-hash {params.config_hash} "
         "{params.options} > {log} 2>&1"

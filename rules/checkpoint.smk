@@ -11,6 +11,13 @@ rule checkpoint:
         record=CHECKPOINT_RECORD,
     log:
         f"{R}/logs/{{env}}/{{algo}}/checkpoint.log",
+    conda:
+        "../envs/crop.yaml"
+    threads: 1
+    resources:
+        mem_mb=checkpoint_mem_mb,
+        runtime=checkpoint_runtime,
+        gpu=checkpoint_gpus,
     params:
         source=lambda w: env_cfg(w)["source"],
         settings=train_settings_arg,
@@ -21,13 +28,6 @@ rule checkpoint:
             + (f" --cache {shlex.quote(CFG['checkpoints']['cache'])}" if CFG["checkpoints"]["cache"] else "")
         ),
         seed=CFG["seed"],
-    threads: 1
-    resources:
-        mem_mb=checkpoint_mem_mb,
-        runtime=checkpoint_runtime,
-        gpu=checkpoint_gpus,
-    conda:
-        "../envs/crop.yaml"
     shell:
         "crop checkpoint --env {wildcards.env} --algo {wildcards.algo} --source {params.source} "
         "--seed {params.seed} --threads {threads} --settings {params.settings} {params.base} {params.fetch} "
