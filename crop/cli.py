@@ -20,6 +20,7 @@ __all__ = ["main", "build_parser", "InputError", "BOUND_NAMES"]
 
 # Choices come from the code that implements them, not from the schema's copy of the list.
 CHOICES = {"bound": BOUND_NAMES, "alpha_mode": ALPHA_MODES, "device": DEVICES}
+POS_INT = {"type": "integer", "minimum": 1}
 
 
 # ------------------------------------------------------------------------------------- options from the schema
@@ -129,10 +130,10 @@ def _common(p, sigma: bool = True, checkpoint: bool = True) -> None:
 def _train_args(p, budget: bool = True) -> None:
     p.add_argument("--settings", help="the config's train block as JSON (hidden, total_steps, …, dqn, recipes)")
     if budget:
-        p.add_argument("--hidden", type=_schema_type({"minimum": 1}), nargs="+", help="hidden layer widths")
-        p.add_argument("--total-steps", type=_schema_type({"minimum": 1}), help="most environment steps to train")
+        p.add_argument("--hidden", type=_schema_type(POS_INT), nargs="+", help="hidden layer widths")
+        p.add_argument("--total-steps", type=_schema_type(POS_INT), help="most environment steps to train")
         p.add_argument("--min-steps", type=int, help="no acceptance test before this many steps")
-    p.add_argument("--eval-episodes", type=_schema_type({"minimum": 1}),
+    p.add_argument("--eval-episodes", type=_schema_type(POS_INT),
                    help="episodes of the greedy acceptance evaluation")
     p.add_argument("--target-return", type=_return_or_none, default=argparse.SUPPRESS,
                    help="acceptance threshold of the greedy mean return (default: the environment's, e.g. "
