@@ -2,6 +2,7 @@
 # Per environment × algorithm × σ: checkpoint → qrange → LoAct, GRe, LoRe → PGD attacks → tables and
 # figures → audit.  Rules only wire files; every computation is a `crop` subcommand.
 import os
+import tempfile
 
 from snakemake.utils import min_version
 
@@ -25,7 +26,7 @@ container: os.path.join(workflow.basedir, "containers", "crop.sif")
 # Matplotlib's cache (the figures' font list) in /tmp, per user, not in the working directory: Snakemake
 # runs a container's steps with --home set to the working directory, where matplotlib would otherwise
 # leave .cache/matplotlib.  The steps inherit this environment (locally, in containers and on SLURM).
-os.environ.setdefault("MPLCONFIGDIR", f"/tmp/crop-matplotlib-{os.getuid()}")
+os.environ.setdefault("MPLCONFIGDIR", os.path.join(tempfile.gettempdir(), f"crop-matplotlib-{os.getuid()}"))
 
 
 include: "rules/common.smk"
@@ -40,10 +41,10 @@ include: "rules/audit.smk"
 
 
 rule all:
+    default_target: True
     input:
         aggregate_outputs(),
         audit_outputs(),
-    default_target: True
 
 
 # At the end of every run (not dry runs, not the jobs SLURM runs): the audit's verdict and where the

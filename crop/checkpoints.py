@@ -31,8 +31,8 @@ from urllib.request import url2pathname
 
 from crop.io import atomic_write_text, sha256_file
 
-__all__ = ["ArchiveError", "FetchError", "fetch_published", "extract_member", "mirror_url", "DEFAULT_LOCK",
-           "MAX_MEMBER_BYTES", "cache_dir", "local_path", "clean_greedy_return"]
+__all__ = ["ArchiveError", "FetchError", "fetch_published", "fetch_checkpoint", "extract_member", "mirror_url",
+           "DEFAULT_LOCK", "MAX_MEMBER_BYTES", "cache_dir", "local_path", "clean_greedy_return"]
 
 DEFAULT_LOCK = "checkpoints.lock.json"
 MAX_MEMBER_BYTES = 1 << 30          # 1 GiB for one checkpoint file
@@ -202,6 +202,35 @@ def fetch_published(entry: dict, dest: Path, *, mirror: str | None = None, cache
             "member": entry.get("member")}
 
 
+def fetch_checkpoint(entry: dict, out: str | os.PathLike, *, mirror: str | None = None, cache=None,
+                     lock: str | os.PathLike | None = DEFAULT_LOCK, progress: bool | None = None,
+                     evaluate=None) -> dict:
+    """Fetch a published checkpoint (registry ``entry``) to ``out``, verified to load safely into its
+    architecture before it is put in place; returns the fields of its record model.json, with
+    ``clean_greedy_return`` = ``evaluate(net)`` when given.  Raises :class:`crop.io.InputError` (nothing is
+    written then)."""
+    from crop.io import InputError
+    from crop.models import CheckpointError, load_q_network
+
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.fetching")
+    try:
+        origin = fetch_published(entry, tmp, mirror=mirror, cache=cache, lock=lock, progress=progress)
+        sha = sha256_file(tmp)
+        net = load_q_network(tmp, entry["net_spec"], expected_sha256=sha)  # architecture and safe loading
+        clean = None if evaluate is None else evaluate(net)
+        tmp.replace(out)
+    except (FetchError, CheckpointError) as exc:
+        raise InputError(str(exc)) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    record = {"net_spec": entry["net_spec"], "profile": entry["profile"], "source": "published", **origin,
+              "sha256": sha}
+    if clean is not None:
+        record["clean_greedy_return"] = clean
+    return record
+
+
 # ------------------------------------------------------------------------------------------ archives
 
 def _check_name(name: str) -> None:
@@ -277,7 +306,8 @@ def extract_member(archive: Path, member: str, dest: Path, max_bytes: int = MAX_
                 try:  # Python's own "data" filter: links that escape, device files, absolute link targets
                     tarfile.data_filter(m, "/nonexistent-crop-extract-root")
                 except tarfile.FilterError as exc:
-                    raise ArchiveError(f"{archive}: member {m.name!r} is unsafe ({exc}); refusing the archive") from None
+                    raise ArchiveError(
+                        f"{archive}: member {m.name!r} is unsafe ({exc}); refusing the archive") from None
                 total += m.size
                 members.append(m)
             if total > MAX_ARCHIVE_BYTES:

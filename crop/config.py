@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 from importlib import resources
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import yaml
 from crop.registry import resolve_source
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "load_config", "targets", "sigma_label",
-           "ALGORITHMS", "train_defaults", "train_settings", "target_return"]
+           "ALGORITHMS", "train_defaults", "train_settings", "target_return", "STAGES", "stage_options",
+           "stage_settings"]
 
 ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
               "NoisyNet", "GradDQN"]
@@ -26,9 +28,13 @@ class ConfigError(ValueError):
     pass
 
 
+@functools.lru_cache(maxsize=1)
+def _schema_text() -> str:
+    return resources.files("crop").joinpath("schemas/config.schema.yaml").read_text()
+
+
 def load_schema() -> dict:
-    text = resources.files("crop").joinpath("schemas/config.schema.yaml").read_text()
-    return yaml.safe_load(text)
+    return yaml.safe_load(_schema_text())
 
 
 def _with_defaults(validator_class):
@@ -172,3 +178,48 @@ def target_return(env_id: str, value: float | None) -> float | None:
     from crop.envs import env_spec  # lazily: the Snakefile imports this module
 
     return env_spec(env_id).solved_return if value is None else value
+
+
+# ---------------------------------------------------------------------------------------- stage settings
+
+#: The stage subcommands whose settings a config gives (the schema's ``x-stages`` table).
+STAGES = ("qrange", "loact", "gre", "lore", "attack-local", "attack-global")
+
+
+def _resolve(node: dict, schema: dict) -> dict:
+    """A schema node with its ``$ref`` (to ``#/$defs/…``) merged in; the node's own keywords win."""
+    if "$ref" not in node:
+        return node
+    target = schema
+    for part in node["$ref"].removeprefix("#/").split("/"):
+        target = target[part]
+    return {**_resolve(target, schema), **{k: v for k, v in node.items() if k != "$ref"}}
+
+
+def stage_options(stage: str) -> dict[str, tuple[str, dict]]:
+    """``{option: (config key, schema node)}`` of a stage subcommand, from the schema's ``x-stages`` table:
+    what `crop STAGE` takes, its type, default and description."""
+    schema = load_schema()
+    env_props = schema["$defs"]["environment"]["properties"]
+    out = {}
+    for option, key in schema["x-stages"][stage].items():
+        if key.startswith("/"):
+            node = schema["properties"][key[1:]]
+        else:
+            block, name = key.split(".")
+            node = env_props[block]["properties"][name]
+        out[option] = (key, _resolve(node, schema))
+    return out
+
+
+def stage_settings(cfg: dict, env: str, stage: str) -> dict:
+    """The settings of one stage for one environment of a validated config, keyed by the stage
+    subcommand's options (the block the rules pass as ``--settings``)."""
+    out = {}
+    for option, (key, _) in stage_options(stage).items():
+        if key.startswith("/"):
+            out[option] = cfg[key[1:]]
+        else:
+            block, name = key.split(".")
+            out[option] = cfg["environments"][env][block][name]
+    return out

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "atomic_write_bytes",
@@ -32,6 +33,8 @@ __all__ = [
     "provenance",
     "meta_path",
     "write_with_meta",
+    "InputError",
+    "write_frames",
 ]
 
 
@@ -45,6 +48,10 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+class InputError(ValueError):
+    """Bad input (config, checkpoint, arguments) detected before any work: one line, exit status 2."""
 
 
 class OutputError(OSError):
@@ -206,3 +213,20 @@ def write_with_meta(path: str | Path, write: Callable[[Path], None], meta: dict,
     meta["output"] = {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size,
                       "rows": rows}
     write_json(meta_path(path), meta)
+
+
+def write_frames(path: str | Path, frames: list, env: str) -> None:
+    """Raw game frames of LoAct episode 0, ``[(step, RGB array), …]``, as ``frames.npz`` (``frames``,
+    ``steps``, ``env``); empty arrays for vector observations."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    if frames:
+        arr = np.stack([f for _, f in frames]).astype(np.uint8)
+        st = np.array([t for t, _ in frames], dtype=np.int64)
+    else:
+        arr, st = np.zeros((0, 0, 0, 3), np.uint8), np.zeros(0, np.int64)
+    np.savez_compressed(buf, frames=arr, steps=st, env=np.array(env))
+    atomic_write_bytes(path, buf.getvalue())

@@ -30,7 +30,7 @@ from crop.envs import make_env, to_obs
 from crop.progress import pbar
 from crop.smoothing import NonFiniteQError, resolve_device
 
-__all__ = ["estimate_qrange", "METHODS"]
+__all__ = ["estimate_qrange", "load_qrange", "METHODS"]
 
 METHODS = ("smoothed", "samples", "quantile")
 
@@ -107,3 +107,20 @@ def estimate_qrange(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, e
     return {"v_min": ext.v_min, "v_max": ext.v_max, "method": method,
             "quantile": quantile if method == "quantile" else None, "states": states,
             "samples_per_state": m, "episodes": episodes, "returns": returns}
+
+
+def load_qrange(path, env: str, algo: str, sigma: float) -> tuple[float, float]:
+    """``(v_min, v_max)`` of a qrange.json, verified to be for ``env``/``algo``/``sigma`` and a proper range;
+    raises :class:`crop.io.InputError` (bad input, before any work)."""
+    import math
+
+    from crop.io import InputError, read_json
+
+    q = read_json(path)
+    if q.get("env") != env or q.get("algo") != algo or not math.isclose(q.get("sigma", -1), sigma):
+        raise InputError(f"{path}: Q range was estimated for {q.get('env')}/{q.get('algo')}/σ={q.get('sigma')}, "
+                         f"not {env}/{algo}/σ={sigma}")
+    v_min, v_max = q.get("v_min"), q.get("v_max")
+    if not (isinstance(v_min, (int, float)) and isinstance(v_max, (int, float)) and v_max > v_min):
+        raise InputError(f"{path}: invalid Q range [{v_min}, {v_max}]")
+    return float(v_min), float(v_max)

@@ -16,6 +16,8 @@ import math
 import numpy as np
 from scipy import stats as _st
 
+from crop.names import ALPHA_MODES  # noqa: F401  (re-exported: the modes this section implements)
+
 __all__ = [
     "Phi",
     "Phi_inv",
@@ -35,6 +37,7 @@ __all__ = [
     "lore_state_alpha",
     "lore_schedule_text",
     "union_confidence",
+    "episode_confidence",
 ]
 
 
@@ -450,13 +453,8 @@ def cdf_expectation_bound(returns, j_min: float, j_max: float, alpha: float, sig
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Confidence accounting: how α is spent over states (``alpha_mode``).
+# Confidence accounting: how α is spent over states (``alpha_mode``; the modes: crop.names.ALPHA_MODES).
 # ----------------------------------------------------------------------------------------------------------
-
-#: ``state``: every smoothed state's certificate holds with prob ≥ 1 − α (the paper; joint statements over
-#: N states hold with prob ≥ 1 − N·α by the union bound).  ``family``: α is split so a whole LoAct episode
-#: (or attack episode) of ≤ H states, or a whole LoRe tree, holds jointly with prob ≥ 1 − α.
-ALPHA_MODES = ("state", "family")
 
 
 def _check_mode(mode: str) -> None:
@@ -498,3 +496,9 @@ def union_confidence(alphas) -> float:
     """1 − Σ α_j, floored at 0: the confidence that a family of statements with miscoverages α_j all hold
     (Boole's inequality; no independence assumed)."""
     return max(0.0, 1.0 - float(np.sum(alphas)))
+
+
+def episode_confidence(alpha: float, n_states: int) -> float:
+    """1 − n·α, floored at 0: the confidence that ``n_states`` certificates at miscoverage ``alpha`` each all
+    hold (Boole's inequality): a LoAct or local-attack episode of ``n_states`` smoothed states."""
+    return max(0.0, 1 - alpha * n_states)

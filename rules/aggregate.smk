@@ -71,6 +71,12 @@ rule aggregate:
         tables_tex=table_outputs("tex"),
     log:
         f"{R}/logs/aggregate.log",
+    conda:
+        "../envs/crop.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
     params:
         figures=lambda w, output: os.path.dirname(output.pdfs[0]),
         tables=lambda w, output: os.path.dirname(output.tables_tex[0]),
@@ -79,12 +85,6 @@ rule aggregate:
         settings=caption_settings(),
         alpha=CFG["alpha"],
         table_eps_factors=CFG["report"]["table_eps_factors"],
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=30,
-    conda:
-        "../envs/crop.yaml"
     shell:
         "crop aggregate --inputs {input} --table-eps-factors {params.eps} "
         "--figures {params.figures} --tables {params.tables} > {log} 2>&1"

@@ -14,26 +14,19 @@ rule attack_local:
         f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/attack_local.log",
     benchmark:
         f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/attack_local.tsv"
-    params:
-        common=common_args,
-        stage=lambda w: (
-            f"--m {env_cfg(w)['loact']['m']} --alpha {CFG['alpha']} --bound {CFG['bound']} "
-            f"--alpha-mode {CFG['alpha_mode']} "
-            f"--episodes {env_cfg(w)['attack']['local_episodes']} "
-            f"--horizon {env_cfg(w)['lore']['horizon']} --gamma {env_cfg(w)['lore']['gamma']} "
-            f"--m-grad {env_cfg(w)['attack']['local_m_grad']} --pgd-steps {env_cfg(w)['attack']['pgd_steps']} "
-            f"--eps-factors {floats(env_cfg(w)['attack']['local_eps_factors'])}"
-        ),
+    conda:
+        "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
         mem_mb=1000,
         runtime=15,
-    conda:
-        "../envs/crop.yaml"
+    params:
+        common=common_args,
+        settings=stage_settings_arg("attack-local"),
     shell:
         "crop attack-local {params.common} --threads {threads} --checkpoint {input.model} "
-        "--qrange {input.qrange} {params.stage} --out {output.table} > {log} 2>&1"
+        "--qrange {input.qrange} --settings {params.settings} --out {output.table} > {log} 2>&1"
 
 
 rule attack_global:
@@ -47,21 +40,16 @@ rule attack_global:
         f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/attack_global.log",
     benchmark:
         f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/attack_global.tsv"
-    params:
-        common=common_args,
-        stage=lambda w: (
-            f"--episodes {env_cfg(w)['attack']['global_episodes']} --horizon {env_cfg(w)['gre']['horizon']} "
-            f"--gamma {env_cfg(w)['gre']['gamma']} --n-eot {env_cfg(w)['attack']['global_n_eot']} "
-            f"--pgd-steps {env_cfg(w)['attack']['pgd_steps']} "
-            f"--eps-factors {floats(env_cfg(w)['attack']['global_eps_factors'])}"
-        ),
+    conda:
+        "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
         mem_mb=1000,
         runtime=20,
-    conda:
-        "../envs/crop.yaml"
+    params:
+        common=common_args,
+        settings=stage_settings_arg("attack-global"),
     shell:
-        "crop attack-global {params.common} --threads {threads} --checkpoint {input.model} {params.stage} "
-        "--out {output.table} > {log} 2>&1"
+        "crop attack-global {params.common} --threads {threads} --checkpoint {input.model} "
+        "--settings {params.settings} --out {output.table} > {log} 2>&1"

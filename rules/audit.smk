@@ -25,18 +25,18 @@ rule audit:
         + [report(f, caption="../report/reproduction.rst", category="Audit") for f in REPRODUCTION_FIGURES],
     log:
         f"{R}/logs/audit.log",
+    conda:
+        "../envs/crop.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
     params:
         out_dir=lambda w, output: os.path.dirname(output.json),
         options=audit_options(),
         config_hash=CONFIG_HASH,
         # read by the captions (report/audit.rst, report/reproduction.rst)
         audit=CFG["audit"],
-    threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=10,
-    conda:
-        "../envs/crop.yaml"
     shell:
         "crop audit --inputs {input.runs} --out-dir {params.out_dir} --config-hash {params.config_hash} "
         "{params.options} > {log} 2>&1"

@@ -12,6 +12,13 @@ rule checkpoint:
         record=CHECKPOINT_RECORD,
     log:
         f"{R}/logs/{{env}}/{{algo}}/checkpoint.log",
+    conda:
+        "../envs/crop.yaml"
+    threads: 1
+    resources:
+        mem_mb=checkpoint_mem_mb,
+        runtime=checkpoint_runtime,
+        gpu=checkpoint_gpus,
     params:
         source=lambda w: env_cfg(w)["source"],
         settings=train_settings_arg,
@@ -23,13 +30,6 @@ rule checkpoint:
         ),
         seed=CFG["seed"],
         policy_file=import_args,
-    threads: 1
-    resources:
-        mem_mb=checkpoint_mem_mb,
-        runtime=checkpoint_runtime,
-        gpu=checkpoint_gpus,
-    conda:
-        "../envs/crop.yaml"
     shell:
         "crop checkpoint --env {wildcards.env} --algo {wildcards.algo} --source {params.source} "
         "--seed {params.seed} --threads {threads} --settings {params.settings} {params.base} {params.fetch} "

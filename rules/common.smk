@@ -1,12 +1,11 @@
 # Shared set-up: validate the config (before any job is scheduled) and name every file.
 import json
-import math
 import os
 import re
 import shlex
 
 from crop import layout
-from crop.config import ConfigError, sigma_label, targets, train_settings, validate_config
+from crop.config import ConfigError, sigma_label, stage_settings, targets, train_settings, validate_config
 from crop.registry import checkpoint_source
 from crop.report.provenance import config_hash
 
@@ -18,23 +17,27 @@ except ConfigError as exc:
 R = CFG["results"]
 
 # A run killed with SIGKILL leaves Snakemake's lock behind; clear it when its owner is provably gone, so
-# rerunning the same command resumes (a live run's lock still stops a second workflow).
-from crop.runlock import clear_stale_lock, record_owner
+# rerunning the same command resumes (a live run's lock still stops a second workflow).  Once, in the main
+# process, before Snakemake takes its lock (onstart would be too late); not in the jobs' own processes.
+if workflow.is_main_process:
+    from crop.runlock import clear_stale_lock
 
-_cleared = clear_stale_lock()
-if _cleared:
-    logger.warning(_cleared)
+    _cleared = clear_stale_lock()
+    if _cleared:
+        logger.warning(_cleared)
 
 
 onstart:
     # Before any job: a read-only, unwritable or full results folder is one clear error.
     from crop.io import OutputError, check_writable
+    from crop.runlock import record_owner
 
     record_owner()
     try:
         check_writable(R)
     except OutputError as exc:
         raise WorkflowError(exc.strerror)
+
 
 CONFIG_HASH = config_hash(CFG)  # recorded by the audit: which configuration the results came from
 ENVS = list(CFG["environments"])
@@ -71,8 +74,10 @@ def env_cfg(wildcards):
 
 def common_args(wildcards, threads=1):
     """Flags every certification subcommand takes."""
-    return (f"--env {wildcards.env} --algo {shlex.quote(wildcards.algo)} --sigma {wildcards.sigma} "
-            f"--seed {CFG['seed']} --device {CFG['device']} --chunk {CFG['chunk']}")
+    return (
+        f"--env {wildcards.env} --algo {shlex.quote(wildcards.algo)} --sigma {wildcards.sigma} "
+        f"--seed {CFG['seed']} --device {CFG['device']} --chunk {CFG['chunk']}"
+    )
 
 
 def floats(xs):
@@ -109,26 +114,22 @@ def base_checkpoint(w):
 
 def checkpoint_runtime(w):
     """Minutes a checkpoint job may take (SLURM): downloads and derivations are short; training is budgeted
-    at 2× total_steps at conservative rates (CartPole 500 steps/s, highway 20/s, Atari 50/s; measured on
-    one CPU core: ≈ 1,000, ≈ 40 and, for Pong StdTrain, ≈ 63)."""
-    kind = policy_source(w.env, w.algo)["kind"]
-    if kind != "train":
+    from the environment's step rate (crop/envs EnvSpec.train_minutes)."""
+    from crop.envs import env_spec  # here, not at the top: gymnasium need not load for every parse
+
+    if policy_source(w.env, w.algo)["kind"] != "train":
         return 30
-    steps_per_s = {"CartPole-v0": 500, "highway-fast-v0": 20}.get(w.env, 50)
-    return 30 + int(env_cfg(w)["train"]["total_steps"] / steps_per_s / 60 * 2)
+    return env_spec(w.env).train_minutes(env_cfg(w)["train"]["total_steps"])
 
 
 def checkpoint_mem_mb(w):
     """Memory of a checkpoint job (MB): 1.5 GB, plus an image policy's replay buffer when it is trained here
-    (s and s′ as uint8, crop/train/dqn.py _Replay: 100k Atari transitions × 56 kB = 5.6 GB), with 20 %
-    headroom."""
-    from crop.envs import env_spec  # here, not at the top: gymnasium need not load for every parse
+    (EnvSpec.replay_mb)."""
+    from crop.envs import env_spec
 
-    shape = env_spec(w.env).obs_shape
-    if policy_source(w.env, w.algo)["kind"] != "train" or len(shape) != 3:
+    if policy_source(w.env, w.algo)["kind"] != "train":
         return 1500
-    size = env_cfg(w)["train"].get("dqn", {}).get("buffer_size", 100_000)
-    return 1500 + int(size * 2 * math.prod(shape) / 1e6 * 1.2)
+    return 1500 + env_spec(w.env).replay_mb(env_cfg(w)["train"].get("dqn", {}).get("buffer_size", 100_000))
 
 
 def checkpoint_gpus(w):
@@ -156,6 +157,12 @@ def import_args(w):
 def train_settings_arg(w):
     """The train block's settings for this algorithm (its own recipe overrides only), as a shell word."""
     return shlex.quote(json.dumps(train_settings(env_cfg(w), w.algo), sort_keys=True))
+
+
+def stage_settings_arg(stage):
+    """The settings block of a stage subcommand (crop.config.stage_settings: the schema's x-stages table), as
+    a shell word for its --settings."""
+    return lambda w: shlex.quote(json.dumps(stage_settings(CFG, w.env, stage), sort_keys=True))
 
 
 def run_dirs():
@@ -188,8 +195,12 @@ def figure_outputs(fmt, family=None):
 
 
 def table_outputs(fmt=None):
-    return [str(p) for env in CFG["environments"] for p in layout.table_files(TABLES, env)
-            if fmt is None or p.suffix == f".{fmt}"]
+    return [
+        str(p)
+        for env in CFG["environments"]
+        for p in layout.table_files(TABLES, env)
+        if fmt is None or p.suffix == f".{fmt}"
+    ]
 
 
 def aggregate_inputs():
@@ -223,32 +234,31 @@ def audit_options():
 
 
 def caption_settings():
-    """Per environment, the settings the report captions quote (as text; read with .get so a renamed key
-    shows as '?' instead of breaking the report)."""
-
-    def g(d, *keys):
-        for k in keys:
-            d = d.get(k, {}) if isinstance(d, dict) else {}
-        return "?" if d == {} or d is None else d
+    """Per environment, the settings the report captions quote (as text)."""
 
     def eps(xs):
-        return "?" if xs == "?" else ", ".join(f"{x:g}" for x in xs)
+        return ", ".join(f"{x:g}" for x in xs)
 
     out = {}
     for env, ec in CFG["environments"].items():
+        lo, gr, lr, at = ec["loact"], ec["gre"], ec["lore"], ec["attack"]
         out[env] = {
             "algorithms": ", ".join(ec["algorithms"]),
             "sigmas": ", ".join(sigma_label(x) for x in ec["sigmas"]),
-            "loact": (f"m = {g(ec, 'loact', 'm')} noise samples per state, {g(ec, 'loact', 'episodes')} clean "
-                      f"episodes of at most {g(ec, 'loact', 'horizon')} steps"),
-            "gre": (f"m = {g(ec, 'gre', 'm')} randomized trajectories of H = {g(ec, 'gre', 'horizon')} steps, "
-                    f"γ = {g(ec, 'gre', 'gamma')}, ε/σ ∈ {{{eps(g(ec, 'gre', 'eps_factors'))}}}"),
-            "lore": (f"m = {g(ec, 'lore', 'm')} noise samples per state, horizon H = {g(ec, 'lore', 'horizon')}, "
-                     f"γ = {g(ec, 'lore', 'gamma')}"),
-            "attack": (f"{g(ec, 'attack', 'pgd_steps')}-step ℓ2 PGD; global: {g(ec, 'attack', 'global_episodes')} "
-                       f"episodes, ε/σ ∈ {{{eps(g(ec, 'attack', 'global_eps_factors'))}}}; local (from LoRe's "
-                       f"initial state and others): {g(ec, 'attack', 'local_episodes')} episodes, ε/σ ∈ "
-                       f"{{{eps(g(ec, 'attack', 'local_eps_factors'))}}}"),
+            "loact": (
+                f"m = {lo['m']} noise samples per state, {lo['episodes']} clean episodes of at most "
+                f"{lo['horizon']} steps"
+            ),
+            "gre": (
+                f"m = {gr['m']} randomized trajectories of H = {gr['horizon']} steps, γ = {gr['gamma']}, "
+                f"ε/σ ∈ {{{eps(gr['eps_factors'])}}}"
+            ),
+            "lore": f"m = {lr['m']} noise samples per state, horizon H = {lr['horizon']}, γ = {lr['gamma']}",
+            "attack": (
+                f"{at['pgd_steps']}-step ℓ2 PGD; global: {at['global_episodes']} episodes, ε/σ ∈ "
+                f"{{{eps(at['global_eps_factors'])}}}; local (from LoRe's initial state and others): "
+                f"{at['local_episodes']} episodes, ε/σ ∈ {{{eps(at['local_eps_factors'])}}}"
+            ),
         }
     return out
 
@@ -263,21 +273,9 @@ def audit_outputs():
 GPUS = 0 if CFG["device"] == "cpu" else 1
 
 
-# Memory of a GRe job (MB): the process (measured ≤ 350 MB), about 100 MB per worker process (threads),
-# and one block of environment copies (gre.batch), measured at 2.6 MB per Atari and 0.45 MB per highway
-# environment (CartPole steps all m in numpy arrays), with 2× headroom: about 6 GB for an Atari block of
-# 1,000.
-GRE_MB_PER_ENV = {"CartPole-v0": 0.0, "highway-fast-v0": 0.45, "PongNoFrameskip-v4": 2.6,
-                  "FreewayNoFrameskip-v4": 2.6}
-
-
-def gre_batch(wildcards):
-    """GRe's block of trajectories stepped together (config gre.batch; null = all for CartPole, else 1000)."""
-    g = env_cfg(wildcards)["gre"]
-    if g["batch"] is not None:
-        return min(g["batch"], g["m"])
-    return g["m"] if wildcards.env == "CartPole-v0" else min(g["m"], 1000)
-
-
 def gre_mem_mb(wildcards, threads):
-    return int(2 * (350 + 100 * threads + GRE_MB_PER_ENV[wildcards.env] * gre_batch(wildcards)))
+    """Memory of a GRe job (MB): its block of environment copies (crop/envs EnvSpec.gre_mem_mb)."""
+    from crop.envs import env_spec
+
+    g, spec = env_cfg(wildcards)["gre"], env_spec(wildcards.env)
+    return spec.gre_mem_mb(spec.gre_block(g["m"], g["batch"]), threads)

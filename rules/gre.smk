@@ -14,21 +14,16 @@ rule gre:
         f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/gre.log",
     benchmark:
         f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/gre.tsv"
-    params:
-        common=common_args,
-        stage=lambda w: (
-            f"--m {env_cfg(w)['gre']['m']} --horizon {env_cfg(w)['gre']['horizon']} "
-            f"--gamma {env_cfg(w)['gre']['gamma']} --alpha {CFG['alpha']} "
-            f"--percentiles {floats(env_cfg(w)['gre']['percentiles'])} "
-            f"--eps-factors {floats(env_cfg(w)['gre']['eps_factors'])} --batch {gre_batch(w)}"
-        ),
+    conda:
+        "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
         mem_mb=gre_mem_mb,
         runtime=10,
-    conda:
-        "../envs/crop.yaml"
+    params:
+        common=common_args,
+        settings=stage_settings_arg("gre"),
     shell:
-        "crop gre {params.common} --threads {threads} --checkpoint {input.model} {params.stage} "
+        "crop gre {params.common} --threads {threads} --checkpoint {input.model} --settings {params.settings} "
         "--out {output.bounds} --out-returns {output.returns} > {log} 2>&1"

@@ -19,22 +19,17 @@ rule loact:
         f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/loact.log",
     benchmark:
         f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/loact.tsv"
-    params:
-        common=common_args,
-        stage=lambda w: (
-            f"--m {env_cfg(w)['loact']['m']} --episodes {env_cfg(w)['loact']['episodes']} "
-            f"--horizon {env_cfg(w)['loact']['horizon']} --alpha {CFG['alpha']} --bound {CFG['bound']} "
-            f"--frames-window {' '.join(map(str, env_cfg(w)['loact']['frames']))} "
-            f"--alpha-mode {CFG['alpha_mode']}"
-        ),
+    conda:
+        "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
         mem_mb=1000,
         runtime=15,
-    conda:
-        "../envs/crop.yaml"
+    params:
+        common=common_args,
+        settings=stage_settings_arg("loact"),
     shell:
         "crop loact {params.common} --threads {threads} --checkpoint {input.model} --qrange {input.qrange} "
-        "{params.stage} --out {output.steps} --out-episodes {output.episodes} --out-ratio {output.ratio} "
-        "--out-frames {output.frames} > {log} 2>&1"
+        "--settings {params.settings} --out {output.steps} --out-episodes {output.episodes} "
+        "--out-ratio {output.ratio} --out-frames {output.frames} > {log} 2>&1"

@@ -11,20 +11,16 @@ rule qrange:
         f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/qrange.log",
     benchmark:
         f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/qrange.tsv"
-    params:
-        common=common_args,
-        stage=lambda w: (
-            f"--m {env_cfg(w)['qrange']['m']} --episodes {env_cfg(w)['qrange']['episodes']} "
-            f"--horizon {env_cfg(w)['qrange']['horizon']} --method {env_cfg(w)['qrange']['method']} "
-            f"--quantile {env_cfg(w)['qrange']['quantile']!r}"
-        ),
+    conda:
+        "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
         gpu=GPUS,
         mem_mb=1000,
         runtime=10,
-    conda:
-        "../envs/crop.yaml"
+    params:
+        common=common_args,
+        settings=stage_settings_arg("qrange"),
     shell:
-        "crop qrange {params.common} --threads {threads} --checkpoint {input.model} {params.stage} "
+        "crop qrange {params.common} --threads {threads} --checkpoint {input.model} --settings {params.settings} "
         "--out {output} > {log} 2>&1"

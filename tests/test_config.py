@@ -72,3 +72,48 @@ def test_snakemake_refuses_bad_config_before_any_job(tmp_path):
     assert p.returncode != 0
     assert "environments.CartPole-v0.sigmas[0]: -0.5 must be > 0" in p.stdout + p.stderr
     assert not (tmp_path / "results").exists()
+
+
+SHIPPED = [REPO / "config.yaml", *sorted((REPO / "configs").glob("*.yaml")),
+           *sorted((REPO / "tests/configs").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_stage_takes_its_settings_block(path):
+    """What the rules hand each stage (crop.config.stage_settings) parses as that subcommand's own options:
+    every key is an option, every value passes its type and bounds."""
+    import json
+
+    from crop.cli import _with_settings, build_parser
+    from crop.config import STAGES, stage_settings
+
+    cfg = load_config(path)
+    parser = build_parser()
+    for env in cfg["environments"]:
+        for stage in STAGES:
+            block = stage_settings(cfg, env, stage)
+            argv = [stage, "--env", env, "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", "m.pt",
+                    "--settings", json.dumps(block), "--out", "o", "--out-returns", "r", "--qrange", "q"]
+            if stage not in ("loact", "lore", "attack-local"):
+                argv = argv[:-2]
+            if stage != "gre":
+                argv.remove("--out-returns")
+                argv.remove("r")
+            args = _with_settings(parser, argv, parser.parse_args(argv))
+            for option, value in block.items():
+                assert value is None or getattr(args, option) == value, (path.name, env, stage, option)
+
+
+def test_resource_requests_come_from_the_environment_spec():
+    """GRe never steps more copies than trajectories; CartPole steps all m at once (numpy, no copies), the
+    others a bounded block whose memory grows with it; an image policy's replay buffer is budgeted."""
+    from crop.envs import ENV_SPECS
+
+    for spec in ENV_SPECS.values():
+        assert spec.gre_block(50) <= 50 and spec.gre_block(10_000, 300) == 300
+        assert spec.gre_mem_mb(spec.gre_block(10_000), 4) >= spec.gre_mem_mb(spec.gre_block(10), 4)
+        assert spec.train_minutes(2 * 10**6) > spec.train_minutes(1000) >= 30
+    assert ENV_SPECS["CartPole-v0"].gre_block(10_000) == 10_000
+    assert ENV_SPECS["PongNoFrameskip-v4"].gre_block(10_000) == 1000
+    assert ENV_SPECS["PongNoFrameskip-v4"].replay_mb(100_000) * 1e6 >= 100_000 * 2 * 4 * 84 * 84
+    assert ENV_SPECS["CartPole-v0"].replay_mb(100_000) == 0

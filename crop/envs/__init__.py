@@ -6,6 +6,7 @@ the shape the Q-network takes, to which Gaussian noise is added (the paper smoot
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -40,6 +41,11 @@ class EnvSpec:
     game_return_range: tuple | None = None  # whole-game score range from the game's rules, if any
     lore_reward: str | None = None  # LoRe-only reward modification (Appendix E), named in the output
     solved_return: float | None = None  # acceptance threshold of a locally trained policy, if any
+    # Resources of the workflow's jobs (rules/common.smk asks these; measured on one CPU core).
+    train_steps_per_s: float = 50.0  # conservative training rate (measured: CartPole ≈ 1,000, highway ≈ 40,
+    #                                  Pong StdTrain ≈ 63 steps/s)
+    gre_mb_per_copy: float = 0.0     # memory of one environment copy in GRe's pool (measured)
+    gre_batch: int | None = 1000     # GRe trajectories stepped together by default (None: all m)
 
     def lore_reward_fn(self):
         """The LoRe-only reward modification: negative rewards count as 0, which enables pruning."""
@@ -51,6 +57,28 @@ class EnvSpec:
     def nonnegative_rewards(self) -> bool:
         """LoRe may prune only when no step can lower the return (Appendix B.3)."""
         return self.reward_range[0] >= 0
+
+    def train_minutes(self, total_steps: int) -> int:
+        """Minutes a training job may take (SLURM): 2× ``total_steps`` at ``train_steps_per_s``, plus 30."""
+        return 30 + int(total_steps / self.train_steps_per_s / 60 * 2)
+
+    def replay_mb(self, buffer_size: int) -> int:
+        """Memory of an image policy's replay buffer (MB): s and s′ as uint8 (crop/train/dqn.py _Replay:
+        100k Atari transitions × 56 kB = 5.6 GB), with 20 % headroom; 0 for vector observations."""
+        if len(self.obs_shape) != 3:
+            return 0
+        return int(buffer_size * 2 * math.prod(self.obs_shape) / 1e6 * 1.2)
+
+    def gre_block(self, m: int, batch: int | None = None) -> int:
+        """GRe's block of trajectories stepped together: ``batch`` (config gre.batch), else the default."""
+        if batch is not None:
+            return min(batch, m)
+        return m if self.gre_batch is None else min(m, self.gre_batch)
+
+    def gre_mem_mb(self, block: int, threads: int) -> int:
+        """Memory of a GRe job (MB): the process (measured ≤ 350 MB), about 100 MB per worker process and one
+        block of environment copies, with 2× headroom (about 6 GB for an Atari block of 1,000)."""
+        return int(2 * (350 + 100 * threads + self.gre_mb_per_copy * block))
 
     def return_range(self, horizon: int, gamma: float = 1.0) -> tuple[float, float]:
         """[J_min, J_max] for returns over ``horizon`` steps with discount ``gamma``."""
@@ -66,18 +94,20 @@ class EnvSpec:
 
 
 ENV_SPECS: dict[str, EnvSpec] = {
+    # CartPole steps all m trajectories in numpy arrays: no copies to hold, one block.
     "CartPole-v0": EnvSpec("CartPole-v0", "CartPole", "Cartpole", 2, (4,), (0.0, 1.0), "vector",
-                           solved_return=195.0),
+                           solved_return=195.0, train_steps_per_s=500.0, gre_batch=None),
     "highway-fast-v0": EnvSpec("highway-fast-v0", "highway-fast", "highway-fast", 5, (25,), (0.0, 1.0),
-                               "flat25"),
+                               "flat25", train_steps_per_s=20.0, gre_mb_per_copy=0.45),
     # Atari: 6 actions in the full minimal set of Pong (3 for Freeway); a checkpoint's own action count
     # (its network's output size) takes precedence.  Pong's game ends at 21 points.
     "PongNoFrameskip-v4": EnvSpec("PongNoFrameskip-v4", "Pong", "Pong", 6, (4, 84, 84), (-1.0, 1.0),
-                                  "cleanrl", game_return_range=(-21.0, 21.0), lore_reward="max(r, 0)"),
+                                  "cleanrl", game_return_range=(-21.0, 21.0), lore_reward="max(r, 0)",
+                                  gre_mb_per_copy=2.6),
     # Freeway's ALE rewards are never negative; the paper's "losing scores 0" modification is kept for
     # uniformity and named in the output.
     "FreewayNoFrameskip-v4": EnvSpec("FreewayNoFrameskip-v4", "Freeway", "Freeway", 3, (4, 84, 84),
-                                     (0.0, 1.0), "cleanrl", lore_reward="max(r, 0)"),
+                                     (0.0, 1.0), "cleanrl", lore_reward="max(r, 0)", gre_mb_per_copy=2.6),
 }
 
 

@@ -14,8 +14,8 @@ from torch import nn
 
 from crop.io import sha256_file
 
-__all__ = ["build_q_network", "load_q_network", "load_state", "save_q_network", "unsafe_load_reason",
-           "CheckpointError", "spec_summary", "n_actions"]
+__all__ = ["build_q_network", "load_q_network", "load_checkpoint", "load_state", "save_q_network",
+           "unsafe_load_reason", "CheckpointError", "spec_summary", "n_actions"]
 
 
 class CheckpointError(RuntimeError):
@@ -192,3 +192,30 @@ def load_state(state, spec: dict, what: str = "state dict", device: str | torch.
             f"missing keys {missing}, unexpected keys {unexpected}, shape mismatches {bad_shapes}")
     net.load_state_dict({k: v.float() for k, v in state.items()})
     return net.to(device).eval()
+
+
+def load_checkpoint(path: str | Path, env: str, algo: str, why: str = "") -> tuple[nn.Module, dict]:
+    """``path`` (model.pt) verified against its record model.json — for ``env``/``algo``, its sha256 and
+    architecture — then loaded; returns the network and the record.  ``why`` is added to a mismatch's
+    message.  Raises :class:`crop.io.InputError` (bad input, before any work)."""
+    from crop.io import InputError, read_json
+
+    ckpt = Path(path)
+    meta_file = ckpt.with_suffix(".json")
+    if not ckpt.is_file():
+        raise InputError(f"{ckpt}: no such checkpoint file; give a model.pt written by `crop checkpoint`, "
+                         "`crop fetch` or `crop import` (your own policy: `crop import`)")
+    if not meta_file.is_file():
+        raise InputError(f"{ckpt}: no checkpoint record {meta_file.name} beside it (sha256 and architecture); "
+                         f"import your own policy with `crop import --file {ckpt} …` (docs/own-policy.md)")
+    meta = read_json(meta_file)
+    for key in ("sha256", "net_spec", "env", "algo"):
+        if key not in meta:
+            raise InputError(f"{meta_file}: missing field {key!r}")
+    if meta["env"] != env or meta["algo"] != algo:
+        raise InputError(f"{ckpt}: recorded for {meta['env']}/{meta['algo']}, not {env}/{algo}{why}")
+    try:
+        net = load_q_network(ckpt, meta["net_spec"], expected_sha256=meta["sha256"])
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    return net, meta

@@ -1,0 +1,20 @@
+"""Names of the choices the code implements, importable without torch or scipy (the CLI's parser and the
+config schema's checks use them; the implementations key their tables by them).
+
+* ``BOUND_NAMES``: the confidence bounds of the smoothed Q-values, :data:`crop.smoothing.BOUNDS`
+  (implemented in :mod:`crop.stats`).
+* ``ALPHA_MODES``: how α is spent over states, :func:`crop.stats.loact_state_alpha` and
+  :func:`crop.stats.lore_state_alpha`.
+* ``DEVICES``: where networks run, :func:`crop.smoothing.resolve_device`.
+"""
+
+__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES"]
+
+BOUND_NAMES = ("hoeffding", "empirical_bernstein", "betting", "clopper_pearson")
+
+#: ``state``: every smoothed state's certificate holds with prob ≥ 1 − α (the paper; joint statements over
+#: N states hold with prob ≥ 1 − N·α by the union bound).  ``family``: α is split so a whole LoAct episode
+#: (or attack episode) of ≤ H states, or a whole LoRe tree, holds jointly with prob ≥ 1 − α.
+ALPHA_MODES = ("state", "family")
+
+DEVICES = ("cpu", "cuda", "auto")

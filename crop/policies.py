@@ -1,0 +1,220 @@
+"""Where a policy's checkpoint comes from: trained here, derived from another checkpoint, or fetched; one
+function per `crop` subcommand, each writing model.pt and its record model.json (sha256, architecture,
+source, clean greedy return, provenance).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from crop.io import InputError
+from crop.stages import recorded_settings, setup
+
+__all__ = ["cmd_train", "cmd_derive", "cmd_fetch", "cmd_import", "cmd_checkpoint"]
+
+
+def _source(args, prefer: str, kind: str | None = None, refusal: str = "") -> dict:
+    """The registry entry (with its ``kind``) for (env, algo) under ``prefer``; InputError ``refusal`` unless
+    it is of ``kind`` (a derived one must name its base).  ``--file`` (source: file) is the policy file."""
+    from crop.registry import resolve_source
+
+    files = {args.algo: {"path": args.file}} if getattr(args, "file", None) else None
+    try:
+        found, src = resolve_source(args.env, args.algo, prefer, *([files] if files else []))
+    except KeyError as exc:
+        raise InputError(exc.args[0]) from None
+    if kind and (found != kind or (kind == "derive" and "base" not in src)):
+        raise InputError(f"{args.env}/{args.algo} {refusal} (source: {found})")
+    return {"kind": found, **src}
+
+
+def _train_settings(args) -> dict:
+    """The schema's train-block defaults ← ``--settings`` JSON ← explicit flags."""
+    from crop.config import target_return, train_defaults
+
+    settings = {**train_defaults(), **json_object(args.settings, "a config's train block")}
+    settings.update({k: getattr(args, k) for k in ("hidden", "total_steps", "min_steps", "eval_episodes")
+                     if getattr(args, k, None) is not None})
+    if hasattr(args, "target_return"):   # explicit: a number, or none = no threshold
+        settings["target_return"] = args.target_return
+    else:
+        settings["target_return"] = target_return(args.env, settings.get("target_return"))
+    return settings
+
+
+def json_object(text: str | None, what: str) -> dict:
+    if not text:
+        return {}
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--settings is not valid JSON: {exc}") from None
+    if not isinstance(given, dict):
+        raise InputError(f"--settings must be a JSON object ({what})")
+    return given
+
+
+def _save_policy(args, net, record: dict, stage: str, device: str, started: float, inputs=None) -> None:
+    from crop.io import provenance, sha256_file, write_json
+    from crop.models import save_q_network
+
+    out = Path(args.out)
+    save_q_network(net, out)
+    record.update(env=args.env, algo=args.algo, sha256=sha256_file(out),
+                  provenance=provenance(stage, recorded_settings(args), seed=args.seed, device=device, started=started,
+                                        inputs=inputs))
+    write_json(out.with_suffix(".json"), record)
+
+
+def cmd_train(args) -> None:
+    from crop.train import prepare_training, train_policy
+
+    started, src = setup(args), _source(args, "train", "train", "is not trained locally")
+    recipe, settings = src.get("recipe", args.algo), _train_settings(args)
+    settings["recipe"] = (settings.pop("recipes", None) or {}).get(args.algo, {})
+    try:
+        prepare_training(args.env, recipe, settings)   # every check before any work
+    except ValueError as exc:
+        raise InputError(f"{args.env}/{args.algo}: {exc}") from None
+    net, info = train_policy(args.env, recipe, args.seed, settings, profile=src.get("profile"),
+                             progress=args.progress)
+    record = {"net_spec": info["net_spec"], "profile": src.get("profile"), "source": "train", "recipe": recipe,
+              "hyperparameters": info["hyperparameters"], "training": info, "clean_greedy_return": info["acceptance"]}
+    _save_policy(args, net, record, "train", info["device"], started)
+    print(f"trained {args.env}/{args.algo}: greedy return {info['acceptance']['mean']:.1f} over "
+          f"{info['acceptance']['episodes']} episodes after {info['steps']} steps "
+          f"({info['cpu_s']:.0f} s CPU); sha256 {record['sha256']}")
+
+
+def _acceptance(args, net, episodes: int, profile, target) -> tuple[dict, float]:
+    """The clean greedy return of a derived policy and the CPU seconds it took; nothing can be retrained, so
+    the trained policies' threshold is reported, not enforced."""
+    from crop.io import derive_seed
+    from crop.train import greedy_returns
+
+    t0 = time.process_time()
+    rets = greedy_returns(net, args.env, [derive_seed(args.seed, "accept-eval", i) for i in range(episodes)], profile)
+    accept = {"step": 0, "mean": float(rets.mean()), "std": float(rets.std()), "min": float(rets.min()),
+              "episodes": len(rets)}
+    accept["meets_target_return"] = None if target is None else bool(accept["mean"] >= target)
+    return accept, round(time.process_time() - t0, 2)
+
+
+def _derivation(args, src: dict, settings: dict):
+    """(recipe, hyper-parameters) of a derived policy: the registry's values ← the config's recipe overrides;
+    every check before any work."""
+    from crop.train import prepare_training
+
+    overrides = {k: src[k] for k in ("eps", "norm", "method") if k in src}       # the registry's values
+    overrides.update((settings.pop("recipes", None) or {}).get(args.algo, {}))   # ← the config's
+    try:
+        _, recipe, hp = prepare_training(args.env, src.get("recipe", args.algo), {"recipe": overrides})
+    except ValueError as exc:
+        raise InputError(f"{args.env}/{args.algo}: {exc}") from None
+    return recipe, hp
+
+
+def cmd_derive(args) -> None:
+    """A policy built from another algorithm's checkpoint without training (CARRL from StdTrain)."""
+    from crop.io import sha256_file
+    from crop.models import load_checkpoint
+
+    started = setup(args)
+    src = _source(args, getattr(args, "source", "auto"), "derive", "is not derived from another checkpoint")
+    if not args.base_checkpoint:
+        raise InputError(f"{args.env}/{args.algo} is derived from {src['base']}: give --base-checkpoint")
+    settings, base = _train_settings(args), Path(args.base_checkpoint)
+    recipe, hp = _derivation(args, src, settings)
+    base_net, meta = load_checkpoint(base, args.env, src["base"],
+                                     f" ({args.algo} on {args.env} is derived from {args.env}/{src['base']})")
+    if meta["net_spec"].get("arch") != "mlp":
+        raise InputError(f"{base}: {args.algo} needs an MLP base network, got {meta['net_spec']}")
+    net, spec = recipe.derive(base_net, meta["net_spec"], hp)
+    target = settings.get("target_return")
+    accept, cpu_s = _acceptance(args, net, settings["eval_episodes"], meta.get("profile"), target)
+    record = {"net_spec": spec, "profile": meta.get("profile"), "source": "derive", "recipe": recipe.name,
+              "hyperparameters": hp, "base": {"algo": src["base"], "path": str(base), "sha256": meta["sha256"]},
+              "clean_greedy_return": accept, "evaluation_cpu_s": cpu_s}
+    _save_policy(args, net, record, "derive", "cpu", started,
+                 inputs={"base_checkpoint": {"path": str(base), "sha256": sha256_file(base)}})
+    note = "" if accept["meets_target_return"] in (None, True) else f" (below the target return {target})"
+    print(f"derived {args.env}/{args.algo} from {src['base']}: greedy return {accept['mean']:.1f} over "
+          f"{accept['episodes']} episodes{note}; sha256 {record['sha256']}")
+
+
+def cmd_fetch(args) -> None:
+    """Download a published checkpoint (pinned sha256, mirror, lock file), check that it loads into its
+    architecture, then write model.pt and its record model.json (with its clean greedy return)."""
+    from crop.checkpoints import clean_greedy_return, fetch_checkpoint
+    from crop.io import provenance, write_json
+
+    started = setup(args)
+    src = _source(args, "published", "published", "has no published checkpoint")
+    episodes, target = _eval_settings(args)
+    record = fetch_checkpoint(src, args.out, mirror=args.mirror, cache=args.cache, lock=args.lock,
+                              progress=args.progress,
+                              evaluate=lambda net: clean_greedy_return(net, args.env, src["profile"], episodes,
+                                                                       args.seed, target))
+    record = {"env": args.env, "algo": args.algo, **record,
+              "provenance": provenance("fetch", recorded_settings(args), seed=args.seed, device="cpu",
+                                       started=started)}
+    write_json(Path(args.out).with_suffix(".json"), record)
+    clean = record["clean_greedy_return"]
+    print(f"fetched {args.env}/{args.algo} from {record['fetched_from']}"
+          f"{' member ' + record['member'] if record.get('member') else ''}: greedy return {clean['mean']:.1f} "
+          f"over {clean['episodes']} episodes; sha256 {record['sha256']}")
+
+
+# Episodes of the clean greedy return of `crop fetch` / `crop import` run by hand (a highway episode takes
+# about 1.5 s on one core); the workflow uses the config's train.eval_episodes.
+EVAL_EPISODES_ALONE = 10
+
+
+def _eval_settings(args) -> tuple[int, float | None]:
+    """Episodes and target of the clean greedy return of a fetched or imported checkpoint: under the workflow
+    (`crop checkpoint`) the config's train block, as for a trained policy; on its own --eval-episodes, else
+    EVAL_EPISODES_ALONE; the environment's threshold."""
+    if hasattr(args, "settings"):
+        settings = _train_settings(args)
+        return settings["eval_episodes"], settings.get("target_return")
+    from crop.config import target_return
+
+    return args.eval_episodes or EVAL_EPISODES_ALONE, target_return(args.env, None)
+
+
+def cmd_import(args) -> None:
+    """Your own policy: import a state dict (PyTorch, CleanRL, Stable-Baselines3 DQN zip) into model.pt and its
+    record model.json (sha256 of the source and of the result, architecture, profile, clean greedy return)."""
+    from crop.checkpoints import clean_greedy_return
+    from crop.envs import PROFILES, env_spec
+    from crop.importing import import_policy
+    from crop.models import CheckpointError, spec_summary
+
+    started = setup(args)
+    if not args.file:
+        raise InputError("give --file, the policy file to import (docs/own-policy.md)")
+    profile = args.profile or env_spec(args.env).profile
+    if profile not in PROFILES.get(args.env, []):
+        raise InputError(f"--profile {profile!r} is not a preprocessing profile of {args.env}; known: "
+                         f"{PROFILES.get(args.env, [])}")
+    episodes, target = _eval_settings(args)
+    try:
+        net, info = import_policy(args.file, args.arch, args.format, args.file_sha256)
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    clean = clean_greedy_return(net, args.env, profile, episodes, args.seed, target)
+    spec = info.pop("net_spec")
+    record = {"net_spec": spec, "profile": profile, "source": "file", "imported_from": info,
+              "clean_greedy_return": clean}
+    _save_policy(args, net, record, "import", "cpu", started,
+                 inputs={"file": {"path": info["path"], "sha256": info["sha256"]}})
+    print(f"imported {args.env}/{args.algo} from {args.file} ({info['format']}, {spec_summary(spec)}, profile "
+          f"{profile}): greedy return {clean['mean']:.1f} over {clean['episodes']} episodes; sha256 "
+          f"{record['sha256']}")
+
+
+def cmd_checkpoint(args) -> None:
+    """Obtain a policy's checkpoint from the source the config selects (train here, fetch, derive or import)."""
+    kind = _source(args, args.source)["kind"]
+    {"published": cmd_fetch, "train": cmd_train, "derive": cmd_derive, "file": cmd_import}[kind](args)

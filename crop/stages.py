@@ -1,0 +1,330 @@
+"""The workflow's stages after the checkpoint, one function per `crop` subcommand.
+
+Certification and attacks run the same sequence (:class:`Stage`): verify and load the checkpoint and the V
+range, build the smoothed Q-values with the stage's own noise stream, run one certifier or attack, then write
+each output atomically with its provenance (settings, seed, input hashes, confidence accounting) in
+``.meta.json``.  The report stages (aggregate, audit) read a results folder's runs.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+from crop.io import InputError, write_frames
+
+__all__ = ["Stage", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global",
+           "cmd_aggregate", "cmd_audit"]
+
+
+def setup(args) -> float:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    return time.time()
+
+
+def recorded_settings(args) -> dict:
+    """The settings a result records: every option, resolved (a stage's --settings is spelled out)."""
+    from crop.config import STAGES
+
+    skip = {"func", "progress"} | ({"settings"} if args.command in STAGES else set())
+    return {k: v for k, v in vars(args).items() if k not in skip}
+
+
+def _episode_seeds(seed: int, env: str, n: int, kind: str = "episode") -> list[int]:
+    """Initial-state seeds shared by every algorithm and σ, so their numbers compare like for like."""
+    from crop.io import derive_seed
+
+    return [derive_seed(seed, env, kind, i) % (2**31) for i in range(n)]
+
+
+def _stage_seed(args, stage: str) -> int:
+    from crop.io import derive_seed
+
+    return derive_seed(args.seed, args.env, args.algo, repr(float(args.sigma)), stage)
+
+
+class Stage:
+    """What every certification stage shares: verify and load the checkpoint (and the V range), build the
+    smoother, then record provenance and write each output atomically beside its ``.meta.json``."""
+
+    def __init__(self, args, qrange: bool = True):
+        from crop.models import load_checkpoint
+        from crop.qrange import load_qrange
+
+        self.args, self.name = args, args.command.replace("-", "_")
+        self.started = setup(args)
+        self.net, self.meta = load_checkpoint(args.checkpoint, args.env, args.algo)
+        self.profile = self.meta.get("profile")
+        self.inputs = ("checkpoint", "qrange") if qrange else ("checkpoint",)
+        if qrange:
+            self.v_min, self.v_max = load_qrange(args.qrange, args.env, args.algo, args.sigma)
+        self.seed = _stage_seed(args, args.command)
+        self.device = args.device
+
+    def smoother(self, alpha: float):
+        """Smoothed Q-values (Definition 1) of the checkpoint, with the stage's own noise stream."""
+        from crop.models import n_actions
+        from crop.smoothing import SmoothedQ
+
+        a = self.args
+        # The action count is the checkpoint's (SA-DQN's Pong networks use 4 of the 6 actions).
+        sm = SmoothedQ(self.net, a.sigma, a.m, self.v_min, self.v_max, alpha, n_actions(self.meta["net_spec"]),
+                       bound=a.bound, chunk=a.chunk, seed=self.seed, device=a.device)
+        self.device = str(sm.device)
+        return sm
+
+    def provenance(self, **info) -> dict:
+        from crop.io import provenance, sha256_file
+
+        a = self.args
+        inputs = {n: {"path": str(getattr(a, n)), "sha256": sha256_file(getattr(a, n))} for n in self.inputs}
+        prov = provenance(self.name, recorded_settings(a), seed=self.seed, inputs=inputs, device=self.device,
+                          started=self.started)
+        return {**prov, **info}
+
+    def write(self, info: dict, **outputs) -> None:
+        """``outputs``: option name of the path → a table, or ``(writer, rows)``; options not given are
+        skipped."""
+        from crop.io import write_csv, write_with_meta
+
+        prov = self.provenance(**info)
+        for option, out in outputs.items():
+            writer, rows = out if isinstance(out, tuple) else ((lambda t: lambda p: write_csv(p, t))(out), len(out))
+            if getattr(self.args, option):
+                write_with_meta(getattr(self.args, option), writer, prov, rows=rows)
+
+
+# ------------------------------------------------------------------------------------------------ stages
+
+def cmd_qrange(args) -> None:
+    from crop.io import write_json
+    from crop.qrange import estimate_qrange
+
+    st = Stage(args, qrange=False)
+    res = estimate_qrange(args.env, st.net, args.sigma, args.m, args.episodes, args.horizon,
+                          _episode_seeds(args.seed, args.env, args.episodes, "qrange-episode"), seed=st.seed,
+                          chunk=args.chunk, device=args.device, profile=st.profile, progress=args.progress,
+                          method=args.method, quantile=args.quantile)
+    write_json(args.out, {"env": args.env, "algo": args.algo, "sigma": args.sigma, **res,
+                          "checkpoint_sha256": st.meta["sha256"], "provenance": st.provenance()})
+    print(f"qrange {args.env}/{args.algo} σ={args.sigma}: [{res['v_min']:.6g}, {res['v_max']:.6g}] "
+          f"({args.method}) from {res['states']} states × {args.m} samples")
+
+
+def cmd_loact(args) -> None:
+    import numpy as np
+
+    from crop.loact import certified_ratio, run_loact
+    from crop.stats import episode_confidence, loact_state_alpha
+
+    st = Stage(args)
+    sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
+    frames: list = []
+    steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
+                                _episode_seeds(args.seed, args.env, args.episodes), profile=st.profile,
+                                progress=args.progress, frames=frames, frames_window=tuple(args.frames_window))
+    longest = int(episodes["steps"].max())
+    st.write({"v_min": st.v_min, "v_max": st.v_max, "states_certified": int(len(steps)),
+              "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha, "per_bound_alpha": sm.alpha_each,
+              "confidence": {"per_state": 1 - sm.alpha, "per_episode": episode_confidence(sm.alpha, longest),
+                             "rule": "union bound: the 2|A| one-sided bounds of a state each at per_bound_alpha; "
+                                     f"an episode of <= {longest} states at per_state_alpha each"},
+              "note": "radius is 0 at uncertified steps and counts in every mean"},
+             out=steps, out_episodes=episodes, out_ratio=certified_ratio(steps, args.sigma * np.linspace(0, 4, 81)),
+             out_frames=(lambda p: write_frames(p, frames, args.env), len(frames)))
+    print(f"LoAct {args.env}/{args.algo} σ={args.sigma}: {steps['certified'].mean():.1%} of {len(steps)} steps "
+          f"certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
+          f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
+
+
+def cmd_gre(args) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from crop.envs import env_spec
+    from crop.gre import gre_bounds, sample_randomized_returns
+    from crop.io import derive_seed
+
+    spec = env_spec(args.env)
+    args.batch = spec.gre_block(args.m, args.batch)
+    st = Stage(args, qrange=False)
+    returns = sample_randomized_returns(args.env, st.net, args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
+                                        env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
+                                        chunk=args.chunk, device=args.device, profile=st.profile,
+                                        progress=args.progress, workers=args.workers or args.threads, batch=args.batch)
+    j_min, j_max = spec.return_range(args.horizon, args.gamma)
+    table = gre_bounds(returns, sigma=args.sigma, horizon=args.horizon, alpha=args.alpha, j_min=j_min, j_max=j_max,
+                       eps_grid=[f * args.sigma for f in args.eps_factors], percentiles=args.percentiles)
+    st.write({"j_min": j_min, "j_max": j_max,
+              "note": "each bound (expectation_bound, cdf_expectation_bound, percentile_bound) holds with "
+                      "probability >= 1 - alpha; empty percentile_bound = no k qualifies"},
+             out=table, out_returns=pd.DataFrame({"return": returns}))
+    print(f"GRe {args.env}/{args.algo} σ={args.sigma}: {args.m} randomized returns, mean {returns.mean():.2f}, "
+          f"median {np.median(returns):.1f}")
+
+
+def cmd_lore(args) -> None:
+    from crop.envs import env_spec
+    from crop.lore import run_lore
+    from crop.stats import lore_schedule_text, lore_state_alpha
+
+    st, spec = Stage(args), env_spec(args.env)
+    sm = st.smoother(args.alpha)
+    # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
+    reward_fn = spec.lore_reward_fn()
+    alpha_of = None if args.alpha_mode == "state" else (lambda i: lore_state_alpha(args.alpha, "family", i))
+    table, info = run_lore(args.env, sm, args.horizon, _episode_seeds(args.seed, args.env, 1)[0], gamma=args.gamma,
+                           eps_max=math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma,
+                           prune=spec.nonnegative_rewards or reward_fn is not None, profile=st.profile,
+                           progress=args.progress, reward_fn=reward_fn, alpha_of=alpha_of,
+                           resume_file=Path(args.out).with_name(Path(args.out).name + ".resume"),
+                           checkpoint_every=args.checkpoint_every)
+    info["reward_modification"] = spec.lore_reward
+    st.write({"v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
+              "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
+              "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
+                             "tree": info["confidence_tree"],
+                             "rule": "union bound over the distinct states smoothed (search.alpha_spent = sum of "
+                                     "their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
+              "initial_state": "the initial state of LoAct episode 0"}, out=table)
+    print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
+          f"{info['distinct_states_smoothed']} states smoothed, {info['nodes_per_s']} nodes/s, "
+          f"bound at ε=0: {table['lower_bound'].iloc[0]}")
+
+
+def cmd_attack_local(args) -> None:
+    from crop.attack import run_local_attack
+    from crop.envs import env_spec
+    from crop.stats import episode_confidence, loact_state_alpha
+
+    st, spec = Stage(args), env_spec(args.env)
+    sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
+    # Returns over LoRe's horizon with LoRe's reward modification, so the two compare like for like.
+    table = run_local_attack(args.env, sm, [f * args.sigma for f in args.eps_factors],
+                             _episode_seeds(args.seed, args.env, args.episodes), args.horizon, steps=args.pgd_steps,
+                             m_grad=args.m_grad, seed=_stage_seed(args, "attack-local-pgd"), gamma=args.gamma,
+                             profile=st.profile, progress=args.progress, reward_fn=spec.lore_reward_fn())
+    table["same_start_as_lore"] = table["episode"] == 0
+    st.write({"reward_modification": spec.lore_reward, "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha,
+              "confidence": {"per_state": 1 - sm.alpha,
+                             "per_episode": episode_confidence(sm.alpha, args.horizon)}}, out=table)
+    print(f"local PGD {args.env}/{args.algo} σ={args.sigma}: min return per ε "
+          f"{table.groupby('eps')['return'].min().round(2).to_dict()}")
+
+
+def cmd_attack_global(args) -> None:
+    from crop.attack import run_global_attack
+
+    st = Stage(args, qrange=False)
+    table = run_global_attack(args.env, st.net, args.sigma, [f * args.sigma for f in args.eps_factors],
+                              _episode_seeds(args.seed, args.env, args.episodes, "global-attack-episode"),
+                              args.horizon, steps=args.pgd_steps, n_eot=args.n_eot, gamma=args.gamma, seed=st.seed,
+                              device=args.device, profile=st.profile, progress=args.progress)
+    st.write({}, out=table)
+    print(f"global PGD {args.env}/{args.algo} σ={args.sigma}: median return per ε "
+          f"{table.groupby('eps')['return'].median().round(2).to_dict()}")
+
+
+# ------------------------------------------------------------------------------------------ report stages
+
+def _results_and_runs(args) -> tuple[Path, list[str] | None]:
+    """The results root and its ENV/ALGO/sigma-S run folders: from --inputs (the run files), or RESULTS."""
+    if args.inputs:
+        dirs = sorted({Path(f).parent for f in args.inputs})
+        roots = {d.parents[2] for d in dirs}
+        if len(roots) != 1 or not all(d.name.startswith("sigma-") for d in dirs):
+            raise InputError(f"inputs do not lie in RESULTS/ENV/ALGO/sigma-S folders of one results folder: "
+                             f"{dirs[:3]}")
+        root = roots.pop()
+        return root, [str(d.relative_to(root)) for d in dirs]
+    results = args.results or getattr(args, "results_opt", None)
+    if not results:
+        raise InputError("give a results folder or --inputs")
+    if not Path(results).is_dir():
+        raise InputError(f"{results}: no such results folder")
+    return Path(results), args.runs
+
+
+def _complete_runs(results: Path) -> list[str]:
+    """Every complete run folder under ``results``; InputError naming what incomplete ones miss."""
+    from crop.layout import RUN_FILES
+    from crop.report.audit import discover_runs
+
+    incomplete = discover_runs(results, incomplete=True)
+    if incomplete:  # name what is missing rather than silently dropping runs
+        missing = {r: sorted(f for f in RUN_FILES.values() if not (results / r / f).is_file()) for r in incomplete}
+        raise InputError(f"incomplete runs under {results}: "
+                         + "; ".join(f"{r}: {', '.join(m)}: missing" for r, m in missing.items()))
+    return discover_runs(results)
+
+
+def cmd_aggregate(args) -> None:
+    from crop.report.aggregate import aggregate
+    from crop.report.integrity import IntegrityError
+
+    results, runs = _results_and_runs(args)
+    runs = runs or _complete_runs(results)
+    if not runs:
+        raise InputError(f"no complete runs to aggregate under {results}")
+    figures = Path(args.figures) if args.figures else results / "figures"
+    tables = Path(args.tables) if args.tables else results / "tables"
+    try:
+        written = aggregate(results, runs, table_eps_factors=args.table_eps_factors, figures_dir=figures,
+                            tables_dir=tables)
+    except (FileNotFoundError, IntegrityError) as exc:
+        raise InputError(str(exc)) from None
+    print(f"aggregate: wrote {len(written)} files for {len(runs)} runs to {figures} and {tables}")
+
+
+def _config_hash(args) -> str | None:
+    """--config-hash, or the hash of --config (validated); InputError when both are given and differ."""
+    if not args.config:
+        return args.config_hash
+    from crop.config import ConfigError, load_config
+    from crop.report.provenance import config_hash
+
+    try:
+        h = config_hash(load_config(args.config))
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    if args.config_hash and args.config_hash != h:
+        raise InputError(f"--config-hash {args.config_hash} is not the hash of {args.config} ({h})")
+    return h
+
+
+def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
+    ref = report["reference"]
+    print(f"audit of {results}: {len(report['runs'])} runs, {report['checked']} soundness checks, "
+          f"{report['violations']} violations, {report['integrity_problems']} integrity problems"
+          + (f", reference {ref['counts']['match']} match / {ref['counts']['differs']} differ / "
+             f"{ref['counts']['missing']} missing" if ref else "")
+          + f" -> {'PASS' if report['passed'] else 'FAIL'} ({out_dir / 'audit.md'})")
+    for v in report["violation_list"][:20]:
+        print(f"  violation: {v['env']}/{v['algo']}/sigma={v['sigma']} eps={v['eps']}: {v['check']} "
+              f"bound {v['bound']} observed {v['observed']}")
+    for p in report["integrity"][:20]:
+        print(f"  integrity: {p['file']}: {p['problem']}")
+    for r in (ref["comparisons"] if ref else []):
+        if r["verdict"] == "differs":
+            print(f"  differs: {r['env']}/{r['algo']}/sigma={r['sigma']} {r['metric']} eps={r['eps']}: "
+                  f"reproduced {r['reproduced']} vs reference {r['reference']} (allowed ±{r['allowed']})")
+
+
+def cmd_audit(args) -> None:
+    from crop.report.audit import audit
+    from crop.report.reference import ReferenceError
+
+    results, runs = _results_and_runs(args)
+    out_dir = Path(args.out_dir) if args.out_dir else results / "audit"
+    try:
+        report = audit(results, out_dir=out_dir, runs=runs, alpha=args.alpha, reference=args.reference,
+                       tolerances=args.tolerances, abs_tol=args.abs_tol, rel_tol=args.rel_tol,
+                       config_hash=_config_hash(args), strict=args.strict)
+    except ReferenceError as exc:
+        raise InputError(str(exc)) from None
+    _print_audit(results, out_dir, report)
+    if args.strict and not report["passed"]:
+        sys.exit(1)

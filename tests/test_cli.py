@@ -1,0 +1,139 @@
+"""The `crop` command on its own: help for every option, --version, stage settings from the schema (one
+source for the workflow and for hand use), optional outputs."""
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import crop
+from crop.cli import build_parser, main
+from crop.config import STAGES, load_config, load_schema, stage_options, stage_settings
+from crop.io import sha256_file, write_json
+from crop.models import save_q_network
+
+from conftest import random_mlp
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _subparsers(parser):
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+def test_every_subcommand_and_option_has_help():
+    subs = _subparsers(build_parser())
+    assert set(subs) >= {"train", "derive", "fetch", "checkpoint", "qrange", "loact", "gre", "lore", "attack-local",
+                         "attack-global", "aggregate", "audit", "validate-config"}
+    for name, p in subs.items():
+        assert p.description and len(p.description) > 20, name
+        for a in p._actions:
+            if a.help == argparse.SUPPRESS or isinstance(a, argparse._HelpAction):
+                continue
+            assert a.help and a.help.strip(), f"crop {name} {a.option_strings or a.dest}: no help"
+        p.format_help()  # every help string formats (a stray % would raise here)
+
+
+def test_top_level_help_has_no_markup_and_version_prints_the_package_version():
+    out = subprocess.run([sys.executable, "-m", "crop.cli", "--help"], capture_output=True, text=True, check=True)
+    assert "``" not in out.stdout and ":func:" not in out.stdout
+    ver = subprocess.run([sys.executable, "-m", "crop.cli", "--version"], capture_output=True, text=True, check=True)
+    assert ver.stdout.split() == ["crop", crop.__version__]
+
+
+def test_building_the_parser_imports_no_torch():
+    code = "import sys; from crop.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_derive_lists_only_its_own_options():
+    derive = _subparsers(build_parser())["derive"].format_help()
+    assert "--base-checkpoint" in derive and "--eval-episodes" in derive
+    for training_only in ("--hidden", "--total-steps", "--min-steps", "--mirror"):
+        assert training_only not in derive
+
+
+def test_stage_defaults_and_choices_come_from_the_schema_and_the_code():
+    from crop.names import ALPHA_MODES, BOUND_NAMES
+
+    schema = load_schema()
+    assert schema["properties"]["bound"]["enum"] == list(BOUND_NAMES)
+    assert schema["properties"]["alpha_mode"]["enum"] == list(ALPHA_MODES)
+    subs = _subparsers(build_parser())
+    for stage in STAGES:
+        actions = {a.dest: a for a in subs[stage]._actions}
+        for option, (key, node) in stage_options(stage).items():
+            assert actions[option].default == node.get("default"), (stage, option)
+            assert key.lstrip("/").split(".")[-1] in load_schema_keys(schema), (stage, key)
+        if "bound" in actions:
+            assert list(actions["bound"].choices) == list(BOUND_NAMES)
+
+
+def load_schema_keys(schema):
+    env = schema["$defs"]["environment"]["properties"]
+    return set(schema["properties"]) | {k for b in env.values() for k in b.get("properties", {})}
+
+
+def test_the_local_attack_borrows_explicitly():
+    """attack_local attacks LoAct's smoothed policy over LoRe's tree: the schema says so, and the settings
+    the workflow hands it follow those blocks."""
+    opts = stage_options("attack-local")
+    assert (opts["m"][0], opts["horizon"][0], opts["gamma"][0]) == ("loact.m", "lore.horizon", "lore.gamma")
+    cfg = load_config(REPO / "tests/configs/smoke.yaml")
+    s = stage_settings(cfg, "CartPole-v0", "attack-local")
+    env = cfg["environments"]["CartPole-v0"]
+    assert (s["m"], s["horizon"]) == (env["loact"]["m"], env["lore"]["horizon"])
+    assert stage_settings(cfg, "CartPole-v0", "attack-global")["horizon"] == env["gre"]["horizon"]
+
+
+def _policy(d: Path):
+    d.mkdir(parents=True, exist_ok=True)
+    net = random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
+    save_q_network(net, d / "model.pt")
+    write_json(d / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
+                                  "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
+                                  "sha256": sha256_file(d / "model.pt")})
+    write_json(d / "qrange.json", {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.1, "v_min": -4.0,
+                                   "v_max": 4.0})
+    return ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", str(d / "model.pt"),
+            "--qrange", str(d / "qrange.json"), "--no-progress"]
+
+
+def test_settings_block_equals_the_flags_and_a_flag_wins(tmp_path):
+    base = _policy(tmp_path)
+    settings = {"m": 200, "episodes": 1, "horizon": 5, "alpha": 0.1, "bound": "hoeffding", "alpha_mode": "state",
+                "frames_window": [0, 3]}
+    main(["loact", *base, "--settings", json.dumps(settings), "--out", str(tmp_path / "a.csv")])
+    main(["loact", *base, "--m", "200", "--episodes", "1", "--horizon", "5", "--alpha", "0.1", "--frames-window",
+          "0", "3", "--out", str(tmp_path / "b.csv")])
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+    meta = [json.loads((tmp_path / f"{n}.meta.json").read_text())["settings"] for n in "ab"]
+    assert {k: v for k, v in meta[0].items() if k != "out"} == {k: v for k, v in meta[1].items() if k != "out"}
+    assert "settings" not in meta[0] and meta[0]["m"] == 200
+    # A flag given by hand wins over the block.
+    main(["loact", *base, "--settings", json.dumps(settings), "--horizon", "3", "--out", str(tmp_path / "c.csv")])
+    assert pd.read_csv(tmp_path / "c.csv")["step"].max() < 3
+
+
+def test_loact_writes_only_the_outputs_asked_for(tmp_path):
+    base = _policy(tmp_path)
+    main(["loact", *base, "--m", "100", "--episodes", "1", "--horizon", "3", "--out", str(tmp_path / "loact.csv")])
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("loact")) == ["loact.csv",
+                                                                                         "loact.meta.json"]
+    assert not list(tmp_path.glob("*.npz"))
+
+
+@pytest.mark.parametrize("bad, words", [({"m": 100, "horizn": 3}, "unknown setting(s) ['horizn']"),
+                                        ({"m": 0}, "--m"), ("[1, 2]", "JSON object")])
+def test_bad_settings_are_refused_in_one_line(tmp_path, capsys, bad, words):
+    base = _policy(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["loact", *base, "--settings", bad if isinstance(bad, str) else json.dumps(bad),
+              "--out", str(tmp_path / "x.csv")])
+    assert e.value.code == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "x.csv").exists()
