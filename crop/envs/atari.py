@@ -35,7 +35,8 @@ import numpy as np
 
 cv2.ocl.setUseOpenCL(False)
 
-__all__ = ["ATARI_PROFILES", "make_atari", "AtariSnapshot", "atari_snapshot", "atari_restore", "is_atari", "AtariPool"]
+__all__ = ["ATARI_PROFILES", "make_atari", "AtariSnapshot", "atari_snapshot", "atari_restore", "is_atari",
+           "AtariPool"]
 
 # profile -> settings; `*_pong`/`*_freeway` variants carry the per-game options of the published configs
 ATARI_PROFILES = {
@@ -345,9 +346,9 @@ class AtariPool:
         names = [s.name for s in self._shms]
         for i in range(workers):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_pool_worker, daemon=True, args=(b, env_id, profile, int(self.bounds[i]),
-                                                                    int(self.bounds[i + 1]), self.num_envs, names, self.shape,
-                                                                    self.dtype))
+            lo, hi = int(self.bounds[i]), int(self.bounds[i + 1])
+            p = ctx.Process(target=_pool_worker, daemon=True,
+                            args=(b, env_id, profile, lo, hi, self.num_envs, names, self.shape, self.dtype))
             p.start()
             b.close()
             self.conns.append(a)
@@ -379,7 +380,8 @@ class AtariPool:
         self._wait(asked)
         obs = self.pixels[idx]
         done = self._done[idx]
-        return (obs if pixels else self.to_float(obs)), self._rew[idx].copy(), done[:, 0].copy(), done[:, 1].copy()
+        rew, term, trunc = self._rew[idx].copy(), done[:, 0].copy(), done[:, 1].copy()
+        return (obs if pixels else self.to_float(obs)), rew, term, trunc
 
     def close(self):
         for c in self.conns:
