@@ -139,6 +139,8 @@ def test_atari_pool_observations_equal_the_wrapper_stack(profile):
     """GRe's Atari pool (worker processes, pixels through shared memory) gives, for the same seeds and
     actions, byte-identical observations, rewards and flags to the single wrapper stack — with envs
     stepped selectively (finished trajectories are not stepped) and as pixels for a device-side conversion."""
+    import torch
+
     from crop.envs.atari import AtariPool
 
     n = 4
@@ -156,7 +158,10 @@ def test_atari_pool_observations_equal_the_wrapper_stack(profile):
             ob, r, te, tr = pool.step(idx, acts, pixels=t % 2 == 1)
             if t % 2 == 1:
                 assert ob.dtype == pool.dtype
+                # a device-side conversion (torch, as GRe would do on the GPU) is ToFloat's too
+                as_torch = torch.as_tensor(ob).float().mul_(pool.scale).numpy()
                 ob = pool.to_float(ob)
+                assert np.array_equal(as_torch, ob)
             for j, (i, a) in enumerate(zip(idx, acts)):
                 so, sr, ste, st, _ = singles[i].step(int(a))
                 assert np.array_equal(ob[j], so), (profile, t, i)
