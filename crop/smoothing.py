@@ -122,7 +122,7 @@ class SmoothedQ:
         self.v_min, self.v_max = float(v_min), float(v_max)
         self.n_actions = int(n_actions)
         self.bound = bound
-        self.chunk = max(1, min(int(chunk), self.m))
+        self.chunk = self._chunk = max(1, min(int(chunk), self.m))  # _chunk: the caller's, kept for a new shape
         self.alpha_each = stats.per_bound_alpha(self.alpha, self.n_actions)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(seed))
@@ -150,7 +150,7 @@ class SmoothedQ:
         per_act = max(0, torch.cuda.max_memory_allocated(self.device) - base) / probe
         free, _ = torch.cuda.mem_get_info(self.device)
         fit = int(0.5 * free / (2 * per_in + per_act + 4 * self.n_actions))
-        return max(1, self.chunk, fit)
+        return max(1, self._chunk, fit)
 
     def _layout(self, t: torch.Tensor) -> torch.Tensor:
         return t.contiguous(memory_format=torch.channels_last) if self._cl(t.dim()) else t
@@ -168,7 +168,7 @@ class SmoothedQ:
                 self._rows = self._cuda_rows(shape)
                 self.chunk = self._rows  # one forward per block: the GPU wants the biggest batch
             else:
-                self._rows = max(self.chunk, self.NOISE_BLOCK_FLOATS // max(int(np.prod(shape)), 1))
+                self._rows = max(self._chunk, self.NOISE_BLOCK_FLOATS // max(int(np.prod(shape)), 1))
             self._shape, self._buf = shape, None
 
     def _buffers(self, shape: tuple, rows_wanted: int):
