@@ -6,6 +6,15 @@ is a bare batched forward of the same noisy batch, pre-drawn, in the same chunks
 Nature-CNN the Gaussian draw itself costs about as much as the forward on a CPU (``normal_`` is
 single-threaded), so its floor is forward + noise, printed as a second ratio.  First, ``bound_cost_<name>_ms``:
 the cost of each confidence bound per state at m samples and |A| = 6 (milliseconds, not a ratio).
+
+``--device cuda`` (issue 13) prints the GPU lines instead, designed to finish in a few minutes on an
+H100/H200: ``smoothing_nature_cnn_vs_randn_plus_cl_forward`` (one smoothed step at m against a bare
+``randn`` + channels-last forward of the same m samples; goal ≤ 1.15), ``per_state_<net>_b<B>_vs_b64_floor``
+(an MLP's cost per state when B states are smoothed in one ``estimate_batch`` call, against the bare forward
+of 64·m pre-drawn samples divided by 64; goal ≤ 1.3 for B ≥ 8), ``speedup_vs_sequential_<net>``, and two
+absolute numbers: ``loact_pong_s_per_state`` (LoAct end to end on Pong, 10 episodes in lockstep, env steps
+included) and ``gre_pong_env_steps_per_s`` (GRe's lockstep sampler on Pong, one worker per core), the latter
+also with :class:`crop.envs.atari.AtariPool` feeding pixels to the GPU (``gre_pong_atari_pool_env_steps_per_s``).
 """
 from __future__ import annotations
 
@@ -25,15 +34,23 @@ from crop.models import build_q_network  # noqa: E402
 from crop.smoothing import SmoothedQ  # noqa: E402
 
 
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timeit(fns: dict, reps: int) -> dict:
-    """Median time of each function, measured interleaved (so drifts of a shared machine hit all alike)."""
+    """Median time of each function, measured interleaved (so drifts of a shared machine hit all alike);
+    on CUDA each timing waits for the device (asynchronous launches)."""
     for f in fns.values():
         f()  # warm-up: buffers, allocator, kernel selection
+    _sync()
     times = {k: [] for k in fns}
     for _ in range(reps):
         for k, f in fns.items():
             t = time.perf_counter()
             f()
+            _sync()
             times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -65,21 +82,23 @@ def measure(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, chu
     print(f"smoothing_{name}_vs_forward_plus_noise: {t_step / (t_fwd + t_noise):.3f}", flush=True)
 
 
-def sequential_speedup(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, chunk: int, probe: int):
+def sequential_speedup(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, chunk: int, probe: int,
+                       device: str = "cpu"):
     """The paper's stated procedure — m sequential single-sample passes per state (the official code) —
     timed on ``probe`` passes and scaled to m, against one batched smoothed step."""
-    net = build_q_network(spec).eval()
-    x = torch.as_tensor(np.random.default_rng(0).random(obs_shape, dtype=np.float32))
-    g = torch.Generator().manual_seed(2)
+    net = build_q_network(spec).eval().to(device)
+    x = torch.as_tensor(np.random.default_rng(0).random(obs_shape, dtype=np.float32), device=device)
+    g = torch.Generator(device=device).manual_seed(2)
 
     @torch.inference_mode()
     def sequential():
         for _ in range(probe):
-            q = net((x + 0.1 * torch.randn((1, *obs_shape), generator=g)))
+            q = net((x + 0.1 * torch.randn((1, *obs_shape), generator=g, device=device)))
             q.clamp(-10, 10)
 
-    sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, chunk=chunk, seed=0)
-    t = timeit({"seq": sequential, "step": lambda: sm.estimate(x.numpy())}, 9)   # medians of 9: a shared machine drifts
+    sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, chunk=chunk, seed=0, device=device)
+    xn = x.cpu().numpy()
+    t = timeit({"seq": sequential, "step": lambda: sm.estimate(xn)}, 9)   # medians of 9: a shared machine drifts
     seq = t["seq"] * m / probe
     print(f"# {name}: sequential m={m} single-sample passes ≈ {seq:.3f} s, batched smoothed step {t['step']:.4f} s",
           flush=True)
@@ -128,6 +147,156 @@ def lore_rate(name: str, env_id: str, spec: dict, profile, m: int, horizon: int,
     return dt / max(info["transitions"], 1), info
 
 
+def _device_name(device) -> str:
+    return torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "cpu"
+
+
+def measure_cuda_cnn(m: int, reps: int, device="cuda") -> None:
+    """CUDA: one smoothed Nature-CNN step vs its floor, randn + a channels-last forward of the same m samples."""
+    import copy
+
+    dev = torch.device(device)
+    shape = (4, 84, 84)
+    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    net_cl = copy.deepcopy(net).to(dev, memory_format=torch.channels_last)
+    net_contiguous = copy.deepcopy(net).to(dev)
+    x = np.random.default_rng(0).random(shape, dtype=np.float32)
+    xt = torch.as_tensor(x, device=dev)
+    sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, 6, seed=0, device=dev)
+    g = torch.Generator(device=dev).manual_seed(1)
+    buf = torch.empty((m, *shape), device=dev, memory_format=torch.channels_last)
+    fixed = (torch.randn((m, *shape), generator=g, device=dev) * 0.1 + xt).contiguous(
+        memory_format=torch.channels_last)
+    contiguous = fixed.contiguous()
+
+    @torch.inference_mode()
+    def floor():
+        buf.normal_(generator=g)
+        net_cl(buf.mul_(0.1).add_(xt))
+
+    @torch.inference_mode()
+    def fwd_cl():
+        net_cl(fixed)
+
+    @torch.inference_mode()
+    def fwd_contiguous():
+        net_contiguous(contiguous)
+
+    @torch.inference_mode()
+    def noise():
+        buf.normal_(generator=g)
+
+    t = timeit({"step": lambda: sm.estimate(x), "floor": floor, "fwd_cl": fwd_cl, "noise": noise}, reps)
+    t_contig = timeit({"c": fwd_contiguous}, reps)["c"]
+    print(f"# nature_cnn on {_device_name(dev)}: smoothed step {t['step'] * 1e3:.2f} ms, randn + "
+          f"channels-last forward {t['floor'] * 1e3:.2f} ms (randn {t['noise'] * 1e3:.2f} ms, channels-last forward "
+          f"{t['fwd_cl'] * 1e3:.2f} ms, contiguous forward {t_contig * 1e3:.2f} ms; m={m}, block {sm.chunk} samples, "
+          f"channels_last={sm.channels_last})", flush=True)
+    print(f"smoothing_nature_cnn_vs_randn_plus_cl_forward: {t['step'] / t['floor']:.3f}", flush=True)
+
+
+def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, reps: int,
+                         device="cuda") -> None:
+    """CUDA: an MLP's cost per state at B = 1, 8, 64 states per ``estimate_batch`` call, against the floor:
+    a bare forward of 64·m pre-drawn samples in one launch, per state."""
+    dev = torch.device(device)
+    net = build_q_network(spec).eval().to(dev)
+    rng = np.random.default_rng(0)
+    g = torch.Generator(device=dev).manual_seed(1)
+    pre = torch.randn((64 * m, *obs_shape), generator=g, device=dev)
+
+    @torch.inference_mode()
+    def bare():
+        net(pre)
+
+    fns = {"bare": bare}
+    sms = {}
+    for b in (1, 8, 64):
+        sms[b] = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, seed=b, device=dev)
+        xs = rng.random((b, *obs_shape), dtype=np.float32)
+        fns[b] = (lambda sm=sms[b], xs=xs: sm.estimate_batch(xs))
+    t = timeit(fns, reps)
+    floor = t["bare"] / 64
+    print(f"# {name} on {_device_name(dev)}: floor {floor * 1e3:.4f} ms/state (64·m={64 * m} samples in one launch); "
+          f"per state at B=1, 8, 64: " + ", ".join(f"{t[b] / b * 1e3:.4f} ms" for b in (1, 8, 64)), flush=True)
+    for b in (1, 8, 64):
+        print(f"per_state_{name}_b{b}_vs_b64_floor: {t[b] / b / floor:.3f}", flush=True)
+
+
+def loact_pong(m: int, episodes: int, horizon: int, device: str) -> None:
+    """LoAct end to end on Pong (cleanrl profile, an untrained Nature CNN): seconds per certified state."""
+    from crop.loact import run_loact
+
+    torch.manual_seed(0)
+    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, 6, seed=0, device=device)
+    run_loact("PongNoFrameskip-v4", sm, 1, 3, [0], progress=False)   # warm-up: buffers, cuDNN selection
+    _sync()
+    t0 = time.perf_counter()
+    steps, _ = run_loact("PongNoFrameskip-v4", sm, episodes, horizon, list(range(episodes)), progress=False)
+    _sync()
+    dt = time.perf_counter() - t0
+    print(f"# LoAct Pong: {len(steps)} states ({episodes} episodes in lockstep, H={horizon}, m={m}) in {dt:.1f} s",
+          flush=True)
+    print(f"loact_pong_s_per_state: {dt / len(steps):.4f}", flush=True)
+
+
+def gre_pong(m: int, horizon: int, device: str, workers: int) -> None:
+    """GRe's sampler on Pong: env steps per second, as crop.gre runs it and with AtariPool feeding pixels."""
+    from crop.envs.atari import AtariPool
+    from crop.gre import sample_randomized_returns
+
+    torch.manual_seed(0)
+    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval().to(device)
+    t0 = time.perf_counter()
+    sample_randomized_returns("PongNoFrameskip-v4", net, 0.1, m, horizon, 1.0, seed=0, env_seed=0, device=device,
+                              workers=workers, progress=False)
+    dt = time.perf_counter() - t0
+    print(f"# GRe Pong (crop.gre): m={m}, H={horizon}, {workers} workers: {dt:.1f} s, resets included", flush=True)
+    print(f"gre_pong_env_steps_per_s: {m * horizon / dt:.0f}", flush=True)
+
+    pool = AtariPool("PongNoFrameskip-v4", m, workers=workers, profile="cleanrl")
+    g = torch.Generator(device=device).manual_seed(0)
+    with torch.inference_mode():
+        pix = torch.as_tensor(pool.reset(0, pixels=True), device=device)
+        alive = np.ones(m, bool)
+        t0 = time.perf_counter()
+        for _ in range(horizon):
+            idx = np.nonzero(alive)[0]
+            if not idx.size:
+                break
+            it = torch.as_tensor(idx, device=device)
+            x = pix[it].float().mul_(pool.scale)
+            a = net(torch.randn(x.shape, generator=g, device=device).mul_(0.1).add_(x)).argmax(1)
+            o, r, te, tr = pool.step(idx, a.cpu().numpy(), pixels=True)
+            pix[it] = torch.as_tensor(o, device=device)
+            alive[idx] &= ~(te | tr)
+        dt = time.perf_counter() - t0
+    pool.close()
+    print(f"# GRe-style loop on AtariPool (pixels to the device): m={m}, H={horizon}, {workers} workers: {dt:.1f} s, "
+          "resets excluded", flush=True)
+    print(f"gre_pong_atari_pool_env_steps_per_s: {m * horizon / dt:.0f}", flush=True)
+
+
+def main_cuda(a) -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device visible to torch")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {os.cpu_count()} CPU cores", flush=True)
+    if not a.skip_cnn:
+        measure_cuda_cnn(a.m, 20)
+    mlps = [("cartpole_mlp", {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}, (4,), 2),
+            ("highway_mlp", {"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}, (25,), 5)]
+    for name, spec, shape, n in mlps:
+        measure_cuda_batches(name, spec, shape, n, a.m, 20)
+    for name, spec, shape, n in mlps:
+        sequential_speedup(name, spec, shape, n, a.m, 1000, 2000, device="cuda")
+    if not a.skip_cnn:
+        sequential_speedup("nature_cnn", {"arch": "nature_cnn", "in_channels": 4, "out": 6}, (4, 84, 84), 6, a.m, 250,
+                           300, device="cuda")
+        loact_pong(a.m, 10, 100, "cuda")
+        gre_pong(256, 100, "cuda", max(1, (os.cpu_count() or 2) - 1))
+
+
 def measure_bounds(m: int, n_actions: int, reps: int) -> None:
     """Cost of each confidence bound of ``SmoothedQ`` per state (the bound alone, given the m × |A| clipped
     samples that the smoothing produced), in milliseconds: ``bound_cost_<name>_ms``."""
@@ -155,7 +324,12 @@ def main():
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--skip-cnn", action="store_true")
     ap.add_argument("--bounds-only", action="store_true", help="only the bound_cost_* lines")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the GPU lines of issue 13 (see the module docstring) instead of the CPU ones")
     a = ap.parse_args()
+    if a.device == "cuda":
+        main_cuda(a)
+        return
     measure_bounds(a.m, 6, a.reps)
     if a.bounds_only:
         return

@@ -59,47 +59,76 @@ def certify_state(smoother: SmoothedQ, obs, index=None, alpha: float | None = No
 
 def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, episode_seeds,
               profile: str | None = None, progress: bool | None = None, frames: list | None = None,
-              frames_window: tuple[int, int] = (0, 200)) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Roll the locally smoothed policy π̃ on clean observations and certify every step.
+              frames_window: tuple[int, int] = (0, 200), lockstep: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Roll the locally smoothed policy π̃ on clean observations and certify every step (Algorithm 1 per step).
 
-    Returns (per-step table, per-episode table).  Uncertified steps have radius 0 and *count* in every
-    mean radius (the published numbers skipped them).  For Atari, when ``frames`` is a list, the raw RGB
-    screen of episode 0 at each step t with start ≤ t < end (``frames_window``) is appended as (step, frame).
+    Returns (per-step table, per-episode table), rows ordered by (episode, step).  Uncertified steps have
+    radius 0 and *count* in every mean radius (the published numbers skipped them).  For Atari, when
+    ``frames`` is a list, the raw RGB screen of episode 0 at each step t with start ≤ t < end
+    (``frames_window``) is appended as (step, frame).
+
+    ``lockstep`` (default): the episodes run side by side and step t of every live episode is smoothed in
+    one :meth:`SmoothedQ.estimate_batch` call (episodes in index order), so B episodes cost one launch per
+    step.  ``lockstep=False`` smooths one state per call, episode after episode (the order before issue 13).
+    Both give every state m fresh draws; they consume the noise stream in different orders, so their
+    numbers differ draw by draw, not in distribution.
     """
-    rows, eps_rows = [], []
     bar = pbar(total=episodes * horizon, desc=f"LoAct σ={smoother.sigma:g}", progress=progress)
-    for ep in range(episodes):
-        env = make_env(env_id, profile)
-        obs, _ = env.reset(seed=int(episode_seeds[ep]))
-        ret, t = 0.0, 0
-        ale = getattr(env.unwrapped, "ale", None)
-        for t in range(horizon):
-            if frames is not None and ep == 0 and ale is not None and frames_window[0] <= t < frames_window[1]:
-                frames.append((t, ale.getScreenRGB().copy()))
-            cert = certify_state(smoother, to_obs(obs), index=f"episode {ep} step {t}")
-            e = cert.estimate
-            runner = np.where(np.arange(len(e.mean)) != cert.action, e.mean, -np.inf)
-            obs, reward, terminated, truncated, _ = env.step(cert.action)
-            ret += float(reward)
+    groups = [list(range(episodes))] if lockstep else [[ep] for ep in range(episodes)]
+    rows, eps_rows = [], []
+    for group in groups:
+        r, e = _run_group(env_id, smoother, group, horizon, episode_seeds, profile, bar, frames, frames_window)
+        rows += r
+        eps_rows += e
+    bar.close()
+    rows.sort(key=lambda r: (r["episode"], r["step"]))
+    eps_rows.sort(key=lambda r: r["episode"])
+    return pd.DataFrame(rows), pd.DataFrame(eps_rows)
+
+
+def _run_group(env_id, smoother, group, horizon, episode_seeds, profile, bar, frames, frames_window):
+    """The episodes of ``group`` in lockstep: one batched smoothing call per time step."""
+    envs = {ep: make_env(env_id, profile) for ep in group}
+    obs = {ep: envs[ep].reset(seed=int(episode_seeds[ep]))[0] for ep in group}
+    ret = dict.fromkeys(group, 0.0)
+    steps = dict.fromkeys(group, 0)
+    rows = []
+    live = list(group)
+    for t in range(horizon):
+        if not live:
+            break
+        ale = getattr(envs[live[0]].unwrapped, "ale", None) if live[0] == 0 else None
+        if frames is not None and ale is not None and frames_window[0] <= t < frames_window[1]:
+            frames.append((t, ale.getScreenRGB().copy()))
+        batch = np.stack([to_obs(obs[ep]) for ep in live])
+        ests = smoother.estimate_batch(batch, indices=[f"episode {ep} step {t}" for ep in live])
+        ended = []
+        for ep, est in zip(live, ests):
+            cert = certify_estimate(est, smoother.sigma, smoother.v_min, smoother.v_max)
+            runner = np.where(np.arange(len(est.mean)) != cert.action, est.mean, -np.inf)
+            obs[ep], reward, terminated, truncated, _ = envs[ep].step(cert.action)
+            ret[ep] += float(reward)
+            steps[ep] = t + 1
             rows.append({
                 "episode": ep, "step": t, "action": cert.action, "certified": cert.certified,
-                "radius": cert.radius, "reward": float(reward), "q_top": float(e.mean[cert.action]),
-                "q_runner_up": float(runner.max()), "q_top_lower": float(e.lower[cert.action]),
-                "q_others_upper_max": float(np.max(np.delete(e.upper, cert.action))),
+                "radius": cert.radius, "reward": float(reward), "q_top": float(est.mean[cert.action]),
+                "q_runner_up": float(runner.max()), "q_top_lower": float(est.lower[cert.action]),
+                "q_others_upper_max": float(np.max(np.delete(est.upper, cert.action))),
             })
-            bar.update(1)
             if terminated or truncated:
-                break
-        steps = t + 1
-        bar.update(horizon - steps)
-        ep_rows = [r for r in rows if r["episode"] == ep]
-        radii = np.array([r["radius"] for r in ep_rows])
-        eps_rows.append({"episode": ep, "return": ret, "steps": steps,
+                ended.append(ep)
+                bar.update(horizon - t)   # this step and the ones it will never take
+            else:
+                bar.update(1)
+        live = [ep for ep in live if ep not in ended]
+    eps_rows = []
+    for ep in group:
+        radii = np.array([r["radius"] for r in rows if r["episode"] == ep])
+        eps_rows.append({"episode": ep, "return": ret[ep], "steps": steps[ep],
                          "mean_radius": float(radii.mean()),
-                         "certified_fraction": float(np.mean([r["certified"] for r in ep_rows]))})
-        env.close()
-    bar.close()
-    return pd.DataFrame(rows), pd.DataFrame(eps_rows)
+                         "certified_fraction": float(np.mean([r["certified"] for r in rows if r["episode"] == ep]))})
+        envs[ep].close()
+    return rows, eps_rows
 
 
 def certified_ratio(steps: pd.DataFrame, r_grid) -> pd.DataFrame:

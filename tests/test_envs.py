@@ -122,3 +122,50 @@ def test_sa_dqn_frames_are_transposed_like_the_original():
     expected = cv2.resize(g, (84, 84), interpolation=cv2.INTER_AREA).T / 255.0
     # the observation max-pools the last two frames; the last frame alone is close, and its transpose is not
     assert np.abs(obs[0] - expected).mean() < np.abs(obs[0] - expected.T).mean()
+
+
+def _roms_present():
+    try:
+        from ale_py import roms
+
+        return roms.get_rom_path("pong") is not None
+    except Exception:  # noqa: BLE001 — no ale-py, no ROMs: the Atari tests cannot run
+        return False
+
+
+@pytest.mark.skipif(not _roms_present(), reason="ale-py's Pong ROM is not installed")
+@pytest.mark.parametrize("profile", ["cleanrl", "sa_dqn_pong", "radial"])
+def test_atari_pool_observations_equal_the_wrapper_stack(profile):
+    """GRe's Atari pool (worker processes, pixels through shared memory) gives, for the same seeds and
+    actions, byte-identical observations, rewards and flags to the single wrapper stack — with envs
+    stepped selectively (finished trajectories are not stepped) and as pixels for a device-side conversion."""
+    import torch
+
+    from crop.envs.atari import AtariPool
+
+    n = 4
+    pool = AtariPool("PongNoFrameskip-v4", n, workers=2, profile=profile)
+    try:
+        singles = [make_env("PongNoFrameskip-v4", profile) for _ in range(n)]
+        ref = np.stack([e.reset(seed=7 + i)[0] for i, e in enumerate(singles)])
+        obs = pool.reset(7)
+        assert obs.dtype == ref.dtype == np.float32 and np.array_equal(obs, ref)
+        rng = np.random.default_rng(0)
+        n_act = singles[0].action_space.n
+        for t in range(30):
+            idx = np.sort(rng.choice(n, size=rng.integers(1, n + 1), replace=False))
+            acts = rng.integers(0, n_act, len(idx))
+            ob, r, te, tr = pool.step(idx, acts, pixels=t % 2 == 1)
+            if t % 2 == 1:
+                assert ob.dtype == pool.dtype
+                # a device-side conversion (torch, as GRe would do on the GPU) is ToFloat's too
+                as_torch = torch.as_tensor(ob).float().mul_(pool.scale).numpy()
+                ob = pool.to_float(ob)
+                assert np.array_equal(as_torch, ob)
+            for j, (i, a) in enumerate(zip(idx, acts)):
+                so, sr, ste, st, _ = singles[i].step(int(a))
+                assert np.array_equal(ob[j], so), (profile, t, i)
+                assert (sr, ste, st) == (r[j], te[j], tr[j])
+        assert pool.dtype == (np.float32 if profile == "radial" else np.uint8)
+    finally:
+        pool.close()

@@ -203,3 +203,25 @@ def test_per_call_alpha_overrides_the_smoothers_alpha(mlp_factory, bound):
     if bound != "clopper_pearson":  # (randomised rounding differs draw by draw; its width still grows)
         assert np.all(wide.lower <= base.lower) and np.all(wide.upper >= base.upper)
     assert np.all(wide.upper - wide.lower > base.upper - base.lower)
+
+
+def test_exact_ties_of_the_clipped_means_are_broken_by_the_unclipped_means():
+    """Every sample of both actions clipped to V_min: the clipped means tie exactly, the smoothed policy takes
+    the action whose unclipped mean is larger (not always action 0), and the step is not certified."""
+    from crop.loact import certify_state
+    from crop.smoothing import SmoothedQ
+
+    net = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        net.weight.zero_()
+        net.bias.copy_(torch.tensor([-3.0, -2.0]))          # both far below V_min = 0
+    sm = SmoothedQ(net, 0.1, 500, 0.0, 1.0, 0.05, 2, seed=0)
+    cert = certify_state(sm, np.zeros(4, np.float32))
+    est = cert.estimate
+    assert est.mean[0] == est.mean[1] == 0.0
+    assert cert.action == 1 and not cert.certified and cert.radius == 0.0
+    np.testing.assert_allclose(est.raw_mean, [-3.0, -2.0])
+    # no tie: the clipped means decide, whatever the unclipped ones say
+    with torch.no_grad():
+        net.bias.copy_(torch.tensor([0.6, 0.4]))
+    assert certify_state(sm, np.zeros(4, np.float32)).action == 0

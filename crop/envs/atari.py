@@ -35,7 +35,8 @@ import numpy as np
 
 cv2.ocl.setUseOpenCL(False)
 
-__all__ = ["ATARI_PROFILES", "make_atari", "AtariSnapshot", "atari_snapshot", "atari_restore", "is_atari"]
+__all__ = ["ATARI_PROFILES", "make_atari", "AtariSnapshot", "atari_snapshot", "atari_restore", "is_atari",
+           "AtariPool"]
 
 # profile -> settings; `*_pong`/`*_freeway` variants carry the per-game options of the published configs
 ATARI_PROFILES = {
@@ -259,3 +260,147 @@ def atari_restore(env: gym.Env, snap: AtariSnapshot) -> gym.Env:
     e.ale.restoreState(snap.ale_state)
     e.np_random.bit_generator.state = copy.deepcopy(snap.rng_state)
     return env
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GRe's m Atari copies: worker processes, observations through shared memory.
+
+
+def _pixels(env: gym.Env):
+    """(the env below ToFloat, ToFloat's scale): its observations are the stored pixels (uint8 for cleanrl
+    and sa_dqn, float32 for radial); ToFloat's own expression turns them into the network's input."""
+    if not isinstance(env, ToFloat):
+        raise TypeError("an Atari env from make_atari ends with ToFloat")
+    return env.env, env.scale
+
+
+def _pool_worker(conn, env_id, profile, lo, hi, n, names, shape, dtype):
+    from multiprocessing import shared_memory
+
+    from crop.envs import make_env
+
+    cv2.setNumThreads(1)  # one process per core already
+    envs = [_pixels(make_env(env_id, profile))[0] for _ in range(hi - lo)]
+    shms = [shared_memory.SharedMemory(name=name) for name in names]
+    obs = np.ndarray((n, *shape), dtype, buffer=shms[0].buf)
+    rew = np.ndarray((n,), np.float64, buffer=shms[1].buf)
+    done = np.ndarray((n, 2), np.bool_, buffer=shms[2].buf)   # terminated, truncated
+    try:
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "reset":
+                for k, e in enumerate(envs):
+                    obs[lo + k] = e.reset(seed=int(arg) + lo + k)[0]
+            elif cmd == "step":
+                for i, a in zip(*arg):
+                    o, r, te, tr, _ = envs[i - lo].step(int(a))
+                    obs[i], rew[i], done[i] = o, float(r), (bool(te), bool(tr))
+            elif cmd == "close":
+                break
+            conn.send(None)
+    finally:
+        for e in envs:
+            e.close()
+        del obs, rew, done
+        for s in shms:
+            s.close()
+        conn.close()
+
+
+class AtariPool:
+    """``num_envs`` copies of an Atari env (the wrapper stack of ``profile``, so the observations are those
+    of :func:`make_atari`, byte for byte) in ``workers`` processes, behind the interface of
+    :class:`crop.envs.vector.EnvPool`: ``reset(seed)`` → all observations (env i seeded ``seed + i``),
+    ``step(idx, actions)`` → (obs, reward, terminated, truncated) of the envs ``idx`` only, in that order.
+
+    What differs from ``EnvPool`` is the transport: the workers write each observation *as pixels* (uint8
+    frames for cleanrl and sa_dqn, 4× smaller than float32) into one shared-memory array, and the pipes
+    carry only the actions and a done signal — no pickling of observations.  ``step(..., pixels=True)``
+    returns the stored pixels instead of floats, for a caller that converts on its own device
+    (``x = pixels.float() * pool.scale`` on the GPU: a quarter of the host→device bytes); the conversion is
+    ToFloat's own expression, so both give identical network inputs.
+    """
+
+    def __init__(self, env_id: str, num_envs: int, workers: int = 1, profile: str | None = None):
+        import multiprocessing as mp
+        from multiprocessing import shared_memory
+
+        from crop.envs import make_env
+
+        probe, self.scale = _pixels(make_env(env_id, profile))
+        space = probe.observation_space
+        probe.close()
+        self.shape, self.dtype = tuple(space.shape), np.dtype(space.dtype)
+        self.num_envs = int(num_envs)
+        workers = max(1, min(int(workers), self.num_envs))
+        sizes = [self.num_envs // workers + (i < self.num_envs % workers) for i in range(workers)]
+        self.bounds = np.cumsum([0, *sizes])
+        nbytes = [self.num_envs * int(np.prod(self.shape)) * self.dtype.itemsize, 8 * self.num_envs,
+                  2 * self.num_envs]
+        self._shms = [shared_memory.SharedMemory(create=True, size=max(1, b)) for b in nbytes]
+        self.pixels = np.ndarray((self.num_envs, *self.shape), self.dtype, buffer=self._shms[0].buf)
+        self._rew = np.ndarray((self.num_envs,), np.float64, buffer=self._shms[1].buf)
+        self._done = np.ndarray((self.num_envs, 2), np.bool_, buffer=self._shms[2].buf)
+        ctx = mp.get_context("spawn")  # no fork after torch/OpenMP initialisation
+        self.conns, self.procs = [], []
+        names = [s.name for s in self._shms]
+        for i in range(workers):
+            a, b = ctx.Pipe()
+            lo, hi = int(self.bounds[i]), int(self.bounds[i + 1])
+            p = ctx.Process(target=_pool_worker, daemon=True,
+                            args=(b, env_id, profile, lo, hi, self.num_envs, names, self.shape, self.dtype))
+            p.start()
+            b.close()
+            self.conns.append(a)
+            self.procs.append(p)
+
+    def to_float(self, pixels: np.ndarray) -> np.ndarray:
+        """ToFloat's expression: the network's input from stored pixels."""
+        return np.asarray(pixels, dtype=np.float32) * self.scale
+
+    def _wait(self, conns):
+        for c in conns:
+            c.recv()
+
+    def reset(self, seed: int, pixels: bool = False):
+        for c in self.conns:
+            c.send(("reset", int(seed)))
+        self._wait(self.conns)
+        return self.pixels.copy() if pixels else self.to_float(self.pixels)
+
+    def step(self, idx, actions, pixels: bool = False):
+        idx, actions = np.asarray(idx, dtype=np.int64), np.asarray(actions)
+        shard = np.searchsorted(self.bounds, idx, side="right") - 1
+        asked = []
+        for i, c in enumerate(self.conns):
+            sel = shard == i
+            if sel.any():
+                c.send(("step", (idx[sel], actions[sel])))
+                asked.append(c)
+        self._wait(asked)
+        obs = self.pixels[idx]
+        done = self._done[idx]
+        rew, term, trunc = self._rew[idx].copy(), done[:, 0].copy(), done[:, 1].copy()
+        return (obs if pixels else self.to_float(obs)), rew, term, trunc
+
+    def close(self):
+        for c in self.conns:
+            try:
+                c.send(("close", None))
+                c.close()
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        self.conns, self.procs = [], []
+        self.pixels = self._rew = self._done = None
+        for s in self._shms:
+            s.close()
+            s.unlink()
+        self._shms = []
+
+    def __del__(self):
+        if getattr(self, "_shms", None):
+            self.close()
