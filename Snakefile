@@ -23,6 +23,7 @@ report: "report/workflow.rst"
 # file containers/crop.def (docs/hpc.md, Containers).  Without --sdm apptainer the directive is ignored.
 container: os.path.join(workflow.basedir, "containers", "crop.sif")
 
+
 # Matplotlib's cache (the figures' font list) in /tmp, per user, not in the working directory: Snakemake
 # runs a container's steps with --home set to the working directory, where matplotlib would otherwise
 # leave .cache/matplotlib.  The steps inherit this environment (locally, in containers and on SLURM).

@@ -1,11 +1,12 @@
 """Speed of the certification engine (not a test): ``python benchmarks/run.py``.
 
-Prints one line per measure as ``<measure>: <ratio>`` (lines starting with ``#`` give the raw times).  The smoothed step is what LoAct/LoRe do per
-state at m = 10,000 (fresh noise + forward + clip + mean + bounds, ``SmoothedQ.estimate``); the reference
-is a bare batched forward of the same noisy batch, pre-drawn, in the same chunks.  Goal ≤ 1.15.  For the
-Nature-CNN the Gaussian draw itself costs about as much as the forward on a CPU (``normal_`` is
-single-threaded), so its floor is forward + noise, printed as a second ratio.  First, ``bound_cost_<name>_ms``:
-the cost of each confidence bound per state at m samples and |A| = 6 (milliseconds, not a ratio).
+Prints one line per measure as ``<measure>: <ratio>`` (lines starting with ``#`` give the raw times). The smoothed
+step is what LoAct/LoRe do per state at m = 10,000 (fresh noise + forward + clip + mean + bounds,
+``SmoothedQ.estimate``); the reference is a bare batched forward of the same noisy batch, pre-drawn, in the same
+chunks.  Goal ≤ 1.15.  For the Nature-CNN the Gaussian draw itself costs about as much as the forward on a CPU
+(``normal_`` is single-threaded), so its floor is forward + noise, printed as a second ratio.  First,
+``bound_cost_<name>_ms``: the cost of each confidence bound per state at m samples and |A| = 6 (milliseconds, not a
+ratio).
 
 ``--device cuda`` (issue 13) prints the GPU lines instead, designed to finish in a few minutes on an
 H100/H200: ``smoothing_nature_cnn_vs_randn_plus_cl_forward`` (one smoothed step at m against a bare
@@ -93,7 +94,7 @@ def sequential_speedup(name: str, spec: dict, obs_shape: tuple, n_actions: int, 
     @torch.inference_mode()
     def sequential():
         for _ in range(probe):
-            q = net((x + 0.1 * torch.randn((1, *obs_shape), generator=g, device=device)))
+            q = net(x + 0.1 * torch.randn((1, *obs_shape), generator=g, device=device))
             q.clamp(-10, 10)
 
     sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, chunk=chunk, seed=0, device=device)
@@ -338,8 +339,10 @@ def main():
     cnn = {"arch": "nature_cnn", "in_channels": 4, "out": 6}
     if not a.skip_cnn:
         measure("nature_cnn", cnn, (4, 84, 84), 6, a.m, 250, max(3, a.reps // 10))
-    sequential_speedup("cartpole_mlp", {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}, (4,), 2, a.m, 1000, 2000)
-    sequential_speedup("highway_mlp", {"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}, (25,), 5, a.m, 1000, 2000)
+    sequential_speedup("cartpole_mlp", {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}, (4,), 2, a.m,
+                       1000, 2000)
+    sequential_speedup("highway_mlp", {"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}, (25,), 5, a.m,
+                       1000, 2000)
     if not a.skip_cnn:
         sequential_speedup("nature_cnn", cnn, (4, 84, 84), 6, a.m, 250, 300)
     gre_lockstep("cartpole", "CartPole-v0", {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}, 10000, 200, 50)

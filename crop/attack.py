@@ -94,7 +94,7 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
     g.manual_seed(int(seed))
     runs = [(float(e), ep) for e in eps_grid for ep in range(len(episode_seeds))]
     envs, obs = [], []
-    for e, ep in runs:
+    for _, ep in runs:
         env = make_env(env_id, profile)
         o, _ = env.reset(seed=int(episode_seeds[ep]))
         envs.append(env)
@@ -152,7 +152,7 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
     g.manual_seed(int(seed))
     runs = [(float(e), ep) for e in eps_grid for ep in range(len(episode_seeds))]
     envs, obs = [], []
-    for e, ep in runs:
+    for _, ep in runs:
         env = make_env(env_id, profile)
         o, _ = env.reset(seed=int(episode_seeds[ep]))
         envs.append(env)

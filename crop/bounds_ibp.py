@@ -90,7 +90,7 @@ def margin_spec(labels: torch.Tensor, n_out: int, dtype=torch.float32) -> torch.
     B = labels.shape[0]
     eye = torch.eye(n_out, dtype=dtype, device=labels.device)
     rows = eye.unsqueeze(0).expand(B, n_out, n_out) - eye[labels].unsqueeze(1)   # row a: e_a − e_label
-    keep = torch.arange(n_out, device=labels.device).unsqueeze(0) != labels.unsqueeze(1)               # drop row a = label
+    keep = torch.arange(n_out, device=labels.device).unsqueeze(0) != labels.unsqueeze(1)  # drop row a = label
     return rows[keep].reshape(B, n_out - 1, n_out)
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from crop.progress import pbar
 
 from crop import stats
 from crop.envs import make_env, to_obs
+from crop.progress import pbar
 from crop.smoothing import Estimate, SmoothedQ
 
 __all__ = ["Certificate", "certify_estimate", "certify_state", "run_loact", "certified_ratio"]

@@ -226,7 +226,7 @@ class SmoothedQ:
         x = torch.as_tensor(np.asarray(obs_batch, dtype=np.float32), device=self.device)
         if x.dim() < 2:
             raise ValueError(f"a batch of states needs shape (B, *obs_shape), got {tuple(x.shape)}")
-        n, shape, m, a_n = len(x), tuple(x.shape[1:]), self.m, self.n_actions
+        n, shape, a_n = len(x), tuple(x.shape[1:]), self.n_actions
         if indices is not None and len(indices) != n:
             raise ValueError(f"{len(indices)} indices for {n} states")
         self._set_shape(shape)

@@ -145,8 +145,11 @@ def import_args(w):
     if src["kind"] != "file":
         return ""
     arch = src.get("architecture", "mlp")
-    args = [f"--file {shlex.quote(src['path'])}", f"--format {src.get('format', 'auto')}",
-            f"--arch {shlex.quote(arch if isinstance(arch, str) else json.dumps(arch, sort_keys=True))}"]
+    args = [
+        f"--file {shlex.quote(src['path'])}",
+        f"--format {src.get('format', 'auto')}",
+        f"--arch {shlex.quote(arch if isinstance(arch, str) else json.dumps(arch, sort_keys=True))}",
+    ]
     if src.get("profile"):
         args.append(f"--profile {shlex.quote(src['profile'])}")
     if src.get("sha256"):

@@ -120,8 +120,8 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     for f, g in zip(GLOBAL_FACTORS, gre.itertuples()):
         top = max(g.expectation_bound, g.percentile_bound)
         for e in range(GLOBAL_EPISODES):
-            glob.append({"eps": f * sigma, "episode": e, "return": min(j_max, top + rng.uniform(0, 0.1) * (j_max - j_min)),
-                         "horizon": HORIZON})
+            ret = min(j_max, top + rng.uniform(0, 0.1) * (j_max - j_min))
+            glob.append({"eps": f * sigma, "episode": e, "return": ret, "horizon": HORIZON})
     glob = pd.DataFrame(glob)
     write_with_meta(d / "attack_global.csv", lambda p: write_csv(p, glob), _meta("attack_global", sha, seed + 5),
                     rows=len(glob))

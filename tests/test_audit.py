@@ -15,9 +15,9 @@ from crop.cli import main
 from crop.config import load_config
 from crop.report.audit import audit
 from crop.report.provenance import config_hash
-from crop.report.reference import (DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances,
-                                   tolerance_for)
-from synthetic_results import make_results, rewrite_csv, runs_of, write_reference
+from crop.report.reference import DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances, tolerance_for
+
+from synthetic_results import make_results, rewrite_csv, write_reference
 
 PLAN = {"CartPole-v0": {"StdTrain": [0.05, 0.1], "GaussAug": [0.1]},
         "FreewayNoFrameskip-v4": {"RadialRL": [1.5]}}

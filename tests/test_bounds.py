@@ -5,8 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from crop.bounds_ibp import (UnsupportedNetwork, crown_bounds, ibp_bounds, margin_spec, output_bounds,
-                             parse_norm)
+from crop.bounds_ibp import UnsupportedNetwork, crown_bounds, ibp_bounds, margin_spec, output_bounds, parse_norm
 
 torch.set_num_threads(1)  # the machine is shared; these nets are tiny
 
@@ -96,8 +95,9 @@ def test_random_mlps_contain_every_sampled_output(seed, norm, method):
     net = _mlp(seed, dims)
     x = torch.randn(6, 4, generator=gen, dtype=torch.float64)
     for eps in (0.02, 0.3, 1.5):
-        for C in (None, margin_spec(torch.tensor([0, 1, 2, 0, 1, 2]), 3, torch.float64), torch.randn(2, 3, generator=gen,
-                                                                                         dtype=torch.float64)):
+        specs = (None, margin_spec(torch.tensor([0, 1, 2, 0, 1, 2]), 3, torch.float64),
+                 torch.randn(2, 3, generator=gen, dtype=torch.float64))
+        for C in specs:
             lo, hi = output_bounds(net, x, eps, norm, method, C=C)
             pts = torch.cat([_samples(x, eps, norm, 1000, gen), _pgd_extremes(net, x, eps, norm, C, steps=20)])
             _assert_inside(_outputs(net, pts, C), lo, hi, 1e-9)

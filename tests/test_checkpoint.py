@@ -1,7 +1,5 @@
 """Checkpoints are untrusted: wrong hash, wrong architecture, pickled code and NaN weights are refused
 before any output is written."""
-import json
-import pickle
 
 import pytest
 import torch

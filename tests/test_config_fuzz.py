@@ -55,8 +55,13 @@ def mutated_configs(draw):
 def _dry_run(cfg, tmp_path):
     """Build the DAG in-process (no job runs)."""
     from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import (ConfigSettings, OutputSettings, ResourceSettings, StorageSettings,
-                                          WorkflowSettings)
+    from snakemake.settings.types import (
+        ConfigSettings,
+        OutputSettings,
+        ResourceSettings,
+        StorageSettings,
+        WorkflowSettings,
+    )
 
     cfg = dict(cfg, results=str(tmp_path / "results"))
     with SnakemakeApi(OutputSettings(quiet={"all"})) as api:

@@ -15,6 +15,7 @@ from crop.config import ALGORITHMS
 from crop.gre import gre_bounds
 from crop.report import aggregate as agg
 from crop.report.metrics import load_runs, mean_radius, metric_value, per_step_mean_radius
+
 from synthetic_results import make_results, rewrite_csv, runs_of
 
 CART = "CartPole-v0"
@@ -151,7 +152,7 @@ def _flat_results(root):
     """CartPole, two algorithms: benign returns all 40, LoRe bound and local attack flat at 6, and one
     algorithm that certifies no step (radius 0 everywhere)."""
     runs = make_results(root, {CART: {"StdTrain": [0.1], "CARRL": [0.1]}})
-    for (env, algo, lab), d in runs.items():
+    for (_, algo, _), d in runs.items():
         ep = pd.read_csv(d / "loact_episodes.csv")
         ep["return"] = 40.0
         rewrite_csv(d / "loact_episodes.csv", ep)

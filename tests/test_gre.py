@@ -20,7 +20,7 @@ def test_lockstep_returns_equal_single_trajectories(mlp_factory):
         e = make_env("CartPole-v0")
         obs, _ = e.reset(seed=11 + i)  # trajectory i: the environment reset with seed env_seed + i
         J = 0.0
-        for t in range(H):
+        for _ in range(H):
             a = int(net(torch.as_tensor(obs).unsqueeze(0)).argmax(1))
             obs, r, term, trunc, _ = e.step(a)
             J += r

@@ -318,7 +318,8 @@ def test_container_runs_the_target_via_sdm_apptainer_with_local_results(containe
     path, cfg = hpc_config
     shim = tmp_path / "bin"
     shim.mkdir()
-    (shim / "apptainer").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO / "ci" / "apptainer-podman.py"}" "$@"\n')
+    podman_shim = REPO / "ci" / "apptainer-podman.py"
+    (shim / "apptainer").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{podman_shim}" "$@"\n')
     (shim / "apptainer").chmod(0o755)
     log = tmp_path / "apptainer-calls.jsonl"
     env = dict(container_image, CROP_PODMAN_IMAGE=IMAGE, CROP_APPTAINER_LOG=str(log))

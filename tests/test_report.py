@@ -14,6 +14,7 @@ from crop import layout
 from crop.cli import main
 from crop.report import aggregate as agg
 from crop.report.metrics import load_runs
+
 from synthetic_results import make_results, runs_of
 
 PLAN = {

@@ -8,7 +8,6 @@ import tarfile
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SHARED
 
 from crop import layout
 from crop.cli import main
@@ -17,6 +16,8 @@ from crop.layout import RUN_FILES
 from crop.reference import PAPER_REFERENCE
 from crop.report.audit import audit, flip_probability_bound
 from crop.report.reference import load_reference
+
+from conftest import SHARED
 from synthetic_results import ALPHA_STATE, M_ATTACK, make_results, margins, rewrite_csv, write_reference
 
 TARBALL = SHARED / "reference" / "crop-leaderboard-csv.tar.gz"

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import random_mlp
 from test_lore import ToyWalk
 
 from crop import stats
@@ -18,6 +17,8 @@ from crop.io import sha256_file, write_json
 from crop.lore import LoRe, run_lore
 from crop.models import save_q_network
 from crop.smoothing import SmoothedQ
+
+from conftest import random_mlp
 
 
 class Killed(Exception):

@@ -81,7 +81,7 @@ def test_radius_cannot_be_beaten_by_pgd(mlp_factory):
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     sigma, restarts = 0.5, 16
-    certified = {b: 0 for b in BOUNDS}
+    certified = dict.fromkeys(BOUNDS, 0)
     for net_seed in range(3):
         net = mlp_factory(n_in=2, n_out=3, hidden=(16, 16), seed=net_seed, scale=2.0)
         states = np.random.default_rng(net_seed).normal(size=(8, 2)).astype(np.float32)

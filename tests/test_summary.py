@@ -5,10 +5,11 @@ import os
 import time
 
 import pandas as pd
-from synthetic_results import make_results, rewrite_csv
 
 from crop.report.audit import audit
 from crop.report.summary import run_summary
+
+from synthetic_results import make_results, rewrite_csv
 
 PLAN = {"CartPole-v0": {"StdTrain": [0.1]}}
 

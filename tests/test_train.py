@@ -1,13 +1,11 @@
 """Training recipes (crop/train): each loss/data hook does what it claims on a tiny batch; NoisyNet and CARRL
 are deterministic functions at certification time; bad settings are refused before any work."""
 import json
-import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 
 from crop.cli import main
 from crop.config import ALGORITHMS, load_schema
@@ -420,7 +418,8 @@ def test_pixel_replay_is_uint8_and_returns_observations_bit_for_bit():
     assert buf.s.dtype == np.uint8 and buf.s.nbytes + buf.s2.nbytes == (len(frames) - 1) * 2 * 4 * 84 * 84
     idx, batch = buf.sample(np.random.default_rng(0), 64, beta=1.0)
     assert batch.s.dtype == torch.float32
-    assert torch.equal(batch.s, torch.as_tensor(frames[idx])) and torch.equal(batch.s2, torch.as_tensor(frames[idx + 1]))
+    assert torch.equal(batch.s, torch.as_tensor(frames[idx]))
+    assert torch.equal(batch.s2, torch.as_tensor(frames[idx + 1]))
     # A frame that is not k/255 is refused rather than silently rounded.
     off = frames[0] + np.float32(0.001)
     assert not is_pixel_obs(off)

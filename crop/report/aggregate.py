@@ -34,11 +34,18 @@ from matplotlib.lines import Line2D  # noqa: E402
 from crop.config import ALGORITHMS  # noqa: E402
 from crop.envs import env_spec  # noqa: E402
 from crop.io import atomic_write_bytes, atomic_write_text  # noqa: E402
-from crop.layout import (FIGURE_FORMATS, GLOBAL_FIGURES, TABLES,  # noqa: E402
-                         aggregate_files, figure_families, large_sigma_labels, main_sigma_labels, needs_frames,
-                         table_files)
-from crop.report.metrics import (CONVENTIONS, load_runs, lore_valid_until, metric_value,  # noqa: E402
-                                 per_step_mean_radius)
+from crop.layout import (  # noqa: E402
+    FIGURE_FORMATS,
+    GLOBAL_FIGURES,
+    TABLES,
+    aggregate_files,
+    figure_families,
+    large_sigma_labels,
+    main_sigma_labels,
+    needs_frames,
+    table_files,
+)
+from crop.report.metrics import CONVENTIONS, load_runs, lore_valid_until, metric_value, per_step_mean_radius  # noqa: E402
 
 __all__ = ["aggregate", "load_runs", "iter_env_figures", "legend_figure", "env_tables", "latex_table",
            "markdown_table", "load_frames", "gre_curve", "ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "LABELS",

@@ -291,8 +291,13 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
     writing anything.
     """
     from crop.report.provenance import run_provenance
-    from crop.report.reference import compare_reference, load_partial_runs, load_reference, load_tolerances
-    from crop.report.reference import reference_summary
+    from crop.report.reference import (
+        compare_reference,
+        load_partial_runs,
+        load_reference,
+        load_tolerances,
+        reference_summary,
+    )
 
     results = Path(results)
     ref = load_reference(reference) if reference is not None else None
@@ -360,7 +365,7 @@ def _md_table(rows, columns=None, limit: int | None = None) -> list[str]:
         df = df[[c for c in columns if c in df.columns]]
     more = []
     if limit is not None and len(df) > limit:
-        more = [f"", f"… and {len(df) - limit} more rows (all in audit.json)."]
+        more = ["", f"… and {len(df) - limit} more rows (all in audit.json)."]
         df = df.head(limit)
     return [df.to_markdown(index=False, floatfmt=".6g", missingval="—"), *more, ""]
 
@@ -437,8 +442,9 @@ def _markdown(rep: dict) -> str:
                 df = pd.DataFrame(rows).fillna({"note": ""})
                 absent = df["note"].str.startswith("run not")
                 summary = pd.concat([  # runs absent altogether: one line per (env, algo)
-                    df[absent].groupby(["env", "algo", "note"]).agg(sigma=("sigma", lambda x: ", ".join(
-                        f"{v:g}" for v in sorted(set(x)))), values=("metric", "size")).reset_index().assign(metric="all"),
+                    df[absent].groupby(["env", "algo", "note"])
+                    .agg(sigma=("sigma", lambda x: ", ".join(f"{v:g}" for v in sorted(set(x)))),
+                         values=("metric", "size")).reset_index().assign(metric="all"),
                     df[~absent].groupby(["env", "algo", "sigma", "metric", "note"], dropna=False)
                     .size().rename("values").reset_index()])
                 lines += [f"### {title} ({len(rows)})", "", "Counted per run (or per algorithm where its runs are "

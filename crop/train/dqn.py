@@ -256,7 +256,7 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
         with torch.no_grad():
             return int(q(torch.as_tensor(x, device=dev).unsqueeze(0)).argmax(1))
     episodes, ep_ret, recent = 0, 0.0, []
-    evals, stats_log = [], []
+    evals = []
     quick_seeds = [derive_seed(seed, "quick-eval", i) for i in range(cfg.quick_eval_episodes)]
     # Acceptance seeds are disjoint from training and quick-evaluation seeds.
     accept_seeds = [derive_seed(seed, "accept-eval", i) for i in range(cfg.eval_episodes)]
