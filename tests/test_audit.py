@@ -250,6 +250,11 @@ def test_provenance_per_run(results, tmp_path):
     assert p["checkpoint"]["file_verified"] is True and p["config_hash"] == rep["config_hash"]
     assert set(p["seeds"]) == {"qrange", "loact", "gre", "lore", "attack_local", "attack_global"}
     assert all(isinstance(s, int) for s in p["seeds"].values())
+    # audit.md shows seeds shortened (full ones in audit.json): no 19-digit numbers for a reader
+    md = (tmp_path / "a" / "audit.md").read_text()
+    assert "Seed per stage" in md
+    long_seeds = [str(v) for q in rep["provenance"] for v in q["seeds"].values() if len(str(v)) > 9]
+    assert all(v not in md and v[:8] + "…" in md for v in long_seeds)
     assert p["runtime_total_s"] == pytest.approx(sum(p["runtime_s"].values()))
     assert p["versions"]["numpy"] == np.__version__ and p["device"] == "cpu"
     assert p["git_commits"]

@@ -359,6 +359,12 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
     return report
 
 
+def _short_seed(seed) -> str:
+    """A derived seed (up to 19 digits) shortened for reading: its first 8 digits, then an ellipsis."""
+    text = "—" if seed is None else str(seed)
+    return text if len(text) <= 9 else text[:8] + "…"
+
+
 def _md_table(rows, columns=None, limit: int | None = None) -> list[str]:
     df = pd.DataFrame(rows)
     if columns:
@@ -482,8 +488,9 @@ def _markdown(rep: dict) -> str:
         lines += ["Runtime per stage (s):", ""]
         lines += _md_table([{"run": p["run"], **{s: p["runtime_s"].get(s) for s in stages}}
                             for p in rep["provenance"]])
-        lines += ["Seed per stage (derived from the config's seed and the run's labels):", ""]
-        lines += _md_table([{"run": p["run"], **{s: str(p["seeds"].get(s)) for s in stages}}
+        lines += ["Seed per stage (derived from the config's seed and the run's labels; the first 8 digits, every "
+                  "seed in full in audit.json):", ""]
+        lines += _md_table([{"run": p["run"], **{s: _short_seed(p["seeds"].get(s)) for s in stages}}
                             for p in rep["provenance"]])
         versions = {k: v for p in rep["provenance"] for k, v in (p["versions"] or {}).items()}
         if versions:
