@@ -212,7 +212,7 @@ def cmd_attack_local(args) -> None:
               "confidence": {"per_state": 1 - sm.alpha,
                              "per_episode": episode_confidence(sm.alpha, args.horizon)}}, out=table)
     print(f"local PGD {args.env}/{args.algo} σ={args.sigma}: min return per ε "
-          f"{table.groupby('eps')['return'].min().round(2).to_dict()}")
+          f"{_per_eps(table.groupby('eps')['return'].min())}")
 
 
 def cmd_attack_global(args) -> None:
@@ -225,7 +225,12 @@ def cmd_attack_global(args) -> None:
                               device=args.device, profile=st.profile, progress=args.progress)
     st.write({}, out=table)
     print(f"global PGD {args.env}/{args.algo} σ={args.sigma}: median return per ε "
-          f"{table.groupby('eps')['return'].median().round(2).to_dict()}")
+          f"{_per_eps(table.groupby('eps')['return'].median())}")
+
+
+def _per_eps(values) -> str:
+    """``{ε: value}`` for a log line, without binary noise (0.005, not 0.005000000000000001)."""
+    return "{" + ", ".join(f"{e:.6g}: {v:.4g}" for e, v in values.items()) + "}"
 
 
 # ------------------------------------------------------------------------------------------ report stages
