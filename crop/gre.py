@@ -98,17 +98,28 @@ class TrajectoryNoise:
         return out
 
 
+#: Devices on which GRe moves an Atari pool's pixels (not floats) to the network (tests add "cpu").
+PIXELS_ON = ("cuda",)
+
+
 def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, chunk, profile, workers, progress):
     """The m trajectories b0, …, b0 + m − 1 in lockstep: one batched forward per time step."""
     pool = make_env_pool(env_id, m, profile, workers=workers)
-    obs = pool.reset(int(env_seed) + b0)  # environment k of the pool: seed env_seed + b0 + k
+    # Atari on a GPU: the pool's stored pixels (uint8: a quarter of the bytes) go to the device and become the
+    # network's input there, by ToFloat's own expression (the same float32 product as the pool's to_float).
+    pixels = dev.type in PIXELS_ON and hasattr(pool, "scale")
+    # environment k of the pool: seed env_seed + b0 + k
+    obs = pool.reset(int(env_seed) + b0, pixels=True) if pixels else pool.reset(int(env_seed) + b0)
     noise = TrajectoryNoise(seed, b0, m, obs.shape[1:], dev)
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
     discount = 1.0
     for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}", progress=progress):
         idx = np.nonzero(alive)[0]  # finished trajectories are not stepped again
-        x = torch.as_tensor(np.asarray(obs[idx], dtype=np.float32), device=dev)
+        if pixels:
+            x = torch.as_tensor(obs[idx], device=dev).to(torch.float32) * pool.scale
+        else:
+            x = torch.as_tensor(np.asarray(obs[idx], dtype=np.float32), device=dev)
         noisy = noise.step(idx).mul_(sigma).add_(x)
         actions = torch.empty(len(idx), dtype=torch.int64, device=dev)
         for s in range(0, len(idx), chunk):
@@ -116,7 +127,8 @@ def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, 
             if not torch.isfinite(q).all():
                 raise NonFiniteQError(f"the Q-network returned NaN or inf at step {t} (trajectories {s}…)")
             actions[s:s + chunk] = q.argmax(1)
-        o, reward, terminated, truncated = pool.step(idx, actions.cpu().numpy())
+        a = actions.cpu().numpy()
+        o, reward, terminated, truncated = pool.step(idx, a, pixels=True) if pixels else pool.step(idx, a)
         obs[idx] = o
         returns[idx] += discount * np.asarray(reward, dtype=np.float64)
         alive[idx] &= ~(np.asarray(terminated) | np.asarray(truncated))

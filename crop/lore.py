@@ -14,6 +14,16 @@ Details that the official implementation got wrong and this one keeps:
   * pruning (a node whose return so far already reaches the bound cannot lower it) is used only when no
     reward is negative;
   * every distinct observation is smoothed once (memoised), with fresh noise.
+
+Many states per launch (issue 13): when the search needs a certificate it does not have, it smooths, in one
+:meth:`SmoothedQ.estimate_batch` call, that node together with every other *pending* node — a node on the
+depth-first stack whose state is known, that is not a leaf, not pruned by the bound so far and not yet
+smoothed — up to ``batch`` distinct observations (the current node first, then the stack from its top, i.e.
+in the order the search would reach them).  The search's result given the certificates is unchanged (it
+only reads the memo); what changes is which noise each state draws (the stream is consumed batch by batch)
+and that a pending node later pruned may have been smoothed for nothing (it still counts in the union
+bound, which only makes the confidence conservative).  ``batch=1`` is the one-state-at-a-time order of
+before.  Under ``alpha_mode: family`` the i-th state *smoothed* (in batch order) gets α_i, as before.
 Confidence (union bound over the N distinct states smoothed, no independence needed): with a constant
 per-state α (``alpha_mode: state``) the whole tree holds with prob ≥ 1 − N·α; with the summable schedule
 α_i = α·6/(π² i²) for the i-th state (``alpha_mode: family``, :func:`crop.stats.lore_state_alpha`) it holds
@@ -42,7 +52,7 @@ import pandas as pd
 
 from crop import stats
 from crop.envs import make_env, restore, snapshot, to_obs
-from crop.loact import Certificate, certify_state
+from crop.loact import Certificate, certify_estimate
 from crop.progress import pbar
 from crop.smoothing import SmoothedQ
 
@@ -77,15 +87,19 @@ class LoRe:
     builds the environment instead of ``make_env(env_id, profile)``.  ``alpha_of`` (optional) maps
     i = 1, 2, … to the per-state α of the i-th distinct state smoothed (e.g.
     ``lambda i: stats.lore_state_alpha(alpha, "family", i)``); by default every state uses the smoother's α.
+    ``batch`` (default 64): at most this many pending nodes smoothed in one call (module docstring).
     One object runs one search.
     """
 
     #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
-    RESUME_FORMAT = 2
+    RESUME_FORMAT = 3
 
     def __init__(self, env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
                  eps_max: float = math.inf, prune: bool = True, profile: str | None = None, reward_fn=None,
-                 make=None, alpha_of=None):
+                 make=None, alpha_of=None, batch: int = 64):
+        if int(batch) < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.batch = int(batch)
         self.env_id, self.smoother, self.horizon, self.env_seed = env_id, smoother, horizon, int(env_seed)
         self.gamma, self.eps_max, self.prune, self.profile = gamma, eps_max, prune, profile
         self.reward_fn, self.make, self.alpha_of = reward_fn, make, alpha_of
@@ -98,6 +112,7 @@ class LoRe:
         self.eps = 0.0                             # the current critical ε
         self.J = math.inf                          # min return over the leaves reached so far
         self.transitions = self.leaves = self.tie = 0
+        self.smoothing_calls = 0                   # estimate_batch calls (batches of pending nodes)
         self.valid_until = math.inf                # the next critical ε beyond eps_max, if the search stopped
         self.env = None
         self._bar = None
@@ -174,16 +189,40 @@ class LoRe:
 
     def certificate(self, node: _Node) -> Certificate:
         """Theorem 4's radii r(a) at the node's observation (Algorithm 1 with fresh noise), once per
-        distinct observation; the i-th new one spends α_i = ``alpha_of(i)``."""
+        distinct observation; the i-th new one spends α_i = ``alpha_of(i)``.  A miss smooths the node
+        together with the other pending nodes (:meth:`pending`) in one batch."""
         key = node.obs.tobytes()
-        c = self.memo.get(key)
-        if c is None:
-            a = self.smoother.alpha if self.alpha_of is None else float(self.alpha_of(len(self.memo) + 1))
-            c = certify_state(self.smoother, node.obs, index=f"LoRe node t={node.t}",
-                              alpha=None if self.alpha_of is None else a)
-            self.memo[key] = c
+        if key not in self.memo:
+            self.smooth(self.pending(node))
+        return self.memo[key]
+
+    def pending(self, node: _Node) -> list[_Node]:
+        """``node`` and the stack's nodes (top first) that the search may still need a certificate for: not
+        leaves, not pruned now (the bound only falls, so a node pruned now stays pruned), not yet smoothed;
+        one per distinct observation, at most ``batch``.  Depends only on the saved search state, so a
+        resumed search forms the same batches."""
+        out, seen = [node], {node.obs.tobytes()}
+        for n in reversed(self.stack):
+            if len(out) >= self.batch:
+                break
+            k = n.obs.tobytes()
+            if k not in seen and k not in self.memo and not n.leaf and not self.pruned(n):
+                seen.add(k)
+                out.append(n)
+        return out
+
+    def smooth(self, nodes: list[_Node]) -> None:
+        """Algorithm 1 for the nodes' observations in one :meth:`SmoothedQ.estimate_batch` call (fresh
+        noise for each); the i-th distinct state smoothed overall spends α_i = ``alpha_of(i)``."""
+        sm, i0 = self.smoother, len(self.memo)
+        alphas = [sm.alpha] * len(nodes) if self.alpha_of is None else \
+            [float(self.alpha_of(i0 + 1 + j)) for j in range(len(nodes))]
+        ests = sm.estimate_batch(np.stack([n.obs for n in nodes]), [f"LoRe node t={n.t}" for n in nodes],
+                                 alpha=None if self.alpha_of is None else alphas)
+        self.smoothing_calls += 1
+        for n, a, est in zip(nodes, alphas, ests):
+            self.memo[n.obs.tobytes()] = certify_estimate(est, sm.sigma, sm.v_min, sm.v_max)
             self.alphas.append(a)
-        return c
 
     def expand(self, node: _Node, a: int) -> _Node:
         """The child reached by taking action ``a`` at ``node`` (from the node's snapshot, never in place)."""
@@ -206,6 +245,8 @@ class LoRe:
         alphas = self.alphas
         return {
             "distinct_states_smoothed": n,
+            "smoothing_calls": self.smoothing_calls,
+            "batch": self.batch,
             "resumed": resumed,
             "transitions": self.transitions,
             "leaves": self.leaves,
@@ -228,12 +269,14 @@ class LoRe:
         """What identifies this run: a resume file written under another key is ignored."""
         sm, alpha_of = self.smoother, self.alpha_of
         return {"format": self.RESUME_FORMAT, "env": self.env_id, "horizon": self.horizon,
-                "env_seed": self.env_seed, "gamma": self.gamma, "eps_max": self.eps_max, "prune": self.prune,
+                "env_seed": self.env_seed, "batch": self.batch, "gamma": self.gamma, "eps_max": self.eps_max,
+                "prune": self.prune,
                 "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
                 "reward_fn": getattr(self.reward_fn, "__qualname__", None),
                 "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None}
 
-    _FIELDS = ("queue", "stack", "memo", "alphas", "pairs", "eps", "J", "transitions", "leaves", "tie")
+    _FIELDS = ("queue", "stack", "memo", "alphas", "pairs", "eps", "J", "transitions", "leaves", "tie",
+               "smoothing_calls")
 
     def save(self, path) -> None:
         """Write the whole search state and the smoother's random state (noise generator and randomised
@@ -269,10 +312,10 @@ class LoRe:
 def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
              eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
              progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
-             checkpoint_every: float = 60.0, alpha_of=None) -> tuple[pd.DataFrame, dict]:
+             checkpoint_every: float = 60.0, alpha_of=None, batch: int = 64) -> tuple[pd.DataFrame, dict]:
     """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record."""
     search = LoRe(env_id, smoother, horizon, env_seed, gamma=gamma, eps_max=eps_max, prune=prune,
-                  profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of)
+                  profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of, batch=batch)
     return search.certify(resume_file=resume_file, checkpoint_every=checkpoint_every, progress=progress)
 
 

@@ -51,6 +51,23 @@ class _Extremes:
         self.v_min, self.v_max = min(self.v_min, lo), max(self.v_max, hi)
 
 
+#: Noise for up to this many floats (~16 MB) is drawn in one call, as in :class:`crop.smoothing.SmoothedQ`.
+NOISE_BLOCK_FLOATS = 1 << 22
+
+
+def _blocks(n_states: int, m: int, rows: int):
+    """The stream layout of one time step: (first state, states in block, samples per state) per block —
+    ⌊rows/m⌋ whole states per block when rows ≥ m, else pieces of ≤ rows samples of one state."""
+    if rows >= m:
+        per = rows // m
+        for s0 in range(0, n_states, per):
+            yield s0, min(per, n_states - s0), m
+    else:
+        for s in range(n_states):
+            for j0 in range(0, m, rows):
+                yield s, 1, min(rows, m - j0)
+
+
 @torch.inference_mode()
 def estimate_qrange(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, episodes: int, horizon: int,
                     episode_seeds, seed: int, chunk: int = 1000, device="cpu", profile: str | None = None,
@@ -58,8 +75,14 @@ def estimate_qrange(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, e
     """V range of ``q_net`` under N(0, σ²I) noise along ``episodes`` rollouts of the unclipped smoothed
     policy (≤ ``horizon`` steps, m noise samples per state); ``method`` as in the module docstring.
 
-    The noise stream (one generator seeded with ``seed``, m draws per state in ``chunk``-sized blocks) and
-    the actions taken do not depend on ``method``: the three methods visit the same states.
+    The episodes run in lockstep: step t of every live episode (in episode order) is smoothed together, B
+    states × m samples in as few launches as the block allows.  **Noise stream layout** (one generator
+    seeded with ``seed``): time step after time step, the live states' B·m samples are drawn state-major (the
+    m samples of the first live episode's state, then the next's, …) in blocks of R = max(chunk,
+    2²²/obs_size) rows, each one ``torch.randn((rows, *obs_shape))`` call: ⌊R/m⌋ whole states per block when
+    R ≥ m, otherwise pieces of ≤ R samples of one state.  The network sees ``chunk`` rows at a time on the CPU
+    (the whole block on CUDA).  The noise stream and the actions taken do not depend on ``method``: the three
+    methods visit the same states.
     """
     if method not in METHODS:
         raise ValueError(f"unknown V-range method {method!r}; known: {list(METHODS)}")
@@ -70,36 +93,53 @@ def estimate_qrange(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, e
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
     ext = _Extremes(method, quantile)
-    states, returns = 0, []
+    states = 0
     bar = pbar(total=episodes * horizon, desc=f"qrange σ={sigma:g}", progress=progress)
-    for ep in range(episodes):
-        env = make_env(env_id, profile)
-        obs, _ = env.reset(seed=int(episode_seeds[ep]))
-        ret, t = 0.0, 0
-        for t in range(horizon):
-            x = torch.as_tensor(to_obs(obs), device=dev)
-            total, lo, hi, kept = None, np.inf, -np.inf, []
-            for start in range(0, m, chunk):
-                c = min(chunk, m - start)
-                noisy = torch.randn((c, *x.shape), generator=g, device=dev).mul_(sigma).add_(x)
-                q = q_net(noisy)
-                if not torch.isfinite(q).all():
-                    raise NonFiniteQError(f"the Q-network returned NaN or inf at episode {ep} step {t}")
-                lo, hi = min(lo, float(q.min())), max(hi, float(q.max()))
-                if method == "quantile":
-                    kept.append(q.to(torch.float64).cpu().numpy())
-                s = q.sum(0, dtype=torch.float64)
-                total = s if total is None else total + s
-            mean = (total / m).cpu().numpy()
-            ext.add(mean, lo, hi, np.concatenate(kept) if kept else None)
-            states += 1
-            obs, reward, terminated, truncated, _ = env.step(int(torch.argmax(total)))
-            ret += float(reward)
-            bar.update(1)
+    envs = [make_env(env_id, profile) for _ in range(episodes)]
+    obs = [to_obs(env.reset(seed=int(episode_seeds[ep]))[0]) for ep, env in enumerate(envs)]
+    returns, live = [0.0] * episodes, list(range(episodes))
+    for t in range(horizon):
+        if not live:
+            break
+        x = torch.as_tensor(np.stack([obs[ep] for ep in live]), device=dev)
+        shape, n = tuple(x.shape[1:]), len(live)
+        rows = max(int(chunk), NOISE_BLOCK_FLOATS // max(int(np.prod(shape)), 1))
+        step = rows if dev.type == "cuda" else int(chunk)
+        total, lo, hi = None, np.full(n, np.inf), np.full(n, -np.inf)
+        kept = [[] for _ in range(n)]
+        for s0, k, c in _blocks(n, m, rows):
+            noisy = torch.randn((k * c, *shape), generator=g, device=dev).mul_(sigma)
+            noisy.view(k, c, *shape).add_(x[s0:s0 + k].unsqueeze(1))
+            q = torch.cat([q_net(noisy[i:i + step]) for i in range(0, k * c, step)])
+            if not torch.isfinite(q).all():
+                b = s0 + int(torch.nonzero(~torch.isfinite(q).view(k, -1).all(1))[0])
+                raise NonFiniteQError(f"the Q-network returned NaN or inf at episode {live[b]} step {t}")
+            q3 = q.view(k, c, -1)
+            if total is None:
+                total = torch.zeros((n, q3.shape[-1]), dtype=torch.float64, device=dev)
+            total[s0:s0 + k] += q3.sum(1, dtype=torch.float64)
+            lo[s0:s0 + k] = np.minimum(lo[s0:s0 + k], q3.amin((1, 2)).cpu().numpy())
+            hi[s0:s0 + k] = np.maximum(hi[s0:s0 + k], q3.amax((1, 2)).cpu().numpy())
+            if method == "quantile":
+                for j, part in enumerate(q3.to(torch.float64).cpu().numpy()):
+                    kept[s0 + j].append(part)
+        means = (total / m).cpu().numpy()
+        actions = torch.argmax(total, 1).tolist()
+        for b in range(n):
+            ext.add(means[b], float(lo[b]), float(hi[b]), np.concatenate(kept[b]) if kept[b] else None)
+        states += n
+        still = []
+        for b, ep in enumerate(live):
+            o, reward, terminated, truncated, _ = envs[ep].step(int(actions[b]))
+            obs[ep] = to_obs(o)
+            returns[ep] += float(reward)
             if terminated or truncated:
-                break
-        bar.update(horizon - (t + 1))
-        returns.append(ret)
+                bar.update(horizon - t)  # the episode's remaining steps
+            else:
+                bar.update(1)
+                still.append(ep)
+        live = still
+    for env in envs:
         env.close()
     bar.close()
     if not ext.v_max > ext.v_min:

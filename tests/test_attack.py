@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from crop.attack import pgd_l2, project_l2
+from crop.attack import pgd_l2, project_l2, run_local_attack
+from crop.smoothing import SmoothedQ
 
 
 def _norms(d):
@@ -64,3 +65,33 @@ def test_pgd_stays_within_eps_and_finds_the_linear_optimum():
     ulp = np.spacing(x.abs().max(1).values.numpy()) * np.sqrt(6) * float(w.norm())
     assert np.all((delta @ w).numpy() <= best.numpy() * (1 + 1e-6))
     assert np.all((delta @ w).numpy() >= best.numpy() * (1 - 1e-4) - 4 * ulp)
+
+
+class _SpySmoother(SmoothedQ):
+    """Records the size of every smoothing call."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.batches = []
+
+    def estimate_batch(self, obs_batch, indices=None, alpha=None):
+        self.batches.append(len(obs_batch))
+        return super().estimate_batch(obs_batch, indices, alpha)
+
+
+def test_local_attack_smooths_each_step_in_two_batched_calls(mlp_factory):
+    """At every time step the clean states of all live runs are smoothed in one call and the attacked
+    states in another; a seed fixes the result; a flip at a step certified beyond ε does not happen."""
+    eps_grid, seeds, horizon = [0.0, 0.05, 0.3], [1, 2], 15
+    tables = []
+    for _ in range(2):
+        net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
+        sm = _SpySmoother(net, 0.1, 400, -4.0, 4.0, 0.01, 2, seed=5)
+        table = run_local_attack("CartPole-v0", sm, eps_grid, seeds, horizon, m_grad=32, seed=3, progress=False)
+        tables.append(table)
+    steps = table["steps"].to_numpy()
+    live = [int((steps > t).sum()) for t in range(int(steps.max()))]
+    assert sm.batches == [n for n in live for _ in range(2)] and max(sm.batches) == len(eps_grid) * len(seeds)
+    assert tables[0].equals(tables[1])
+    assert (table["flips_certified"] == 0).all()
+    assert table.loc[table["eps"] == 0.3, "flips"].sum() > 0, "the attack must flip some actions to bite"

@@ -120,3 +120,48 @@ def test_trajectory_noise_is_per_trajectory_and_standard_normal():
     z = torch.stack(full).reshape(-1).double()
     assert abs(float(z.mean())) < 0.01 and abs(float(z.std()) - 1) < 0.01
     assert not torch.equal(full[0][0], full[1][0]) and not torch.equal(full[0][0], full[0][1])
+
+
+def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
+    """GRe's Atari copies run in AtariPool (pixels through shared memory): for the same seeds its trajectories
+    are EnvPool's, observation for observation and return for return (Pong, cleanrl profile), also when the
+    pixels are converted on the network's device (the CUDA path, forced on the CPU)."""
+    import crop.gre
+    from crop.envs import make_env_pool
+    from crop.envs.atari import AtariPool
+    from crop.envs.vector import EnvPool
+    from crop.models import build_q_network
+
+    torch.manual_seed(0)
+    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    seen = {}
+
+    def recording(kind):
+        def make(env_id, num_envs, profile=None, workers=1):
+            pool = make_env_pool(env_id, num_envs, profile, workers) if kind == "atari" else \
+                EnvPool(env_id, num_envs, workers, profile)
+            assert isinstance(pool, AtariPool if kind == "atari" else EnvPool)
+            step, log = pool.step, seen.setdefault(kind, [])
+
+            def logged(idx, actions, **kw):
+                out = step(idx, actions, **kw)
+                log.append((np.asarray(idx).tolist(), np.asarray(out[0], np.float32).tobytes(), out[1].tolist()))
+                return out
+            pool.step = logged
+            return pool
+        return make
+
+    returns = {}
+    for kind, workers in (("env", 1), ("atari", 2)):
+        monkeypatch.setattr(crop.gre, "make_env_pool", recording(kind))
+        returns[kind] = sample_randomized_returns("PongNoFrameskip-v4", net, 0.05, 3, 120, 1.0, seed=4,
+                                                  env_seed=9, workers=workers, progress=False)
+    # the GPU path (pixels moved to the device, converted there), run on the CPU
+    monkeypatch.setattr(crop.gre, "make_env_pool", make_env_pool)
+    monkeypatch.setattr(crop.gre, "PIXELS_ON", ("cuda", "cpu"))
+    returns["pixels"] = sample_randomized_returns("PongNoFrameskip-v4", net, 0.05, 3, 120, 1.0, seed=4,
+                                                  env_seed=9, workers=2, progress=False)
+    np.testing.assert_array_equal(returns["atari"], returns["env"])
+    np.testing.assert_array_equal(returns["pixels"], returns["env"])
+    assert len(seen["atari"]) == len(seen["env"]) == 120 and seen["atari"] == seen["env"]
+    assert any(r for _, _, rew in seen["env"] for r in rew), "a point must be scored for the returns to bite"

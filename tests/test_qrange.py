@@ -67,26 +67,72 @@ def test_methods_nest_on_the_same_states():
     assert qu["quantile"] == 0.01 and sm["quantile"] is None
 
 
-def test_samples_method_is_todays_range():
-    """``samples`` keeps the old procedure's numbers: the extremes of every single noisy output."""
+def _reference_lockstep(net, sigma, m, seeds, horizon, seed, rows):
+    """An independent re-implementation of the documented stream layout: time step after time step, the live
+    episodes' states (in episode order) get m samples each, drawn state-major in randn blocks of ``rows``
+    rows (⌊rows/m⌋ whole states per block, or pieces of one state); the smallest/largest single output, the
+    actions from the unclipped means."""
+    g = torch.Generator().manual_seed(seed)
+    envs = [make_env("CartPole-v0") for _ in seeds]
+    obs = [to_obs(e.reset(seed=s)[0]) for e, s in zip(envs, seeds)]
+    live, lo, hi, lengths = list(range(len(seeds))), np.inf, -np.inf, [0] * len(seeds)
+    with torch.no_grad():
+        for _ in range(horizon):
+            if not live:
+                break
+            per_state = {b: [] for b in range(len(live))}
+            if rows >= m:
+                per = rows // m
+                for s0 in range(0, len(live), per):
+                    k = min(per, len(live) - s0)
+                    z = torch.randn((k * m, 4), generator=g)
+                    for j in range(k):
+                        per_state[s0 + j].append(z[j * m:(j + 1) * m])
+            else:
+                for b in range(len(live)):
+                    for j0 in range(0, m, rows):
+                        per_state[b].append(torch.randn((min(rows, m - j0), 4), generator=g))
+            still = []
+            for b, ep in enumerate(live):
+                q = net(torch.cat(per_state[b]) * sigma + torch.as_tensor(obs[ep]))
+                lo, hi = min(lo, float(q.min())), max(hi, float(q.max()))
+                o, _, term, trunc, _ = envs[ep].step(int(torch.argmax(q.sum(0, dtype=torch.float64))))
+                obs[ep] = to_obs(o)
+                lengths[ep] += 1
+                if not (term or trunc):
+                    still.append(ep)
+            live = still
+    return lo, hi, lengths
+
+
+@pytest.mark.parametrize("block_floats", [None, 4 * 2 * 300, 4 * 120])
+def test_samples_method_follows_the_documented_lockstep_stream(monkeypatch, block_floats):
+    """``samples`` in lockstep reproduces an independent implementation of the documented noise layout
+    exactly: several states per block, one state per block, and pieces of one state (small blocks)."""
+    import crop.qrange
+
+    if block_floats is not None:
+        monkeypatch.setattr(crop.qrange, "NOISE_BLOCK_FLOATS", block_floats)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    res = estimate_qrange("CartPole-v0", net, 0.1, 300, 1, 5, [3], seed=1, chunk=100, progress=False,
-                          method="samples")
-    g = torch.Generator().manual_seed(1)
-    env = make_env("CartPole-v0")
-    obs, _ = env.reset(seed=3)
-    lo, hi = np.inf, -np.inf
-    with torch.no_grad():
-        for _ in range(5):
-            x = torch.as_tensor(to_obs(obs))
-            qs = [net(torch.randn((100, 4), generator=g).mul_(0.1).add_(x)) for _ in range(3)]
-            q = torch.cat(qs)
-            lo, hi = min(lo, float(q.min())), max(hi, float(q.max()))
-            obs, _, term, trunc, _ = env.step(int(torch.argmax(q.sum(0, dtype=torch.float64))))
-            if term or trunc:
-                break
-    assert (res["v_min"], res["v_max"]) == (lo, hi)
+    seeds, horizon, m = [3, 4, 5], 40, 300
+    res = estimate_qrange("CartPole-v0", net, 0.1, m, len(seeds), horizon, seeds, seed=1, chunk=50,
+                          progress=False, method="samples")
+    rows = max(50, crop.qrange.NOISE_BLOCK_FLOATS // 4)
+    lo, hi, lengths = _reference_lockstep(net, 0.1, m, seeds, horizon, 1, rows)
+    assert len(set(lengths)) > 1, "episodes must end at different steps for the test to bite"
+    assert res["states"] == sum(lengths)
+    assert (res["v_min"], res["v_max"]) == pytest.approx((lo, hi), rel=1e-6, abs=1e-6)
+
+
+def test_lockstep_is_deterministic_for_a_seed():
+    a = estimate_qrange("CartPole-v0", ReluProbe(), SIGMA, 500, 2, HORIZON, SEEDS, seed=3, progress=False,
+                        method="quantile", quantile=0.05)
+    b = estimate_qrange("CartPole-v0", ReluProbe(), SIGMA, 500, 2, HORIZON, SEEDS, seed=3, progress=False,
+                        method="quantile", quantile=0.05)
+    c = estimate_qrange("CartPole-v0", ReluProbe(), SIGMA, 500, 2, HORIZON, SEEDS, seed=4, progress=False,
+                        method="quantile", quantile=0.05)
+    assert a == b and (a["v_min"], a["v_max"]) != (c["v_min"], c["v_max"])
 
 
 @pytest.mark.parametrize("kw", [{"method": "median"}, {"method": "quantile", "quantile": 0.5},

@@ -26,17 +26,18 @@ class Killed(Exception):
 
 
 class DyingSmoother(SmoothedQ):
-    """Smooths ``lives`` states, then the process 'dies' (before the next state's noise is drawn)."""
+    """Makes ``lives`` smoothing calls (LoRe's batches of pending nodes), then the process 'dies' (before the
+    next batch's noise is drawn)."""
 
     def __init__(self, *a, lives, **kw):
         super().__init__(*a, **kw)
         self.lives = lives
 
-    def estimate(self, obs, index=None, alpha=None):
+    def estimate_batch(self, obs_batch, indices=None, alpha=None):
         if self.lives == 0:
             raise Killed
         self.lives -= 1
-        return super().estimate(obs, index, alpha=alpha)
+        return super().estimate_batch(obs_batch, indices, alpha=alpha)
 
 
 def _run(smoother, resume_file, every, **kw):
@@ -74,6 +75,7 @@ def test_resumed_search_is_byte_identical(tmp_path, env, bound, mode, lives):
     resumed, info = _run(fresh, resume, 1e9, **kw)
     assert info["resumed"] is True and clean_info["resumed"] is False
     assert info["distinct_states_smoothed"] > lives + 3, "states must be smoothed after the resume to bite"
+    assert info["smoothing_calls"] < info["distinct_states_smoothed"], "batches of pending nodes must be replayed"
     assert resumed == clean
     volatile = ("resumed", "runtime_s", "nodes_per_s")
     assert {k: v for k, v in info.items() if k not in volatile} == \

@@ -182,7 +182,9 @@ def make_vec_env(env_id: str, num_envs: int, profile: str | None = None):
 
 def make_env_pool(env_id: str, num_envs: int, profile: str | None = None, workers: int = 1):
     """``num_envs`` copies for GRe's m trajectories, stepped selectively (:mod:`crop.envs.vector`): CartPole
-    vectorised in numpy, the others as independent copies spread over ``workers`` processes."""
+    vectorised in numpy; Atari in :class:`crop.envs.atari.AtariPool` (the profile's wrapper stack in
+    ``workers`` processes, observations as pixels through shared memory: the same observations as
+    ``EnvPool``'s, without pickling them); the others (highway) as independent copies in ``EnvPool``."""
     from crop.envs.vector import CartPolePool, EnvPool
 
     spec = env_spec(env_id)
@@ -190,6 +192,10 @@ def make_env_pool(env_id: str, num_envs: int, profile: str | None = None, worker
     _check_profile(env_id, profile)
     if env_id == "CartPole-v0":
         return CartPolePool(num_envs, gym.spec(env_id).max_episode_steps)
+    if env_id.endswith("NoFrameskip-v4"):
+        from crop.envs.atari import AtariPool
+
+        return AtariPool(env_id, num_envs, workers, profile)
     return EnvPool(env_id, num_envs, workers, profile)
 
 
