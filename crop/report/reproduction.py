@@ -83,20 +83,25 @@ def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
 
     run_algos = sorted(set(df.loc[df["reproduced"].notna(), "algo"]))
     algos = run_algos or sorted(set(df["algo"]))
-    colors = {a: plt.cm.tab10(i % 10) for i, a in enumerate(algos)}
+    from crop.report.aggregate import ALGO_COLORS, ALGO_MARKERS, algo_label
+
+    # the colour and marker of each algorithm in every other figure of the project
+    colors = {a: ALGO_COLORS.get(a, plt.cm.tab10(i % 10)) for i, a in enumerate(algos)}
+    markers = {a: ALGO_MARKERS.get(a, "o") for a in algos}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for ax, metric, title in ((axes[0], radius_metric, f"LoAct {radius_metric} (log scale)"),
+    convention = "certified steps only" if radius_metric == "mean_radius_certified" else "uncertified = 0"
+    for ax, metric, title in ((axes[0], radius_metric, f"LoAct mean radius, {convention} (log scale)"),
                               (axes[1], "benign_return", "benign return")):
         sub = df[df["metric"] == metric]
         for a in algos:
             g = sub[sub["algo"] == a].sort_values("sigma")
-            for col, style, label in (("reference", dict(ls="--", marker="o", mfc="none"), "published"),
-                                      ("reproduced", dict(ls="-", marker="o"), "reproduced")):
+            for col, style, label in (("reference", dict(ls="--", marker=markers[a], mfc="none"), "published"),
+                                      ("reproduced", dict(ls="-", marker=markers[a]), "reproduced")):
                 v = g[["sigma", col]].dropna()
                 if metric == radius_metric:
                     v = v[v[col] > 0]  # log scale: zero radii are not drawn
                 if len(v):
-                    ax.plot(v["sigma"], v[col], color=colors[a], label=f"{a} ({label})", **style)
+                    ax.plot(v["sigma"], v[col], color=colors[a], label=f"{algo_label(a)} ({label})", **style)
         ax.set_xscale("log")
         if metric == radius_metric and ax.lines:
             ax.set_yscale("log")
