@@ -384,16 +384,9 @@ class AtariPool:
         return (obs if pixels else self.to_float(obs)), rew, term, trunc
 
     def close(self):
-        for c in self.conns:
-            try:
-                c.send(("close", None))
-                c.close()
-            except (BrokenPipeError, OSError):
-                pass
-        for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+        from crop.envs.vector import stop_workers
+
+        stop_workers(self.conns, self.procs)
         self.conns, self.procs = [], []
         self.pixels = self._rew = self._done = None
         for s in self._shms:

@@ -37,6 +37,21 @@ def _step(envs, local_idx, actions):
     return np.stack(obs), np.array(rew), np.array(term), np.array(trunc)
 
 
+def stop_workers(conns, procs) -> None:
+    """Ask each worker process to close its environments, then wait for it (killed after 10 s); a worker
+    that is already gone is skipped (EnvPool and crop.envs.atari's AtariPool)."""
+    for c in conns:
+        try:
+            c.send(("close", None))
+            c.close()
+        except (BrokenPipeError, OSError):
+            pass
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+
+
 def _worker(conn, env_id, profile, n):
     import torch
 
@@ -111,16 +126,7 @@ class EnvPool:
         if self.envs is not None:
             for e in self.envs:
                 e.close()
-        for c in self.conns:
-            try:
-                c.send(("close", None))
-                c.close()
-            except (BrokenPipeError, OSError):
-                pass
-        for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+        stop_workers(self.conns, self.procs)
 
 
 class CartPolePool:
