@@ -45,7 +45,8 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float,
     """Returns of m σ-randomized trajectories of length ≤ ``horizon``, stepped in lockstep blocks of
     ``batch`` trajectories (all m when None) with the environments spread over ``workers`` processes.
 
-    Trajectory i starts from the environment reset with seed ``env_seed + i`` and draws its noise Δ_t from
+    Trajectory i starts from the environment reset with seed ``env_seed + i`` (CartPole: from
+    :func:`crop.envs.vector.cartpole_initial_states` of that seed) and draws its noise Δ_t from
     its own stream (:class:`TrajectoryNoise`), so its return depends on neither ``batch``, ``workers``,
     ``chunk`` nor the other trajectories (nor on m: the first m returns of a larger run are these)."""
     dev = resolve_device(device)

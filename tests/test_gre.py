@@ -7,6 +7,7 @@ import torch
 
 from crop import stats
 from crop.envs import make_env
+from crop.envs.vector import CARTPOLE_GROUP, cartpole_initial_states
 from crop.gre import TrajectoryNoise, gre_bounds, sample_randomized_returns
 
 
@@ -18,7 +19,10 @@ def test_lockstep_returns_equal_single_trajectories(mlp_factory):
     expected = []
     for i in range(m):
         e = make_env("CartPole-v0")
-        obs, _ = e.reset(seed=11 + i)  # trajectory i: the environment reset with seed env_seed + i
+        e.reset(seed=0)
+        # trajectory i starts from CartPole's initial state for seed env_seed + i
+        e.unwrapped.state = cartpole_initial_states([11 + i])[0]
+        obs = np.asarray(e.unwrapped.state, dtype=np.float32)
         J = 0.0
         for _ in range(H):
             a = int(net(torch.as_tensor(obs).unsqueeze(0)).argmax(1))
@@ -29,6 +33,22 @@ def test_lockstep_returns_equal_single_trajectories(mlp_factory):
         expected.append(J)
     np.testing.assert_array_equal(R, expected)
     assert len(set(expected)) > 1, "trajectories of different lengths make the test bite"
+
+
+def test_cartpole_initial_states_per_seed_and_reset_distribution():
+    """A seed's start does not depend on the other seeds asked for (also across a group's edge), and the
+    starts have CartPole's reset distribution: uniform on [-0.05, 0.05]^4 (Kolmogorov-Smirnov per coordinate)."""
+    from scipy import stats as st
+
+    seeds = np.arange(CARTPOLE_GROUP - 50, CARTPOLE_GROUP + 50)
+    whole = cartpole_initial_states(seeds)
+    np.testing.assert_array_equal(whole[::7], cartpole_initial_states(seeds[::7]))
+    np.testing.assert_array_equal(whole[60:61], cartpole_initial_states([seeds[60]]))
+    many = cartpole_initial_states(np.arange(20000))
+    assert np.abs(many).max() <= 0.05
+    for c in range(4):
+        assert st.kstest(many[:, c], st.uniform(loc=-0.05, scale=0.1).cdf).pvalue > 1e-3
+    assert len(np.unique(many[:, 0])) == len(many), "no two seeds share a start"
 
 
 def test_bounds_by_definition():
