@@ -155,3 +155,58 @@ def test_channels_last_path_gives_the_contiguous_means():
     assert not plain.q_net[0].weight.is_contiguous(memory_format=torch.channels_last)
     for a, b in zip(mp, mc):
         np.testing.assert_allclose(a.mean, b.mean, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch,c,size", [("nature_cnn", 4, 84), ("dueling_cnn", 1, 84), ("nature_cnn", 1, 80)])
+@pytest.mark.parametrize("inner", [False, True])
+def test_space_to_depth_network_is_the_same_function(arch, c, size, inner):
+    """crop.models.s2d: the rewritten network on pixel_unshuffle(x) gives the network's Q on x."""
+    import torch.nn.functional as F
+
+    from crop.models import build_q_network
+    from crop.models.s2d import space_to_depth_input
+
+    torch.manual_seed(1)
+    net = build_q_network({"arch": arch, "in_channels": c, "in_size": size, "out": 6}).eval()
+    new, s = space_to_depth_input(net, (c, size, size), inner=inner)
+    assert s == 4 and isinstance(new, type(net))
+    x = torch.rand(7, c, size, size)
+    with torch.no_grad():
+        np.testing.assert_allclose(new(F.pixel_unshuffle(x, s)).numpy(), net(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_space_to_depth_declines_what_it_cannot_rewrite():
+    from crop.models import build_q_network
+    from crop.models.s2d import space_to_depth_input
+
+    cnn = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6})
+    assert space_to_depth_input(cnn, (4, 86, 86)) is None            # 86 is not a multiple of the stride 4
+    assert space_to_depth_input(build_q_network({"arch": "mlp", "in": 4, "out": 2}), (4,)) is None
+    stride1 = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.Flatten())
+    assert space_to_depth_input(stride1, (4, 84, 84)) is None
+
+
+def test_space_to_depth_smoothing_is_eq2_with_the_pixels_noise_permuted():
+    """The CUDA path's space-to-depth input layer forced on the CPU: the smoothed means are exactly Eq. (2)'s
+    Monte-Carlo means of the *original* network at x + pixel_shuffle(z), z the stream's draw in the
+    space-to-depth layout (i.i.d. noise on permuted pixels is i.i.d. noise on the pixels)."""
+    import torch.nn.functional as F
+
+    from crop.models import build_q_network
+
+    torch.manual_seed(0)
+    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    x = np.random.default_rng(0).random((2, 4, 84, 84), dtype=np.float32)
+    sigma, m = 0.2, 96
+    sm = SmoothedQ(copy.deepcopy(net), sigma, m, -0.02, 0.02, 0.05, 6, chunk=32, seed=5)
+    sm.space_to_depth = True
+    est = sm.estimate_batch(x)
+    assert sm._s2d == 4 and sm._in_shape == (64, 21, 21)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for b in range(2):  # one block per state here: (m, 64, 21, 21) normals each
+            z = torch.empty((m, 64, 21, 21)).normal_(0.0, sigma, generator=g)
+            q = net(torch.as_tensor(x[b]) + F.pixel_shuffle(z, 4)).double()
+            np.testing.assert_allclose(est[b].raw_mean, q.mean(0).numpy(), rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(est[b].mean, q.clamp(-0.02, 0.02).mean(0).numpy(), rtol=1e-5, atol=1e-7)
+    assert not np.allclose(est[0].mean, est[0].raw_mean), "clipping must be active for the test to bite"
