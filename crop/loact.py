@@ -59,7 +59,8 @@ def certify_state(smoother: SmoothedQ, obs, index=None, alpha: float | None = No
 
 def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, episode_seeds,
               profile: str | None = None, progress: bool | None = None, frames: list | None = None,
-              frames_window: tuple[int, int] = (0, 200), lockstep: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+              frames_window: tuple[int, int] = (0, 200), lockstep: bool = True,
+              pipeline: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Roll the locally smoothed policy π̃ on clean observations and certify every step (Algorithm 1 per step).
 
     Returns (per-step table, per-episode table), rows ordered by (episode, step).  Uncertified steps have
@@ -70,14 +71,21 @@ def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, epi
     ``lockstep`` (default): the episodes run side by side and step t of every live episode is smoothed in
     one :meth:`SmoothedQ.estimate_batch` call (episodes in index order), so B episodes cost one launch per
     step.  ``lockstep=False`` smooths one state per call, episode after episode (the order before issue 13).
-    Both give every state m fresh draws; they consume the noise stream in different orders, so their
+    ``pipeline`` (default: on a GPU): the episodes run as two halves, each in lockstep, whose calls
+    alternate — while the card smooths one half's states, the other half's environments step on the CPU.
+    All give every state m fresh draws; they consume the noise stream in different orders, so their
     numbers differ draw by draw, not in distribution.
     """
     bar = pbar(total=episodes * horizon, desc=f"LoAct σ={smoother.sigma:g}", progress=progress)
     groups = [list(range(episodes))] if lockstep else [[ep] for ep in range(episodes)]
+    if pipeline is None:
+        pipeline = smoother.device.type == "cuda"
     rows, eps_rows = [], []
     for group in groups:
-        r, e = _run_group(env_id, smoother, group, horizon, episode_seeds, profile, bar, frames, frames_window)
+        halves = [group[:(len(group) + 1) // 2], group[(len(group) + 1) // 2:]] if pipeline and len(group) > 1 \
+            else [group]
+        r, e = _run_group(env_id, smoother, group, halves, horizon, episode_seeds, profile, bar, frames,
+                          frames_window)
         rows += r
         eps_rows += e
     bar.close()
@@ -86,41 +94,52 @@ def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, epi
     return pd.DataFrame(rows), pd.DataFrame(eps_rows)
 
 
-def _run_group(env_id, smoother, group, horizon, episode_seeds, profile, bar, frames, frames_window):
-    """The episodes of ``group`` in lockstep: one batched smoothing call per time step."""
+def _run_group(env_id, smoother, group, halves, horizon, episode_seeds, profile, bar, frames, frames_window):
+    """The episodes of ``group`` in lockstep: one batched smoothing call per time step for each of
+    ``halves`` (one half: the whole group), the halves' calls alternating (submitted before the other
+    half's environments step, so the device and the environments work at the same time)."""
     envs = {ep: make_env(env_id, profile) for ep in group}
     obs = {ep: envs[ep].reset(seed=int(episode_seeds[ep]))[0] for ep in group}
     ret = dict.fromkeys(group, 0.0)
     steps = dict.fromkeys(group, 0)
     rows = []
-    live = list(group)
-    for t in range(horizon):
-        if not live:
-            break
-        ale = getattr(envs[live[0]].unwrapped, "ale", None) if live[0] == 0 else None
-        if frames is not None and ale is not None and frames_window[0] <= t < frames_window[1]:
-            frames.append((t, ale.getScreenRGB().copy()))
+
+    def submit(live, t):
+        if 0 in live and frames is not None and frames_window[0] <= t < frames_window[1]:
+            ale = getattr(envs[0].unwrapped, "ale", None)
+            if ale is not None:
+                frames.append((t, ale.getScreenRGB().copy()))
         batch = np.stack([to_obs(obs[ep]) for ep in live])
-        ests = smoother.estimate_batch(batch, indices=[f"episode {ep} step {t}" for ep in live])
-        ended = []
-        for ep, est in zip(live, ests):
-            cert = certify_estimate(est, smoother.sigma, smoother.v_min, smoother.v_max)
-            runner = np.where(np.arange(len(est.mean)) != cert.action, est.mean, -np.inf)
-            obs[ep], reward, terminated, truncated, _ = envs[ep].step(cert.action)
-            ret[ep] += float(reward)
-            steps[ep] = t + 1
-            rows.append({
-                "episode": ep, "step": t, "action": cert.action, "certified": cert.certified,
-                "radius": cert.radius, "reward": float(reward), "q_top": float(est.mean[cert.action]),
-                "q_runner_up": float(runner.max()), "q_top_lower": float(est.lower[cert.action]),
-                "q_others_upper_max": float(np.max(np.delete(est.upper, cert.action))),
-            })
-            if terminated or truncated:
-                ended.append(ep)
-                bar.update(horizon - t)   # this step and the ones it will never take
-            else:
-                bar.update(1)
-        live = [ep for ep in live if ep not in ended]
+        return smoother.submit(batch, indices=[f"episode {ep} step {t}" for ep in live])
+
+    # per half: (live episodes, time step, submitted call or None when the half is done)
+    state = [[list(h), 0, submit(list(h), 0) if horizon > 0 else None] for h in halves]
+    while any(s[2] is not None for s in state):
+        for s in state:
+            live, t, pending = s
+            if pending is None:
+                continue
+            ended = []
+            for ep, est in zip(live, pending.result()):
+                cert = certify_estimate(est, smoother.sigma, smoother.v_min, smoother.v_max)
+                runner = np.where(np.arange(len(est.mean)) != cert.action, est.mean, -np.inf)
+                obs[ep], reward, terminated, truncated, _ = envs[ep].step(cert.action)
+                ret[ep] += float(reward)
+                steps[ep] = t + 1
+                rows.append({
+                    "episode": ep, "step": t, "action": cert.action, "certified": cert.certified,
+                    "radius": cert.radius, "reward": float(reward), "q_top": float(est.mean[cert.action]),
+                    "q_runner_up": float(runner.max()), "q_top_lower": float(est.lower[cert.action]),
+                    "q_others_upper_max": float(np.max(np.delete(est.upper, cert.action))),
+                })
+                if terminated or truncated:
+                    ended.append(ep)
+                    bar.update(horizon - t)   # this step and the ones it will never take
+                else:
+                    bar.update(1)
+            live = [ep for ep in live if ep not in ended]
+            s[0], s[1] = live, t + 1
+            s[2] = submit(live, t + 1) if live and t + 1 < horizon else None
     eps_rows = []
     for ep in group:
         radii = np.array([r["radius"] for r in rows if r["episode"] == ep])

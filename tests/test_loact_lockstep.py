@@ -2,6 +2,7 @@
 distribution as episode-by-episode LoAct, deterministic for a seed."""
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 from scipy import stats as sps
 
@@ -21,13 +22,13 @@ class _Affine(torch.nn.Module):
         return x @ torch.as_tensor(W).T + torch.as_tensor(B)
 
 
-def _run(seed, lockstep, episodes=16, horizon=60):
+def _run(seed, lockstep, episodes=16, horizon=60, pipeline=False):
     sm = SmoothedQ(_Affine(), SIGMA, M, -5, 5, 0.05, 2, seed=seed)
     calls = []
-    batch = sm.estimate_batch
-    sm.estimate_batch = lambda obs, **kw: calls.append(len(obs)) or batch(obs, **kw)
+    submit = sm.submit
+    sm.submit = lambda obs, **kw: calls.append(len(obs)) or submit(obs, **kw)
     steps, eps = run_loact("CartPole-v0", sm, episodes, horizon, list(range(100, 100 + episodes)),
-                           lockstep=lockstep, progress=False)
+                           lockstep=lockstep, pipeline=pipeline, progress=False)
     return steps, eps, calls
 
 
@@ -48,10 +49,22 @@ def test_lockstep_smooths_every_live_episode_in_one_call_and_is_deterministic():
     assert not np.array_equal(steps["q_top"].to_numpy(), other["q_top"].to_numpy())
 
 
-def test_lockstep_equals_episode_by_episode_in_distribution():
+def test_pipelined_halves_alternate_and_are_deterministic():
+    """The GPU's pipelined lockstep, forced on the CPU: two halves of 8 episodes whose calls alternate, every
+    step of every episode smoothed once, the same run for the same seed."""
+    steps, eps, calls = _run(1, True, pipeline=True)
+    assert calls[:2] == [8, 8] and sum(calls) == len(steps) == eps["steps"].sum()
+    assert set(steps.groupby(["episode", "step"]).size()) == {1}
+    again, eps2, calls2 = _run(1, True, pipeline=True)
+    pd.testing.assert_frame_equal(steps, again)
+    assert calls == calls2
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_lockstep_equals_episode_by_episode_in_distribution(pipeline):
     """Same episode seeds: while the two runs take the same actions they visit the same states, and their
     smoothed means are independent estimates of the same Q̃: (difference)/(√2·SE) is N(0, 1)."""
-    lock, _, _ = _run(3, True)
+    lock, _, _ = _run(3, True, pipeline=pipeline)
     seq, _, calls = _run(4, False)
     assert set(calls) == {1}
     z, agreed, total = [], 0, 0
