@@ -12,9 +12,11 @@ ratio).
 H100/H200: ``smoothing_nature_cnn_vs_randn_plus_cl_forward`` (one smoothed step at m against a bare
 ``randn`` + channels-last forward of the same m samples; goal ≤ 1.15), ``per_state_<net>_b<B>_vs_b64_floor``
 (an MLP's cost per state when B states are smoothed in one ``estimate_batch`` call, against the bare forward
-of 64·m pre-drawn samples divided by 64; goal ≤ 1.3 for B ≥ 8), ``speedup_vs_sequential_<net>``, and two
-absolute numbers: ``loact_pong_s_per_state`` (LoAct end to end on Pong, 10 episodes in lockstep, env steps
-included) and ``gre_pong_env_steps_per_s`` (GRe's lockstep sampler on Pong, one worker per core), the latter
+of 64·m pre-drawn samples divided by 64; goal ≤ 1.3 for B ≥ 8), ``smoothing_nature_cnn_vs_randn_plus_its_forward``
+(the step against randn + a forward of the network as the engine runs it: space-to-depth input layer),
+``speedup_vs_sequential_<net>``, and two absolute numbers: ``loact_pong_s_per_state`` (LoAct end to end on Pong,
+10 episodes in lockstep, pipelined as on any GPU, env steps included) and ``gre_pong_env_steps_per_s`` (GRe's
+lockstep sampler on Pong, one worker per core), the latter
 also with :class:`crop.envs.atari.AtariPool` feeding pixels to the GPU (``gre_pong_atari_pool_env_steps_per_s``).
 """
 from __future__ import annotations
@@ -187,13 +189,34 @@ def measure_cuda_cnn(m: int, reps: int, device="cuda") -> None:
     def noise():
         buf.normal_(generator=g)
 
-    t = timeit({"step": lambda: sm.estimate(x), "floor": floor, "fwd_cl": fwd_cl, "noise": noise}, reps)
+    from crop.models.s2d import space_to_depth_input
+
+    s2d = {}
+    for inner in (False, True):   # the engine's input layer in space-to-depth (and optionally the later convs)
+        net_s, k = space_to_depth_input(net, shape, inner=inner)
+        net_s = net_s.to(dev, memory_format=torch.channels_last)
+        xs = torch.nn.functional.pixel_unshuffle(fixed.contiguous(), k).contiguous(memory_format=torch.channels_last)
+        s2d[inner] = (net_s, xs)
+
+    @torch.inference_mode()
+    def fwd_s2d():
+        s2d[False][0](s2d[False][1])
+
+    @torch.inference_mode()
+    def fwd_s2d_inner():
+        s2d[True][0](s2d[True][1])
+
+    t = timeit({"step": lambda: sm.estimate(x), "floor": floor, "fwd_cl": fwd_cl, "noise": noise, "s2d": fwd_s2d,
+                "s2d_inner": fwd_s2d_inner}, reps)
     t_contig = timeit({"c": fwd_contiguous}, reps)["c"]
     print(f"# nature_cnn on {_device_name(dev)}: smoothed step {t['step'] * 1e3:.2f} ms, randn + "
           f"channels-last forward {t['floor'] * 1e3:.2f} ms (randn {t['noise'] * 1e3:.2f} ms, channels-last forward "
-          f"{t['fwd_cl'] * 1e3:.2f} ms, contiguous forward {t_contig * 1e3:.2f} ms; m={m}, block {sm.chunk} samples, "
-          f"channels_last={sm.channels_last})", flush=True)
+          f"{t['fwd_cl'] * 1e3:.2f} ms, contiguous forward {t_contig * 1e3:.2f} ms; space-to-depth input layer "
+          f"{t['s2d'] * 1e3:.2f} ms, all strided layers {t['s2d_inner'] * 1e3:.2f} ms; m={m}, block {sm.chunk} "
+          f"samples, channels_last={sm.channels_last}, space-to-depth factor {sm._s2d})", flush=True)
     print(f"smoothing_nature_cnn_vs_randn_plus_cl_forward: {t['step'] / t['floor']:.3f}", flush=True)
+    engine = t["s2d_inner"] if sm.S2D_INNER else t["s2d"]
+    print(f"smoothing_nature_cnn_vs_randn_plus_its_forward: {t['step'] / (t['noise'] + engine):.3f}", flush=True)
 
 
 def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, reps: int,
@@ -216,10 +239,19 @@ def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int
         sms[b] = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, seed=b, device=dev)
         xs = rng.random((b, *obs_shape), dtype=np.float32)
         fns[b] = (lambda sm=sms[b], xs=xs: sm.estimate_batch(xs))
-    t = timeit(fns, reps)
+        fns[f"bare{b}"] = (lambda b=b: net(pre[:b * m]))
+    eager = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, seed=8, device=dev)
+    eager.cuda_graphs = False
+    x8 = rng.random((8, *obs_shape), dtype=np.float32)
+    fns["eager8"] = lambda: eager.estimate_batch(x8)
+    with torch.inference_mode():
+        t = timeit(fns, reps)
     floor = t["bare"] / 64
     print(f"# {name} on {_device_name(dev)}: floor {floor * 1e3:.4f} ms/state (64·m={64 * m} samples in one launch); "
-          f"per state at B=1, 8, 64: " + ", ".join(f"{t[b] / b * 1e3:.4f} ms" for b in (1, 8, 64)), flush=True)
+          f"per state at B=1, 8, 64: " + ", ".join(f"{t[b] / b * 1e3:.4f} ms" for b in (1, 8, 64)) +
+          "; a bare forward of B·m samples alone: " +
+          ", ".join(f"{t[f'bare{b}'] / b / floor:.2f}x" for b in (1, 8, 64)) +
+          f"; B=8 without CUDA graphs: {t['eager8'] / 8 / floor:.2f}x", flush=True)
     for b in (1, 8, 64):
         print(f"per_state_{name}_b{b}_vs_b64_floor: {t[b] / b / floor:.3f}", flush=True)
 
@@ -231,14 +263,25 @@ def loact_pong(m: int, episodes: int, horizon: int, device: str) -> None:
     torch.manual_seed(0)
     net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, 6, seed=0, device=device)
-    run_loact("PongNoFrameskip-v4", sm, 1, 3, [0], progress=False)   # warm-up: buffers, cuDNN selection
-    _sync()
+    run_loact("PongNoFrameskip-v4", sm, 2, 3, [0, 1], progress=False)   # warm-up: buffers, cuDNN selection
+    for pipeline in (False, True):
+        _sync()
+        t0 = time.perf_counter()
+        steps, _ = run_loact("PongNoFrameskip-v4", sm, episodes, horizon, list(range(episodes)), progress=False,
+                             pipeline=pipeline)
+        _sync()
+        dt = time.perf_counter() - t0
+        how = "two halves pipelined with the environments" if pipeline else "one lockstep call per step"
+        print(f"# LoAct Pong: {len(steps)} states ({episodes} episodes in lockstep, {how}, H={horizon}, m={m}) "
+              f"in {dt:.1f} s: {dt / len(steps) * 1e3:.2f} ms/state", flush=True)
+    from crop.envs import make_env
+
     t0 = time.perf_counter()
-    steps, _ = run_loact("PongNoFrameskip-v4", sm, episodes, horizon, list(range(episodes)), progress=False)
-    _sync()
-    dt = time.perf_counter() - t0
-    print(f"# LoAct Pong: {len(steps)} states ({episodes} episodes in lockstep, H={horizon}, m={m}) in {dt:.1f} s",
-          flush=True)
+    for ep in range(episodes):
+        make_env("PongNoFrameskip-v4", "cleanrl").reset(seed=ep)
+    made = time.perf_counter() - t0
+    print(f"# of which making and resetting the {episodes} environments (sequential, before any smoothing): "
+          f"{made:.2f} s = {made / len(steps) * 1e3:.2f} ms/state", flush=True)
     print(f"loact_pong_s_per_state: {dt / len(steps):.4f}", flush=True)
 
 
