@@ -180,9 +180,15 @@ class SmoothedQ:
     straddling two.  Within a block the normals are drawn in one ``normal_`` call into a contiguous
     (rows, *obs_shape) buffer.  A one-state call is the case B = 1 and draws exactly what it always did, so
     the numbers of a run depend on the seed and on how the states were grouped into calls — not on
-    anything else.  On CUDA the block is the largest that fits memory and convolutional networks run in
-    channels-last (input buffer and weights, noise drawn straight into that layout): reproducible on one
-    card and torch version, like cuDNN itself.
+    anything else.  The normals are drawn as σ·z by the normal kernel itself (the same floats as z then ·σ).
+
+    On CUDA (reproducible on one card and torch version, like cuDNN itself): the block is the largest that
+    fits memory; convolutional networks run in channels-last (input buffer and weights, noise drawn straight
+    into that layout), and a strided input convolution runs as a stride-1 one on the space-to-depth input
+    (:mod:`crop.models.s2d`: the noise is drawn in the (C·s², H/s, W/s) layout, a fixed permutation of the
+    pixels, so Eq. (2) is unchanged); a call small enough to be launch-bound (an MLP's) is replayed as a CUDA
+    graph, which draws exactly what the eager kernels would.  :meth:`submit` queues a call and returns, so a
+    caller can step environments while the card works.
     """
 
     # Noise is drawn for a whole block of samples at once (up to this many floats, ~16 MB): interleaving a
@@ -343,6 +349,8 @@ class SmoothedQ:
         self._set_shape(shape)
         if self._s2d > 1:  # the states in the input layer's layout; the noise is drawn in it too
             x = torch.nn.functional.pixel_unshuffle(x, self._s2d)
+        if self._cl(x.dim()):  # as the noise: adding a state of another layout is a slow strided pass
+            x = x.contiguous(memory_format=torch.channels_last)
         shape = self._in_shape
         plan = list(self._blocks(n))
         needs_samples = BOUNDS[self.bound][1]

@@ -210,3 +210,24 @@ def test_space_to_depth_smoothing_is_eq2_with_the_pixels_noise_permuted():
             np.testing.assert_allclose(est[b].raw_mean, q.mean(0).numpy(), rtol=1e-5, atol=1e-7)
             np.testing.assert_allclose(est[b].mean, q.clamp(-0.02, 0.02).mean(0).numpy(), rtol=1e-5, atol=1e-7)
     assert not np.allclose(est[0].mean, est[0].raw_mean), "clipping must be active for the test to bite"
+
+
+def test_channels_last_pixel_unshuffle_is_torchs_and_stays_channels_last():
+    """The inner space-to-depth step keeps a channels-last activation channels-last (one copy, not two) and
+    gives torch's pixel_unshuffle values; the rewritten network in channels-last is still the network."""
+    import torch.nn.functional as F
+
+    from crop.models import build_q_network
+    from crop.models.s2d import PixelUnshuffle, space_to_depth_input
+
+    x = torch.rand(3, 32, 20, 20).contiguous(memory_format=torch.channels_last)
+    y = PixelUnshuffle(2)(x)
+    assert torch.equal(y, F.pixel_unshuffle(x, 2)) and y.is_contiguous(memory_format=torch.channels_last)
+    torch.manual_seed(3)
+    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    new, s = space_to_depth_input(net, (4, 84, 84), inner=True)
+    new = new.to(memory_format=torch.channels_last)
+    xi = torch.rand(5, 4, 84, 84)
+    with torch.no_grad():
+        out = new(F.pixel_unshuffle(xi, s).contiguous(memory_format=torch.channels_last))
+        np.testing.assert_allclose(out.numpy(), net(xi).numpy(), rtol=1e-5, atol=1e-6)

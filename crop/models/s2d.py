@@ -19,7 +19,22 @@ import copy
 import torch
 from torch import nn
 
-__all__ = ["space_to_depth_conv", "space_to_depth_input"]
+__all__ = ["space_to_depth_conv", "space_to_depth_input", "PixelUnshuffle"]
+
+
+class PixelUnshuffle(nn.PixelUnshuffle):
+    """``nn.PixelUnshuffle`` that keeps a channels-last input channels-last, in one copy (torch's returns a
+    contiguous tensor, which the next channels-last convolution copies back: two passes over the
+    activations instead of one)."""
+
+    def forward(self, x):
+        if x.dim() != 4 or x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+            return super().forward(x)
+        n, c, h, w = x.shape
+        s = self.downscale_factor
+        # memory (n, h, w, c) → (n, h/s, i, w/s, j, c) → (n, h/s, w/s, c, i, j): channel c·s² + i·s + j
+        y = x.permute(0, 2, 3, 1).reshape(n, h // s, s, w // s, s, c).permute(0, 1, 3, 5, 2, 4)
+        return y.reshape(n, h // s, w // s, c * s * s).permute(0, 3, 1, 2)
 
 
 def _eligible(conv: nn.Module, h: int, w: int) -> bool:
@@ -63,7 +78,7 @@ def _input_slot(net: nn.Module):
 def space_to_depth_input(net: nn.Module, shape: tuple, inner: bool = False) -> tuple[nn.Module, int] | None:
     """A copy of ``net`` whose input layer takes ``pixel_unshuffle(x, s)`` for inputs of ``shape`` (C, H, W),
     and s; None when the input layer is not a strided convolution that allows it.  ``inner``: the later
-    eligible convolutions are rewritten too (each preceded by its own ``nn.PixelUnshuffle``)."""
+    eligible convolutions are rewritten too (each preceded by its own :class:`PixelUnshuffle`)."""
     if len(shape) != 3:
         return None
     slot = _input_slot(net)
@@ -87,6 +102,6 @@ def space_to_depth_input(net: nn.Module, shape: tuple, inner: bool = False) -> t
         for mod in list(new.modules()):
             for key, child in list(mod.named_children()):
                 if child is not first and id(child) in sizes and _eligible(child, *sizes[id(child)]):
-                    setattr(mod, key, nn.Sequential(nn.PixelUnshuffle(child.stride[0]), space_to_depth_conv(child)))
+                    setattr(mod, key, nn.Sequential(PixelUnshuffle(child.stride[0]), space_to_depth_conv(child)))
     setattr(parent, name, space_to_depth_conv(first))
     return new.eval(), s
