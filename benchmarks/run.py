@@ -14,8 +14,9 @@ H100/H200: ``smoothing_nature_cnn_vs_randn_plus_cl_forward`` (one smoothed step 
 (an MLP's cost per state when B states are smoothed in one ``estimate_batch`` call, against the bare forward
 of 64·m pre-drawn samples divided by 64; goal ≤ 1.3 for B ≥ 8), ``smoothing_nature_cnn_vs_randn_plus_its_forward``
 (the step against randn + a forward of the network as the engine runs it: space-to-depth input layer),
-``speedup_vs_sequential_<net>``, and two absolute numbers: ``loact_pong_s_per_state`` (LoAct end to end on Pong,
-10 episodes in lockstep, pipelined as on any GPU, env steps included) and ``gre_pong_env_steps_per_s`` (GRe's
+``speedup_vs_sequential_<net>``, and absolute numbers: ``loact_pong_s_per_state`` (LoAct end to end on Pong,
+10 episodes of 100 steps in lockstep, pipelined as on any GPU, env steps included; also
+``loact_pong_paper_protocol_s_per_state``, the paper's 10 episodes of H = 500) and ``gre_pong_env_steps_per_s`` (GRe's
 lockstep sampler on Pong, one worker per core), the latter
 also with :class:`crop.envs.atari.AtariPool` feeding pixels to the GPU (``gre_pong_atari_pool_env_steps_per_s``).
 """
@@ -256,8 +257,9 @@ def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int
         print(f"per_state_{name}_b{b}_vs_b64_floor: {t[b] / b / floor:.3f}", flush=True)
 
 
-def loact_pong(m: int, episodes: int, horizon: int, device: str) -> None:
-    """LoAct end to end on Pong (cleanrl profile, an untrained Nature CNN): seconds per certified state."""
+def loact_pong(m: int, episodes: int, horizon: int, device: str, paper_horizon: int = 0) -> None:
+    """LoAct end to end on Pong (cleanrl profile, an untrained Nature CNN): seconds per certified state, at
+    ``horizon`` with and without the pipeline, and (``paper_horizon``) as the paper runs it."""
     from crop.loact import run_loact
 
     torch.manual_seed(0)
@@ -283,6 +285,15 @@ def loact_pong(m: int, episodes: int, horizon: int, device: str) -> None:
     print(f"# of which making and resetting the {episodes} environments (sequential, before any smoothing): "
           f"{made:.2f} s = {made / len(steps) * 1e3:.2f} ms/state", flush=True)
     print(f"loact_pong_s_per_state: {dt / len(steps):.4f}", flush=True)
+    if paper_horizon:   # the paper's Atari protocol (Appendix E: 10 episodes, H = 500), pipelined
+        _sync()
+        t0 = time.perf_counter()
+        steps, _ = run_loact("PongNoFrameskip-v4", sm, episodes, paper_horizon, list(range(episodes)), progress=False)
+        _sync()
+        dt = time.perf_counter() - t0
+        print(f"# LoAct Pong, paper protocol: {len(steps)} states ({episodes} episodes, H={paper_horizon}, m={m}) in "
+              f"{dt:.1f} s, environments made and reset included", flush=True)
+        print(f"loact_pong_paper_protocol_s_per_state: {dt / len(steps):.4f}", flush=True)
 
 
 def gre_pong(m: int, horizon: int, device: str, workers: int) -> None:
@@ -337,7 +348,7 @@ def main_cuda(a) -> None:
     if not a.skip_cnn:
         sequential_speedup("nature_cnn", {"arch": "nature_cnn", "in_channels": 4, "out": 6}, (4, 84, 84), 6, a.m, 250,
                            300, device="cuda")
-        loact_pong(a.m, 10, 100, "cuda")
+        loact_pong(a.m, 10, 100, "cuda", paper_horizon=500)
         gre_pong(256, 100, "cuda", max(1, (os.cpu_count() or 2) - 1))
 
 
