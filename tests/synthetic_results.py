@@ -178,3 +178,14 @@ def write_reference(path: Path, rows: list[dict]) -> Path:
 
 
 __all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "runs_of", "write_reference", "margins"]
+
+
+def audit_cli(*args) -> int:
+    """``crop audit ARGS…`` in-process; its exit status (0, or the code it exited with)."""
+    from crop.cli import main
+
+    try:
+        main(["audit", *map(str, args)])
+    except SystemExit as e:
+        return e.code
+    return 0

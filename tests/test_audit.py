@@ -11,13 +11,12 @@ import pytest
 import yaml
 
 from crop import layout
-from crop.cli import main
 from crop.config import load_config
 from crop.report.audit import audit
 from crop.report.provenance import config_hash
 from crop.report.reference import DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances, tolerance_for
 
-from synthetic_results import make_results, rewrite_csv, write_reference
+from synthetic_results import audit_cli, make_results, rewrite_csv, write_reference
 
 PLAN = {"CartPole-v0": {"StdTrain": [0.05, 0.1], "GaussAug": [0.1]},
         "FreewayNoFrameskip-v4": {"RadialRL": [1.5]}}
@@ -52,14 +51,6 @@ def _verdicts(rep):
     return [c["verdict"] for c in rep["reference"]["comparisons"] if c["verdict"] != "not_in_reference"]
 
 
-def _cli(*args):
-    try:
-        main(["audit", *map(str, args)])
-    except SystemExit as e:
-        return e.code
-    return 0
-
-
 def test_sound_results_pass(results):
     rep = audit(results, results / "audit", config_hash="abc123")
     assert set(rep) == AUDIT_KEYS
@@ -71,7 +62,7 @@ def test_sound_results_pass(results):
     on_disk = json.loads((results / "audit" / "audit.json").read_text())
     assert on_disk["passed"] and on_disk["config_hash"] == "abc123"
     assert (results / "audit" / "audit.md").read_text().startswith("# CROP audit\n\n**PASS**")
-    assert _cli(results, "--strict", "--out-dir", results / "a2") == 0
+    assert audit_cli(results, "--strict", "--out-dir", results / "a2") == 0
 
 
 def test_planted_violations_are_listed_with_their_place(results):
@@ -104,8 +95,8 @@ def test_planted_violations_are_listed_with_their_place(results):
     assert lore_c["p_value"] < 0.05 <= lore_c["p_adjusted"] and not lore_c["violation"]
     md = (results / "audit" / "audit.md").read_text()
     assert "**FAIL**: 2 soundness violation(s)" in md and "lore_vs_pgd_local" in md and "Holm" in md
-    assert _cli(results, "--out-dir", results / "a2") == 0
-    assert _cli(results, "--strict", "--out-dir", results / "a2") == 1
+    assert audit_cli(results, "--out-dir", results / "a2") == 0
+    assert audit_cli(results, "--strict", "--out-dir", results / "a2") == 1
 
 
 def test_gre_needs_significance_before_a_violation(results):
@@ -171,11 +162,11 @@ def test_planted_reference_mismatch_is_reported(results):
     assert rep["violations"] == 0  # a mismatch is not a soundness violation
     md = (results / "audit" / "audit.md").read_text()
     assert "### Differs (1)" in md and "expectation_bound" in md.split("### Differs (1)")[1].split("###")[0]
-    assert _cli(results, "--reference", ref, "--out-dir", results / "a2") == 0
-    assert _cli(results, "--reference", ref, "--strict", "--out-dir", results / "a2") == 1
+    assert audit_cli(results, "--reference", ref, "--out-dir", results / "a2") == 0
+    assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", results / "a2") == 1
     # Missing reference values alone do not fail strict mode.
     only_missing = write_reference(results.parent / "ref2.csv", [rows["radius"], rows["off_grid"], rows["no_run"]])
-    assert _cli(results, "--reference", only_missing, "--strict", "--out-dir", results / "a3") == 0
+    assert audit_cli(results, "--reference", only_missing, "--strict", "--out-dir", results / "a3") == 0
     rep3 = json.loads((results / "a3" / "audit.json").read_text())
     assert rep3["passed"] and rep3["reference"]["counts"] == {"match": 1, "differs": 0, "missing": 2}
 
@@ -184,7 +175,8 @@ def test_tolerances_file_and_flags(results, tmp_path):
     rows = _reference_rows(results)
     ref = write_reference(tmp_path / "ref.csv", [rows["benign"], rows["mismatch"]])
     # --rel-tol/--abs-tol override every metric: 3 % off is now too much.
-    assert _cli(results, "--reference", ref, "--rel-tol", "0.01", "--abs-tol", "0", "--out-dir", tmp_path / "a") == 0
+    assert audit_cli(results, "--reference", ref, "--rel-tol", "0.01", "--abs-tol", "0",
+                     "--out-dir", tmp_path / "a") == 0
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert _verdicts(rep) == ["differs", "differs"]
     # A tolerances file widening one metric (and nothing else).
@@ -238,13 +230,13 @@ def test_integrity_problems(results):
     assert any(f == "CartPole-v0/StdTrain/sigma-0.3" and p.startswith("incomplete run") for f, p in problems)
     assert rep["integrity_problems"] == 4 and not rep["passed"] and rep["violations"] == 0
     assert "CartPole-v0/StdTrain/sigma-0.1" not in [p["run"] for p in rep["provenance"]]  # not audited
-    assert _cli(results, "--strict", "--out-dir", results / "a2") == 1
+    assert audit_cli(results, "--strict", "--out-dir", results / "a2") == 1
 
 
 def test_provenance_per_run(results, tmp_path):
     cfg_file = tmp_path / "config.yaml"
     cfg_file.write_text((REPO / "tests" / "configs" / "smoke.yaml").read_text())
-    assert _cli(results, "--config", cfg_file, "--out-dir", tmp_path / "a") == 0
+    assert audit_cli(results, "--config", cfg_file, "--out-dir", tmp_path / "a") == 0
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert rep["config_hash"] == config_hash(load_config(cfg_file))
     rec = json.loads(layout.checkpoint_record(results, "CartPole-v0", "StdTrain").read_text())
@@ -262,7 +254,7 @@ def test_provenance_per_run(results, tmp_path):
     assert p["versions"]["numpy"] == np.__version__ and p["device"] == "cpu"
     assert p["git_commits"]
     # A config hash that does not belong to the config is refused.
-    assert _cli(results, "--config", cfg_file, "--config-hash", "0" * 64, "--out-dir", tmp_path / "b") == 2
+    assert audit_cli(results, "--config", cfg_file, "--config-hash", "0" * 64, "--out-dir", tmp_path / "b") == 2
 
 
 def test_config_hash_is_canonical():
@@ -285,7 +277,7 @@ def test_malformed_reference_is_refused(tmp_path, results, row, message):
     ref.write_text("env,algo,sigma,metric,eps,value\n" + row + "\n")
     with pytest.raises(ReferenceError, match=message):
         load_reference(ref)
-    assert _cli(results, "--reference", ref, "--out-dir", tmp_path / "a") == 2
+    assert audit_cli(results, "--reference", ref, "--out-dir", tmp_path / "a") == 2
     assert not (tmp_path / "a" / "audit.json").exists()
 
 

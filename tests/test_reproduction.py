@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 
 from crop import layout
-from crop.cli import main
 from crop.io import meta_path, read_json, write_json
 from crop.layout import RUN_FILES
 from crop.reference import PAPER_REFERENCE
@@ -18,21 +17,13 @@ from crop.report.audit import audit, flip_probability_bound
 from crop.report.reference import load_reference
 
 from conftest import SHARED
-from synthetic_results import ALPHA_STATE, M_ATTACK, make_results, margins, rewrite_csv, write_reference
+from synthetic_results import ALPHA_STATE, M_ATTACK, audit_cli, make_results, margins, rewrite_csv, write_reference
 
 TARBALL = SHARED / "reference" / "crop-leaderboard-csv.tar.gz"
 ENVS = {"CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4"}
 STAGE_FILES = {"loact": ["loact.csv", "loact_episodes.csv", "certified_ratio.csv", "frames.npz"],
                "gre": ["gre.csv", "gre_returns.csv"], "lore": ["lore.csv"], "attack_local": ["attack_local.csv"],
                "attack_global": ["attack_global.csv"], "qrange": ["qrange.json"]}
-
-
-def _cli(*args):
-    try:
-        main(["audit", *map(str, args)])
-    except SystemExit as e:
-        return e.code
-    return 0
 
 
 def _keep_only(run_dir, stages):
@@ -136,8 +127,8 @@ def test_loact_only_run_is_compared_row_by_row(results, tmp_path):
     assert "| StdTrain | 0.1 | mean_radius_certified |" in md and "| agrees |" in md
     png = tmp_path / "a" / "reproduction_CartPole.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and rep["reproduction"]["figures"] == [str(png)]
-    assert _cli(results, "--reference", ref, "--out-dir", tmp_path / "b") == 0
-    assert _cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == 1
+    assert audit_cli(results, "--reference", ref, "--out-dir", tmp_path / "b") == 0
+    assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == 1
 
 
 def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
@@ -154,11 +145,11 @@ def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
     assert rep["reference"]["comparisons"][1]["note"] == "stage loact not in this run"
     assert rep["passed"] and rep["integrity_problems"] == 0
     assert any(c["check"] == "gre_expectation_vs_pgd_mean" and c["algo"] == "GaussAug" for c in rep["checks"])
-    assert _cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == 0
+    assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == 0
     # A planted difference fails --strict.
     rows.append({**base, "metric": "percentile_bound", "value": float(gre["percentile_bound"].iloc[1]) * 3 + 10})
     ref = write_reference(tmp_path / "ref2.csv", rows)
-    assert _cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "c") == 1
+    assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "c") == 1
 
 
 def test_half_written_stage_is_an_integrity_problem(results, tmp_path):
@@ -170,7 +161,7 @@ def test_half_written_stage_is_an_integrity_problem(results, tmp_path):
 
 
 def test_audit_against_the_paper(results, tmp_path):
-    assert _cli(results, "--reference", "paper", "--out-dir", tmp_path / "a") == 0
+    assert audit_cli(results, "--reference", "paper", "--out-dir", tmp_path / "a") == 0
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     ref = rep["reference"]
     assert ref["name"] == "paper" and ref["counts"]["missing"] > 1000  # other envs, algos, σ: not in the run
