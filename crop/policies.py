@@ -46,8 +46,11 @@ def _train_settings(args) -> dict:
 def json_object(text: str | None, what: str) -> dict:
     if not text:
         return {}
+    def refuse(constant):  # NaN, Infinity: JSON has no such numbers, Python's json reads them anyway
+        raise InputError(f"--settings: {constant} is not a finite number")
+
     try:
-        given = json.loads(text)
+        given = json.loads(text, parse_constant=refuse)
     except json.JSONDecodeError as exc:
         raise InputError(f"--settings is not valid JSON: {exc}") from None
     if not isinstance(given, dict):
