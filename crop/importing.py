@@ -48,8 +48,11 @@ def parse_architecture(text_or_spec) -> dict:
     if isinstance(text_or_spec, dict):
         spec = dict(text_or_spec)
     elif str(text_or_spec).lstrip().startswith("{"):
+        def refuse(constant):  # NaN, Infinity
+            raise PolicyImportError(f"architecture {text_or_spec!r}: {constant} is not a size")
+
         try:
-            spec = json.loads(text_or_spec)
+            spec = json.loads(text_or_spec, parse_constant=refuse)
         except json.JSONDecodeError as exc:
             raise PolicyImportError(f"architecture {text_or_spec!r} is not valid JSON: {exc}") from None
     else:

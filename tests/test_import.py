@@ -345,3 +345,16 @@ def test_every_malformed_file_is_one_line_and_nothing_is_written(tmp_path, capfd
             assert "do not chain" in captured.err, captured.err
         elif "zip" in name and "SB3" in name and "policy.pth" not in name:
             assert "corrupt zip archive" in captured.err or "not a readable" in captured.err, captured.err
+
+
+@pytest.mark.parametrize("arch, words", [
+    ('{"arch": "mlp", "in": NaN, "hidden": [8], "out": 2}', "NaN is not a size"),
+    ('{"arch": "mlp", "in": "x", "hidden": [8], "out": 2}', "does not describe a network of architecture 'mlp'"),
+    ('{"arch": "mlp", "in": -4, "hidden": [8], "out": 2}', "sizes must be positive integers"),
+    ('{"arch": "mlp", "in": 4, "hidden": 8, "out": 2}', "sizes must be positive integers"),
+    ('{"arch": "mlp", "hidden": [8]}', "KeyError: 'in'"),
+])
+def test_a_malformed_architecture_is_one_line(tmp_path, capsys, arch, words):
+    src = tmp_path / "mine.pt"
+    torch.save(_mlp([4, 8, 2], 0).state_dict(), src)
+    _refused(tmp_path, capsys, src, "--arch", arch, match=words)

@@ -111,11 +111,17 @@ def spec_summary(spec: dict) -> str:
 
 
 def build_q_network(spec: dict) -> nn.Module:
-    """A fresh network for ``spec``; raises ``CheckpointError`` for an unknown architecture."""
+    """A fresh network for ``spec``; raises ``CheckpointError`` for an unknown architecture or sizes that
+    are not positive integers."""
     arch = spec.get("arch")
     if arch not in _BUILDERS:
         raise CheckpointError(f"unknown architecture {arch!r}; known: {sorted(_BUILDERS)}")
-    return _BUILDERS[arch](spec)
+    try:
+        return _BUILDERS[arch](spec)
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:  # sizes that are not positive integers
+        raise CheckpointError(f"network spec {spec} does not describe a network of architecture {arch!r} ("
+                              f"{type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:200]}); sizes must be positive integers") from None
 
 
 def _normalise_keys(state: dict, expected: set[str]) -> dict:
