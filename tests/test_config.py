@@ -1,6 +1,7 @@
 """Bad configuration is refused before any work, with a message naming the field."""
 import copy
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +203,16 @@ def test_shell_metacharacters_in_paths_are_data(tmp_path, mlp_factory):
     # nothing was written beside the quoted folder (a split word would have made 'r' or 'x')
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
         [results, policy.name, "hostile.yaml"])
+    # every rule's command (the whole DAG, printed by a dry run): each hostile path is one shell word
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
+                        "--configfile", str(f), "--directory", str(tmp_path), "-n", "-p", "--forceall"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    commands = [line.split("Shell command:", 1)[1].strip() for line in p.stdout.splitlines()
+                if line.startswith("Shell command: crop ")]
+    assert {c.split()[1] for c in commands} == {"checkpoint", "qrange", "loact", "gre", "lore", "attack-local",
+                                                 "attack-global", "aggregate", "audit"}
+    for c in commands:
+        words = shlex.split(c)
+        hostile = [w for w in words if "PWNED" in w]
+        assert hostile and all(w.startswith((results, str(policy))) for w in hostile), (c, hostile)
