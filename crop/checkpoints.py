@@ -332,12 +332,14 @@ def clean_greedy_return(net, env: str, profile: str | None, episodes: int, seed:
     (``derive_seed(seed, "accept-eval", i)``), an episode cut at the environment's ``eval_max_steps``.
     Nothing is retrained, so ``target`` (the trained policies' threshold) is reported, not enforced."""
     from crop.io import derive_seed
+    from crop.progress import pbar
     from crop.train import ENV_DQN_DEFAULTS, greedy_returns
 
     max_steps = ENV_DQN_DEFAULTS.get(env, {}).get("eval_max_steps")
     seeds = [derive_seed(seed, "accept-eval", i) for i in range(episodes)]
     t0 = time.process_time()
-    rets = greedy_returns(net, env, seeds, profile, max_steps)
+    # an Atari episode takes minutes: progress per episode, in the log too
+    rets = greedy_returns(net, env, pbar(seeds, desc=f"greedy return {env}", unit="episode"), profile, max_steps)
     return {"mean": float(rets.mean()), "std": float(rets.std()), "min": float(rets.min()), "episodes": len(rets),
             "max_steps": max_steps, "meets_target_return": None if target is None else bool(rets.mean() >= target),
             "cpu_s": round(time.process_time() - t0, 2)}

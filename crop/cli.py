@@ -113,9 +113,17 @@ def _return_or_none(text: str) -> float | None:
     return v
 
 
+def _accepted(key: str) -> str:
+    """The names a config accepts for ``environments`` or ``algorithms`` (the schema's lists), for help."""
+    node = _node("environments").get("propertyNames", {}) if key == "env" else \
+        _node("environment.algorithms").get("items", {})
+    return ", ".join(node.get("enum", [])) or "see crop/registry.yaml"
+
+
 def _common(p, sigma: bool = True, checkpoint: bool = True) -> None:
-    p.add_argument("--env", type=_env, required=True, help="environment id, e.g. CartPole-v0")
-    p.add_argument("--algo", type=_algo, required=True, help="algorithm (training method) of the policy")
+    p.add_argument("--env", type=_env, required=True, help=f"environment id: {_accepted('env')}")
+    p.add_argument("--algo", type=_algo, required=True,
+                   help=f"algorithm (training method) of the policy: {_accepted('algo')}")
     if sigma:
         p.add_argument("--sigma", type=_schema_type({"exclusiveMinimum": 0}), required=True,
                        help="standard deviation σ of the smoothing noise")
@@ -132,7 +140,8 @@ def _train_args(p, budget: bool = True) -> None:
     if budget:
         p.add_argument("--hidden", type=_schema_type(POS_INT), nargs="+", help="hidden layer widths")
         p.add_argument("--total-steps", type=_schema_type(POS_INT), help="most environment steps to train")
-        p.add_argument("--min-steps", type=int, help="no acceptance test before this many steps")
+        p.add_argument("--min-steps", type=_schema_type({"type": "integer", "minimum": 0}),
+                       help="no acceptance test before this many steps")
     p.add_argument("--eval-episodes", type=_schema_type(POS_INT),
                    help="episodes of the greedy acceptance evaluation")
     p.add_argument("--target-return", type=_return_or_none, default=argparse.SUPPRESS,
@@ -248,9 +257,10 @@ def _stage_args(p, stage: str) -> None:
         p.add_argument("--out-frames", help="frames.npz: raw game frames of episode 0 (Atari; optional)")
     elif stage == "gre":
         p.add_argument("--out-returns", required=True, help="gre_returns.csv: the m randomized returns")
-        p.add_argument("--workers", type=int, help="processes stepping the environments (default: --threads)")
+        p.add_argument("--workers", type=_schema_type(POS_INT),
+                       help="processes stepping the environments (default: --threads)")
     elif stage == "lore":
-        p.add_argument("--checkpoint-every", type=float, default=60.0,
+        p.add_argument("--checkpoint-every", type=_schema_type({"exclusiveMinimum": 0}), default=60.0,
                        help="seconds between saves of the resumable search state (OUT.resume)")
 
 
@@ -294,8 +304,9 @@ def _report_args(agg, aud) -> None:
     agg.add_argument("results", nargs="?", help="results folder (every complete run in it, or --runs)")
     agg.add_argument("--results", dest="results_opt", help=argparse.SUPPRESS)
     agg.add_argument("--runs", nargs="+", help="only these ENV/ALGO/sigma-S folders under RESULTS")
-    agg.add_argument("--table-eps-factors", type=float, nargs="+", default=[0.0, 0.05, 0.1],
-                     help=_help(_node("report")["properties"]["table_eps_factors"]))
+    eps_node = _node("report")["properties"]["table_eps_factors"]
+    agg.add_argument("--table-eps-factors", type=_schema_type(eps_node["items"]), nargs="+",
+                     default=[0.0, 0.05, 0.1], help=_help(eps_node))
     agg.add_argument("--figures", help="figures folder (default: RESULTS/figures)")
     agg.add_argument("--tables", help="tables folder (default: RESULTS/tables)")
     aud.add_argument("results", nargs="?", help="results folder (every run folder in it is audited)")

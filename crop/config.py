@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import math
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -33,8 +35,14 @@ def _schema_text() -> str:
     return resources.files("crop").joinpath("schemas/config.schema.yaml").read_text()
 
 
+@functools.lru_cache(maxsize=1)
+def _parsed_schema() -> dict:
+    return yaml.load(_schema_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def load_schema() -> dict:
-    return yaml.safe_load(_schema_text())
+    """The config schema (a fresh copy: callers may change it; parsed once, which keeps `crop --help` fast)."""
+    return copy.deepcopy(_parsed_schema())
 
 
 def _with_defaults(validator_class):
@@ -94,14 +102,77 @@ def _message(err: jsonschema.ValidationError) -> str:
     return f"{where}: {err.message}"
 
 
+def _non_finite(obj, parts=()):
+    """The key path and value of the first NaN or ±inf anywhere in ``obj`` (YAML's .nan, .inf), else None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return parts, obj
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        hit = _non_finite(v, (*parts, k))
+        if hit:
+            return hit
+    return None
+
+
+#: Config keys that name files or folders (``*``: any key at that level).  They reach shell commands quoted,
+#: and Snakemake's file patterns as they are, where a brace would start a wildcard.
+PATH_KEYS = (("results",), ("checkpoints", "mirror"), ("checkpoints", "cache"), ("checkpoints", "lock"),
+             ("audit", "reference"), ("audit", "tolerances"), ("environments", "*", "files", "*", "path"))
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _values_at(cfg, pattern, parts=()):
+    if not pattern:
+        yield parts, cfg
+        return
+    if isinstance(cfg, dict):
+        for k in (cfg if pattern[0] == "*" else [pattern[0]] if pattern[0] in cfg else []):
+            yield from _values_at(cfg[k], pattern[1:], (*parts, k))
+
+
+def _check_strings(cfg: dict) -> str | None:
+    """What is wrong with the first string that must not reach a file name or a log as it is: a control
+    character (a newline, an escape) anywhere, or a path key that is empty or holds a brace."""
+    def walk(obj, parts=()):
+        if isinstance(obj, str) and _CONTROL.search(obj):
+            return f"{_path(parts)}: {obj!r} contains a control character; give it without one"
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+        for k, v in items:
+            if isinstance(k, str) and _CONTROL.search(k):
+                return f"{_path(parts)}: key {k!r} contains a control character"
+            bad = walk(v, (*parts, k))
+            if bad:
+                return bad
+        return None
+
+    bad = walk(cfg)
+    if bad:
+        return bad
+    for pattern in PATH_KEYS:
+        for parts, value in _values_at(cfg, pattern):
+            if not isinstance(value, str):
+                continue
+            if not value.strip():
+                return f"{_path(parts)}: {value!r} is not a path; give a non-empty relative or absolute path"
+            if "{" in value or "}" in value:
+                return (f"{_path(parts)}: {value!r} contains a brace, which Snakemake reads as a wildcard; give "
+                        "the path without braces")
+    return None
+
+
 def validate_config(config: dict, source: str = "config") -> dict:
-    """Validate ``config`` against the schema, fill in defaults, and check what the schema cannot.
+    """Validate ``config`` against the schema, fill in defaults, and check what the schema cannot: every
+    number finite (before the schema's bounds, which NaN would pass or fail confusingly), no control
+    character in any string, every path key a non-empty path.
 
     Returns a new dict; raises :class:`ConfigError` naming the first bad field (in path order).
     """
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: the configuration must be a mapping, got {type(config).__name__}")
     cfg = copy.deepcopy(config)
+    hit = _non_finite(cfg)
+    if hit:
+        raise ConfigError(f"{source}: invalid configuration: {_path(hit[0])}: {hit[1]} is not a finite number")
     schema = load_schema()
     cls = _with_defaults(jsonschema.validators.validator_for(schema))
     # At one path an unknown key comes first: a misspelt 'sigmaz' also makes 'sigmas' missing, and the
@@ -116,6 +187,9 @@ def validate_config(config: dict, source: str = "config") -> dict:
         raise ConfigError(f"{source}: invalid configuration: {_message(err)}")
     # A second pass fills defaults inside objects that were themselves just defaulted.
     list(cls(schema).iter_errors(cfg))
+    bad = _check_strings(cfg)
+    if bad:
+        raise ConfigError(f"{source}: invalid configuration: {bad}")
     for env, ec in cfg["environments"].items():
         for i, algo in enumerate(ec["algorithms"]):
             try:

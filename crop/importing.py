@@ -18,18 +18,18 @@ a pinned one when given); a zip is read in memory, one member, never extracted t
 """
 from __future__ import annotations
 
-import io
 import re
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 import torch
 
 from crop.checkpoints import MAX_ARCHIVE_MEMBERS, MAX_MEMBER_BYTES, _check_name
 from crop.io import sha256_file
-from crop.models import CheckpointError, load_state, unsafe_load_reason
+from crop.models import CheckpointError, load_state, load_tensors, spec_summary
 
-__all__ = ["FORMATS", "PolicyImportError", "import_policy", "infer_mlp_spec", "parse_architecture",
+__all__ = ["FORMATS", "PolicyImportError", "check_fits_env", "import_policy", "infer_mlp_spec", "parse_architecture",
            "read_state_dict"]
 
 FORMATS = ("auto", "torch", "cleanrl", "sb3")
@@ -48,8 +48,11 @@ def parse_architecture(text_or_spec) -> dict:
     if isinstance(text_or_spec, dict):
         spec = dict(text_or_spec)
     elif str(text_or_spec).lstrip().startswith("{"):
+        def refuse(constant):  # NaN, Infinity
+            raise PolicyImportError(f"architecture {text_or_spec!r}: {constant} is not a size")
+
         try:
-            spec = json.loads(text_or_spec)
+            spec = json.loads(text_or_spec, parse_constant=refuse)
         except json.JSONDecodeError as exc:
             raise PolicyImportError(f"architecture {text_or_spec!r} is not valid JSON: {exc}") from None
     else:
@@ -74,10 +77,9 @@ def _tensors(obj, what: str) -> dict:
 
 def _load_bytes(data: bytes, what: str) -> dict:
     try:
-        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle refusing a non-tensor object lands here too
-        raise PolicyImportError(f"{what} cannot be loaded safely (weights_only=True): {unsafe_load_reason(exc)}; "
-                                "refusing it") from None
+        obj = load_tensors(data, what)
+    except CheckpointError as exc:
+        raise PolicyImportError(str(exc)) from None
     return _tensors(obj, what)
 
 
@@ -97,6 +99,31 @@ def _sb3_member(zf: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo | None:
     return hits[0] if hits else None
 
 
+def _sb3_policy_bytes(path: Path, max_bytes: int) -> tuple[bytes, str] | None:
+    """(bytes, name) of an SB3 archive's policy.pth, read in memory (None: no such member).  The read limit
+    stops a member that expands beyond its declared size; a corrupt archive, a member whose header lies about
+    its size or its checksum, or an unsupported compression is one line."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            member = _sb3_member(zf, path)
+            if member is None:
+                return None
+            if member.file_size > max_bytes:
+                raise PolicyImportError(f"{path}: member {member.filename!r} declares {member.file_size} "
+                                        f"bytes, over the limit of {max_bytes}; refusing it")
+            with zf.open(member) as src:
+                data = src.read(max_bytes + 1)
+    except PolicyImportError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError, RuntimeError) as exc:
+        # zipfile's own words (stdlib): "Bad CRC-32 for file 'policy.pth'", "Truncated file header", …
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise PolicyImportError(f"{path}: a corrupt zip archive ({why}); refusing it") from None
+    if len(data) > max_bytes:
+        raise PolicyImportError(f"{path}: member {member.filename!r} expands beyond {max_bytes} bytes; refusing it")
+    return data, member.filename
+
+
 def read_state_dict(path: str | Path, fmt: str = "auto",
                     max_bytes: int = MAX_MEMBER_BYTES) -> tuple[dict, str, str | None]:
     """(state dict, format, archive member) of a policy file; nothing is extracted to disk."""
@@ -111,19 +138,11 @@ def read_state_dict(path: str | Path, fmt: str = "auto",
     # A torch.save file is itself a zip archive: an SB3 archive is told apart by its policy.pth member.
     member = None
     if fmt in ("auto", "sb3") and zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            member = _sb3_member(zf, path)
-            if member is not None:
-                if member.file_size > max_bytes:
-                    raise PolicyImportError(f"{path}: member {member.filename!r} declares {member.file_size} "
-                                            f"bytes, over the limit of {max_bytes}; refusing it")
-                with zf.open(member) as src:  # the read limit also stops a member that lies about its size
-                    data = src.read(max_bytes + 1)
-                if len(data) > max_bytes:
-                    raise PolicyImportError(f"{path}: member {member.filename!r} expands beyond {max_bytes} "
-                                            "bytes; refusing it")
-                what = f"{path}: member {member.filename!r}"
-                return _sb3_q_net(_load_bytes(data, what), what), "sb3", member.filename
+        data = _sb3_policy_bytes(path, max_bytes)
+        if data is not None:
+            data, member = data
+            what = f"{path}: member {member!r}"
+            return _sb3_q_net(_load_bytes(data, what), what), "sb3", member
     if fmt == "sb3":
         raise PolicyImportError(f"{path}: not a Stable-Baselines3 archive (a zip with a {SB3_POLICY} member)")
     state = _load_bytes(path.read_bytes(), str(path))
@@ -167,6 +186,10 @@ def infer_mlp_spec(state: dict) -> dict:
         raise PolicyImportError(f"cannot read an MLP's sizes from keys {sorted(state)[:8]}; give the whole "
                                 "architecture, e.g. {\"arch\": \"mlp\", \"in\": 4, \"hidden\": [64, 64], \"out\": 2}")
     ws = [layers[i] for i in idx]
+    for k, (w, nxt) in enumerate(zip(ws, ws[1:])):
+        if nxt.shape[1] != w.shape[0]:
+            raise PolicyImportError(f"its layers do not chain: layer {idx[k]} gives {w.shape[0]} values, layer "
+                                    f"{idx[k + 1]} takes {nxt.shape[1]}; refusing it")
     return {"arch": "mlp", "in": int(ws[0].shape[1]), "hidden": [int(w.shape[0]) for w in ws[:-1]],
             "out": int(ws[-1].shape[0])}
 
@@ -186,9 +209,35 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     if sha256_file(path) != digest:  # the file changed while it was read
         raise PolicyImportError(f"{path}: changed while it was read; refusing it")
     if spec == {"arch": "mlp"}:
-        spec = infer_mlp_spec(state)
+        try:
+            spec = infer_mlp_spec(state)
+        except PolicyImportError as exc:
+            raise PolicyImportError(f"{path}: {exc}") from None
     bad = sorted(k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all())
     if bad:
         raise PolicyImportError(f"{path}: non-finite weights (NaN or inf) in {bad[:5]}; refusing it")
     net = load_state(state, spec, f"{path}" + (f" member {member!r}" if member else "") + f" ({fmt})")
     return net, {"path": str(path), "sha256": digest, "format": fmt, "member": member, "net_spec": spec}
+
+
+def check_fits_env(net: torch.nn.Module, spec: dict, env_id: str, profile: str | None, what: str) -> None:
+    """One forward pass on a real first observation of ``env_id`` (its ``profile``): the network must take it
+    and give one Q-value per action, before any evaluation or certification relies on it."""
+    from crop.envs import make_env, to_obs
+
+    env = make_env(env_id, profile)
+    try:
+        obs, _ = env.reset(seed=0)
+        n = int(env.action_space.n)
+    finally:
+        env.close()
+    x = torch.as_tensor(to_obs(obs)).unsqueeze(0)
+    try:
+        with torch.no_grad():
+            q = net(x)
+    except RuntimeError:  # layers that do not chain, or an input size other than the observation's
+        raise PolicyImportError(f"{what}: the network ({spec_summary(spec)}) cannot take a {env_id} observation "
+                                f"of shape {tuple(x.shape[1:])}: its input or layers do not fit; refusing it") from None
+    if tuple(q.shape) != (1, n):
+        raise PolicyImportError(f"{what}: the network ({spec_summary(spec)}) gives {tuple(q.shape[1:])} values per "
+                                f"state; {env_id} has {n} actions; refusing it")

@@ -46,8 +46,11 @@ def _train_settings(args) -> dict:
 def json_object(text: str | None, what: str) -> dict:
     if not text:
         return {}
+    def refuse(constant):  # NaN, Infinity: JSON has no such numbers, Python's json reads them anyway
+        raise InputError(f"--settings: {constant} is not a finite number")
+
     try:
-        given = json.loads(text)
+        given = json.loads(text, parse_constant=refuse)
     except json.JSONDecodeError as exc:
         raise InputError(f"--settings is not valid JSON: {exc}") from None
     if not isinstance(given, dict):
@@ -188,7 +191,7 @@ def cmd_import(args) -> None:
     record model.json (sha256 of the source and of the result, architecture, profile, clean greedy return)."""
     from crop.checkpoints import clean_greedy_return
     from crop.envs import PROFILES, env_spec
-    from crop.importing import import_policy
+    from crop.importing import check_fits_env, import_policy
     from crop.models import CheckpointError, spec_summary
 
     started = setup(args)
@@ -201,6 +204,7 @@ def cmd_import(args) -> None:
     episodes, target = _eval_settings(args)
     try:
         net, info = import_policy(args.file, args.arch, args.format, args.file_sha256)
+        check_fits_env(net, info["net_spec"], args.env, profile, args.file)
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
     clean = clean_greedy_return(net, args.env, profile, episodes, args.seed, target)

@@ -13,8 +13,27 @@ __all__ = ["pbar", "LOG_INTERVAL_S", "LineWriter"]
 LOG_INTERVAL_S = 30.0
 # Without a bar (a log file has no use for one): position, percentage when the total is known, rate, ETA.
 _LOG_FORMAT = ("{desc}: {n_fmt}/{total_fmt} {unit} ({percentage:.0f} %) "
-               "[{elapsed} elapsed, {remaining} left, {rate_fmt}]")
-_LOG_FORMAT_NO_TOTAL = "{desc}: {n_fmt} {unit} [{elapsed} elapsed, {rate_fmt}]"
+               "[{elapsed} elapsed, {remaining} left, {rate_fmt}{postfix}]")
+_LOG_FORMAT_NO_TOTAL = "{desc}: {n_fmt} {unit} [{elapsed} elapsed, {rate_fmt}{postfix}]"
+
+
+class _LogBar(tqdm):
+    """tqdm for a log: a line only on the interval's schedule.  tqdm's ``set_postfix``/``set_description``
+    print at once by default, and inside ``for x in bar`` the position they print is the last scheduled one
+    (tqdm syncs it only when it prints): a loop that sets a postfix would write a line per call with a
+    frozen position and ETA.  Here they only change what the next scheduled line says."""
+
+    def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+        super().set_postfix(ordered_dict, refresh=False, **kwargs)
+
+    def set_postfix_str(self, s="", refresh=True):
+        super().set_postfix_str(s, refresh=False)
+
+    def set_description(self, desc=None, refresh=True):
+        super().set_description(desc, refresh=False)
+
+    def set_description_str(self, desc=None, refresh=True):
+        super().set_description_str(desc, refresh=False)
 
 
 class LineWriter:
@@ -61,6 +80,6 @@ def pbar(iterable=None, *, desc: str, total: int | None = None, progress: bool |
             pass
     # maxinterval=inf: the monitor thread must not shorten mininterval; miniters=1 checks the clock on
     # every update, so a slow loop is reported on time.
-    return tqdm(iterable, total=total, desc=desc, unit=unit, file=LineWriter(sys.stderr),
+    return _LogBar(iterable, total=total, desc=desc, unit=unit, file=LineWriter(sys.stderr),
                 mininterval=_interval() if interval is None else interval, maxinterval=float("inf"),
                 miniters=1, bar_format=_LOG_FORMAT if total else _LOG_FORMAT_NO_TOTAL, ascii=True)

@@ -86,5 +86,5 @@ rule aggregate:
         alpha=CFG["alpha"],
         table_eps_factors=CFG["report"]["table_eps_factors"],
     shell:
-        "crop aggregate --inputs {input} --table-eps-factors {params.eps} "
-        "--figures {params.figures} --tables {params.tables} > {log} 2>&1"
+        "crop aggregate --inputs {input:q} --table-eps-factors {params.eps} "
+        "--figures {params.figures:q} --tables {params.tables:q} > {log:q} 2>&1"

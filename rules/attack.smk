@@ -25,8 +25,8 @@ rule attack_local:
         common=common_args,
         settings=stage_settings_arg("attack-local"),
     shell:
-        "crop attack-local {params.common} --threads {threads} --checkpoint {input.model} "
-        "--qrange {input.qrange} --settings {params.settings} --out {output.table} > {log} 2>&1"
+        "crop attack-local {params.common} --threads {threads} --checkpoint {input.model:q} "
+        "--qrange {input.qrange:q} --settings {params.settings} --out {output.table:q} > {log:q} 2>&1"
 
 
 rule attack_global:
@@ -51,5 +51,5 @@ rule attack_global:
         common=common_args,
         settings=stage_settings_arg("attack-global"),
     shell:
-        "crop attack-global {params.common} --threads {threads} --checkpoint {input.model} "
-        "--settings {params.settings} --out {output.table} > {log} 2>&1"
+        "crop attack-global {params.common} --threads {threads} --checkpoint {input.model:q} "
+        "--settings {params.settings} --out {output.table:q} > {log:q} 2>&1"

@@ -38,5 +38,5 @@ rule audit:
         # read by the captions (report/audit.rst, report/reproduction.rst)
         audit=CFG["audit"],
     shell:
-        "crop audit --inputs {input.runs} --out-dir {params.out_dir} --config-hash {params.config_hash} "
-        "{params.options} > {log} 2>&1"
+        "crop audit --inputs {input.runs:q} --out-dir {params.out_dir:q} --config-hash {params.config_hash:q} "
+        "{params.options} > {log:q} 2>&1"

@@ -31,6 +31,6 @@ rule checkpoint:
         seed=CFG["seed"],
         policy_file=import_args,
     shell:
-        "crop checkpoint --env {wildcards.env} --algo {wildcards.algo} --source {params.source} "
-        "--seed {params.seed} --threads {threads} --settings {params.settings} {params.base} {params.fetch} "
-        "{params.policy_file} --out {output.model} > {log} 2>&1"
+        "crop checkpoint --env {wildcards.env:q} --algo {wildcards.algo:q} --source {params.source:q} "
+        "--seed {params.seed:q} --threads {threads} --settings {params.settings} {params.base} {params.fetch} "
+        "{params.policy_file} --out {output.model:q} > {log:q} 2>&1"

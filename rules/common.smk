@@ -75,7 +75,7 @@ def env_cfg(wildcards):
 def common_args(wildcards, threads=1):
     """Flags every certification subcommand takes."""
     return (
-        f"--env {wildcards.env} --algo {shlex.quote(wildcards.algo)} --sigma {wildcards.sigma} "
+        f"--env {shlex.quote(wildcards.env)} --algo {shlex.quote(wildcards.algo)} --sigma {wildcards.sigma} "
         f"--seed {CFG['seed']} --device {CFG['device']} --chunk {CFG['chunk']}"
     )
 
@@ -147,13 +147,13 @@ def import_args(w):
     arch = src.get("architecture", "mlp")
     args = [
         f"--file {shlex.quote(src['path'])}",
-        f"--format {src.get('format', 'auto')}",
+        f"--format {shlex.quote(src.get('format', 'auto'))}",
         f"--arch {shlex.quote(arch if isinstance(arch, str) else json.dumps(arch, sort_keys=True))}",
     ]
     if src.get("profile"):
         args.append(f"--profile {shlex.quote(src['profile'])}")
     if src.get("sha256"):
-        args.append(f"--file-sha256 {src['sha256']}")
+        args.append(f"--file-sha256 {shlex.quote(src['sha256'])}")
     return " ".join(args)
 
 

@@ -25,5 +25,5 @@ rule gre:
         common=common_args,
         settings=stage_settings_arg("gre"),
     shell:
-        "crop gre {params.common} --threads {threads} --checkpoint {input.model} --settings {params.settings} "
-        "--out {output.bounds} --out-returns {output.returns} > {log} 2>&1"
+        "crop gre {params.common} --threads {threads} --checkpoint {input.model:q} --settings {params.settings} "
+        "--out {output.bounds:q} --out-returns {output.returns:q} > {log:q} 2>&1"

@@ -30,6 +30,6 @@ rule loact:
         common=common_args,
         settings=stage_settings_arg("loact"),
     shell:
-        "crop loact {params.common} --threads {threads} --checkpoint {input.model} --qrange {input.qrange} "
-        "--settings {params.settings} --out {output.steps} --out-episodes {output.episodes} "
-        "--out-ratio {output.ratio} --out-frames {output.frames} > {log} 2>&1"
+        "crop loact {params.common} --threads {threads} --checkpoint {input.model:q} --qrange {input.qrange:q} "
+        "--settings {params.settings} --out {output.steps:q} --out-episodes {output.episodes:q} "
+        "--out-ratio {output.ratio:q} --out-frames {output.frames:q} > {log:q} 2>&1"

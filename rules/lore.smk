@@ -24,5 +24,5 @@ rule lore:
         common=common_args,
         settings=stage_settings_arg("lore"),
     shell:
-        "crop lore {params.common} --threads {threads} --checkpoint {input.model} --qrange {input.qrange} "
-        "--settings {params.settings} --out {output.bounds} > {log} 2>&1"
+        "crop lore {params.common} --threads {threads} --checkpoint {input.model:q} --qrange {input.qrange:q} "
+        "--settings {params.settings} --out {output.bounds:q} > {log:q} 2>&1"

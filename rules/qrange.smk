@@ -22,5 +22,5 @@ rule qrange:
         common=common_args,
         settings=stage_settings_arg("qrange"),
     shell:
-        "crop qrange {params.common} --threads {threads} --checkpoint {input.model} --settings {params.settings} "
-        "--out {output} > {log} 2>&1"
+        "crop qrange {params.common} --threads {threads} --checkpoint {input.model:q} --settings {params.settings} "
+        "--out {output:q} > {log:q} 2>&1"

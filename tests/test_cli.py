@@ -137,3 +137,51 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capsys, bad, words):
               "--out", str(tmp_path / "x.csv")])
     assert e.value.code == 2 and words in capsys.readouterr().err
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_help_and_version_import_nothing_heavy_and_read_the_schema_once():
+    """`crop --help`/`--version` answer without torch, numpy or the environments, and the 500-line schema is
+    parsed once per process (it was parsed 53 times: most of the 1.7 s `--version` took)."""
+    code = ("import sys, yaml; n = [0]; load = yaml.load\n"
+            "def counted(*a, **k):\n    n[0] += 1\n    return load(*a, **k)\n"
+            "yaml.load = counted\n"
+            "from crop.cli import main\n"
+            "try:\n    main([sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'numpy', 'pandas', 'gymnasium', 'matplotlib') if m in sys.modules)\n"
+            "print(n[0], heavy, file=sys.stderr)")
+    for flag in ("--help", "--version"):
+        out = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, check=True)
+        assert out.stderr.split("\n")[-2] == "1 []", (flag, out.stderr)
+
+
+def test_env_and_algo_help_list_what_they_accept():
+    schema = load_schema()
+    qrange = _subparsers(build_parser())["qrange"].format_help().replace("\n", " ")
+    qrange = " ".join(qrange.split())
+    for name in schema["properties"]["environments"]["propertyNames"]["enum"]:
+        assert name in qrange
+    for name in schema["$defs"]["environment"]["properties"]["algorithms"]["items"]["enum"]:
+        assert name in qrange
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["aggregate", "r", "--table-eps-factors", "0", "nan"], "--table-eps-factors: must be a finite number"),
+    (["lore", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "inf", "--checkpoint", "c", "--qrange", "q",
+      "--out", "o"], "--sigma: must be a finite number"),
+    (["lore", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", "c", "--qrange", "q",
+      "--checkpoint-every", "nan", "--out", "o"], "--checkpoint-every: must be a finite number"),
+    (["train", "--env", "CartPole-v0", "--algo", "StdTrain", "--settings", '{"dqn": {"lr": NaN}}', "--out", "o"],
+     "--settings: NaN is not a finite number"),
+    (["gre", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", "c",
+      "--settings", '{"eps_factors": [0, Infinity]}', "--out", "o", "--out-returns", "r"],
+     "--settings: Infinity is not a finite number"),
+    (["train", "--env", "CartPole-v0", "--algo", "StdTrain", "--target-return=-inf", "--out", "o"],
+     "--target-return: must be a finite number"),
+])
+def test_every_cli_number_is_finite(argv, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and words in err, err
+    assert not list(tmp_path.iterdir())

@@ -1,5 +1,7 @@
 """Bad configuration is refused before any work, with a message naming the field."""
 import copy
+import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +119,100 @@ def test_resource_requests_come_from_the_environment_spec():
     assert ENV_SPECS["PongNoFrameskip-v4"].gre_block(10_000) == 1000
     assert ENV_SPECS["PongNoFrameskip-v4"].replay_mb(100_000) * 1e6 >= 100_000 * 2 * 4 * 84 * 84
     assert ENV_SPECS["CartPole-v0"].replay_mb(100_000) == 0
+
+
+# ------------------------------------------------------------------ hostile values (issue 17 items 1 and 2)
+
+SMALL = "environments:\n  CartPole-v0: {algorithms: [StdTrain], sigmas: [0.1]}\n"
+HOSTILE = [
+    # YAML's own spellings of NaN and infinity, at the top level, in a block, in a list, in a nested block
+    ("alpha: .nan\n" + SMALL, "alpha: nan is not a finite number"),
+    ("audit: {alpha: .NaN}\n" + SMALL, "audit.alpha: nan is not a finite number"),
+    (SMALL.replace("sigmas: [0.1]", "sigmas: [0.1, .nan]"), "environments.CartPole-v0.sigmas[1]: nan is not"),
+    (SMALL.replace("}", ", gre: {gamma: .nan}}"), "environments.CartPole-v0.gre.gamma: nan is not"),
+    (SMALL.replace("}", ", gre: {percentiles: [.nan]}}"), "environments.CartPole-v0.gre.percentiles[0]: nan"),
+    (SMALL.replace("}", ", qrange: {quantile: .nan}}"), "environments.CartPole-v0.qrange.quantile: nan"),
+    (SMALL.replace("}", ", gre: {eps_factors: [0, .inf]}}"), "environments.CartPole-v0.gre.eps_factors[1]: inf"),
+    (SMALL.replace("}", ", lore: {eps_max_factor: .inf}}"), "environments.CartPole-v0.lore.eps_max_factor: inf"),
+    (SMALL.replace("}", ", train: {dqn: {lr: -.inf}}}"), "environments.CartPole-v0.train.dqn.lr: -inf is not"),
+    ("report: {table_eps_factors: [.inf]}\n" + SMALL, "report.table_eps_factors[0]: inf is not a finite"),
+    # path keys: empty, control characters, braces (a Snakemake wildcard)
+    ('results: ""\n' + SMALL, "results: '' is not a path"),
+    ('results: "  "\n' + SMALL, "results: '  ' is not a path"),
+    ('results: "a\\nb"\n' + SMALL, "results: 'a\\nb' contains a control character"),
+    ('results: "r\\e[31m"\n' + SMALL, "contains a control character"),
+    ('results: "r{env}"\n' + SMALL, "results: 'r{env}' contains a brace"),
+    ('checkpoints: {lock: ""}\n' + SMALL, "checkpoints.lock: '' is not a path"),
+    ('audit: {tolerances: "t\\tx"}\n' + SMALL, "audit.tolerances: 't\\tx' contains a control character"),
+    (SMALL.replace("}", ', source: file, files: {StdTrain: {path: "p{x}.pt"}}}'),
+     "environments.CartPole-v0.files.StdTrain.path: 'p{x}.pt' contains a brace"),
+]
+
+
+@pytest.mark.parametrize("text,message", HOSTILE, ids=[f"hostile{i}" for i in range(len(HOSTILE))])
+def test_validate_config_refuses_hostile_values_in_one_line(text, message, tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    p = subprocess.run([sys.executable, "-m", "crop.cli", "validate-config", str(f)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "", (p.stdout, p.stderr)
+    assert p.stderr.count("\n") == 1 and message in p.stderr, p.stderr
+
+
+def test_snakemake_refuses_nan_before_any_job(tmp_path):
+    f = tmp_path / "nan.yaml"
+    f.write_text(f"results: {tmp_path / 'results'}\n" + SMALL.replace("sigmas: [0.1]", "sigmas: [.nan]"))
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
+                        "--configfile", str(f), "--directory", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "environments.CartPole-v0.sigmas[0]: nan is not a finite number" in p.stdout + p.stderr
+    assert "MissingInputException" not in p.stdout + p.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_shell_metacharacters_in_paths_are_data(tmp_path, mlp_factory):
+    """A real Snakemake run (the checkpoint and qrange jobs) with `$(…)`, backquotes, `;`, quotes and spaces in
+    `results:` and in a policy file's path: nothing is executed, and every output lands at the path as written."""
+    import torch
+
+    from crop.models import save_q_network
+
+    results = "r$(touch PWNED1); `touch PWNED2` 'q\" & x"
+    policy = tmp_path / "my policy $(touch PWNED3);'.pt"
+    save_q_network(mlp_factory(hidden=(8,)), policy)
+    cfg = {"results": results, "environments": {"CartPole-v0": {
+        "source": "file", "files": {"StdTrain": {"path": str(policy)}}, "algorithms": ["StdTrain"],
+        "sigmas": [0.1], "train": {"eval_episodes": 1}, "qrange": {"m": 10, "episodes": 1, "horizon": 3}}}}
+    assert validate_config(cfg)["results"] == results
+    f = tmp_path / "hostile.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    target = f"{results}/CartPole-v0/StdTrain/sigma-0.1/qrange.json"
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
+                        "--configfile", str(f), "--directory", str(tmp_path), target],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    made = tmp_path / results / "CartPole-v0" / "StdTrain"
+    for out in ("checkpoint/model.pt", "checkpoint/model.json", "sigma-0.1/qrange.json"):
+        assert (made / out).is_file(), out
+    assert (tmp_path / results / "logs" / "CartPole-v0" / "StdTrain" / "checkpoint.log").is_file()
+    assert json.loads((made / "checkpoint/model.json").read_text())["imported_from"]["path"] == str(policy)
+    assert torch.load(made / "checkpoint/model.pt", weights_only=True)
+    pwned = list(tmp_path.rglob("PWNED*")) + list(Path.cwd().glob("PWNED*")) + list(REPO.glob("PWNED*"))
+    assert not pwned, pwned
+    # nothing was written beside the quoted folder (a split word would have made 'r' or 'x')
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
+        [results, policy.name, "hostile.yaml"])
+    # every rule's command (the whole DAG, printed by a dry run): each hostile path is one shell word
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
+                        "--configfile", str(f), "--directory", str(tmp_path), "-n", "-p", "--forceall"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    commands = [line.split("Shell command:", 1)[1].strip() for line in p.stdout.splitlines()
+                if line.startswith("Shell command: crop ")]
+    assert {c.split()[1] for c in commands} == {"checkpoint", "qrange", "loact", "gre", "lore", "attack-local",
+                                                 "attack-global", "aggregate", "audit"}
+    for c in commands:
+        words = shlex.split(c)
+        hostile = [w for w in words if "PWNED" in w]
+        assert hostile and all(w.startswith((results, str(policy))) for w in hostile), (c, hostile)

@@ -56,11 +56,18 @@ def test_axis_labels_are_math_text(nine):
                 assert "_" not in _text_outside_math(label), (stem, label)  # no literal J_E, η_r, …
                 assert label.count("$") % 2 == 0, (stem, label)
                 seen.add(label.split("\n")[-1])
-    assert agg.LABELS["J_E"] in seen and r"$\underline{J}_E$" in agg.LABELS["J_E"]
+    assert agg.LABELS["J_E"] in seen and r"$\underline{J}_{\mathrm{E}}$" in agg.LABELS["J_E"]
     assert agg.LABELS["J_p"] in seen and r"$\underline{J}_p$" in agg.LABELS["J_p"]
     assert agg.LABELS["J"] in seen and r"$\underline{J}$" in agg.LABELS["J"]
     assert agg.LABELS["eta"] in seen and r"$\eta_r$" in agg.LABELS["eta"]
     assert agg.LABELS["eps"] in seen and agg.LABELS["r"] in seen
+    # the bar under J (J̲): Computer Modern, whose J does not descend, so the bar sits under J, not under the
+    # subscript as DejaVu's descending italic J puts it
+    for stem, fig in figs.items():
+        for ax in fig.axes:
+            label = ax.yaxis.label
+            if r"\underline" in label.get_text():
+                assert label.get_math_fontfamily() == "cm", (stem, label.get_text())
 
 
 def test_one_colour_and_marker_per_algorithm_all_distinct(nine):
@@ -310,3 +317,51 @@ def test_tables_give_both_conventions(tmp_path):
     assert "0.005," in rb and "0.005000000000000001" not in rb
     assert re.search(r"\|\s+0\.005\s+\|", (tmp_path / "tab" / "CartPole_reward_bounds.md").read_text())
     assert math.isnan(metric_value(data[(CART, "CARRL", "0.1")], "mean_radius_certified"))
+
+
+# ------------------------------------------------------------------ vacuous bounds (issue 17 item 5)
+
+def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
+    """Theorem 2's linear bound falls below J_min at large ε: the tables report J_min, marked † (Markdown)
+    or a dagger (LaTeX), keep the raw value in the CSV's expectation_bound_raw, and the tightness against the
+    reported bound; the figure draws it at J_min with ▽ markers and says so."""
+    sigma = 0.1
+    runs = make_results(tmp_path, {CART: {"StdTrain": [sigma]}})
+    d = runs[(CART, "StdTrain", repr(sigma))]
+    returns = pd.read_csv(d / "gre_returns.csv")["return"].to_numpy()
+    j_min = 0.0
+    kw = dict(sigma=sigma, horizon=30, alpha=0.02, percentiles=[0.5], j_min=j_min, j_max=40.0)
+    gre = gre_bounds(returns, eps_grid=[0.0, 0.005, 0.02], **kw)
+    raw = gre.drop_duplicates("eps").set_index("eps")["expectation_bound"]
+    assert raw.loc[0.02] < j_min < raw.loc[0.0]  # the precondition: one vacuous ε, one not
+    rewrite_csv(d / "gre.csv", gre)
+    data = load_runs(tmp_path, runs_of(runs))
+    tables = agg.env_tables(CART, data, [0.0, 0.2])
+    rb, _ = tables["reward_bounds"]
+    rb = rb.set_index("eps")
+    assert rb.loc[0.02, "expectation_bound"] == j_min
+    assert rb.loc[0.02, "expectation_bound_raw"] == pytest.approx(raw.loc[0.02], rel=1e-9)
+    assert rb.loc[0.0, "expectation_bound"] == rb.loc[0.0, "expectation_bound_raw"] == pytest.approx(raw.loc[0.0])
+    tight, _ = tables["tightness"]
+    pgd = rb.loc[0.02, "pgd_global_mean"]
+    assert tight.set_index("eps").loc[0.02, "pgd_mean_minus_expectation_bound"] == pytest.approx(pgd - j_min)
+    written = agg._tables_for_env(CART, data, tmp_path / "tab", [0.0, 0.2])
+    md = (tmp_path / "tab" / "CartPole_reward_bounds.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| StdTrain")]
+    assert len(rows) == 2 and "0 †" in rows[1] and "†" not in rows[0], rows
+    assert "expectation_bound_raw" not in md.split("\n\n")[1] and "raw" not in rows[1]
+    assert "vacuous" in md.split("\n")[0]
+    tex = (tmp_path / "tab" / "CartPole_reward_bounds.tex").read_text()
+    assert tex.count(r"$^\dagger$") == 1
+    csv = pd.read_csv(tmp_path / "tab" / "CartPole_reward_bounds.csv")
+    assert list(csv.columns).count("expectation_bound_raw") == 1 and len(written) == 15
+    figs = _all_figures(data, CART)
+    try:
+        ax = figs["CartPole_global_mean_sigma-0.1"].axes[0]
+        bound = next(ln for ln in ax.get_lines() if ln.get_gid() == "bound:StdTrain")
+        assert min(bound.get_ydata()) == j_min
+        marks = [ln for ln in ax.get_lines() if ln.get_marker() == "v"]
+        assert len(marks) == 1 and min(marks[0].get_xdata()) > 0.005 and set(marks[0].get_ydata()) == {j_min}
+        assert any("vacuous" in t.get_text() for t in ax.texts)
+    finally:
+        _close_all(figs)

@@ -170,7 +170,7 @@ def test_pickled_code_in_policy_pth_is_never_run(tmp_path, capsys):
     buf = io.BytesIO()
     torch.save({"q_net.q_net.0.weight": Evil()}, buf)
     src = _sb3_zip(tmp_path / "evil.zip", _mlp([4, 2], 0), _mlp([4, 2], 0), policy_bytes=buf.getvalue())
-    _refused(tmp_path, capsys, src, match="weights_only")
+    _refused(tmp_path, capsys, src, match="holds code")
     assert not marker.exists()
 
 
@@ -237,3 +237,124 @@ def test_snakemake_dry_run_plans_the_import(tmp_path):
     assert f"--file {tmp_path / 'dqn_cartpole.zip'} --format sb3 --arch mlp" in std[0]
     carrl = [c for c in cmds if "--algo CARRL" in c]
     assert len(carrl) == 1 and "--base-checkpoint" in carrl[0] and "--file" not in carrl[0]
+
+
+# ------------------------------------------------------------------------ a corpus of malformed files (issue 17)
+
+class _Payload:
+    """A pickle that, loaded by a full unpickler, would create MARKER (never: weights_only=True)."""
+
+    marker = ""
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _zip_with_lying_size(path, policy_bytes, field):
+    """An SB3 archive (stored, uncompressed) whose central directory lies about policy.pth: ``field`` 20 is the
+    compressed size, 24 the uncompressed size (and the CRC at 16), each set to a wrong value."""
+    import struct
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr("data", "{}")
+        zf.writestr("policy.pth", policy_bytes)
+    data = bytearray(path.read_bytes())
+    at = data.rfind(b"PK\x01\x02")  # the last central directory entry: policy.pth
+    struct.pack_into("<I", data, at + field, 10)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _bad_files(tmp_path) -> dict:
+    """name: path of every kind of malformed policy file the issue names (and a few more), built here."""
+    d = tmp_path / "bad"
+    d.mkdir()
+    _Payload.marker = str(tmp_path / "PWNED")
+
+    def save(name, obj):
+        torch.save(obj, d / name)
+        return d / name
+
+    def sd(*sizes):
+        return _mlp(list(sizes), 0).state_dict()
+
+    good = io.BytesIO()
+    torch.save(sd(4, 8, 2), good)
+    good = good.getvalue()
+    files = {
+        "empty": d / "empty.pt", "garbage": d / "garbage.pt", "truncated torch zip": d / "trunc.pt",
+        "payload in torch.save": save("payload.pt", {"0.weight": _Payload()}),
+        "whole pickled module": save("module.pt", _mlp([4, 8, 2], 0)),
+        "non-chaining layers": save("nonchain.pt", {"0.weight": torch.zeros(8, 4), "0.bias": torch.zeros(8),
+                                                    "2.weight": torch.zeros(2, 5), "2.bias": torch.zeros(2)}),
+        "input wider than the observation": save("wide.pt", sd(5, 8, 2)),
+        "more outputs than actions": save("out3.pt", sd(4, 8, 3)),
+        "a list of tensors": save("list.pt", [torch.zeros(2)]),
+    }
+    files["empty"].write_bytes(b"")
+    files["garbage"].write_bytes(b"\x80\x02not a pickle" * 50)
+    files["truncated torch zip"].write_bytes(good[: len(good) // 2])
+    raw = d / "payload.pkl"  # a bare pickle (protocol 4), not torch.save's zip
+    import pickle
+
+    raw.write_bytes(pickle.dumps({"0.weight": _Payload()}, protocol=4))
+    files["bare pickle payload"] = raw
+    buf = io.BytesIO()
+    torch.save({"q_net.q_net.0.weight": _Payload()}, buf)
+    files["SB3 zip with a payload"] = _sb3_zip(d / "sb3_payload.zip", _mlp([4, 2], 0), _mlp([4, 2], 0),
+                                               policy_bytes=buf.getvalue())
+    files["SB3 zip with a garbage policy.pth"] = _sb3_zip(d / "sb3_garbage.zip", _mlp([4, 2], 0), _mlp([4, 2], 0),
+                                                          policy_bytes=b"\x00garbage" * 40)
+    sb3 = _sb3_zip(d / "sb3.zip", _mlp([4, 64, 2], 0), _mlp([4, 64, 2], 0)).read_bytes()
+    corrupt = bytearray(sb3)
+    start = sb3.find(b"policy.pth") + 40  # inside policy.pth's deflated data
+    corrupt[start:start + 64] = bytes(64)
+    (d / "sb3_corrupt.zip").write_bytes(bytes(corrupt))
+    files["corrupt SB3 zip"] = d / "sb3_corrupt.zip"
+    (d / "sb3_cut.zip").write_bytes(sb3[: len(sb3) - 40])
+    files["SB3 zip cut short"] = d / "sb3_cut.zip"
+    member = io.BytesIO()
+    torch.save({f"q_net.q_net.{k}": v for k, v in sd(4, 2).items()}, member)
+    for field, what in ((16, "checksum"), (20, "compressed size"), (24, "size")):
+        files[f"SB3 zip lying about its {what}"] = _zip_with_lying_size(d / f"sb3_lie{field}.zip",
+                                                                         member.getvalue(), field)
+    return files
+
+
+@pytest.mark.parametrize("command", ["import", "checkpoint"])
+def test_every_malformed_file_is_one_line_and_nothing_is_written(tmp_path, capfd, command):
+    """Every malformed file of the corpus, through `crop import` and `crop checkpoint` (source: file): exit
+    status 2, exactly one line on stderr (no traceback, no warning), nothing written, nothing run."""
+    files = _bad_files(tmp_path)
+    source = ["--source", "file"] if command == "checkpoint" else []
+    for name, src in files.items():
+        out = tmp_path / "out" / name.replace(" ", "_") / "model.pt"
+        with pytest.raises(SystemExit) as e:
+            main([command, "--env", "CartPole-v0", "--algo", "StdTrain", *source, "--file", str(src),
+                  "--eval-episodes", "1", "--out", str(out)])
+        captured = capfd.readouterr()
+        assert e.value.code == 2, (name, captured.err)
+        assert captured.err.count("\n") == 1 and captured.err.startswith(f"crop {command}: error: "), \
+            (name, captured.err)
+        assert "weights_only=False" not in captured.err and "Traceback" not in captured.err, name
+        assert not (tmp_path / "out").exists(), name
+        assert not (tmp_path / "PWNED").exists(), name
+        if "payload" in name or "module" in name:
+            assert "holds code" in captured.err and "was not run" in captured.err, (name, captured.err)
+        elif "chaining" in name:
+            assert "do not chain" in captured.err, captured.err
+        elif "zip" in name and "SB3" in name and "policy.pth" not in name:
+            assert "corrupt zip archive" in captured.err or "not a readable" in captured.err, captured.err
+
+
+@pytest.mark.parametrize("arch, words", [
+    ('{"arch": "mlp", "in": NaN, "hidden": [8], "out": 2}', "NaN is not a size"),
+    ('{"arch": "mlp", "in": "x", "hidden": [8], "out": 2}', "does not describe a network of architecture 'mlp'"),
+    ('{"arch": "mlp", "in": -4, "hidden": [8], "out": 2}', "sizes must be positive integers"),
+    ('{"arch": "mlp", "in": 4, "hidden": 8, "out": 2}', "sizes must be positive integers"),
+    ('{"arch": "mlp", "hidden": [8]}', "KeyError: 'in'"),
+])
+def test_a_malformed_architecture_is_one_line(tmp_path, capsys, arch, words):
+    src = tmp_path / "mine.pt"
+    torch.save(_mlp([4, 8, 2], 0).state_dict(), src)
+    _refused(tmp_path, capsys, src, "--arch", arch, match=words)

@@ -48,3 +48,30 @@ def test_progress_false_is_silent(log):
     for _ in pbar(range(50), desc="quiet", progress=False, interval=0):
         pass
     assert log.getvalue() == ""
+
+
+def test_a_postfix_does_not_print_out_of_schedule(log, monkeypatch):
+    """Training sets a postfix at every evaluation: that must not write a line (it wrote one per call, ~1/s,
+    each with the position and ETA of the last scheduled line)."""
+    monkeypatch.setenv("CROP_PROGRESS_INTERVAL", "3600")
+    bar = pbar(range(300), desc="train CartPole-v0 StdTrain")
+    for i in bar:
+        if i % 5 == 0:
+            bar.set_postfix(quick=float(i), recent=1.0)
+            bar.set_description("train CartPole-v0 StdTrain")
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert 2 <= len(lines) <= 3, lines  # the start and the end (tqdm repeats the last on close)
+    assert lines[0].startswith("train CartPole-v0 StdTrain: 0/300") and "300/300" in lines[-1]
+    assert "quick=295" in lines[-1]  # the postfix shows on the scheduled lines
+
+
+def test_positions_move_between_lines(log):
+    bar = pbar(range(40), desc="train", interval=0.05)
+    for i in bar:
+        time.sleep(0.01)
+        bar.set_postfix(step=i)
+    bar.close()
+    positions = [int(m.group(1)) for m in re.finditer(r"^train: (\d+)/40", log.getvalue(), re.M)]
+    assert len(positions) >= 3 and positions == sorted(positions)
+    assert len(set(positions)) >= 3, positions  # the position moves: not the frozen one of the last line

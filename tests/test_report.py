@@ -194,6 +194,9 @@ def test_tables_agree_with_the_result_files(synthetic):
         ret = ag[np.isclose(ag["eps"], r.eps)]["return"]
         gre = pd.read_csv(d / "gre.csv")
         eb = gre[np.isclose(gre["eps"], r.eps)]["expectation_bound"].iloc[0]
+        assert math.isclose(r.expectation_bound_raw, eb, rel_tol=1e-9)
+        eb = max(eb, gre["j_min"].iloc[0])  # reported: a vacuous bound as J_min
+        assert math.isclose(r.expectation_bound, eb, rel_tol=1e-9)
         assert math.isclose(r.pgd_global_mean, ret.mean(), rel_tol=1e-9)
         gap_mean, gap_median = t.pgd_mean_minus_expectation_bound, t.pgd_median_minus_percentile_bound
         assert math.isclose(gap_mean, ret.mean() - eb, rel_tol=1e-7, abs_tol=1e-7)
@@ -217,7 +220,8 @@ def test_latex_tables_use_booktabs(synthetic):
             < tex.index(r"\bottomrule") < tex.index(r"\end{tabular}")
         assert len(body) == len(csv) and all(row.endswith(r"\\") for row in body)
         header = tex[tex.index(r"\toprule") + len(r"\toprule"):tex.index(r"\midrule")]
-        assert header.count("&") == len(csv.columns) - 1
+        shown = [c for c in csv.columns if not c.endswith("_raw")]  # a raw bound: the CSV's only
+        assert header.count("&") == len(shown) - 1
         assert "SA-MDP (PGD)" in tex and "SA-MDP-PGD" not in tex.split(r"\toprule")[1]  # display names
     assert r"$\sigma=0.5$" in (root / "tables" / "Freeway_mean_radius.tex").read_text()
 

@@ -7,6 +7,7 @@ was smoothed.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from torch import nn
 from crop.io import sha256_file
 
 __all__ = ["build_q_network", "load_q_network", "load_checkpoint", "load_state", "save_q_network",
-           "unsafe_load_reason", "CheckpointError", "spec_summary", "n_actions"]
+           "load_refusal", "pickled_globals", "CheckpointError", "spec_summary", "n_actions"]
 
 
 class CheckpointError(RuntimeError):
@@ -110,11 +111,17 @@ def spec_summary(spec: dict) -> str:
 
 
 def build_q_network(spec: dict) -> nn.Module:
-    """A fresh network for ``spec``; raises ``CheckpointError`` for an unknown architecture."""
+    """A fresh network for ``spec``; raises ``CheckpointError`` for an unknown architecture or sizes that
+    are not positive integers."""
     arch = spec.get("arch")
     if arch not in _BUILDERS:
         raise CheckpointError(f"unknown architecture {arch!r}; known: {sorted(_BUILDERS)}")
-    return _BUILDERS[arch](spec)
+    try:
+        return _BUILDERS[arch](spec)
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:  # sizes that are not positive integers
+        raise CheckpointError(f"network spec {spec} does not describe a network of architecture {arch!r} ("
+                              f"{type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:200]}); sizes must be positive integers") from None
 
 
 def _normalise_keys(state: dict, expected: set[str]) -> dict:
@@ -128,15 +135,63 @@ def _normalise_keys(state: dict, expected: set[str]) -> dict:
     return state
 
 
-def unsafe_load_reason(exc: Exception) -> str:
-    """torch.load's refusal in one line: what it refused (its advice to load with weights_only=False, i.e. to
-    run the file's code, is dropped on purpose)."""
-    import re
+# Globals a plain tensor pickle calls (torch's rebuild functions and storage types, OrderedDict): data.  Any
+# other global in the file is code a full unpickler would run (os.system, a pickled nn.Module's class, …).
+_DATA_GLOBAL = re.compile(r"collections\.OrderedDict|(__builtin__|builtins)\.(set|frozenset|slice)|"
+                          r"torch(\._utils|\.storage|\.serialization)?\.(_rebuild\w*|\w*Storage|Size|device|dtype|_get_layout|u?int\d+|float\d*|b?float16|"
+                          r"half|double|long|short|bool|complex\d+)")
+_STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING", "STRING"}
 
-    text = str(exc)
-    m = re.search(r"WeightsUnpickler error: (.*?)(?: Please use|\n|$)", text)
-    first = m.group(1) if m else (text.strip().splitlines() or [type(exc).__name__])[0]
-    return " ".join(first.split())[:300]
+
+def pickled_globals(data: bytes) -> list[str]:
+    """``module.name`` of every global a pickle stream calls or builds (opcodes GLOBAL, STACK_GLOBAL, INST),
+    read with :mod:`pickletools` without running anything: of a torch.save zip's ``data.pkl`` members, else of
+    the pickles the bytes hold (the legacy format is several).  Best effort: [] where nothing parses."""
+    import pickletools
+    import zipfile
+
+    streams = []
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            streams = [zf.read(i) for i in zf.infolist()[:1000] if i.filename.endswith("data.pkl")
+                       and i.file_size <= len(data) * 4 + 2**20]
+    except Exception:  # not a (readable) zip: the bytes are pickles themselves
+        streams = [data]
+    found: list[str] = []
+    for stream in streams:
+        buf = io.BytesIO(stream)
+        for _ in range(8):  # the legacy format: magic number, protocol, sys info, the object, storage keys
+            strings, memo = [], {}
+            try:
+                for op, arg, _pos in pickletools.genops(buf):
+                    if op.name in _STRING_OPS:
+                        strings.append(arg if isinstance(arg, str) else str(arg))
+                    elif op.name == "MEMOIZE" and strings:
+                        memo[len(memo)] = strings[-1]
+                    elif op.name in ("PUT", "BINPUT", "LONG_BINPUT") and strings:
+                        memo[arg] = strings[-1]
+                    elif op.name in ("GET", "BINGET", "LONG_BINGET") and isinstance(memo.get(arg), str):
+                        strings.append(memo[arg])
+                    elif op.name in ("GLOBAL", "INST"):
+                        found.append(".".join(str(arg).split(" ", 1)))
+                    elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                        found.append(f"{strings[-2]}.{strings[-1]}")
+            except Exception:
+                break
+            if buf.tell() >= len(stream):
+                break
+    return list(dict.fromkeys(found))
+
+
+def load_refusal(data: bytes, what: str) -> str:
+    """Why ``torch.load(weights_only=True)`` refused ``data``, in one line of crop's own words (torch's text
+    changes between releases, and its advice to load with weights_only=False would run the file's code)."""
+    code = [g for g in pickled_globals(data) if not _DATA_GLOBAL.fullmatch(g)]
+    if code:
+        return (f"{what} holds code, not only tensors (a pickled call of {', '.join(code[:3])}); it was not run. "
+                "A policy file must hold tensors only (torch.save(net.state_dict(), path)); refusing it")
+    return (f"{what} is not a readable PyTorch file of tensors (corrupt, truncated or another format); "
+            "refusing it")
 
 
 def save_q_network(net: nn.Module, path: str | Path) -> None:
@@ -164,12 +219,21 @@ def load_q_network(path: str | Path, spec: dict, expected_sha256: str | None = N
         if actual != expected_sha256.lower():
             raise CheckpointError(
                 f"checkpoint {path}: sha256 {actual} differs from the recorded {expected_sha256}; refusing to use it")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle refusing a non-tensor object lands here too
-        raise CheckpointError(f"checkpoint {path} cannot be loaded safely (weights_only=True): "
-                              f"{unsafe_load_reason(exc)}; refusing it") from exc
+    state = load_tensors(path.read_bytes(), f"checkpoint {path}")
     return load_state(state, spec, f"checkpoint {path}", device)
+
+
+def load_tensors(data: bytes, what: str):
+    """``torch.load(weights_only=True)`` of ``data`` (nothing pickled is ever run); a refusal or a corrupt file
+    is a :class:`CheckpointError` of one line (:func:`load_refusal`)."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: the error says it all
+            warnings.simplefilter("ignore")
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception:  # a refused global, a corrupt zip or pickle, a truncated file: all land here
+        raise CheckpointError(load_refusal(data, what)) from None
 
 
 def load_state(state, spec: dict, what: str = "state dict", device: str | torch.device = "cpu") -> nn.Module:
@@ -190,7 +254,11 @@ def load_state(state, spec: dict, what: str = "state dict", device: str | torch.
         raise CheckpointError(
             f"{what} does not fit the expected architecture {spec_summary(spec)}: "
             f"missing keys {missing}, unexpected keys {unexpected}, shape mismatches {bad_shapes}")
-    net.load_state_dict({k: v.float() for k, v in state.items()})
+    try:
+        net.load_state_dict({k: v.float() for k, v in state.items()})
+    except RuntimeError as exc:  # what the key and shape checks above cannot see (a module's own checks)
+        raise CheckpointError(f"{what} does not fit the expected architecture {spec_summary(spec)}: "
+                              f"{' '.join(str(exc).split())[:300]}") from None
     return net.to(device).eval()
 
 

@@ -78,7 +78,7 @@ LABELS = {
     "r": "certified radius $r$",
     "eta": r"certified ratio $\eta_r$ (%)",
     "eps": r"attack $\epsilon$",
-    "J_E": r"expectation bound $\underline{J}_E$",
+    "J_E": r"expectation bound $\underline{J}_{\mathrm{E}}$",
     "J_p": r"percentile bound $\underline{J}_p$ ($p=50\%$)",
     "J": r"absolute lower bound $\underline{J}$",
     "sigma": r"smoothing $\sigma$",
@@ -122,11 +122,17 @@ def _save(fig, figures_dir: Path, stem: str) -> list[Path]:
     return paths
 
 
+def _math_font(label: str) -> dict:
+    """Computer Modern for a bar under J (J̲): DejaVu's italic J descends, so its bar would sit as low as the
+    subscript, under it rather than under J."""
+    return {"math_fontfamily": "cm"} if r"\underline" in label else {}
+
+
 def _single(title: str, xlabel: str, ylabel: str):
     fig, ax = plt.subplots(figsize=(4.2, 3.2))
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(ylabel, **_math_font(ylabel))
     return fig, ax
 
 
@@ -283,17 +289,28 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
     x_end = 0.0
     for d in runs.values():
         x_end = max(x_end, float(d["gre"]["eps"].max()), float(d["attack_global"]["eps"].max()))
-    j_lo, j_hi = np.inf, -np.inf
+    j_lo, j_hi, vacuous_any = np.inf, -np.inf, False
     for a, d in runs.items():
         j_lo, j_hi = min(j_lo, d["gre"]["j_min"].min()), max(j_hi, d["gre"]["j_max"].max())
         eps, y, n = gre_curve(d, kind, x_end)
+        # Below J_min a bound says less than the trivial one (vacuous): drawn at J_min, marked ▽.
+        j_min = float(d["gre"]["j_min"].min())
+        vacuous = y < j_min
+        y = np.maximum(y, j_min)
         _bound_line(ax, eps, y, a, markevery=list(range(n)))
+        if vacuous.any():
+            vacuous_any = True
+            ax.plot(eps[vacuous], y[vacuous], ls="none", marker="v", ms=4, mfc="none", mew=0.8,
+                    color=ALGO_COLORS[a], zorder=3)
         att = d["attack_global"].groupby("eps")["return"].agg(stat)
         _attack_line(ax, att.index, att.to_numpy(), a)
     if np.isfinite(j_lo) and j_hi > j_lo:
         # The expectation bound falls below J_min at large ε (vacuous there); show [J_min, J_max].
         pad = 0.05 * (j_hi - j_lo)
         ax.set_ylim(j_lo - pad, j_hi + pad)
+    if vacuous_any:
+        ax.text(0.98, 0.1, r"▽ vacuous: below $J_{\min}$, drawn at $J_{\min}$", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=6, color="0.3")
     ax.set_xlim(0, x_end * 1.02 if x_end > 0 else None)
 
 
@@ -367,7 +384,7 @@ def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
             ax.tick_params(labelsize=7)
             if j == 0:
                 name = row_names[i] if row_names else env_spec(env).paper_name
-                ax.set_ylabel(f"{name}\n{ylabel}", fontsize=8)
+                ax.set_ylabel(f"{name}\n{ylabel}", fontsize=8, **_math_font(ylabel))
     fig.tight_layout()
     _top_legend(fig, algos, style=any(k in _STYLE_KEY for k in rows))
     return fig
@@ -546,16 +563,26 @@ def _tex_cell(col: str, v) -> str:
     return _tex_escape(v)
 
 
+def _vacuous_marks(df: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """A table for reading: each column ``X_raw`` (a bound as computed, kept in the CSV) dropped, and the cells
+    of ``X`` where it was raised to the trivial bound J_min (vacuous) marked {X: [bool per row]}."""
+    raw = [c for c in df.columns if c.endswith("_raw") and c[:-len("_raw")] in df.columns]
+    marks = {c[:-len("_raw")]: (df[c] < df[c[:-len("_raw")]]).tolist() for c in raw}
+    return df.drop(columns=raw), marks
+
+
 def latex_table(df: pd.DataFrame, caption: str) -> str:
     """A booktabs ``tabular`` (\\toprule/\\midrule/\\bottomrule) of ``df``: text left, numbers right, NaN
     as --; ``\\input`` it inside a ``table`` environment (needs ``\\usepackage{booktabs}``)."""
+    df, marks = _vacuous_marks(df)
     align = "".join("r" if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])
                     else "l" for c in df.columns)
     lines = [f"% {caption}", "% Written by `crop aggregate`; needs \\usepackage{booktabs}.",
              f"\\begin{{tabular}}{{{align}}}", r"\toprule",
              " & ".join(_tex_header(c) for c in df.columns) + r" \\", r"\midrule"]
-    for row in df.itertuples(index=False):
-        lines.append(" & ".join(_tex_cell(c, v) for c, v in zip(df.columns, row)) + r" \\")
+    for i, row in enumerate(df.itertuples(index=False)):
+        lines.append(" & ".join(_tex_cell(c, v) + (r"$^\dagger$" if c in marks and marks[c][i] else "")
+                                for c, v in zip(df.columns, row)) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", ""]
     return "\n".join(lines)
 
@@ -578,10 +605,13 @@ def _md_header(col: str) -> str:
 def markdown_table(df: pd.DataFrame, caption: str) -> str:
     """``df`` as a Markdown table for reading: the caption above, column names a reader understands, display
     names of the algorithms, 4 significant digits and — for an empty cell (never ``nan``)."""
+    df, marks = _vacuous_marks(df)
     out = df.copy()
     if "algo" in out:
         out["algo"] = out["algo"].map(algo_label)
     out = out.astype(object).where(out.notna(), None)  # tabulate prints missingval for None only
+    for col, mark in marks.items():
+        out[col] = [v if v is None else f"{v:.4g}" + (" †" if m else "") for v, m in zip(out[col], mark)]
     out.columns = [_md_header(c) for c in df.columns]
     align = ["right" if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]) else "left"
              for c in df.columns]  # numbers right, also in a column that is all empty cells
@@ -622,14 +652,18 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                                                          "pgd_local_return")}
             vals = {m: math.nan if v is None else v for m, v in vals.items()}
             vals["percentile_bound_p50"] = vals.pop("percentile_bound")
+            # Theorem 2's linear bound falls below J_min at large ε: vacuous, reported as J_min (marked †)
+            raw_eb = vals["expectation_bound"]
+            j_min = float(d["gre"]["j_min"].iloc[0]) if "gre" in d and len(d["gre"]) else -math.inf
+            vals["expectation_bound"] = max(raw_eb, j_min) if not math.isnan(raw_eb) else raw_eb
             bound_rows.append({"algo": a, "sigma": sigma, "eps": eps, "expectation_bound": vals["expectation_bound"],
                                "percentile_bound_p50": vals["percentile_bound_p50"], "lore_bound": vals["lore_bound"],
                                "pgd_global_mean": vals["pgd_global_mean"],
                                "pgd_global_median": vals["pgd_global_median"],
-                               "pgd_local_return": vals["pgd_local_return"]})
+                               "pgd_local_return": vals["pgd_local_return"], "expectation_bound_raw": raw_eb})
     df = pd.DataFrame(rows)
     bounds = pd.DataFrame(bound_rows)
-    tight = bounds[["algo", "sigma", "eps"]].copy()
+    tight = bounds[["algo", "sigma", "eps"]].copy()  # against the bounds as reported (vacuous ones: J_min)
     for col, (attack, bound) in TIGHTNESS_COLUMNS.items():
         tight[col] = bounds[attack] - bounds[bound]
     p = spec.paper_name
@@ -646,7 +680,8 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                           f"{p}: mean benign return of the smoothed policy over LoAct's clean episodes"),
         "reward_bounds": (bounds, f"{p}: certified reward bounds J̲ᴇ (Theorem 2), J̲ₚ (p = 50 %, Theorem 3), "
                                   "J̲ (LoRe, Theorem 4) and the PGD returns at ε = f·σ; empty: not computed at "
-                                  "that ε"),
+                                  "that ε; †: vacuous, J̲ᴇ fell below the trivial bound J_min (the least return "
+                                  "possible) and is shown as J_min (its value: expectation_bound_raw in the CSV)"),
         "tightness": (tight, f"{p}: PGD return minus certified bound (≥ 0 when the bound holds, small when it is "
                              "tight); empty: no attack or no bound at that ε"),
     }

@@ -1,0 +1,141 @@
+"""The README tested as written (issue 17 item 4): the `[workflow]` extra its quick start installs provides
+everything `snakemake --report` imports, and the quick-start summary it shows is what a run of
+configs/quickstart.yaml prints (the counts computed from that config by the functions the workflow uses)."""
+import ast
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from crop import layout
+from crop.config import sigma_label, validate_config
+from crop.report.audit import audit
+
+from synthetic_results import GLOBAL_FACTORS, GRE_FACTORS, LOCAL_FACTORS, make_results
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+
+
+# -------------------------------------------------------------------------- the extra has what --report needs
+
+def _pyproject() -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _closure(requirements: list[str], extras: tuple[str, ...] = ()) -> set[str]:
+    """Every distribution that installing ``requirements`` brings in (markers evaluated here, extras followed),
+    from the installed distributions' own metadata."""
+    seen: set[str] = set()
+    todo = [(Requirement(r), extras) for r in requirements]
+    while todo:
+        req, parent_extras = todo.pop()
+        env_extras = parent_extras or ("",)
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in env_extras):
+            continue
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            continue  # not installed: its own requirements cannot be followed (the import check then fails)
+        todo += [(Requirement(r), tuple(req.extras)) for r in dist.requires or []]
+    return seen
+
+
+def _imports_of(package_dir: Path) -> set[str]:
+    """Top-level modules imported anywhere in a package's source (lazy imports inside functions included)."""
+    names = set()
+    for f in package_dir.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names)
+
+
+def test_the_workflow_extra_provides_what_snakemake_report_imports():
+    """Each module snakemake's report code imports (pygments, jinja2, docutils, …) must come from a
+    distribution that `pip install -e '.[workflow]'` installs: the README's quick start, then its --report."""
+    project = _pyproject()["project"]
+    closure = _closure(project["dependencies"] + project["optional-dependencies"]["workflow"])
+    assert "snakemake" in closure and "torch" in closure
+    import snakemake.report
+
+    needed = _imports_of(Path(snakemake.report.__file__).parent)
+    assert {"pygments", "jinja2", "docutils"} <= needed  # the scan sees the lazy imports
+    providers = metadata.packages_distributions()
+    missing = {m: providers.get(m) for m in sorted(needed)
+               if not {canonicalize_name(d) for d in providers.get(m, [])} & closure}
+    assert not missing, (f"snakemake --report imports {sorted(missing)} (provided by {missing}), which "
+                         "crop[workflow] does not install: add them to the workflow extra in pyproject.toml")
+
+
+def test_the_closure_check_can_fail():
+    """Without the workflow extra's own pins (snakemake alone), pygments is not in the closure."""
+    assert "pygments" not in _closure(["snakemake==9.27.1"])
+    assert "pygments" in _closure(_pyproject()["project"]["optional-dependencies"]["workflow"])
+
+
+# ---------------------------------------------------------------------------- the quick start's summary
+
+def _readme_summary() -> dict[str, str]:
+    block = re.search(r"```\n(Summary: results in .*?)```", README, re.S)
+    assert block, "README.md: no quick-start summary block"
+    return {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in block.group(1).splitlines()}
+
+
+def _checks_per_run(global_eps, gre_eps, percentiles, local_eps) -> int:
+    """The audit's soundness checks of one complete run (crop/report/audit.py `_audit_run`) when every
+    percentile bound is certified and LoRe's bound is finite at every ε attacked (as in the quick start):
+    at each ε both the global attack and GRe have, the expectation bound and each percentile bound against
+    the attacked returns; at each ε of the local attack, LoRe's bound against the episode that starts where
+    LoRe does, and LoAct's certified steps not flipped."""
+    common = {round(float(e), 12) for e in global_eps} & {round(float(e), 12) for e in gre_eps}
+    return len(common) * (1 + len(percentiles)) + 2 * len(local_eps)
+
+
+def test_the_checks_formula_is_the_audits():
+    """The formula above against the audit itself, on a synthetic results folder (two runs)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make_results(Path(tmp) / "res", {"CartPole-v0": {"StdTrain": [0.1, 0.5]}})
+        rep = audit(Path(tmp) / "res", Path(tmp) / "res" / "audit")
+    assert rep["passed"]
+    assert rep["checked"] == 2 * _checks_per_run(GLOBAL_FACTORS, GRE_FACTORS, [0.5], LOCAL_FACTORS)
+
+
+def test_the_readme_summary_is_what_the_quick_start_prints():
+    cfg = validate_config(yaml.safe_load(QUICKSTART.read_text()), str(QUICKSTART))
+    results = cfg["results"]
+    got = _readme_summary()
+    plan = {env: (ec["algorithms"], [sigma_label(s) for s in ec["sigmas"]]) for env, ec in cfg["environments"].items()}
+    files = layout.aggregate_files(Path(results) / "figures", Path(results) / "tables", plan)
+    n_png, n_pdf = (sum(p.suffix == s for p in files) for s in (".png", ".pdf"))
+    n_tables = sum(p.suffix == ".csv" for p in files)
+    checks = sum(len(ec["algorithms"]) * len(ec["sigmas"]) * _checks_per_run(
+        ec["attack"]["global_eps_factors"], ec["gre"]["eps_factors"], ec["gre"]["percentiles"],
+        ec["attack"]["local_eps_factors"]) for ec in cfg["environments"].values())
+    assert got["Summary"] == f"results in {results}/"
+    assert got["audit"] == (f"PASS: {checks} soundness checks, 0 violation(s), 0 integrity problem(s) "
+                            f"({results}/audit/audit.md)")
+    assert got["figures"] == f"{n_png} PNG, {n_pdf} PDF in {results}/figures/"
+    assert got["tables"] == f"{n_tables} tables (CSV, Markdown, LaTeX) in {results}/tables/"
+    assert got["report"].startswith("snakemake --report report.html --configfile configs/quickstart.yaml ")
+    # the README's commands name the same config and the jobs it counts
+    assert "snakemake --cores all --configfile configs/quickstart.yaml" in README
+    assert "pip install -q -e '.[workflow]'" in README
