@@ -30,11 +30,12 @@ import torch
 
 from crop import stats
 from crop.models.s2d import space_to_depth_input
+from crop.names import TARGET_NAMES
 
 __all__ = ["SmoothedQ", "Estimate", "NonFiniteQError", "resolve_device", "BOUNDS", "TARGETS", "TARGET_RANGE"]
 
 #: The smoothing targets (see the module docstring).
-TARGETS = ("q", "probs", "vote")
+TARGETS = TARGET_NAMES
 #: The fixed range of the targets bounded by construction (``q`` clips to the estimated V range instead).
 TARGET_RANGE = {"probs": (0.0, 1.0), "vote": (0.0, 1.0)}
 
