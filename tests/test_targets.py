@@ -244,3 +244,20 @@ def test_gre_on_a_policy_network_acts_by_the_greedy_action_at_the_noisy_state(ml
         expected.append(J)
     np.testing.assert_array_equal(R, expected)
     assert len(set(expected)) > 1
+
+
+@pytest.mark.parametrize("target", TARGETS01)
+def test_local_attack_on_a_policy_network_never_flips_a_certified_step(target):
+    """PGD on the smoothed probabilities against π̃ of a Tanh actor: no attacked step whose certified radius
+    exceeds ε changes the smoothed action, and at a large ε the attack does change actions (it bites)."""
+    from crop.attack import run_local_attack
+
+    torch.manual_seed(2)
+    actor = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2)).eval()
+    with torch.no_grad():
+        actor[2].weight.mul_(30.0)
+    sm = smoother(actor, target, sigma=0.1, m=1000, n=2, seed=1)
+    table = run_local_attack("CartPole-v0", sm, [0.0, 0.02, 0.5], [5, 6], 12, steps=5, m_grad=64, seed=3,
+                             progress=False)
+    assert (table["flips_certified"] == 0).all()
+    assert table.loc[table["eps"] == 0.5, "flips"].sum() > 0
