@@ -6,24 +6,13 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats as st
+from test_batch_smoothing import _Affine as Linear2  # logits z(x) = W x + b: smoothed values known in closed form
 
 from crop.gre import TrajectoryNoise, sample_randomized_returns
 from crop.loact import certify_estimate, certify_state
 from crop.smoothing import BOUNDS, TARGETS, SmoothedQ
 
 TARGETS01 = ("probs", "vote")
-
-
-class Linear2(torch.nn.Module):
-    """Logits z(x) = W x + b of a 2-D state (exact smoothed values are known for the half-space cases)."""
-
-    def __init__(self, w, b):
-        super().__init__()
-        self.w = torch.as_tensor(w, dtype=torch.float32)
-        self.b = torch.as_tensor(b, dtype=torch.float32)
-
-    def forward(self, x):
-        return x @ self.w.T + self.b
 
 
 def smoother(net, target, sigma=0.5, m=1000, alpha=0.05, n=3, **kw):
