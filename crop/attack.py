@@ -1,8 +1,9 @@
 """Empirical ℓ2 PGD attacks, to show how tight the certificates are (Appendix E: 10-step PGD at every step).
 
 * ``run_local_attack``: against the locally smoothed policy π̃ (LoAct, LoRe).  The gradient flows through
-  the smoothed Q (the mean over a batch of noisy copies of s + δ); the attacked action is π̃'s Monte-Carlo
-  action at s + δ.  Every step also certifies the clean state, so a flip at a step whose certified radius
+  the smoothed Q (the mean over a batch of noisy copies of s + δ; for the targets probs and vote the mean of
+  the softmax probabilities); the attacked action is π̃'s Monte-Carlo action at s + δ (of its target).
+  Every step also certifies the clean state, so a flip at a step whose certified radius
   exceeds ε is counted (``flips_certified``; it must stay 0 up to Monte-Carlo error of the action).
 * ``run_global_attack``: against the σ-randomized policy π′ (GRe); the gradient is the expectation over
   noise (EOT), the action is π(s + δ + Δ_t) with one fresh Δ_t.
@@ -91,7 +92,7 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
                      profile: str | None = None, progress: bool | None = None, reward_fn=None) -> pd.DataFrame:
     """PGD against π̃ at every step for every ε in ``eps_grid`` and every episode; all in lockstep."""
     dev = smoother.device
-    q_net = smoother.q_net
+    q_net, target = smoother.q_net, getattr(smoother, "target", "q")
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
     runs = [(float(e), ep) for e in eps_grid for ep in range(len(episode_seeds))]
@@ -119,7 +120,12 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
         noise = torch.randn((len(idx), m_grad, *x.shape[1:]), generator=g, device=dev) * smoother.sigma
 
         def loss(z):  # cross-entropy of the smoothed Q (unclipped, so the gradient does not vanish)
-            q = q_net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), m_grad, -1).mean(1)
+            out = q_net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), m_grad, -1)
+            if target != "q":  # probs and vote: the smoothed probabilities (the vote's differentiable surrogate)
+                _check(out, f"step {t}")
+                return F.nll_loss(torch.log(torch.softmax(out, -1).mean(1).clamp_min(1e-30)), a_clean,
+                                  reduction="none")
+            q = out.mean(1)
             _check(q, f"step {t}")
             return F.cross_entropy(q, a_clean, reduction="none")
 

@@ -14,7 +14,7 @@ import sys
 from crop import policies, stages
 from crop.io import InputError
 from crop.io import write_frames as _write_frames  # noqa: F401  (tests/synthetic_results.py)
-from crop.names import ALPHA_MODES, BOUND_NAMES, DEVICES
+from crop.names import ALPHA_MODES, BOUND_NAMES, DEVICES, TARGET_NAMES
 
 __all__ = ["main", "build_parser", "InputError", "BOUND_NAMES"]
 
@@ -241,7 +241,8 @@ def _stage_parser(p, stage: str, qrange: bool = True) -> None:
 
     _common(p)
     if qrange:
-        p.add_argument("--qrange", required=True, help="qrange.json of the same env/algo/sigma")
+        p.add_argument("--target", choices=TARGET_NAMES, help=_help(_node("environment.target")))
+        p.add_argument("--qrange", help="qrange.json of the same env/algo/sigma (the q target only)")
     p.add_argument("--settings", help="the stage's settings block as JSON (option: value; what the workflow "
                                       "passes, crop.config.stage_settings); flags given as well take precedence")
     for option, (key, node) in stage_options(stage).items():

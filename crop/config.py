@@ -18,7 +18,8 @@ import yaml
 
 from crop.registry import resolve_source
 
-__all__ = ["ConfigError", "load_schema", "validate_config", "load_config", "targets", "sigma_label",
+__all__ = ["ConfigError", "load_schema", "validate_config", "load_config", "targets", "run_targets",
+           "smoothing_targets", "sigma_label",
            "ALGORITHMS", "train_defaults", "train_settings", "target_return", "STAGES", "stage_options",
            "stage_settings"]
 
@@ -226,6 +227,20 @@ def targets(cfg: dict) -> list[tuple[str, str, str]]:
             for env, ec in cfg["environments"].items()
             for algo in ec["algorithms"]
             for s in ec["sigmas"]]
+
+
+def smoothing_targets(env_cfg: dict) -> list[str]:
+    """An environment's smoothing targets: ``targets`` when given, else [``target``] (default q)."""
+    return list(env_cfg.get("targets") or [env_cfg.get("target", "q")])
+
+
+def run_targets(cfg: dict) -> list[tuple[str, str, str, str]]:
+    """(env, algo, sigma label, smoothing target) for every run the config asks for."""
+    return [(env, algo, sigma_label(s), t)
+            for env, ec in cfg["environments"].items()
+            for algo in ec["algorithms"]
+            for s in ec["sigmas"]
+            for t in smoothing_targets(ec)]
 
 
 def train_defaults() -> dict:

@@ -1,4 +1,5 @@
-"""Your own policy: a Q-network trained elsewhere, imported into a checkpoint that every certifier accepts.
+"""Your own policy: a Q-network or a policy network trained elsewhere, imported into a checkpoint that every
+certifier accepts.
 
 Formats (``fmt="auto"`` tells them apart):
 
@@ -11,6 +12,12 @@ Formats (``fmt="auto"`` tells them apart):
   (``q_net_target.*``, dropped).  CnnPolicy's NatureCNN (``q_net.features_extractor.cnn.*``, ``.linear.0``,
   ``q_net.q_net.0``) maps onto ``nature_cnn``.  Read with :mod:`zipfile` and ``torch.load``; SB3 itself is
   not needed.
+* Policy networks (issue 21; the value branch is dropped, the logits are the network's output):
+  an SB3 ``PPO`` / ``A2C`` ``.zip`` — MlpPolicy: ``mlp_extractor.policy_net.{0,2,…}`` and ``action_net``
+  (activation from ``data``'s ``policy_kwargs``, default Tanh); CnnPolicy: the shared NatureCNN
+  ``features_extractor.*`` and ``action_net`` onto ``nature_cnn``; CleanRL's ``ppo.py`` agent (``actor.0/2/4``,
+  Tanh) and ``ppo_atari.py`` agent (``network.0/2/4/7`` + ``actor``, onto ``nature_cnn``).  The import record
+  says ``network: policy``; such a checkpoint is smoothed through its probabilities or votes, never as Q.
 
 The file is untrusted: its size is bounded and its sha256 taken before anything reads it (and compared with
 a pinned one when given); a zip is read in memory, one member, never extracted to disk; tensors only
@@ -125,8 +132,10 @@ def _sb3_policy_bytes(path: Path, max_bytes: int) -> tuple[bytes, str] | None:
 
 
 def read_state_dict(path: str | Path, fmt: str = "auto",
-                    max_bytes: int = MAX_MEMBER_BYTES) -> tuple[dict, str, str | None]:
-    """(state dict, format, archive member) of a policy file; nothing is extracted to disk."""
+                    max_bytes: int = MAX_MEMBER_BYTES) -> tuple[dict, str, str | None, str | None]:
+    """(state dict, format, archive member, activation) of a policy file; nothing is extracted to disk.  The
+    activation is None for a Q-network, the MLP's activation for a policy network (whose state dict comes
+    back with crop's keys, the value branch dropped)."""
     path = Path(path)
     if fmt not in FORMATS:
         raise PolicyImportError(f"unknown format {fmt!r}; known: {list(FORMATS)}")
@@ -142,13 +151,17 @@ def read_state_dict(path: str | Path, fmt: str = "auto",
         if data is not None:
             data, member = data
             what = f"{path}: member {member!r}"
-            return _sb3_q_net(_load_bytes(data, what), what), "sb3", member
+            state = _load_bytes(data, what)
+            if any(k.startswith("action_net.") for k in state):  # PPO / A2C: an actor-critic policy
+                return _sb3_actor(state, what), "sb3", member, _sb3_activation(path)
+            return _sb3_q_net(state, what), "sb3", member, None
     if fmt == "sb3":
         raise PolicyImportError(f"{path}: not a Stable-Baselines3 archive (a zip with a {SB3_POLICY} member)")
     state = _load_bytes(path.read_bytes(), str(path))
     if fmt == "auto":
         fmt = "cleanrl" if path.suffix == ".cleanrl_model" else "torch"
-    return state, fmt, None
+    actor = _cleanrl_actor(state)
+    return (state, fmt, None, None) if actor is None else (actor[0], fmt, None, actor[1])
 
 
 def _sb3_q_net(state: dict, what: str) -> dict:
@@ -172,6 +185,83 @@ def _sb3_q_net(state: dict, what: str) -> dict:
         else:
             raise PolicyImportError(f"{what}: unexpected key q_net.{k} (a features extractor crop does not know)")
     return out
+
+
+#: The activations crop's ``mlp`` can have (SB3's ``policy_kwargs.activation_fn``, CleanRL's PPO: Tanh).
+ACTIVATIONS = {"ReLU": "relu", "Tanh": "tanh"}
+
+
+def _sb3_activation(path: Path) -> str:
+    """The MLP activation of an SB3 actor-critic archive: ``data``'s ``policy_kwargs.activation_fn`` (SB3
+    writes its class as text), Tanh (SB3's default for PPO and A2C) when it is not given."""
+    import json
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            info = next((i for i in zf.infolist() if i.filename == "data"), None)
+            if info is None or info.file_size > 1 << 22:
+                return "tanh"
+            raw = zf.read(info)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError, RuntimeError) as exc:
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise PolicyImportError(f"{path}: a corrupt zip archive ({why}); refusing it") from None
+    try:
+        kwargs = json.loads(raw).get("policy_kwargs") or {}
+    except (ValueError, AttributeError):
+        raise PolicyImportError(f"{path}: member 'data' is not SB3's JSON; refusing it") from None
+    fn = str(kwargs.get("activation_fn", "Tanh")) if isinstance(kwargs, dict) else "Tanh"
+    for name, act in ACTIVATIONS.items():
+        if re.search(rf"\b{name}\b", fn):
+            return act
+    raise PolicyImportError(f"{path}: activation {fn!r} is not supported (known: {sorted(ACTIVATIONS)})")
+
+
+def _sb3_actor(state: dict, what: str) -> dict:
+    """The policy branch of an SB3 ActorCriticPolicy (PPO, A2C) with the keys of crop's ``mlp`` /
+    ``nature_cnn``: MlpPolicy ``mlp_extractor.policy_net.{i}`` → i and ``action_net`` → the last layer;
+    CnnPolicy: NatureCNN (``features_extractor``, or ``pi_features_extractor`` when not shared) → 0/2/4/7 and
+    ``action_net`` → 9.  The value branch (``value_net``, ``mlp_extractor.value_net``, ``vf_*``) is dropped."""
+    fe = "pi_features_extractor." if any(k.startswith("pi_features_extractor.") for k in state) \
+        else "features_extractor."
+    policy = {k[len("mlp_extractor.policy_net."):]: v for k, v in state.items()
+              if k.startswith("mlp_extractor.policy_net.")}
+    cnn = {k[len(fe):]: v for k, v in state.items() if k.startswith(fe)}
+    out = {}
+    if cnn:
+        if policy:
+            raise PolicyImportError(f"{what}: a CNN policy with extra policy layers (mlp_extractor.policy_net) "
+                                    "does not fit nature_cnn; refusing it")
+        for k, v in cnn.items():
+            conv = re.fullmatch(r"cnn\.(\d+)\.(weight|bias)", k)
+            linear = re.fullmatch(r"linear\.0\.(weight|bias)", k)
+            if not (conv or linear):
+                raise PolicyImportError(f"{what}: unexpected key {fe}{k} (a features extractor crop does not know)")
+            out[f"{conv.group(1)}.{conv.group(2)}" if conv else f"7.{linear.group(1)}"] = v
+        head = 9
+    else:
+        for k, v in policy.items():
+            layer = re.fullmatch(r"(\d+)\.(weight|bias)", k)
+            if layer is None:
+                raise PolicyImportError(f"{what}: unexpected key mlp_extractor.policy_net.{k}")
+            out[k] = v
+        head = 2 * len({k.split(".")[0] for k in policy})
+    for k in ("weight", "bias"):
+        if f"action_net.{k}" not in state:
+            raise PolicyImportError(f"{what}: no action_net.{k}; a discrete-action policy is needed")
+        out[f"{head}.{k}"] = state[f"action_net.{k}"]
+    return out
+
+
+def _cleanrl_actor(state: dict) -> tuple[dict, str] | None:
+    """CleanRL's PPO agents with crop's keys, and their activation; None for any other state dict.
+    ``ppo.py``: ``actor.0/2/4`` (Tanh); ``ppo_atari.py``: ``network.0/2/4/7`` (NatureCNN) + ``actor`` → 9."""
+    if not any(k.startswith("actor.") for k in state):
+        return None
+    if any(k.startswith("network.") for k in state):
+        out = {k[len("network."):]: v for k, v in state.items() if k.startswith("network.")}
+        out.update({f"9.{k[len('actor.'):]}": v for k, v in state.items() if k.startswith("actor.")})
+        return out, "relu"
+    return {k[len("actor."):]: v for k, v in state.items() if k.startswith("actor.")}, "tanh"
 
 
 def infer_mlp_spec(state: dict) -> dict:
@@ -205,7 +295,7 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     digest = sha256_file(path)
     if sha256 is not None and digest != sha256.lower():
         raise PolicyImportError(f"{path}: sha256 {digest} differs from the pinned {sha256}; refusing it")
-    state, fmt, member = read_state_dict(path, fmt, max_bytes)
+    state, fmt, member, activation = read_state_dict(path, fmt, max_bytes)
     if sha256_file(path) != digest:  # the file changed while it was read
         raise PolicyImportError(f"{path}: changed while it was read; refusing it")
     if spec == {"arch": "mlp"}:
@@ -213,11 +303,14 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
             spec = infer_mlp_spec(state)
         except PolicyImportError as exc:
             raise PolicyImportError(f"{path}: {exc}") from None
+        if activation == "tanh":  # a policy network's MLP as its library builds it
+            spec["activation"] = "tanh"
     bad = sorted(k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all())
     if bad:
         raise PolicyImportError(f"{path}: non-finite weights (NaN or inf) in {bad[:5]}; refusing it")
     net = load_state(state, spec, f"{path}" + (f" member {member!r}" if member else "") + f" ({fmt})")
-    return net, {"path": str(path), "sha256": digest, "format": fmt, "member": member, "net_spec": spec}
+    return net, {"path": str(path), "sha256": digest, "format": fmt, "member": member, "net_spec": spec,
+                 "network": "q" if activation is None else "policy"}
 
 
 def check_fits_env(net: torch.nn.Module, spec: dict, env_id: str, profile: str | None, what: str) -> None:

@@ -2,6 +2,10 @@
 
 Per (env, algo, σ):   results/{env}/{algo}/sigma-{σ}/{qrange.json, loact.csv, gre.csv, lore.csv, …}
                       (+ frames.npz for Atari: raw RGB frames of LoAct episode 0, read by the Pong figure)
+                      Another smoothing target than q (issue 21): results/{env}/{algo}@{target}/sigma-{σ}/
+                      (:func:`run_dir`; no qrange.json there, :func:`run_files`).  "@" is in no method label
+                      (letters, digits and -_.+), so ``{algo}@{target}`` never names another algorithm's runs;
+                      its tables and figures call it "{algo} ({target})" (:func:`series_label`).
 Per (env, algo):      results/{env}/{algo}/checkpoint/model.pt (+ model.json: sha256, architecture, source)
 Figures:              results/figures/{Env}_{kind}[_sigma-{σ}].{pdf,png}  (the paper's file names)
 Tables:               results/tables/{Env}_{name}.{csv,md,tex}
@@ -75,8 +79,40 @@ FIGURE_FAMILIES = ("stepwise", "certified_ratio", "global_mean", "global_median"
 GLOBAL_FIGURES = ()
 
 
-def run_dir(results, env: str, algo: str, sigma_label: str) -> Path:
-    return Path(results) / env / algo / f"sigma-{sigma_label}"
+#: Between an algorithm and a smoothing target other than q in a run folder's name (see the docstring).
+TARGET_SEP = "@"
+
+
+def run_algo(algo: str, target: str = "q") -> str:
+    """The run folder's algorithm component: ``algo`` for the target q (today's paths), else algo@target."""
+    return algo if target == "q" else f"{algo}{TARGET_SEP}{target}"
+
+
+def split_run_algo(name: str) -> tuple[str, str]:
+    """(algorithm, smoothing target) of a run folder's algorithm component (:func:`run_algo` inverted)."""
+    algo, sep, target = name.partition(TARGET_SEP)
+    return algo, target if sep else "q"
+
+
+def series_label(name: str) -> str:
+    """How tables and figures name a run folder's algorithm component: StdTrain, StdTrain (vote)."""
+    algo, target = split_run_algo(name)
+    return algo if target == "q" else f"{algo} ({target})"
+
+
+def run_dir(results, env: str, algo: str, sigma_label: str, target: str = "q") -> Path:
+    return Path(results) / env / run_algo(algo, target) / f"sigma-{sigma_label}"
+
+
+def run_files(target: str = "q") -> dict:
+    """The files of a complete run of ``target``: :data:`RUN_FILES`, without qrange.json for the targets
+    bounded in [0, 1] (probs, vote), which need no V range."""
+    return {k: v for k, v in RUN_FILES.items() if target == "q" or k != "qrange"}
+
+
+def run_target(run) -> str:
+    """The smoothing target of a run folder ENV/ALGO[@TARGET]/sigma-S."""
+    return split_run_algo(Path(run).parent.name)[1]
 
 
 def checkpoint_path(results, env: str, algo: str) -> Path:

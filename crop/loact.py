@@ -8,6 +8,9 @@ for each a ≠ a₁ (a₁ the top action).  By the 1-Lipschitz property of σΦ�
 smoothed policy can take a under a perturbation δ only if ‖δ‖₂ ≥ r(a).  Theorem 1's radius is the smallest
 of these, and it certifies only if the lower bound of the top action exceeds the upper bound of *every*
 other action — not just the runner-up.  Theorem 4's r^k are the same numbers sorted.
+
+The same radius holds for the smoothing targets bounded in [0, 1] (action probabilities, greedy-action vote;
+:mod:`crop.smoothing`) with [V_min, V_max] = [0, 1]: the adapted Theorem 1 of that module's docstring.
 """
 from __future__ import annotations
 

@@ -273,7 +273,9 @@ class LoRe:
                 "prune": self.prune,
                 "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
                 "reward_fn": getattr(self.reward_fn, "__qualname__", None),
-                "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None}
+                "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None,
+                # probs and vote share the range [0, 1]: the target tells their searches apart (q's key as before)
+                **({"target": sm.target} if getattr(sm, "target", "q") != "q" else {})}
 
     _FIELDS = ("queue", "stack", "memo", "alphas", "pairs", "eps", "J", "transitions", "leaves", "tie",
                "smoothing_calls")

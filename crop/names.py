@@ -6,9 +6,11 @@ config schema's checks use them; the implementations key their tables by them).
 * ``ALPHA_MODES``: how α is spent over states, :func:`crop.stats.loact_state_alpha` and
   :func:`crop.stats.lore_state_alpha`.
 * ``DEVICES``: where networks run, :func:`crop.smoothing.resolve_device`.
+* ``TARGET_NAMES``: what is smoothed, :data:`crop.smoothing.TARGETS` (``q``: clipped Q-values; ``probs``:
+  a policy network's action probabilities; ``vote``: the one-hot of the greedy action).
 """
 
-__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES"]
+__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES"]
 
 BOUND_NAMES = ("hoeffding", "empirical_bernstein", "betting", "clopper_pearson")
 
@@ -18,3 +20,5 @@ BOUND_NAMES = ("hoeffding", "empirical_bernstein", "betting", "clopper_pearson")
 ALPHA_MODES = ("state", "family")
 
 DEVICES = ("cpu", "cuda", "auto")
+
+TARGET_NAMES = ("q", "probs", "vote")

@@ -131,8 +131,9 @@ def cmd_derive(args) -> None:
     recipe, hp = _derivation(args, src, settings)
     base_net, meta = load_checkpoint(base, args.env, src["base"],
                                      f" ({args.algo} on {args.env} is derived from {args.env}/{src['base']})")
-    if meta["net_spec"].get("arch") != "mlp":
-        raise InputError(f"{base}: {args.algo} needs an MLP base network, got {meta['net_spec']}")
+    if meta["net_spec"].get("arch") != "mlp" or meta.get("network", "q") != "q":
+        raise InputError(f"{base}: {args.algo} needs an MLP Q-network as its base, got {meta['net_spec']} "
+                         f"({meta.get('network', 'q')} network)")
     net, spec = recipe.derive(base_net, meta["net_spec"], hp)
     target = settings.get("target_return")
     accept, cpu_s = _acceptance(args, net, settings["eval_episodes"], meta.get("profile"), target)
@@ -187,8 +188,9 @@ def _eval_settings(args) -> tuple[int, float | None]:
 
 
 def cmd_import(args) -> None:
-    """Your own policy: import a state dict (PyTorch, CleanRL, Stable-Baselines3 DQN zip) into model.pt and its
-    record model.json (sha256 of the source and of the result, architecture, profile, clean greedy return)."""
+    """Your own policy: import a state dict (PyTorch, CleanRL DQN or PPO, Stable-Baselines3 DQN, PPO or A2C zip)
+    into model.pt and its record model.json (sha256 of the source and of the result, architecture, profile,
+    ``network``: ``q`` or ``policy``, clean greedy return)."""
     from crop.checkpoints import clean_greedy_return
     from crop.envs import PROFILES, env_spec
     from crop.importing import check_fits_env, import_policy
@@ -208,12 +210,13 @@ def cmd_import(args) -> None:
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
     clean = clean_greedy_return(net, args.env, profile, episodes, args.seed, target)
-    spec = info.pop("net_spec")
-    record = {"net_spec": spec, "profile": profile, "source": "file", "imported_from": info,
+    spec, network = info.pop("net_spec"), info.pop("network")
+    record = {"net_spec": spec, "network": network, "profile": profile, "source": "file", "imported_from": info,
               "clean_greedy_return": clean}
     _save_policy(args, net, record, "import", "cpu", started,
                  inputs={"file": {"path": info["path"], "sha256": info["sha256"]}})
-    print(f"imported {args.env}/{args.algo} from {args.file} ({info['format']}, {spec_summary(spec)}, profile "
+    print(f"imported {args.env}/{args.algo} from {args.file} ({info['format']}, {network} network, "
+          f"{spec_summary(spec)}, profile "
           f"{profile}): greedy return {clean['mean']:.1f} over {clean['episodes']} episodes; sha256 "
           f"{record['sha256']}")
 

@@ -1,7 +1,22 @@
-"""Functional smoothing of a Q-network (Eq. (2) of the paper) — the project's one hot loop.
+"""Functional smoothing of a network (Eq. (2) of the paper) — the project's one hot loop.
 
-``SmoothedQ`` estimates Q̃(s, a) = E_{Δ∼N(0,σ²I)} clip(Q(s+Δ, a), V_min, V_max) for every action from m
-Monte-Carlo samples, with confidence bounds that hold *simultaneously* for all actions.  Every call draws
+``SmoothedQ`` estimates f̃(s, a) = E_{Δ∼N(0,σ²I)} f(s+Δ, a) for every action from m Monte-Carlo samples,
+with confidence bounds that hold *simultaneously* for all actions.  The smoothing *target* f is
+
+* ``q``: the clipped Q-values clip(Q(s, a), V_min, V_max) (the paper's Q̃; needs the V range, App. B.1);
+* ``probs``: the action probabilities softmax(z(s))_a of a policy network's logits z;
+* ``vote``: the one-hot 1{a = argmax_b z(s, b)} of the network's greedy action (randomized smoothing of the
+  action itself; for a Q-network or a policy network).
+
+``probs`` and ``vote`` lie in [0, 1] by construction, so Theorem 1 holds for them with [V_min, V_max] =
+[0, 1] and no V-range estimate (**adapted Theorem 1**): let f: S → [0, 1]^|A| be any measurable function and
+f̃ its Gaussian smoothing.  For every a, s ↦ σ·Φ⁻¹(f̃(s, a)) is 1-Lipschitz in ℓ2 (Lemma 3 of the appendix,
+Salman et al. 2019; it needs only f(·, a) ∈ [0, 1]).  So if L ≤ f̃(s, a₁) and U(a) ≥ f̃(s, a) for every
+a ≠ a₁, the smoothed policy π̃(s') = argmax_a f̃(s', a) takes a₁ at every s' with ‖s' − s‖₂ <
+r = min_{a≠a₁} σ/2·(Φ⁻¹(L) − Φ⁻¹(U(a))), when r > 0.  For ``vote`` with two actions and U = 1 − L this is
+Cohen et al.'s radius σ·Φ⁻¹(L); with more actions it is their two-sided form against every other action.
+The samples of ``vote`` are Bernoulli, so the ``clopper_pearson`` bound is exact for it (its randomised
+rounding does nothing to 0/1 samples).  Every call draws
 fresh noise from one seeded generator that keeps advancing: noise is never reused across states (the
 official CROP code drew one noise bank and reused it for every state, which makes the per-state
 certificates dependent).
@@ -15,8 +30,14 @@ import torch
 
 from crop import stats
 from crop.models.s2d import space_to_depth_input
+from crop.names import TARGET_NAMES
 
-__all__ = ["SmoothedQ", "Estimate", "NonFiniteQError", "resolve_device", "BOUNDS"]
+__all__ = ["SmoothedQ", "Estimate", "NonFiniteQError", "resolve_device", "BOUNDS", "TARGETS", "TARGET_RANGE"]
+
+#: The smoothing targets (see the module docstring).
+TARGETS = TARGET_NAMES
+#: The fixed range of the targets bounded by construction (``q`` clips to the estimated V range instead).
+TARGET_RANGE = {"probs": (0.0, 1.0), "vote": (0.0, 1.0)}
 
 
 class NonFiniteQError(FloatingPointError):
@@ -31,7 +52,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 @dataclass
 class Estimate:
-    """Smoothed means of the clipped Q-values and bounds that all hold together with prob ≥ 1 − alpha."""
+    """Smoothed means of the target (clipped Q-values, probabilities or votes) and bounds that all hold
+    together with prob ≥ 1 − alpha."""
 
     mean: np.ndarray   # (|A|,) float64
     lower: np.ndarray  # (|A|,)
@@ -39,15 +61,16 @@ class Estimate:
     m: int
     alpha: float       # total miscoverage of the whole set of bounds for this state
     bound: str
-    raw_mean: np.ndarray | None = None  # (|A|,) means of the *unclipped* samples: only to break exact ties
+    raw_mean: np.ndarray | None = None  # (|A|,) means of the raw network outputs: only to break exact ties
 
     @property
     def action(self) -> int:
-        """The smoothed policy's action: argmax of the Monte-Carlo means of the clipped Q (the paper's
+        """The smoothed policy's action: argmax of the Monte-Carlo means of the target (the paper's
         inference).  An exact tie — typically every sample of the tied actions clipped to the same end of
-        [V_min, V_max] — is broken by the unclipped means (the policy the V range was estimated with) instead
-        of always taking the first action.  A tied action is never certified (its lower bound cannot exceed
-        the other's upper bound), so certificates do not depend on this rule."""
+        [V_min, V_max], or two actions with the same vote count — is broken by the means of the raw network
+        outputs (unclipped Q-values or logits) instead of always taking the first action.  A tied action is
+        never certified (its lower bound cannot exceed the other's upper bound), so certificates do not
+        depend on this rule."""
         best = np.flatnonzero(self.mean == self.mean.max())
         if len(best) == 1 or self.raw_mean is None:
             return int(best[0])
@@ -140,7 +163,7 @@ class _GraphCall:
             q3 = q.view(n, m, a_n)
             finite = torch.isfinite(q3).flatten(1).all(1)
             raw = q3.sum(1, dtype=torch.float64)
-            total = q3.clamp(sm.v_min, sm.v_max).sum(1, dtype=torch.float64)
+            total = sm._apply_target(q3, inplace=False).sum(1, dtype=torch.float64)
             return torch.cat([total, raw, finite.to(torch.float64).unsqueeze(1)], 1)
 
         # Warm-up on a side stream (cuBLAS workspaces) with a scratch generator: the stream is untouched.
@@ -169,8 +192,10 @@ class SmoothedQ:
     al.'s ``Smooth`` class.
 
     Parameters mirror the paper: ``sigma`` (noise std), ``m`` (samples per state), ``v_min``/``v_max``
-    (clipping range, estimated beforehand from *independent* noise, Appendix B.1), ``alpha`` (per-state
-    miscoverage, split over the 2·|A| one-sided bounds, see :func:`crop.stats.per_bound_alpha`).
+    (clipping range, estimated beforehand from *independent* noise, Appendix B.1; [0, 1] for the targets
+    ``probs`` and ``vote``), ``alpha`` (per-state miscoverage, split over the 2·|A| one-sided bounds, see
+    :func:`crop.stats.per_bound_alpha`), ``target`` (what is smoothed: ``q``, ``probs`` or ``vote``, see the
+    module docstring; the noise stream does not depend on it).
 
     Several states at once (:meth:`estimate_batch`): B states cost B·m forward samples in as few launches as
     memory allows, and every state still gets its own m fresh draws.  **Noise stream layout** (what makes a
@@ -206,7 +231,7 @@ class SmoothedQ:
 
     def __init__(self, q_net: torch.nn.Module, sigma: float, m: int, v_min: float, v_max: float,
                  alpha: float, n_actions: int, *, bound: str = "hoeffding", chunk: int = 1000,
-                 seed: int = 0, device: str | torch.device | None = "cpu"):
+                 seed: int = 0, device: str | torch.device | None = "cpu", target: str = "q"):
         if not sigma > 0:
             raise ValueError(f"sigma must be > 0, got {sigma}")
         if m < 1:
@@ -217,6 +242,13 @@ class SmoothedQ:
             raise ValueError(f"need finite v_min < v_max, got [{v_min}, {v_max}]")
         if bound not in BOUNDS:
             raise ValueError(f"unknown bound {bound!r}; known: {sorted(BOUNDS)}")
+        if target not in TARGETS:
+            raise ValueError(f"unknown smoothing target {target!r}; known: {list(TARGETS)}")
+        if target in TARGET_RANGE and (float(v_min), float(v_max)) != TARGET_RANGE[target]:
+            # Theorem 1 needs the range the samples lie in; for these targets it is [0, 1], not an estimate.
+            raise ValueError(f"target {target!r} lies in {list(TARGET_RANGE[target])}: give v_min, v_max = "
+                             f"{TARGET_RANGE[target]}, got [{v_min}, {v_max}]")
+        self.target = target
         self.device = resolve_device(device)
         self.q_net = q_net.to(self.device).eval()
         self.sigma, self.m, self.alpha = float(sigma), int(m), float(alpha)
@@ -246,6 +278,18 @@ class SmoothedQ:
         self.cuda_graphs = self.device.type == "cuda"
         self._graphs, self._graph_pool = {}, None
         self._submitted = self._collected = 0  # calls submitted / whose results were taken (in order)
+
+    def _apply_target(self, q: torch.Tensor, inplace: bool) -> torch.Tensor:
+        """The target's samples from the network outputs ``q`` (rows, |A|), all in [v_min, v_max]: clipped
+        Q-values, softmax probabilities or the one-hot of the greedy action (first index on exact ties: a
+        fixed function of the state, as the theorem needs).  ``inplace``: written into ``q``."""
+        if self.target == "q":
+            return q.clamp_(self.v_min, self.v_max) if inplace else q.clamp(self.v_min, self.v_max)
+        if self.target == "probs":
+            f = torch.softmax(q, dim=-1).clamp_(0.0, 1.0)
+        else:
+            f = torch.zeros_like(q).scatter_(-1, q.argmax(-1, keepdim=True), 1.0)
+        return q.copy_(f) if inplace else f
 
     def get_state(self) -> dict:
         """Everything random about the smoother's future: the noise generator, the randomised-rounding
@@ -396,7 +440,7 @@ class SmoothedQ:
             # One flag per state, checked when the results are collected: no device→host sync in this loop.
             finite[s0:s0 + k] &= torch.isfinite(q3).flatten(1).all(1)
             raw[s0:s0 + k] += q3.sum(1, dtype=torch.float64)
-            q.clamp_(self.v_min, self.v_max)
+            self._apply_target(q, inplace=True)
             total[s0:s0 + k] += q3.sum(1, dtype=torch.float64)
             if kept is not None:
                 for j, part in enumerate(q3.to(torch.float64).cpu()):

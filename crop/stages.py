@@ -46,6 +46,17 @@ def _stage_seed(args, stage: str) -> int:
     return derive_seed(args.seed, args.env, args.algo, repr(float(args.sigma)), stage)
 
 
+def resolve_target(args, meta: dict) -> str:
+    """The smoothing target of a stage: ``--target``, else the checkpoint's default (``probs`` for a policy
+    network, ``q`` for a Q-network); ``q`` of a policy network is refused (it has no Q-values)."""
+    network = meta.get("network", "q")
+    target = getattr(args, "target", None) or ("probs" if network == "policy" else "q")
+    if network == "policy" and target == "q":
+        raise InputError(f"{args.checkpoint}: a policy network (model.json network: policy) has no Q-values to "
+                         "smooth; use --target probs or vote (config: target)")
+    return target
+
+
 class Stage:
     """What every certification stage shares: verify and load the checkpoint (and the V range), build the
     smoother, then record provenance and write each output atomically beside its ``.meta.json``."""
@@ -53,14 +64,24 @@ class Stage:
     def __init__(self, args, qrange: bool = True):
         from crop.models import load_checkpoint
         from crop.qrange import load_qrange
+        from crop.smoothing import TARGET_RANGE
 
         self.args, self.name = args, args.command.replace("-", "_")
         self.started = setup(args)
         self.net, self.meta = load_checkpoint(args.checkpoint, args.env, args.algo)
         self.profile = self.meta.get("profile")
+        self.target = resolve_target(args, self.meta)
+        if hasattr(args, "target"):  # recorded resolved (the stages whose result depends on the target)
+            args.target = self.target
+        # The V range is the q target's only: probs and vote lie in [0, 1] (Theorem 1 with V range [0, 1]).
+        qrange = qrange and self.target == "q"
         self.inputs = ("checkpoint", "qrange") if qrange else ("checkpoint",)
         if qrange:
+            if not getattr(args, "qrange", None):
+                raise InputError("the q target needs --qrange (qrange.json of the same env/algo/sigma)")
             self.v_min, self.v_max = load_qrange(args.qrange, args.env, args.algo, args.sigma)
+        elif self.target in TARGET_RANGE:
+            self.v_min, self.v_max = TARGET_RANGE[self.target]
         self.seed = _stage_seed(args, args.command)
         self.device = args.device
 
@@ -72,7 +93,7 @@ class Stage:
         a = self.args
         # The action count is the checkpoint's (SA-DQN's Pong networks use 4 of the 6 actions).
         sm = SmoothedQ(self.net, a.sigma, a.m, self.v_min, self.v_max, alpha, n_actions(self.meta["net_spec"]),
-                       bound=a.bound, chunk=a.chunk, seed=self.seed, device=a.device)
+                       bound=a.bound, chunk=a.chunk, seed=self.seed, device=a.device, target=self.target)
         self.device = str(sm.device)
         return sm
 
@@ -104,6 +125,9 @@ def cmd_qrange(args) -> None:
     from crop.qrange import estimate_qrange
 
     st = Stage(args, qrange=False)
+    if st.target != "q":
+        raise InputError(f"{args.checkpoint}: a policy network has no V range to estimate (its targets probs and "
+                         "vote lie in [0, 1])")
     res = estimate_qrange(args.env, st.net, args.sigma, args.m, args.episodes, args.horizon,
                           _episode_seeds(args.seed, args.env, args.episodes, "qrange-episode"), seed=st.seed,
                           chunk=args.chunk, device=args.device, profile=st.profile, progress=args.progress,
@@ -127,7 +151,7 @@ def cmd_loact(args) -> None:
                                 _episode_seeds(args.seed, args.env, args.episodes), profile=st.profile,
                                 progress=args.progress, frames=frames, frames_window=tuple(args.frames_window))
     longest = int(episodes["steps"].max())
-    st.write({"v_min": st.v_min, "v_max": st.v_max, "states_certified": int(len(steps)),
+    st.write({"target": st.target, "v_min": st.v_min, "v_max": st.v_max, "states_certified": int(len(steps)),
               "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha, "per_bound_alpha": sm.alpha_each,
               "confidence": {"per_state": 1 - sm.alpha, "per_episode": episode_confidence(sm.alpha, longest),
                              "rule": "union bound: the 2|A| one-sided bounds of a state each at per_bound_alpha; "
@@ -135,8 +159,8 @@ def cmd_loact(args) -> None:
               "note": "radius is 0 at uncertified steps and counts in every mean"},
              out=steps, out_episodes=episodes, out_ratio=certified_ratio(steps, args.sigma * np.linspace(0, 4, 81)),
              out_frames=(lambda p: write_frames(p, frames, args.env), len(frames)))
-    print(f"LoAct {args.env}/{args.algo} σ={args.sigma}: {steps['certified'].mean():.1%} of {len(steps)} steps "
-          f"certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
+    print(f"LoAct {args.env}/{args.algo} σ={args.sigma} target {st.target}: {steps['certified'].mean():.1%} of "
+          f"{len(steps)} steps certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
           f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
 
 
@@ -183,7 +207,7 @@ def cmd_lore(args) -> None:
                            resume_file=Path(args.out).with_name(Path(args.out).name + ".resume"),
                            checkpoint_every=args.checkpoint_every)
     info["reward_modification"] = spec.lore_reward
-    st.write({"v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
+    st.write({"target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
               "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
               "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
                              "tree": info["confidence_tree"],

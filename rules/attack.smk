@@ -4,9 +4,9 @@
 
 rule attack_local:
     input:
-        model=CHECKPOINT,
-        record=CHECKPOINT_RECORD,
-        qrange=run_file("qrange"),
+        model=run_checkpoint,
+        record=run_checkpoint_record,
+        qrange=qrange_input,
     output:
         table=run_file("attack_local"),
         meta=meta_file("attack_local"),
@@ -23,16 +23,17 @@ rule attack_local:
         runtime=15,
     params:
         common=common_args,
+        target=target_args,
         settings=stage_settings_arg("attack-local"),
     shell:
         "crop attack-local {params.common} --threads {threads} --checkpoint {input.model:q} "
-        "--qrange {input.qrange:q} --settings {params.settings} --out {output.table:q} > {log:q} 2>&1"
+        "{params.target} --settings {params.settings} --out {output.table:q} > {log:q} 2>&1"
 
 
 rule attack_global:
     input:
-        model=CHECKPOINT,
-        record=CHECKPOINT_RECORD,
+        model=run_checkpoint,
+        record=run_checkpoint_record,
     output:
         table=run_file("attack_global"),
         meta=meta_file("attack_global"),

@@ -5,7 +5,16 @@ import re
 import shlex
 
 from crop import layout
-from crop.config import ConfigError, sigma_label, stage_settings, targets, train_settings, validate_config
+from crop.config import (
+    ConfigError,
+    run_targets,
+    sigma_label,
+    smoothing_targets,
+    stage_settings,
+    targets,
+    train_settings,
+    validate_config,
+)
 from crop.registry import checkpoint_source
 from crop.report.provenance import config_hash
 
@@ -62,9 +71,10 @@ ALGOS = sorted(
 SIGMAS = sorted({t[2] for t in targets(CFG)}, key=float)
 
 
+# {algo} of a run folder is ALGO, or ALGO@TARGET for a smoothing target other than q (crop/layout.py).
 wildcard_constraints:
     env="|".join(map(re.escape, ENVS)),
-    algo="|".join(map(re.escape, ALGOS)),
+    algo="(?:" + "|".join(map(re.escape, ALGOS)) + ")(?:@(?:probs|vote))?",
     sigma=r"[0-9][0-9.e+-]*",
 
 
@@ -73,9 +83,10 @@ def env_cfg(wildcards):
 
 
 def common_args(wildcards, threads=1):
-    """Flags every certification subcommand takes."""
+    """Flags every certification subcommand takes (the algorithm without its run folder's @TARGET)."""
+    algo = layout.split_run_algo(wildcards.algo)[0]
     return (
-        f"--env {shlex.quote(wildcards.env)} --algo {shlex.quote(wildcards.algo)} --sigma {wildcards.sigma} "
+        f"--env {shlex.quote(wildcards.env)} --algo {shlex.quote(algo)} --sigma {wildcards.sigma} "
         f"--seed {CFG['seed']} --device {CFG['device']} --chunk {CFG['chunk']}"
     )
 
@@ -96,6 +107,30 @@ def meta_file(name):
 
 CHECKPOINT = f"{R}/{{env}}/{{algo}}/checkpoint/model.pt"
 CHECKPOINT_RECORD = f"{R}/{{env}}/{{algo}}/checkpoint/model.json"
+
+
+def run_checkpoint(w):
+    """The checkpoint a run folder's stages read: its algorithm's, whatever the smoothing target."""
+    return str(layout.checkpoint_path(R, w.env, layout.split_run_algo(w.algo)[0]))
+
+
+def run_checkpoint_record(w):
+    return str(layout.checkpoint_record(R, w.env, layout.split_run_algo(w.algo)[0]))
+
+
+def qrange_input(w):
+    """qrange.json for the q target; nothing for probs and vote (bounded in [0, 1]: no qrange job)."""
+    if layout.split_run_algo(w.algo)[1] != "q":
+        return []
+    return f"{R}/{w.env}/{w.algo}/sigma-{w.sigma}/{layout.RUN_FILES['qrange']}"
+
+
+def target_args(w):
+    """--target of LoAct, LoRe and the local attack, with --qrange for the q target."""
+    target = layout.split_run_algo(w.algo)[1]
+    if target != "q":
+        return f"--target {shlex.quote(target)}"
+    return f"--target q --qrange {shlex.quote(qrange_input(w))}"
 
 
 def base_checkpoint(w):
@@ -169,11 +204,11 @@ def stage_settings_arg(stage):
 
 
 def run_dirs():
-    return [f"{env}/{algo}/sigma-{sig}" for env, algo, sig in targets(CFG)]
+    return [f"{env}/{layout.run_algo(algo, t)}/sigma-{sig}" for env, algo, sig, t in run_targets(CFG)]
 
 
 def all_run_files():
-    return [f"{R}/{d}/{name}" for d in run_dirs() for name in layout.RUN_FILES.values()]
+    return [f"{R}/{d}/{name}" for d in run_dirs() for name in layout.run_files(layout.run_target(d)).values()]
 
 
 FIGURES = f"{R}/figures"
@@ -182,7 +217,13 @@ TABLES = f"{R}/tables"
 
 def plan():
     """{env: (algorithms, σ labels)} of the config: what the aggregate rule draws and tabulates."""
-    return {env: (ec["algorithms"], [sigma_label(s) for s in ec["sigmas"]]) for env, ec in CFG["environments"].items()}
+    return {
+        env: (
+            [layout.run_algo(a, t) for a in ec["algorithms"] for t in smoothing_targets(ec)],
+            [sigma_label(s) for s in ec["sigmas"]],
+        )
+        for env, ec in CFG["environments"].items()
+    }
 
 
 def figure_outputs(fmt, family=None):

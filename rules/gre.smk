@@ -3,8 +3,8 @@
 
 rule gre:
     input:
-        model=CHECKPOINT,
-        record=CHECKPOINT_RECORD,
+        model=run_checkpoint,
+        record=run_checkpoint_record,
     output:
         bounds=run_file("gre"),
         returns=run_file("gre_returns"),

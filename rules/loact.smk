@@ -3,9 +3,9 @@
 
 rule loact:
     input:
-        model=CHECKPOINT,
-        record=CHECKPOINT_RECORD,
-        qrange=run_file("qrange"),
+        model=run_checkpoint,
+        record=run_checkpoint_record,
+        qrange=qrange_input,
     output:
         steps=run_file("loact"),
         episodes=run_file("loact_episodes"),
@@ -28,8 +28,9 @@ rule loact:
         runtime=15,
     params:
         common=common_args,
+        target=target_args,
         settings=stage_settings_arg("loact"),
     shell:
-        "crop loact {params.common} --threads {threads} --checkpoint {input.model:q} --qrange {input.qrange:q} "
+        "crop loact {params.common} --threads {threads} --checkpoint {input.model:q} {params.target} "
         "--settings {params.settings} --out {output.steps:q} --out-episodes {output.episodes:q} "
         "--out-ratio {output.ratio:q} --out-frames {output.frames:q} > {log:q} 2>&1"

@@ -3,9 +3,9 @@
 
 rule lore:
     input:
-        model=CHECKPOINT,
-        record=CHECKPOINT_RECORD,
-        qrange=run_file("qrange"),
+        model=run_checkpoint,
+        record=run_checkpoint_record,
+        qrange=qrange_input,
     output:
         bounds=run_file("lore"),
         meta=meta_file("lore"),
@@ -22,7 +22,8 @@ rule lore:
         runtime=15,
     params:
         common=common_args,
+        target=target_args,
         settings=stage_settings_arg("lore"),
     shell:
-        "crop lore {params.common} --threads {threads} --checkpoint {input.model:q} --qrange {input.qrange:q} "
+        "crop lore {params.common} --threads {threads} --checkpoint {input.model:q} {params.target} "
         "--settings {params.settings} --out {output.bounds:q} > {log:q} 2>&1"

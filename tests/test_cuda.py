@@ -87,3 +87,17 @@ def test_pipelined_loact_is_deterministic():
     a, b = run(), run()
     assert len(a) == 48
     assert a.equals(b)
+
+
+@pytest.mark.parametrize("target", ["probs", "vote"])
+def test_graph_replay_equals_the_eager_path_for_the_targets_in_zero_one(target):
+    """The graph applies the target (softmax, one-hot of the greedy action) as the eager path does."""
+    xs = np.random.default_rng(1).random((8, 25), dtype=np.float32)
+    graphs = SmoothedQ(_mlp(), 0.3, 10000, 0.0, 1.0, 0.05, 5, seed=3, device=DEV, target=target)
+    eager = SmoothedQ(_mlp(), 0.3, 10000, 0.0, 1.0, 0.05, 5, seed=3, device=DEV, target=target)
+    eager.cuda_graphs = False
+    a = _means(graphs, xs)
+    assert len(graphs._graphs) == 3
+    np.testing.assert_array_equal(a, _means(eager, xs))
+    np.testing.assert_allclose(a.sum(1), 1.0, atol=1e-6)
+    assert a.min() >= 0.0 and a.max() <= 1.0

@@ -23,13 +23,21 @@ class CheckpointError(RuntimeError):
     """A checkpoint that must not be used: wrong hash, wrong architecture, unreadable or unsafe."""
 
 
+#: ``mlp``'s hidden activations: ReLU (Q-networks; the default, not written in a spec) and Tanh (the policy
+#: networks of SB3's PPO/A2C MlpPolicy and CleanRL's ppo.py).
+MLP_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
+
+
 def _mlp(spec: dict) -> nn.Sequential:
     dims = [int(spec["in"]), *[int(h) for h in spec.get("hidden", [])], int(spec["out"])]
+    act = spec.get("activation", "relu")
+    if act not in MLP_ACTIVATIONS:
+        raise CheckpointError(f"unknown mlp activation {act!r}; known: {sorted(MLP_ACTIVATIONS)}")
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
         layers.append(nn.Linear(a, b))
         if i < len(dims) - 2:
-            layers.append(nn.ReLU())
+            layers.append(MLP_ACTIVATIONS[act]())
     # nn.Sequential keeps the state-dict keys "0.weight", "2.weight", … used by CROP's MLP checkpoints.
     return nn.Sequential(*layers)
 
@@ -102,7 +110,7 @@ def spec_summary(spec: dict) -> str:
         return "NoisyNet " + spec_summary({**spec, "arch": "mlp"})
     if spec.get("arch") == "mlp":
         dims = [spec["in"], *spec.get("hidden", []), spec["out"]]
-        return "MLP " + "→".join(str(d) for d in dims)
+        return "MLP " + "→".join(str(d) for d in dims) + (f" ({spec['activation']})" if "activation" in spec else "")
     if spec.get("arch") in ("nature_cnn", "dueling_cnn"):
         n = spec.get("in_size", 84)
         kind = "Nature-CNN" if spec["arch"] == "nature_cnn" else "dueling Nature-CNN"

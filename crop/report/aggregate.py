@@ -43,8 +43,11 @@ from crop.layout import (  # noqa: E402
     large_sigma_labels,
     main_sigma_labels,
     needs_frames,
+    series_label,
+    split_run_algo,
     table_files,
 )
+from crop.names import TARGET_NAMES  # noqa: E402
 from crop.report.metrics import CONVENTIONS, load_runs, lore_valid_until, metric_value, per_step_mean_radius  # noqa: E402
 
 __all__ = ["aggregate", "load_runs", "iter_env_figures", "legend_figure", "env_tables", "latex_table",
@@ -86,8 +89,38 @@ LABELS = {
 }
 
 
+# A smoothing target other than q (run folder ALGO@TARGET, crop/layout.py) is drawn in its algorithm's colour
+# with the target's own marker, and labelled "StdTrain (vote)".
+TARGET_MARKERS = {"probs": "p", "vote": "d"}
+
+
 def algo_label(algo: str) -> str:
-    return ALGO_LABELS.get(algo, algo)
+    base, target = split_run_algo(algo)
+    label = ALGO_LABELS.get(base, base)
+    return label if target == "q" else f"{label} ({target})"
+
+
+def _color(algo: str) -> str:
+    return ALGO_COLORS[split_run_algo(algo)[0]]
+
+
+def _marker(algo: str) -> str:
+    base, target = split_run_algo(algo)
+    return ALGO_MARKERS[base] if target == "q" else TARGET_MARKERS[target]
+
+
+def _rank(algo: str) -> int:
+    return ALGORITHMS.index(split_run_algo(algo)[0])
+
+
+def _series_key(algo: str) -> tuple[int, int]:
+    base, target = split_run_algo(algo)
+    return ALGORITHMS.index(base), TARGET_NAMES.index(target)
+
+
+def _series(names) -> list[str]:
+    """Run folders' algorithm components in the fixed order: algorithms as listed, each target after q."""
+    return sorted({a for a in names if split_run_algo(a)[0] in ALGORITHMS}, key=_series_key)
 
 
 def load_frames(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -146,23 +179,23 @@ def _markevery(algo: str, n: int):
     if n <= 12:
         return None
     every = math.ceil(n / 8)
-    return (ALGORITHMS.index(algo) * every // len(ALGORITHMS), every)
+    return (_rank(algo) * every // len(ALGORITHMS), every)
 
 
 def _marker_size(algo: str) -> float:
-    return 5.6 - 0.3 * ALGORITHMS.index(algo)
+    return 5.6 - 0.3 * _rank(algo)
 
 
 def _line_width(algo: str) -> float:
     """Earlier algorithms draw wider lines, so that a later one drawn over the same values leaves an edge."""
-    return 1.9 - 0.09 * ALGORITHMS.index(algo)
+    return 1.9 - 0.09 * _rank(algo)
 
 
 def _bound_line(ax, x, y, algo, *, markevery="auto", **kw):
     """A certified quantity (solid, the algorithm's colour and marker)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     kw.setdefault("lw", _line_width(algo))
-    (line,) = ax.plot(x, y, color=ALGO_COLORS[algo], marker=ALGO_MARKERS[algo], ms=_marker_size(algo), ls="-",
+    (line,) = ax.plot(x, y, color=_color(algo), marker=_marker(algo), ms=_marker_size(algo), ls="-",
                       zorder=BOUND_Z,
                       markevery=_markevery(algo, len(x)) if markevery == "auto" else markevery,
                       label=algo_label(algo), gid=f"bound:{algo}", **kw)
@@ -171,14 +204,14 @@ def _bound_line(ax, x, y, algo, *, markevery="auto", **kw):
 
 def _attack_line(ax, x, y, algo):
     """A PGD attack's return (dashed, above the bounds, no markers to hide it)."""
-    style = {**ATTACK_STYLE, "ls": (2.0 * (ALGORITHMS.index(algo) % 3), (4, 2))}
-    (line,) = ax.plot(np.asarray(x, dtype=float), np.asarray(y, dtype=float), color=ALGO_COLORS[algo],
+    style = {**ATTACK_STYLE, "ls": (2.0 * (_rank(algo) % 3), (4, 2))}
+    (line,) = ax.plot(np.asarray(x, dtype=float), np.asarray(y, dtype=float), color=_color(algo),
                       label="_nolegend_", gid=f"attack:{algo}", **style)
     return line
 
 
 def _algo_handles(algos) -> list:
-    return [Line2D([], [], color=ALGO_COLORS[a], marker=ALGO_MARKERS[a], ms=6, lw=1.5, label=algo_label(a))
+    return [Line2D([], [], color=_color(a), marker=_marker(a), ms=6, lw=1.5, label=algo_label(a))
             for a in algos]
 
 
@@ -221,7 +254,7 @@ def _return_span(lo: float, hi: float) -> float:
 
 def _mean_std_band(ax, x, m, s, algo):
     _bound_line(ax, x, m, algo)
-    ax.fill_between(x, m - s, m + s, color=ALGO_COLORS[algo], alpha=0.15, lw=0, zorder=1)
+    ax.fill_between(x, m - s, m + s, color=_color(algo), alpha=0.15, lw=0, zorder=1)
 
 
 def _panel_stepwise(ax, runs: dict, sigma: float) -> None:
@@ -326,8 +359,8 @@ def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
         keep = lore[lore["eps"] <= end]
         xs = np.append(keep["eps"].to_numpy(), end)
         ys = np.append(keep["lower_bound"].to_numpy(), keep["lower_bound"].iloc[-1])
-        ax.step(xs, ys, where="post", color=ALGO_COLORS[a], label=algo_label(a), lw=_line_width(a), zorder=BOUND_Z,
-                marker=ALGO_MARKERS[a], ms=_marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
+        ax.step(xs, ys, where="post", color=_color(a), label=algo_label(a), lw=_line_width(a), zorder=BOUND_Z,
+                marker=_marker(a), ms=_marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
         att = d["attack_local"]
         g = att[att["same_start_as_lore"].astype(bool)].groupby("eps")["return"].min()
         _attack_line(ax, g.index, g.to_numpy(), a)
@@ -423,8 +456,8 @@ def _clean_figure(env: str, data: dict, algos, labels):
         # Dodged sideways (a few hundredths of a decade per algorithm) so that equal returns do not hide
         # each other; the σ ticks stay at the true σ.
         dodge = 10.0 ** (0.025 * (i - 0.5 * (len(algos) - 1)))
-        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=sd, marker=ALGO_MARKERS[a], ms=_marker_size(a), capsize=3,
-                    color=ALGO_COLORS[a], lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
+        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=sd, marker=_marker(a), ms=_marker_size(a), capsize=3,
+                    color=_color(a), lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
         if len(ms):
             lo, hi = min(lo, float(np.min(ms - sd))), max(hi, float(np.max(ms + sd)))
     _ylim(ax, lo, hi, _return_span(lo, hi))
@@ -459,7 +492,7 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
     fig = plt.figure(figsize=(1.7 * max(len(picks), 3), 4.6))
     gs = fig.add_gridspec(2, len(picks), height_ratios=[1.0, 1.25], hspace=0.35)
     ax = fig.add_subplot(gs[0, :])
-    ax.plot(window.index, window.to_numpy(), color=ALGO_COLORS[algo], lw=1.2, label=algo_label(algo))
+    ax.plot(window.index, window.to_numpy(), color=_color(algo), lw=1.2, label=algo_label(algo))
     ax.set_xlim(lo, max(hi, lo + 1))
     ax.set_ylim(bottom=0)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -485,7 +518,7 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
 def iter_env_figures(env: str, data: dict):
     """Yield (stem, Figure) for every figure of ``env`` in :func:`crop.layout.figure_families`."""
     keys = [k for k in data if k[0] == env]
-    algos = [a for a in ALGORITHMS if any(k[1] == a for k in keys)]
+    algos = _series(k[1] for k in keys)
     labels = sorted({k[2] for k in keys}, key=float)
     fam = figure_families(env, labels, algos)
     main = main_sigma_labels(env, labels)
@@ -589,7 +622,7 @@ def latex_table(df: pd.DataFrame, caption: str) -> str:
 
 def _pivot(df: pd.DataFrame, value: str) -> pd.DataFrame:
     t = df.pivot_table(index="algo", columns="sigma", values=value, aggfunc="first", dropna=False)
-    t = t.reindex([a for a in ALGORITHMS if a in t.index])
+    t = t.reindex(_series(t.index))
     t.columns = [f"sigma={c}" for c in t.columns]
     return t.reset_index()
 
@@ -635,7 +668,7 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
     """{table name: (DataFrame, caption)} for ``env`` (names as in :data:`crop.layout.TABLES`)."""
     spec = env_spec(env)
     rows, bound_rows = [], []
-    for (e, a, lab), d in sorted(data.items(), key=lambda kv: (ALGORITHMS.index(kv[0][1]), float(kv[0][2]))):
+    for (e, a, lab), d in sorted(data.items(), key=lambda kv: (_series_key(kv[0][1]), float(kv[0][2]))):
         if e != env:
             continue
         ep = d["loact_episodes"]
@@ -693,6 +726,8 @@ def _tables_for_env(env: str, data: dict, tables_dir: Path, table_eps_factors) -
     spec = env_spec(env)
     written = []
     for name, (df, caption) in env_tables(env, data, table_eps_factors).items():
+        if "algo" in df:  # rows of another smoothing target: "StdTrain (vote)" (q's rows unchanged)
+            df = df.assign(algo=df["algo"].map(series_label))
         written += _write_table(df, tables_dir / f"{spec.paper_name}_{name}", caption)
     expected = set(table_files(tables_dir, env))
     assert set(written) == expected, (sorted(map(str, written)), sorted(map(str, expected)))
@@ -706,7 +741,7 @@ def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tabl
     envs = sorted({k[0] for k in data})
     plan = {}
     for env in envs:
-        plan[env] = ([a for a in ALGORITHMS if any(k[:2] == (env, a) for k in data)],
+        plan[env] = (_series(k[1] for k in data if k[0] == env),
                      sorted({k[2] for k in data if k[0] == env}, key=float))
         for (e, _algo, _lab), d in data.items():
             if e == env and needs_frames(env) and not d["frames_path"].is_file():

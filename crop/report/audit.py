@@ -69,7 +69,7 @@ from scipy import stats as st
 
 from crop.envs import env_spec
 from crop.io import atomic_write_text, meta_path, read_json, write_json
-from crop.layout import RUN_FILES
+from crop.layout import RUN_FILES, run_files, run_target
 from crop.lore import lore_bound_at
 from crop.report.integrity import check_integrity, stages_present
 
@@ -85,7 +85,7 @@ def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
     those missing some)."""
     runs = []
     for d in sorted(Path(results).glob("*/*/sigma-*")):
-        if d.is_dir() and all((d / f).is_file() for f in RUN_FILES.values()) != incomplete:
+        if d.is_dir() and all((d / f).is_file() for f in run_files(run_target(d)).values()) != incomplete:
             runs.append(str(d.relative_to(results)))
     return runs
 

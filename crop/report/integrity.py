@@ -52,8 +52,10 @@ def stages_present(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
 def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
     """Files whose content no longer matches the hash recorded when they were written; with
     ``only_present``, the files of a partial run's stages only (absent stages are not problems)."""
+    from crop.layout import run_files, run_target
+
     problems = []
-    for key, name in RUN_FILES.items():
+    for key, name in run_files(run_target(run_dir)).items():  # a probs/vote run has no qrange.json
         f = run_dir / name
         if not f.is_file():
             if not only_present:

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from crop.io import read_json
-from crop.layout import FRAMES_FILE, RUN_FILES
+from crop.layout import FRAMES_FILE, run_files, run_target
 from crop.lore import lore_bound_at
 
 __all__ = ["load_runs", "parse_run", "METRICS", "EPS_METRICS", "metric_value", "is_metric", "metric_has_eps",
@@ -95,7 +95,7 @@ def load_runs(results: Path, runs) -> dict:
         if problems:  # never plot a truncated or edited intermediate
             raise IntegrityError("; ".join(f"{p['file']}: {p['problem']}" for p in problems))
         data = {}
-        for key, name in RUN_FILES.items():
+        for key, name in run_files(run_target(run)).items():
             f = d / name
             if not f.is_file():
                 raise FileNotFoundError(f"missing result file {f}")

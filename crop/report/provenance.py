@@ -35,7 +35,7 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
     package-version sets among the stages.
     """
     from crop.io import meta_path, read_json, sha256_file
-    from crop.layout import RUN_FILES, checkpoint_path
+    from crop.layout import RUN_FILES, checkpoint_path, split_run_algo
     from crop.report.metrics import parse_run
 
     results = Path(results)
@@ -58,7 +58,7 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
         ck = ((meta.get("inputs") or {}).get("checkpoint") or {}).get("sha256")
         stages.setdefault(stage, {**meta, "_file": fname, "_checkpoint": ck})
 
-    ckpt = checkpoint_path(results, env, algo)
+    ckpt = checkpoint_path(results, env, split_run_algo(algo)[0])  # StdTrain@vote reads StdTrain's
     rec_file = ckpt.with_suffix(".json")
     record = read_json(rec_file) if rec_file.is_file() else None
     used = {s: v["_checkpoint"] for s, v in stages.items() if v.get("_checkpoint")}

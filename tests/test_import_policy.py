@@ -1,0 +1,181 @@
+"""Policy-gradient agents (issue 21): SB3 PPO / A2C ``.zip`` files (MlpPolicy, CnnPolicy) and CleanRL's
+ppo.py / ppo_atari.py agents — each made here the way its library writes it — import as policy networks whose
+output is exactly the actor's logits; the record says ``network: policy``; the certifiers smooth their
+probabilities by default and refuse the q target in one line."""
+import io
+import json
+import zipfile
+
+import pytest
+import torch
+from torch import nn
+
+from crop.cli import main
+from crop.importing import PolicyImportError, import_policy
+from crop.models import load_q_network
+
+X = torch.randn(32, 4, generator=torch.Generator().manual_seed(3))
+
+
+def _tanh_mlp(sizes, seed, act=nn.Tanh):
+    torch.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers += [nn.Linear(a, b)] + ([act()] if i < len(sizes) - 2 else [])
+    return nn.Sequential(*layers).eval()
+
+
+def _nature_trunk(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
+                         nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten())
+
+
+def _sb3_zip(path, state: dict, policy_kwargs=None, algo="PPO"):
+    """An SB3 on-policy archive as `model.save()` writes it: data (JSON with the policy class and its
+    kwargs, activation_fn written as the class's text), policy.pth, the optimizer, pytorch_variables.pth,
+    the version file."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = {"policy_class": {":type:": "<class 'abc.ABCMeta'>", ":serialized:": "gAWV…",
+                             "__module__": "stable_baselines3.common.policies"},
+            "policy_kwargs": policy_kwargs or {}, "n_steps": 2048 if algo == "PPO" else 5}
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("data", json.dumps(data))
+        zf.writestr("policy.pth", buf.getvalue())
+        zf.writestr("policy.optimizer.pth", b"")
+        zf.writestr("pytorch_variables.pth", b"")
+        zf.writestr("_stable_baselines3_version", "2.3.2")
+    return path
+
+
+def _sb3_mlp_policy(pi_sizes, vf_sizes, n_actions, seed, act=nn.Tanh):
+    """MlpPolicy's state dict: mlp_extractor.policy_net / value_net (Linear + activation), action_net,
+    value_net (FlattenExtractor has no parameters)."""
+    pi = _tanh_mlp(pi_sizes, seed, act)
+    pi = nn.Sequential(*pi, act())  # SB3's policy_net ends with the activation
+    vf = _tanh_mlp(vf_sizes, seed + 1, act)
+    torch.manual_seed(seed + 2)
+    action_net, value_net = nn.Linear(pi_sizes[-1], n_actions), nn.Linear(vf_sizes[-1], 1)
+    state = {**{f"mlp_extractor.policy_net.{k}": v for k, v in pi.state_dict().items()},
+             **{f"mlp_extractor.value_net.{k}": v for k, v in vf.state_dict().items()},
+             **{f"action_net.{k}": v for k, v in action_net.state_dict().items()},
+             **{f"value_net.{k}": v for k, v in value_net.state_dict().items()}}
+    return state, (lambda x: action_net(pi(x)))
+
+
+def _same_logits(net, reference, x=X):
+    with torch.no_grad():
+        assert torch.allclose(net(x), reference(x), atol=1e-6, rtol=0)
+
+
+def test_sb3_ppo_mlp_policy_is_the_policy_branch_and_action_net(tmp_path):
+    state, logits = _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
+    src = _sb3_zip(tmp_path / "ppo_cartpole.zip", state)
+    net, info = import_policy(src, "mlp")
+    assert info["network"] == "policy" and info["format"] == "sb3"
+    assert info["net_spec"] == {"arch": "mlp", "in": 4, "hidden": [64, 64], "out": 2, "activation": "tanh"}
+    _same_logits(net, logits)
+
+
+def test_sb3_a2c_with_relu_from_its_policy_kwargs(tmp_path):
+    state, logits = _sb3_mlp_policy([4, 32], [4, 16, 16], 3, seed=2, act=nn.ReLU)
+    kwargs = {":type:": "<class 'dict'>", ":serialized:": "gAWV…",
+              "activation_fn": "<class 'torch.nn.modules.activation.ReLU'>", "net_arch": [32]}
+    net, info = import_policy(_sb3_zip(tmp_path / "a2c.zip", state, kwargs, algo="A2C"), "mlp")
+    assert info["net_spec"] == {"arch": "mlp", "in": 4, "hidden": [32], "out": 3}
+    _same_logits(net, logits)
+    kwargs["activation_fn"] = "<class 'torch.nn.modules.activation.ELU'>"
+    with pytest.raises(PolicyImportError, match="activation .*ELU.* is not supported"):
+        import_policy(_sb3_zip(tmp_path / "elu.zip", state, kwargs), "mlp")
+
+
+def test_sb3_ppo_cnn_policy_maps_onto_nature_cnn(tmp_path):
+    """CnnPolicy: the NatureCNN features extractor (shared: also under pi_/vf_features_extractor), no policy
+    layers in mlp_extractor, action_net on its 512 features; the value head is dropped."""
+    cnn = _nature_trunk(4)
+    torch.manual_seed(5)
+    linear, action_net, value_net = nn.Sequential(nn.Linear(3136, 512), nn.ReLU()), nn.Linear(512, 6), nn.Linear(512, 1)
+    fe = {**{f"cnn.{k}": v for k, v in cnn.state_dict().items()},
+          **{f"linear.{k}": v for k, v in linear.state_dict().items()}}
+    state = {f"{p}features_extractor.{k}": v for p in ("", "pi_", "vf_") for k, v in fe.items()}
+    state.update({f"action_net.{k}": v for k, v in action_net.state_dict().items()})
+    state.update({f"value_net.{k}": v for k, v in value_net.state_dict().items()})
+    net, info = import_policy(_sb3_zip(tmp_path / "ppo_pong.zip", state),
+                              {"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6})
+    assert info["network"] == "policy"
+    _same_logits(net, lambda x: action_net(linear(cnn(x))), torch.rand(2, 4, 84, 84))
+
+
+class CleanRLAgent(nn.Module):
+    """cleanrl/ppo.py's Agent: critic and actor MLPs of 64 Tanh units."""
+
+    def __init__(self, n_in=4, n_out=2):
+        super().__init__()
+        self.critic = nn.Sequential(nn.Linear(n_in, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+        self.actor = nn.Sequential(nn.Linear(n_in, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, n_out))
+
+
+class CleanRLAtariAgent(nn.Module):
+    """cleanrl/ppo_atari.py's Agent: shared NatureCNN ``network``, ``actor`` and ``critic`` heads; its forward
+    takes pixels and divides by 255 (crop's Atari observations are already in [0, 1])."""
+
+    def __init__(self, n_out=6):
+        super().__init__()
+        self.network = nn.Sequential(*_nature_trunk(6), nn.Linear(3136, 512), nn.ReLU())
+        self.actor, self.critic = nn.Linear(512, n_out), nn.Linear(512, 1)
+
+
+def test_cleanrl_ppo_agents(tmp_path):
+    agent = CleanRLAgent().eval()
+    src = tmp_path / "runs" / "CartPole-v1__ppo__1__1700000000" / "ppo.cleanrl_model"
+    src.parent.mkdir(parents=True)
+    torch.save(agent.state_dict(), src)  # as cleanrl/ppo.py saves it
+    net, info = import_policy(src, "mlp")
+    assert info["network"] == "policy" and info["format"] == "cleanrl"
+    assert info["net_spec"]["activation"] == "tanh" and info["net_spec"]["hidden"] == [64, 64]
+    _same_logits(net, agent.actor)
+    atari = CleanRLAtariAgent().eval()
+    torch.save(atari.state_dict(), tmp_path / "ppo_atari.cleanrl_model")
+    net, info = import_policy(tmp_path / "ppo_atari.cleanrl_model",
+                              {"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6})
+    pixels = torch.randint(0, 256, (2, 4, 84, 84)).float()
+    _same_logits(net, lambda x: atari.actor(atari.network(x)), pixels / 255.0)
+
+
+def test_a_q_network_import_stays_a_q_network(tmp_path):
+    q = _tanh_mlp([4, 16, 2], 0, nn.ReLU)
+    torch.save(q.state_dict(), tmp_path / "q.pt")
+    assert import_policy(tmp_path / "q.pt", "mlp")[1]["network"] == "q"
+
+
+def _import_ppo(tmp_path):
+    state, logits = _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
+    src = _sb3_zip(tmp_path / "ppo.zip", state)
+    out = tmp_path / "ck" / "model.pt"
+    main(["import", "--env", "CartPole-v0", "--algo", "StdTrain", "--file", str(src), "--eval-episodes", "2",
+          "--out", str(out)])
+    return out, logits
+
+
+def test_certifiers_smooth_a_policy_networks_probabilities_and_refuse_q(tmp_path, capsys):
+    out, logits = _import_ppo(tmp_path)
+    rec = json.loads(out.with_suffix(".json").read_text())
+    assert rec["network"] == "policy"
+    _same_logits(load_q_network(out, rec["net_spec"], rec["sha256"]), logits)
+    common = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", str(out),
+              "--m", "200", "--episodes", "2", "--horizon", "5"]
+    for target in ("probs", "vote", None):
+        steps = tmp_path / f"loact-{target}.csv"
+        main(["loact", *common, *(["--target", target] if target else []), "--out", str(steps)])
+        meta = json.loads((tmp_path / f"loact-{target}.meta.json").read_text())
+        assert meta["target"] == (target or "probs") and (meta["v_min"], meta["v_max"]) == (0.0, 1.0)
+        assert "qrange" not in meta["inputs"]
+    capsys.readouterr()
+    for argv in (["loact", *common, "--target", "q", "--out", str(tmp_path / "q.csv")],
+                 ["qrange", *common[:-6], "--out", str(tmp_path / "qr.json")]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "policy network" in err, err
+    assert not (tmp_path / "q.csv").exists() and not (tmp_path / "qr.json").exists()
