@@ -2,6 +2,10 @@
 
 Per (env, algo, σ):   results/{env}/{algo}/sigma-{σ}/{qrange.json, loact.csv, gre.csv, lore.csv, …}
                       (+ frames.npz for Atari: raw RGB frames of LoAct episode 0, read by the Pong figure)
+Replicate k ≥ 1:      results/{env}/{algo}/sigma-{σ}/rep-{k}/{qrange.json, loact.csv, loact_episodes.csv, …}
+                      (config ``replicates: N``; the stages of :data:`REPLICATE_STAGES` only, with the seed
+                      :func:`replicate_seed`; replicate 0 is the run folder itself, so ``replicates: 1`` writes
+                      exactly what a run without replicates writes)
 Per (env, algo):      results/{env}/{algo}/checkpoint/model.pt (+ model.json: sha256, architecture, source)
 Figures:              results/figures/{Env}_{kind}[_sigma-{σ}].{pdf,png}  (the paper's file names)
 Tables:               results/tables/{Env}_{name}.{csv,md,tex}
@@ -75,8 +79,42 @@ FIGURE_FAMILIES = ("stepwise", "certified_ratio", "global_mean", "global_median"
 GLOBAL_FIGURES = ()
 
 
-def run_dir(results, env: str, algo: str, sigma_label: str) -> Path:
-    return Path(results) / env / algo / f"sigma-{sigma_label}"
+# Stages a replicate repeats (config ``replicates``): the V-range estimate and LoAct — the cheap ones, whose
+# spread over seeds (which states the episodes visit, the V range's own noise) the report's intervals show.
+# GRe, LoRe and the attacks run once per (env, algo, σ), in replicate 0.
+REPLICATE_STAGES = ("qrange", "loact")
+REPLICATE_FILES = ("qrange", "loact", "loact_episodes", "certified_ratio", "frames")
+REPLICATE_PREFIX = "rep-"
+
+
+def replicate_seed(seed: int, replicate: int = 0) -> int:
+    """The base seed of replicate ``replicate``: the config's seed for replicate 0 (today's run, byte for byte),
+    an independent derived seed (:func:`crop.io.derive_seed`, below 2³¹) for every other."""
+    if replicate == 0:
+        return int(seed)
+    from crop.io import derive_seed
+
+    return derive_seed(seed, "replicate", int(replicate)) % (2**31)
+
+
+def run_dir(results, env: str, algo: str, sigma_label: str, replicate: int = 0) -> Path:
+    """The folder of one run; replicate k ≥ 1 of it lives in its ``rep-{k}`` subfolder (the one place that
+    decides)."""
+    d = Path(results) / env / algo / f"sigma-{sigma_label}"
+    # a string is a Snakemake wildcard ("{rep}"), never replicate 0
+    return d if replicate in (0, None) else d / f"{REPLICATE_PREFIX}{replicate}"
+
+
+def replicate_of(run: str | Path) -> int:
+    """The replicate index of a run folder (``ENV/ALGO/sigma-S`` → 0, ``ENV/ALGO/sigma-S/rep-K`` → K)."""
+    name = Path(run).name
+    return int(name[len(REPLICATE_PREFIX):]) if name.startswith(REPLICATE_PREFIX) else 0
+
+
+def base_run(run: str | Path) -> str:
+    """The ``ENV/ALGO/sigma-S`` folder a replicate folder belongs to (itself for replicate 0)."""
+    p = Path(run)
+    return str(p.parent if replicate_of(p) else p)
 
 
 def checkpoint_path(results, env: str, algo: str) -> Path:

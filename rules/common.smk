@@ -66,6 +66,7 @@ wildcard_constraints:
     env="|".join(map(re.escape, ENVS)),
     algo="|".join(map(re.escape, ALGOS)),
     sigma=r"[0-9][0-9.e+-]*",
+    rep=r"[1-9][0-9]*",
 
 
 def env_cfg(wildcards):
@@ -80,6 +81,12 @@ def common_args(wildcards, threads=1):
     )
 
 
+def replicate_args(wildcards, threads=1):
+    """common_args of replicate k >= 1: the same flags with the replicate's own derived seed."""
+    seed = layout.replicate_seed(CFG["seed"], int(wildcards.rep))
+    return common_args(wildcards, threads).replace(f"--seed {CFG['seed']} ", f"--seed {seed} ", 1)
+
+
 def floats(xs):
     return " ".join(repr(float(x)) for x in xs)
 
@@ -92,6 +99,19 @@ def run_file(name):
 def meta_file(name):
     stem = layout.RUN_FILES[name].rsplit(".", 1)[0]
     return f"{R}/{{env}}/{{algo}}/sigma-{{sigma}}/{stem}.meta.json"
+
+
+# Replicate k >= 1 of a run (config `replicates`): its rep-{k} folder, from crop.layout.run_dir.
+REPLICATE_DIR = str(layout.run_dir(R, "{env}", "{algo}", "{sigma}", "{rep}"))
+
+
+def replicate_file(name):
+    return f"{REPLICATE_DIR}/{layout.RUN_FILES[name]}"
+
+
+def replicate_meta(name):
+    stem = layout.RUN_FILES[name].rsplit(".", 1)[0]
+    return f"{REPLICATE_DIR}/{stem}.meta.json"
 
 
 CHECKPOINT = f"{R}/{{env}}/{{algo}}/checkpoint/model.pt"
@@ -172,8 +192,18 @@ def run_dirs():
     return [f"{env}/{algo}/sigma-{sig}" for env, algo, sig in targets(CFG)]
 
 
+def replicate_files():
+    """The files of replicates 1 … N-1 of every run (none with the default `replicates: 1`)."""
+    return [
+        str(layout.run_dir(R, env, algo, sig, k) / layout.RUN_FILES[name])
+        for env, algo, sig in targets(CFG)
+        for k in range(1, CFG["replicates"])
+        for name in layout.REPLICATE_FILES
+    ]
+
+
 def all_run_files():
-    return [f"{R}/{d}/{name}" for d in run_dirs() for name in layout.RUN_FILES.values()]
+    return [f"{R}/{d}/{name}" for d in run_dirs() for name in layout.RUN_FILES.values()] + replicate_files()
 
 
 FIGURES = f"{R}/figures"
