@@ -73,10 +73,15 @@ _PERCENTILE = re.compile(r"^percentile_bound_p(0?\.\d+|1(\.0*)?|0)$")
 
 
 def parse_run(run: str) -> tuple[str, str, str]:
-    """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S``."""
+    """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S`` (or of its replicate folder
+    ``ENV/ALGO/sigma-S/rep-K``: :func:`crop.layout.replicate_of` tells which replicate)."""
+    from crop.layout import REPLICATE_PREFIX
+
     parts = Path(run).parts
+    if len(parts) == 4 and parts[3].startswith(REPLICATE_PREFIX) and parts[3][len(REPLICATE_PREFIX):].isdigit():
+        parts = parts[:3]
     if len(parts) != 3 or not parts[2].startswith("sigma-"):
-        raise ValueError(f"run {run!r} is not of the form ENV/ALGO/sigma-S")
+        raise ValueError(f"run {run!r} is not of the form ENV/ALGO/sigma-S[/rep-K]")
     return parts[0], parts[1], parts[2][len("sigma-"):]
 
 
