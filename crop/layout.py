@@ -70,7 +70,8 @@ LARGE_SIGMAS = {"FreewayNoFrameskip-v4": (1.5, 2.0, 4.0)}
 
 FIGURE_FORMATS = ("pdf", "png")
 TABLE_FORMATS = ("csv", "md", "tex")
-TABLES = ("mean_radius", "mean_radius_certified", "benign_return", "reward_bounds", "tightness")
+TABLES = ("mean_radius", "mean_radius_certified", "certified_fraction", "benign_return", "reward_bounds",
+          "tightness")
 FIGURE_FAMILIES = ("stepwise", "certified_ratio", "global_mean", "global_median", "adasearch", "all_bounds",
                    "loact_clean", "legend", "large_sigma", "periodic")
 # Figures written once per results folder, beside the per-environment ones.  None: the colours and markers are

@@ -276,6 +276,11 @@ def cmd_aggregate(args) -> None:
     runs = runs or _complete_runs(results)
     if not runs:
         raise InputError(f"no complete runs to aggregate under {results}")
+    if not args.inputs:  # a folder: each run's replicate folders (config `replicates`) with it
+        from crop.layout import REPLICATE_PREFIX
+
+        runs = list(runs) + [str(d.relative_to(results)) for r in runs
+                             for d in sorted((results / r).glob(f"{REPLICATE_PREFIX}*")) if d.is_dir()]
     figures = Path(args.figures) if args.figures else results / "figures"
     tables = Path(args.tables) if args.tables else results / "tables"
     try:

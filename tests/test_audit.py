@@ -350,3 +350,202 @@ def test_holm_controls_the_family_of_chance_based_checks():
     holm(items, 0.05)
     assert items[-1]["violation"] and items[-1]["p_adjusted"] == pytest.approx(402e-7)
     assert sum(i["violation"] for i in items if "p_value" in i) == 1
+
+
+# ------------------------------------------------------------- the default config's CartPole block, 27 runs
+
+ALGOS9 = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL", "NoisyNet", "GradDQN"]
+PLAN27 = {"CartPole-v0": {a: [0.01, 0.05, 0.1] for a in ALGOS9}}
+
+
+@pytest.fixture(scope="module")
+def pristine27(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pristine27")
+    make_results(root, PLAN27)
+    return root
+
+
+def _statuses(rep, **where):
+    return [c for c in rep["checks"] if all(c.get(k) == v for k, v in where.items())]
+
+
+def _plant_global(d, eps_index, value_of):
+    """Set every global-attack return at the eps_index-th ε to value_of(gre row at that ε)."""
+    ag, gre = pd.read_csv(d / "attack_global.csv"), pd.read_csv(d / "gre.csv")
+    e = sorted(ag["eps"].unique())[eps_index]
+    row = gre[np.isclose(gre["eps"], e)].iloc[0]
+    ag.loc[np.isclose(ag["eps"], e), "return"] = value_of(row)
+    rewrite_csv(d / "attack_global.csv", ag)
+    return float(e)
+
+
+def _plant_lore(d, every_eps: bool):
+    """LoRe's attacked return 1,000 below its certified bound (at ε = σ/2, or at every ε)."""
+    al, lore = pd.read_csv(d / "attack_local.csv"), pd.read_csv(d / "lore.csv")
+    rows = al["same_start_as_lore"].astype(bool) & (al["eps"] > 0)
+    if not every_eps:
+        rows &= np.isclose(al["eps"], sorted(al["eps"].unique())[1])
+    for i in al.index[rows]:
+        al.loc[i, "return"] = float(lore[lore["eps"] <= al.loc[i, "eps"]]["lower_bound"].iloc[-1]) - 1000
+    rewrite_csv(d / "attack_local.csv", al)
+
+
+def test_planted_violations_in_27_runs(pristine27, tmp_path):
+    """Each gross violation the released audit passed (issue 19) comes out violation or suspicious in a 27-run
+    folder; the sound folder has neither, and a LoRe tree with α spent >= 1 is untestable, not passed."""
+    def fresh(name):
+        root = tmp_path / name
+        shutil.copytree(pristine27, root)
+        return root, _run(root, "CartPole-v0", "StdTrain", "0.05")
+
+    root, _ = fresh("sound")
+    rep = audit(root, root / "audit")
+    assert rep["violations"] == rep["suspicious"] == 0 and rep["checked"] == 27 * 16 + 0 * 1
+    assert rep["verdict"] == "WARN" and rep["untestable"] > 0  # 12-episode percentile checks, single LoRe returns
+
+    # 1. every global-attack return at one ε set to J_min, far below both GRe bounds
+    root, d = fresh("jmin")
+    e = _plant_global(d, 1, lambda r: r["j_min"])
+    rep = audit(root, root / "audit")
+    at = _statuses(rep, algo="StdTrain", sigma=0.05)
+    exp_c = next(c for c in at if c["check"] == "gre_expectation_vs_pgd_mean" and math.isclose(c["eps"], e))
+    pct_c = next(c for c in at if c["check"] == "gre_percentile_p0.5_vs_pgd" and math.isclose(c["eps"], e))
+    assert exp_c["status"] == "violation" and rep["verdict"] == "FAIL"
+    assert pct_c["status"] in ("violation", "suspicious") and pct_c["p_value"] == pytest.approx(0.5 ** 12)
+    assert sum(c["status"] in ("violation", "suspicious") for c in rep["checks"]) == 2  # nothing else flagged
+
+    # 2. every attacked return just below the percentile bound at one ε
+    root, d = fresh("just_below")
+    e = _plant_global(d, 2, lambda r: r["percentile_bound"] - 1e-3)
+    rep = audit(root, root / "audit")
+    pct_c = next(c for c in _statuses(rep, algo="StdTrain", sigma=0.05)
+                 if c["check"] == "gre_percentile_p0.5_vs_pgd" and math.isclose(c["eps"], e))
+    assert pct_c["status"] in ("violation", "suspicious") and rep["verdict"] in ("WARN", "FAIL")
+    assert rep["suspicious_list"][0] is not None and pct_c in rep["suspicious_list"] + rep["violation_list"]
+    md = (root / "audit" / "audit.md").read_text()
+    assert md.index("## Suspicious checks") < md.index("## Soundness violations")
+
+    # 3. LoRe's attacked return 1,000 below its bound, at one ε and at every ε
+    for every in (False, True):
+        root, d = fresh(f"lore_{every}")
+        _plant_lore(d, every)
+        rep = audit(root, root / "audit")
+        flagged = [c for c in _statuses(rep, algo="StdTrain", sigma=0.05, check="lore_vs_pgd_local")
+                   if c["empirical_below"]]
+        assert flagged and all(c["status"] in ("violation", "suspicious") for c in flagged)
+        assert rep["verdict"] in ("WARN", "FAIL") and rep["suspicious"] + rep["violations"] == len(flagged)
+
+    # 4. the same under alpha_mode: state, where a real LoRe tree spends α >= 1: untestable, with the fix
+    root, d = fresh("lore_state")
+    _plant_lore(d, True)
+    meta = json.loads((d / "lore.meta.json").read_text())
+    meta["search"]["alpha_spent"] = 3.2
+    (d / "lore.meta.json").write_text(json.dumps(meta))  # the meta is not hashed: no integrity problem
+    rep = audit(root, root / "audit")
+    lore_c = _statuses(rep, algo="StdTrain", sigma=0.05, check="lore_vs_pgd_local")
+    assert lore_c and all(c["status"] == "untestable" and "alpha_mode: family" in c["testable_with"]
+                          and "no joint meaning" in c["reason"] for c in lore_c)
+
+    # 5. every certified step flipped at one ε
+    root, d = fresh("flipped")
+    al = pd.read_csv(d / "attack_local.csv")
+    at = np.isclose(al["eps"], sorted(al["eps"].unique())[1])
+    al.loc[at, "flips_certified"] = al.loc[at, "steps"]
+    rewrite_csv(d / "attack_local.csv", al)
+    rep = audit(root, root / "audit")
+    assert rep["verdict"] == "FAIL" and [c["check"] for c in rep["violation_list"]] == \
+        ["loact_certified_steps_not_flipped"]
+
+
+def _null_pvalue(check: dict, rng) -> float:
+    """A p-value of ``check`` on attacked data drawn *at* its certified bound (the worst sound case)."""
+    from crop.report.audit import _binom_p, _hoeffding_p
+
+    c = check["check"]
+    if c == "gre_expectation_vs_pgd_mean":  # returns in {J_min, J_max} with mean exactly the bound
+        lo, w = check["bound"] - check["shortfall_max"], check["width"]
+        q = (check["bound"] - lo) / w
+        ret = lo + w * (rng.random(check["episodes"]) < q)
+        return _hoeffding_p(check["bound"] - ret.mean(), check["episodes"], w)
+    if c.startswith("gre_percentile"):  # each return below J_p with probability exactly p
+        return _binom_p(int(rng.binomial(check["episodes"], check["p"])), check["episodes"], check["p"])
+    if c == "lore_vs_pgd_local":  # below the bound with probability exactly the allowed chance
+        return check["chance"] if rng.random() < check["chance"] else 1.0
+    if c == "loact_certified_steps_not_flipped":
+        return _binom_p(int(rng.binomial(check["steps"], min(check["chance"], 1.0))), check["steps"],
+                        check["chance"])
+    raise AssertionError(c)
+
+
+def test_sound_27_runs_fail_at_most_alpha_over_repeated_draws(pristine27, tmp_path):
+    """False FAILs over repeated sound draws: every chance-based check of the 27-run folder redrawn at its
+    bound (the attacked data as bad as a valid certificate allows), then the audit's families and statuses
+    (crop.report.audit.classify).  The share of FAILs stays within α (binomial slack); so does it for the
+    real audit of a sound folder.  Per-check testing at α without the correction would fail nearly always."""
+    from scipy import stats as sst
+
+    from crop.report.audit import classify
+
+    rep = audit(pristine27, tmp_path / "audit")
+    assert rep["verdict"] != "FAIL"
+    template = [c for c in rep["checks"] if c.get("p_value") is not None]
+    rng = np.random.default_rng(7)
+    draws, alpha, fails, naive = 400, 0.05, 0, 0
+    for _ in range(draws):
+        items = [{**c, "p_value": _null_pvalue(c, rng), "violation": False} for c in template]
+        naive += any(i["p_value"] < alpha for i in items)
+        classify(items, alpha)
+        fails += any(i["status"] == "violation" for i in items)
+    assert fails <= sst.binom.ppf(0.999, draws, alpha), fails
+    assert naive > 0.5 * draws  # the test can fail: without the correction sound results FAIL
+
+
+def test_status_and_exit_codes(results, tmp_path):
+    """Exit 0 on PASS/WARN, 1 on FAIL; --strict also 1 on WARN and on a differing reproduction row."""
+    d = _run(results)
+    gre = pd.read_csv(d / "gre.csv")
+    gre.loc[gre.index[-1], "expectation_bound"] = gre["expectation_bound"].iloc[-2] + 1.0  # deterministic
+    rewrite_csv(d / "gre.csv", gre)
+    assert audit_cli(results, "--out-dir", tmp_path / "a") == 1
+    rep = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert rep["verdict"] == "FAIL" and {c["status"] for c in rep["checks"]} <= {"ok", "violation", "suspicious",
+                                                                                 "untestable"}
+    assert audit_cli(results, "--strict", "--out-dir", tmp_path / "b") == 1
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "1e400", "-2e300", "nan_text"])
+def test_hostile_reference_values_are_refused(results, tmp_path, value):
+    ref = tmp_path / "ref.csv"
+    v = "abc" if value == "nan_text" else value
+    ref.write_text(f"env,algo,sigma,metric,eps,value\nCartPole-v0,StdTrain,0.1,benign_return,,1\n"
+                   f"CartPole-v0,StdTrain,0.1,mean_radius,,{v}\n")
+    with pytest.raises(ReferenceError, match=r"data row 2, column 'value'") as exc:
+        load_reference(ref)
+    assert "\n" not in str(exc.value)
+    assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "a") == 2
+    assert not (tmp_path / "a").exists()
+
+
+def test_hostile_reference_files_are_refused(results, tmp_path, capsys):
+    ref = tmp_path / "ref.csv"
+    ref.write_bytes(b"env,algo,sigma,metric,eps,value\nCartPole-v0,StdTrain,0.1,benign_return,,1\xff\xfe\n")
+    assert audit_cli(results, "--reference", ref, "--out-dir", tmp_path / "a") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not UTF-8" in err and "line 2" in err and "Traceback" not in err
+    for text, message in [("env,algo,sigma,metric,eps,value\nCartPole-v0,StdTrain,inf,mean_radius,,1\n",
+                           "column 'sigma'"),
+                          ("env,algo,sigma,metric,eps,value\nCartPole-v0,StdTrain,0.1,lore_bound,1e999,1\n",
+                           "column 'eps'"),
+                          ("env,algo,sigma,metric,eps,value\nCartPole-v0,StdTrain,,mean_radius,,1\n",
+                           "column 'sigma'"),
+                          ("env,algo,sigma,metric,eps,value\n\"CartPole-v0,StdTrain,0.1\n", "cannot read")]:
+        ref.write_text(text)
+        with pytest.raises(ReferenceError, match=message):
+            load_reference(ref)
+    tol = tmp_path / "tol.yaml"
+    tol.write_bytes(b"mean_radius: {rel: 0.1}\n\xff")
+    with pytest.raises(ReferenceError, match="not UTF-8"):
+        load_tolerances(tol)
+    tol.write_text("mean_radius: {rel: 1e301}\n")
+    with pytest.raises(ReferenceError, match="finite number"):
+        load_tolerances(tol)
