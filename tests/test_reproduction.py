@@ -120,13 +120,15 @@ def test_loact_only_run_is_compared_row_by_row(results, tmp_path):
     assert all(c["verdict"] == "not_in_reference" for c in comps[4:])
     assert ("StdTrain", "certified_fraction") in extra and ("GaussAug", "lore_bound") in extra
     assert ("StdTrain", "expectation_bound") not in extra  # the partial run has no GRe values
-    assert rep["reference"]["counts"] == {"match": 2, "differs": 1, "missing": 1} and not rep["passed"]
+    assert rep["reference"]["counts"] == {"match": 2, "differs": 1, "missing": 1}
+    assert rep["reproduction"]["differ"] == 1 and rep["reproduction"]["agree"] == 2 and rep["verdict"] != "FAIL"
     md = (tmp_path / "a" / "reproduction.md").read_text()
     assert "**2 agree**" in md and "**1 differ**" in md
-    assert "| StdTrain | 0.1 | benign_return |" in md and "| 0.5 | differs |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| StdTrain | 0.1 | benign_return |"))
+    assert "| 0.5 |" in row and row.endswith("| differs |") and " [" in row  # ratio, verdict, the interval
     assert "| StdTrain | 0.1 | mean_radius_certified |" in md and "| agrees |" in md
     png = tmp_path / "a" / "reproduction_CartPole.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and rep["reproduction"]["figures"] == [str(png)]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and rep["reproduction_report"]["figures"] == [str(png)]
     assert audit_cli(results, "--reference", ref, "--out-dir", tmp_path / "b") == 0
     assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == 1
 
@@ -145,7 +147,10 @@ def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
     assert rep["reference"]["comparisons"][1]["note"] == "stage loact not in this run"
     assert rep["passed"] and rep["integrity_problems"] == 0
     assert any(c["check"] == "gre_expectation_vs_pgd_mean" and c["algo"] == "GaussAug" for c in rep["checks"])
-    assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == 0
+    assert audit_cli(results, "--reference", ref, "--out-dir", tmp_path / "b") == 0
+    # --strict fails on a WARN (here: untestable checks) as on a differing row
+    assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == \
+        (1 if rep["verdict"] == "WARN" else 0)
     # A planted difference fails --strict.
     rows.append({**base, "metric": "percentile_bound", "value": float(gre["percentile_bound"].iloc[1]) * 3 + 10})
     ref = write_reference(tmp_path / "ref2.csv", rows)

@@ -567,7 +567,7 @@ def _markdown(rep: dict) -> str:
              f"| untestable (could not reach significance whatever the attack did; not counted as passed) | "
              f"{rep['untestable']} |",
              f"| raw failures within what chance allows (not violations) | "
-             f"{sum(1 for i in rep['checks'] if i.get('empirical_below') and i['status'] == 'ok')} |",
+             f"{sum(1 for i in rep['checks'] if i.get('empirical_below') and i['status'] in ('ok', 'untestable'))} |",
              f"| integrity problems | {rep['integrity_problems']} |"]
     if ref:
         c = ref["counts"]
@@ -646,7 +646,7 @@ def _markdown(rep: dict) -> str:
                           "absent) and metric; every row is in audit.json.", ""]
                 lines += _md_table(summary[["env", "algo", "sigma", "metric", "note", "values"]]
                                    .to_dict("records"), limit=100)
-    raw = [i for i in rep["checks"] if i.get("empirical_below") and i["status"] == "ok"]
+    raw = [i for i in rep["checks"] if i.get("empirical_below") and i["status"] in ("ok", "untestable")]
     lines += ["## Chance", "",
               "A certificate holds with probability ≥ 1 − α for the *exact* smoothed policy; the attacked policy is "
               "its m-sample estimate, which may take another action inside a valid radius, and a distributional "
