@@ -4,6 +4,7 @@ import io
 import json
 import math
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -284,3 +285,69 @@ def test_lore_shortfall_unassessed_without_margins(results, tmp_path):
                and math.isclose(c["eps"], 0.05))
     assert row["empirical_below"] and not row["violation"] and row["note"].startswith("unassessed")
     assert set(RUN_FILES.values()) - set(STAGE_FILES["loact"]) - {"qrange.json"}  # the run is partial
+
+
+REPLICATES_CONFIG = """# replicates through the workflow, smoke size: CROP's published highway StdTrain network
+results: results
+seed: 3
+replicates: {n}
+environments:
+  highway-fast-v0:
+    source: published
+    algorithms: [StdTrain]
+    sigmas: [0.5]
+    train: {{eval_episodes: 1}}
+    qrange: {{m: 100, episodes: 1, horizon: 3}}
+    loact: {{m: 200, episodes: 2, horizon: 4}}
+    gre: {{m: 8, horizon: 3, eps_factors: [0.0, 0.1]}}
+    lore: {{m: 200, horizon: 1}}
+    attack: {{local_episodes: 1, local_m_grad: 16, local_eps_factors: [0.0], global_episodes: 2,
+              global_eps_factors: [0.0], pgd_steps: 2}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED / "checkpoints").is_dir(), reason="../shared/checkpoints not present")
+def test_replicates_through_the_workflow(tmp_path):
+    """`replicates: 1` then `replicates: 2` in the same folder: the second run adds replicate 1's qrange and
+    LoAct jobs (its own folder and seed) and leaves every file of replicate 0 as it was, byte for byte; the
+    tables then show the mean over the two replicates with their spread."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, CROP_CHECKPOINT_MIRROR=str(SHARED / "checkpoints"), CROP_CACHE=str(tmp_path / "cache"))
+
+    def run(n):
+        cfg = tmp_path / f"config{n}.yaml"
+        cfg.write_text(REPLICATES_CONFIG.format(n=n))
+        p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "--directory",
+                            str(tmp_path), "--cores", "2", "--configfile", str(cfg)], capture_output=True, text=True,
+                           timeout=1200, env=env)
+        assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+        return p.stdout + p.stderr
+
+    run(1)
+    d0 = layout.run_dir(tmp_path / "results", "highway-fast-v0", "StdTrain", "0.5")
+    before = {f: f.read_bytes() for f in d0.iterdir() if f.is_file()}
+    assert not (d0 / "rep-1").exists()
+    log = run(2)
+    assert "loact_replicate" in log and "rule loact:" not in log and "rule gre:" not in log
+    assert {f: f.read_bytes() for f in d0.iterdir() if f.is_file()} == before  # replicate 0 untouched
+    d1 = layout.run_dir(tmp_path / "results", "highway-fast-v0", "StdTrain", "0.5", 1)
+    assert sorted(p.name for p in d1.iterdir() if not p.name.endswith(".meta.json")) == \
+        sorted(RUN_FILES[k] for k in layout.REPLICATE_FILES)
+    seeds = [read_json(meta_path(d / "loact.csv"))["seed"] for d in (d0, d1)]
+    assert seeds[0] != seeds[1]
+    radius = [pd.read_csv(d / "loact.csv")["radius"].to_numpy() for d in (d0, d1)]
+    tab = pd.read_csv(tmp_path / "results" / "tables" / "highway-fast_mean_radius.csv").set_index("algo")
+    row = tab.loc["StdTrain"]
+    assert math.isclose(row["sigma=0.5"], np.mean([r.mean() for r in radius]), rel_tol=1e-6, abs_tol=1e-12)
+    assert math.isclose(row["sigma=0.5 sd"], np.std([r.mean() for r in radius], ddof=1), rel_tol=1e-6,
+                        abs_tol=1e-12)
+    assert row["sigma=0.5 lo"] <= row["sigma=0.5"] <= row["sigma=0.5 hi"]
+    assert "t over replicates (2 replicates" in (tmp_path / "results" / "tables" /
+                                                 "highway-fast_mean_radius.md").read_text()
+    rep = json.loads((tmp_path / "results" / "audit" / "audit.json").read_text())
+    assert "highway-fast-v0/StdTrain/sigma-0.5/rep-1" in rep["runs"] and rep["integrity_problems"] == 0
