@@ -391,7 +391,7 @@ def tarone_holm(tested: list[dict], alpha: float, p_key: str = "p_value") -> tup
     K is the smallest integer with #{checks: min_p ≤ α/K} ≤ K; those checks form the family, Holm at α over
     them; the others cannot reach α/K and are left out rather than diluting the correction.  The family
     depends on the sample sizes and bounds only, so the family-wise error rate stays ≤ α.
-    Returns (K, family, left out); sets ``p_adjusted`` on the family."""
+    Returns (K, family — at most K checks —, left out); sets ``_adj`` (the Holm-adjusted p) on the family."""
     mins = np.sort([float(i.get("min_p", 0.0)) for i in tested])
     ks = np.arange(1, len(mins) + 1)
     fits = np.nonzero(np.searchsorted(mins, alpha / ks, side="right") <= ks)[0]
@@ -402,7 +402,7 @@ def tarone_holm(tested: list[dict], alpha: float, p_key: str = "p_value") -> tup
     for rank, item in enumerate(sorted(family, key=lambda i: i[p_key])):
         running = max(running, min(1.0, (len(family) - rank) * float(item[p_key])))
         item["_adj"] = running
-    return len(family), family, left
+    return k, family, left
 
 
 def _untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
@@ -414,10 +414,10 @@ def _untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
                 "alpha_mode: family (the whole tree at α)")
     if c == "lore_vs_pgd_local":
         return (f"a single attacked return: smallest p = α spent + P[leave] = {item['min_p']:.3g} > α/K = "
-                f"{level:.2g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")
+                f"{level:.3g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")
     if c == "gre_expectation_vs_pgd_mean":
         need = math.ceil(math.log(1 / level) * item["width"] ** 2 / (2 * max(item["shortfall_max"], 1e-300) ** 2))
-        return (f"{item['episodes']} attacked episodes: smallest p {item['min_p']:.3g} > α/K = {level:.2g}",
+        return (f"{item['episodes']} attacked episodes: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
                 f"attack.global_episodes ≥ {need}")
     if c.startswith("gre_percentile"):
         p = float(item.get("p", 0.5))
@@ -425,14 +425,14 @@ def _untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
             return "the bound is at J_min: no return can fall below it", "a tighter bound (more GRe samples)"
         need = math.ceil(math.log(level) / math.log(p))
         return (f"{item['episodes']} attacked episodes: smallest p = p^n = {item['min_p']:.3g} > α/K = "
-                f"{level:.2g}", f"attack.global_episodes ≥ {need}")
+                f"{level:.3g}", f"attack.global_episodes ≥ {need}")
     if c == "loact_certified_steps_not_flipped":
         note = item.get("note") or ""
         if item.get("chance", 1.0) >= 1.0:
             return note or "the chance of a flip could not be estimated", "LoAct steps certified beyond this ε"
-        return (f"{item.get('steps')} attacked steps: smallest p {item['min_p']:.3g} > α/K = {level:.2g}",
+        return (f"{item.get('steps')} attacked steps: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
                 "attack.local_episodes larger")
-    return f"smallest p {item['min_p']:.3g} > α/K = {level:.2g}", ""
+    return f"smallest p {item['min_p']:.3g} > α/K = {level:.3g}", ""
 
 
 def classify(items: list[dict], alpha: float) -> dict:
@@ -479,7 +479,7 @@ def classify(items: list[dict], alpha: float) -> dict:
             i["reason"], i["testable_with"] = _untestable_reason(i, alpha, k)
         else:
             i["status"] = "ok"
-    return {"method": "tarone-holm", "tests": len(tested), "family": k,
+    return {"method": "tarone-holm", "tests": len(tested), "K": k, "family": len(family),
             "untestable": sum(i["status"] == "untestable" for i in tested),
             "rule": "a chance-based check is a violation when its Holm-adjusted p-value over the audit's family "
                     "(Tarone: the checks whose smallest achievable p is <= alpha/K) is below alpha; suspicious "
@@ -595,7 +595,7 @@ def _markdown(rep: dict) -> str:
         lines += ["## Untestable checks", "",
                   "These checks could not have failed over this audit whatever the attack observed (their smallest "
                   "possible p-value is above α/K, K = "
-                  f"{rep['multiple_testing']['family']} checks in the audit's family), or their certificate has no "
+                  f"{rep['multiple_testing']['K']}: Tarone's family size bound), or their certificate has no "
                   "joint meaning. They are not counted as passed. Per check kind, why and what would make it "
                   "testable:", ""]
         df = pd.DataFrame(rep["untestable_list"])
