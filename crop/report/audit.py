@@ -6,7 +6,7 @@ A run folder may hold any subset of the stages (a LoAct-only or GRe-only run): e
 files are there, and the reference comparison covers every value the run has.
 
 Soundness checks, per (env, algo, σ, ε).  A *violation* is a count the audit can show is statistically
-incompatible with sound certificates (p-value below ``alpha``); a raw failure within what chance allows is
+incompatible with sound certificates (see "Statuses" below); a raw failure within what chance allows is
 listed (``empirical_below``) but is not a violation:
 
 * **a bound rising with ε** (J̲_E, J̲_p, J̲): deterministic, always a violation;
@@ -34,9 +34,18 @@ listed (``empirical_below``) but is not a violation:
   P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state): p_t the flip bound
   above where step t is certified beyond ε; 0 where it is not and |A| = 2 (both actions are in the tree);
   1 where it is not and |A| > 2 (the other actions' margins are not recorded), and for steps beyond LoAct
-  episode 0.  The row is a violation when that chance is below ``alpha``.
+  episode 0.  That chance is the row's p-value when the return is below the bound.
 
-Every row is tested at level ``alpha`` on its own (no correction for the number of rows).
+Statuses (``status`` of every check; :func:`classify`): deterministic checks are ``violation`` or ``ok``.
+Chance-based checks are judged in two families.  Over the whole audit, Tarone's restriction (only the checks
+whose smallest achievable p-value ``min_p`` — fixed by sample size and bound before the attack ran — could
+reach significance) then Holm's step-down at ``alpha``: adjusted p < alpha is a ``violation`` (family-wise
+error ≤ alpha for sound results).  Within the check's own run, the same procedure: significant there but not
+over the audit is ``suspicious``.  A check outside the audit's family and not suspicious is ``untestable``
+(with ``reason`` and ``testable_with``), as is every LoRe check whose tree spent α ≥ 1; it is never counted
+as passed.  ``verdict``: FAIL on a violation or an integrity problem, WARN on a suspicious or untestable
+check, else PASS — soundness and integrity only; the reference comparison is counted apart
+(``reproduction``: agree, differ, not_in_run, not_in_reference).
 Integrity: every result file's sha256 must match the one recorded in its ``.meta.json`` (a truncated
 or edited file is reported, not silently used); every stage must have used the checkpoint recorded in
 ``model.json`` (and ``model.pt``, when present, must still have that hash); a stage with some but not all of
@@ -44,19 +53,21 @@ its files, or a run folder with no result at all, is an integrity problem; a par
 Provenance (:mod:`crop.report.provenance`): per run the checkpoint sha256 and source, commits, package
 versions, seeds, devices and runtimes, and the hash of the workflow config the audit ran under.
 Reference (:mod:`crop.report.reference`; ``"paper"`` for the paper's published numbers): each value gets a
-verdict match / differs / missing (not in the run) / not_in_reference, within per-metric tolerances.
+verdict match / differs / missing (not in the run) / not_in_reference; a value agrees when the published one
+lies in the reproduction's confidence interval (:mod:`crop.report.intervals`) widened by the metric's
+tolerance.  Replicate folders (``ENV/ALGO/sigma-S/rep-K``) are audited for integrity and provenance and feed
+the intervals.
 
-``passed`` is true when there is no violation, no integrity problem and no reference value that differs;
-``crop audit --strict`` exits with status 1 otherwise.  Reference values the results folder does not have
-(``missing``) are listed and counted but do not fail the audit: a reference usually covers more settings
-than one run.
+Exit status of ``crop audit``: 1 on FAIL; with ``--strict`` also on WARN and on a differing reproduced value.
 
-audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``config_hash``, ``strict``,
-``passed``, ``checked``, ``violations``, ``empirical_below``, ``integrity_problems``, ``integrity``,
-``incomplete_runs``, ``partial_runs``, ``violation_list``, ``checks``, ``provenance``, ``warnings``,
-``mismatches``, ``reference_missing``, ``reference`` (null, or ``file``, ``name``, ``sha256``,
-``tolerances_file``, ``tolerances``, ``counts`` {match, differs, missing}, ``not_in_reference``, ``rows``,
-``comparisons``), ``reproduction`` (null, or the files of the reproduction report).
+audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``verdict``, ``reproduction``,
+``statuses``, ``multiple_testing``, ``config_hash``, ``strict``, ``passed`` (verdict ≠ FAIL), ``checked``,
+``violations``, ``suspicious``, ``untestable``, ``suspicious_list``, ``untestable_list``, ``empirical_below``,
+``integrity_problems``, ``integrity``, ``incomplete_runs``, ``partial_runs``, ``violation_list``, ``checks``,
+``provenance``, ``warnings``, ``mismatches``, ``reference_missing``, ``reference`` (null, or ``file``,
+``name``, ``sha256``, ``tolerances_file``, ``tolerances``, ``counts`` {match, differs, missing},
+``not_in_reference``, ``rows``, ``comparisons``), ``reproduction_report`` (null, or the files of the
+reproduction report).
 """
 from __future__ import annotations
 

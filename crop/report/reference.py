@@ -25,12 +25,18 @@ Averaging conventions of the LoAct mean radius — the same on both sides of eve
   t was certified (0 when none was), then the mean of these per-step values over t — how the leaderboard's
   per-step curves (which drop uncertified steps) become one number per (env, algo, σ).
 
-Verdicts, per row: **match** (agrees: |reproduced − reference| ≤ max(abs, rel·|reference|)), **differs**
-(with ``ratio`` = reproduced / reference), **missing** (not in the run: the run, or its stage, is absent,
-the ε is not on its grid, or beyond LoRe's searched range) and **not_in_reference** (a value the run has
-that the reference lacks; listed, never a failure).  An empty reference value matches only an empty (NaN)
-reproduced value.  The audit compares every stage a run has, so a partial run (LoAct only, GRe only, …)
-is compared for what it computed.
+Verdicts, per row: **match** (agrees: the reference value lies in the reproduction's confidence interval —
+:mod:`crop.report.intervals`, over replicates where the run has them, else over its episodes; a single point
+for bounds and attacks — widened on each side by max(abs, rel·|reference|)), **differs** (with ``ratio`` =
+reproduced / reference and ``outside``, the distance beyond the unwidened interval), **missing** (not in
+the run: the run, or its stage, is absent, the ε is not on its grid, or beyond LoRe's searched range) and
+**not_in_reference** (a value the run has that the reference lacks; listed, never a failure).  An empty
+reference value matches only an empty (NaN) reproduced value.  The audit compares every stage a run has, so
+a partial run (LoAct only, GRe only, …) is compared for what it computed.
+
+A reference is untrusted input: a file that is not UTF-8, a value that is not a number, not finite or of
+magnitude > 1e300 (:data:`ABSURD`), and every other malformed row is refused with one line naming the row
+and column before any comparison (:class:`ReferenceError`).
 
 Tolerances, per metric, each of ``abs`` and ``rel`` resolved separately, first found wins:
 ``--abs-tol`` / ``--rel-tol`` on the command line (all metrics) > the tolerances file's entry for the
