@@ -351,3 +351,20 @@ def test_replicates_through_the_workflow(tmp_path):
                                                  "highway-fast_mean_radius.md").read_text()
     rep = json.loads((tmp_path / "results" / "audit" / "audit.json").read_text())
     assert "highway-fast-v0/StdTrain/sigma-0.5/rep-1" in rep["runs"] and rep["integrity_problems"] == 0
+
+
+def test_replicates_key_is_validated_and_derives_independent_seeds():
+    from crop.config import ConfigError, validate_config
+
+    cfg = {"environments": {"CartPole-v0": {"algorithms": ["StdTrain"], "sigmas": [0.1]}}}
+    assert validate_config(cfg)["replicates"] == 1
+    for bad, message in [(0, r"replicates: 0 must be >= 1"), ("3", r"replicates: '3' is not of type 'integer'")]:
+        with pytest.raises(ConfigError, match=message):
+            validate_config({**cfg, "replicates": bad})
+    # replicate 0 is the run itself (its seed and folder); the others get their own, derived from both
+    assert layout.replicate_seed(5, 0) == 5 and layout.run_dir("R", "e", "a", "0.1", 0) == Path("R/e/a/sigma-0.1")
+    seeds = {layout.replicate_seed(5, k) for k in range(1, 6)} | {layout.replicate_seed(6, 1)}
+    assert len(seeds) == 6 and 5 not in seeds and all(0 <= s < 2**31 for s in seeds)
+    d = layout.run_dir("R", "e", "a", "0.1", 2)
+    assert d == Path("R/e/a/sigma-0.1/rep-2") and layout.replicate_of(d) == 2
+    assert layout.base_run(d) == "R/e/a/sigma-0.1"
