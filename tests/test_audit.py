@@ -549,3 +549,23 @@ def test_hostile_reference_files_are_refused(results, tmp_path, capsys):
     tol.write_text("mean_radius: {rel: 1e301}\n")
     with pytest.raises(ReferenceError, match="finite number"):
         load_tolerances(tol)
+
+
+def test_untestable_checks_say_why_even_at_the_edges():
+    """A bound at J_min (nothing can fall below it) and a LoRe tree with α spent >= 1 are untestable with a
+    reason, never a crash and never passed."""
+    from crop.report.audit import classify
+
+    base = {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.1, "eps": 0.0, "bound": 0.0, "observed": 1.0,
+            "violation": False}
+    items = [{**base, "check": "gre_expectation_vs_pgd_mean", "p_value": 1.0, "min_p": 1.0, "episodes": 10,
+              "shortfall_max": 0.0, "width": 200.0},
+             {**base, "check": "gre_percentile_p0.5_vs_pgd", "p_value": 1.0, "min_p": 1.0, "episodes": 10, "p": 0.5},
+             {**base, "check": "lore_vs_pgd_local", "p_value": 0.5, "min_p": 1e-9, "alpha_spent": 2.5},
+             {**base, "check": "loact_certified_steps_not_flipped", "p_value": 1e-12, "min_p": 1e-40, "chance": 1e-4,
+              "steps": 20}]
+    block = classify(items, 0.05)
+    assert [i["status"] for i in items] == ["untestable", "untestable", "untestable", "violation"]
+    assert "J_min" in items[0]["reason"] and "J_min" in items[1]["reason"]
+    assert "no joint meaning" in items[2]["reason"] and items[2]["testable_with"].startswith("alpha_mode: family")
+    assert block["K"] == 1 and block["family"] == 1 and block["untestable"] == 3

@@ -427,6 +427,8 @@ def _untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
         return (f"a single attacked return: smallest p = α spent + P[leave] = {item['min_p']:.3g} > α/K = "
                 f"{level:.3g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")
     if c == "gre_expectation_vs_pgd_mean":
+        if not item["shortfall_max"] > 0:
+            return "the bound is at or below J_min: no attacked mean can fall below it", "a tighter bound"
         need = math.ceil(math.log(1 / level) * item["width"] ** 2 / (2 * max(item["shortfall_max"], 1e-300) ** 2))
         return (f"{item['episodes']} attacked episodes: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
                 f"attack.global_episodes ≥ {need}")
