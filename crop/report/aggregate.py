@@ -682,7 +682,8 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                                "pgd_global_median": vals["pgd_global_median"],
                                "pgd_local_return": vals["pgd_local_return"]})
     df = pd.DataFrame(rows)
-    reps = max((1 + len(d.get("replicates") or []) for (e, _, _), d in data.items() if e == env), default=1)
+    counts = [1 + len(d.get("replicates") or []) for (e, _, _), d in data.items() if e == env]
+    reps = max(counts, default=1)
     bounds = pd.DataFrame(bound_rows)
     tight = bounds[["algo", "sigma", "eps"]].copy()
     for col, (attack, bound) in TIGHTNESS_COLUMNS.items():
@@ -691,6 +692,8 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
     conv0, conv1 = CONVENTIONS["uncertified_zero"], CONVENTIONS["certified_only"]
     ci = (f"; [lo, hi]: 95 % confidence interval, {METHOD_REPLICATES} ({reps} replicates; the value is their mean, "
           "sd their standard deviation)" if reps > 1 else f"; [lo, hi]: 95 % confidence interval, {METHOD_EPISODES}")
+    if reps > 1 and min(counts) == 1:
+        ci = ci[:-1] + f"; a run without replicates: {METHOD_EPISODES})"
     out = {
         "mean_radius": (_pivot_interval(df, "mean_radius", reps > 1),
                         f"{p}: mean certified radius of LoAct (Theorem 1) over all steps, {conv0} (this project's "
