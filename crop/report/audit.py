@@ -630,14 +630,17 @@ def _markdown(rep: dict) -> str:
         lines += ["## Reference comparison", "",
                   f"Reference `{ref['name']}` (`{ref['file']}`, sha256 `{ref['sha256'][:16]}…`), tolerances "
                   f"{'from `' + ref['tolerances_file'] + '`' if ref['tolerances_file'] else 'built in'}: a "
-                  "value agrees when |reproduced − reference| ≤ max(abs, rel·|reference|); ratio = reproduced / "
-                  "reference. The LoAct mean radius is compared in the reference's convention (mean_radius: "
-                  "uncertified steps count 0; mean_radius_certified: the paper's, certified steps only)."
+                  "value agrees when the reference lies inside the reproduction's confidence interval "
+                  "[interval_lo, interval_hi] (over replicates where there are several, else over episodes; the "
+                  "value itself for bounds and attacks) widened by allowed = max(abs, rel·|reference|); outside = "
+                  "how far beyond the interval it lies; ratio = reproduced / reference. The LoAct mean radius is "
+                  "compared in the reference's convention (mean_radius: uncertified steps count 0; "
+                  "mean_radius_certified: the paper's, certified steps only)."
                   + (" Plain-words summary and figures: `reproduction.md`." if rep.get("reproduction") else ""), ""]
         if ref["tolerances"]:
             lines += _md_table([{"metric": m, **t} for m, t in ref["tolerances"].items()])
-        cols = ["env", "algo", "sigma", "metric", "eps", "reference", "reproduced", "ratio", "delta", "allowed",
-                "verdict", "note"]
+        cols = ["env", "algo", "sigma", "metric", "eps", "reference", "reproduced", "interval_lo", "interval_hi",
+                "replicates", "ratio", "outside", "allowed", "verdict", "note"]
         for verdict_name, title in (("differs", "Differs"), ("match", "Match")):
             rows = [r for r in ref["comparisons"] if r["verdict"] == verdict_name]
             if rows:
