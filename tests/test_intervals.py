@@ -81,3 +81,20 @@ def test_point_values_are_the_tables_metrics():
     one = {"loact": st[st["episode"] == 0], "loact_episodes": run["loact_episodes"].head(1)}
     v, lo, hi = episode_interval(one, "mean_radius")
     assert not math.isnan(v) and math.isnan(lo) and math.isnan(hi)  # one episode: no interval
+
+
+def test_benign_return_figure_draws_the_interval():
+    """Cartpole_loact_clean's error bars are the benign return's 95 % t-interval over episodes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from crop.report import aggregate as agg
+
+    rng = np.random.default_rng(3)
+    data = {("CartPole-v0", "StdTrain", "0.1"): _episodes(rng, k=6)}
+    fig = agg._clean_figure("CartPole-v0", data, ["StdTrain"], ["0.1"])
+    bars = fig.axes[0].containers[0]
+    r = data[("CartPole-v0", "StdTrain", "0.1")]["loact_episodes"]["return"]
+    half = stats.t.ppf(0.975, len(r) - 1) * r.std(ddof=1) / math.sqrt(len(r))
+    seg = bars.lines[2][0].get_segments()[0]  # the vertical bar: (x, lo) -> (x, hi)
+    assert seg[0][1] == pytest.approx(r.mean() - half) and seg[1][1] == pytest.approx(r.mean() + half)

@@ -404,21 +404,22 @@ def _clean_figure(env: str, data: dict, algos, labels):
                       LABELS["return"])
     lo, hi = np.inf, -np.inf
     for i, a in enumerate(algos):
-        xs, ms, sd = [], [], []
+        xs, ms, below, above = [], [], [], []
         for lab in labels:
-            if (env, a, lab) in data:
-                r = data[(env, a, lab)]["loact_episodes"]["return"]
+            if (env, a, lab) in data:  # the mean (over replicates where there are several) and its 95 % interval
+                iv = run_interval(data[(env, a, lab)], "benign_return")
                 xs.append(float(lab))
-                ms.append(r.mean())
-                sd.append(r.std(ddof=0))
-        ms, sd = np.asarray(ms, dtype=float), np.asarray(sd, dtype=float)
+                ms.append(iv["value"])
+                below.append(0.0 if math.isnan(iv["lo"]) else iv["value"] - iv["lo"])
+                above.append(0.0 if math.isnan(iv["hi"]) else iv["hi"] - iv["value"])
+        ms, below, above = (np.asarray(x, dtype=float) for x in (ms, below, above))
         # Dodged sideways (a few hundredths of a decade per algorithm) so that equal returns do not hide
         # each other; the σ ticks stay at the true σ.
         dodge = 10.0 ** (0.025 * (i - 0.5 * (len(algos) - 1)))
-        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=sd, marker=ALGO_MARKERS[a], ms=_marker_size(a), capsize=3,
-                    color=ALGO_COLORS[a], lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
+        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=[below, above], marker=ALGO_MARKERS[a], ms=_marker_size(a),
+                    capsize=3, color=ALGO_COLORS[a], lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
         if len(ms):
-            lo, hi = min(lo, float(np.min(ms - sd))), max(hi, float(np.max(ms + sd)))
+            lo, hi = min(lo, float(np.min(ms - below))), max(hi, float(np.max(ms + above)))
     _ylim(ax, lo, hi, _return_span(lo, hi))
     ax.set_xscale("log")
     # Ticks at the σ run, written as the paper writes σ (0.001, 0.5, 4), not as powers of ten; labels that
