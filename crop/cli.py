@@ -226,9 +226,10 @@ COMMANDS = {
                   "Tables (CSV, Markdown, LaTeX) and the paper's figures (PDF, PNG) from the runs of a results "
                   "folder."),
     "audit": ("soundness, integrity, provenance and reference audit of a results folder",
-              "Audit a results folder; writes OUT_DIR/audit.md and OUT_DIR/audit.json. Exit status: 0 done (or "
-              "passed, with --strict), 1 --strict and the audit failed (a violation, an integrity problem or a "
-              "reference value outside tolerance), 2 bad input."),
+              "Audit a results folder; writes OUT_DIR/audit.md and OUT_DIR/audit.json. Exit status: 0 PASS or "
+              "WARN, 1 FAIL (a soundness violation or an integrity problem) and, with --strict, also WARN (a "
+              "suspicious or untestable check) or a reproduced value that differs from the reference, 2 bad "
+              "input."),
     "validate-config": ("check a workflow config against the schema",
                         "Validate a workflow config against crop/schemas/config.schema.yaml and the registry; "
                         "one line naming the first bad field, exit status 2."),

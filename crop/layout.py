@@ -6,6 +6,10 @@ Per (env, algo, σ):   results/{env}/{algo}/sigma-{σ}/{qrange.json, loact.csv, 
                       (:func:`run_dir`; no qrange.json there, :func:`run_files`).  "@" is in no method label
                       (letters, digits and -_.+), so ``{algo}@{target}`` never names another algorithm's runs;
                       its tables and figures call it "{algo} ({target})" (:func:`series_label`).
+Replicate k ≥ 1:      results/{env}/{algo}/sigma-{σ}/rep-{k}/{qrange.json, loact.csv, loact_episodes.csv, …}
+                      (config ``replicates: N``; the stages of :data:`REPLICATE_STAGES` only, with the seed
+                      :func:`replicate_seed`; replicate 0 is the run folder itself, so ``replicates: 1`` writes
+                      exactly what a run without replicates writes)
 Per (env, algo):      results/{env}/{algo}/checkpoint/model.pt (+ model.json: sha256, architecture, source)
 Figures:              results/figures/{Env}_{kind}[_sigma-{σ}].{pdf,png}  (the paper's file names)
 Tables:               results/tables/{Env}_{name}.{csv,md,tex}
@@ -70,7 +74,8 @@ LARGE_SIGMAS = {"FreewayNoFrameskip-v4": (1.5, 2.0, 4.0)}
 
 FIGURE_FORMATS = ("pdf", "png")
 TABLE_FORMATS = ("csv", "md", "tex")
-TABLES = ("mean_radius", "mean_radius_certified", "benign_return", "reward_bounds", "tightness")
+TABLES = ("mean_radius", "mean_radius_certified", "certified_fraction", "benign_return", "reward_bounds",
+          "tightness")
 FIGURE_FAMILIES = ("stepwise", "certified_ratio", "global_mean", "global_median", "adasearch", "all_bounds",
                    "loact_clean", "legend", "large_sigma", "periodic")
 # Figures written once per results folder, beside the per-environment ones.  None: the colours and markers are
@@ -100,8 +105,6 @@ def series_label(name: str) -> str:
     return algo if target == "q" else f"{algo} ({target})"
 
 
-def run_dir(results, env: str, algo: str, sigma_label: str, target: str = "q") -> Path:
-    return Path(results) / env / run_algo(algo, target) / f"sigma-{sigma_label}"
 
 
 def run_files(target: str = "q") -> dict:
@@ -111,8 +114,46 @@ def run_files(target: str = "q") -> dict:
 
 
 def run_target(run) -> str:
-    """The smoothing target of a run folder ENV/ALGO[@TARGET]/sigma-S."""
-    return split_run_algo(Path(run).parent.name)[1]
+    """The smoothing target of a run folder ENV/ALGO[@TARGET]/sigma-S (or of one of its replicates)."""
+    return split_run_algo(Path(base_run(run)).parent.name)[1]
+
+
+# Stages a replicate repeats (config ``replicates``): the V-range estimate and LoAct — the cheap ones, whose
+# spread over seeds (which states the episodes visit, the V range's own noise) the report's intervals show.
+# GRe, LoRe and the attacks run once per (env, algo, σ), in replicate 0.
+REPLICATE_STAGES = ("qrange", "loact")
+REPLICATE_FILES = ("qrange", "loact", "loact_episodes", "certified_ratio", "frames")
+REPLICATE_PREFIX = "rep-"
+
+
+def replicate_seed(seed: int, replicate: int = 0) -> int:
+    """The base seed of replicate ``replicate``: the config's seed for replicate 0 (today's run, byte for byte),
+    an independent derived seed (:func:`crop.io.derive_seed`, below 2³¹) for every other."""
+    if replicate == 0:
+        return int(seed)
+    from crop.io import derive_seed
+
+    return derive_seed(seed, "replicate", int(replicate)) % (2**31)
+
+
+def run_dir(results, env: str, algo: str, sigma_label: str, target: str = "q", replicate: int = 0) -> Path:
+    """The folder of one run (the one place that decides): ``algo@target`` for a target other than q;
+    replicate k ≥ 1 of it lives in its ``rep-{k}`` subfolder."""
+    d = Path(results) / env / run_algo(algo, target) / f"sigma-{sigma_label}"
+    # a string is a Snakemake wildcard ("{rep}"), never replicate 0
+    return d if replicate in (0, None) else d / f"{REPLICATE_PREFIX}{replicate}"
+
+
+def replicate_of(run: str | Path) -> int:
+    """The replicate index of a run folder (``ENV/ALGO/sigma-S`` → 0, ``ENV/ALGO/sigma-S/rep-K`` → K)."""
+    name = Path(run).name
+    return int(name[len(REPLICATE_PREFIX):]) if name.startswith(REPLICATE_PREFIX) else 0
+
+
+def base_run(run: str | Path) -> str:
+    """The ``ENV/ALGO/sigma-S`` folder a replicate folder belongs to (itself for replicate 0)."""
+    p = Path(run)
+    return str(p.parent if replicate_of(p) else p)
 
 
 def checkpoint_path(results, env: str, algo: str) -> Path:

@@ -262,9 +262,11 @@ def _per_eps(values) -> str:
 def _results_and_runs(args) -> tuple[Path, list[str] | None]:
     """The results root and its ENV/ALGO/sigma-S run folders: from --inputs (the run files), or RESULTS."""
     if args.inputs:
-        dirs = sorted({Path(f).parent for f in args.inputs})
-        roots = {d.parents[2] for d in dirs}
-        if len(roots) != 1 or not all(d.name.startswith("sigma-") for d in dirs):
+        from crop.layout import base_run
+
+        dirs = sorted({Path(f).parent for f in args.inputs})  # replicate folders: RESULTS/ENV/ALGO/sigma-S/rep-K
+        roots = {Path(base_run(d)).parents[2] for d in dirs}
+        if len(roots) != 1 or not all(Path(base_run(d)).name.startswith("sigma-") for d in dirs):
             raise InputError(f"inputs do not lie in RESULTS/ENV/ALGO/sigma-S folders of one results folder: "
                              f"{dirs[:3]}")
         root = roots.pop()
@@ -298,6 +300,11 @@ def cmd_aggregate(args) -> None:
     runs = runs or _complete_runs(results)
     if not runs:
         raise InputError(f"no complete runs to aggregate under {results}")
+    if not args.inputs:  # a folder: each run's replicate folders (config `replicates`) with it
+        from crop.layout import REPLICATE_PREFIX
+
+        runs = list(runs) + [str(d.relative_to(results)) for r in runs
+                             for d in sorted((results / r).glob(f"{REPLICATE_PREFIX}*")) if d.is_dir()]
     figures = Path(args.figures) if args.figures else results / "figures"
     tables = Path(args.tables) if args.tables else results / "tables"
     try:
@@ -325,12 +332,13 @@ def _config_hash(args) -> str | None:
 
 
 def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
+    from crop.report.audit import verdict_line
+
     ref = report["reference"]
-    print(f"audit of {results}: {len(report['runs'])} runs, {report['checked']} soundness checks, "
-          f"{report['violations']} violations, {report['integrity_problems']} integrity problems"
-          + (f", reference {ref['counts']['match']} match / {ref['counts']['differs']} differ / "
-             f"{ref['counts']['missing']} missing" if ref else "")
-          + f" -> {'PASS' if report['passed'] else 'FAIL'} ({out_dir / 'audit.md'})")
+    print(f"audit of {results}: {len(report['runs'])} runs: {verdict_line(report)} ({out_dir / 'audit.md'})")
+    for v in report["suspicious_list"][:20]:
+        print(f"  suspicious: {v['env']}/{v['algo']}/sigma={v['sigma']} eps={v['eps']}: {v['check']} "
+              f"bound {v['bound']} observed {v['observed']} (raw p {v['p_value']:.3g})")
     for v in report["violation_list"][:20]:
         print(f"  violation: {v['env']}/{v['algo']}/sigma={v['sigma']} eps={v['eps']}: {v['check']} "
               f"bound {v['bound']} observed {v['observed']}")
@@ -339,7 +347,9 @@ def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
     for r in (ref["comparisons"] if ref else []):
         if r["verdict"] == "differs":
             print(f"  differs: {r['env']}/{r['algo']}/sigma={r['sigma']} {r['metric']} eps={r['eps']}: "
-                  f"reproduced {r['reproduced']} vs reference {r['reference']} (allowed ±{r['allowed']})")
+                  f"reproduced {r['reproduced']} vs reference {r['reference']} (allowed ±{r['allowed']}"
+                  + (f" beyond the interval [{r['interval_lo']:.4g}, {r['interval_hi']:.4g}]"
+                     if r.get("interval_lo") is not None and r.get("interval_hi") is not None else "") + ")")
 
 
 def cmd_audit(args) -> None:
@@ -355,5 +365,6 @@ def cmd_audit(args) -> None:
     except ReferenceError as exc:
         raise InputError(str(exc)) from None
     _print_audit(results, out_dir, report)
-    if args.strict and not report["passed"]:
+    differ = (report["reproduction"] or {}).get("differ", 0)
+    if report["verdict"] == "FAIL" or (args.strict and (report["verdict"] == "WARN" or differ)):
         sys.exit(1)

@@ -76,6 +76,7 @@ wildcard_constraints:
     env="|".join(map(re.escape, ENVS)),
     algo="(?:" + "|".join(map(re.escape, ALGOS)) + ")(?:@(?:probs|vote))?",
     sigma=r"[0-9][0-9.e+-]*",
+    rep=r"[1-9][0-9]*",
 
 
 def env_cfg(wildcards):
@@ -91,6 +92,12 @@ def common_args(wildcards, threads=1):
     )
 
 
+def replicate_args(wildcards, threads=1):
+    """common_args of replicate k >= 1: the same flags with the replicate's own derived seed."""
+    seed = layout.replicate_seed(CFG["seed"], int(wildcards.rep))
+    return common_args(wildcards, threads).replace(f"--seed {CFG['seed']} ", f"--seed {seed} ", 1)
+
+
 def floats(xs):
     return " ".join(repr(float(x)) for x in xs)
 
@@ -103,6 +110,19 @@ def run_file(name):
 def meta_file(name):
     stem = layout.RUN_FILES[name].rsplit(".", 1)[0]
     return f"{R}/{{env}}/{{algo}}/sigma-{{sigma}}/{stem}.meta.json"
+
+
+# Replicate k >= 1 of a run (config `replicates`): its rep-{k} folder, from crop.layout.run_dir.
+REPLICATE_DIR = str(layout.run_dir(R, "{env}", "{algo}", "{sigma}", replicate="{rep}"))
+
+
+def replicate_file(name):
+    return f"{REPLICATE_DIR}/{layout.RUN_FILES[name]}"
+
+
+def replicate_meta(name):
+    stem = layout.RUN_FILES[name].rsplit(".", 1)[0]
+    return f"{REPLICATE_DIR}/{stem}.meta.json"
 
 
 CHECKPOINT = f"{R}/{{env}}/{{algo}}/checkpoint/model.pt"
@@ -122,6 +142,8 @@ def qrange_input(w):
     """qrange.json for the q target; nothing for probs and vote (bounded in [0, 1]: no qrange job)."""
     if layout.split_run_algo(w.algo)[1] != "q":
         return []
+    if "rep" in w.keys():  # replicate k >= 1 reads its own V range
+        return replicate_file("qrange").format(**dict(w.items()))
     return f"{R}/{w.env}/{w.algo}/sigma-{w.sigma}/{layout.RUN_FILES['qrange']}"
 
 
@@ -207,8 +229,22 @@ def run_dirs():
     return [f"{env}/{layout.run_algo(algo, t)}/sigma-{sig}" for env, algo, sig, t in run_targets(CFG)]
 
 
+def replicate_files():
+    """The files of replicates 1 … N-1 of every run (none with the default `replicates: 1`); no V range for
+    the targets bounded in [0, 1]."""
+    return [
+        str(layout.run_dir(R, env, algo, sig, t, replicate=k) / layout.RUN_FILES[name])
+        for env, algo, sig, t in run_targets(CFG)
+        for k in range(1, CFG["replicates"])
+        for name in layout.REPLICATE_FILES
+        if name in layout.run_files(t)
+    ]
+
+
 def all_run_files():
-    return [f"{R}/{d}/{name}" for d in run_dirs() for name in layout.run_files(layout.run_target(d)).values()]
+    return [f"{R}/{d}/{name}" for d in run_dirs() for name in layout.run_files(layout.run_target(d)).values()] + (
+        replicate_files()
+    )
 
 
 FIGURES = f"{R}/figures"

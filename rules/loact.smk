@@ -34,3 +34,29 @@ rule loact:
         "crop loact {params.common} --threads {threads} --checkpoint {input.model:q} {params.target} "
         "--settings {params.settings} --out {output.steps:q} --out-episodes {output.episodes:q} "
         "--out-ratio {output.ratio:q} --out-frames {output.frames:q} > {log:q} 2>&1"
+
+
+# Replicate k >= 1 (config `replicates`): LoAct on the replicate's own V range, with its own seed (other
+# initial states and noise), in its rep-{k} folder.
+use rule loact as loact_replicate with:
+    input:
+        model=run_checkpoint,
+        record=run_checkpoint_record,
+        qrange=qrange_input,
+    output:
+        steps=replicate_file("loact"),
+        episodes=replicate_file("loact_episodes"),
+        ratio=replicate_file("certified_ratio"),
+        frames=replicate_file("frames"),
+        meta=replicate_meta("loact"),
+        episodes_meta=replicate_meta("loact_episodes"),
+        ratio_meta=replicate_meta("certified_ratio"),
+        frames_meta=replicate_meta("frames"),
+    log:
+        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/rep-{{rep}}/loact.log",
+    benchmark:
+        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/rep-{{rep}}/loact.tsv"
+    params:
+        common=replicate_args,
+        target=target_args,
+        settings=stage_settings_arg("loact"),

@@ -24,3 +24,16 @@ rule qrange:
     shell:
         "crop qrange {params.common} --threads {threads} --checkpoint {input.model:q} --settings {params.settings} "
         "--out {output:q} > {log:q} 2>&1"
+
+
+# Replicate k >= 1 (config `replicates`): the same estimate with the replicate's own seed, in its rep-{k} folder.
+use rule qrange as qrange_replicate with:
+    output:
+        replicate_file("qrange"),
+    log:
+        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/rep-{{rep}}/qrange.log",
+    benchmark:
+        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/rep-{{rep}}/qrange.tsv"
+    params:
+        common=replicate_args,
+        settings=stage_settings_arg("qrange"),

@@ -220,10 +220,15 @@ def test_latex_tables_use_booktabs(synthetic):
             < tex.index(r"\bottomrule") < tex.index(r"\end{tabular}")
         assert len(body) == len(csv) and all(row.endswith(r"\\") for row in body)
         header = tex[tex.index(r"\toprule") + len(r"\toprule"):tex.index(r"\midrule")]
-        shown = [c for c in csv.columns if not c.endswith("_raw")]  # a raw bound: the CSV's only
+        shown = [c for c in csv.columns if not c.endswith(("_raw", *agg.INTERVAL_COLUMNS))]  # CSV-only columns
         assert header.count("&") == len(shown) - 1
         assert "SA-MDP (PGD)" in tex and "SA-MDP-PGD" not in tex.split(r"\toprule")[1]  # display names
-    assert r"$\sigma=0.5$" in (root / "tables" / "Freeway_mean_radius.tex").read_text()
+    tex = (root / "tables" / "Freeway_mean_radius.tex").read_text()
+    csv = pd.read_csv(root / "tables" / "Freeway_mean_radius.csv").set_index("algo")
+    assert r"$\sigma=0.5$" in tex and "sigma=0.5 lo" in csv and "sigma=0.5 hi" in csv
+    r = csv.loc["RadialRL"]  # the interval beside the value, in the CSV and in the LaTeX cell
+    assert r["sigma=1.5 lo"] <= r["sigma=1.5"] <= r["sigma=1.5 hi"]
+    assert f"{r['sigma=1.5']:.4g} [{r['sigma=1.5 lo']:.4g}, {r['sigma=1.5 hi']:.4g}]" in tex
 
 
 def test_latex_escapes_and_marks_missing_values():

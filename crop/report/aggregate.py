@@ -43,12 +43,21 @@ from crop.layout import (  # noqa: E402
     large_sigma_labels,
     main_sigma_labels,
     needs_frames,
+    replicate_of,
     series_label,
     split_run_algo,
     table_files,
 )
 from crop.names import TARGET_NAMES  # noqa: E402
-from crop.report.metrics import CONVENTIONS, load_runs, lore_valid_until, metric_value, per_step_mean_radius  # noqa: E402
+from crop.report.intervals import INTERVAL_METRICS, METHOD_EPISODES, METHOD_REPLICATES, run_interval  # noqa: E402
+from crop.report.metrics import (  # noqa: E402
+    CONVENTIONS,
+    load_replicates,
+    load_runs,
+    lore_valid_until,
+    metric_value,
+    per_step_mean_radius,
+)
 
 __all__ = ["aggregate", "load_runs", "iter_env_figures", "legend_figure", "env_tables", "latex_table",
            "markdown_table", "load_frames", "gre_curve", "ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "LABELS",
@@ -445,21 +454,22 @@ def _clean_figure(env: str, data: dict, algos, labels):
                       LABELS["return"])
     lo, hi = np.inf, -np.inf
     for i, a in enumerate(algos):
-        xs, ms, sd = [], [], []
+        xs, ms, below, above = [], [], [], []
         for lab in labels:
-            if (env, a, lab) in data:
-                r = data[(env, a, lab)]["loact_episodes"]["return"]
+            if (env, a, lab) in data:  # the mean (over replicates where there are several) and its 95 % interval
+                iv = run_interval(data[(env, a, lab)], "benign_return")
                 xs.append(float(lab))
-                ms.append(r.mean())
-                sd.append(r.std(ddof=0))
-        ms, sd = np.asarray(ms, dtype=float), np.asarray(sd, dtype=float)
+                ms.append(iv["value"])
+                below.append(0.0 if math.isnan(iv["lo"]) else iv["value"] - iv["lo"])
+                above.append(0.0 if math.isnan(iv["hi"]) else iv["hi"] - iv["value"])
+        ms, below, above = (np.asarray(x, dtype=float) for x in (ms, below, above))
         # Dodged sideways (a few hundredths of a decade per algorithm) so that equal returns do not hide
         # each other; the σ ticks stay at the true σ.
         dodge = 10.0 ** (0.025 * (i - 0.5 * (len(algos) - 1)))
-        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=sd, marker=_marker(a), ms=_marker_size(a), capsize=3,
-                    color=_color(a), lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
+        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=[below, above], marker=_marker(a), ms=_marker_size(a),
+                    capsize=3, color=_color(a), lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
         if len(ms):
-            lo, hi = min(lo, float(np.min(ms - sd))), max(hi, float(np.max(ms + sd)))
+            lo, hi = min(lo, float(np.min(ms - below))), max(hi, float(np.max(ms + above)))
     _ylim(ax, lo, hi, _return_span(lo, hi))
     ax.set_xscale("log")
     # Ticks at the σ run, written as the paper writes σ (0.001, 0.5, 4), not as powers of ten; labels that
@@ -627,6 +637,45 @@ def _pivot(df: pd.DataFrame, value: str) -> pd.DataFrame:
     return t.reset_index()
 
 
+INTERVAL_COLUMNS = (" lo", " hi", " sd")  # CSV columns beside each sigma=S column of an interval table
+
+
+def _pivot_interval(df: pd.DataFrame, value: str, replicates: bool = False) -> pd.DataFrame:
+    """:func:`_pivot` of ``value`` with its interval beside each σ column (``sigma=S lo``, ``sigma=S hi``,
+    and ``sigma=S sd`` over replicates); Markdown and LaTeX show one cell "value [lo, hi]" (:func:`_merged`)."""
+    t = _pivot(df, value)
+    parts = {suffix: _pivot(df, f"{value}_{suffix.strip()}") for suffix in INTERVAL_COLUMNS}
+    out = t[["algo"]].copy()
+    for c in t.columns[1:]:
+        out[c] = t[c]
+        for suffix, part in parts.items():
+            if suffix != " sd" or replicates:
+                out[c + suffix] = part[c]
+    return out
+
+
+def _merged(df: pd.DataFrame) -> pd.DataFrame:
+    """An interval table for reading: each σ column as "value [lo, hi]" (", sd s" over replicates)."""
+    cols = [c for c in df.columns if not c.endswith(INTERVAL_COLUMNS)]
+    if len(cols) == len(df.columns):
+        return df
+    out = df[cols].copy()
+    for c in cols:
+        if f"{c} lo" not in df:
+            continue
+
+        def cell(i, c=c):
+            v, lo, hi = df[c].iloc[i], df[f"{c} lo"].iloc[i], df[f"{c} hi"].iloc[i]
+            if pd.isna(v):
+                return None
+            text = f"{v:.4g}" + ("" if pd.isna(lo) or pd.isna(hi) else f" [{lo:.4g}, {hi:.4g}]")
+            sd = df[f"{c} sd"].iloc[i] if f"{c} sd" in df else math.nan
+            return text + ("" if pd.isna(sd) else f", sd {sd:.2g}")
+
+        out[c] = [cell(i) for i in range(len(df))]
+    return out
+
+
 def _md_header(col: str) -> str:
     if col in _MD_HEADERS:
         return _MD_HEADERS[col]
@@ -654,8 +703,8 @@ def markdown_table(df: pd.DataFrame, caption: str) -> str:
 def _write_table(df: pd.DataFrame, base: Path, caption: str) -> list[Path]:
     paths = {fmt: base.with_name(f"{base.name}.{fmt}") for fmt in ("csv", "md", "tex")}
     atomic_write_text(paths["csv"], df.to_csv(index=False, lineterminator="\n", float_format="%.10g"))
-    atomic_write_text(paths["md"], markdown_table(df, caption))
-    atomic_write_text(paths["tex"], latex_table(df, caption))
+    atomic_write_text(paths["md"], markdown_table(_merged(df), caption))
+    atomic_write_text(paths["tex"], latex_table(_merged(df), caption))
     return list(paths.values())
 
 
@@ -672,11 +721,17 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
         if e != env:
             continue
         ep = d["loact_episodes"]
-        rows.append({"algo": a, "sigma": float(lab), "mean_radius": metric_value(d, "mean_radius"),
-                     "mean_radius_certified": metric_value(d, "mean_radius_certified"),
-                     "certified_fraction": metric_value(d, "certified_fraction"),
-                     "benign_return": metric_value(d, "benign_return"),
-                     "benign_return_std": float(ep["return"].std(ddof=0))})
+        row = {"algo": a, "sigma": float(lab), "mean_radius": metric_value(d, "mean_radius"),
+               "mean_radius_certified": metric_value(d, "mean_radius_certified"),
+               "certified_fraction": metric_value(d, "certified_fraction"),
+               "benign_return": metric_value(d, "benign_return"),
+               "benign_return_std": float(ep["return"].std(ddof=0))}
+        for m in INTERVAL_METRICS:  # the confidence interval (crop.report.intervals), beside the value
+            iv = run_interval(d, m)
+            if d.get("replicates"):
+                row[m] = iv["value"]  # the mean over replicates
+            row.update({f"{m}_lo": iv["lo"], f"{m}_hi": iv["hi"], f"{m}_sd": iv["sd"]})
+        rows.append(row)
         sigma = float(lab)
         for f in table_eps_factors:
             eps = _eps(f, sigma)
@@ -695,22 +750,30 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                                "pgd_global_median": vals["pgd_global_median"],
                                "pgd_local_return": vals["pgd_local_return"], "expectation_bound_raw": raw_eb})
     df = pd.DataFrame(rows)
+    counts = [1 + len(d.get("replicates") or []) for (e, _, _), d in data.items() if e == env]
+    reps = max(counts, default=1)
     bounds = pd.DataFrame(bound_rows)
     tight = bounds[["algo", "sigma", "eps"]].copy()  # against the bounds as reported (vacuous ones: J_min)
     for col, (attack, bound) in TIGHTNESS_COLUMNS.items():
         tight[col] = bounds[attack] - bounds[bound]
     p = spec.paper_name
     conv0, conv1 = CONVENTIONS["uncertified_zero"], CONVENTIONS["certified_only"]
+    ci = (f"; [lo, hi]: 95 % confidence interval, {METHOD_REPLICATES} ({reps} replicates; the value is their mean, "
+          "sd their standard deviation)" if reps > 1 else f"; [lo, hi]: 95 % confidence interval, {METHOD_EPISODES}")
+    if reps > 1 and min(counts) == 1:
+        ci = ci[:-1] + f"; a run without replicates: {METHOD_EPISODES})"
     out = {
-        "mean_radius": (_pivot(df, "mean_radius"),
+        "mean_radius": (_pivot_interval(df, "mean_radius", reps > 1),
                         f"{p}: mean certified radius of LoAct (Theorem 1) over all steps, {conv0} (this project's "
-                        f"headline; the paper's convention, {conv1}, is in {p}_mean_radius_certified)"),
-        "mean_radius_certified": (_pivot(df, "mean_radius_certified"),
+                        f"headline; the paper's convention, {conv1}, is in {p}_mean_radius_certified){ci}"),
+        "mean_radius_certified": (_pivot_interval(df, "mean_radius_certified", reps > 1),
                                   f"{p}: mean certified radius of LoAct (Theorem 1), {conv1} (the paper's and the "
                                   f"CROP leaderboard's convention; empty where no step was certified; {conv0} is "
-                                  f"in {p}_mean_radius)"),
-        "benign_return": (_pivot(df, "benign_return"),
-                          f"{p}: mean benign return of the smoothed policy over LoAct's clean episodes"),
+                                  f"in {p}_mean_radius){ci}"),
+        "certified_fraction": (_pivot_interval(df, "certified_fraction", reps > 1),
+                               f"{p}: share of LoAct's steps certified (radius > 0){ci}"),
+        "benign_return": (_pivot_interval(df, "benign_return", reps > 1),
+                          f"{p}: mean benign return of the smoothed policy over LoAct's clean episodes{ci}"),
         "reward_bounds": (bounds, f"{p}: certified reward bounds J̲ᴇ (Theorem 2), J̲ₚ (p = 50 %, Theorem 3), "
                                   "J̲ (LoRe, Theorem 4) and the PGD returns at ε = f·σ; empty: not computed at "
                                   "that ε; †: vacuous, J̲ᴇ fell below the trivial bound J_min (the least return "
@@ -735,8 +798,15 @@ def _tables_for_env(env: str, data: dict, tables_dir: Path, table_eps_factors) -
 
 
 def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tables_dir: Path) -> list[Path]:
-    """Write every figure and table of :func:`crop.layout.aggregate_files` for ``runs``, and nothing else."""
-    data = load_runs(results, runs)
+    """Write every figure and table of :func:`crop.layout.aggregate_files` for ``runs``, and nothing else.
+    Replicate folders among ``runs`` (``ENV/ALGO/sigma-S/rep-K``, config ``replicates``) are read beside
+    their run: the tables then show the mean over replicates and its interval."""
+    reps = [r for r in runs if replicate_of(r)]
+    data = load_runs(results, [r for r in runs if not replicate_of(r)])
+    for key, found in load_replicates(results, reps).items():
+        if key not in data:
+            raise FileNotFoundError(f"replicates of {'/'.join(key)} without the run itself")
+        data[key]["replicates"] = found
     figures_dir, tables_dir = Path(figures_dir), Path(tables_dir)
     envs = sorted({k[0] for k in data})
     plan = {}

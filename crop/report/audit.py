@@ -6,7 +6,7 @@ A run folder may hold any subset of the stages (a LoAct-only or GRe-only run): e
 files are there, and the reference comparison covers every value the run has.
 
 Soundness checks, per (env, algo, σ, ε).  A *violation* is a count the audit can show is statistically
-incompatible with sound certificates (p-value below ``alpha``); a raw failure within what chance allows is
+incompatible with sound certificates (see "Statuses" below); a raw failure within what chance allows is
 listed (``empirical_below``) but is not a violation:
 
 * **a bound rising with ε** (J̲_E, J̲_p, J̲): deterministic, always a violation;
@@ -34,9 +34,18 @@ listed (``empirical_below``) but is not a violation:
   P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state): p_t the flip bound
   above where step t is certified beyond ε; 0 where it is not and |A| = 2 (both actions are in the tree);
   1 where it is not and |A| > 2 (the other actions' margins are not recorded), and for steps beyond LoAct
-  episode 0.  The row is a violation when that chance is below ``alpha``.
+  episode 0.  That chance is the row's p-value when the return is below the bound.
 
-Every row is tested at level ``alpha`` on its own (no correction for the number of rows).
+Statuses (``status`` of every check; :func:`classify`): deterministic checks are ``violation`` or ``ok``.
+Chance-based checks are judged in two families.  Over the whole audit, Tarone's restriction (only the checks
+whose smallest achievable p-value ``min_p`` — fixed by sample size and bound before the attack ran — could
+reach significance) then Holm's step-down at ``alpha``: adjusted p < alpha is a ``violation`` (family-wise
+error ≤ alpha for sound results).  Within the check's own run, the same procedure: significant there but not
+over the audit is ``suspicious``.  A check outside the audit's family and not suspicious is ``untestable``
+(with ``reason`` and ``testable_with``), as is every LoRe check whose tree spent α ≥ 1; it is never counted
+as passed.  ``verdict``: FAIL on a violation or an integrity problem, WARN on a suspicious or untestable
+check, else PASS — soundness and integrity only; the reference comparison is counted apart
+(``reproduction``: agree, differ, not_in_run, not_in_reference).
 Integrity: every result file's sha256 must match the one recorded in its ``.meta.json`` (a truncated
 or edited file is reported, not silently used); every stage must have used the checkpoint recorded in
 ``model.json`` (and ``model.pt``, when present, must still have that hash); a stage with some but not all of
@@ -44,19 +53,21 @@ its files, or a run folder with no result at all, is an integrity problem; a par
 Provenance (:mod:`crop.report.provenance`): per run the checkpoint sha256 and source, commits, package
 versions, seeds, devices and runtimes, and the hash of the workflow config the audit ran under.
 Reference (:mod:`crop.report.reference`; ``"paper"`` for the paper's published numbers): each value gets a
-verdict match / differs / missing (not in the run) / not_in_reference, within per-metric tolerances.
+verdict match / differs / missing (not in the run) / not_in_reference; a value agrees when the published one
+lies in the reproduction's confidence interval (:mod:`crop.report.intervals`) widened by the metric's
+tolerance.  Replicate folders (``ENV/ALGO/sigma-S/rep-K``) are audited for integrity and provenance and feed
+the intervals.
 
-``passed`` is true when there is no violation, no integrity problem and no reference value that differs;
-``crop audit --strict`` exits with status 1 otherwise.  Reference values the results folder does not have
-(``missing``) are listed and counted but do not fail the audit: a reference usually covers more settings
-than one run.
+Exit status of ``crop audit``: 1 on FAIL; with ``--strict`` also on WARN and on a differing reproduced value.
 
-audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``config_hash``, ``strict``,
-``passed``, ``checked``, ``violations``, ``empirical_below``, ``integrity_problems``, ``integrity``,
-``incomplete_runs``, ``partial_runs``, ``violation_list``, ``checks``, ``provenance``, ``warnings``,
-``mismatches``, ``reference_missing``, ``reference`` (null, or ``file``, ``name``, ``sha256``,
-``tolerances_file``, ``tolerances``, ``counts`` {match, differs, missing}, ``not_in_reference``, ``rows``,
-``comparisons``), ``reproduction`` (null, or the files of the reproduction report).
+audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``verdict``, ``reproduction``,
+``statuses``, ``multiple_testing``, ``config_hash``, ``strict``, ``passed`` (verdict ≠ FAIL), ``checked``,
+``violations``, ``suspicious``, ``untestable``, ``suspicious_list``, ``untestable_list``, ``empirical_below``,
+``integrity_problems``, ``integrity``, ``incomplete_runs``, ``partial_runs``, ``violation_list``, ``checks``,
+``provenance``, ``warnings``, ``mismatches``, ``reference_missing``, ``reference`` (null, or ``file``,
+``name``, ``sha256``, ``tolerances_file``, ``tolerances``, ``counts`` {match, differs, missing},
+``not_in_reference``, ``rows``, ``comparisons``), ``reproduction_report`` (null, or the files of the
+reproduction report).
 """
 from __future__ import annotations
 
@@ -69,7 +80,7 @@ from scipy import stats as st
 
 from crop.envs import env_spec
 from crop.io import atomic_write_text, meta_path, read_json, write_json
-from crop.layout import RUN_FILES, run_files, run_target
+from crop.layout import REPLICATE_PREFIX, RUN_FILES, replicate_of, run_files, run_target
 from crop.lore import lore_bound_at
 from crop.report.integrity import check_integrity, stages_present
 
@@ -77,7 +88,7 @@ __all__ = ["audit", "discover_runs", "discover_run_folders", "check_integrity", 
            "loact_flip_chance", "lore_leave_chance", "SCHEMA_VERSION"]
 
 TOL = 1e-9
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
@@ -91,8 +102,11 @@ def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
 
 
 def discover_run_folders(results: Path) -> list[str]:
-    """Every ``ENV/ALGO/sigma-S`` folder under ``results``, complete or partial."""
-    return [str(d.relative_to(results)) for d in sorted(Path(results).glob("*/*/sigma-*")) if d.is_dir()]
+    """Every ``ENV/ALGO/sigma-S`` folder under ``results``, complete or partial, and every replicate folder
+    ``ENV/ALGO/sigma-S/rep-K`` in them (config ``replicates``)."""
+    found = [d for d in Path(results).glob("*/*/sigma-*") if d.is_dir()]
+    found += [d for d in Path(results).glob(f"*/*/sigma-*/{REPLICATE_PREFIX}*") if d.is_dir()]
+    return sorted(str(d.relative_to(results)) for d in found)
 
 
 def _hoeffding_p(shortfall: float, n: int, width: float) -> float:
@@ -206,10 +220,14 @@ def _lore_alpha(lmeta: dict) -> float:
 
 
 def _audit_run(results: Path, run: str, alpha: float, stages: list[str]) -> tuple[list[dict], int]:
+    from crop.report.metrics import parse_run
+
     d = results / run
-    env, algo, sig = Path(run).parts
-    sigma = float(sig[len("sigma-"):])
+    env, algo, lab = parse_run(run)
+    sigma = float(lab)
     key = {"env": env, "algo": algo, "sigma": sigma}
+    if replicate_of(run):
+        key["replicate"] = replicate_of(run)
     items, checked = [], 0
 
     def add(kind, eps, bound, observed, violation, **extra):
@@ -228,9 +246,11 @@ def _audit_run(results: Path, run: str, alpha: float, stages: list[str]) -> tupl
             ret = g["return"].to_numpy()
             eb = float(rows["expectation_bound"].iloc[0])
             width = float(rows["j_max"].iloc[0] - rows["j_min"].iloc[0])
+            j_min = float(rows["j_min"].iloc[0])
             pv = _hoeffding_p(eb - ret.mean(), len(ret), width)
             add("gre_expectation_vs_pgd_mean", float(eps), eb, float(ret.mean()), pv < alpha,
-                empirical_below=bool(ret.mean() < eb - TOL), episodes=len(ret), p_value=pv)
+                empirical_below=bool(ret.mean() < eb - TOL), episodes=len(ret), p_value=pv,
+                min_p=_hoeffding_p(eb - j_min, len(ret), width), shortfall_max=eb - j_min, width=width)
             for _, r in rows.iterrows():
                 if not bool(r["percentile_certified"]):
                     continue
@@ -239,7 +259,8 @@ def _audit_run(results: Path, run: str, alpha: float, stages: list[str]) -> tupl
                 below = int((ret < pb - TOL).sum())
                 pv = _binom_p(below, len(ret), p)
                 add(f"gre_percentile_p{p:g}_vs_pgd", float(eps), pb, q, pv < alpha,
-                    empirical_below=bool(q < pb - TOL), attacked_below=below, episodes=len(ret), p_value=pv)
+                    empirical_below=bool(q < pb - TOL), attacked_below=below, episodes=len(ret), p_value=pv,
+                    min_p=_binom_p(len(ret), len(ret), p) if pb > j_min + TOL else 1.0, p=p)
     if gre is not None:
         for p, g in gre.groupby("p"):
             for eps, b, nb in _monotone(g["eps"], g["percentile_bound"].astype(float)):
@@ -267,7 +288,7 @@ def _audit_run(results: Path, run: str, alpha: float, stages: list[str]) -> tupl
                 pv = allowed if below else 1.0
                 add("lore_vs_pgd_local", eps, b, float(r["return"]), pv < alpha, empirical_below=below,
                     episode=int(r["episode"]), p_value=pv, chance=allowed, alpha_spent=a_lore, p_leave=leave,
-                    note=note)
+                    note=note, min_p=allowed)
         for eps, b, nb in _monotone(lore["eps"], lore["lower_bound"]):
             add("lore_monotone", eps, b, nb, True)
     if al is not None:
@@ -276,7 +297,8 @@ def _audit_run(results: Path, run: str, alpha: float, stages: list[str]) -> tupl
             per_step, note = loact_flip_chance(chance, sigma, float(eps))
             pv = _binom_p(flips, n, per_step)
             add("loact_certified_steps_not_flipped", float(eps), 0, flips, pv < alpha, empirical_below=flips > 0,
-                episodes=len(g), steps=n, chance=per_step, expected=n * per_step, p_value=pv, note=note)
+                episodes=len(g), steps=n, chance=per_step, expected=n * per_step, p_value=pv, note=note,
+                min_p=_binom_p(n, n, per_step) if n else 1.0)
     return items, checked
 
 
@@ -335,32 +357,147 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
     ref_block = None
     if ref is not None:
         data = load_partial_runs(results, sound_runs)
-        rows = compare_reference(ref, data, file_tol, abs_tol, rel_tol)
+        rows = compare_reference(ref, data, file_tol, abs_tol, rel_tol, level=1 - alpha)
         ref_block = reference_summary(reference, rows, file_tol, tolerances, abs_tol, rel_tol)
-    n_tests = holm(items, alpha)
-    violations = [i for i in items if i["violation"]]
+    multiple = classify(items, alpha)
+    violations = [i for i in items if i["status"] == "violation"]
+    suspicious = sorted((i for i in items if i["status"] == "suspicious"), key=lambda i: i["p_value"])
+    untestable = [i for i in items if i["status"] == "untestable"]
     mismatches = ref_block["counts"]["differs"] if ref_block else 0
+    verdict = "FAIL" if violations or integrity else ("WARN" if suspicious or untestable else "PASS")
     report = {"schema_version": SCHEMA_VERSION, "results": str(results), "runs": runs, "alpha": alpha,
-              "multiple_testing": {"method": "holm", "tests": n_tests,
-                                   "rule": "a chance-based check is a violation when its Holm-adjusted p-value "
-                                           "over all chance-based checks of the audit is below alpha"},
+              "verdict": verdict,
+              "reproduction": None if ref_block is None else {
+                  "agree": ref_block["counts"]["match"], "differ": ref_block["counts"]["differs"],
+                  "not_in_run": ref_block["counts"]["missing"], "not_in_reference": ref_block["not_in_reference"]},
+              "statuses": {s: sum(i["status"] == s for i in items) for s in STATUSES},
+              "multiple_testing": multiple,
               "config_hash": config_hash, "strict": bool(strict),
-              "passed": not violations and not integrity and not mismatches,
-              "checked": checked, "violations": len(violations),
+              "passed": verdict != "FAIL",
+              "checked": checked, "violations": len(violations), "suspicious": len(suspicious),
+              "untestable": len(untestable), "suspicious_list": suspicious, "untestable_list": untestable,
               "empirical_below": sum(bool(i.get("empirical_below")) for i in items),
               "integrity_problems": len(integrity), "integrity": integrity, "incomplete_runs": incomplete,
               "partial_runs": partial, "violation_list": violations, "checks": items, "provenance": provs,
               "warnings": warnings, "mismatches": mismatches,
               "reference_missing": ref_block["counts"]["missing"] if ref_block else 0,
-              "reference": ref_block, "reproduction": None}
+              "reference": ref_block, "reproduction_report": None}
     out_dir = Path(out_dir)
     if ref_block is not None:
         from crop.report.reproduction import write_reproduction
 
-        report["reproduction"] = write_reproduction(ref_block, out_dir, sorted({Path(r).parts[0] for r in runs}))
+        report["reproduction_report"] = write_reproduction(ref_block, out_dir, sorted({Path(r).parts[0] for r in runs}))
     write_json(out_dir / "audit.json", report)
     atomic_write_text(out_dir / "audit.md", _markdown(report))
     return report
+
+
+STATUSES = ("ok", "violation", "suspicious", "untestable")
+
+
+def tarone_holm(tested: list[dict], alpha: float, p_key: str = "p_value") -> tuple[int, list[dict], list[dict]]:
+    """Tarone's (1990) restriction of the family to the checks that *can* reach significance, then Holm's
+    step-down over them (Hommel & Krummenauer 1998).  A check's ``min_p`` is the smallest p-value its data
+    could give (every attacked return at J_min, every attacked step flipped), fixed before the attack ran.
+    K is the smallest integer with #{checks: min_p ≤ α/K} ≤ K; those checks form the family, Holm at α over
+    them; the others cannot reach α/K and are left out rather than diluting the correction.  The family
+    depends on the sample sizes and bounds only, so the family-wise error rate stays ≤ α.
+    Returns (K, family — at most K checks —, left out); sets ``_adj`` (the Holm-adjusted p) on the family."""
+    mins = np.sort([float(i.get("min_p", 0.0)) for i in tested])
+    ks = np.arange(1, len(mins) + 1)
+    fits = np.nonzero(np.searchsorted(mins, alpha / ks, side="right") <= ks)[0]
+    k = int(ks[fits[0]]) if len(fits) else len(mins)
+    family = [i for i in tested if float(i.get("min_p", 0.0)) <= alpha / max(k, 1)]
+    left = [i for i in tested if float(i.get("min_p", 0.0)) > alpha / max(k, 1)]
+    running = 0.0
+    for rank, item in enumerate(sorted(family, key=lambda i: i[p_key])):
+        running = max(running, min(1.0, (len(family) - rank) * float(item[p_key])))
+        item["_adj"] = running
+    return k, family, left
+
+
+def _untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
+    """(why a check cannot reach significance in a family of k, what would make it testable)."""
+    level = alpha / max(k, 1)
+    c = item["check"]
+    if c == "lore_vs_pgd_local" and item.get("alpha_spent", 0.0) >= 1.0:
+        return (f"LoRe's tree spent α = {item['alpha_spent']:.3g} ≥ 1: its bound has no joint meaning",
+                "alpha_mode: family (the whole tree at α)")
+    if c == "lore_vs_pgd_local":
+        return (f"a single attacked return: smallest p = α spent + P[leave] = {item['min_p']:.3g} > α/K = "
+                f"{level:.3g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")
+    if c == "gre_expectation_vs_pgd_mean":
+        if not item["shortfall_max"] > 0:
+            return "the bound is at or below J_min: no attacked mean can fall below it", "a tighter bound"
+        need = math.ceil(math.log(1 / level) * item["width"] ** 2 / (2 * max(item["shortfall_max"], 1e-300) ** 2))
+        return (f"{item['episodes']} attacked episodes: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
+                f"attack.global_episodes ≥ {need}")
+    if c.startswith("gre_percentile"):
+        p = float(item.get("p", 0.5))
+        if item["min_p"] >= 1.0:
+            return "the bound is at J_min: no return can fall below it", "a tighter bound (more GRe samples)"
+        need = math.ceil(math.log(level) / math.log(p))
+        return (f"{item['episodes']} attacked episodes: smallest p = p^n = {item['min_p']:.3g} > α/K = "
+                f"{level:.3g}", f"attack.global_episodes ≥ {need}")
+    if c == "loact_certified_steps_not_flipped":
+        note = item.get("note") or ""
+        if item.get("chance", 1.0) >= 1.0:
+            return note or "the chance of a flip could not be estimated", "LoAct steps certified beyond this ε"
+        return (f"{item.get('steps')} attacked steps: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
+                "attack.local_episodes larger")
+    return f"smallest p {item['min_p']:.3g} > α/K = {level:.3g}", ""
+
+
+def classify(items: list[dict], alpha: float) -> dict:
+    """Give every check its ``status`` (see the module docstring, "Families"):
+
+    * deterministic checks (a bound rising with ε): ``violation`` or ``ok``;
+    * chance-based checks, family 1 — the whole audit (:func:`tarone_holm` over every chance-based check):
+      Holm-adjusted p < α → ``violation`` (the FAIL verdict; family-wise error ≤ α for sound results);
+    * family 2 — the check's own run (the same procedure over that run's chance-based checks): significant
+      there but not over the audit → ``suspicious`` (WARN; raw evidence against a certificate that the whole
+      audit's correction cannot confirm; per-run error ≤ α, so about α·runs false WARNs at worst);
+    * a check left out of the audit's family (it could not reach significance there whatever the attack did)
+      and not suspicious → ``untestable``, with ``reason`` and ``testable_with``; a LoRe tree that spent
+      α ≥ 1 is always untestable.  Never counted as passed.
+    Returns the ``multiple_testing`` block of audit.json."""
+    tested = [i for i in items if i.get("p_value") is not None]
+    for i in items:
+        if i.get("p_value") is None:
+            i["status"] = "violation" if i["violation"] else "ok"
+    for i in tested:
+        if i["check"] == "lore_vs_pgd_local" and i.get("alpha_spent", 0.0) >= 1.0:
+            i["min_p"] = 1.0  # no joint certificate: nothing to test
+    k, family, _ = tarone_holm(tested, alpha)
+    family = {id(i) for i in family}
+    for i in tested:
+        i["in_audit_family"] = id(i) in family
+        i["p_adjusted"] = i.pop("_adj", None) if i["in_audit_family"] else None
+        i["violation"] = bool(i["in_audit_family"] and i["p_adjusted"] < alpha)
+    runs: dict = {}
+    for i in tested:
+        runs.setdefault((i["env"], i["algo"], i["sigma"]), []).append(i)
+    for group in runs.values():
+        _, fam, _ = tarone_holm(group, alpha)
+        fam = {id(i) for i in fam}
+        for i in group:
+            i["p_run"] = i.pop("_adj", None) if id(i) in fam else None
+    for i in tested:
+        if i["violation"]:
+            i["status"] = "violation"
+        elif i["p_run"] is not None and i["p_run"] < alpha:
+            i["status"] = "suspicious"
+        elif not i["in_audit_family"]:
+            i["status"] = "untestable"
+            i["reason"], i["testable_with"] = _untestable_reason(i, alpha, k)
+        else:
+            i["status"] = "ok"
+    return {"method": "tarone-holm", "tests": len(tested), "K": k, "family": len(family),
+            "untestable": sum(i["status"] == "untestable" for i in tested),
+            "rule": "a chance-based check is a violation when its Holm-adjusted p-value over the audit's family "
+                    "(Tarone: the checks whose smallest achievable p is <= alpha/K) is below alpha; suspicious "
+                    "when the same procedure over its own run's checks is below alpha; untestable when it is "
+                    "outside the audit's family and not suspicious"}
 
 
 def holm(items: list[dict], alpha: float) -> int:
@@ -396,35 +533,68 @@ def _md_table(rows, columns=None, limit: int | None = None) -> list[str]:
     return [df.to_markdown(index=False, floatfmt=".6g", missingval="—"), *more, ""]
 
 
+def verdict_line(rep: dict) -> str:
+    """The one line that states both verdicts apart: soundness/integrity, then reproduction."""
+    st_ = rep["statuses"]
+    line = (f"soundness {rep['verdict']}: {rep['checked']} checks ({st_['ok']} ok, {st_['violation']} violation, "
+            f"{st_['suspicious']} suspicious, {st_['untestable']} untestable), {rep['integrity_problems']} "
+            "integrity problem(s)")
+    r = rep.get("reproduction")
+    if r:
+        line += (f"; reproduction: {r['agree']} agree / {r['differ']} differ / {r['not_in_run']} not in the run / "
+                 f"{r['not_in_reference']} not in the reference")
+    return line
+
+
 def _markdown(rep: dict) -> str:
     ref = rep["reference"]
-    verdict = "PASS" if rep["passed"] else "FAIL"
+    verdict = rep["verdict"]
     why = []
     if rep["violations"]:
         why.append(f"{rep['violations']} soundness violation(s)")
     if rep["integrity_problems"]:
         why.append(f"{rep['integrity_problems']} integrity problem(s)")
-    if rep["mismatches"]:
-        why.append(f"{rep['mismatches']} reference value(s) outside tolerance")
-    lines = ["# CROP audit", "",
-             f"**{verdict}**" + (f": {'; '.join(why)}." if why else
-                                 ": no attack beat a certificate beyond what chance allows, no bound rose with ε, "
-                                 "every result file is intact"
-                                 + (", and every reproduced reference value is within tolerance." if ref else ".")),
-             "", f"Results folder: `{rep['results']}`; runs audited: {len(rep['runs'])}"
+    if verdict == "WARN":
+        why += ([f"{rep['suspicious']} suspicious check(s) (listed first below)"] if rep["suspicious"] else []) + \
+               ([f"{rep['untestable']} check(s) that could not fail (untestable: see why and what would make them "
+                 "testable below)"] if rep["untestable"] else [])
+    first = (f"**Soundness and integrity: {verdict}**"
+             + (f": {'; '.join(why)}." if why else
+                ": no attack beat a certificate beyond what chance allows, no bound rose with ε, every chance-based "
+                "check could have failed, and every result file is intact."))
+    r = rep.get("reproduction")
+    if r:
+        first += (f" **Reproduction** (a separate question: does the run agree with the reference?): {r['agree']} "
+                  f"agree, {r['differ']} differ, {r['not_in_run']} not in the run, {r['not_in_reference']} not in "
+                  "the reference.")
+    lines = ["# CROP audit", "", first, "", f"`{verdict_line(rep)}`", "",
+             f"Results folder: `{rep['results']}`; runs audited: {len(rep['runs'])}"
              + (f" ({len(rep['partial_runs'])} partial)" if rep["partial_runs"] else "")
              + f"; config hash: `{rep['config_hash'] or 'not given'}`.", "",
              "| | |", "|---|---|",
              f"| soundness checks | {rep['checked']} |",
-             f"| violations (statistically incompatible with sound certificates at α = {rep['alpha']}) | "
-             f"{rep['violations']} |",
+             f"| violations (statistically incompatible with sound certificates at α = {rep['alpha']} over the "
+             f"whole audit) | {rep['violations']} |",
+             f"| suspicious (significant within their run's checks, not over the whole audit) | "
+             f"{rep['suspicious']} |",
+             f"| untestable (could not reach significance whatever the attack did; not counted as passed) | "
+             f"{rep['untestable']} |",
              f"| raw failures within what chance allows (not violations) | "
-             f"{sum(1 for i in rep['checks'] if i.get('empirical_below') and not i['violation'])} |",
+             f"{sum(1 for i in rep['checks'] if i.get('empirical_below') and i['status'] in ('ok', 'untestable'))} |",
              f"| integrity problems | {rep['integrity_problems']} |"]
     if ref:
         c = ref["counts"]
         lines += [f"| reference values: agree / differ / not in the run / not in the reference | {c['match']} / "
                   f"{c['differs']} / {c['missing']} / {ref['not_in_reference']} |"]
+    cols = ["env", "algo", "sigma", "eps", "check", "bound", "observed", "episodes", "steps", "expected",
+            "p_value", "p_run", "p_adjusted"]
+    if rep["suspicious_list"]:
+        lines += ["", "## Suspicious checks", "",
+                  "Raw evidence against a certificate: significant at α within the checks of its own run (Holm "
+                  "over that run), not over the whole audit. Not a proof of a violation; worth a rerun with more "
+                  "attack episodes. Raw p, the run's adjusted p (p_run) and the audit's (p_adjusted; empty where "
+                  "the check could not be significant over the audit):", ""]
+        lines += _md_table(rep["suspicious_list"], cols)
     lines += ["", "## Soundness violations", ""]
     if rep["violation_list"]:
         lines += ["Each row: the check, where, the certified bound, what the attack observed, and the p-value of "
@@ -434,6 +604,18 @@ def _markdown(rep: dict) -> str:
     else:
         lines += ["None: no attack went below a certified bound, and no certified action changed within its radius, "
                   "beyond what chance allows; no bound rose with ε.", ""]
+    if rep["untestable_list"]:
+        lines += ["## Untestable checks", "",
+                  "These checks could not have failed over this audit whatever the attack observed (their smallest "
+                  "possible p-value is above α/K, K = "
+                  f"{rep['multiple_testing']['K']}: Tarone's family size bound), or their certificate has no "
+                  "joint meaning. They are not counted as passed. Per check kind, why and what would make it "
+                  "testable:", ""]
+        df = pd.DataFrame(rep["untestable_list"])
+        df["run"] = df["env"] + "/" + df["algo"] + "/σ=" + df["sigma"].map(lambda x: f"{x:g}")
+        summary = (df.groupby(["check", "testable_with"], dropna=False)
+                   .agg(checks=("run", "size"), runs=("run", "nunique"), example=("reason", "first")).reset_index())
+        lines += _md_table(summary.to_dict("records"), limit=50)
     lines += ["## Integrity", ""]
     if rep["integrity"]:
         lines += _md_table(rep["integrity"], ["run", "file", "problem"])
@@ -448,14 +630,17 @@ def _markdown(rep: dict) -> str:
         lines += ["## Reference comparison", "",
                   f"Reference `{ref['name']}` (`{ref['file']}`, sha256 `{ref['sha256'][:16]}…`), tolerances "
                   f"{'from `' + ref['tolerances_file'] + '`' if ref['tolerances_file'] else 'built in'}: a "
-                  "value agrees when |reproduced − reference| ≤ max(abs, rel·|reference|); ratio = reproduced / "
-                  "reference. The LoAct mean radius is compared in the reference's convention (mean_radius: "
-                  "uncertified steps count 0; mean_radius_certified: the paper's, certified steps only)."
+                  "value agrees when the reference lies inside the reproduction's confidence interval "
+                  "[interval_lo, interval_hi] (over replicates where there are several, else over episodes; the "
+                  "value itself for bounds and attacks) widened by allowed = max(abs, rel·|reference|); outside = "
+                  "how far beyond the interval it lies; ratio = reproduced / reference. The LoAct mean radius is "
+                  "compared in the reference's convention (mean_radius: uncertified steps count 0; "
+                  "mean_radius_certified: the paper's, certified steps only)."
                   + (" Plain-words summary and figures: `reproduction.md`." if rep.get("reproduction") else ""), ""]
         if ref["tolerances"]:
             lines += _md_table([{"metric": m, **t} for m, t in ref["tolerances"].items()])
-        cols = ["env", "algo", "sigma", "metric", "eps", "reference", "reproduced", "ratio", "delta", "allowed",
-                "verdict", "note"]
+        cols = ["env", "algo", "sigma", "metric", "eps", "reference", "reproduced", "interval_lo", "interval_hi",
+                "replicates", "ratio", "outside", "allowed", "verdict", "note"]
         for verdict_name, title in (("differs", "Differs"), ("match", "Match")):
             rows = [r for r in ref["comparisons"] if r["verdict"] == verdict_name]
             if rows:
@@ -477,16 +662,17 @@ def _markdown(rep: dict) -> str:
                           "absent) and metric; every row is in audit.json.", ""]
                 lines += _md_table(summary[["env", "algo", "sigma", "metric", "note", "values"]]
                                    .to_dict("records"), limit=100)
-    raw = [i for i in rep["checks"] if i.get("empirical_below") and not i["violation"]]
+    raw = [i for i in rep["checks"] if i.get("empirical_below") and i["status"] in ("ok", "untestable")]
     lines += ["## Chance", "",
               "A certificate holds with probability ≥ 1 − α for the *exact* smoothed policy; the attacked policy is "
               "its m-sample estimate, which may take another action inside a valid radius, and a distributional "
               "GRe bound can be undercut by a few attacked episodes. So each count is compared with what chance "
               "allows; an audit runs many such checks "
               f"({(rep.get('multiple_testing') or {}).get('tests', 0)} here), so a count is a violation only when "
-              f"its p-value, Holm-adjusted over all of them, is below α = {rep['alpha']} (the chance that any "
-              "valid certificate is called a violation is then at most α; how each chance is computed: "
-              "docs/audit.md).", ""]
+              f"its p-value, Holm-adjusted over the audit's family of them (the "
+              f"{(rep.get('multiple_testing') or {}).get('family', 0)} that could reach significance: Tarone), is "
+              f"below α = {rep['alpha']} (the chance that any valid certificate is called a violation is then at "
+              "most α; how each chance is computed: docs/audit.md).", ""]
     if raw:
         lines += ["Raw failures within chance (not violations):", ""]
         lines += _md_table(raw, ["env", "algo", "sigma", "eps", "check", "bound", "observed", "steps", "expected",
@@ -495,8 +681,9 @@ def _markdown(rep: dict) -> str:
         lines += ["No raw failure either.", ""]
     if rep["checks"]:
         df = pd.DataFrame(rep["checks"])
-        summary = df.groupby(["env", "algo", "sigma", "check"]).agg(checked=("violation", "size"),
-                                                                     violations=("violation", "sum"))
+        df = df.assign(**{s_: df["status"] == s_ for s_ in STATUSES})
+        summary = df.groupby(["env", "algo", "sigma", "check"]).agg(
+            checked=("status", "size"), **{s_: (s_, "sum") for s_ in STATUSES})
         lines += ["## Checks per run", "", summary.reset_index().to_markdown(index=False), ""]
     if rep["provenance"]:
         lines += ["## Provenance", ""]

@@ -43,11 +43,11 @@ import numpy as np
 import pandas as pd
 
 from crop.io import read_json
-from crop.layout import FRAMES_FILE, run_files, run_target
+from crop.layout import FRAMES_FILE, RUN_FILES, run_files, run_target
 from crop.lore import lore_bound_at
 
-__all__ = ["load_runs", "parse_run", "METRICS", "EPS_METRICS", "metric_value", "is_metric", "metric_has_eps",
-           "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
+__all__ = ["load_runs", "load_replicates", "parse_run", "METRICS", "EPS_METRICS", "metric_value", "is_metric",
+           "metric_has_eps", "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
 
 # The two averaging conventions of a mean certified radius: key -> what a reader is told.
 CONVENTIONS = {
@@ -73,10 +73,15 @@ _PERCENTILE = re.compile(r"^percentile_bound_p(0?\.\d+|1(\.0*)?|0)$")
 
 
 def parse_run(run: str) -> tuple[str, str, str]:
-    """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S``."""
+    """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S`` (or of its replicate folder
+    ``ENV/ALGO/sigma-S/rep-K``: :func:`crop.layout.replicate_of` tells which replicate)."""
+    from crop.layout import REPLICATE_PREFIX
+
     parts = Path(run).parts
+    if len(parts) == 4 and parts[3].startswith(REPLICATE_PREFIX) and parts[3][len(REPLICATE_PREFIX):].isdigit():
+        parts = parts[:3]
     if len(parts) != 3 or not parts[2].startswith("sigma-"):
-        raise ValueError(f"run {run!r} is not of the form ENV/ALGO/sigma-S")
+        raise ValueError(f"run {run!r} is not of the form ENV/ALGO/sigma-S[/rep-K]")
     return parts[0], parts[1], parts[2][len("sigma-"):]
 
 
@@ -106,6 +111,28 @@ def load_runs(results: Path, runs) -> dict:
         data["lore_meta"] = read_json(meta) if meta.is_file() else {}
         data["frames_path"] = d / FRAMES_FILE
         out[(env, algo, lab)] = data
+    return out
+
+
+def load_replicates(results: Path, runs) -> dict:
+    """The LoAct files of replicate folders ``ENV/ALGO/sigma-S/rep-K`` (config ``replicates``), integrity
+    checked: {(env, algo, sigma_label): [{"loact", "loact_episodes"} per replicate, in index order]}."""
+    from crop.layout import replicate_of
+    from crop.report.integrity import IntegrityError, check_integrity
+
+    out: dict = {}
+    for run in sorted(runs, key=lambda r: (str(Path(r).parent), replicate_of(r))):
+        d = Path(results) / run
+        problems = check_integrity(d, only_present=True)
+        if problems:
+            raise IntegrityError("; ".join(f"{p['file']}: {p['problem']}" for p in problems))
+        data = {}
+        for key in ("loact", "loact_episodes"):
+            f = d / RUN_FILES[key]
+            if not f.is_file():
+                raise FileNotFoundError(f"missing result file {f}")
+            data[key] = pd.read_csv(f)
+        out.setdefault(parse_run(run), []).append(data)
     return out
 
 

@@ -25,12 +25,18 @@ Averaging conventions of the LoAct mean radius — the same on both sides of eve
   t was certified (0 when none was), then the mean of these per-step values over t — how the leaderboard's
   per-step curves (which drop uncertified steps) become one number per (env, algo, σ).
 
-Verdicts, per row: **match** (agrees: |reproduced − reference| ≤ max(abs, rel·|reference|)), **differs**
-(with ``ratio`` = reproduced / reference), **missing** (not in the run: the run, or its stage, is absent,
-the ε is not on its grid, or beyond LoRe's searched range) and **not_in_reference** (a value the run has
-that the reference lacks; listed, never a failure).  An empty reference value matches only an empty (NaN)
-reproduced value.  The audit compares every stage a run has, so a partial run (LoAct only, GRe only, …)
-is compared for what it computed.
+Verdicts, per row: **match** (agrees: the reference value lies in the reproduction's confidence interval —
+:mod:`crop.report.intervals`, over replicates where the run has them, else over its episodes; a single point
+for bounds and attacks — widened on each side by max(abs, rel·|reference|)), **differs** (with ``ratio`` =
+reproduced / reference and ``outside``, the distance beyond the unwidened interval), **missing** (not in
+the run: the run, or its stage, is absent, the ε is not on its grid, or beyond LoRe's searched range) and
+**not_in_reference** (a value the run has that the reference lacks; listed, never a failure).  An empty
+reference value matches only an empty (NaN) reproduced value.  The audit compares every stage a run has, so
+a partial run (LoAct only, GRe only, …) is compared for what it computed.
+
+A reference is untrusted input: a file that is not UTF-8, a value that is not a number, not finite or of
+magnitude > 1e300 (:data:`ABSURD`), and every other malformed row is refused with one line naming the row
+and column before any comparison (:class:`ReferenceError`).
 
 Tolerances, per metric, each of ``abs`` and ``rel`` resolved separately, first found wins:
 ``--abs-tol`` / ``--rel-tol`` on the command line (all metrics) > the tolerances file's entry for the
@@ -49,6 +55,7 @@ to demand an exact reproduction (same seeds and platform give byte-identical fil
 """
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -58,7 +65,8 @@ import yaml
 from crop.config import ALGORITHMS
 from crop.envs import ENV_SPECS
 from crop.io import read_json, sha256_file
-from crop.layout import FRAMES_FILE, RUN_FILES
+from crop.layout import FRAMES_FILE, RUN_FILES, replicate_of
+from crop.report.intervals import INTERVAL_METRICS, run_interval
 from crop.report.metrics import is_metric as _is_project_metric
 from crop.report.metrics import lore_valid_until, mean_radius, metric_has_eps, metric_value, parse_run
 
@@ -90,6 +98,9 @@ DEFAULT_TOLERANCES = {
 }
 
 
+ABSURD = 1e300  # a reference value beyond this magnitude is refused (it would make any tolerance infinite)
+
+
 class ReferenceError(ValueError):
     """A malformed reference table or tolerances file."""
 
@@ -117,10 +128,18 @@ def load_reference(path) -> pd.DataFrame:
     ``mean_radius_certified``), eps, value, convention, source."""
     path = resolve_reference(path)
     try:
-        df = pd.read_csv(path, comment="#", dtype={"env": str, "algo": str, "metric": str, "convention": str,
-                                                   "source": str}, skipinitialspace=True)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raw = Path(path).read_bytes()
+        raw.decode("utf-8")
+    except OSError as exc:
         raise ReferenceError(f"{path}: cannot read the reference table: {exc}") from None
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ReferenceError(f"{path}: line {line}: not UTF-8 text (byte {exc.start}); a reference is a UTF-8 "
+                             "CSV") from None
+    try:
+        df = pd.read_csv(io.BytesIO(raw), comment="#", dtype=str, skipinitialspace=True, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
+        raise ReferenceError(f"{path}: cannot read the reference table: {' '.join(str(exc).split())}") from None
     df.columns = [c.strip() for c in df.columns]
     missing = [c for c in REFERENCE_COLUMNS if c not in df.columns]
     if missing:
@@ -130,11 +149,24 @@ def load_reference(path) -> pd.DataFrame:
             df[c] = ""
     df = df[REFERENCE_COLUMNS + OPTIONAL_COLUMNS].copy()
     df[OPTIONAL_COLUMNS] = df[OPTIONAL_COLUMNS].fillna("").astype(str)
+    for c in ("env", "algo", "metric"):
+        df[c] = df[c].astype(str).str.strip()
     for c in ("sigma", "eps", "value"):
-        try:
-            df[c] = pd.to_numeric(df[c], errors="raise").astype(float)
-        except (ValueError, TypeError):
-            raise ReferenceError(f"{path}: column {c!r} must be numeric (empty allowed for eps/value)") from None
+        text = df[c].astype(str).str.strip()
+        num = pd.to_numeric(text.where(text != "", None), errors="coerce").astype(float)
+        for i, (t, v) in enumerate(zip(text, num)):
+            where = f"{path}: data row {i + 1}, column {c!r}"
+            if t == "":
+                if c == "sigma":
+                    raise ReferenceError(f"{where}: empty; sigma must be a number > 0")
+                continue  # empty: no ε / no value
+            if math.isnan(v):
+                if c == "value" and t.lower() == "nan":
+                    continue  # an explicit "no value"
+                raise ReferenceError(f"{where}: {t!r} is not a number (empty allowed for eps/value)")
+            if not math.isfinite(v) or abs(v) > ABSURD:
+                raise ReferenceError(f"{where}: {t!r} is not a finite number of magnitude <= {ABSURD:g}")
+        df[c] = num
     certified_only = (df["metric"] == "mean_radius") & (df["convention"].str.strip() == "certified_only")
     df.loc[certified_only, "metric"] = CERTIFIED_ONLY
     known_env, known_algo = set(ENV_SPECS), set(ALGORITHMS)
@@ -164,7 +196,9 @@ def load_tolerances(path) -> dict:
     """Read a tolerances file (YAML or JSON): {metric or "default": {"abs": x, "rel": y}}."""
     path = Path(path)
     try:
-        tol = yaml.safe_load(path.read_text()) or {}
+        tol = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ReferenceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ReferenceError(f"{path}: cannot read the tolerances: {exc}") from None
     if not isinstance(tol, dict):
@@ -175,7 +209,7 @@ def load_tolerances(path) -> dict:
         if not isinstance(entry, dict) or not entry or set(entry) - {"abs", "rel"}:
             raise ReferenceError(f"{path}: {name}: give a mapping with 'abs' and/or 'rel'")
         for k, v in entry.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v >= 0) or math.isinf(v):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v >= 0) or not v <= ABSURD:
                 raise ReferenceError(f"{path}: {name}.{k}: must be a finite number >= 0, got {v!r}")
     return {str(k): {kk: float(vv) for kk, vv in v.items()} for k, v in tol.items()}
 
@@ -197,10 +231,15 @@ def tolerance_for(metric: str, file_tol: dict | None = None, abs_tol: float | No
 def load_partial_runs(results: Path, runs) -> dict:
     """{(env, algo, sigma_label): {name: DataFrame | dict}} with the files each run *has* (a partial run's
     absent stages are absent keys).  The caller checks integrity first."""
-    out = {}
+    out, reps = {}, {}
     for run in runs:
         env, algo, lab = parse_run(run)
         d = Path(results) / run
+        if replicate_of(run):  # replicate k >= 1: qrange and LoAct only, beside replicate 0 (``replicates``)
+            reps.setdefault((env, algo, lab), []).append(
+                (replicate_of(run), {k: pd.read_csv(d / RUN_FILES[k]) for k in ("loact", "loact_episodes")
+                                     if (d / RUN_FILES[k]).is_file()}))
+            continue
         data = {}
         for key, name in RUN_FILES.items():
             f = d / name
@@ -210,6 +249,10 @@ def load_partial_runs(results: Path, runs) -> dict:
         meta = d / "lore.meta.json"
         data["lore_meta"] = read_json(meta) if meta.is_file() else {}
         out[(env, algo, lab)] = data
+    for key, found in reps.items():
+        if key in out and "loact" in out[key]:
+            found = sorted(found, key=lambda kv: kv[0])
+            out[key]["replicates"] = [r for _, r in found if {"loact", "loact_episodes"} <= set(r)]
     return out
 
 
@@ -274,10 +317,24 @@ def _find_run(data: dict, env: str, algo: str, sigma: float):
     return None
 
 
+def _interval(run: dict, metric: str, level: float) -> dict | None:
+    """The reproduced value's interval (:func:`crop.report.intervals.run_interval`) for the metrics that have
+    one, None for the others."""
+    if metric not in INTERVAL_METRICS or "loact" not in run or "loact_episodes" not in run:
+        return None
+    return run_interval(run, metric, level)
+
+
 def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = None, abs_tol: float | None = None,
-                      rel_tol: float | None = None) -> list[dict]:
+                      rel_tol: float | None = None, level: float = 0.95) -> list[dict]:
     """One verdict per reference row (in the reference's order), then one ``not_in_reference`` row per value
-    the runs have that the reference lacks; ``data`` as from :func:`load_partial_runs`."""
+    the runs have that the reference lacks; ``data`` as from :func:`load_partial_runs`.
+
+    The rule (docs/audit.md): a row *agrees* when the published value lies in the reproduction's interval at
+    ``level`` (over replicates where the run has them, else over its episodes), widened on each side by the
+    metric's tolerance max(abs, rel·|published|); a metric without an interval (bounds, attacks) has the
+    one-point interval of its value.  Otherwise it *differs*, with ``ratio`` and ``outside`` (how far the
+    published value lies beyond the unwidened interval; ``outside_halfwidths`` in units of its half-width)."""
     rows, seen = [], set()
     for r in ref.itertuples(index=False):
         tol = tolerance_for(r.metric, file_tol, abs_tol, rel_tol)
@@ -300,27 +357,49 @@ def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = Non
                            "eps not computed by this run (off its grid or beyond LoRe's searched range)")
             rows.append(row)
             continue
+        iv = _interval(run, r.metric, level)
+        if iv is not None and not math.isnan(iv["value"]):
+            got = iv["value"]  # the mean over replicates where there are several (replicate 0 alone otherwise)
         row["reproduced"] = None if math.isnan(got) else got
-        if math.isnan(ref_v) or math.isnan(got):
+        if iv is not None:
+            row.update(interval_lo=None if math.isnan(iv["lo"]) else iv["lo"],
+                       interval_hi=None if math.isnan(iv["hi"]) else iv["hi"], interval_method=iv["method"],
+                       replicates=iv["replicates"], sd_replicates=None if math.isnan(iv["sd"]) else iv["sd"])
+        if not math.isnan(ref_v) and not math.isfinite(ref_v):  # refused at load; never agrees
+            row.update(verdict="differs", note="the reference value is not finite")
+        elif math.isnan(ref_v) or math.isnan(got):
             same = math.isnan(ref_v) and math.isnan(got)
             row["verdict"] = "match" if same else "differs"
             row["note"] = "" if same else "one of the two has no value (e.g. no percentile bound certified)"
         else:
             allowed = max(tol["abs"], tol["rel"] * abs(ref_v))
             delta = got - ref_v
-            ok = abs(delta) <= allowed * (1 + 1e-12)
+            lo, hi = got, got
+            if iv is not None and not (math.isnan(iv["lo"]) or math.isnan(iv["hi"])):
+                lo, hi = min(lo, iv["lo"]), max(hi, iv["hi"])
+            outside = max(lo - ref_v, ref_v - hi, 0.0)
+            ok = outside <= allowed * (1 + 1e-12) + 1e-15
+            half = (hi - lo) / 2
             row.update(delta=delta, allowed=allowed, verdict="match" if ok else "differs",
-                       ratio=got / ref_v if ref_v != 0 else None)
+                       ratio=got / ref_v if ref_v != 0 else None, outside=outside,
+                       outside_halfwidths=outside / half if half > 0 else None)
         rows.append(row)
     for (env, algo, lab), run in sorted(data.items()):
         for metric, eps in run_rows(run):
             if (id(run), _norm(metric), _eps_key(eps)) in seen:
                 continue
             got = reference_metric_value(run, metric, eps)
-            rows.append({"env": env, "algo": algo, "sigma": float(lab), "metric": metric, "eps": eps,
-                         "reference": None, "reproduced": None if got is None or math.isnan(got) else got,
-                         "delta": None, "ratio": None, "abs_tol": None, "rel_tol": None, "allowed": None,
-                         "verdict": "not_in_reference", "note": "the reference has no such value", "source": ""})
+            row = {"env": env, "algo": algo, "sigma": float(lab), "metric": metric, "eps": eps,
+                   "reference": None, "reproduced": None if got is None or math.isnan(got) else got,
+                   "delta": None, "ratio": None, "abs_tol": None, "rel_tol": None, "allowed": None,
+                   "verdict": "not_in_reference", "note": "the reference has no such value", "source": ""}
+            iv = _interval(run, metric, level)
+            if iv is not None:
+                row.update(reproduced=None if math.isnan(iv["value"]) else iv["value"],
+                           interval_lo=None if math.isnan(iv["lo"]) else iv["lo"],
+                           interval_hi=None if math.isnan(iv["hi"]) else iv["hi"], interval_method=iv["method"],
+                           replicates=iv["replicates"], sd_replicates=None if math.isnan(iv["sd"]) else iv["sd"])
+            rows.append(row)
     return rows
 
 

@@ -4,8 +4,9 @@ in plain words and one figure per environment.  Written by ``crop audit --refere
 * ``reproduction.md``: per environment, which rows agree, which differ and by how much (ratio reproduced /
   published), the trend over σ, and what is known about why (the notes of ``../shared/reference/README.md``
   for the paper's numbers);
-* ``reproduction_{Env}.png``: the reproduced (solid) and published (dashed) value per (algorithm, σ): LoAct
-  mean radius in the reference's convention (log scale) and benign return.
+* ``reproduction_{Env}.png``: the reproduced (solid, with its confidence interval as error bars) and published
+  (dashed) value per (algorithm, σ): LoAct mean radius in the reference's convention (log scale) and benign
+  return.
 
 Input: the ``reference`` block of the audit (:func:`crop.report.reference.reference_summary`).
 """
@@ -97,11 +98,18 @@ def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
             g = sub[sub["algo"] == a].sort_values("sigma")
             for col, style, label in (("reference", dict(ls="--", marker=markers[a], mfc="none"), "published"),
                                       ("reproduced", dict(ls="-", marker=markers[a]), "reproduced")):
-                v = g[["sigma", col]].dropna()
+                v = g[["sigma", col, "interval_lo", "interval_hi"]].dropna(subset=[col])
                 if metric == radius_metric:
                     v = v[v[col] > 0]  # log scale: zero radii are not drawn
-                if len(v):
-                    ax.plot(v["sigma"], v[col], color=colors[a], label=f"{algo_label(a)} ({label})", **style)
+                if not len(v):
+                    continue
+                ax.plot(v["sigma"], v[col], color=colors[a], label=f"{algo_label(a)} ({label})", **style)
+                if col == "reproduced" and v["interval_lo"].notna().any():  # the confidence interval
+                    lo = (v[col] - v["interval_lo"]).clip(lower=0).fillna(0)
+                    hi = (v["interval_hi"] - v[col]).clip(lower=0).fillna(0)
+                    if metric == radius_metric:  # log scale: a lower end at 0 is drawn to a tenth of the value
+                        lo = np.minimum(lo, 0.9 * v[col])
+                    ax.errorbar(v["sigma"], v[col], yerr=[lo, hi], fmt="none", ecolor=colors[a], capsize=3)
         ax.set_xscale("log")
         if metric == radius_metric and ax.lines:
             ax.set_yscale("log")
@@ -119,6 +127,28 @@ def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, path)
+
+
+def _with_interval(r) -> str:
+    """"value [lo, hi]" (and the replicates' sd where there are several)."""
+    text = _fmt(r.reproduced, 4)
+    if not (pd.isna(r.interval_lo) or pd.isna(r.interval_hi)):
+        text += f" [{_fmt(r.interval_lo, 4)}, {_fmt(r.interval_hi, 4)}]"
+    if not pd.isna(r.sd_replicates):
+        text += f" (sd {_fmt(r.sd_replicates, 2)})"
+    return text
+
+
+def _agrees(r, published: float) -> tuple[bool, float]:
+    """The reproduction rule (crop.report.reference.compare_reference) for a published value from another
+    row: inside the interval widened by the metric's tolerance; returns (agrees, distance outside)."""
+    from crop.report.reference import tolerance_for
+
+    tol = tolerance_for(r.metric)
+    lo = r.reproduced if pd.isna(r.interval_lo) else min(r.reproduced, r.interval_lo)
+    hi = r.reproduced if pd.isna(r.interval_hi) else max(r.reproduced, r.interval_hi)
+    outside = max(lo - published, published - hi, 0.0)
+    return outside <= max(tol["abs"], tol["rel"] * abs(published)) * (1 + 1e-12), outside
 
 
 def _table(rows: list[dict], cols: list[str]) -> list[str]:
@@ -167,11 +197,13 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
     if len(key):
         lines += [f"LoAct mean radius (`{radius_metric}`) and benign return, per algorithm and σ:", ""]
         rows = [{"algo": r.algo, "σ": _fmt(r.sigma), "metric": r.metric, "published": _fmt(r.reference),
-                 "reproduced": _fmt(r.reproduced), "ratio": _fmt(r.ratio, 2),
+                 "reproduced [interval]": _with_interval(r), "replicates": _fmt(r.replicates),
+                 "ratio": _fmt(r.ratio, 2), "outside the interval": _fmt(r.outside),
                  "verdict": {"match": "agrees", "differs": "differs", "not_in_reference": "not in the reference"}
                  .get(r.verdict, r.verdict)}
                 for r in key.sort_values(["metric", "algo", "sigma"]).itertuples()]
-        lines += _table(rows, ["algo", "σ", "metric", "published", "reproduced", "ratio", "verdict"])
+        lines += _table(rows, ["algo", "σ", "metric", "published", "reproduced [interval]", "replicates", "ratio",
+                               "outside the interval", "verdict"])
         trend = []
         for a, g in key[key["metric"] == radius_metric].dropna(subset=["reference"]).groupby("algo"):
             if len(g) >= 3 and g["reference"].nunique() > 1 and g["reproduced"].nunique() > 1:
@@ -200,12 +232,16 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
         for r in mine.sort_values(["metric", "sigma"]).itertuples():
             ref = pub.get((r.metric, r.sigma))
             if ref is not None:
+                agrees, outside = _agrees(r, float(ref))
                 rows.append({"σ": _fmt(r.sigma), "metric": r.metric, "published (RadialRL row)": _fmt(ref),
-                             "reproduced (StdTrain)": _fmt(r.reproduced),
-                             "ratio": _fmt(r.reproduced / ref if ref else None, 2)})
+                             "reproduced (StdTrain) [interval]": _with_interval(r),
+                             "ratio": _fmt(r.reproduced / ref if ref else None, 2),
+                             "outside the interval": _fmt(outside), "verdict": "agrees" if agrees else "differs"})
         if rows:
-            lines += ["The StdTrain run against the published row labelled RadialRL (see above):", ""]
-            lines += _table(rows, ["σ", "metric", "published (RadialRL row)", "reproduced (StdTrain)", "ratio"])
+            lines += ["The StdTrain run against the published row labelled RadialRL (see above), by the same rule:",
+                      ""]
+            lines += _table(rows, ["σ", "metric", "published (RadialRL row)", "reproduced (StdTrain) [interval]",
+                                   "ratio", "outside the interval", "verdict"])
     return lines
 
 
@@ -218,16 +254,24 @@ def write_reproduction(ref_block: dict, out_dir: Path, envs) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     paper = str(ref_block.get("name")) == PAPER_REFERENCE_NAME
     df = pd.DataFrame(ref_block["comparisons"], columns=["env", "algo", "sigma", "metric", "eps", "reference",
-                                                         "reproduced", "ratio", "verdict", "note"])
+                                                         "reproduced", "ratio", "verdict", "note", "interval_lo",
+                                                         "interval_hi", "replicates", "sd_replicates", "outside",
+                                                         "allowed", "abs_tol", "rel_tol", "interval_method"])
     df["note"] = df["note"].fillna("").astype(str)
-    for c in ("reference", "reproduced", "ratio", "sigma", "eps"):
+    for c in ("reference", "reproduced", "ratio", "sigma", "eps", "interval_lo", "interval_hi", "replicates",
+              "sd_replicates", "outside", "allowed", "abs_tol", "rel_tol"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     c = ref_block["counts"]
     lines = ["# Reproduction report", "",
              f"Reference: `{ref_block['name']}`"
              + (" — the CROP paper's published numbers (Wu et al., ICLR 2022), from the leaderboard's data"
                 if paper else "") + f" (`{ref_block['file']}`).", "",
-             f"Overall: **{c['match']} values agree** within tolerance, **{c['differs']} differ**, {c['missing']} "
+             "A published value **agrees** when it lies inside the reproduction's confidence interval (at 1 − α "
+             "of the audit: over replicates where the run has several, else over its episodes; bounds and "
+             "attacks have no interval), widened on each side by the metric's tolerance; otherwise it "
+             "**differs**, with the ratio reproduced / published and how far outside the interval it lies "
+             "(docs/audit.md).", "",
+             f"Overall: **{c['match']} values agree**, **{c['differs']} differ**, {c['missing']} "
              f"reference values are not in this run (their run or stage is absent, or the ε is off its grid), and "
              f"{ref_block['not_in_reference']} values of the run have no reference counterpart. Tolerances per "
              "metric and every row: audit.md and audit.json.", ""]

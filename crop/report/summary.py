@@ -28,15 +28,14 @@ def _audit_line(results: Path) -> list[str]:
     if not audit_json.is_file():
         return [f"audit:   none in {_shown(results)} yet (the default target runs it; "
                 f"or: crop audit {shlex.quote(_shown(results))})"]
+    from crop.report.audit import verdict_line
+
     try:
         rep = json.loads(audit_json.read_text())
-        passed, checked = bool(rep["passed"]), int(rep["checked"])
-        violations, integrity = int(rep["violations"]), int(rep["integrity_problems"])
+        line = verdict_line(rep)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [f"audit:   {_shown(audit_json)} is unreadable ({type(exc).__name__}): rerun the audit"]
-    counts = (f"{checked} soundness checks, {violations} violation(s), {integrity} integrity problem(s)"
-              + (f", {rep['mismatches']} reference value(s) outside tolerance" if rep.get("reference") else ""))
-    lines = [f"audit:   {'PASS' if passed else 'FAIL'}: {counts} ({_shown(results / 'audit' / 'audit.md')})"]
+    lines = [f"audit:   {line} ({_shown(results / 'audit' / 'audit.md')})"]
     if rep.get("incomplete_runs"):
         lines.append(f"         {len(rep['incomplete_runs'])} incomplete run(s) not audited (listed in audit.md)")
     audited_at = audit_json.stat().st_mtime
