@@ -251,3 +251,22 @@ def test_sb3_layouts_crop_cannot_smooth_as_they_were_trained_are_refused(tmp_pat
     raw = _sb3_zip(tmp_path / "raw.zip", fe, {":type:": "<class 'dict'>", "normalize_images": False})
     _one_line_refusal("normalize_images", raw, spec)
     assert import_policy(_sb3_zip(tmp_path / "ok.zip", fe, {"normalize_images": True}), spec)[1]["network"] == "policy"
+
+
+def test_probs_of_a_q_network_is_refused_in_one_line(tmp_path, capsys):
+    """softmax(Q) depends on the Q-values' scale: a Q-network is smoothed through q or vote, never probs."""
+    q = _tanh_mlp([4, 16, 2], 0, nn.ReLU)
+    torch.save(q.state_dict(), tmp_path / "q.pt")
+    out = tmp_path / "ck" / "model.pt"
+    main(["import", "--env", "CartPole-v0", "--algo", "StdTrain", "--file", str(tmp_path / "q.pt"),
+          "--eval-episodes", "1", "--out", str(out)])
+    common = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", str(out),
+              "--m", "100", "--episodes", "1", "--horizon", "3"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["loact", *common, "--target", "probs", "--out", str(tmp_path / "p.csv")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Q-network" in err and "vote" in err, err
+    assert not (tmp_path / "p.csv").exists()
+    main(["loact", *common, "--target", "vote", "--out", str(tmp_path / "v.csv")])
+    assert (tmp_path / "v.csv").is_file()
