@@ -71,8 +71,8 @@ class Estimate:
         outputs (unclipped Q-values or logits) instead of always taking the first action.  A tied action is
         certified only through a failed bound, inside α: its lower bound cannot exceed the other's upper bound,
         except under ``clopper_pearson``, whose random rounding of ``probs`` samples can part two equal means
-        (for truly equal means only when a bound fails: probability below α).  Certificates do not depend on
-        this rule."""
+        (for truly equal means only when a bound fails: probability below α); outside that, certificates do
+        not depend on this rule."""
         best = np.flatnonzero(self.mean == self.mean.max())
         if len(best) == 1 or self.raw_mean is None:
             return int(best[0])
