@@ -174,6 +174,12 @@ def validate_config(config: dict, source: str = "config") -> dict:
     hit = _non_finite(cfg)
     if hit:
         raise ConfigError(f"{source}: invalid configuration: {_path(hit[0])}: {hit[1]} is not a finite number")
+    envs = cfg.get("environments")
+    both = [env for env, ec in envs.items() if isinstance(ec, dict) and "target" in ec and "targets" in ec] \
+        if isinstance(envs, dict) else []
+    if both:  # before the schema fills in target's default
+        raise ConfigError(f"{source}: invalid configuration: environments.{both[0]}: give target or targets, not "
+                          "both (targets lists several, target names one)")
     schema = load_schema()
     cls = _with_defaults(jsonschema.validators.validator_for(schema))
     # At one path an unknown key comes first: a misspelt 'sigmaz' also makes 'sigmas' missing, and the
@@ -199,6 +205,12 @@ def validate_config(config: dict, source: str = "config") -> dict:
                     resolve_source(env, entry["base"], ec["source"], ec.get("files"))
             except KeyError as exc:
                 raise ConfigError(f"{source}: environments.{env}.algorithms[{i}]: {exc.args[0]}") from None
+            # Trained, published and derived checkpoints are Q-networks: softmax(Q) is not a policy's
+            # probabilities (a file's kind is known only once imported: the stage refuses it then).
+            if kind != "file" and "probs" in smoothing_targets(ec):
+                key = "targets" if "targets" in ec else "target"
+                raise ConfigError(f"{source}: invalid configuration: environments.{env}.{key}: probs smooths a "
+                                  f"policy network's probabilities; {algo} ({kind}) is a Q-network: use vote or q")
     return cfg
 
 

@@ -14,10 +14,12 @@ Formats (``fmt="auto"`` tells them apart):
   not needed.
 * Policy networks (issue 21; the value branch is dropped, the logits are the network's output):
   an SB3 ``PPO`` / ``A2C`` ``.zip`` — MlpPolicy: ``mlp_extractor.policy_net.{0,2,…}`` and ``action_net``
-  (activation from ``data``'s ``policy_kwargs``, default Tanh); CnnPolicy: the shared NatureCNN
-  ``features_extractor.*`` and ``action_net`` onto ``nature_cnn``; CleanRL's ``ppo.py`` agent (``actor.0/2/4``,
-  Tanh) and ``ppo_atari.py`` agent (``network.0/2/4/7`` + ``actor``, onto ``nature_cnn``).  The import record
-  says ``network: policy``; such a checkpoint is smoothed through its probabilities or votes, never as Q.
+  (activation from ``data``'s ``policy_kwargs``, default Tanh; no readable ``data``: the architecture must
+  give it); CnnPolicy: the shared NatureCNN ``features_extractor.*`` and ``action_net`` onto ``nature_cnn``;
+  CleanRL's ``ppo.py`` agent (``actor.0/2/4`` and ``critic.0/2/4``, Tanh) and ``ppo_atari.py`` agent
+  (``network.0/2/4/7`` + ``actor``, onto ``nature_cnn``); other ``actor.*`` state dicts need the activation
+  given.  The file's activation fills in or must agree with an ``mlp`` spec's.  The import record says
+  ``network: policy``; such a checkpoint is smoothed through its probabilities or votes, never as Q.
 
 The file is untrusted: its size is bounded and its sha256 taken before anything reads it (and compared with
 a pinned one when given); a zip is read in memory, one member, never extracted to disk; tensors only
@@ -132,10 +134,11 @@ def _sb3_policy_bytes(path: Path, max_bytes: int) -> tuple[bytes, str] | None:
 
 
 def read_state_dict(path: str | Path, fmt: str = "auto",
-                    max_bytes: int = MAX_MEMBER_BYTES) -> tuple[dict, str, str | None, str | None]:
-    """(state dict, format, archive member, activation) of a policy file; nothing is extracted to disk.  The
-    activation is None for a Q-network, the MLP's activation for a policy network (whose state dict comes
-    back with crop's keys, the value branch dropped)."""
+                    max_bytes: int = MAX_MEMBER_BYTES) -> tuple[dict, str, str | None, str | None, str]:
+    """(state dict, format, archive member, activation, untold) of a policy file; nothing is extracted to
+    disk.  A Q-network: activation None, untold "".  A policy network (its state dict comes back with crop's
+    keys, the value branch dropped): activation = its MLP's as the file tells it, or None with ``untold``
+    saying why the file does not tell it (then the architecture must give it)."""
     path = Path(path)
     if fmt not in FORMATS:
         raise PolicyImportError(f"unknown format {fmt!r}; known: {list(FORMATS)}")
@@ -152,16 +155,26 @@ def read_state_dict(path: str | Path, fmt: str = "auto",
             data, member = data
             what = f"{path}: member {member!r}"
             state = _load_bytes(data, what)
-            if any(k.startswith("action_net.") for k in state):  # PPO / A2C: an actor-critic policy
-                return _sb3_actor(state, what), "sb3", member, _sb3_activation(path)
-            return _sb3_q_net(state, what), "sb3", member, None
+            if any(k.startswith(("action_net.", "log_std")) for k in state):  # PPO / A2C: actor-critic
+                actor, cnn = _sb3_actor(state, what)
+                kwargs, unreadable = _sb3_policy_kwargs(path)
+                if cnn:
+                    if kwargs is not None and kwargs.get("normalize_images") in (False, "False"):
+                        raise PolicyImportError(f"{path}: a CnnPolicy trained with policy_kwargs normalize_images "
+                                                "False (raw pixels); crop feeds it pixels/255; refusing it")
+                    return actor, "sb3", member, "relu", ""  # NatureCNN: ReLU
+                if kwargs is None:
+                    return actor, "sb3", member, None, f"an SB3 actor-critic MlpPolicy whose 'data' member is " \
+                                                       f"{unreadable}, so its activation is unknown"
+                return actor, "sb3", member, _sb3_activation(path, kwargs), ""
+            return _sb3_q_net(state, what), "sb3", member, None, ""
     if fmt == "sb3":
         raise PolicyImportError(f"{path}: not a Stable-Baselines3 archive (a zip with a {SB3_POLICY} member)")
     state = _load_bytes(path.read_bytes(), str(path))
     if fmt == "auto":
         fmt = "cleanrl" if path.suffix == ".cleanrl_model" else "torch"
     actor = _cleanrl_actor(state)
-    return (state, fmt, None, None) if actor is None else (actor[0], fmt, None, actor[1])
+    return (state, fmt, None, None, "") if actor is None else (actor[0], fmt, None, actor[1], actor[2])
 
 
 def _sb3_q_net(state: dict, what: str) -> dict:
@@ -191,16 +204,22 @@ def _sb3_q_net(state: dict, what: str) -> dict:
 ACTIVATIONS = {"ReLU": "relu", "Tanh": "tanh"}
 
 
-def _sb3_activation(path: Path) -> str:
-    """The MLP activation of an SB3 actor-critic archive: ``data``'s ``policy_kwargs.activation_fn`` (SB3
-    writes its class as text), Tanh (SB3's default for PPO and A2C) when it is not given."""
+#: The largest ``data`` member (SB3's JSON of the model's settings) read for its ``policy_kwargs``.
+MAX_DATA_BYTES = 1 << 22
+
+
+def _sb3_policy_kwargs(path: Path) -> tuple[dict | None, str]:
+    """``policy_kwargs`` of an SB3 archive's ``data`` member ({} when not given), or None and why ``data``
+    cannot be read (missing, over the limit)."""
     import json
 
     try:
         with zipfile.ZipFile(path) as zf:
             info = next((i for i in zf.infolist() if i.filename == "data"), None)
-            if info is None or info.file_size > 1 << 22:
-                return "tanh"
+            if info is None:
+                return None, "missing"
+            if info.file_size > MAX_DATA_BYTES:
+                return None, f"{info.file_size} bytes, over the limit of {MAX_DATA_BYTES}"
             raw = zf.read(info)
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError, RuntimeError) as exc:
         why = " ".join(str(exc).split())[:200] or type(exc).__name__
@@ -209,18 +228,34 @@ def _sb3_activation(path: Path) -> str:
         kwargs = json.loads(raw).get("policy_kwargs") or {}
     except (ValueError, AttributeError):
         raise PolicyImportError(f"{path}: member 'data' is not SB3's JSON; refusing it") from None
-    fn = str(kwargs.get("activation_fn", "Tanh")) if isinstance(kwargs, dict) else "Tanh"
+    return (kwargs if isinstance(kwargs, dict) else {}), ""
+
+
+def _sb3_activation(path: Path, kwargs: dict) -> str:
+    """The MLP activation of an SB3 actor-critic policy: ``policy_kwargs.activation_fn`` (SB3 writes its class
+    as text), Tanh (SB3's default for PPO and A2C) when it is not given."""
+    fn = str(kwargs.get("activation_fn", "Tanh"))
     for name, act in ACTIVATIONS.items():
         if re.search(rf"\b{name}\b", fn):
             return act
     raise PolicyImportError(f"{path}: activation {fn!r} is not supported (known: {sorted(ACTIVATIONS)})")
 
 
-def _sb3_actor(state: dict, what: str) -> dict:
+def _sb3_actor(state: dict, what: str) -> tuple[dict, bool]:
     """The policy branch of an SB3 ActorCriticPolicy (PPO, A2C) with the keys of crop's ``mlp`` /
-    ``nature_cnn``: MlpPolicy ``mlp_extractor.policy_net.{i}`` → i and ``action_net`` → the last layer;
-    CnnPolicy: NatureCNN (``features_extractor``, or ``pi_features_extractor`` when not shared) → 0/2/4/7 and
-    ``action_net`` → 9.  The value branch (``value_net``, ``mlp_extractor.value_net``, ``vf_*``) is dropped."""
+    ``nature_cnn``, and whether it is a CNN: MlpPolicy ``mlp_extractor.policy_net.{i}`` → i and ``action_net``
+    → the last layer; CnnPolicy: NatureCNN (``features_extractor``, or ``pi_features_extractor`` when not
+    shared) → 0/2/4/7 and ``action_net`` → 9.  The value branch (``value_net``, ``mlp_extractor.value_net``,
+    ``vf_*``) is dropped; a continuous-action policy (``log_std``) and ``mlp_extractor`` keys of another
+    layout (SB3 < 1.8's ``shared_net``) are refused."""
+    if "log_std" in state:
+        raise PolicyImportError(f"{what}: a continuous-action policy (log_std); crop certifies discrete actions "
+                                "only; refusing it")
+    other = sorted(k for k in state if k.startswith("mlp_extractor.")
+                   and not k.startswith(("mlp_extractor.policy_net.", "mlp_extractor.value_net.")))
+    if other:
+        raise PolicyImportError(f"{what}: unexpected key {other[0]} (an mlp_extractor layout crop does not know, "
+                                "e.g. SB3 < 1.8's shared_net); refusing it")
     fe = "pi_features_extractor." if any(k.startswith("pi_features_extractor.") for k in state) \
         else "features_extractor."
     policy = {k[len("mlp_extractor.policy_net."):]: v for k, v in state.items()
@@ -249,19 +284,39 @@ def _sb3_actor(state: dict, what: str) -> dict:
         if f"action_net.{k}" not in state:
             raise PolicyImportError(f"{what}: no action_net.{k}; a discrete-action policy is needed")
         out[f"{head}.{k}"] = state[f"action_net.{k}"]
-    return out
+    return out, bool(cnn)
 
 
-def _cleanrl_actor(state: dict) -> tuple[dict, str] | None:
-    """CleanRL's PPO agents with crop's keys, and their activation; None for any other state dict.
-    ``ppo.py``: ``actor.0/2/4`` (Tanh); ``ppo_atari.py``: ``network.0/2/4/7`` (NatureCNN) + ``actor`` → 9."""
+def _is_cleanrl_ppo(state: dict) -> bool:
+    """Whether a state dict is laid out as CleanRL's ``ppo.py`` Agent writes it: ``actor`` and ``critic`` each
+    three Linear layers 0/2/4 (Tanh between them) on the same input, the critic giving one value."""
+    keys = {f"{net}.{i}.{w}" for net in ("actor", "critic") for i in (0, 2, 4) for w in ("weight", "bias")}
+    if set(state) != keys:
+        return False
+    for net in ("actor", "critic"):
+        ws = [state[f"{net}.{i}.weight"] for i in (0, 2, 4)]
+        if any(w.dim() != 2 for w in ws) or ws[1].shape[1] != ws[0].shape[0] or ws[2].shape[1] != ws[1].shape[0]:
+            return False
+    same_input = state["critic.0.weight"].shape[1] == state["actor.0.weight"].shape[1]
+    return state["critic.4.weight"].shape[0] == 1 and same_input
+
+
+def _cleanrl_actor(state: dict) -> tuple[dict, str | None, str] | None:
+    """CleanRL's PPO agents with crop's keys, their MLP activation (None: not told) and why it is not told;
+    None for a state dict without ``actor.*`` keys.  ``ppo.py``: ``actor.0/2/4`` (Tanh, only when the whole
+    file is that Agent's layout); ``ppo_atari.py``: ``network.0/2/4/7`` (NatureCNN) + ``actor`` → 9; another
+    actor-critic with ``actor.*`` keys: its activation must be given."""
     if not any(k.startswith("actor.") for k in state):
         return None
     if any(k.startswith("network.") for k in state):
         out = {k[len("network."):]: v for k, v in state.items() if k.startswith("network.")}
         out.update({f"9.{k[len('actor.'):]}": v for k, v in state.items() if k.startswith("actor.")})
-        return out, "relu"
-    return {k[len("actor."):]: v for k, v in state.items() if k.startswith("actor.")}, "tanh"
+        return out, "relu", ""  # NatureCNN: ReLU
+    actor = {k[len("actor."):]: v for k, v in state.items() if k.startswith("actor.")}
+    if _is_cleanrl_ppo(state):
+        return actor, "tanh", ""
+    return actor, None, "an actor-critic state dict (actor.* keys) that is not CleanRL ppo.py's layout " \
+                        "(actor.0/2/4 and critic.0/2/4 Linear layers), so its activation is unknown"
 
 
 def infer_mlp_spec(state: dict) -> dict:
@@ -284,6 +339,31 @@ def infer_mlp_spec(state: dict) -> dict:
             "out": int(ws[-1].shape[0])}
 
 
+def _mlp_spec(spec: dict, state: dict, activation: str | None, untold: str, path: Path) -> dict:
+    """An ``mlp`` spec completed from the file: sizes read from the weights when only ``arch`` (and perhaps
+    ``activation``) is given; the activation the file tells filled in (ReLU, the default, stays unwritten) or
+    a conflicting one refused; a policy MLP whose activation the file does not tell needs it in the spec."""
+    spec = dict(spec)
+    if set(spec) <= {"arch", "activation"}:
+        try:
+            spec = {**infer_mlp_spec(state), **spec}
+        except PolicyImportError as exc:
+            raise PolicyImportError(f"{path}: {exc}") from None
+    if activation is not None:
+        if "activation" not in spec:
+            if activation != "relu":
+                spec["activation"] = activation
+        elif spec["activation"] != activation:
+            raise PolicyImportError(f"{path}: the architecture says activation {spec['activation']!r}, the file "
+                                    f"says {activation!r}; refusing the conflict (leave activation out to use the "
+                                    "file's)")
+    elif untold and "activation" not in spec:
+        raise PolicyImportError(f"{path}: {untold}; give it in the architecture, e.g. --arch "
+                                '\'{"arch": "mlp", "activation": "tanh"}\' (config: architecture: {arch: mlp, '
+                                "activation: tanh}); refusing to guess")
+    return spec
+
+
 def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None = None,
                   max_bytes: int = MAX_MEMBER_BYTES) -> tuple[torch.nn.Module, dict]:
     """Read ``path`` (checked as the module says) into the architecture ``arch``; returns the network (eval
@@ -295,22 +375,18 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     digest = sha256_file(path)
     if sha256 is not None and digest != sha256.lower():
         raise PolicyImportError(f"{path}: sha256 {digest} differs from the pinned {sha256}; refusing it")
-    state, fmt, member, activation = read_state_dict(path, fmt, max_bytes)
+    state, fmt, member, activation, untold = read_state_dict(path, fmt, max_bytes)
     if sha256_file(path) != digest:  # the file changed while it was read
         raise PolicyImportError(f"{path}: changed while it was read; refusing it")
-    if spec == {"arch": "mlp"}:
-        try:
-            spec = infer_mlp_spec(state)
-        except PolicyImportError as exc:
-            raise PolicyImportError(f"{path}: {exc}") from None
-        if activation == "tanh":  # a policy network's MLP as its library builds it
-            spec["activation"] = "tanh"
+    network = "q" if activation is None and not untold else "policy"
+    if spec.get("arch") == "mlp":
+        spec = _mlp_spec(spec, state, activation, untold, path)
     bad = sorted(k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all())
     if bad:
         raise PolicyImportError(f"{path}: non-finite weights (NaN or inf) in {bad[:5]}; refusing it")
     net = load_state(state, spec, f"{path}" + (f" member {member!r}" if member else "") + f" ({fmt})")
     return net, {"path": str(path), "sha256": digest, "format": fmt, "member": member, "net_spec": spec,
-                 "network": "q" if activation is None else "policy"}
+                 "network": network}
 
 
 def check_fits_env(net: torch.nn.Module, spec: dict, env_id: str, profile: str | None, what: str) -> None:

@@ -69,8 +69,10 @@ class Estimate:
         inference).  An exact tie — typically every sample of the tied actions clipped to the same end of
         [V_min, V_max], or two actions with the same vote count — is broken by the means of the raw network
         outputs (unclipped Q-values or logits) instead of always taking the first action.  A tied action is
-        never certified (its lower bound cannot exceed the other's upper bound), so certificates do not
-        depend on this rule."""
+        certified only through a failed bound, inside α: its lower bound cannot exceed the other's upper bound,
+        except under ``clopper_pearson``, whose random rounding of ``probs`` samples can part two equal means
+        (for truly equal means only when a bound fails: probability below α); outside that, certificates do
+        not depend on this rule."""
         best = np.flatnonzero(self.mean == self.mean.max())
         if len(best) == 1 or self.raw_mean is None:
             return int(best[0])

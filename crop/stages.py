@@ -48,12 +48,16 @@ def _stage_seed(args, stage: str) -> int:
 
 def resolve_target(args, meta: dict) -> str:
     """The smoothing target of a stage: ``--target``, else the checkpoint's default (``probs`` for a policy
-    network, ``q`` for a Q-network); ``q`` of a policy network is refused (it has no Q-values)."""
+    network, ``q`` for a Q-network); ``q`` of a policy network is refused (it has no Q-values), and so is
+    ``probs`` of a Q-network (softmax(Q) depends on the Q-values' scale: not a policy's probabilities)."""
     network = meta.get("network", "q")
     target = getattr(args, "target", None) or ("probs" if network == "policy" else "q")
     if network == "policy" and target == "q":
         raise InputError(f"{args.checkpoint}: a policy network (model.json network: policy) has no Q-values to "
                          "smooth; use --target probs or vote (config: target)")
+    if network == "q" and target == "probs":
+        raise InputError(f"{args.checkpoint}: a Q-network (model.json network: q) has no action probabilities "
+                         "(softmax of Q-values depends on their scale); use --target vote or q (config: target)")
     return target
 
 

@@ -39,6 +39,13 @@ CASES = [
      r"environments\.CartPole-v0\.algorithms\[1\]: 'Magic' is not one of"),
     ("wrong type", lambda c: c["environments"]["CartPole-v0"]["loact"].update(episodes="ten"),
      r"environments\.CartPole-v0\.loact\.episodes: 'ten' is not of type 'integer'"),
+    ("target and targets", lambda c: c["environments"]["CartPole-v0"].update(target="vote", targets=["q", "vote"]),
+     r"environments\.CartPole-v0: give target or targets, not both"),
+    ("probs of a trained Q-network", lambda c: c["environments"]["CartPole-v0"].update(source="train",
+                                                                                       target="probs"),
+     r"environments\.CartPole-v0\.target: probs .* Q-network: use vote or q"),
+    ("probs among targets", lambda c: c["environments"]["CartPole-v0"].update(targets=["q", "probs"]),
+     r"environments\.CartPole-v0\.targets: probs .* Q-network"),
 ]
 
 
@@ -46,6 +53,13 @@ CASES = [
 def test_schema_names_the_bad_field(name, mutate, pattern):
     with pytest.raises(ConfigError, match=pattern):
         validate_config(_bad(mutate))
+
+
+def test_probs_is_left_to_the_stage_for_a_file_whose_kind_is_not_known_yet():
+    env = {"algorithms": ["StdTrain"], "sigmas": [0.1], "source": "file", "targets": ["probs", "vote"],
+           "files": {"StdTrain": {"path": "ppo.zip"}}}
+    cfg = validate_config({"environments": {"CartPole-v0": env}})
+    assert cfg["environments"]["CartPole-v0"]["targets"] == ["probs", "vote"]
 
 
 def test_defaults_are_filled_and_targets_listed():

@@ -179,3 +179,94 @@ def test_certifiers_smooth_a_policy_networks_probabilities_and_refuse_q(tmp_path
         err = capsys.readouterr().err
         assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "policy network" in err, err
     assert not (tmp_path / "q.csv").exists() and not (tmp_path / "qr.json").exists()
+
+
+def _one_line_refusal(match, *args):
+    with pytest.raises(PolicyImportError, match=match) as e:
+        import_policy(*args)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_the_files_activation_completes_or_contradicts_an_explicit_mlp_spec(tmp_path):
+    """An explicit mlp spec of a Tanh actor gets the file's Tanh, not crop's ReLU default; a spec that says
+    otherwise is refused naming both; sizes are still read when the spec gives only the activation."""
+    state, logits = _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
+    src = _sb3_zip(tmp_path / "ppo.zip", state)
+    sizes = {"arch": "mlp", "in": 4, "hidden": [64, 64], "out": 2}
+    net, info = import_policy(src, sizes)
+    assert info["net_spec"] == {**sizes, "activation": "tanh"}
+    _same_logits(net, logits)
+    err = _one_line_refusal("activation", src, {**sizes, "activation": "relu"})
+    assert "'relu'" in err and "'tanh'" in err
+    net, info = import_policy(src, {"arch": "mlp", "activation": "tanh"})
+    assert info["net_spec"] == {**sizes, "activation": "tanh"}
+    _same_logits(net, logits)
+
+
+def test_an_actor_critic_whose_activation_the_file_does_not_tell_needs_it_given(tmp_path):
+    """No Tanh guess: an SB3 MlpPolicy without a readable `data` (missing, too large) and a state dict with
+    actor.* keys that is not CleanRL ppo.py's layout are refused unless the architecture gives the activation."""
+    state, logits = _sb3_mlp_policy([4, 32, 32], [4, 32, 32], 2, seed=3, act=nn.ReLU)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    no_data = tmp_path / "no_data.zip"
+    with zipfile.ZipFile(no_data, "w") as zf:
+        zf.writestr("policy.pth", buf.getvalue())
+    big = _sb3_zip(tmp_path / "big.zip", state, {"activation_fn": "<class 'torch.nn.modules.activation.ReLU'>",
+                                                 "pad": "x" * (5 << 20)})
+    for src, why in ((no_data, "'data' member is missing"), (big, "'data' member is .* over the limit")):
+        err = _one_line_refusal(why, src, "mlp")
+        assert '--arch \'{"arch": "mlp", "activation": "tanh"}\'' in err
+        net, info = import_policy(src, {"arch": "mlp", "activation": "relu"})
+        assert info["network"] == "policy" and info["net_spec"]["activation"] == "relu"
+        _same_logits(net, logits)
+    # A user's own ReLU actor-critic saved with actor.* / critic.* keys (two layers each: not ppo.py's three)
+    actor, critic = _tanh_mlp([4, 32, 2], 4, nn.ReLU), _tanh_mlp([4, 32, 1], 5, nn.ReLU)
+    own = {**{f"actor.{k}": v for k, v in actor.state_dict().items()},
+           **{f"critic.{k}": v for k, v in critic.state_dict().items()}}
+    torch.save(own, tmp_path / "own.pt")
+    _one_line_refusal("not CleanRL ppo.py's layout", tmp_path / "own.pt", "mlp")
+    net, info = import_policy(tmp_path / "own.pt", {"arch": "mlp", "activation": "relu"})
+    assert info["network"] == "policy"
+    _same_logits(net, actor)
+
+
+def test_sb3_layouts_crop_cannot_smooth_as_they_were_trained_are_refused(tmp_path):
+    """SB3 < 1.8's shared_net, a continuous-action policy (log_std) and a CnnPolicy trained on raw pixels
+    (normalize_images False) are each refused in one line."""
+    state, _ = _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
+    shared = {**state, "mlp_extractor.shared_net.0.weight": torch.zeros(4, 4),
+              "mlp_extractor.shared_net.0.bias": torch.zeros(4)}
+    _one_line_refusal("shared_net", _sb3_zip(tmp_path / "old.zip", shared), "mlp")
+    _one_line_refusal("continuous-action", _sb3_zip(tmp_path / "cont.zip", {**state, "log_std": torch.zeros(2)}),
+                      "mlp")
+    cnn = _nature_trunk(4)
+    torch.manual_seed(5)
+    linear, action_net = nn.Sequential(nn.Linear(3136, 512), nn.ReLU()), nn.Linear(512, 6)
+    fe = {**{f"features_extractor.cnn.{k}": v for k, v in cnn.state_dict().items()},
+          **{f"features_extractor.linear.{k}": v for k, v in linear.state_dict().items()},
+          **{f"action_net.{k}": v for k, v in action_net.state_dict().items()}}
+    spec = {"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6}
+    raw = _sb3_zip(tmp_path / "raw.zip", fe, {":type:": "<class 'dict'>", "normalize_images": False})
+    _one_line_refusal("normalize_images", raw, spec)
+    assert import_policy(_sb3_zip(tmp_path / "ok.zip", fe, {"normalize_images": True}), spec)[1]["network"] == "policy"
+
+
+def test_probs_of_a_q_network_is_refused_in_one_line(tmp_path, capsys):
+    """softmax(Q) depends on the Q-values' scale: a Q-network is smoothed through q or vote, never probs."""
+    q = _tanh_mlp([4, 16, 2], 0, nn.ReLU)
+    torch.save(q.state_dict(), tmp_path / "q.pt")
+    out = tmp_path / "ck" / "model.pt"
+    main(["import", "--env", "CartPole-v0", "--algo", "StdTrain", "--file", str(tmp_path / "q.pt"),
+          "--eval-episodes", "1", "--out", str(out)])
+    common = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", str(out),
+              "--m", "100", "--episodes", "1", "--horizon", "3"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["loact", *common, "--target", "probs", "--out", str(tmp_path / "p.csv")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Q-network" in err and "vote" in err, err
+    assert not (tmp_path / "p.csv").exists()
+    main(["loact", *common, "--target", "vote", "--out", str(tmp_path / "v.csv")])
+    assert (tmp_path / "v.csv").is_file()
