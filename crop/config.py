@@ -177,7 +177,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     envs = cfg.get("environments")
     both = [env for env, ec in envs.items() if isinstance(ec, dict) and "target" in ec and "targets" in ec] \
         if isinstance(envs, dict) else []
-    if both:  # before the schema fills in target's default
+    if both:
         raise ConfigError(f"{source}: invalid configuration: environments.{both[0]}: give target or targets, not "
                           "both (targets lists several, target names one)")
     schema = load_schema()

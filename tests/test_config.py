@@ -60,6 +60,7 @@ def test_probs_is_left_to_the_stage_for_a_file_whose_kind_is_not_known_yet():
            "files": {"StdTrain": {"path": "ppo.zip"}}}
     cfg = validate_config({"environments": {"CartPole-v0": env}})
     assert cfg["environments"]["CartPole-v0"]["targets"] == ["probs", "vote"]
+    assert validate_config(cfg) == cfg  # a validated config validates again, to itself (no target filled in)
 
 
 def test_defaults_are_filled_and_targets_listed():
