@@ -2,7 +2,8 @@
 
 The file names and families are listed in :mod:`crop.layout`; docs/figures.md describes each for a reader.
 In every figure an algorithm has the same colour and marker (:data:`ALGO_COLORS`, :data:`ALGO_MARKERS`, fixed
-over all nine algorithms, whichever of them a run has), certified bounds are solid lines and PGD attacks
+over all nine algorithms, whichever of them a run has; labels of your own get theirs from
+:func:`register_labels`), certified bounds are solid lines and PGD attacks
 dashed (drawn above the bounds), shading is ± one standard deviation over episodes, axis labels use the
 paper's symbols (:data:`LABELS`).
 
@@ -49,7 +50,7 @@ from crop.report.metrics import CONVENTIONS, load_runs, lore_valid_until, metric
 
 __all__ = ["aggregate", "load_runs", "iter_env_figures", "legend_figure", "env_tables", "latex_table",
            "markdown_table", "load_frames", "gre_curve", "ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "LABELS",
-           "algo_label"]
+           "algo_label", "register_labels", "algo_index", "ordered"]
 
 # One colour and one marker per algorithm, the same in every figure (fixed over the full list, not the
 # algorithms run).  Colours: Paul Tol's "muted" qualitative scheme (https://personal.sron.nl/~pault/), nine
@@ -62,6 +63,37 @@ ALGO_COLORS = {"StdTrain": "#332288", "GaussAug": "#88ccee", "AdvTrain": "#44aa9
 ALGO_MARKERS = {"StdTrain": "o", "GaussAug": "s", "AdvTrain": "^", "SA-MDP-PGD": "v", "SA-MDP-CVX": "D",
                 "RadialRL": "P", "CARRL": "X", "NoisyNet": "*", "GradDQN": "h"}
 assert list(ALGO_COLORS) == list(ALGO_MARKERS) == list(ALGORITHMS)
+# Labels of your own (any label outside the nine): the k-th of a run's own labels, in sorted order, takes
+# colour k mod 7 (Paul Tol's "vibrant" scheme, none of them in "muted") and marker k mod 6 (none of the
+# nine's), so up to 42 labels of your own get distinct (colour, marker) pairs beside the nine.
+EXTRA_COLORS = ("#ee7733", "#0077bb", "#33bbee", "#ee3377", "#cc3311", "#009988", "#bbbbbb")
+EXTRA_MARKERS = ("p", "<", ">", "d", "H", "8")
+_EXTRA: list[str] = []   # the labels of your own seen by this process, in the order they were styled
+
+
+def register_labels(labels) -> None:
+    """Give the labels of your own among ``labels`` their colours and markers (sorted, so the same set of
+    labels gets the same styles whatever order the runs are read in)."""
+    for a in sorted(set(labels) - set(ALGORITHMS) - set(_EXTRA)):
+        _EXTRA.append(a)
+        ALGO_COLORS[a] = EXTRA_COLORS[(len(_EXTRA) - 1) % len(EXTRA_COLORS)]
+        ALGO_MARKERS[a] = EXTRA_MARKERS[(len(_EXTRA) - 1) % len(EXTRA_MARKERS)]
+
+
+def algo_index(algo: str) -> int:
+    """The label's place: the nine in the paper's order, then your own labels."""
+    if algo in ALGORITHMS:
+        return ALGORITHMS.index(algo)
+    register_labels([algo])
+    return len(ALGORITHMS) + _EXTRA.index(algo)
+
+
+def ordered(labels) -> list[str]:
+    """``labels`` in the tables' and legends' order: the paper's nine in its order, then your own, sorted."""
+    labels = set(labels)
+    return [a for a in ALGORITHMS if a in labels] + sorted(labels - set(ALGORITHMS))
+
+
 ALGO_LABELS = {"SA-MDP-PGD": "SA-MDP (PGD)", "SA-MDP-CVX": "SA-MDP (CVX)"}
 PERIODIC_FRAMES = 6  # frames shown under the periodic-pattern plot
 # Certified bounds are solid, PGD attacks dashed and drawn above them (a white edge keeps each dash visible
@@ -140,16 +172,16 @@ def _markevery(algo: str, n: int):
     if n <= 12:
         return None
     every = math.ceil(n / 8)
-    return (ALGORITHMS.index(algo) * every // len(ALGORITHMS), every)
+    return ((algo_index(algo) % len(ALGORITHMS)) * every // len(ALGORITHMS), every)
 
 
 def _marker_size(algo: str) -> float:
-    return 5.6 - 0.3 * ALGORITHMS.index(algo)
+    return max(5.6 - 0.3 * algo_index(algo), 3.2)
 
 
 def _line_width(algo: str) -> float:
     """Earlier algorithms draw wider lines, so that a later one drawn over the same values leaves an edge."""
-    return 1.9 - 0.09 * ALGORITHMS.index(algo)
+    return max(1.9 - 0.09 * algo_index(algo), 1.1)
 
 
 def _bound_line(ax, x, y, algo, *, markevery="auto", **kw):
@@ -165,7 +197,7 @@ def _bound_line(ax, x, y, algo, *, markevery="auto", **kw):
 
 def _attack_line(ax, x, y, algo):
     """A PGD attack's return (dashed, above the bounds, no markers to hide it)."""
-    style = {**ATTACK_STYLE, "ls": (2.0 * (ALGORITHMS.index(algo) % 3), (4, 2))}
+    style = {**ATTACK_STYLE, "ls": (2.0 * (algo_index(algo) % 3), (4, 2))}
     (line,) = ax.plot(np.asarray(x, dtype=float), np.asarray(y, dtype=float), color=ALGO_COLORS[algo],
                       label="_nolegend_", gid=f"attack:{algo}", **style)
     return line
@@ -468,7 +500,7 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
 def iter_env_figures(env: str, data: dict):
     """Yield (stem, Figure) for every figure of ``env`` in :func:`crop.layout.figure_families`."""
     keys = [k for k in data if k[0] == env]
-    algos = [a for a in ALGORITHMS if any(k[1] == a for k in keys)]
+    algos = ordered(k[1] for k in keys)
     labels = sorted({k[2] for k in keys}, key=float)
     fam = figure_families(env, labels, algos)
     main = main_sigma_labels(env, labels)
@@ -562,7 +594,7 @@ def latex_table(df: pd.DataFrame, caption: str) -> str:
 
 def _pivot(df: pd.DataFrame, value: str) -> pd.DataFrame:
     t = df.pivot_table(index="algo", columns="sigma", values=value, aggfunc="first", dropna=False)
-    t = t.reindex([a for a in ALGORITHMS if a in t.index])
+    t = t.reindex(ordered(t.index))
     t.columns = [f"sigma={c}" for c in t.columns]
     return t.reset_index()
 
@@ -605,7 +637,7 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
     """{table name: (DataFrame, caption)} for ``env`` (names as in :data:`crop.layout.TABLES`)."""
     spec = env_spec(env)
     rows, bound_rows = [], []
-    for (e, a, lab), d in sorted(data.items(), key=lambda kv: (ALGORITHMS.index(kv[0][1]), float(kv[0][2]))):
+    for (e, a, lab), d in sorted(data.items(), key=lambda kv: (algo_index(kv[0][1]), float(kv[0][2]))):
         if e != env:
             continue
         ep = d["loact_episodes"]
@@ -667,11 +699,12 @@ def _tables_for_env(env: str, data: dict, tables_dir: Path, table_eps_factors) -
 def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tables_dir: Path) -> list[Path]:
     """Write every figure and table of :func:`crop.layout.aggregate_files` for ``runs``, and nothing else."""
     data = load_runs(results, runs)
+    register_labels(k[1] for k in data)
     figures_dir, tables_dir = Path(figures_dir), Path(tables_dir)
     envs = sorted({k[0] for k in data})
     plan = {}
     for env in envs:
-        plan[env] = ([a for a in ALGORITHMS if any(k[:2] == (env, a) for k in data)],
+        plan[env] = (ordered(k[1] for k in data if k[0] == env),
                      sorted({k[2] for k in data if k[0] == env}, key=float))
         for (e, _algo, _lab), d in data.items():
             if e == env and needs_frames(env) and not d["frames_path"].is_file():

@@ -83,16 +83,20 @@ SCHEMA_VERSION = 3
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
     """``ENV/ALGO/sigma-S`` folders under ``results`` holding every result file (or, with ``incomplete``,
     those missing some)."""
-    runs = []
-    for d in sorted(Path(results).glob("*/*/sigma-*")):
-        if d.is_dir() and all((d / f).is_file() for f in RUN_FILES.values()) != incomplete:
-            runs.append(str(d.relative_to(results)))
-    return runs
+    return [r for r in discover_run_folders(results)
+            if all((Path(results) / r / f).is_file() for f in RUN_FILES.values()) != incomplete]
 
 
 def discover_run_folders(results: Path) -> list[str]:
-    """Every ``ENV/ALGO/sigma-S`` folder under ``results``, complete or partial."""
-    return [str(d.relative_to(results)) for d in sorted(Path(results).glob("*/*/sigma-*")) if d.is_dir()]
+    """Every ``ENV/ALGO/sigma-S`` folder under ``results``, complete or partial (ENV/ALGO/sigma-S one level
+    deeper for a namespaced ENV such as ALE/Breakout-v5)."""
+    from crop.report.metrics import namespaced_env
+
+    results = Path(results)
+    found = [d for d in results.glob("*/*/sigma-*") if d.is_dir()]
+    found += [d for d in results.glob("*/*/*/sigma-*")
+              if d.is_dir() and namespaced_env(*d.relative_to(results).parts[:2])]
+    return [str(d.relative_to(results)) for d in sorted(found)]
 
 
 def _hoeffding_p(shortfall: float, n: int, width: float) -> float:

@@ -73,11 +73,26 @@ _PERCENTILE = re.compile(r"^percentile_bound_p(0?\.\d+|1(\.0*)?|0)$")
 
 
 def parse_run(run: str) -> tuple[str, str, str]:
-    """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S``."""
+    """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S`` (ENV may hold one ``/``, as
+    ``ALE/Breakout-v5``)."""
     parts = Path(run).parts
-    if len(parts) != 3 or not parts[2].startswith("sigma-"):
+    if len(parts) not in (3, 4) or not parts[-1].startswith("sigma-"):
         raise ValueError(f"run {run!r} is not of the form ENV/ALGO/sigma-S")
-    return parts[0], parts[1], parts[2][len("sigma-"):]
+    return "/".join(parts[:-2]), parts[-2], parts[-1][len("sigma-"):]
+
+
+def namespaced_env(first: str, second: str) -> bool:
+    """Whether folders ``first/second`` are one namespaced environment id (``ALE/Breakout-v5``), whose run
+    folders ``first/second/ALGO/sigma-S`` lie one level deeper than the others'."""
+    from crop.envs import _registration
+
+    return "/" not in first and _registration(f"{first}/{second}") is not None
+
+
+def run_depth(run_dir) -> int:
+    """How many folders a run folder path (ending in ENV/ALGO/sigma-S) spans: 4 for a namespaced ENV."""
+    parts = Path(run_dir).parts
+    return 4 if len(parts) >= 4 and namespaced_env(parts[-4], parts[-3]) else 3
 
 
 def load_runs(results: Path, runs) -> dict:
