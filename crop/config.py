@@ -123,7 +123,8 @@ def validate_config(config: dict, source: str = "config") -> dict:
         for i, algo in enumerate(ec["algorithms"]):
             if algo not in ALGORITHMS and ec["source"] != "file":
                 raise ConfigError(f"{source}: environments.{env}.algorithms[{i}]: {algo!r} is not one of the paper's "
-                                  f"nine labels {ALGORITHMS}; a label of your own needs source: file and "
+                                  f"nine labels {ALGORITHMS}{_did_you_mean(algo, ALGORITHMS)}; a label of your own "
+                                  "needs source: file and "
                                   f"environments.{env}.files.{algo} (docs/own-policy.md)")
             try:
                 kind, entry = resolve_source(env, algo, ec["source"], ec.get("files"))

@@ -183,8 +183,12 @@ def env_family(env_id: str) -> str:
         return "paper"
     reg = _registration(env_id)
     if reg is None:
-        raise UnknownEnvError(f"unknown environment {env_id!r}: not a registered Gymnasium id (install its package; "
-                              f"a third-party id may be given as package:Id-v0); {_EXAMPLES}")
+        import difflib
+
+        close = difflib.get_close_matches(env_id, [*ENV_SPECS, *gym.registry], n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UnknownEnvError(f"unknown environment {env_id!r}{hint}: not a registered Gymnasium id (install its "
+                              f"package; a third-party id may be given as package:Id-v0); {_EXAMPLES}")
     entry = reg.entry_point if isinstance(reg.entry_point, str) else getattr(reg.entry_point, "__module__", "")
     if _is_atari_id(env_id):
         return "atari"
