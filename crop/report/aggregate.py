@@ -50,7 +50,7 @@ from crop.report.metrics import CONVENTIONS, load_runs, lore_valid_until, metric
 
 __all__ = ["aggregate", "load_runs", "iter_env_figures", "legend_figure", "env_tables", "latex_table",
            "markdown_table", "load_frames", "gre_curve", "ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "LABELS",
-           "algo_label", "register_labels", "algo_index", "ordered"]
+           "algo_label", "register_labels", "algo_index", "ordered", "algo_color", "algo_marker"]
 
 # One colour and one marker per algorithm, the same in every figure (fixed over the full list, not the
 # algorithms run).  Colours: Paul Tol's "muted" qualitative scheme (https://personal.sron.nl/~pault/), nine
@@ -74,10 +74,20 @@ _EXTRA: list[str] = []   # the labels of your own seen by this process, in the o
 def register_labels(labels) -> None:
     """Give the labels of your own among ``labels`` their colours and markers (sorted, so the same set of
     labels gets the same styles whatever order the runs are read in)."""
-    for a in sorted(set(labels) - set(ALGORITHMS) - set(_EXTRA)):
-        _EXTRA.append(a)
-        ALGO_COLORS[a] = EXTRA_COLORS[(len(_EXTRA) - 1) % len(EXTRA_COLORS)]
-        ALGO_MARKERS[a] = EXTRA_MARKERS[(len(_EXTRA) - 1) % len(EXTRA_MARKERS)]
+    _EXTRA.extend(sorted(set(labels) - set(ALGORITHMS) - set(_EXTRA)))
+
+
+def algo_color(algo: str) -> str:
+    """The label's colour: the nine's own (:data:`ALGO_COLORS`), else that of its place among your own."""
+    if algo in ALGO_COLORS:
+        return ALGO_COLORS[algo]
+    return EXTRA_COLORS[(algo_index(algo) - len(ALGORITHMS)) % len(EXTRA_COLORS)]
+
+
+def algo_marker(algo: str) -> str:
+    if algo in ALGO_MARKERS:
+        return ALGO_MARKERS[algo]
+    return EXTRA_MARKERS[(algo_index(algo) - len(ALGORITHMS)) % len(EXTRA_MARKERS)]
 
 
 def algo_index(algo: str) -> int:
@@ -188,7 +198,7 @@ def _bound_line(ax, x, y, algo, *, markevery="auto", **kw):
     """A certified quantity (solid, the algorithm's colour and marker)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     kw.setdefault("lw", _line_width(algo))
-    (line,) = ax.plot(x, y, color=ALGO_COLORS[algo], marker=ALGO_MARKERS[algo], ms=_marker_size(algo), ls="-",
+    (line,) = ax.plot(x, y, color=algo_color(algo), marker=algo_marker(algo), ms=_marker_size(algo), ls="-",
                       zorder=BOUND_Z,
                       markevery=_markevery(algo, len(x)) if markevery == "auto" else markevery,
                       label=algo_label(algo), gid=f"bound:{algo}", **kw)
@@ -198,13 +208,13 @@ def _bound_line(ax, x, y, algo, *, markevery="auto", **kw):
 def _attack_line(ax, x, y, algo):
     """A PGD attack's return (dashed, above the bounds, no markers to hide it)."""
     style = {**ATTACK_STYLE, "ls": (2.0 * (algo_index(algo) % 3), (4, 2))}
-    (line,) = ax.plot(np.asarray(x, dtype=float), np.asarray(y, dtype=float), color=ALGO_COLORS[algo],
+    (line,) = ax.plot(np.asarray(x, dtype=float), np.asarray(y, dtype=float), color=algo_color(algo),
                       label="_nolegend_", gid=f"attack:{algo}", **style)
     return line
 
 
 def _algo_handles(algos) -> list:
-    return [Line2D([], [], color=ALGO_COLORS[a], marker=ALGO_MARKERS[a], ms=6, lw=1.5, label=algo_label(a))
+    return [Line2D([], [], color=algo_color(a), marker=algo_marker(a), ms=6, lw=1.5, label=algo_label(a))
             for a in algos]
 
 
@@ -247,7 +257,7 @@ def _return_span(lo: float, hi: float) -> float:
 
 def _mean_std_band(ax, x, m, s, algo):
     _bound_line(ax, x, m, algo)
-    ax.fill_between(x, m - s, m + s, color=ALGO_COLORS[algo], alpha=0.15, lw=0, zorder=1)
+    ax.fill_between(x, m - s, m + s, color=algo_color(algo), alpha=0.15, lw=0, zorder=1)
 
 
 def _panel_stepwise(ax, runs: dict, sigma: float) -> None:
@@ -341,8 +351,8 @@ def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
         keep = lore[lore["eps"] <= end]
         xs = np.append(keep["eps"].to_numpy(), end)
         ys = np.append(keep["lower_bound"].to_numpy(), keep["lower_bound"].iloc[-1])
-        ax.step(xs, ys, where="post", color=ALGO_COLORS[a], label=algo_label(a), lw=_line_width(a), zorder=BOUND_Z,
-                marker=ALGO_MARKERS[a], ms=_marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
+        ax.step(xs, ys, where="post", color=algo_color(a), label=algo_label(a), lw=_line_width(a), zorder=BOUND_Z,
+                marker=algo_marker(a), ms=_marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
         att = d["attack_local"]
         g = att[att["same_start_as_lore"].astype(bool)].groupby("eps")["return"].min()
         _attack_line(ax, g.index, g.to_numpy(), a)
@@ -438,8 +448,8 @@ def _clean_figure(env: str, data: dict, algos, labels):
         # Dodged sideways (a few hundredths of a decade per algorithm) so that equal returns do not hide
         # each other; the σ ticks stay at the true σ.
         dodge = 10.0 ** (0.025 * (i - 0.5 * (len(algos) - 1)))
-        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=sd, marker=ALGO_MARKERS[a], ms=_marker_size(a), capsize=3,
-                    color=ALGO_COLORS[a], lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
+        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=sd, marker=algo_marker(a), ms=_marker_size(a), capsize=3,
+                    color=algo_color(a), lw=_line_width(a), label=algo_label(a), zorder=BOUND_Z)
         if len(ms):
             lo, hi = min(lo, float(np.min(ms - sd))), max(hi, float(np.max(ms + sd)))
     _ylim(ax, lo, hi, _return_span(lo, hi))
@@ -474,7 +484,7 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
     fig = plt.figure(figsize=(1.7 * max(len(picks), 3), 4.6))
     gs = fig.add_gridspec(2, len(picks), height_ratios=[1.0, 1.25], hspace=0.35)
     ax = fig.add_subplot(gs[0, :])
-    ax.plot(window.index, window.to_numpy(), color=ALGO_COLORS[algo], lw=1.2, label=algo_label(algo))
+    ax.plot(window.index, window.to_numpy(), color=algo_color(algo), lw=1.2, label=algo_label(algo))
     ax.set_xlim(lo, max(hi, lo + 1))
     ax.set_ylim(bottom=0)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))

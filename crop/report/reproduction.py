@@ -83,12 +83,12 @@ def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
 
     run_algos = sorted(set(df.loc[df["reproduced"].notna(), "algo"]))
     algos = run_algos or sorted(set(df["algo"]))
-    from crop.report.aggregate import ALGO_COLORS, ALGO_MARKERS, algo_label, register_labels
+    from crop.report.aggregate import algo_color, algo_label, algo_marker, register_labels
 
     # the colour and marker of each algorithm in every other figure of the project
     register_labels(algos)
-    colors = {a: ALGO_COLORS.get(a, plt.cm.tab10(i % 10)) for i, a in enumerate(algos)}
-    markers = {a: ALGO_MARKERS.get(a, "o") for a in algos}
+    colors = {a: algo_color(a) for a in algos}
+    markers = {a: algo_marker(a) for a in algos}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     convention = "certified steps only" if radius_metric == "mean_radius_certified" else "uncertified = 0"
     for ax, metric, title in ((axes[0], radius_metric, f"LoAct mean radius, {convention} (log scale)"),
