@@ -188,6 +188,10 @@ def cmd_gre(args) -> None:
                                         env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
                                         chunk=args.chunk, device=args.device, profile=st.profile,
                                         progress=args.progress, workers=args.workers or args.threads, batch=args.batch)
+    if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:   # the declared facts are false: no bound
+        raise InputError(f"{args.env}: randomized returns in [{returns.min():g}, {returns.max():g}] leave [J_min, "
+                         f"J_max] = [{j_min:g}, {j_max:g}] of the declared reward range; give the true one "
+                         f"(rewards.range{', rewards.return_range' if spec.game_return_range else ''})")
     table = gre_bounds(returns, sigma=args.sigma, horizon=args.horizon, alpha=args.alpha, j_min=j_min, j_max=j_max,
                        eps_grid=[f * args.sigma for f in args.eps_factors], percentiles=args.percentiles)
     st.write({"j_min": j_min, "j_max": j_max,

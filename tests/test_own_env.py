@@ -269,8 +269,13 @@ def test_gre_and_lore_need_the_reward_range_loact_does_not(tmp_path):
     assert not (tmp_path / "gre.csv").exists() and not (tmp_path / "lore.csv").exists()
     # a declared range that the rewards break stops the search that prunes on it (never an unsound bound)
     rc, _, err = _cli("lore", *common, "--qrange", q, "--m", "16", "--horizon", "2", "--reward-range", "0", "1",
-                      "--out", tmp_path / "lore.csv")
-    assert rc != 0 and "reward -1.0 < 0 in a search that prunes" in err and not (tmp_path / "lore.csv").exists()
+                      "--no-progress", "--out", tmp_path / "lore.csv")
+    _one_line_refusal(rc, err, "reward -1.0 < 0 in a search that prunes")
+    assert not (tmp_path / "lore.csv").exists()
+    rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--reward-range", "0", "1", "--no-progress",
+                      "--out", tmp_path / "gre.csv", "--out-returns", tmp_path / "r.csv")
+    _one_line_refusal(rc, err, "leave [J_min, J_max] = [0, 3] of the declared reward range")
+    assert not (tmp_path / "gre.csv").exists()
     rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--reward-range", "-1", "0", "--eps-factors", "0",
                       "0.1", "--out", tmp_path / "gre.csv", "--out-returns", tmp_path / "r.csv")
     assert rc == 0, err
@@ -335,3 +340,46 @@ def test_acrobot_whole_workflow_with_a_label_of_its_own(tmp_path):
     assert "MyDQN" in (res / "tables/Acrobot-v1_mean_radius.md").read_text()
     for stem in ("Acrobot-v1_legend", "Acrobot-v1_stepwise", "Acrobot-v1_all_bounds"):
         assert (res / "figures" / f"{stem}.png").is_file()
+
+
+# ------------------------------------------------------------------------------ labels in the report
+
+def test_own_labels_get_their_own_colour_marker_rows_and_not_in_the_paper(tmp_path):
+    import matplotlib
+    from matplotlib.colors import to_hex
+
+    from crop.config import ALGORITHMS
+    from crop.report import aggregate as agg
+    from crop.report.metrics import load_runs
+
+    from synthetic_results import audit_cli, make_results, runs_of
+
+    own = ["MyDQN", "ppo_v2.1+aug", "Zeta"]
+    plan = {"CartPole-v0": {a: [0.1] for a in ["StdTrain", "CARRL", *own]}}
+    runs = make_results(tmp_path, plan)
+    data = load_runs(tmp_path, runs_of(runs))
+    agg.register_labels(own)
+    styles = {a: (to_hex(agg.algo_color(a)), agg.algo_marker(a)) for a in ["StdTrain", "CARRL", *own]}
+    assert styles["StdTrain"] == (agg.ALGO_COLORS["StdTrain"], "o") and styles["CARRL"][1] == "X"  # the nine keep
+    assert len(set(styles.values())) == 5 and len({c for c, _ in styles.values()}) == 5
+    assert len({m for _, m in styles.values()}) == 5
+    assert not {c for c, _ in styles.values() if c not in agg.ALGO_COLORS.values()} & set(agg.ALGO_COLORS.values())
+    assert list(agg.ALGO_COLORS) == ALGORITHMS   # the nine's table is not extended
+    drawn = set()
+    for stem, fig in agg.iter_env_figures("CartPole-v0", data):
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                gid = line.get_gid() or ""
+                if gid.startswith("bound:"):
+                    a = gid.split(":", 1)[1]
+                    assert (to_hex(line.get_color()), line.get_marker()) == styles[a], (stem, gid)
+                    drawn.add(a)
+        matplotlib.pyplot.close(fig)
+    assert drawn == set(styles)
+    table, _ = agg.env_tables("CartPole-v0", data, [0.0])["mean_radius"]
+    assert list(table["algo"]) == ["StdTrain", "CARRL", "MyDQN", "Zeta", "ppo_v2.1+aug"]   # the nine, then yours
+    out = tmp_path / "audit"
+    assert audit_cli(tmp_path, "--runs", *runs_of(runs), "--reference", "paper", "--out-dir", out) == 0
+    md = (out / "reproduction.md").read_text()
+    assert "Not in the paper: `MyDQN`, `Zeta`, `ppo_v2.1+aug`" in md
+    assert "| MyDQN | 0.1 | benign_return | — |" in md and "not in the paper |" in md
