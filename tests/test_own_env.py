@@ -383,3 +383,21 @@ def test_own_labels_get_their_own_colour_marker_rows_and_not_in_the_paper(tmp_pa
     md = (out / "reproduction.md").read_text()
     assert "Not in the paper: `MyDQN`, `Zeta`, `ppo_v2.1+aug`" in md
     assert "| MyDQN | 0.1 | benign_return | — |" in md and "not in the paper |" in md
+
+
+@pytest.mark.slow
+def test_breakout_whole_workflow_in_namespaced_folders(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    _sb3_cnn_zip(work / "breakout.zip", 4)
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
+                        "--cores", "2", "--configfile", str(REPO / "tests/configs/ale_smoke.yaml")],
+                       capture_output=True, text=True, timeout=1200, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    res = work / "results-ale"
+    audit = json.loads((res / "audit/audit.json").read_text())
+    assert audit["passed"] and audit["violations"] == 0 and audit["integrity_problems"] == 0
+    run = res / "ALE/Breakout-v5/MyCNN/sigma-0.01"
+    assert json.loads((run / "lore.meta.json").read_text())["search"]["pruning"] is True   # rewards.range [0, 1]
+    assert (res / "figures/ALE-Breakout-v5_stepwise.png").is_file()
+    assert "MyCNN" in (res / "tables/ALE-Breakout-v5_benign_return.md").read_text()

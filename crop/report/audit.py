@@ -209,10 +209,18 @@ def _lore_alpha(lmeta: dict) -> float:
     return float(a) * int(n) if a is not None and n is not None else 1.0
 
 
+def _env_of(run: str) -> str:
+    from crop.report.metrics import parse_run
+
+    return parse_run(run)[0]
+
+
 def _audit_run(results: Path, run: str, alpha: float, stages: list[str]) -> tuple[list[dict], int]:
     d = results / run
-    env, algo, sig = Path(run).parts
-    sigma = float(sig[len("sigma-"):])
+    from crop.report.metrics import parse_run
+
+    env, algo, sig = parse_run(run)
+    sigma = float(sig)
     key = {"env": env, "algo": algo, "sigma": sigma}
     items, checked = [], 0
 
@@ -361,7 +369,7 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
     if ref_block is not None:
         from crop.report.reproduction import write_reproduction
 
-        report["reproduction"] = write_reproduction(ref_block, out_dir, sorted({Path(r).parts[0] for r in runs}))
+        report["reproduction"] = write_reproduction(ref_block, out_dir, sorted({_env_of(r) for r in runs}))
     write_json(out_dir / "audit.json", report)
     atomic_write_text(out_dir / "audit.md", _markdown(report))
     return report
