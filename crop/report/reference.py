@@ -143,8 +143,9 @@ def load_reference(path) -> pd.DataFrame:
     for i, r in enumerate(df.itertuples(index=False)):
         where = f"{path}: data row {i + 1}"
         # the paper's names, or names of your own as a config writes them (your own reference table)
-        if r.env not in known_env and not re.fullmatch(defs["env_id"]["pattern"], str(r.env)):
-            raise ReferenceError(f"{where}: unknown env {r.env!r}; known: {sorted(ENV_SPECS)} or a Gymnasium id")
+        if r.env not in known_env and not _registered_env(r.env, defs):
+            raise ReferenceError(f"{where}: unknown env {r.env!r}; known: {sorted(ENV_SPECS)} or a registered "
+                                 "Gymnasium id")
         if r.algo not in known_algo and not re.fullmatch(defs["label"]["pattern"], str(r.algo)):
             raise ReferenceError(f"{where}: unknown algo {r.algo!r}; known: {ALGORITHMS} or a label of your own")
         if not isinstance(r.metric, str) or not is_reference_metric(r.metric):
@@ -161,6 +162,19 @@ def load_reference(path) -> pd.DataFrame:
     if len(dup):
         raise ReferenceError(f"{path}: data row {dup[0] + 1} repeats an earlier (env, algo, sigma, metric, eps)")
     return df.reset_index(drop=True)
+
+
+def _registered_env(env, defs: dict) -> bool:
+    """Whether ``env`` is an environment id crop can make (a reference of your own may name yours)."""
+    from crop.envs import UnknownEnvError, env_family
+
+    if not isinstance(env, str) or not re.fullmatch(defs["env_id"]["pattern"], env):
+        return False
+    try:
+        env_family(env)
+    except UnknownEnvError:
+        return False
+    return True
 
 
 def load_tolerances(path) -> dict:
