@@ -244,7 +244,8 @@ def _stage_parser(p, stage: str, qrange: bool = True) -> None:
                                       "passes, crop.config.stage_settings); flags given as well take precedence")
     for option, (key, node) in stage_options(stage).items():
         _flag(p, option, node, help=f"{_help(node)} [config: {key.lstrip('/')}]".lstrip(),
-              metavar=("START", "END") if option == "frames_window" else None)
+              metavar={"frames_window": ("START", "END"), "reward_range": ("LOW", "HIGH"),
+                       "return_range": ("LOW", "HIGH")}.get(option))
     p.add_argument("--out", required=True, help="the result table" if stage != "qrange" else "qrange.json")
 
 
