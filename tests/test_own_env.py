@@ -318,15 +318,20 @@ def test_breakout_v5_loact_and_gre_at_tiny_m(tmp_path):
 
 # --------------------------------------------------------------------------------- the whole workflow
 
+def _workflow(config: str, work: Path) -> None:
+    """The whole workflow on tests/configs/CONFIG in ``work``, on 2 cores; it must succeed."""
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
+                        "--cores", "2", "--configfile", str(REPO / "tests/configs" / config)],
+                       capture_output=True, text=True, timeout=1200, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+
+
 @pytest.mark.slow
 def test_acrobot_whole_workflow_with_a_label_of_its_own(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     _sb3_zip(work / "acrobot_dqn.zip", _mlp([6, 64, 64, 3], 0), _mlp([6, 64, 64, 3], 1))
-    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
-                        "--cores", "2", "--configfile", str(REPO / "tests/configs/own_smoke.yaml")],
-                       capture_output=True, text=True, timeout=1200, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    _workflow("own_smoke.yaml", work)
     res = work / "results-own"
     audit = json.loads((res / "audit/audit.json").read_text())
     assert audit["passed"] and audit["violations"] == 0 and audit["integrity_problems"] == 0 and audit["checked"] > 0
@@ -390,10 +395,7 @@ def test_breakout_whole_workflow_in_namespaced_folders(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     _sb3_cnn_zip(work / "breakout.zip", 4)
-    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
-                        "--cores", "2", "--configfile", str(REPO / "tests/configs/ale_smoke.yaml")],
-                       capture_output=True, text=True, timeout=1200, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    _workflow("ale_smoke.yaml", work)
     res = work / "results-ale"
     audit = json.loads((res / "audit/audit.json").read_text())
     assert audit["passed"] and audit["violations"] == 0 and audit["integrity_problems"] == 0
