@@ -403,3 +403,16 @@ def test_breakout_whole_workflow_in_namespaced_folders(tmp_path):
     assert json.loads((run / "lore.meta.json").read_text())["search"]["pruning"] is True   # rewards.range [0, 1]
     assert (res / "figures/ALE-Breakout-v5_stepwise.png").is_file()
     assert "MyCNN" in (res / "tables/ALE-Breakout-v5_benign_return.md").read_text()
+
+
+def test_lunar_lander_is_one_line_with_or_without_box2d():
+    """Box2D installed: LunarLander-v3 is a vector environment whose world deepcopy cannot copy, so LoRe (and with
+    it the workflow) is refused; not installed: the id cannot be made.  One line either way."""
+    cfg = {"environments": {"LunarLander-v3": {"source": "file", "files": {"X": {"path": "x.zip"}},
+                                               "algorithms": ["X"], "sigmas": [0.1],
+                                               "rewards": {"range": [-100.0, 100.0]}}}}
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("config: environments.LunarLander-v3: ")
+    assert "Box2D" in msg or "LoRe needs faithful snapshots" in msg, msg
