@@ -89,18 +89,25 @@ def _node(key: str) -> dict:
 
 
 def _env(text: str) -> str:
-    from crop.envs import ENV_SPECS
+    """The paper's four ids or any Gymnasium id crop can make (crop.envs.env_family)."""
+    from crop.envs import UnknownEnvError, env_family
 
-    if text not in ENV_SPECS:
-        raise argparse.ArgumentTypeError(f"unknown environment {text!r}; known: {sorted(ENV_SPECS)}")
+    try:
+        env_family(text)
+    except UnknownEnvError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
 def _algo(text: str) -> str:
-    from crop.config import ALGORITHMS
+    """A label as the config's (crop/schemas: $defs.label): the paper's nine or one of your own."""
+    import re
 
-    if text not in ALGORITHMS:
-        raise argparse.ArgumentTypeError(f"unknown algorithm {text!r}; known: {ALGORITHMS}")
+    from crop.config import load_schema
+
+    label = load_schema()["$defs"]["label"]
+    if not re.fullmatch(label["pattern"], text):
+        raise argparse.ArgumentTypeError(f"{text!r} {label['x-message']}")
     return text
 
 
@@ -248,7 +255,8 @@ def _stage_parser(p, stage: str, qrange: bool = True) -> None:
                                       "passes, crop.config.stage_settings); flags given as well take precedence")
     for option, (key, node) in stage_options(stage).items():
         _flag(p, option, node, help=f"{_help(node)} [config: {key.lstrip('/')}]".lstrip(),
-              metavar=("START", "END") if option == "frames_window" else None)
+              metavar={"frames_window": ("START", "END"), "reward_range": ("LOW", "HIGH"),
+                       "return_range": ("LOW", "HIGH")}.get(option))
     p.add_argument("--out", required=True, help="the result table" if stage != "qrange" else "qrange.json")
 
 

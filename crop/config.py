@@ -87,6 +87,8 @@ def _message(err: jsonschema.ValidationError) -> str:
     if err.validator == "propertyNames" or (err.validator == "enum" and "propertyNames" in err.schema_path):
         return (f"{where}: unknown name {err.instance!r}{_did_you_mean(err.instance, err.validator_value)}; "
                 f"allowed: {err.validator_value}")
+    if err.validator in ("pattern", "maxLength") and "x-message" in err.schema:  # a label or an id: what it may be
+        return f"{where}: {err.instance!r} {err.schema['x-message']}"
     if err.validator == "enum":
         return (f"{where}: {err.instance!r} is not one of {err.validator_value}"
                 f"{_did_you_mean(err.instance, err.validator_value)}")
@@ -198,7 +200,13 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if bad:
         raise ConfigError(f"{source}: invalid configuration: {bad}")
     for env, ec in cfg["environments"].items():
+        _check_environment(env, ec, source)
         for i, algo in enumerate(ec["algorithms"]):
+            if algo not in ALGORITHMS and ec["source"] != "file":
+                raise ConfigError(f"{source}: environments.{env}.algorithms[{i}]: {algo!r} is not one of the paper's "
+                                  f"nine labels {ALGORITHMS}{_did_you_mean(algo, ALGORITHMS)}; a label of your own "
+                                  "needs source: file and "
+                                  f"environments.{env}.files.{algo} (docs/own-policy.md)")
             try:
                 kind, entry = resolve_source(env, algo, ec["source"], ec.get("files"))
                 if kind == "derive":   # its base checkpoint is obtained under the same setting
@@ -212,6 +220,43 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 raise ConfigError(f"{source}: invalid configuration: environments.{env}.{key}: probs smooths a "
                                   f"policy network's probabilities; {algo} ({kind}) is a Q-network: use vote or q")
     return cfg
+
+
+def _check_environment(env: str, ec: dict, source: str) -> None:
+    """What the schema cannot check of one environment: the id is one crop can make (registered, Discrete
+    actions), the reward facts GRe and LoRe need are known (the workflow runs both), LoRe can take faithful
+    snapshots, and the files' profiles exist.  Only an id outside the paper's four makes an environment."""
+    from crop.envs import (
+        ENV_SPECS,
+        MissingFactError,
+        UnknownEnvError,
+        check_profile,
+        env_spec,
+        missing_reward_range,
+        snapshot_problem,
+    )
+
+    where = f"{source}: environments.{env}"
+    rewards = ec.get("rewards", {})
+    for key in ("range", "return_range"):
+        lo_hi = rewards.get(key)
+        if lo_hi is not None and not lo_hi[0] < lo_hi[1]:
+            raise ConfigError(f"{where}.rewards.{key}: {lo_hi} must be [low, high] with low < high")
+    try:
+        spec = env_spec(env, rewards)
+        for f in ec.get("files", {}).values():
+            if f.get("profile") is not None:
+                check_profile(env, f["profile"])
+    except (UnknownEnvError, MissingFactError, ValueError) as exc:
+        raise ConfigError(f"{where}: {str(exc).removeprefix(env + ': ')}") from None
+    if env in ENV_SPECS:
+        return
+    if spec.reward_range is None:
+        raise ConfigError(f"{source}: {missing_reward_range(env)}")
+    problem = snapshot_problem(env)
+    if problem:
+        raise ConfigError(f"{where}: {problem}; the workflow runs LoRe on every environment (crop loact and "
+                          "crop gre run without it)")
 
 
 def load_config(path: str | Path) -> dict:
@@ -322,5 +367,7 @@ def stage_settings(cfg: dict, env: str, stage: str) -> dict:
             out[option] = cfg[key[1:]]
         else:
             block, name = key.split(".")
-            out[option] = cfg["environments"][env][block][name]
+            if block not in cfg["environments"][env]:  # a block without default (rewards) left out
+                continue
+            out[option] = cfg["environments"][env][block].get(name)
     return out

@@ -230,6 +230,11 @@ class LoRe:
         obs, reward, terminated, truncated, _ = e.step(int(a))
         if self.reward_fn is not None:
             reward = self.reward_fn(reward)
+        if self.prune and float(reward) < 0:  # pruning on a negative reward would cut a lower return: unsound
+            from crop.io import InputError
+
+            raise InputError(f"{self.env_id}: reward {float(reward)} < 0 in a search that prunes (rewards declared "
+                             "non-negative); give the environment's true reward range (rewards.range)")
         self.transitions += 1
         self._bar.update(1)
         done = bool(terminated or truncated) or node.t + 1 >= self.horizon

@@ -192,23 +192,31 @@ def cmd_import(args) -> None:
     into model.pt and its record model.json (sha256 of the source and of the result, architecture, profile,
     ``network``: ``q`` or ``policy``, clean greedy return)."""
     from crop.checkpoints import clean_greedy_return
-    from crop.envs import PROFILES, env_spec
+    from crop.envs import default_profile, profiles
     from crop.importing import check_fits_env, import_policy
-    from crop.models import CheckpointError, spec_summary
+    from crop.models import CheckpointError, fit_problem, spec_summary
 
     started = setup(args)
     if not args.file:
         raise InputError("give --file, the policy file to import (docs/own-policy.md)")
-    profile = args.profile or env_spec(args.env).profile
-    if profile not in PROFILES.get(args.env, []):
+    profile = args.profile or default_profile(args.env)
+    try:
+        from crop.envs import check_profile
+
+        check_profile(args.env, profile)
+    except ValueError:
         raise InputError(f"--profile {profile!r} is not a preprocessing profile of {args.env}; known: "
-                         f"{PROFILES.get(args.env, [])}")
+                         f"{profiles(args.env)}") from None
     episodes, target = _eval_settings(args)
     try:
         net, info = import_policy(args.file, args.arch, args.format, args.file_sha256)
-        check_fits_env(net, info["net_spec"], args.env, profile, args.file)
+        problem = fit_problem(info["net_spec"], args.env, profile)   # sizes, before anything runs or is written
+        if not problem:  # and one forward on a real observation: layers that chain, one output per action
+            check_fits_env(net, info["net_spec"], args.env, profile, args.file)
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
+    if problem:
+        raise InputError(f"{args.file}: {problem}")
     clean = clean_greedy_return(net, args.env, profile, episodes, args.seed, target)
     spec, network = info.pop("net_spec"), info.pop("network")
     record = {"net_spec": spec, "network": network, "profile": profile, "source": "file", "imported_from": info,

@@ -23,6 +23,9 @@ def registry() -> dict:
 def sources(env: str, algo: str) -> dict:
     """All sources of (env, algo); KeyError with a readable message when there is none."""
     entries = registry().get("policies", {})
+    if env not in entries:
+        raise KeyError(f"{env!r} is not one of the paper's environments: its policies are your own files (source: "
+                       f"file, environments.{env}.files.{algo}; docs/own-policy.md)")
     try:
         return entries[env][algo]
     except KeyError:

@@ -168,22 +168,58 @@ def cmd_loact(args) -> None:
           f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
 
 
+def _spec_with_facts(args):
+    """The environment's facts with the config's reward facts (--reward-range, --return-range)."""
+    from crop.envs import env_spec
+
+    rewards = {"range": getattr(args, "reward_range", None), "return_range": getattr(args, "return_range", None)}
+    try:
+        return env_spec(args.env, rewards)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _return_range(spec, args) -> tuple[float, float]:
+    from crop.envs import MissingFactError
+
+    try:
+        return spec.return_range(args.horizon, args.gamma)
+    except MissingFactError as exc:
+        raise InputError(f"{exc} (crop {args.command} on its own: --reward-range LOW HIGH)") from None
+
+
+def _lore_checks(spec, args) -> None:
+    """LoRe needs the reward range (pruning only when it is >= 0) and faithful snapshots; one line, before any
+    work, where either is missing."""
+    from crop.envs import ENV_SPECS, snapshot_problem
+
+    if args.env in ENV_SPECS:
+        return
+    _return_range(spec, args)
+    problem = snapshot_problem(args.env)
+    if problem:
+        raise InputError(problem)
+
+
 def cmd_gre(args) -> None:
     import numpy as np
     import pandas as pd
 
-    from crop.envs import env_spec
     from crop.gre import gre_bounds, sample_randomized_returns
     from crop.io import derive_seed
 
-    spec = env_spec(args.env)
+    spec = _spec_with_facts(args)
+    j_min, j_max = _return_range(spec, args)   # before any work: GRe needs the reward range
     args.batch = spec.gre_block(args.m, args.batch)
     st = Stage(args, qrange=False)
     returns = sample_randomized_returns(args.env, st.net, args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
                                         env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
                                         chunk=args.chunk, device=args.device, profile=st.profile,
                                         progress=args.progress, workers=args.workers or args.threads, batch=args.batch)
-    j_min, j_max = spec.return_range(args.horizon, args.gamma)
+    if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:   # the declared facts are false: no bound
+        raise InputError(f"{args.env}: randomized returns in [{returns.min():g}, {returns.max():g}] leave [J_min, "
+                         f"J_max] = [{j_min:g}, {j_max:g}] of the declared reward range; give the true one "
+                         f"(rewards.range{', rewards.return_range' if spec.game_return_range else ''})")
     table = gre_bounds(returns, sigma=args.sigma, horizon=args.horizon, alpha=args.alpha, j_min=j_min, j_max=j_max,
                        eps_grid=[f * args.sigma for f in args.eps_factors], percentiles=args.percentiles)
     st.write({"j_min": j_min, "j_max": j_max,
@@ -195,11 +231,12 @@ def cmd_gre(args) -> None:
 
 
 def cmd_lore(args) -> None:
-    from crop.envs import env_spec
     from crop.lore import run_lore
     from crop.stats import lore_schedule_text, lore_state_alpha
 
-    st, spec = Stage(args), env_spec(args.env)
+    spec = _spec_with_facts(args)
+    _lore_checks(spec, args)
+    st = Stage(args)
     sm = st.smoother(args.alpha)
     # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
     reward_fn = spec.lore_reward_fn()
@@ -267,9 +304,10 @@ def _results_and_runs(args) -> tuple[Path, list[str] | None]:
     """The results root and its ENV/ALGO/sigma-S run folders: from --inputs (the run files), or RESULTS."""
     if args.inputs:
         from crop.layout import base_run
+        from crop.report.metrics import run_depth
 
         dirs = sorted({Path(f).parent for f in args.inputs})  # replicate folders: RESULTS/ENV/ALGO/sigma-S/rep-K
-        roots = {Path(base_run(d)).parents[2] for d in dirs}
+        roots = {Path(base_run(d)).parents[run_depth(base_run(d)) - 1] for d in dirs}
         if len(roots) != 1 or not all(Path(base_run(d)).name.startswith("sigma-") for d in dirs):
             raise InputError(f"inputs do not lie in RESULTS/ENV/ALGO/sigma-S folders of one results folder: "
                              f"{dirs[:3]}")

@@ -289,7 +289,7 @@ def test_config_hash_is_canonical():
     ("CartPole-v0,StdTrain,0.1,lore_bound,,1", "needs an eps"),
     ("CartPole-v0,StdTrain,0.1,radius_mean,,1", "unknown metric"),
     ("Nope-v0,StdTrain,0.1,mean_radius,,1", "unknown env"),
-    ("CartPole-v0,Magic,0.1,mean_radius,,1", "unknown algo"),
+    ("CartPole-v0,Ma gic,0.1,mean_radius,,1", "unknown algo"),
     ("CartPole-v0,StdTrain,0,mean_radius,,1", "sigma must be > 0"),
     ("CartPole-v0,StdTrain,0.1,mean_radius,,1\nCartPole-v0,StdTrain,0.1,mean_radius,,2", "data row 2 repeats"),
 ])

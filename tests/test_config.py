@@ -34,7 +34,7 @@ CASES = [
     ("alpha = 1", lambda c: c.update(alpha=1.0), r"alpha: 1\.0 must be < 1"),
     ("alpha = 0", lambda c: c.update(alpha=0), r"alpha: 0 must be > 0"),
     ("unknown env", lambda c: c["environments"].update({"Nope-v9": c["environments"]["CartPole-v0"]}),
-     r"environments: unknown name 'Nope-v9'"),
+     r"environments\.Nope-v9: unknown environment 'Nope-v9': not a registered Gymnasium id"),
     ("unknown algorithm", lambda c: c["environments"]["CartPole-v0"].update(algorithms=["StdTrain", "Magic"]),
      r"environments\.CartPole-v0\.algorithms\[1\]: 'Magic' is not one of"),
     ("wrong type", lambda c: c["environments"]["CartPole-v0"]["loact"].update(episodes="ten"),

@@ -6,20 +6,29 @@ the shape the Q-network takes, to which Gaussian noise is added (the paper smoot
 from __future__ import annotations
 
 import copy
+import functools
+import importlib
 import math
+import re
 import warnings
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EnvSpec", "ENV_SPECS", "env_spec", "make_env", "make_vec_env", "make_env_pool", "snapshot", "restore",
-           "to_obs", "UnknownEnvError"]
+__all__ = ["EnvSpec", "ENV_SPECS", "PAPER_ENVS", "env_spec", "env_family", "profiles", "check_profile", "make_env",
+           "make_vec_env", "make_env_pool", "snapshot", "restore", "to_obs", "UnknownEnvError", "MissingFactError",
+           "snapshot_problem", "env_shapes", "default_profile", "sticky_probability"]
 
 
 class UnknownEnvError(KeyError):
     def __str__(self):  # KeyError quotes its message; keep it readable
         return str(self.args[0])
+
+
+class MissingFactError(ValueError):
+    """A fact a certifier needs (the per-step reward range) that neither the environment nor the config
+    gives; the message names the config key to add."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +37,8 @@ class EnvSpec:
 
     ``reward_range`` is the per-step reward range from the game's specification; with the horizon H and
     γ it gives J_min, J_max of Lemma 2 / Theorem 2 (Appendix B.2: "default values in the game
-    specifications").
+    specifications").  None where neither the environment nor the config tells it (GRe and LoRe are then
+    refused, naming the config key ``rewards.range``).
     """
 
     env_id: str
@@ -36,7 +46,7 @@ class EnvSpec:
     clean_name: str          # prefix of the benign-return figure, e.g. "Cartpole"
     n_actions: int
     obs_shape: tuple
-    reward_range: tuple
+    reward_range: tuple | None
     profile: str             # default preprocessing profile
     game_return_range: tuple | None = None  # whole-game score range from the game's rules, if any
     lore_reward: str | None = None  # LoRe-only reward modification (Appendix E), named in the output
@@ -56,7 +66,7 @@ class EnvSpec:
     @property
     def nonnegative_rewards(self) -> bool:
         """LoRe may prune only when no step can lower the return (Appendix B.3)."""
-        return self.reward_range[0] >= 0
+        return self.reward_range is not None and self.reward_range[0] >= 0
 
     def train_minutes(self, total_steps: int) -> int:
         """Minutes a training job may take (SLURM): 2× ``total_steps`` at ``train_steps_per_s``, plus 30."""
@@ -82,6 +92,8 @@ class EnvSpec:
 
     def return_range(self, horizon: int, gamma: float = 1.0) -> tuple[float, float]:
         """[J_min, J_max] for returns over ``horizon`` steps with discount ``gamma``."""
+        if self.reward_range is None:
+            raise MissingFactError(missing_reward_range(self.env_id))
         if gamma == 1.0:
             w = float(horizon)
         else:
@@ -111,16 +123,154 @@ ENV_SPECS: dict[str, EnvSpec] = {
 }
 
 
-def env_spec(env_id: str) -> EnvSpec:
+PAPER_ENVS = tuple(ENV_SPECS)
+
+# ------------------------------------------------------------------------------- any Gymnasium environment
+# Beyond the paper's four ids, three families (docs/own-policy.md, "Which environments"):
+#   atari    ALE/<Game>-v5 and <Game>NoFrameskip-v4: the `cleanrl` profile (SB3's AtariWrapper stack + a
+#            4-frame stack); v5 is made with frameskip=1 (the wrappers skip 4) and sticky actions of
+#            probability 0.25, Gymnasium's v5 default that SB3's make_atari_env keeps (`cleanrl:sticky=P`
+#            sets another P; NoFrameskip-v4 has none); snapshots: the emulator's cloneState + the wrappers.
+#   highway  highway-env's ids (highway-v0, merge-v0, roundabout-v0, …) with Kinematics observations and
+#            meta-actions: the `flat` profile (the V×F kinematics table flattened row-major, as
+#            highway-fast-v0's flat25); snapshots: copy.deepcopy of the wrapped env, as highway-fast-v0.
+#   vector   any other registered id with a Discrete action space and a Box observation (Acrobot-v1,
+#            MountainCar-v0, LunarLander-v3, a third-party id as `package:Id-v0`): the `vector` profile
+#            (flattened to float32); snapshots: copy.deepcopy, checked to replay the same transitions
+#            (snapshot_problem), else LoRe is refused.
+# Action count and observation shape come from the environment; the per-step reward range (GRe's and LoRe's
+# J_min/J_max, LoRe's pruning when it is >= 0) from the config's `rewards` block, except Atari's: the
+# cleanrl profile clips rewards to their sign, so [-1, 1] (a config may narrow it, e.g. [0, 1]).
+
+DEFAULT_PROFILE = {"atari": "cleanrl", "highway": "flat", "vector": "vector"}
+_ATARI_IDS = (re.compile(r"ALE/[A-Za-z0-9]+-v5"), re.compile(r"[A-Za-z0-9]+NoFrameskip-v4"))
+_STICKY = re.compile(r"cleanrl:sticky=(0(\.[0-9]+)?|1(\.0+)?)")
+_EXAMPLES = "e.g. Acrobot-v1, ALE/Breakout-v5, BreakoutNoFrameskip-v4, merge-v0"
+
+
+def _is_atari_id(env_id: str) -> bool:
+    return any(p.fullmatch(env_id) for p in _ATARI_IDS)
+
+
+def _registration(env_id: str):
+    """gymnasium's registration of ``env_id`` (registering ale-py's and highway-env's ids, and importing the
+    module of a ``module:Id`` id, first), or None."""
+    if ":" in env_id:
+        module, _, name = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return None
+        return gym.registry.get(name)
+    if env_id not in gym.registry:
+        if _is_atari_id(env_id):
+            import ale_py
+
+            gym.register_envs(ale_py)
+        else:
+            try:
+                import highway_env  # noqa: F401  (registers the highway family)
+            except ImportError:
+                pass
+    return gym.registry.get(env_id)
+
+
+@functools.cache
+def env_family(env_id: str) -> str:
+    """``paper`` (the paper's four ids, with their own profiles), ``atari``, ``highway`` or ``vector``;
+    UnknownEnvError (one line) for an id that is not registered or that crop cannot certify."""
+    if env_id in ENV_SPECS:
+        return "paper"
+    reg = _registration(env_id)
+    if reg is None:
+        import difflib
+
+        close = difflib.get_close_matches(env_id, [*ENV_SPECS, *gym.registry], n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UnknownEnvError(f"unknown environment {env_id!r}{hint}: not a registered Gymnasium id (install its "
+                              f"package; a third-party id may be given as package:Id-v0); {_EXAMPLES}")
+    entry = reg.entry_point if isinstance(reg.entry_point, str) else getattr(reg.entry_point, "__module__", "")
+    if _is_atari_id(env_id):
+        return "atari"
+    if str(entry).startswith("ale_py"):
+        raise UnknownEnvError(f"{env_id}: give an Atari game as ALE/<Game>-v5 or <Game>NoFrameskip-v4 (the wrappers "
+                              "skip frames; other ALE variants skip or stick on their own)")
+    return "highway" if str(entry).startswith("highway_env") else "vector"
+
+
+def default_profile(env_id: str) -> str:
+    return ENV_SPECS[env_id].profile if env_id in ENV_SPECS else DEFAULT_PROFILE[env_family(env_id)]
+
+
+def profiles(env_id: str) -> list[str]:
+    """The preprocessing profiles ``env_id`` can be made with (the first is the default)."""
+    if env_id in PROFILES:
+        return list(PROFILES[env_id])
+    family = env_family(env_id)
+    return [DEFAULT_PROFILE[family]] + (["cleanrl:sticky=P"] if env_id.startswith("ALE/") else [])
+
+
+def check_profile(env_id: str, profile: str) -> None:
+    """ValueError (one line) unless ``profile`` is one of ``env_id``'s (``cleanrl:sticky=P``, 0 ≤ P ≤ 1, for
+    ALE/…-v5)."""
+    known = profiles(env_id)
+    if profile in known or (env_id.startswith("ALE/") and env_id not in ENV_SPECS and _STICKY.fullmatch(profile)):
+        return
+    raise ValueError(f"{env_id}: unknown preprocessing profile {profile!r}; known: {known}")
+
+
+def sticky_probability(env_id: str, profile: str) -> float | None:
+    """The sticky-action probability an ``ALE/…-v5`` environment is made with under ``profile`` (None for
+    the other ids: NoFrameskip-v4 has no sticky actions)."""
+    if not env_id.startswith("ALE/"):
+        return None
+    m = _STICKY.fullmatch(profile)
+    return float(m.group(1)) if m else 0.25
+
+
+@functools.cache
+def env_shapes(env_id: str, profile: str | None = None) -> tuple[int, tuple]:
+    """(action count, observation shape) of ``env_id`` made with ``profile`` (default: its own), read off
+    the environment itself."""
+    env = make_env(env_id, profile)
     try:
+        return int(env.action_space.n), tuple(int(d) for d in env.observation_space.shape)
+    finally:
+        env.close()
+
+
+def missing_reward_range(env_id: str) -> str:
+    return (f"environments.{env_id}.rewards.range: GRe and LoRe need the per-step reward range of {env_id}, which "
+            "the environment does not declare; add it to the config, e.g. rewards: {range: [-1.0, 0.0]} "
+            "(docs/own-policy.md)")
+
+
+def env_spec(env_id: str, rewards: dict | None = None) -> EnvSpec:
+    """What the certifiers know about ``env_id``: the paper's facts for its four environments; for any other
+    the action count and observation shape of the environment (default profile) and the config's ``rewards``
+    block (``range``: per-step reward range; ``return_range``: whole-game return range, optional)."""
+    if env_id in ENV_SPECS:
+        if rewards and any(v is not None for v in rewards.values()):
+            raise ValueError(f"rewards: {env_id} is one of the paper's environments, whose reward range is the "
+                             "paper's; remove the rewards block")
         return ENV_SPECS[env_id]
-    except KeyError:
-        raise UnknownEnvError(f"unknown environment {env_id!r}; known: {sorted(ENV_SPECS)}") from None
+    family = env_family(env_id)
+    n, shape = env_shapes(env_id, DEFAULT_PROFILE[family])
+    rewards = rewards or {}
+    reward_range = (-1.0, 1.0) if family == "atari" else None   # the cleanrl profile's sign-clipped rewards
+    if rewards.get("range") is not None:
+        reward_range = tuple(float(x) for x in rewards["range"])
+    game = rewards.get("return_range")
+    name = env_id.replace("/", "-")
+    return EnvSpec(env_id, name, name, n, shape, reward_range, DEFAULT_PROFILE[family],
+                   game_return_range=None if game is None else tuple(float(x) for x in game),
+                   gre_mb_per_copy={"atari": 2.6, "highway": 0.45}.get(family, 0.0))
 
 
 class _Flatten(gym.ObservationWrapper):
-    """Kinematics 5×5 → the 25-vector (row-major), as CROP's MLP's ``reshape(-1, 25)``.  A plain class
-    (gymnasium's FlattenObservation holds a lambda) so snapshots can be pickled for resumable searches."""
+    """Kinematics 5×5 → the 25-vector (row-major), as CROP's MLP's ``reshape(-1, 25)``; any Box observation
+    → its flattened float32 vector (the ``flat`` and ``vector`` profiles).  A plain class (gymnasium's
+    FlattenObservation holds a lambda) so snapshots can be pickled for resumable searches."""
 
     def __init__(self, env):
         super().__init__(env)
@@ -140,13 +290,44 @@ PROFILES = {
 
 
 def _check_profile(env_id: str, profile: str) -> None:
-    known = PROFILES.get(env_id, [])
-    if profile not in known:
-        raise ValueError(f"{env_id}: unknown preprocessing profile {profile!r}; known: {known}")
+    check_profile(env_id, profile)
+
+
+def _make_gym(env_id: str, family: str) -> gym.Env:
+    """A vector or highway-family environment: Discrete actions (from 0), Box observations, flattened."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            env = gym.make(env_id)
+        except gym.error.Error as exc:  # DependencyNotInstalled (Box2D, MuJoCo), a bad registration, …
+            raise UnknownEnvError(f"{env_id}: cannot be made: {' '.join(str(exc).split())}") from None
+    a, o = env.action_space, env.observation_space
+    problem = None
+    if not isinstance(a, gym.spaces.Discrete) or int(a.start) != 0:
+        problem = (f"its action space {a} is not Discrete(n) from 0; crop certifies Q-networks over a finite set "
+                   "of actions (policy-gradient and continuous-action agents: docs/own-policy.md)")
+    elif not isinstance(o, gym.spaces.Box):
+        problem = f"its observation space {o} is not a Box (a vector or an image)"
+    elif family == "highway" and env.unwrapped.config.get("observation", {}).get("type") != "Kinematics":
+        problem = "the flat profile flattens Kinematics observations; its observation type is " + \
+                  repr(env.unwrapped.config.get("observation", {}).get("type"))
+    if problem:
+        env.close()
+        raise UnknownEnvError(f"{env_id}: {problem}")
+    return _Flatten(env)
 
 
 def make_env(env_id: str, profile: str | None = None) -> gym.Env:
     """A single environment with the preprocessing of ``profile`` (the checkpoint's, or the default)."""
+    if env_id not in ENV_SPECS:
+        family = env_family(env_id)
+        profile = profile or DEFAULT_PROFILE[family]
+        check_profile(env_id, profile)
+        if family == "atari":
+            from crop.envs.atari import make_atari
+
+            return make_atari(env_id, profile)
+        return _make_gym(env_id, family)
     spec = env_spec(env_id)
     profile = profile or spec.profile
     _check_profile(env_id, profile)
@@ -170,6 +351,41 @@ def make_env(env_id: str, profile: str | None = None) -> gym.Env:
     raise UnknownEnvError(f"unknown environment {env_id!r}")
 
 
+@functools.cache
+def snapshot_problem(env_id: str, profile: str | None = None) -> str | None:
+    """Why LoRe cannot take faithful snapshots of ``env_id`` (one line), or None.  The paper's four, Atari
+    (emulator state + wrappers) and highway-env (deepcopy) are known faithful; for any other id a snapshot
+    is ``copy.deepcopy`` of the wrapped env, accepted only when two copies of one state replay the same
+    observations and rewards for the same actions (an env holding state outside Python objects — a Box2D
+    world, a simulator process — or drawing from a global RNG fails this)."""
+    if env_id in ENV_SPECS or env_family(env_id) in ("atari", "highway"):
+        return None
+    try:
+        env = make_env(env_id, profile)
+        env.reset(seed=12345)
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            env.step(int(rng.integers(env.action_space.n)))
+        snap = snapshot(env)
+        actions = [int(a) for a in rng.integers(env.action_space.n, size=20)]
+        replays = []
+        for _ in range(2):
+            e, trace = restore(env, snap), []
+            for a in actions:
+                o, r, term, trunc, _ = e.step(a)
+                trace.append((np.asarray(o, dtype=np.float32).tobytes(), float(r), bool(term), bool(trunc)))
+                if term or trunc:
+                    break
+            replays.append(trace)
+    except Exception as exc:  # deepcopy of an object that cannot be copied, …
+        return (f"LoRe needs faithful snapshots of {env_id}, and copy.deepcopy of it fails "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})")
+    if replays[0] != replays[1]:
+        return (f"LoRe needs faithful snapshots of {env_id}, and two copies of one state of it replay different "
+                "transitions (state outside Python objects or a global random generator)")
+    return None
+
+
 def make_vec_env(env_id: str, num_envs: int, profile: str | None = None):
     """gymnasium's numpy-vectorised CartPole (``CartPoleVectorEnv``): the dynamics of the single
     environment, one array operation per step for all copies."""
@@ -187,12 +403,11 @@ def make_env_pool(env_id: str, num_envs: int, profile: str | None = None, worker
     ``EnvPool``'s, without pickling them); the others (highway) as independent copies in ``EnvPool``."""
     from crop.envs.vector import CartPolePool, EnvPool
 
-    spec = env_spec(env_id)
-    profile = profile or spec.profile
-    _check_profile(env_id, profile)
+    profile = profile or default_profile(env_id)
+    check_profile(env_id, profile)
     if env_id == "CartPole-v0":
         return CartPolePool(num_envs, gym.spec(env_id).max_episode_steps)
-    if env_id.endswith("NoFrameskip-v4"):
+    if env_id.endswith("NoFrameskip-v4") or env_family(env_id) == "atari":
         from crop.envs.atari import AtariPool
 
         return AtariPool(env_id, num_envs, workers, profile)
@@ -207,8 +422,9 @@ def to_obs(obs) -> np.ndarray:
 def snapshot(env: gym.Env):
     """A faithful copy of ``env``'s whole state, wrappers included.
 
-    CartPole and highway: ``copy.deepcopy`` of the *wrapped* env (the TimeLimit counter lives in the
-    wrapper).  Atari: the emulator's own state plus every wrapper's state (deepcopy would silently give a
+    CartPole, highway and the vector family: ``copy.deepcopy`` of the *wrapped* env (the TimeLimit counter
+    lives in the wrapper; :func:`snapshot_problem` checks that this is faithful for an id outside the
+    paper's).  Atari: the emulator's own state plus every wrapper's state (deepcopy would silently give a
     fresh emulator at frame 0) — see :mod:`crop.envs.atari`.
     """
     from crop.envs.atari import atari_snapshot, is_atari

@@ -204,14 +204,23 @@ class ToFloat(gym.ObservationWrapper):
 
 
 def make_atari(env_id: str, profile: str) -> gym.Env:
+    """``env_id`` (``<Game>NoFrameskip-v4`` or ``ALE/<Game>-v5``) with the wrapper chain of ``profile``.  A v5
+    id is made with frameskip=1 (MaxAndSkip skips 4, as SB3's AtariWrapper on v5 with ``frameskip=1``) and the
+    sticky-action probability of the profile (``cleanrl``: 0.25, v5's default; ``cleanrl:sticky=P``: P); the
+    sticky actions draw from the emulator's own seeded generator, which snapshots include."""
     import ale_py
 
+    from crop.envs import sticky_probability
+
     gym.register_envs(ale_py)
-    if profile not in ATARI_PROFILES:
+    sticky = sticky_probability(env_id, profile)
+    base = profile.split(":", 1)[0] if sticky is not None else profile
+    if base not in ATARI_PROFILES:
         raise ValueError(f"{env_id}: unknown Atari profile {profile!r}; known: {sorted(ATARI_PROFILES)}")
-    opts = dict(ATARI_PROFILES[profile])
+    opts = dict(ATARI_PROFILES[base])
     kind = opts.pop("kind")
-    env = gym.make(env_id, disable_env_checker=True)  # NoFrameskip-v4: frameskip 1, no sticky actions
+    kwargs = {} if sticky is None else {"frameskip": 1, "repeat_action_probability": sticky}
+    env = gym.make(env_id, disable_env_checker=True, **kwargs)  # NoFrameskip-v4: frameskip 1, no sticky actions
     env = NoopReset(env, 30)
     env = MaxAndSkip(env, 4, pool=3 if kind == "radial" else 2, rolling=kind == "radial")
     if "FIRE" in env.unwrapped.get_action_meanings():

@@ -16,7 +16,8 @@ from torch import nn
 from crop.io import sha256_file
 
 __all__ = ["build_q_network", "load_q_network", "load_checkpoint", "load_state", "save_q_network",
-           "load_refusal", "pickled_globals", "CheckpointError", "spec_summary", "n_actions"]
+           "load_refusal", "pickled_globals", "CheckpointError", "spec_summary", "n_actions", "input_shape",
+           "fit_problem"]
 
 
 class CheckpointError(RuntimeError):
@@ -100,6 +101,35 @@ def n_actions(spec: dict) -> int:
     if isinstance(spec.get("base"), dict):
         return n_actions(spec["base"])
     raise CheckpointError(f"network spec {spec} names no output size ('out')")
+
+
+def input_shape(spec: dict) -> tuple:
+    """The observation shape a spec's network takes: (in,) for an MLP, (c, n, n) for a Nature-CNN; a
+    wrapping spec (CARRL) takes its base's."""
+    arch = spec.get("arch")
+    if arch in ("mlp", "noisy_mlp") and "in" in spec:
+        return (int(spec["in"]),)
+    if arch in ("nature_cnn", "dueling_cnn"):
+        n = int(spec.get("in_size", 84))
+        return (int(spec.get("in_channels", 4 if arch == "nature_cnn" else 1)), n, n)
+    if isinstance(spec.get("base"), dict):
+        return input_shape(spec["base"])
+    raise CheckpointError(f"network spec {spec} names no input size")
+
+
+def fit_problem(spec: dict, env_id: str, profile: str | None = None) -> str | None:
+    """Why a spec's network cannot be the Q-network of ``env_id`` under ``profile`` (its input is not the
+    environment's observation, or it gives not one Q-value per action), in one line naming both shapes; or
+    None."""
+    from crop.envs import default_profile, env_shapes
+
+    profile = profile or default_profile(env_id)
+    n, shape = env_shapes(env_id, profile)
+    net_in, net_out = input_shape(spec), n_actions(spec)
+    if net_in == shape and net_out == n:
+        return None
+    return (f"the network ({spec_summary(spec)}) takes input {net_in} and gives {net_out} outputs, but {env_id} "
+            f"(profile {profile}) gives observations of shape {shape} and has {n} actions")
 
 
 def spec_summary(spec: dict) -> str:
@@ -290,6 +320,12 @@ def load_checkpoint(path: str | Path, env: str, algo: str, why: str = "") -> tup
             raise InputError(f"{meta_file}: missing field {key!r}")
     if meta["env"] != env or meta["algo"] != algo:
         raise InputError(f"{ckpt}: recorded for {meta['env']}/{meta['algo']}, not {env}/{algo}{why}")
+    try:
+        problem = fit_problem(meta["net_spec"], env, meta.get("profile"))
+    except (CheckpointError, ValueError) as exc:
+        problem = str(exc)
+    if problem:
+        raise InputError(f"{ckpt}: {problem}")
     try:
         net = load_q_network(ckpt, meta["net_spec"], expected_sha256=meta["sha256"])
     except CheckpointError as exc:

@@ -2,7 +2,8 @@
 
 The file names and families are listed in :mod:`crop.layout`; docs/figures.md describes each for a reader.
 In every figure an algorithm has the same colour and marker (:data:`ALGO_COLORS`, :data:`ALGO_MARKERS`, fixed
-over all nine algorithms, whichever of them a run has), certified bounds are solid lines and PGD attacks
+over all nine algorithms, whichever of them a run has; labels of your own get theirs from
+:func:`register_labels`), certified bounds are solid lines and PGD attacks
 dashed (drawn above the bounds), shading is ± one standard deviation over episodes, axis labels use the
 paper's symbols (:data:`LABELS`).
 
@@ -61,7 +62,7 @@ from crop.report.metrics import (  # noqa: E402
 
 __all__ = ["aggregate", "load_runs", "iter_env_figures", "legend_figure", "env_tables", "latex_table",
            "markdown_table", "load_frames", "gre_curve", "ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "LABELS",
-           "algo_label"]
+           "algo_label", "register_labels", "algo_index", "ordered", "algo_color", "algo_marker"]
 
 # One colour and one marker per algorithm, the same in every figure (fixed over the full list, not the
 # algorithms run).  Colours: Paul Tol's "muted" qualitative scheme (https://personal.sron.nl/~pault/), nine
@@ -74,6 +75,47 @@ ALGO_COLORS = {"StdTrain": "#332288", "GaussAug": "#88ccee", "AdvTrain": "#44aa9
 ALGO_MARKERS = {"StdTrain": "o", "GaussAug": "s", "AdvTrain": "^", "SA-MDP-PGD": "v", "SA-MDP-CVX": "D",
                 "RadialRL": "P", "CARRL": "X", "NoisyNet": "*", "GradDQN": "h"}
 assert list(ALGO_COLORS) == list(ALGO_MARKERS) == list(ALGORITHMS)
+# Labels of your own (any label outside the nine): the k-th of a run's own labels, in sorted order, takes
+# colour k mod 7 (Paul Tol's "vibrant" scheme, none of them in "muted") and marker k mod 6 (none of the
+# nine's), so up to 42 labels of your own get distinct (colour, marker) pairs beside the nine.
+EXTRA_COLORS = ("#ee7733", "#0077bb", "#33bbee", "#ee3377", "#cc3311", "#009988", "#bbbbbb")
+EXTRA_MARKERS = ("p", "<", ">", "d", "H", "8")
+_EXTRA: list[str] = []   # the labels of your own seen by this process, in the order they were styled
+
+
+def register_labels(labels) -> None:
+    """Give the labels of your own among ``labels`` their colours and markers (sorted, so the same set of
+    labels gets the same styles whatever order the runs are read in)."""
+    _EXTRA.extend(sorted(set(labels) - set(ALGORITHMS) - set(_EXTRA)))
+
+
+def algo_color(algo: str) -> str:
+    """The label's colour: the nine's own (:data:`ALGO_COLORS`), else that of its place among your own."""
+    if algo in ALGO_COLORS:
+        return ALGO_COLORS[algo]
+    return EXTRA_COLORS[(algo_index(algo) - len(ALGORITHMS)) % len(EXTRA_COLORS)]
+
+
+def algo_marker(algo: str) -> str:
+    if algo in ALGO_MARKERS:
+        return ALGO_MARKERS[algo]
+    return EXTRA_MARKERS[(algo_index(algo) - len(ALGORITHMS)) % len(EXTRA_MARKERS)]
+
+
+def algo_index(algo: str) -> int:
+    """The label's place: the nine in the paper's order, then your own labels."""
+    if algo in ALGORITHMS:
+        return ALGORITHMS.index(algo)
+    register_labels([algo])
+    return len(ALGORITHMS) + _EXTRA.index(algo)
+
+
+def ordered(labels) -> list[str]:
+    """``labels`` in the tables' and legends' order: the paper's nine in its order, then your own, sorted."""
+    labels = set(labels)
+    return [a for a in ALGORITHMS if a in labels] + sorted(labels - set(ALGORITHMS))
+
+
 ALGO_LABELS = {"SA-MDP-PGD": "SA-MDP (PGD)", "SA-MDP-CVX": "SA-MDP (CVX)"}
 PERIODIC_FRAMES = 6  # frames shown under the periodic-pattern plot
 # Certified bounds are solid, PGD attacks dashed and drawn above them (a white edge keeps each dash visible
@@ -110,26 +152,30 @@ def algo_label(algo: str) -> str:
 
 
 def _color(algo: str) -> str:
-    return ALGO_COLORS[split_run_algo(algo)[0]]
+    """A run folder's algorithm component (ALGO or ALGO@TARGET): its algorithm's colour."""
+    return algo_color(split_run_algo(algo)[0])
 
 
 def _marker(algo: str) -> str:
     base, target = split_run_algo(algo)
-    return ALGO_MARKERS[base] if target == "q" else TARGET_MARKERS[target]
+    return algo_marker(base) if target == "q" else TARGET_MARKERS[target]
 
 
 def _rank(algo: str) -> int:
-    return ALGORITHMS.index(split_run_algo(algo)[0])
+    return algo_index(split_run_algo(algo)[0])
 
 
 def _series_key(algo: str) -> tuple[int, int]:
     base, target = split_run_algo(algo)
-    return ALGORITHMS.index(base), TARGET_NAMES.index(target)
+    return algo_index(base), TARGET_NAMES.index(target)
 
 
 def _series(names) -> list[str]:
-    """Run folders' algorithm components in the fixed order: algorithms as listed, each target after q."""
-    return sorted({a for a in names if split_run_algo(a)[0] in ALGORITHMS}, key=_series_key)
+    """Run folders' algorithm components in the fixed order: the paper's nine, then labels of your own (sorted),
+    each algorithm's other targets after q."""
+    names = set(names)
+    register_labels(split_run_algo(a)[0] for a in names)
+    return sorted(names, key=_series_key)
 
 
 def load_frames(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -188,16 +234,16 @@ def _markevery(algo: str, n: int):
     if n <= 12:
         return None
     every = math.ceil(n / 8)
-    return (_rank(algo) * every // len(ALGORITHMS), every)
+    return ((_rank(algo) % len(ALGORITHMS)) * every // len(ALGORITHMS), every)
 
 
 def _marker_size(algo: str) -> float:
-    return 5.6 - 0.3 * _rank(algo)
+    return max(5.6 - 0.3 * _rank(algo), 3.2)
 
 
 def _line_width(algo: str) -> float:
     """Earlier algorithms draw wider lines, so that a later one drawn over the same values leaves an edge."""
-    return 1.9 - 0.09 * _rank(algo)
+    return max(1.9 - 0.09 * _rank(algo), 1.1)
 
 
 def _bound_line(ax, x, y, algo, *, markevery="auto", **kw):
@@ -343,7 +389,7 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
         if vacuous.any():
             vacuous_any = True
             ax.plot(eps[vacuous], y[vacuous], ls="none", marker="v", ms=4, mfc="none", mew=0.8,
-                    color=ALGO_COLORS[a], zorder=3)
+                    color=_color(a), zorder=3)
         att = d["attack_global"].groupby("eps")["return"].agg(stat)
         _attack_line(ax, att.index, att.to_numpy(), a)
     if np.isfinite(j_lo) and j_hi > j_lo:
@@ -803,6 +849,7 @@ def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tabl
     their run: the tables then show the mean over replicates and its interval."""
     reps = [r for r in runs if replicate_of(r)]
     data = load_runs(results, [r for r in runs if not replicate_of(r)])
+    register_labels(split_run_algo(k[1])[0] for k in data)  # labels of your own: colours in a fixed order
     for key, found in load_replicates(results, reps).items():
         if key not in data:
             raise FileNotFoundError(f"replicates of {'/'.join(key)} without the run itself")

@@ -94,18 +94,21 @@ SCHEMA_VERSION = 4
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
     """``ENV/ALGO/sigma-S`` folders under ``results`` holding every result file (or, with ``incomplete``,
     those missing some)."""
-    runs = []
-    for d in sorted(Path(results).glob("*/*/sigma-*")):
-        if d.is_dir() and all((d / f).is_file() for f in run_files(run_target(d)).values()) != incomplete:
-            runs.append(str(d.relative_to(results)))
-    return runs
+    return [r for r in discover_run_folders(results) if not replicate_of(r)
+            and all((Path(results) / r / f).is_file() for f in run_files(run_target(r)).values()) != incomplete]
 
 
 def discover_run_folders(results: Path) -> list[str]:
-    """Every ``ENV/ALGO/sigma-S`` folder under ``results``, complete or partial, and every replicate folder
-    ``ENV/ALGO/sigma-S/rep-K`` in them (config ``replicates``)."""
-    found = [d for d in Path(results).glob("*/*/sigma-*") if d.is_dir()]
-    found += [d for d in Path(results).glob(f"*/*/sigma-*/{REPLICATE_PREFIX}*") if d.is_dir()]
+    """Every ``ENV/ALGO/sigma-S`` folder under ``results``, complete or partial (one level deeper for a
+    namespaced ENV such as ALE/Breakout-v5), and every replicate folder ``ENV/ALGO/sigma-S/rep-K`` in them
+    (config ``replicates``)."""
+    from crop.report.metrics import namespaced_env
+
+    results = Path(results)
+    found = [d for d in results.glob("*/*/sigma-*") if d.is_dir()]
+    found += [d for d in results.glob("*/*/*/sigma-*")
+              if d.is_dir() and namespaced_env(*d.relative_to(results).parts[:2])]
+    found += [r for d in found for r in d.glob(f"{REPLICATE_PREFIX}*") if r.is_dir()]
     return sorted(str(d.relative_to(results)) for d in found)
 
 
@@ -217,6 +220,12 @@ def _lore_alpha(lmeta: dict) -> float:
         return float(search["alpha_spent"])
     a, n = (lmeta.get("settings") or {}).get("alpha"), search.get("distinct_states_smoothed")
     return float(a) * int(n) if a is not None and n is not None else 1.0
+
+
+def _env_of(run: str) -> str:
+    from crop.report.metrics import parse_run
+
+    return parse_run(run)[0]
 
 
 def _audit_run(results: Path, run: str, alpha: float, stages: list[str]) -> tuple[list[dict], int]:
@@ -386,7 +395,7 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
     if ref_block is not None:
         from crop.report.reproduction import write_reproduction
 
-        report["reproduction_report"] = write_reproduction(ref_block, out_dir, sorted({Path(r).parts[0] for r in runs}))
+        report["reproduction_report"] = write_reproduction(ref_block, out_dir, sorted({_env_of(r) for r in runs}))
     write_json(out_dir / "audit.json", report)
     atomic_write_text(out_dir / "audit.md", _markdown(report))
     return report

@@ -73,16 +73,31 @@ _PERCENTILE = re.compile(r"^percentile_bound_p(0?\.\d+|1(\.0*)?|0)$")
 
 
 def parse_run(run: str) -> tuple[str, str, str]:
-    """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S`` (or of its replicate folder
-    ``ENV/ALGO/sigma-S/rep-K``: :func:`crop.layout.replicate_of` tells which replicate)."""
+    """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S`` (ENV may hold one ``/``, as
+    ``ALE/Breakout-v5``), or of its replicate folder ``ENV/ALGO/sigma-S/rep-K`` (:func:`crop.layout.replicate_of`
+    tells which replicate)."""
     from crop.layout import REPLICATE_PREFIX
 
     parts = Path(run).parts
-    if len(parts) == 4 and parts[3].startswith(REPLICATE_PREFIX) and parts[3][len(REPLICATE_PREFIX):].isdigit():
-        parts = parts[:3]
-    if len(parts) != 3 or not parts[2].startswith("sigma-"):
+    if parts and parts[-1].startswith(REPLICATE_PREFIX) and parts[-1][len(REPLICATE_PREFIX):].isdigit():
+        parts = parts[:-1]
+    if len(parts) not in (3, 4) or not parts[-1].startswith("sigma-"):
         raise ValueError(f"run {run!r} is not of the form ENV/ALGO/sigma-S[/rep-K]")
-    return parts[0], parts[1], parts[2][len("sigma-"):]
+    return "/".join(parts[:-2]), parts[-2], parts[-1][len("sigma-"):]
+
+
+def namespaced_env(first: str, second: str) -> bool:
+    """Whether folders ``first/second`` are one namespaced environment id (``ALE/Breakout-v5``), whose run
+    folders ``first/second/ALGO/sigma-S`` lie one level deeper than the others'."""
+    from crop.envs import _registration
+
+    return "/" not in first and _registration(f"{first}/{second}") is not None
+
+
+def run_depth(run_dir) -> int:
+    """How many folders a run folder path (ending in ENV/ALGO/sigma-S) spans: 4 for a namespaced ENV."""
+    parts = Path(run_dir).parts
+    return 4 if len(parts) >= 4 and namespaced_env(parts[-4], parts[-3]) else 3
 
 
 def load_runs(results: Path, runs) -> dict:

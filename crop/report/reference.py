@@ -57,12 +57,13 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-from crop.config import ALGORITHMS
+from crop.config import ALGORITHMS, load_schema
 from crop.envs import ENV_SPECS
 from crop.io import read_json, sha256_file
 from crop.layout import FRAMES_FILE, RUN_FILES, replicate_of
@@ -170,12 +171,15 @@ def load_reference(path) -> pd.DataFrame:
     certified_only = (df["metric"] == "mean_radius") & (df["convention"].str.strip() == "certified_only")
     df.loc[certified_only, "metric"] = CERTIFIED_ONLY
     known_env, known_algo = set(ENV_SPECS), set(ALGORITHMS)
+    defs = load_schema()["$defs"]
     for i, r in enumerate(df.itertuples(index=False)):
         where = f"{path}: data row {i + 1}"
-        if r.env not in known_env:
-            raise ReferenceError(f"{where}: unknown env {r.env!r}; known: {sorted(ENV_SPECS)}")
-        if r.algo not in known_algo:
-            raise ReferenceError(f"{where}: unknown algo {r.algo!r}; known: {ALGORITHMS}")
+        # the paper's names, or names of your own as a config writes them (your own reference table)
+        if r.env not in known_env and not _registered_env(r.env, defs):
+            raise ReferenceError(f"{where}: unknown env {r.env!r}; known: {sorted(ENV_SPECS)} or a registered "
+                                 "Gymnasium id")
+        if r.algo not in known_algo and not re.fullmatch(defs["label"]["pattern"], str(r.algo)):
+            raise ReferenceError(f"{where}: unknown algo {r.algo!r}; known: {ALGORITHMS} or a label of your own")
         if not isinstance(r.metric, str) or not is_reference_metric(r.metric):
             raise ReferenceError(f"{where}: unknown metric {r.metric!r} (see crop.report.metrics.METRICS, "
                                  f"or {CERTIFIED_ONLY})")
@@ -190,6 +194,19 @@ def load_reference(path) -> pd.DataFrame:
     if len(dup):
         raise ReferenceError(f"{path}: data row {dup[0] + 1} repeats an earlier (env, algo, sigma, metric, eps)")
     return df.reset_index(drop=True)
+
+
+def _registered_env(env, defs: dict) -> bool:
+    """Whether ``env`` is an environment id crop can make (a reference of your own may name yours)."""
+    from crop.envs import UnknownEnvError, env_family
+
+    if not isinstance(env, str) or not re.fullmatch(defs["env_id"]["pattern"], env):
+        return False
+    try:
+        env_family(env)
+    except UnknownEnvError:
+        return False
+    return True
 
 
 def load_tolerances(path) -> dict:

@@ -84,11 +84,12 @@ def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
 
     run_algos = sorted(set(df.loc[df["reproduced"].notna(), "algo"]))
     algos = run_algos or sorted(set(df["algo"]))
-    from crop.report.aggregate import ALGO_COLORS, ALGO_MARKERS, algo_label
+    from crop.report.aggregate import _color, _marker, _series, algo_label
 
-    # the colour and marker of each algorithm in every other figure of the project
-    colors = {a: ALGO_COLORS.get(a, plt.cm.tab10(i % 10)) for i, a in enumerate(algos)}
-    markers = {a: ALGO_MARKERS.get(a, "o") for a in algos}
+    # the colour and marker of each algorithm (and target: ALGO@TARGET) in every other figure of the project
+    _series(algos)
+    colors = {a: _color(a) for a in algos}
+    markers = {a: _marker(a) for a in algos}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     convention = "certified steps only" if radius_metric == "mean_radius_certified" else "uncertified = 0"
     for ax, metric, title in ((axes[0], radius_metric, f"LoAct mean radius, {convention} (log scale)"),
@@ -176,6 +177,13 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
     absent_runs = df[(df["verdict"] == "missing") & df["note"].str.startswith("run not")]
     if paper:
         lines += [f"- {n}" for n in KNOWN.get(env, [])] + [""]
+    absent = sorted(set(df["algo"]) - set(df.loc[df["reference"].notna() | (df["verdict"] != "not_in_reference"),
+                                                 "algo"]))
+    if absent:  # labels of your own, or an environment the reference lacks: nothing to compare them with
+        where = "the paper" if paper else "the reference"
+        lines += [f"Not in {where}: {', '.join(f'`{a}`' for a in absent)} — "
+                  f"{'this environment is' if len(absent) == len(set(df['algo'])) else 'these labels are'} not in "
+                  f"{where}; their values are listed, not compared.", ""]
     lines += [f"![{env}]({fig})", ""]
     if compared.empty:
         lines += [f"No value of this run could be compared: {len(ran)} values of the run, "
@@ -199,7 +207,8 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
         rows = [{"algo": r.algo, "σ": _fmt(r.sigma), "metric": r.metric, "published": _fmt(r.reference),
                  "reproduced [interval]": _with_interval(r), "replicates": _fmt(r.replicates),
                  "ratio": _fmt(r.ratio, 2), "outside the interval": _fmt(r.outside),
-                 "verdict": {"match": "agrees", "differs": "differs", "not_in_reference": "not in the reference"}
+                 "verdict": {"match": "agrees", "differs": "differs",
+                             "not_in_reference": "not in the paper" if paper else "not in the reference"}
                  .get(r.verdict, r.verdict)}
                 for r in key.sort_values(["metric", "algo", "sigma"]).itertuples()]
         lines += _table(rows, ["algo", "σ", "metric", "published", "reproduced [interval]", "replicates", "ratio",
