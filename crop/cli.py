@@ -121,16 +121,16 @@ def _return_or_none(text: str) -> float | None:
 
 
 def _accepted(key: str) -> str:
-    """The names a config accepts for ``environments`` or ``algorithms`` (the schema's lists), for help."""
-    node = _node("environments").get("propertyNames", {}) if key == "env" else \
-        _node("environment.algorithms").get("items", {})
-    return ", ".join(node.get("enum", [])) or "see crop/registry.yaml"
+    """What a config accepts for an environment id or an algorithm label (the schema's words), for help."""
+    from crop.config import load_schema
+
+    node = load_schema()["$defs"]["env_id" if key == "env" else "label"]
+    return " ".join(node.get("description", "").split()) or "see crop/schemas/config.schema.yaml"
 
 
 def _common(p, sigma: bool = True, checkpoint: bool = True) -> None:
-    p.add_argument("--env", type=_env, required=True, help=f"environment id: {_accepted('env')}")
-    p.add_argument("--algo", type=_algo, required=True,
-                   help=f"algorithm (training method) of the policy: {_accepted('algo')}")
+    p.add_argument("--env", type=_env, required=True, help=_accepted("env"))
+    p.add_argument("--algo", type=_algo, required=True, help=_accepted("algo"))
     if sigma:
         p.add_argument("--sigma", type=_schema_type({"exclusiveMinimum": 0}), required=True,
                        help="standard deviation σ of the smoothing noise")

@@ -11,7 +11,7 @@ import pytest
 
 import crop
 from crop.cli import build_parser, main
-from crop.config import STAGES, load_config, load_schema, stage_options, stage_settings
+from crop.config import ALGORITHMS, STAGES, load_config, load_schema, stage_options, stage_settings
 from crop.io import sha256_file, write_json
 from crop.models import save_q_network
 
@@ -158,10 +158,11 @@ def test_env_and_algo_help_list_what_they_accept():
     schema = load_schema()
     qrange = _subparsers(build_parser())["qrange"].format_help().replace("\n", " ")
     qrange = " ".join(qrange.split())
-    for name in schema["properties"]["environments"]["propertyNames"]["enum"]:
-        assert name in qrange
-    for name in schema["$defs"]["environment"]["properties"]["algorithms"]["items"]["enum"]:
-        assert name in qrange
+    paper_envs = ("CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
+    for name in (*paper_envs, *ALGORITHMS):
+        assert name in qrange, name
+    assert "Acrobot-v1" in qrange and "your own" in qrange  # and what else each accepts
+    assert schema["$defs"]["env_id"]["pattern"] and schema["$defs"]["label"]["pattern"]
 
 
 @pytest.mark.parametrize("argv, words", [

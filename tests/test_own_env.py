@@ -216,11 +216,11 @@ def test_own_config_valid_with_any_label_and_atari_without_reward_facts():
 def test_import_sizes_checked_against_the_environment(tmp_path):
     acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 64, 64, 3], 0), _mlp([6, 64, 64, 3], 1))
     three = _sb3_zip(tmp_path / "three.zip", _mlp([4, 64, 64, 3], 0), _mlp([4, 64, 64, 3], 1))
-    cases = [("CartPole-v0", acro, "takes input (6,) and gives 3 Q-values, but CartPole-v0 (profile vector) gives "
+    cases = [("CartPole-v0", acro, "takes input (6,) and gives 3 outputs, but CartPole-v0 (profile vector) gives "
                                    "observations of shape (4,) and has 2 actions"),
-             ("CartPole-v0", three, "takes input (4,) and gives 3 Q-values, but CartPole-v0"),
+             ("CartPole-v0", three, "takes input (4,) and gives 3 outputs, but CartPole-v0"),
              ("ALE/Breakout-v5", acro, "ALE/Breakout-v5 (profile cleanrl) gives observations of shape (4, 84, 84)"),
-             ("Acrobot-v1", _sb3_cnn_zip(tmp_path / "cnn.zip", 4), "takes input (4, 84, 84) and gives 4 Q-values, "
+             ("Acrobot-v1", _sb3_cnn_zip(tmp_path / "cnn.zip", 4), "takes input (4, 84, 84) and gives 4 outputs, "
                                                                    "but Acrobot-v1 (profile vector) gives observations "
                                                                    "of shape (6,) and has 3 actions")]
     for env, src, needle in cases:
@@ -244,7 +244,7 @@ def test_checkpoint_used_on_another_environment_is_one_line(tmp_path):
     ck.with_suffix(".json").write_text(json.dumps(rec))
     rc, _, err = _cli("qrange", "--env", "MountainCar-v0", "--algo", "Mine", "--sigma", "0.1", "--checkpoint", ck,
                       "--m", "8", "--episodes", "1", "--horizon", "2", "--out", tmp_path / "q.json")
-    _one_line_refusal(rc, err, "takes input (6,) and gives 3 Q-values, but MountainCar-v0 (profile vector) gives "
+    _one_line_refusal(rc, err, "takes input (6,) and gives 3 outputs, but MountainCar-v0 (profile vector) gives "
                                "observations of shape (2,)")
     assert not (tmp_path / "q.json").exists()
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from crop.cli import main
 from crop.config import ALGORITHMS, load_schema
 from crop.io import sha256_file, write_json
-from crop.models import build_q_network, load_q_network, save_q_network
+from crop.models import CheckpointError, build_q_network, load_q_network, save_q_network
 from crop.models.carrl import derive_carrl
 from crop.models.noisy import NoisyLinear, resample_noise
 from crop.train import RECIPES, prepare_training, train_policy
@@ -260,9 +260,10 @@ def test_carrl_output_is_a_lower_bound_of_q_in_the_l2_ball_and_deterministic(tmp
 
 
 def test_carrl_refuses_a_base_it_cannot_bound():
-    with pytest.raises(ValueError, match="MLP base"):
+    # build_q_network turns a spec its builder refuses into one CheckpointError carrying the builder's reason
+    with pytest.raises(CheckpointError, match="MLP base"):
         build_q_network({"arch": "carrl", "base": {"arch": "noisy_mlp", "in": 4, "out": 2}, "eps": 0.1})
-    with pytest.raises(ValueError, match="eps"):
+    with pytest.raises(CheckpointError, match="eps"):
         build_q_network({"arch": "carrl", "base": SPEC, "eps": -1})
 
 
