@@ -398,7 +398,9 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
         ax.set_ylim(j_lo - pad, j_hi + pad)
     if vacuous_any:
         ax.text(0.98, 0.1, r"▽ vacuous: below $J_{\min}$, drawn at $J_{\min}$", transform=ax.transAxes,
-                ha="right", va="bottom", fontsize=6, color="0.3")
+                ha="right", va="bottom", fontsize=6, color="0.3", zorder=ATTACK_Z + 1,
+                # on a white patch: attack lines cross this height, and the note must stay legible over them
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     ax.set_xlim(0, x_end * 1.02 if x_end > 0 else None)
 
 
