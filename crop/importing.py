@@ -108,6 +108,16 @@ def _sb3_member(zf: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo | None:
     return hits[0] if hits else None
 
 
+# What zipfile raises for a corrupt archive, a member whose header lies about its size or checksum, or an
+# unsupported compression (its own words: "Bad CRC-32 for file 'policy.pth'", "Truncated file header", …).
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError, RuntimeError)
+
+
+def _corrupt_zip(path: Path, exc: BaseException) -> PolicyImportError:
+    why = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return PolicyImportError(f"{path}: a corrupt zip archive ({why}); refusing it")
+
+
 def _sb3_policy_bytes(path: Path, max_bytes: int) -> tuple[bytes, str] | None:
     """(bytes, name) of an SB3 archive's policy.pth, read in memory (None: no such member).  The read limit
     stops a member that expands beyond its declared size; a corrupt archive, a member whose header lies about
@@ -124,10 +134,8 @@ def _sb3_policy_bytes(path: Path, max_bytes: int) -> tuple[bytes, str] | None:
                 data = src.read(max_bytes + 1)
     except PolicyImportError:
         raise
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError, RuntimeError) as exc:
-        # zipfile's own words (stdlib): "Bad CRC-32 for file 'policy.pth'", "Truncated file header", …
-        why = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise PolicyImportError(f"{path}: a corrupt zip archive ({why}); refusing it") from None
+    except _ZIP_ERRORS as exc:
+        raise _corrupt_zip(path, exc) from None
     if len(data) > max_bytes:
         raise PolicyImportError(f"{path}: member {member.filename!r} expands beyond {max_bytes} bytes; refusing it")
     return data, member.filename
@@ -221,9 +229,8 @@ def _sb3_policy_kwargs(path: Path) -> tuple[dict | None, str]:
             if info.file_size > MAX_DATA_BYTES:
                 return None, f"{info.file_size} bytes, over the limit of {MAX_DATA_BYTES}"
             raw = zf.read(info)
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError, RuntimeError) as exc:
-        why = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise PolicyImportError(f"{path}: a corrupt zip archive ({why}); refusing it") from None
+    except _ZIP_ERRORS as exc:
+        raise _corrupt_zip(path, exc) from None
     try:
         kwargs = json.loads(raw).get("policy_kwargs") or {}
     except (ValueError, AttributeError):

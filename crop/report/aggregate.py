@@ -62,7 +62,7 @@ from crop.report.metrics import (  # noqa: E402
 
 __all__ = ["aggregate", "load_runs", "iter_env_figures", "legend_figure", "env_tables", "latex_table",
            "markdown_table", "load_frames", "gre_curve", "ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "LABELS",
-           "algo_label", "register_labels", "algo_index", "ordered", "algo_color", "algo_marker"]
+           "algo_label", "register_labels", "algo_index", "algo_color", "algo_marker"]
 
 # One colour and one marker per algorithm, the same in every figure (fixed over the full list, not the
 # algorithms run).  Colours: Paul Tol's "muted" qualitative scheme (https://personal.sron.nl/~pault/), nine
@@ -108,12 +108,6 @@ def algo_index(algo: str) -> int:
         return ALGORITHMS.index(algo)
     register_labels([algo])
     return len(ALGORITHMS) + _EXTRA.index(algo)
-
-
-def ordered(labels) -> list[str]:
-    """``labels`` in the tables' and legends' order: the paper's nine in its order, then your own, sorted."""
-    labels = set(labels)
-    return [a for a in ALGORITHMS if a in labels] + sorted(labels - set(ALGORITHMS))
 
 
 ALGO_LABELS = {"SA-MDP-PGD": "SA-MDP (PGD)", "SA-MDP-CVX": "SA-MDP (CVX)"}
