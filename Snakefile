@@ -31,6 +31,32 @@ os.environ.setdefault("MPLCONFIGDIR", os.path.join(tempfile.gettempdir(), f"crop
 
 
 include: "rules/common.smk"
+
+
+# A run killed with SIGKILL leaves Snakemake's lock behind; clear it when its owner is provably gone, so
+# rerunning the same command resumes (a live run's lock still stops a second workflow).  Once, in the main
+# process, before Snakemake takes its lock (onstart would be too late); not in the jobs' own processes.
+if workflow.is_main_process:
+    from crop.runlock import clear_stale_lock
+
+    _cleared = clear_stale_lock()
+    if _cleared:
+        logger.warning(_cleared)
+
+
+onstart:
+    # Before any job: record this run as the lock's owner; a read-only, unwritable or full results folder is
+    # one clear error.
+    from crop.io import OutputError, check_writable
+    from crop.runlock import record_owner
+
+    record_owner()
+    try:
+        check_writable(R)
+    except OutputError as exc:
+        raise WorkflowError(exc.strerror)
+
+
 include: "rules/checkpoint.smk"
 include: "rules/qrange.smk"
 include: "rules/loact.smk"

@@ -2,19 +2,21 @@
 
 Each subcommand checks its arguments before doing any work, calls the package, and writes its outputs
 atomically with a provenance file beside each.  Exit status 2 means bad input (config, checkpoint,
-arguments); nothing is written then.  Stage options take their types, defaults and help texts from the
-config schema (crop/schemas/config.schema.yaml); the workflow passes a stage's settings block as --settings.
+arguments); nothing is written then.  A stage's outputs and settings are its row of the stage table
+(crop/stage_table.py); each setting takes its type, bounds, default and help from the config schema.  The
+workflow passes a stage's settings block once, as --settings; a flag given by hand takes precedence.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 
 from crop import policies, stages
 from crop.io import InputError
-from crop.io import write_frames as _write_frames  # noqa: F401  (tests/synthetic_results.py)
 from crop.names import ALPHA_MODES, BOUND_NAMES, DEVICES, TARGET_NAMES
+from crop.stage_table import STAGES, StageRow
 
 __all__ = ["main", "build_parser", "InputError", "BOUND_NAMES"]
 
@@ -39,21 +41,26 @@ def _types(node: dict) -> list[str]:
     return [t] if isinstance(t, str) else t
 
 
+def _check_number(node: dict, v, shown) -> int | float:
+    """``v`` checked against a schema number/integer node's bounds; ArgumentTypeError naming ``shown``."""
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {shown}")
+    for key, op, ok in _BOUNDS:
+        if key in node and not ok(v, node[key]):
+            raise argparse.ArgumentTypeError(f"must be {op} {node[key]}, got {shown}")
+    return v
+
+
+_BOUNDS = [("minimum", ">=", lambda v, b: v >= b), ("exclusiveMinimum", ">", lambda v, b: v > b),
+           ("maximum", "<=", lambda v, b: v <= b), ("exclusiveMaximum", "<", lambda v, b: v < b)]
+
+
 def _schema_type(node: dict):
     """An argparse type for a schema number/integer node that enforces its bounds."""
-    types = _types(node)
-    kind = int if "integer" in types else float
-    checks = [("minimum", ">=", lambda v, b: v >= b), ("exclusiveMinimum", ">", lambda v, b: v > b),
-              ("maximum", "<=", lambda v, b: v <= b), ("exclusiveMaximum", "<", lambda v, b: v < b)]
+    kind = int if "integer" in _types(node) else float
 
     def parse(text: str):
-        v = kind(text)
-        if not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        for key, op, ok in checks:
-            if key in node and not ok(v, node[key]):
-                raise argparse.ArgumentTypeError(f"must be {op} {node[key]}, got {text}")
-        return v
+        return _check_number(node, kind(text), text)
 
     parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
     return parse
@@ -80,9 +87,9 @@ def _flag(p, option: str, node: dict, **kw) -> None:
 
 def _node(key: str) -> dict:
     """The schema node of a top-level key, or of ``environment.KEY``."""
-    from crop.config import load_schema
+    from crop.config import schema as _schema
 
-    schema = load_schema()
+    schema = _schema()
     if key.startswith("environment."):
         return schema["$defs"]["environment"]["properties"][key.split(".")[1]]
     return schema["properties"][key]
@@ -103,9 +110,9 @@ def _algo(text: str) -> str:
     """A label as the config's (crop/schemas: $defs.label): the paper's nine or one of your own."""
     import re
 
-    from crop.config import load_schema
+    from crop.config import schema
 
-    label = load_schema()["$defs"]["label"]
+    label = schema()["$defs"]["label"]
     if not re.fullmatch(label["pattern"], text):
         raise argparse.ArgumentTypeError(f"{text!r} {label['x-message']}")
     return text
@@ -122,9 +129,9 @@ def _return_or_none(text: str) -> float | None:
 
 def _accepted(key: str) -> str:
     """What a config accepts for an environment id or an algorithm label (the schema's words), for help."""
-    from crop.config import load_schema
+    from crop.config import schema
 
-    node = load_schema()["$defs"]["env_id" if key == "env" else "label"]
+    node = schema()["$defs"]["env_id" if key == "env" else "label"]
     return " ".join(node.get("description", "").split()) or "see crop/schemas/config.schema.yaml"
 
 
@@ -243,35 +250,37 @@ COMMANDS = {
 }
 
 
-def _stage_parser(p, stage: str, qrange: bool = True) -> None:
-    """A certification stage's options: the common ones, its schema-backed settings, --settings, inputs."""
-    from crop.config import stage_options
+# What each subcommand runs.
+HANDLERS = {"train": policies.cmd_train, "derive": policies.cmd_derive, "fetch": policies.cmd_fetch,
+            "checkpoint": policies.cmd_checkpoint, "import": policies.cmd_import,
+            "qrange": stages.cmd_qrange, "loact": stages.cmd_loact, "gre": stages.cmd_gre, "lore": stages.cmd_lore,
+            "attack-local": stages.cmd_attack_local, "attack-global": stages.cmd_attack_global,
+            "aggregate": stages.cmd_aggregate, "audit": stages.cmd_audit, "validate-config": cmd_validate_config}
 
+_METAVARS = {"frames_window": ("START", "END"), "reward_range": ("LOW", "HIGH"), "return_range": ("LOW", "HIGH")}
+
+
+def _stage_parser(p, row: StageRow) -> None:
+    """A stage's options from its row of the stage table: the common ones, its settings (no default here: a
+    flag not given takes the --settings block's value, else the schema's default), its outputs."""
     _common(p)
-    if qrange:
+    if row.v_range:
         p.add_argument("--target", choices=TARGET_NAMES, help=_help(_node("environment.target")))
         p.add_argument("--qrange", help="qrange.json of the same env/algo/sigma (the q target only)")
     p.add_argument("--settings", help="the stage's settings block as JSON (option: value; what the workflow "
-                                      "passes, crop.config.stage_settings); flags given as well take precedence")
-    for option, (key, node) in stage_options(stage).items():
-        _flag(p, option, node, help=f"{_help(node)} [config: {key.lstrip('/')}]".lstrip(),
-              metavar={"frames_window": ("START", "END"), "reward_range": ("LOW", "HIGH"),
-                       "return_range": ("LOW", "HIGH")}.get(option))
-    p.add_argument("--out", required=True, help="the result table" if stage != "qrange" else "qrange.json")
-
-
-def _stage_args(p, stage: str) -> None:
-    if stage == "loact":
-        p.add_argument("--out-episodes", help="loact_episodes.csv: per-episode benign returns (optional)")
-        p.add_argument("--out-ratio", help="certified_ratio.csv: certified ratio per radius (optional)")
-        p.add_argument("--out-frames", help="frames.npz: raw game frames of episode 0 (Atari; optional)")
-    elif stage == "gre":
-        p.add_argument("--out-returns", required=True, help="gre_returns.csv: the m randomized returns")
+                                      "passes, crop.stage_table.stage_settings); flags given as well take precedence")
+    for option, (key, node) in row.settings.items():
+        default = f" (default: {node['default']})" if node.get("default") is not None else ""
+        _flag(p, option, node, default=argparse.SUPPRESS, metavar=_METAVARS.get(option),
+              help=f"{_help(node)}{default} [config: {key.lstrip('/')}]".lstrip())
+    for out in row.outputs:
+        p.add_argument("--" + out.option.replace("_", "-"), required=out.required, help=out.help)
+    if row.command == "gre":
         p.add_argument("--workers", type=_schema_type(POS_INT),
                        help="processes stepping the environments (default: --threads)")
-    elif stage == "lore":
-        p.add_argument("--checkpoint-every", type=_schema_type({"exclusiveMinimum": 0}), default=60.0,
-                       help="seconds between saves of the resumable search state (OUT.resume)")
+    elif row.command == "lore":
+        p.add_argument("--checkpoint-every", type=_schema_type({"exclusiveMinimum": 0}),
+                       help="seconds between saves of the resumable search state (OUT.resume; default: LoRe's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -299,14 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="episodes of the clean greedy return recorded in model.json (default: 10)")
     for name in ("train", "derive", "fetch", "checkpoint", "import"):
         parsers[name].add_argument("--out", required=True, help="model.pt (its record model.json is written beside)")
-    for stage in ("qrange", "loact", "gre", "lore", "attack-local", "attack-global"):
-        _stage_parser(parsers[stage], stage, qrange=stage in ("loact", "lore", "attack-local"))
-        _stage_args(parsers[stage], stage)
+    for name, row in STAGES.items():
+        _stage_parser(parsers[name], row)
     _report_args(parsers["aggregate"], parsers["audit"])
     parsers["validate-config"].add_argument("config", help="the workflow config file (YAML)")
     for name, p in parsers.items():
-        cmd = "cmd_" + name.replace("-", "_")
-        p.set_defaults(func=getattr(policies, cmd, None) or getattr(stages, cmd, None) or globals()[cmd])
+        p.set_defaults(func=HANDLERS[name])
     return ap
 
 
@@ -316,7 +323,7 @@ def _report_args(agg, aud) -> None:
     agg.add_argument("--runs", nargs="+", help="only these ENV/ALGO/sigma-S folders under RESULTS")
     eps_node = _node("report")["properties"]["table_eps_factors"]
     agg.add_argument("--table-eps-factors", type=_schema_type(eps_node["items"]), nargs="+",
-                     default=[0.0, 0.05, 0.1], help=_help(eps_node))
+                     default=list(eps_node["default"]), help=_help(eps_node))
     agg.add_argument("--figures", help="figures folder (default: RESULTS/figures)")
     agg.add_argument("--tables", help="tables folder (default: RESULTS/tables)")
     aud.add_argument("results", nargs="?", help="results folder (every run folder in it is audited)")
@@ -337,23 +344,45 @@ def _report_args(agg, aud) -> None:
     aud.add_argument("--strict", action="store_true", help=_help(audit_node["strict"]))
 
 
-def _with_settings(parser, argv: list[str], args):
-    """A stage's ``--settings`` block spelled out as flags before the command line's own, parsed again: one
-    type check for both, and a flag given by hand wins over the block."""
-    from crop.config import STAGES, stage_options
+def _setting(option: str, node: dict, value):
+    """A --settings value checked as its flag's would be (type, bounds, choices, length); InputError naming
+    it."""
+    try:
+        if option in CHOICES or "enum" in node:
+            choices = CHOICES.get(option) or node["enum"]
+            if value not in choices:
+                raise argparse.ArgumentTypeError(f"must be one of {list(choices)}, got {value!r}")
+            return value
+        if "array" in _types(node):
+            n = node.get("minItems")
+            if not isinstance(value, list) or not value or (n and n == node.get("maxItems") and len(value) != n):
+                raise argparse.ArgumentTypeError(f"must be a list of {n or 'one or more'} numbers, got {value!r}")
+            return [_setting(option, node["items"], v) for v in value]
+        integer = "integer" in _types(node)
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+        return _check_number(node, (int if integer else float)(value), value)
+    except argparse.ArgumentTypeError as exc:
+        raise InputError(f"--settings: {option}: {exc}") from None
 
-    if args.command not in STAGES or not args.settings:
+
+def stage_params(args) -> argparse.Namespace:
+    """A stage's parameters in one step: a flag given by hand, else the --settings block's value, else the
+    schema's default; nothing else reads --settings."""
+    if args.command not in STAGES:
         return args
-    given, known = policies.json_object(args.settings, "option: value"), stage_options(args.command)
-    unknown = sorted(set(given) - set(known))
+    row = STAGES[args.command]
+    given = policies.json_object(args.settings, "option: value")
+    unknown = sorted(set(given) - set(row.settings))
     if unknown:
-        raise InputError(f"--settings: unknown setting(s) {unknown}; known: {sorted(known)}")
-    flags = []
-    for option, value in given.items():
-        if value is not None:
-            flags += ["--" + option.replace("_", "-"), *map(str, value if isinstance(value, list) else [value])]
-    i = argv.index(args.command)
-    return parser.parse_args([*argv[:i + 1], *flags, *argv[i + 1:]])
+        raise InputError(f"--settings: unknown setting(s) {unknown}; known: {sorted(row.settings)}")
+    params = vars(args).copy()
+    for option, (_, node) in row.settings.items():
+        if option in params:
+            continue
+        value = given.get(option)
+        params[option] = copy.deepcopy(node.get("default")) if value is None else _setting(option, node, value)
+    return argparse.Namespace(**params)
 
 
 def main(argv=None) -> None:
@@ -361,7 +390,7 @@ def main(argv=None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args = _with_settings(parser, argv, args)
+        args = stage_params(args)
         args.func(args)
     except InputError as exc:
         print(f"crop {args.command}: error: {exc}", file=sys.stderr)

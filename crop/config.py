@@ -20,8 +20,7 @@ from crop.registry import resolve_source
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "load_config", "targets", "run_targets",
            "smoothing_targets", "sigma_label",
-           "ALGORITHMS", "train_defaults", "train_settings", "target_return", "STAGES", "stage_options",
-           "stage_settings"]
+           "ALGORITHMS", "train_defaults", "train_settings", "target_return", "schema"]
 
 ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
               "NoisyNet", "GradDQN"]
@@ -41,8 +40,13 @@ def _parsed_schema() -> dict:
     return yaml.load(_schema_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+def schema() -> dict:
+    """The config schema, parsed once and shared: read it, never change it (:func:`load_schema` gives a copy)."""
+    return _parsed_schema()
+
+
 def load_schema() -> dict:
-    """The config schema (a fresh copy: callers may change it; parsed once, which keeps `crop --help` fast)."""
+    """A fresh copy of the config schema, for callers that change it."""
     return copy.deepcopy(_parsed_schema())
 
 
@@ -182,7 +186,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if both:
         raise ConfigError(f"{source}: invalid configuration: environments.{both[0]}: give target or targets, not "
                           "both (targets lists several, target names one)")
-    schema = load_schema()
+    schema = _parsed_schema()
     cls = _with_defaults(jsonschema.validators.validator_for(schema))
     # At one path an unknown key comes first: a misspelt 'sigmaz' also makes 'sigmas' missing, and the
     # message should name the key that was written.
@@ -302,7 +306,7 @@ def run_targets(cfg: dict) -> list[tuple[str, str, str, str]]:
 
 def train_defaults() -> dict:
     """The defaults of an environment's ``train`` block, from the schema (the one place they live)."""
-    props = load_schema()["$defs"]["environment"]["properties"]["train"]["properties"]
+    props = schema()["$defs"]["environment"]["properties"]["train"]["properties"]
     return {k: copy.deepcopy(v["default"]) for k, v in props.items() if "default" in v}
 
 
@@ -324,50 +328,3 @@ def target_return(env_id: str, value: float | None) -> float | None:
     from crop.envs import env_spec  # lazily: the Snakefile imports this module
 
     return env_spec(env_id).solved_return if value is None else value
-
-
-# ---------------------------------------------------------------------------------------- stage settings
-
-#: The stage subcommands whose settings a config gives (the schema's ``x-stages`` table).
-STAGES = ("qrange", "loact", "gre", "lore", "attack-local", "attack-global")
-
-
-def _resolve(node: dict, schema: dict) -> dict:
-    """A schema node with its ``$ref`` (to ``#/$defs/…``) merged in; the node's own keywords win."""
-    if "$ref" not in node:
-        return node
-    target = schema
-    for part in node["$ref"].removeprefix("#/").split("/"):
-        target = target[part]
-    return {**_resolve(target, schema), **{k: v for k, v in node.items() if k != "$ref"}}
-
-
-def stage_options(stage: str) -> dict[str, tuple[str, dict]]:
-    """``{option: (config key, schema node)}`` of a stage subcommand, from the schema's ``x-stages`` table:
-    what `crop STAGE` takes, its type, default and description."""
-    schema = load_schema()
-    env_props = schema["$defs"]["environment"]["properties"]
-    out = {}
-    for option, key in schema["x-stages"][stage].items():
-        if key.startswith("/"):
-            node = schema["properties"][key[1:]]
-        else:
-            block, name = key.split(".")
-            node = env_props[block]["properties"][name]
-        out[option] = (key, _resolve(node, schema))
-    return out
-
-
-def stage_settings(cfg: dict, env: str, stage: str) -> dict:
-    """The settings of one stage for one environment of a validated config, keyed by the stage
-    subcommand's options (the block the rules pass as ``--settings``)."""
-    out = {}
-    for option, (key, _) in stage_options(stage).items():
-        if key.startswith("/"):
-            out[option] = cfg[key[1:]]
-        else:
-            block, name = key.split(".")
-            if block not in cfg["environments"][env]:  # a block without default (rewards) left out
-                continue
-            out[option] = cfg["environments"][env][block].get(name)
-    return out

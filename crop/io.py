@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from crop.stage_table import meta_name
+
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
@@ -149,8 +151,9 @@ def write_csv(path: str | Path, df) -> None:
 
 
 def meta_path(path: str | Path) -> Path:
+    """The provenance file beside a result (:func:`crop.stage_table.meta_name`)."""
     path = Path(path)
-    return path.with_name(path.stem + ".meta.json")
+    return path.with_name(meta_name(path.name))
 
 
 def derive_seed(base: int, *keys: Any) -> int:

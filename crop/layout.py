@@ -2,7 +2,7 @@
 
 Per (env, algo, σ):   results/{env}/{algo}/sigma-{σ}/{qrange.json, loact.csv, gre.csv, lore.csv, …}
                       (+ frames.npz for Atari: raw RGB frames of LoAct episode 0, read by the Pong figure)
-                      Another smoothing target than q (issue 21): results/{env}/{algo}@{target}/sigma-{σ}/
+                      Another smoothing target than q: results/{env}/{algo}@{target}/sigma-{σ}/
                       (:func:`run_dir`; no qrange.json there, :func:`run_files`).  "@" is in no method label
                       (letters, digits and -_.+), so ``{algo}@{target}`` never names another algorithm's runs;
                       its tables and figures call it "{algo} ({target})" (:func:`series_label`).
@@ -42,31 +42,20 @@ Figure families (:func:`figure_families`; every file as PDF and PNG), per enviro
   periodic         Pong_periodic_sigma-{σ}_{algo}: certified radius over the window of recorded steps,
                    with the game frames at marked steps below — App. F.3 (fig:pong-periodic); one per
                    algorithm and σ, because each smoothed policy plays its own episode (its own frames)
-
-Nothing is written once per results folder (:data:`GLOBAL_FIGURES` is empty).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from crop import stage_table
 from crop.envs import env_spec
 
-RUN_FILES = {
-    "qrange": "qrange.json",
-    "loact": "loact.csv",
-    "loact_episodes": "loact_episodes.csv",
-    "certified_ratio": "certified_ratio.csv",
-    "gre": "gre.csv",
-    "gre_returns": "gre_returns.csv",
-    "lore": "lore.csv",
-    "attack_local": "attack_local.csv",
-    "attack_global": "attack_global.csv",
-    "frames": "frames.npz",
-}
+#: ``{key: file name}`` of a complete run folder (the stage table's outputs, crop/stage_table.py).
+RUN_FILES = stage_table.RUN_FILES
 
 # Atari LoAct runs also write the raw frames of episode 0 (``frames``: uint8 [T, 210, 160, 3],
 # ``steps``: int [T]); the periodic-pattern figure is drawn from them for these environments.
-FRAMES_FILE = "frames.npz"
+FRAMES_FILE = RUN_FILES["frames"]
 PERIODIC_ENVS = ("PongNoFrameskip-v4",)
 
 # Appendix F.2: Freeway under large smoothing (σ ∈ {1.5, 2.0, 4.0}).
@@ -78,10 +67,6 @@ TABLES = ("mean_radius", "mean_radius_certified", "certified_fraction", "benign_
           "tightness")
 FIGURE_FAMILIES = ("stepwise", "certified_ratio", "global_mean", "global_median", "adasearch", "all_bounds",
                    "loact_clean", "legend", "large_sigma", "periodic")
-# Figures written once per results folder, beside the per-environment ones.  None: the colours and markers are
-# the same in every figure, so each environment's legend strip ({Clean}_legend) is the key; a run-wide copy
-# of it (the former ``legend``) was byte-identical to it in one-environment runs.
-GLOBAL_FIGURES = ()
 
 
 #: Between an algorithm and a smoothing target other than q in a run folder's name (see the docstring).
@@ -89,7 +74,7 @@ TARGET_SEP = "@"
 
 
 def run_algo(algo: str, target: str = "q") -> str:
-    """The run folder's algorithm component: ``algo`` for the target q (today's paths), else algo@target."""
+    """The run folder's algorithm component: ``algo`` for the target q, else algo@target."""
     return algo if target == "q" else f"{algo}{TARGET_SEP}{target}"
 
 
@@ -105,12 +90,11 @@ def series_label(name: str) -> str:
     return algo if target == "q" else f"{algo} ({target})"
 
 
-
-
 def run_files(target: str = "q") -> dict:
     """The files of a complete run of ``target``: :data:`RUN_FILES`, without qrange.json for the targets
     bounded in [0, 1] (probs, vote), which need no V range."""
-    return {k: v for k, v in RUN_FILES.items() if target == "q" or k != "qrange"}
+    skip = () if target == "q" else stage_table.STAGES["qrange"].files
+    return {k: v for k, v in RUN_FILES.items() if k not in skip}
 
 
 def run_target(run) -> str:
@@ -121,13 +105,13 @@ def run_target(run) -> str:
 # Stages a replicate repeats (config ``replicates``): the V-range estimate and LoAct — the cheap ones, whose
 # spread over seeds (which states the episodes visit, the V range's own noise) the report's intervals show.
 # GRe, LoRe and the attacks run once per (env, algo, σ), in replicate 0.
-REPLICATE_STAGES = ("qrange", "loact")
-REPLICATE_FILES = ("qrange", "loact", "loact_episodes", "certified_ratio", "frames")
+REPLICATE_STAGES = tuple(name for name, row in stage_table.STAGES.items() if row.replicate)
+REPLICATE_FILES = tuple(k for name in REPLICATE_STAGES for k in stage_table.STAGES[name].files)
 REPLICATE_PREFIX = "rep-"
 
 
 def replicate_seed(seed: int, replicate: int = 0) -> int:
-    """The base seed of replicate ``replicate``: the config's seed for replicate 0 (today's run, byte for byte),
+    """The base seed of replicate ``replicate``: the config's seed for replicate 0 (the run folder itself),
     an independent derived seed (:func:`crop.io.derive_seed`, below 2³¹) for every other."""
     if replicate == 0:
         return int(seed)
@@ -215,10 +199,6 @@ def figure_files(figures_dir, env: str, sigma_labels, algos=()) -> list[Path]:
             for fmt in FIGURE_FORMATS]
 
 
-def global_figure_files(figures_dir) -> list[Path]:
-    return [Path(figures_dir) / f"{stem}.{fmt}" for stem in GLOBAL_FIGURES for fmt in FIGURE_FORMATS]
-
-
 def table_files(tables_dir, env: str) -> list[Path]:
     s = env_spec(env)
     return [Path(tables_dir) / f"{s.paper_name}_{name}.{fmt}" for name in TABLES for fmt in TABLE_FORMATS]
@@ -230,6 +210,4 @@ def aggregate_files(figures_dir, tables_dir, plan: dict) -> list[Path]:
     for env, (algos, labels) in plan.items():
         out += figure_files(figures_dir, env, labels, algos)
         out += table_files(tables_dir, env)
-    if plan:
-        out += global_figure_files(figures_dir)
     return out

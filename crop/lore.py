@@ -56,7 +56,10 @@ from crop.loact import Certificate, certify_estimate
 from crop.progress import pbar
 from crop.smoothing import SmoothedQ
 
-__all__ = ["LoRe", "run_lore", "lore_bound_at"]
+__all__ = ["LoRe", "run_lore", "lore_bound_at", "CHECKPOINT_EVERY"]
+
+#: Seconds between saves of the resumable search state.
+CHECKPOINT_EVERY = 60.0
 
 
 @dataclass
@@ -120,7 +123,7 @@ class LoRe:
 
     # ---- the search ---------------------------------------------------------------------------------------
 
-    def certify(self, *, resume_file=None, checkpoint_every: float = 60.0,
+    def certify(self, *, resume_file=None, checkpoint_every: float = CHECKPOINT_EVERY,
                 progress: bool | None = None) -> tuple[pd.DataFrame, dict]:
         """Run Algorithm 3 to the end (or to ``eps_max``): the table (ε_i, J̲_i) and the search's record.
 
@@ -319,7 +322,7 @@ class LoRe:
 def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
              eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
              progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
-             checkpoint_every: float = 60.0, alpha_of=None, batch: int = 64) -> tuple[pd.DataFrame, dict]:
+             checkpoint_every: float = CHECKPOINT_EVERY, alpha_of=None, batch: int = 64) -> tuple[pd.DataFrame, dict]:
     """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record."""
     search = LoRe(env_id, smoother, horizon, env_seed, gamma=gamma, eps_max=eps_max, prune=prune,
                   profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of, batch=batch)

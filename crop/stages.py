@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from crop.io import InputError, write_frames
+from crop.stage_table import STAGES
 
 __all__ = ["Stage", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global",
            "cmd_aggregate", "cmd_audit"]
@@ -25,12 +26,11 @@ def setup(args) -> float:
     return time.time()
 
 
-def recorded_settings(args) -> dict:
-    """The settings a result records: every option, resolved (a stage's --settings is spelled out)."""
-    from crop.config import STAGES
-
+def recorded_settings(args, **resolved) -> dict:
+    """The settings a result records: every option as it ran (a stage's --settings spelled out, and what the
+    stage ``resolved`` itself, such as the target or GRe's block)."""
     skip = {"func", "progress"} | ({"settings"} if args.command in STAGES else set())
-    return {k: v for k, v in vars(args).items() if k not in skip}
+    return {**{k: v for k, v in vars(args).items() if k not in skip}, **resolved}
 
 
 def _episode_seeds(seed: int, env: str, n: int, kind: str = "episode") -> list[int]:
@@ -62,23 +62,24 @@ def resolve_target(args, meta: dict) -> str:
 
 
 class Stage:
-    """What every certification stage shares: verify and load the checkpoint (and the V range), build the
-    smoother, then record provenance and write each output atomically beside its ``.meta.json``."""
+    """What every certification stage shares: verify and load the checkpoint (and the V range where its row of
+    the stage table reads one), build the smoother, then record provenance and write each output atomically
+    beside its ``.meta.json``.  ``resolved``: parameters the stage settled itself, recorded as they ran."""
 
-    def __init__(self, args, qrange: bool = True):
+    def __init__(self, args, **resolved):
         from crop.models import load_checkpoint
         from crop.qrange import load_qrange
         from crop.smoothing import TARGET_RANGE
 
-        self.args, self.name = args, args.command.replace("-", "_")
+        self.args, self.row = args, STAGES[args.command]
+        self.name = self.row.rule
         self.started = setup(args)
         self.net, self.meta = load_checkpoint(args.checkpoint, args.env, args.algo)
         self.profile = self.meta.get("profile")
         self.target = resolve_target(args, self.meta)
-        if hasattr(args, "target"):  # recorded resolved (the stages whose result depends on the target)
-            args.target = self.target
+        self.resolved = {**resolved, **({"target": self.target} if self.row.v_range else {})}
         # The V range is the q target's only: probs and vote lie in [0, 1] (Theorem 1 with V range [0, 1]).
-        qrange = qrange and self.target == "q"
+        qrange = self.row.v_range and self.target == "q"
         self.inputs = ("checkpoint", "qrange") if qrange else ("checkpoint",)
         if qrange:
             if not getattr(args, "qrange", None):
@@ -106,20 +107,21 @@ class Stage:
 
         a = self.args
         inputs = {n: {"path": str(getattr(a, n)), "sha256": sha256_file(getattr(a, n))} for n in self.inputs}
-        prov = provenance(self.name, recorded_settings(a), seed=self.seed, inputs=inputs, device=self.device,
-                          started=self.started)
+        prov = provenance(self.name, recorded_settings(a, **self.resolved), seed=self.seed, inputs=inputs,
+                          device=self.device, started=self.started)
         return {**prov, **info}
 
     def write(self, info: dict, **outputs) -> None:
-        """``outputs``: option name of the path → a table, or ``(writer, rows)``; options not given are
-        skipped."""
+        """``outputs``: an output's key in the stage table → a table, or ``(writer, rows)``; an optional output
+        whose flag was not given is skipped."""
         from crop.io import write_csv, write_with_meta
 
         prov = self.provenance(**info)
-        for option, out in outputs.items():
+        paths = {o.key: getattr(self.args, o.option) for o in self.row.outputs}
+        for key, out in outputs.items():
             writer, rows = out if isinstance(out, tuple) else ((lambda t: lambda p: write_csv(p, t))(out), len(out))
-            if getattr(self.args, option):
-                write_with_meta(getattr(self.args, option), writer, prov, rows=rows)
+            if paths[key]:
+                write_with_meta(paths[key], writer, prov, rows=rows)
 
 
 # ------------------------------------------------------------------------------------------------ stages
@@ -128,7 +130,7 @@ def cmd_qrange(args) -> None:
     from crop.io import write_json
     from crop.qrange import estimate_qrange
 
-    st = Stage(args, qrange=False)
+    st = Stage(args)
     if st.target != "q":
         raise InputError(f"{args.checkpoint}: a policy network has no V range to estimate (its targets probs and "
                          "vote lie in [0, 1])")
@@ -161,8 +163,9 @@ def cmd_loact(args) -> None:
                              "rule": "union bound: the 2|A| one-sided bounds of a state each at per_bound_alpha; "
                                      f"an episode of <= {longest} states at per_state_alpha each"},
               "note": "radius is 0 at uncertified steps and counts in every mean"},
-             out=steps, out_episodes=episodes, out_ratio=certified_ratio(steps, args.sigma * np.linspace(0, 4, 81)),
-             out_frames=(lambda p: write_frames(p, frames, args.env), len(frames)))
+             loact=steps, loact_episodes=episodes,
+             certified_ratio=certified_ratio(steps, args.sigma * np.linspace(0, 4, 81)),
+             frames=(lambda p: write_frames(p, frames, args.env), len(frames)))
     print(f"LoAct {args.env}/{args.algo} σ={args.sigma} target {st.target}: {steps['certified'].mean():.1%} of "
           f"{len(steps)} steps certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
           f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
@@ -210,12 +213,12 @@ def cmd_gre(args) -> None:
 
     spec = _spec_with_facts(args)
     j_min, j_max = _return_range(spec, args)   # before any work: GRe needs the reward range
-    args.batch = spec.gre_block(args.m, args.batch)
-    st = Stage(args, qrange=False)
+    batch = spec.gre_block(args.m, args.batch)
+    st = Stage(args, batch=batch)
     returns = sample_randomized_returns(args.env, st.net, args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
                                         env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
                                         chunk=args.chunk, device=args.device, profile=st.profile,
-                                        progress=args.progress, workers=args.workers or args.threads, batch=args.batch)
+                                        progress=args.progress, workers=args.workers or args.threads, batch=batch)
     if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:   # the declared facts are false: no bound
         raise InputError(f"{args.env}: randomized returns in [{returns.min():g}, {returns.max():g}] leave [J_min, "
                          f"J_max] = [{j_min:g}, {j_max:g}] of the declared reward range; give the true one "
@@ -225,18 +228,19 @@ def cmd_gre(args) -> None:
     st.write({"j_min": j_min, "j_max": j_max,
               "note": "each bound (expectation_bound, cdf_expectation_bound, percentile_bound) holds with "
                       "probability >= 1 - alpha; empty percentile_bound = no k qualifies"},
-             out=table, out_returns=pd.DataFrame({"return": returns}))
+             gre=table, gre_returns=pd.DataFrame({"return": returns}))
     print(f"GRe {args.env}/{args.algo} σ={args.sigma}: {args.m} randomized returns, mean {returns.mean():.2f}, "
           f"median {np.median(returns):.1f}")
 
 
 def cmd_lore(args) -> None:
-    from crop.lore import run_lore
+    from crop.lore import CHECKPOINT_EVERY, run_lore
     from crop.stats import lore_schedule_text, lore_state_alpha
 
     spec = _spec_with_facts(args)
     _lore_checks(spec, args)
-    st = Stage(args)
+    every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
+    st = Stage(args, checkpoint_every=every)
     sm = st.smoother(args.alpha)
     # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
     reward_fn = spec.lore_reward_fn()
@@ -246,7 +250,7 @@ def cmd_lore(args) -> None:
                            prune=spec.nonnegative_rewards or reward_fn is not None, profile=st.profile,
                            progress=args.progress, reward_fn=reward_fn, alpha_of=alpha_of,
                            resume_file=Path(args.out).with_name(Path(args.out).name + ".resume"),
-                           checkpoint_every=args.checkpoint_every)
+                           checkpoint_every=every)
     info["reward_modification"] = spec.lore_reward
     st.write({"target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
               "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
@@ -254,7 +258,7 @@ def cmd_lore(args) -> None:
                              "tree": info["confidence_tree"],
                              "rule": "union bound over the distinct states smoothed (search.alpha_spent = sum of "
                                      "their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
-              "initial_state": "the initial state of LoAct episode 0"}, out=table)
+              "initial_state": "the initial state of LoAct episode 0"}, lore=table)
     print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
           f"{info['distinct_states_smoothed']} states smoothed, {info['nodes_per_s']} nodes/s, "
           f"bound at ε=0: {table['lower_bound'].iloc[0]}")
@@ -275,7 +279,7 @@ def cmd_attack_local(args) -> None:
     table["same_start_as_lore"] = table["episode"] == 0
     st.write({"reward_modification": spec.lore_reward, "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha,
               "confidence": {"per_state": 1 - sm.alpha,
-                             "per_episode": episode_confidence(sm.alpha, args.horizon)}}, out=table)
+                             "per_episode": episode_confidence(sm.alpha, args.horizon)}}, attack_local=table)
     print(f"local PGD {args.env}/{args.algo} σ={args.sigma}: min return per ε "
           f"{_per_eps(table.groupby('eps')['return'].min())}")
 
@@ -283,12 +287,12 @@ def cmd_attack_local(args) -> None:
 def cmd_attack_global(args) -> None:
     from crop.attack import run_global_attack
 
-    st = Stage(args, qrange=False)
+    st = Stage(args)
     table = run_global_attack(args.env, st.net, args.sigma, [f * args.sigma for f in args.eps_factors],
                               _episode_seeds(args.seed, args.env, args.episodes, "global-attack-episode"),
                               args.horizon, steps=args.pgd_steps, n_eot=args.n_eot, gamma=args.gamma, seed=st.seed,
                               device=args.device, profile=st.profile, progress=args.progress)
-    st.write({}, out=table)
+    st.write({}, attack_global=table)
     print(f"global PGD {args.env}/{args.algo} σ={args.sigma}: median return per ε "
           f"{_per_eps(table.groupby('eps')['return'].median())}")
 

@@ -4,53 +4,39 @@
 
 rule attack_local:
     input:
-        model=run_checkpoint,
-        record=run_checkpoint_record,
-        qrange=qrange_input,
+        unpack(stage_inputs("attack-local")),
     output:
-        table=run_file("attack_local"),
-        meta=meta_file("attack_local"),
+        **stage_outputs("attack-local"),
     log:
-        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/attack_local.log",
+        stage_log("attack-local"),
     benchmark:
-        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/attack_local.tsv"
+        stage_benchmark("attack-local")
     conda:
         "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
-        gpu=GPUS,
-        mem_mb=1000,
-        runtime=15,
+        **stage_resources("attack-local"),
     params:
-        common=common_args,
-        target=target_args,
-        settings=stage_settings_arg("attack-local"),
+        args=stage_args("attack-local"),
     shell:
-        "crop attack-local {params.common} --threads {threads} --checkpoint {input.model:q} "
-        "{params.target} --settings {params.settings} --out {output.table:q} > {log:q} 2>&1"
+        stage_shell("attack-local")
 
 
 rule attack_global:
     input:
-        model=run_checkpoint,
-        record=run_checkpoint_record,
+        unpack(stage_inputs("attack-global")),
     output:
-        table=run_file("attack_global"),
-        meta=meta_file("attack_global"),
+        **stage_outputs("attack-global"),
     log:
-        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/attack_global.log",
+        stage_log("attack-global"),
     benchmark:
-        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/attack_global.tsv"
+        stage_benchmark("attack-global")
     conda:
         "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
-        gpu=GPUS,
-        mem_mb=1000,
-        runtime=20,
+        **stage_resources("attack-global"),
     params:
-        common=common_args,
-        settings=stage_settings_arg("attack-global"),
+        args=stage_args("attack-global"),
     shell:
-        "crop attack-global {params.common} --threads {threads} --checkpoint {input.model:q} "
-        "--settings {params.settings} --out {output.table:q} > {log:q} 2>&1"
+        stage_shell("attack-global")

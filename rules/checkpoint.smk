@@ -20,17 +20,6 @@ rule checkpoint:
         runtime=checkpoint_runtime,
         gpu=checkpoint_gpus,
     params:
-        source=lambda w: env_cfg(w)["source"],
-        settings=train_settings_arg,
-        base=lambda w, input: f"--base-checkpoint {shlex.quote(input.base)}" if "base" in input.keys() else "",
-        fetch=(
-            f"--lock {shlex.quote(CFG['checkpoints']['lock'])}"
-            + (f" --mirror {shlex.quote(CFG['checkpoints']['mirror'])}" if CFG["checkpoints"]["mirror"] else "")
-            + (f" --cache {shlex.quote(CFG['checkpoints']['cache'])}" if CFG["checkpoints"]["cache"] else "")
-        ),
-        seed=CFG["seed"],
-        policy_file=import_args,
+        args=checkpoint_args,
     shell:
-        "crop checkpoint --env {wildcards.env:q} --algo {wildcards.algo:q} --source {params.source:q} "
-        "--seed {params.seed:q} --threads {threads} --settings {params.settings} {params.base} {params.fetch} "
-        "{params.policy_file} --out {output.model:q} > {log:q} 2>&1"
+        "crop checkpoint {params.args} > {log:q} 2>&1"

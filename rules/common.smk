@@ -1,4 +1,5 @@
-# Shared set-up: validate the config (before any job is scheduled) and name every file.
+# Shared set-up: validate the config (before any job is scheduled), input functions, and the per-run rules'
+# blocks built from the stage table (crop/stage_table.py); every path comes from crop/layout.py.
 import json
 import os
 import re
@@ -10,13 +11,13 @@ from crop.config import (
     run_targets,
     sigma_label,
     smoothing_targets,
-    stage_settings,
     targets,
     train_settings,
     validate_config,
 )
 from crop.registry import checkpoint_source
 from crop.report.provenance import config_hash
+from crop.stage_table import meta_name, stage, stage_settings
 
 try:
     CFG = validate_config(config, "config")
@@ -24,29 +25,6 @@ except ConfigError as exc:
     raise WorkflowError(str(exc))
 
 R = CFG["results"]
-
-# A run killed with SIGKILL leaves Snakemake's lock behind; clear it when its owner is provably gone, so
-# rerunning the same command resumes (a live run's lock still stops a second workflow).  Once, in the main
-# process, before Snakemake takes its lock (onstart would be too late); not in the jobs' own processes.
-if workflow.is_main_process:
-    from crop.runlock import clear_stale_lock
-
-    _cleared = clear_stale_lock()
-    if _cleared:
-        logger.warning(_cleared)
-
-
-onstart:
-    # Before any job: a read-only, unwritable or full results folder is one clear error.
-    from crop.io import OutputError, check_writable
-    from crop.runlock import record_owner
-
-    record_owner()
-    try:
-        check_writable(R)
-    except OutputError as exc:
-        raise WorkflowError(exc.strerror)
-
 
 CONFIG_HASH = config_hash(CFG)  # recorded by the audit: which configuration the results came from
 ENVS = list(CFG["environments"])
@@ -83,50 +61,79 @@ def env_cfg(wildcards):
     return CFG["environments"][wildcards.env]
 
 
-def common_args(wildcards, threads=1):
-    """Flags every certification subcommand takes (the algorithm without its run folder's @TARGET)."""
-    algo = layout.split_run_algo(wildcards.algo)[0]
-    return (
-        f"--env {shlex.quote(wildcards.env)} --algo {shlex.quote(algo)} --sigma {wildcards.sigma} "
-        f"--seed {CFG['seed']} --device {CFG['device']} --chunk {CFG['chunk']}"
-    )
-
-
-def replicate_args(wildcards, threads=1):
-    """common_args of replicate k >= 1: the same flags with the replicate's own derived seed."""
-    seed = layout.replicate_seed(CFG["seed"], int(wildcards.rep))
-    return common_args(wildcards, threads).replace(f"--seed {CFG['seed']} ", f"--seed {seed} ", 1)
-
-
 def floats(xs):
     return " ".join(repr(float(x)) for x in xs)
 
 
-def run_file(name):
-    """A per-run result file; names in crop/layout.py."""
-    return f"{R}/{{env}}/{{algo}}/sigma-{{sigma}}/{layout.RUN_FILES[name]}"
+# A run folder and its replicate k >= 1 (config `replicates`), as Snakemake patterns (crop.layout.run_dir).
+def run_pattern(root=None, replicate=False):
+    return str(layout.run_dir(root or R, "{env}", "{algo}", "{sigma}", replicate="{rep}" if replicate else 0))
 
 
-def meta_file(name):
-    stem = layout.RUN_FILES[name].rsplit(".", 1)[0]
-    return f"{R}/{{env}}/{{algo}}/sigma-{{sigma}}/{stem}.meta.json"
+def stage_outputs(name, replicate=False):
+    """A stage's output block: each output of its row of the stage table, and the provenance file beside it."""
+    d, out = run_pattern(replicate=replicate), {}
+    for o in stage(name).outputs:
+        out[o.key] = f"{d}/{o.file}"
+        if o.meta:
+            out[f"{o.key}_meta"] = f"{d}/{meta_name(o.file)}"
+    return out
 
 
-# Replicate k >= 1 of a run (config `replicates`): its rep-{k} folder, from crop.layout.run_dir.
-REPLICATE_DIR = str(layout.run_dir(R, "{env}", "{algo}", "{sigma}", replicate="{rep}"))
+def stage_log(name, replicate=False, kind="logs", ext="log"):
+    return f"{run_pattern(f'{R}/{kind}', replicate)}/{stage(name).rule}.{ext}"
 
 
-def replicate_file(name):
-    return f"{REPLICATE_DIR}/{layout.RUN_FILES[name]}"
+def stage_benchmark(name, replicate=False):
+    return stage_log(name, replicate, "benchmarks", "tsv")
 
 
-def replicate_meta(name):
-    stem = layout.RUN_FILES[name].rsplit(".", 1)[0]
-    return f"{REPLICATE_DIR}/{stem}.meta.json"
+def stage_resources(name):
+    """GPUs (Snakemake's standard resource `gpu`, see GPUS), memory and minutes of a stage's jobs."""
+    row = stage(name)
+    return {"gpu": GPUS, "mem_mb": row.mem_mb or gre_mem_mb, "runtime": row.runtime}
 
 
-CHECKPOINT = f"{R}/{{env}}/{{algo}}/checkpoint/model.pt"
-CHECKPOINT_RECORD = f"{R}/{{env}}/{{algo}}/checkpoint/model.json"
+def stage_shell(name):
+    return f"crop {stage(name).command} {{params.args}} > {{log:q}} 2>&1"
+
+
+def stage_inputs(name):
+    """Input function of a stage: its algorithm's checkpoint, and the run's V range where the row reads one."""
+    row = stage(name)
+
+    def inputs(w):
+        files = {"model": run_checkpoint(w), "record": run_checkpoint_record(w)}
+        if row.v_range and qrange_input(w):
+            files["qrange"] = qrange_input(w)
+        return files
+
+    return inputs
+
+
+def stage_args(name, replicate=False):
+    """The flags of a stage's command, each a quoted shell word: the run's identity (the algorithm without its
+    run folder's @TARGET; a replicate's own derived seed), its settings block once as --settings, its
+    inputs and outputs."""
+    row = stage(name)
+
+    def args(w, input, output, threads):
+        algo, target = layout.split_run_algo(w.algo)
+        seed = layout.replicate_seed(CFG["seed"], int(w.rep)) if replicate else CFG["seed"]
+        words = ["--env", w.env, "--algo", algo, "--sigma", w.sigma, "--seed", seed, "--device", CFG["device"]]
+        words += ["--chunk", CFG["chunk"], "--threads", threads, "--checkpoint", input.model]
+        if row.v_range:
+            words += ["--target", target, *(["--qrange", input.qrange] if target == "q" else [])]
+        words += ["--settings", json.dumps(stage_settings(CFG, w.env, row.command), sort_keys=True)]
+        for o in row.outputs:
+            words += [f"--{o.option.replace('_', '-')}", output[o.key]]
+        return " ".join(shlex.quote(str(x)) for x in words)
+
+    return args
+
+
+CHECKPOINT = str(layout.checkpoint_path(R, "{env}", "{algo}"))
+CHECKPOINT_RECORD = str(layout.checkpoint_record(R, "{env}", "{algo}"))
 
 
 def run_checkpoint(w):
@@ -142,17 +149,8 @@ def qrange_input(w):
     """qrange.json for the q target; nothing for probs and vote (bounded in [0, 1]: no qrange job)."""
     if layout.split_run_algo(w.algo)[1] != "q":
         return []
-    if "rep" in w.keys():  # replicate k >= 1 reads its own V range
-        return replicate_file("qrange").format(**dict(w.items()))
-    return f"{R}/{w.env}/{w.algo}/sigma-{w.sigma}/{layout.RUN_FILES['qrange']}"
-
-
-def target_args(w):
-    """--target of LoAct, LoRe and the local attack, with --qrange for the q target."""
-    target = layout.split_run_algo(w.algo)[1]
-    if target != "q":
-        return f"--target {shlex.quote(target)}"
-    return f"--target q --qrange {shlex.quote(qrange_input(w))}"
+    rep = int(w.rep) if "rep" in w.keys() else 0  # replicate k >= 1 reads its own V range
+    return str(layout.run_dir(R, w.env, w.algo, w.sigma, replicate=rep) / layout.RUN_FILES["qrange"])
 
 
 def base_checkpoint(w):
@@ -164,9 +162,52 @@ def base_checkpoint(w):
     if src["kind"] != "derive":
         return {}
     return {
-        "base": f"{R}/{w.env}/{src['base']}/checkpoint/model.pt",
-        "base_record": f"{R}/{w.env}/{src['base']}/checkpoint/model.json",
+        "base": str(layout.checkpoint_path(R, w.env, src["base"])),
+        "base_record": str(layout.checkpoint_record(R, w.env, src["base"])),
     }
+
+
+def replicate_files():
+    """The files of replicates 1 … N-1 of every run (none with the default `replicates: 1`); no V range for
+    the targets bounded in [0, 1]."""
+    return [
+        str(layout.run_dir(R, env, algo, sig, t, replicate=k) / layout.RUN_FILES[name])
+        for env, algo, sig, t in run_targets(CFG)
+        for k in range(1, CFG["replicates"])
+        for name in layout.REPLICATE_FILES
+        if name in layout.run_files(t)
+    ]
+
+
+def all_run_files():
+    """Every result file of every run of the config (frames.npz among them: the Pong periodic figure's)."""
+    runs = [
+        str(layout.run_dir(R, env, algo, sig, t) / name)
+        for env, algo, sig, t in run_targets(CFG)
+        for name in layout.run_files(t).values()
+    ]
+    return [*runs, *replicate_files()]
+
+
+def checkpoint_records():
+    return sorted({str(layout.checkpoint_record(R, env, algo)) for env, algo, _ in targets(CFG)})
+
+
+# GPUs a certification or attack job asks for, as Snakemake's standard resource `gpu` (the SLURM plugin
+# turns gpu=1 into `sbatch --gpus=1`): one wherever the config lets the job use CUDA.  A local run does
+# not wait for it unless given `--resources gpu=N`, and `device: auto` runs on the CPU without a GPU.
+GPUS = 0 if CFG["device"] == "cpu" else 1
+
+
+def gre_mem_mb(wildcards, threads):
+    """Memory of a GRe job (MB): its block of environment copies (crop/envs EnvSpec.gre_mem_mb)."""
+    from crop.envs import env_spec
+
+    g, spec = env_cfg(wildcards)["gre"], env_spec(wildcards.env)
+    return spec.gre_mem_mb(spec.gre_block(g["m"], g["batch"]), threads)
+
+
+# ---------------------------------------------------------------------------------- checkpoint rule
 
 
 def checkpoint_runtime(w):
@@ -196,56 +237,35 @@ def checkpoint_gpus(w):
     return 0 if env_cfg(w)["train"].get("dqn", {}).get("device", "cpu") == "cpu" else 1
 
 
-def import_args(w):
-    """`crop import`'s flags for an algorithm whose source is your own file (docs/own-policy.md), else ''."""
+def import_words(w):
+    """`crop import`'s flags for an algorithm whose source is your own file (docs/own-policy.md), else none."""
     src = policy_source(w.env, w.algo)
     if src["kind"] != "file":
-        return ""
+        return []
     arch = src.get("architecture", "mlp")
-    args = [
-        f"--file {shlex.quote(src['path'])}",
-        f"--format {shlex.quote(src.get('format', 'auto'))}",
-        f"--arch {shlex.quote(arch if isinstance(arch, str) else json.dumps(arch, sort_keys=True))}",
-    ]
+    words = ["--file", src["path"], "--format", src.get("format", "auto")]
+    words += ["--arch", arch if isinstance(arch, str) else json.dumps(arch, sort_keys=True)]
     if src.get("profile"):
-        args.append(f"--profile {shlex.quote(src['profile'])}")
+        words += ["--profile", src["profile"]]
     if src.get("sha256"):
-        args.append(f"--file-sha256 {shlex.quote(src['sha256'])}")
-    return " ".join(args)
+        words += ["--file-sha256", src["sha256"]]
+    return words
 
 
-def train_settings_arg(w):
-    """The train block's settings for this algorithm (its own recipe overrides only), as a shell word."""
-    return shlex.quote(json.dumps(train_settings(env_cfg(w), w.algo), sort_keys=True))
+def checkpoint_args(w, input, output, threads):
+    """The flags of `crop checkpoint`, each a quoted shell word: the source, the train block's settings for
+    this algorithm (its own recipe overrides only), the base checkpoint, the download cache and your own file."""
+    c = CFG["checkpoints"]
+    words = ["--env", w.env, "--algo", w.algo, "--source", env_cfg(w)["source"], "--seed", CFG["seed"]]
+    words += ["--threads", threads, "--settings", json.dumps(train_settings(env_cfg(w), w.algo), sort_keys=True)]
+    if "base" in input.keys():
+        words += ["--base-checkpoint", input.base]
+    words += ["--lock", c["lock"], *[x for k in ("mirror", "cache") if c[k] for x in (f"--{k}", c[k])]]
+    words += [*import_words(w), "--out", output.model]
+    return " ".join(shlex.quote(str(x)) for x in words)
 
 
-def stage_settings_arg(stage):
-    """The settings block of a stage subcommand (crop.config.stage_settings: the schema's x-stages table), as
-    a shell word for its --settings."""
-    return lambda w: shlex.quote(json.dumps(stage_settings(CFG, w.env, stage), sort_keys=True))
-
-
-def run_dirs():
-    return [f"{env}/{layout.run_algo(algo, t)}/sigma-{sig}" for env, algo, sig, t in run_targets(CFG)]
-
-
-def replicate_files():
-    """The files of replicates 1 … N-1 of every run (none with the default `replicates: 1`); no V range for
-    the targets bounded in [0, 1]."""
-    return [
-        str(layout.run_dir(R, env, algo, sig, t, replicate=k) / layout.RUN_FILES[name])
-        for env, algo, sig, t in run_targets(CFG)
-        for k in range(1, CFG["replicates"])
-        for name in layout.REPLICATE_FILES
-        if name in layout.run_files(t)
-    ]
-
-
-def all_run_files():
-    return [f"{R}/{d}/{name}" for d in run_dirs() for name in layout.run_files(layout.run_target(d)).values()] + (
-        replicate_files()
-    )
-
+# ---------------------------------------------------------------------------------- aggregate rule
 
 FIGURES = f"{R}/figures"
 TABLES = f"{R}/tables"
@@ -269,8 +289,6 @@ def figure_outputs(fmt, family=None):
         for fam, stems in layout.figure_families(env, labels, algos).items():
             if family in (None, fam):
                 out += [f"{FIGURES}/{stem}.{fmt}" for stem in stems]
-    if family in (None, "legend"):
-        out += [f"{FIGURES}/{stem}.{fmt}" for stem in layout.GLOBAL_FIGURES]
     return out
 
 
@@ -283,17 +301,17 @@ def table_outputs(fmt=None):
     ]
 
 
-def aggregate_inputs():
-    """Every run's result files (frames.npz among them: the Pong periodic-pattern figure's frames)."""
-    return all_run_files()
-
-
 def aggregate_outputs():
     return figure_outputs("png") + figure_outputs("pdf") + table_outputs()
 
 
-def checkpoint_records():
-    return sorted({f"{R}/{env}/{algo}/checkpoint/model.json" for env, algo, _ in targets(CFG)})
+def report_figures(family):
+    category, sub = REPORT_PLACES[family]
+    files = figure_outputs("png", family)
+    return report(files, caption=f"../report/{family}.rst", category=category, subcategory=sub)
+
+
+# ---------------------------------------------------------------------------------- audit rule
 
 
 def audit_extra_inputs():
@@ -313,49 +331,5 @@ def audit_options():
     return " ".join(opts)
 
 
-def caption_settings():
-    """Per environment, the settings the report captions quote (as text)."""
-
-    def eps(xs):
-        return ", ".join(f"{x:g}" for x in xs)
-
-    out = {}
-    for env, ec in CFG["environments"].items():
-        lo, gr, lr, at = ec["loact"], ec["gre"], ec["lore"], ec["attack"]
-        out[env] = {
-            "algorithms": ", ".join(ec["algorithms"]),
-            "sigmas": ", ".join(sigma_label(x) for x in ec["sigmas"]),
-            "loact": (
-                f"m = {lo['m']} noise samples per state, {lo['episodes']} clean episodes of at most "
-                f"{lo['horizon']} steps"
-            ),
-            "gre": (
-                f"m = {gr['m']} randomized trajectories of H = {gr['horizon']} steps, γ = {gr['gamma']}, "
-                f"ε/σ ∈ {{{eps(gr['eps_factors'])}}}"
-            ),
-            "lore": f"m = {lr['m']} noise samples per state, horizon H = {lr['horizon']}, γ = {lr['gamma']}",
-            "attack": (
-                f"{at['pgd_steps']}-step ℓ2 PGD; global: {at['global_episodes']} episodes, ε/σ ∈ "
-                f"{{{eps(at['global_eps_factors'])}}}; local (from LoRe's initial state and others): "
-                f"{at['local_episodes']} episodes, ε/σ ∈ {{{eps(at['local_eps_factors'])}}}"
-            ),
-        }
-    return out
-
-
 def audit_outputs():
     return [f"{R}/audit/audit.md", f"{R}/audit/audit.json"]
-
-
-# GPUs a certification or attack job asks for, as Snakemake's standard resource `gpu` (the SLURM plugin
-# turns gpu=1 into `sbatch --gpus=1`): one wherever the config lets the job use CUDA.  A local run does
-# not wait for it unless given `--resources gpu=N`, and `device: auto` runs on the CPU without a GPU.
-GPUS = 0 if CFG["device"] == "cpu" else 1
-
-
-def gre_mem_mb(wildcards, threads):
-    """Memory of a GRe job (MB): its block of environment copies (crop/envs EnvSpec.gre_mem_mb)."""
-    from crop.envs import env_spec
-
-    g, spec = env_cfg(wildcards)["gre"], env_spec(wildcards.env)
-    return spec.gre_mem_mb(spec.gre_block(g["m"], g["batch"]), threads)

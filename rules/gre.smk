@@ -3,27 +3,19 @@
 
 rule gre:
     input:
-        model=run_checkpoint,
-        record=run_checkpoint_record,
+        unpack(stage_inputs("gre")),
     output:
-        bounds=run_file("gre"),
-        returns=run_file("gre_returns"),
-        meta=meta_file("gre"),
-        returns_meta=meta_file("gre_returns"),
+        **stage_outputs("gre"),
     log:
-        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/gre.log",
+        stage_log("gre"),
     benchmark:
-        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/gre.tsv"
+        stage_benchmark("gre")
     conda:
         "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
-        gpu=GPUS,
-        mem_mb=gre_mem_mb,
-        runtime=10,
+        **stage_resources("gre"),
     params:
-        common=common_args,
-        settings=stage_settings_arg("gre"),
+        args=stage_args("gre"),
     shell:
-        "crop gre {params.common} --threads {threads} --checkpoint {input.model:q} --settings {params.settings} "
-        "--out {output.bounds:q} --out-returns {output.returns:q} > {log:q} 2>&1"
+        stage_shell("gre")

@@ -3,60 +3,32 @@
 
 rule loact:
     input:
-        model=run_checkpoint,
-        record=run_checkpoint_record,
-        qrange=qrange_input,
+        unpack(stage_inputs("loact")),
     output:
-        steps=run_file("loact"),
-        episodes=run_file("loact_episodes"),
-        ratio=run_file("certified_ratio"),
-        frames=run_file("frames"),
-        meta=meta_file("loact"),
-        episodes_meta=meta_file("loact_episodes"),
-        ratio_meta=meta_file("certified_ratio"),
-        frames_meta=meta_file("frames"),
+        **stage_outputs("loact"),
     log:
-        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/loact.log",
+        stage_log("loact"),
     benchmark:
-        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/loact.tsv"
+        stage_benchmark("loact")
     conda:
         "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
-        gpu=GPUS,
-        mem_mb=1000,
-        runtime=15,
+        **stage_resources("loact"),
     params:
-        common=common_args,
-        target=target_args,
-        settings=stage_settings_arg("loact"),
+        args=stage_args("loact"),
     shell:
-        "crop loact {params.common} --threads {threads} --checkpoint {input.model:q} {params.target} "
-        "--settings {params.settings} --out {output.steps:q} --out-episodes {output.episodes:q} "
-        "--out-ratio {output.ratio:q} --out-frames {output.frames:q} > {log:q} 2>&1"
+        stage_shell("loact")
 
 
-# Replicate k >= 1 (config `replicates`): LoAct on the replicate's own V range, with its own seed (other
-# initial states and noise), in its rep-{k} folder.
+# Replicate k >= 1 (config `replicates`): the same stage with the replicate's own derived seed (other initial
+# states and noise), in its rep-{k} folder, on its own V range.
 use rule loact as loact_replicate with:
-    input:
-        model=run_checkpoint,
-        record=run_checkpoint_record,
-        qrange=qrange_input,
     output:
-        steps=replicate_file("loact"),
-        episodes=replicate_file("loact_episodes"),
-        ratio=replicate_file("certified_ratio"),
-        frames=replicate_file("frames"),
-        meta=replicate_meta("loact"),
-        episodes_meta=replicate_meta("loact_episodes"),
-        ratio_meta=replicate_meta("certified_ratio"),
-        frames_meta=replicate_meta("frames"),
+        **stage_outputs("loact", replicate=True),
     log:
-        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/rep-{{rep}}/loact.log",
+        stage_log("loact", replicate=True),
     benchmark:
-        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/rep-{{rep}}/loact.tsv"
+        stage_benchmark("loact", replicate=True)
     params:
-        common=replicate_args,
-        target=target_args,
-        settings=stage_settings_arg("loact"),
+        args=stage_args("loact", replicate=True),

@@ -3,27 +3,19 @@
 
 rule lore:
     input:
-        model=run_checkpoint,
-        record=run_checkpoint_record,
-        qrange=qrange_input,
+        unpack(stage_inputs("lore")),
     output:
-        bounds=run_file("lore"),
-        meta=meta_file("lore"),
+        **stage_outputs("lore"),
     log:
-        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/lore.log",
+        stage_log("lore"),
     benchmark:
-        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/lore.tsv"
+        stage_benchmark("lore")
     conda:
         "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
-        gpu=GPUS,
-        mem_mb=1000,
-        runtime=15,
+        **stage_resources("lore"),
     params:
-        common=common_args,
-        target=target_args,
-        settings=stage_settings_arg("lore"),
+        args=stage_args("lore"),
     shell:
-        "crop lore {params.common} --threads {threads} --checkpoint {input.model:q} {params.target} "
-        "--settings {params.settings} --out {output.bounds:q} > {log:q} 2>&1"
+        stage_shell("lore")

@@ -3,37 +3,32 @@
 
 rule qrange:
     input:
-        model=CHECKPOINT,
-        record=CHECKPOINT_RECORD,
+        unpack(stage_inputs("qrange")),
     output:
-        run_file("qrange"),
+        **stage_outputs("qrange"),
     log:
-        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/qrange.log",
+        stage_log("qrange"),
     benchmark:
-        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/qrange.tsv"
+        stage_benchmark("qrange")
     conda:
         "../envs/crop.yaml"
     threads: CFG["threads"]
     resources:
-        gpu=GPUS,
-        mem_mb=1000,
-        runtime=10,
+        **stage_resources("qrange"),
     params:
-        common=common_args,
-        settings=stage_settings_arg("qrange"),
+        args=stage_args("qrange"),
     shell:
-        "crop qrange {params.common} --threads {threads} --checkpoint {input.model:q} --settings {params.settings} "
-        "--out {output:q} > {log:q} 2>&1"
+        stage_shell("qrange")
 
 
-# Replicate k >= 1 (config `replicates`): the same estimate with the replicate's own seed, in its rep-{k} folder.
+# Replicate k >= 1 (config `replicates`): the same stage with the replicate's own derived seed (other initial
+# states and noise), in its rep-{k} folder.
 use rule qrange as qrange_replicate with:
     output:
-        replicate_file("qrange"),
+        **stage_outputs("qrange", replicate=True),
     log:
-        f"{R}/logs/{{env}}/{{algo}}/sigma-{{sigma}}/rep-{{rep}}/qrange.log",
+        stage_log("qrange", replicate=True),
     benchmark:
-        f"{R}/benchmarks/{{env}}/{{algo}}/sigma-{{sigma}}/rep-{{rep}}/qrange.tsv"
+        stage_benchmark("qrange", replicate=True)
     params:
-        common=replicate_args,
-        settings=stage_settings_arg("qrange"),
+        args=stage_args("qrange", replicate=True),

@@ -132,7 +132,7 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
             f[:, :, 1] = 60
             f[30 + 5 * i: 40 + 5 * i, 140:144, :] = 255  # a moving paddle
             frames.append((t, f))
-    from crop.cli import _write_frames
+    from crop.io import write_frames as _write_frames
 
     write_with_meta(d / FRAMES_FILE, lambda p: _write_frames(p, frames, env), _meta("loact", sha, seed + 1),
                     rows=len(frames))

@@ -11,9 +11,10 @@ import pytest
 
 import crop
 from crop.cli import build_parser, main
-from crop.config import ALGORITHMS, STAGES, load_config, load_schema, stage_options, stage_settings
+from crop.config import ALGORITHMS, load_config, load_schema
 from crop.io import sha256_file, write_json
 from crop.models import save_q_network
+from crop.stage_table import STAGES, stage_options, stage_settings
 
 from conftest import random_mlp
 
@@ -64,11 +65,17 @@ def test_stage_defaults_and_choices_come_from_the_schema_and_the_code():
     schema = load_schema()
     assert schema["properties"]["bound"]["enum"] == list(BOUND_NAMES)
     assert schema["properties"]["alpha_mode"]["enum"] == list(ALPHA_MODES)
-    subs = _subparsers(build_parser())
+    from crop.cli import stage_params
+
+    parser = build_parser()
+    subs = _subparsers(parser)
     for stage in STAGES:
         actions = {a.dest: a for a in subs[stage]._actions}
+        argv = [stage, "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", "m.pt",
+                *[x for o in STAGES[stage].outputs if o.required for x in (f"--{o.option.replace('_', '-')}", "f")]]
+        params = stage_params(parser.parse_args(argv))  # no --settings, no flags: the schema's defaults
         for option, (key, node) in stage_options(stage).items():
-            assert actions[option].default == node.get("default"), (stage, option)
+            assert getattr(params, option) == node.get("default"), (stage, option)
             assert key.lstrip("/").split(".")[-1] in load_schema_keys(schema), (stage, key)
         if "bound" in actions:
             assert list(actions["bound"].choices) == list(BOUND_NAMES)
@@ -129,7 +136,14 @@ def test_loact_writes_only_the_outputs_asked_for(tmp_path):
 
 
 @pytest.mark.parametrize("bad, words", [({"m": 100, "horizn": 3}, "unknown setting(s) ['horizn']"),
-                                        ({"m": 0}, "--m"), ("[1, 2]", "JSON object")])
+                                        ({"m": 0}, "--settings: m: must be >= 1, got 0"),
+                                        ({"m": 2.5}, "--settings: m: must be an integer, got 2.5"),
+                                        ({"m": True}, "--settings: m: must be an integer, got True"),
+                                        ({"alpha": "0.1"}, "--settings: alpha: must be a number"),
+                                        ({"bound": "wald"}, "--settings: bound: must be one of"),
+                                        ({"frames_window": [1]}, "--settings: frames_window: must be a list of 2"),
+                                        ({"alpha": 1e999}, "not a finite number"),
+                                        ("[1, 2]", "JSON object")])
 def test_bad_settings_are_refused_in_one_line(tmp_path, capsys, bad, words):
     base = _policy(tmp_path)
     with pytest.raises(SystemExit) as e:

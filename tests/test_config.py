@@ -97,26 +97,22 @@ SHIPPED = [REPO / "config.yaml", *sorted((REPO / "configs").glob("*.yaml")),
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_stage_takes_its_settings_block(path):
-    """What the rules hand each stage (crop.config.stage_settings) parses as that subcommand's own options:
-    every key is an option, every value passes its type and bounds."""
+    """What the rules hand each stage (crop.stage_table.stage_settings) becomes that subcommand's own
+    parameters: every key is an option, every value passes its type and bounds and arrives unchanged."""
     import json
 
-    from crop.cli import _with_settings, build_parser
-    from crop.config import STAGES, stage_settings
+    from crop.cli import build_parser, stage_params
+    from crop.stage_table import STAGES, stage_settings
 
     cfg = load_config(path)
     parser = build_parser()
     for env in cfg["environments"]:
-        for stage in STAGES:
+        for stage, row in STAGES.items():
             block = stage_settings(cfg, env, stage)
             argv = [stage, "--env", env, "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", "m.pt",
-                    "--settings", json.dumps(block), "--out", "o", "--out-returns", "r", "--qrange", "q"]
-            if stage not in ("loact", "lore", "attack-local"):
-                argv = argv[:-2]
-            if stage != "gre":
-                argv.remove("--out-returns")
-                argv.remove("r")
-            args = _with_settings(parser, argv, parser.parse_args(argv))
+                    "--settings", json.dumps(block), *(["--qrange", "q"] if row.v_range else [])]
+            argv += [x for o in row.outputs if o.required for x in (f"--{o.option.replace('_', '-')}", "f")]
+            args = stage_params(parser.parse_args(argv))
             for option, value in block.items():
                 assert value is None or getattr(args, option) == value, (path.name, env, stage, option)
 

@@ -1,8 +1,8 @@
 """Integrity of result files: each must still have the sha256 recorded in its ``.meta.json`` when it was
 written, so a truncated or edited intermediate (half a ``loact.csv``) is caught before anything reads it.
 
-A run folder may hold any subset of the workflow's *stages* (:data:`STAGE_FILES`): a LoAct-only or a
-GRe-only run is a partial run, audited for what it has.  A stage with some of its files but not all is
+A run folder may hold any subset of the workflow's *stages* (:data:`crop.stage_table.STAGES`): a LoAct-only
+or a GRe-only run is a partial run, audited for what it has.  A stage with some of its files but not all is
 half-written — an integrity problem."""
 from __future__ import annotations
 
@@ -10,27 +10,20 @@ from pathlib import Path
 
 from crop.io import meta_path, read_json, sha256_file
 from crop.layout import RUN_FILES
+from crop.stage_table import STAGES
 
 __all__ = ["check_integrity", "IntegrityError", "STAGE_FILES", "stages_present"]
 
-# The files each stage writes (every file of RUN_FILES belongs to exactly one stage).
-STAGE_FILES = {
-    "qrange": ("qrange",),
-    "loact": ("loact", "loact_episodes", "certified_ratio", "frames"),
-    "gre": ("gre", "gre_returns"),
-    "lore": ("lore",),
-    "attack_local": ("attack_local",),
-    "attack_global": ("attack_global",),
-}
-assert sorted(k for ks in STAGE_FILES.values() for k in ks) == sorted(RUN_FILES), "STAGE_FILES misses a file"
+# The files each stage writes, by the stage's rule name (the stage table).
+STAGE_FILES = {row.rule: tuple(row.files) for row in STAGES.values()}
+# The workflow rule (rules/*.smk) that writes each run file, and whether a provenance file sits beside it (a
+# JSON result carries its provenance inside).
+_RULE = {key: row.rule for row in STAGES.values() for key in row.files}
+_META = {o.key: o.meta for row in STAGES.values() for o in row.outputs}
 
 
 class IntegrityError(ValueError):
     pass
-
-
-# The workflow rule (rules/*.smk) that writes a run file whose rule is not named like it.
-_RULE = {"loact_episodes": "loact", "certified_ratio": "loact", "frames": "loact", "gre_returns": "gre"}
 
 
 def stages_present(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
@@ -61,11 +54,11 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
             if not only_present:
                 problems.append({"file": str(f), "problem": "missing"})
             continue
-        if name.endswith(".json"):
+        if not _META[key]:
             try:
                 read_json(f)
             except ValueError as exc:
-                rule = _RULE.get(key, key)
+                rule = _RULE[key]
                 problems.append({"file": str(f), "problem": f"unreadable JSON: {exc}; delete it and rerun the "
                                                              f"workflow (or `snakemake --forcerun {rule}`)"})
             continue
@@ -76,7 +69,7 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
         rec = read_json(m).get("output", {})
         if rec.get("sha256") != sha256_file(f):
             # Snakemake will not recompute a file that exists and is newer than its inputs: say how.
-            rule = _RULE.get(key, key)
+            rule = _RULE[key]
             problems.append({"file": str(f), "problem": "sha256 differs from the one recorded at write time "
                                                          "(truncated or modified); delete it and rerun the workflow "
                                                          f"(or `snakemake --forcerun {rule}`) to recompute it"})

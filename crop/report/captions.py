@@ -1,0 +1,37 @@
+"""The settings the report's captions (report/*.rst) quote, as text: what a reader of a figure needs to know of
+the protocol that drew it."""
+from __future__ import annotations
+
+from crop.config import sigma_label
+
+__all__ = ["caption_settings"]
+
+
+def caption_settings(cfg: dict) -> dict:
+    """Per environment of a validated config, the settings the captions quote (as text)."""
+
+    def eps(xs):
+        return ", ".join(f"{x:g}" for x in xs)
+
+    out = {}
+    for env, ec in cfg["environments"].items():
+        lo, gr, lr, at = ec["loact"], ec["gre"], ec["lore"], ec["attack"]
+        out[env] = {
+            "algorithms": ", ".join(ec["algorithms"]),
+            "sigmas": ", ".join(sigma_label(x) for x in ec["sigmas"]),
+            "loact": (
+                f"m = {lo['m']} noise samples per state, {lo['episodes']} clean episodes of at most "
+                f"{lo['horizon']} steps"
+            ),
+            "gre": (
+                f"m = {gr['m']} randomized trajectories of H = {gr['horizon']} steps, γ = {gr['gamma']}, "
+                f"ε/σ ∈ {{{eps(gr['eps_factors'])}}}"
+            ),
+            "lore": f"m = {lr['m']} noise samples per state, horizon H = {lr['horizon']}, γ = {lr['gamma']}",
+            "attack": (
+                f"{at['pgd_steps']}-step ℓ2 PGD; global: {at['global_episodes']} episodes, ε/σ ∈ "
+                f"{{{eps(at['global_eps_factors'])}}}; local (from LoRe's initial state and others): "
+                f"{at['local_episodes']} episodes, ε/σ ∈ {{{eps(at['local_eps_factors'])}}}"
+            ),
+        }
+    return out

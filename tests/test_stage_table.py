@@ -1,0 +1,102 @@
+"""The stage table (crop/stage_table.py) is the one statement of each stage's outputs, V-range input and
+settings: the workflow's rules, the `crop` subcommands, the integrity check and the file layout all agree
+with it, so renaming an output is an edit of the table alone."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crop import layout
+from crop.cli import build_parser
+from crop.report import integrity
+from crop.stage_table import RUN_FILES, STAGES, meta_name, stage
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _dry_run_jobs(tmp_path, cfg: dict) -> list[dict]:
+    """Every job of a dry run of ``cfg``: rule, output file names, log and the shell command."""
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                          str(tmp_path), "--configfile", str(tmp_path / "c.yaml"), "-n", "-p", "--cores", "1"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    jobs, job = [], None
+    for line in (out.stdout + out.stderr).splitlines():
+        if m := re.match(r"^(?:local)?rule (\w+):$", line):
+            job = {"rule": m[1]}
+            jobs.append(job)
+        elif job is not None and (m := re.match(r"^\s+(output|log): (.*)$", line)):
+            job[m[1]] = [p.strip() for p in m[2].split(",")]
+        elif job is not None and line.startswith("Shell command: "):
+            job["shell"] = line.removeprefix("Shell command: ")
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    # smoke: every stage; replicates 2: the replicate rules; the vote target: runs without a V range
+    cfg = yaml.safe_load((REPO / "tests/configs/smoke.yaml").read_text())
+    cfg["replicates"] = 2
+    cfg["environments"]["CartPole-v0"].update(algorithms=["StdTrain"], sigmas=[0.1], targets=["q", "vote"])
+    return _dry_run_jobs(tmp_path_factory.mktemp("dry"), cfg)
+
+
+def test_every_rule_writes_exactly_its_rows_outputs_and_names_each_on_the_command_line(jobs):
+    seen = set()
+    for job in jobs:
+        base = job["rule"].removesuffix("_replicate")
+        if base.replace("_", "-") not in STAGES:
+            continue
+        row, seen = stage(base), seen | {job["rule"]}
+        want = {o.file for o in row.outputs} | {meta_name(o.file) for o in row.outputs if o.meta}
+        assert {Path(p).name for p in job["output"]} == want, job["rule"]
+        assert Path(job["log"][0]).name == f"{row.rule}.log"
+        words = job["shell"].split()
+        assert words[:2] == ["crop", row.command]
+        for o in row.outputs:  # each output path follows its own flag
+            flag = f"--{o.option.replace('_', '-')}"
+            assert Path(words[words.index(flag) + 1]).name == o.file, (job["rule"], flag)
+        # the V range is read exactly where the row says so, and only by the q target (not ALGO@vote)
+        assert ("--qrange" in words) == (row.v_range and "@" not in job["output"][0]), job["shell"]
+        assert ("--target" in words) == row.v_range
+        assert ("rep-" in job["output"][0]) == job["rule"].endswith("_replicate")
+    replicated = {f"{r.rule}_replicate" for r in STAGES.values() if r.replicate}
+    assert seen == {r.rule for r in STAGES.values()} | replicated
+
+
+def test_each_subcommand_takes_the_rows_outputs_and_settings():
+    choices = build_parser()._subparsers._group_actions[0].choices
+    for name, row in STAGES.items():
+        actions = {a.dest: a for a in choices[name]._actions}
+        for o in row.outputs:
+            assert actions[o.option].required == o.required, (name, o.option)
+        assert {a for a in actions if a.startswith("out")} == {o.option for o in row.outputs}, name
+        assert ("qrange" in actions) == ("target" in actions) == row.v_range, name
+        assert set(row.settings) <= set(actions), name
+
+
+def test_layout_and_integrity_read_the_table(tmp_path):
+    assert layout.RUN_FILES == RUN_FILES == {o.key: o.file for r in STAGES.values() for o in r.outputs}
+    assert integrity.STAGE_FILES == {r.rule: tuple(r.files) for r in STAGES.values()}
+    assert set(layout.REPLICATE_FILES) == {k for r in STAGES.values() if r.replicate for k in r.files}
+    # every output of every stage is checked: a complete run folder missing any one file is named
+    run = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.1"
+    run.mkdir(parents=True)
+    missing = {Path(p["file"]).name for p in integrity.check_integrity(run)}
+    assert missing == set(RUN_FILES.values())
+    # a vote run has no V range
+    vote = tmp_path / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1"
+    vote.mkdir(parents=True)
+    assert {Path(p["file"]).name for p in integrity.check_integrity(vote)} == \
+        set(RUN_FILES.values()) - set(stage("qrange").files.values())
+
+
+def test_the_table_needs_no_torch():
+    code = "import sys, crop.stage_table as t; t.stage_options('loact'); import crop.layout; " \
+           "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
