@@ -14,7 +14,6 @@ rule checkpoint:
         f"{R}/logs/{{env}}/{{algo}}/checkpoint.log",
     conda:
         "../envs/crop.yaml"
-    threads: 1
     resources:
         mem_mb=checkpoint_mem_mb,
         runtime=checkpoint_runtime,

@@ -37,7 +37,6 @@ from crop.envs import env_spec  # noqa: E402
 from crop.io import atomic_write_bytes, atomic_write_text  # noqa: E402
 from crop.layout import (  # noqa: E402
     FIGURE_FORMATS,
-    GLOBAL_FIGURES,
     TABLES,
     aggregate_files,
     figure_families,
@@ -868,7 +867,6 @@ def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tabl
         for stem, fig in iter_env_figures(env, data):
             written += _save(fig, figures_dir, stem)
         written += _tables_for_env(env, data, tables_dir, table_eps_factors)
-    assert GLOBAL_FIGURES == ()  # one legend file per environment ({Clean}_legend), no copy of it
     expected = set(aggregate_files(figures_dir, tables_dir, plan))
     if set(written) != expected or len(written) != len(expected):
         raise RuntimeError(f"aggregate wrote {sorted(map(str, set(written) - expected))} beyond the layout and "
