@@ -20,10 +20,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from crop.engine import resolve_device
 from crop.envs import make_env, to_obs
 from crop.loact import certify_estimate
 from crop.progress import pbar
-from crop.smoothing import NonFiniteQError, SmoothedQ, resolve_device
+from crop.smoothing import NonFiniteQError, SmoothedQ
 
 __all__ = ["pgd_l2", "project_l2", "run_local_attack", "run_global_attack"]
 

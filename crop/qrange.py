@@ -26,9 +26,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from crop.engine import resolve_device
 from crop.envs import make_env, to_obs
 from crop.progress import pbar
-from crop.smoothing import NonFiniteQError, resolve_device
+from crop.smoothing import NonFiniteQError
 
 __all__ = ["estimate_qrange", "load_qrange", "METHODS"]
 
@@ -51,7 +52,7 @@ class _Extremes:
         self.v_min, self.v_max = min(self.v_min, lo), max(self.v_max, hi)
 
 
-#: Noise for up to this many floats (~16 MB) is drawn in one call, as in :class:`crop.smoothing.SmoothedQ`.
+#: Noise for up to this many floats (~16 MB) is drawn in one call, as in :class:`crop.engine.Engine`.
 NOISE_BLOCK_FLOATS = 1 << 22
 
 
