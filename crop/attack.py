@@ -11,7 +11,7 @@
 The PGD step is normalised once and the iterate projected once onto the ε-ball (the official code
 rescaled twice, which changes the budget).  Episodes for all ε run in lockstep with one batched forward;
 at each step the clean states of every live run are smoothed in one :meth:`SmoothedQ.estimate_batch` call
-and the attacked states in another (runs in (ε, episode) order, state-major noise; issue 13).
+and the attacked states in another (runs in (ε, episode) order; the noise layout: :mod:`crop.engine`).
 """
 from __future__ import annotations
 

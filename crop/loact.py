@@ -73,7 +73,7 @@ def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, epi
 
     ``lockstep`` (default): the episodes run side by side and step t of every live episode is smoothed in
     one :meth:`SmoothedQ.estimate_batch` call (episodes in index order), so B episodes cost one launch per
-    step.  ``lockstep=False`` smooths one state per call, episode after episode (the order before issue 13).
+    step.  ``lockstep=False`` smooths one state per call, episode after episode.
     ``pipeline`` (default: on a GPU): the episodes run as two halves, each in lockstep, whose calls
     alternate — while the card smooths one half's states, the other half's environments step on the CPU.
     All give every state m fresh draws; they consume the noise stream in different orders, so their
