@@ -39,9 +39,7 @@ class Certificate:
 
 def certify_estimate(est: Estimate, sigma: float, v_min: float, v_max: float) -> Certificate:
     a1 = est.action
-    width = v_max - v_min
-    p_lower = np.clip((est.lower[a1] - v_min) / width, 0.0, 1.0)
-    p_upper = np.clip((est.upper - v_min) / width, 0.0, 1.0)
+    p_lower, p_upper = stats.normalise(est.lower[a1], v_min, v_max), stats.normalise(est.upper, v_min, v_max)
     with np.errstate(invalid="ignore"):
         gaps = 0.5 * sigma * (stats.Phi_inv(p_lower) - stats.Phi_inv(p_upper))
     gaps = np.where(np.isnan(gaps), -np.inf, gaps)  # inf − inf: bounds cannot separate the actions

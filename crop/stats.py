@@ -21,6 +21,7 @@ from crop.names import ALPHA_MODES  # noqa: F401  (re-exported: the modes this s
 __all__ = [
     "Phi",
     "Phi_inv",
+    "normalise",
     "hoeffding_margin",
     "per_bound_alpha",
     "percentile_order_index",
@@ -41,6 +42,13 @@ __all__ = [
 ]
 
 
+def _check_alpha(alpha: float) -> float:
+    alpha = float(alpha)
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    return alpha
+
+
 def Phi(x):
     """Standard normal CDF Φ."""
     return _st.norm.cdf(x)
@@ -51,6 +59,12 @@ def Phi_inv(p):
     return _st.norm.ppf(p)
 
 
+def normalise(q, v_min: float, v_max: float):
+    """The clipped smoothed Q mapped to [0, 1], the argument of Φ⁻¹ in Theorem 1: (q − V_min)/(V_max − V_min),
+    clipped to [0, 1]; ``q`` a value or an array (a confidence bound on Q̃ per action)."""
+    return np.clip((np.asarray(q, float) - v_min) / (v_max - v_min), 0.0, 1.0)
+
+
 def hoeffding_margin(value_range: float, m: int, alpha: float) -> float:
     """One-sided Hoeffding margin Δ for the mean of ``m`` i.i.d. samples in an interval of width
     ``value_range``: P[mean − E > Δ] ≤ alpha (and likewise for the other side).
@@ -59,8 +73,7 @@ def hoeffding_margin(value_range: float, m: int, alpha: float) -> float:
     """
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    _check_alpha(alpha)
     if value_range < 0:
         raise ValueError(f"value_range must be >= 0, got {value_range}")
     return float(value_range) * math.sqrt(math.log(1.0 / alpha) / (2.0 * m))
@@ -98,8 +111,7 @@ def percentile_order_index(m: int, p_prime: float, alpha: float) -> int | None:
     """
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    _check_alpha(alpha)
     if p_prime <= 0.0:
         return None
     j = np.arange(m)  # j = k − 1
@@ -155,13 +167,6 @@ def _normalised(samples, lo: float, hi: float) -> np.ndarray:
     z /= hi - lo
     np.clip(z, 0.0, 1.0, out=z)
     return z
-
-
-def _check_alpha(alpha: float) -> float:
-    alpha = float(alpha)
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    return alpha
 
 
 def _to_range(lower01, upper01, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:

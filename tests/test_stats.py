@@ -91,6 +91,12 @@ def test_theorem1_radius_by_hand():
     assert c.radii[0] == 0.0 and c.radii[1] == pytest.approx(c.radius)
 
 
+def test_normalise_maps_the_v_range_onto_zero_one_and_clips():
+    q = np.array([-3.0, -1.0, 0.0, 2.0, 3.0, 9.0])
+    np.testing.assert_array_equal(stats.normalise(q, -1.0, 3.0), [0.0, 0.0, 0.25, 0.75, 1.0, 1.0])
+    assert stats.normalise(8.0, 0.0, 10.0) == 0.8 and stats.normalise(3, -1, 3) == 1.0
+
+
 def test_certify_needs_every_other_action_not_just_runner_up():
     # The runner-up by mean (action 1) is separated, but action 2's upper bound reaches above L(a₁).
     est = _est([8.5, 6.0, 5.5], [8.0, 5.9, 3.0], [9.0, 6.1, 8.2])
