@@ -29,7 +29,6 @@ __all__ = [
     "expectation_bound",
     "empirical_bernstein_bounds",
     "betting_bounds",
-    "betting_lower_normalized",
     "clopper_pearson_bounds",
     "cdf_expectation_bound",
     "dkw_margin",
@@ -336,18 +335,6 @@ def _betting_lower(z: np.ndarray, s1: np.ndarray, s2: np.ndarray, alpha: float, 
         nxt = np.where(bad & (lo == 0.0) & ~rej & (m + step <= 0.0), 1e-12, nxt)
         m = np.where(done, m, nxt)
     return lo[:k], lo[k:], cap.evals
-
-
-def betting_lower_normalized(z, alpha: float, *, trunc: float = BETTING_TRUNCATION, block: int = BETTING_BLOCK,
-                             rtol: float = 1e-2, max_iter: int = 60) -> np.ndarray:
-    """One-sided lower bounds at level ``alpha`` for the means of the rows of ``z`` ∈ [0, 1]^{k×n} by betting
-    (see :func:`betting_bounds`)."""
-    alpha = _check_alpha(alpha)
-    z = np.ascontiguousarray(np.clip(np.asarray(z, dtype=np.float64), 0.0, 1.0))
-    if z.ndim != 2:
-        raise ValueError(f"z must have shape (k, n), got {z.shape}")
-    s1, s2 = _block_sums(z, block)
-    return _betting_lower(z, s1, s2, alpha, block, trunc, rtol, max_iter)[0]
 
 
 def betting_bounds(samples, lo: float, hi: float, alpha: float, *, trunc: float = BETTING_TRUNCATION,
