@@ -31,13 +31,27 @@ import torch
 
 from crop.models.s2d import space_to_depth_input
 
-__all__ = ["Engine", "Launched", "resolve_device"]
+__all__ = ["Engine", "Launched", "block_plan", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def block_plan(n_states: int, m: int, rows: int):
+    """The stream layout of one call: (first state, states in block, first sample, samples per state) per
+    block of at most ``rows`` samples — ⌊rows/m⌋ whole states per block when rows ≥ m, else consecutive
+    pieces of one state."""
+    if rows >= m:
+        per = rows // m
+        for s0 in range(0, n_states, per):
+            yield s0, min(per, n_states - s0), 0, m
+    else:
+        for s in range(n_states):
+            for j0 in range(0, m, rows):
+                yield s, 1, j0, min(rows, m - j0)
 
 
 @dataclass
@@ -157,7 +171,7 @@ class Engine:
         if self._cl(x.dim()):  # as the noise: adding a state of another layout is a slow strided pass
             x = x.contiguous(memory_format=torch.channels_last)
         shape = self._in_shape
-        plan = list(self._blocks(n))
+        plan = list(block_plan(n, self.m, self._rows))
         kept = None
         graph = self._graph(n, shape, plan)
         if graph is not None:
@@ -232,18 +246,6 @@ class Engine:
         free, _ = torch.cuda.mem_get_info(self.device)
         fit = int(0.5 * free / (2 * per_in + per_act + 4 * self.n_actions))
         return max(1, self._chunk, fit)
-
-    def _blocks(self, n_states: int):
-        """The stream layout: (first state, states in block, first sample, samples per state) per block."""
-        m, rows = self.m, self._rows
-        if rows >= m:
-            per = rows // m
-            for s0 in range(0, n_states, per):
-                yield s0, min(per, n_states - s0), 0, m
-        else:
-            for s in range(n_states):
-                for j0 in range(0, m, rows):
-                    yield s, 1, j0, min(rows, m - j0)
 
     # ---- the two ways a call runs -------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from crop.engine import Engine
+from crop.engine import Engine, block_plan
 from crop.smoothing import NonFiniteQError, SmoothedQ
 
 
@@ -104,7 +104,7 @@ def test_blocks_never_straddle_states(mlp_factory, block_floats, monkeypatch):
     x = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     sm = SmoothedQ(net, 0.2, 320, -5, 5, 0.05, 2, seed=8, chunk=32)
     sm.engine._set_shape((4,))
-    plan = list(sm.engine._blocks(5))
+    plan = list(block_plan(5, 320, sm.engine._rows))
     assert sum(k * c for _, k, _, c in plan) == 5 * 320
     assert all(k == 1 for _, k, _, _ in plan) == (block_floats == 64)
     batch = sm.estimate_batch(x)
