@@ -213,10 +213,10 @@ def measure_cuda_cnn(m: int, reps: int, device="cuda") -> None:
     print(f"# nature_cnn on {_device_name(dev)}: smoothed step {t['step'] * 1e3:.2f} ms, randn + "
           f"channels-last forward {t['floor'] * 1e3:.2f} ms (randn {t['noise'] * 1e3:.2f} ms, channels-last forward "
           f"{t['fwd_cl'] * 1e3:.2f} ms, contiguous forward {t_contig * 1e3:.2f} ms; space-to-depth input layer "
-          f"{t['s2d'] * 1e3:.2f} ms, all strided layers {t['s2d_inner'] * 1e3:.2f} ms; m={m}, block {sm.chunk} "
-          f"samples, channels_last={sm.channels_last}, space-to-depth factor {sm._s2d})", flush=True)
+          f"{t['s2d'] * 1e3:.2f} ms, all strided layers {t['s2d_inner'] * 1e3:.2f} ms; m={m}, block {sm.engine.chunk} "
+          f"samples, channels_last={sm.engine.channels_last}, space-to-depth factor {sm.engine._s2d})", flush=True)
     print(f"smoothing_nature_cnn_vs_randn_plus_cl_forward: {t['step'] / t['floor']:.3f}", flush=True)
-    engine = t["s2d_inner"] if sm.S2D_INNER else t["s2d"]
+    engine = t["s2d_inner"] if sm.engine.S2D_INNER else t["s2d"]
     print(f"smoothing_nature_cnn_vs_randn_plus_its_forward: {t['step'] / (t['noise'] + engine):.3f}", flush=True)
 
 
@@ -242,7 +242,7 @@ def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int
         fns[b] = (lambda sm=sms[b], xs=xs: sm.estimate_batch(xs))
         fns[f"bare{b}"] = (lambda b=b: net(pre[:b * m]))
     eager = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, seed=8, device=dev)
-    eager.cuda_graphs = False
+    eager.engine.cuda_graphs = False
     x8 = rng.random((8, *obs_shape), dtype=np.float32)
     fns["eager8"] = lambda: eager.estimate_batch(x8)
     with torch.inference_mode():

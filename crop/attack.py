@@ -11,7 +11,7 @@
 The PGD step is normalised once and the iterate projected once onto the ε-ball (the official code
 rescaled twice, which changes the budget).  Episodes for all ε run in lockstep with one batched forward;
 at each step the clean states of every live run are smoothed in one :meth:`SmoothedQ.estimate_batch` call
-and the attacked states in another (runs in (ε, episode) order, state-major noise; issue 13).
+and the attacked states in another (runs in (ε, episode) order; the noise layout: :mod:`crop.engine`).
 """
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from crop.engine import resolve_device
 from crop.envs import make_env, to_obs
 from crop.loact import certify_estimate
 from crop.progress import pbar
-from crop.smoothing import NonFiniteQError, SmoothedQ, resolve_device
+from crop.smoothing import NonFiniteQError, SmoothedQ
 
 __all__ = ["pgd_l2", "project_l2", "run_local_attack", "run_global_attack"]
 
@@ -87,6 +88,45 @@ def _check(q: torch.Tensor, where: str) -> None:
         raise NonFiniteQError(f"the Q-network returned NaN or inf during the attack ({where})")
 
 
+class _Runs:
+    """One attacked episode per (ε, episode), in that order, all in lockstep: each run's environment (reset
+    with its episode's seed), current observation, discounted return and whether it is still running."""
+
+    def __init__(self, env_id: str, eps_grid, episode_seeds, profile: str | None):
+        self.runs = [(float(e), ep) for e in eps_grid for ep in range(len(episode_seeds))]
+        self.envs, self.obs = [], []
+        for _, ep in self.runs:
+            env = make_env(env_id, profile)
+            o, _ = env.reset(seed=int(episode_seeds[ep]))
+            self.envs.append(env)
+            self.obs.append(to_obs(o))
+        self.ret = np.zeros(len(self.runs))
+        self.alive = np.ones(len(self.runs), dtype=bool)
+
+    def live(self) -> np.ndarray:
+        return np.nonzero(self.alive)[0]
+
+    def eps(self, idx, dev) -> torch.Tensor:
+        return torch.tensor([self.runs[i][0] for i in idx], device=dev)
+
+    def step(self, i: int, action: int, t: int, gamma: float, reward_fn=None) -> None:
+        """Run ``i`` takes ``action`` at step ``t``; the episode's end stops it."""
+        o, r, term, trunc, _ = self.envs[i].step(action)
+        if reward_fn is not None:
+            r = reward_fn(r)
+        self.ret[i] += gamma ** t * float(r)
+        self.obs[i] = to_obs(o)
+        if term or trunc:
+            self.alive[i] = False
+
+    def table(self, horizon: int, **columns) -> pd.DataFrame:
+        """One row per run (eps, episode, return, ``columns``, horizon); closes the environments."""
+        for env in self.envs:
+            env.close()
+        return pd.DataFrame({"eps": [r[0] for r in self.runs], "episode": [r[1] for r in self.runs],
+                             "return": self.ret, **columns, "horizon": horizon})
+
+
 def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, horizon: int, *,
                      steps: int = 10, m_grad: int = 256, seed: int = 0, gamma: float = 1.0,
                      profile: str | None = None, progress: bool | None = None, reward_fn=None) -> pd.DataFrame:
@@ -95,28 +135,21 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
     q_net, target = smoother.q_net, getattr(smoother, "target", "q")
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
-    runs = [(float(e), ep) for e in eps_grid for ep in range(len(episode_seeds))]
-    envs, obs = [], []
-    for _, ep in runs:
-        env = make_env(env_id, profile)
-        o, _ = env.reset(seed=int(episode_seeds[ep]))
-        envs.append(env)
-        obs.append(to_obs(o))
-    ret = np.zeros(len(runs))
-    n_steps = np.zeros(len(runs), dtype=int)
-    flips = np.zeros(len(runs), dtype=int)
-    flips_cert = np.zeros(len(runs), dtype=int)
-    alive = np.ones(len(runs), dtype=bool)
+    runs = _Runs(env_id, eps_grid, episode_seeds, profile)
+    n_steps = np.zeros(len(runs.runs), dtype=int)
+    flips = np.zeros(len(runs.runs), dtype=int)
+    flips_cert = np.zeros(len(runs.runs), dtype=int)
     for t in pbar(range(horizon), desc=f"local PGD σ={smoother.sigma:g}", progress=progress):
-        idx = np.nonzero(alive)[0]
+        idx = runs.live()
         if idx.size == 0:
             break
         # The clean states and (below) the attacked ones: one batched smoothing call each per time step.
-        clean = smoother.estimate_batch(np.stack([obs[i] for i in idx]), [f"attack run {i} step {t}" for i in idx])
+        clean = smoother.estimate_batch(np.stack([runs.obs[i] for i in idx]),
+                                        [f"attack run {i} step {t}" for i in idx])
         certs = [certify_estimate(e, smoother.sigma, smoother.v_min, smoother.v_max) for e in clean]
         a_clean = torch.tensor([c.action for c in certs], device=dev)
-        x = torch.as_tensor(np.stack([obs[i] for i in idx]), device=dev)
-        eps = torch.tensor([runs[i][0] for i in idx], device=dev)
+        x = torch.as_tensor(np.stack([runs.obs[i] for i in idx]), device=dev)
+        eps = runs.eps(idx, dev)
         noise = torch.randn((len(idx), m_grad, *x.shape[1:]), generator=g, device=dev) * smoother.sigma
 
         def loss(z):  # cross-entropy of the smoothed Q (unclipped, so the gradient does not vanish)
@@ -136,21 +169,11 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
             a = attacked[j].action
             if a != certs[j].action:
                 flips[i] += 1
-                if certs[j].certified and certs[j].radius > runs[i][0]:
+                if certs[j].certified and certs[j].radius > runs.runs[i][0]:
                     flips_cert[i] += 1
-            o, r, term, trunc, _ = envs[i].step(a)
-            if reward_fn is not None:
-                r = reward_fn(r)
-            ret[i] += gamma ** t * float(r)
+            runs.step(i, a, t, gamma, reward_fn)
             n_steps[i] += 1
-            obs[i] = to_obs(o)
-            if term or trunc:
-                alive[i] = False
-    for env in envs:
-        env.close()
-    return pd.DataFrame({"eps": [r[0] for r in runs], "episode": [r[1] for r in runs], "return": ret,
-                         "steps": n_steps, "flips": flips, "flips_certified": flips_cert,
-                         "horizon": horizon})
+    return runs.table(horizon, steps=n_steps, flips=flips, flips_certified=flips_cert)
 
 
 def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, episode_seeds,
@@ -161,21 +184,13 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
     q_net = q_net.to(dev).eval()
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
-    runs = [(float(e), ep) for e in eps_grid for ep in range(len(episode_seeds))]
-    envs, obs = [], []
-    for _, ep in runs:
-        env = make_env(env_id, profile)
-        o, _ = env.reset(seed=int(episode_seeds[ep]))
-        envs.append(env)
-        obs.append(to_obs(o))
-    ret = np.zeros(len(runs))
-    alive = np.ones(len(runs), dtype=bool)
+    runs = _Runs(env_id, eps_grid, episode_seeds, profile)
     for t in pbar(range(horizon), desc=f"global PGD σ={sigma:g}", progress=progress):
-        idx = np.nonzero(alive)[0]
+        idx = runs.live()
         if idx.size == 0:
             break
-        x = torch.as_tensor(np.stack([obs[i] for i in idx]), device=dev)
-        eps = torch.tensor([runs[i][0] for i in idx], device=dev)
+        x = torch.as_tensor(np.stack([runs.obs[i] for i in idx]), device=dev)
+        eps = runs.eps(idx, dev)
         noise = torch.randn((len(idx), n_eot, *x.shape[1:]), generator=g, device=dev) * sigma
         with torch.no_grad():
             q0 = q_net((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), n_eot, -1)
@@ -195,12 +210,5 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
             _check(q, f"step {t}")
             actions = q.argmax(1).cpu().numpy()
         for j, i in enumerate(idx):
-            o, r, term, trunc, _ = envs[i].step(int(actions[j]))
-            ret[i] += gamma ** t * float(r)
-            obs[i] = to_obs(o)
-            if term or trunc:
-                alive[i] = False
-    for env in envs:
-        env.close()
-    return pd.DataFrame({"eps": [r[0] for r in runs], "episode": [r[1] for r in runs], "return": ret,
-                         "horizon": horizon})
+            runs.step(i, int(actions[j]), t, gamma)
+    return runs.table(horizon)

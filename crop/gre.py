@@ -29,10 +29,11 @@ import pandas as pd
 import torch
 
 from crop import stats
+from crop.engine import resolve_device
 from crop.envs import make_env_pool
 from crop.io import derive_seed
 from crop.progress import pbar
-from crop.smoothing import NonFiniteQError, resolve_device
+from crop.smoothing import NonFiniteQError
 
 __all__ = ["sample_randomized_returns", "gre_bounds", "TrajectoryNoise"]
 

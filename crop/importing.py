@@ -12,7 +12,7 @@ Formats (``fmt="auto"`` tells them apart):
   (``q_net_target.*``, dropped).  CnnPolicy's NatureCNN (``q_net.features_extractor.cnn.*``, ``.linear.0``,
   ``q_net.q_net.0``) maps onto ``nature_cnn``.  Read with :mod:`zipfile` and ``torch.load``; SB3 itself is
   not needed.
-* Policy networks (issue 21; the value branch is dropped, the logits are the network's output):
+* Policy networks (the value branch is dropped, the logits are the network's output):
   an SB3 ``PPO`` / ``A2C`` ``.zip`` — MlpPolicy: ``mlp_extractor.policy_net.{0,2,…}`` and ``action_net``
   (activation from ``data``'s ``policy_kwargs``, default Tanh; no readable ``data``: the architecture must
   give it); CnnPolicy: the shared NatureCNN ``features_extractor.*`` and ``action_net`` onto ``nature_cnn``;

@@ -39,9 +39,7 @@ class Certificate:
 
 def certify_estimate(est: Estimate, sigma: float, v_min: float, v_max: float) -> Certificate:
     a1 = est.action
-    width = v_max - v_min
-    p_lower = np.clip((est.lower[a1] - v_min) / width, 0.0, 1.0)
-    p_upper = np.clip((est.upper - v_min) / width, 0.0, 1.0)
+    p_lower, p_upper = stats.normalise(est.lower[a1], v_min, v_max), stats.normalise(est.upper, v_min, v_max)
     with np.errstate(invalid="ignore"):
         gaps = 0.5 * sigma * (stats.Phi_inv(p_lower) - stats.Phi_inv(p_upper))
     gaps = np.where(np.isnan(gaps), -np.inf, gaps)  # inf − inf: bounds cannot separate the actions
@@ -73,7 +71,7 @@ def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, epi
 
     ``lockstep`` (default): the episodes run side by side and step t of every live episode is smoothed in
     one :meth:`SmoothedQ.estimate_batch` call (episodes in index order), so B episodes cost one launch per
-    step.  ``lockstep=False`` smooths one state per call, episode after episode (the order before issue 13).
+    step.  ``lockstep=False`` smooths one state per call, episode after episode.
     ``pipeline`` (default: on a GPU): the episodes run as two halves, each in lockstep, whose calls
     alternate — while the card smooths one half's states, the other half's environments step on the CPU.
     All give every state m fresh draws; they consume the noise stream in different orders, so their

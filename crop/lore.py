@@ -15,15 +15,16 @@ Details that the official implementation got wrong and this one keeps:
     reward is negative;
   * every distinct observation is smoothed once (memoised), with fresh noise.
 
-Many states per launch (issue 13): when the search needs a certificate it does not have, it smooths, in one
+Many states per launch: when the search needs a certificate it does not have, it smooths, in one
 :meth:`SmoothedQ.estimate_batch` call, that node together with every other *pending* node — a node on the
 depth-first stack whose state is known, that is not a leaf, not pruned by the bound so far and not yet
 smoothed — up to ``batch`` distinct observations (the current node first, then the stack from its top, i.e.
-in the order the search would reach them).  The search's result given the certificates is unchanged (it
-only reads the memo); what changes is which noise each state draws (the stream is consumed batch by batch)
-and that a pending node later pruned may have been smoothed for nothing (it still counts in the union
-bound, which only makes the confidence conservative).  ``batch=1`` is the one-state-at-a-time order of
-before.  Under ``alpha_mode: family`` the i-th state *smoothed* (in batch order) gets α_i, as before.
+in the order the search would reach them).  Given the certificates, the search's result does not depend on
+``batch`` (it only reads the memo); ``batch`` decides which noise each state draws (the stream is consumed
+batch by batch), and a pending node later pruned may have been smoothed for nothing (it still counts in the
+union bound, which only makes the confidence conservative).  ``batch=1`` smooths one state per call, in the
+order the search reaches them.  Under ``alpha_mode: family`` the i-th state *smoothed* (in batch order)
+gets α_i.
 Confidence (union bound over the N distinct states smoothed, no independence needed): with a constant
 per-state α (``alpha_mode: state``) the whole tree holds with prob ≥ 1 − N·α; with the summable schedule
 α_i = α·6/(π² i²) for the i-th state (``alpha_mode: family``, :func:`crop.stats.lore_state_alpha`) it holds
@@ -282,7 +283,7 @@ class LoRe:
                 "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
                 "reward_fn": getattr(self.reward_fn, "__qualname__", None),
                 "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None,
-                # probs and vote share the range [0, 1]: the target tells their searches apart (q's key as before)
+                # probs and vote share the range [0, 1]: the target tells their searches apart (q, the default: none)
                 **({"target": sm.target} if getattr(sm, "target", "q") != "q" else {})}
 
     _FIELDS = ("queue", "stack", "memo", "alphas", "pairs", "eps", "J", "transitions", "leaves", "tie",

@@ -5,7 +5,7 @@ config schema's checks use them; the implementations key their tables by them).
   (implemented in :mod:`crop.stats`).
 * ``ALPHA_MODES``: how α is spent over states, :func:`crop.stats.loact_state_alpha` and
   :func:`crop.stats.lore_state_alpha`.
-* ``DEVICES``: where networks run, :func:`crop.smoothing.resolve_device`.
+* ``DEVICES``: where networks run, :func:`crop.engine.resolve_device`.
 * ``TARGET_NAMES``: what is smoothed, :data:`crop.smoothing.TARGETS` (``q``: clipped Q-values; ``probs``:
   a policy network's action probabilities; ``vote``: the one-hot of the greedy action).
 """

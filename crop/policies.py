@@ -170,8 +170,8 @@ def cmd_fetch(args) -> None:
           f"over {clean['episodes']} episodes; sha256 {record['sha256']}")
 
 
-# Episodes of the clean greedy return of `crop fetch` / `crop import` run by hand (a highway episode takes
-# about 1.5 s on one core); the workflow uses the config's train.eval_episodes.
+# Episodes of the clean greedy return of `crop fetch` / `crop import` run by hand (few: a highway episode
+# steps slowly); the workflow uses the config's train.eval_episodes.
 EVAL_EPISODES_ALONE = 10
 
 

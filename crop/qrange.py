@@ -26,9 +26,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from crop.engine import Engine, block_plan, resolve_device
 from crop.envs import make_env, to_obs
 from crop.progress import pbar
-from crop.smoothing import NonFiniteQError, resolve_device
+from crop.smoothing import NonFiniteQError
 
 __all__ = ["estimate_qrange", "load_qrange", "METHODS"]
 
@@ -51,21 +52,8 @@ class _Extremes:
         self.v_min, self.v_max = min(self.v_min, lo), max(self.v_max, hi)
 
 
-#: Noise for up to this many floats (~16 MB) is drawn in one call, as in :class:`crop.smoothing.SmoothedQ`.
-NOISE_BLOCK_FLOATS = 1 << 22
-
-
-def _blocks(n_states: int, m: int, rows: int):
-    """The stream layout of one time step: (first state, states in block, samples per state) per block —
-    ⌊rows/m⌋ whole states per block when rows ≥ m, else pieces of ≤ rows samples of one state."""
-    if rows >= m:
-        per = rows // m
-        for s0 in range(0, n_states, per):
-            yield s0, min(per, n_states - s0), m
-    else:
-        for s in range(n_states):
-            for j0 in range(0, m, rows):
-                yield s, 1, min(rows, m - j0)
+#: Noise for up to this many floats (~16 MB) is drawn in one call, as in :class:`crop.engine.Engine`.
+NOISE_BLOCK_FLOATS = Engine.NOISE_BLOCK_FLOATS
 
 
 @torch.inference_mode()
@@ -107,7 +95,7 @@ def estimate_qrange(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, e
         step = rows if dev.type == "cuda" else int(chunk)
         total, lo, hi = None, np.full(n, np.inf), np.full(n, -np.inf)
         kept = [[] for _ in range(n)]
-        for s0, k, c in _blocks(n, m, rows):
+        for s0, k, _, c in block_plan(n, m, rows):
             noisy = torch.randn((k * c, *shape), generator=g, device=dev).mul_(sigma)
             noisy.view(k, c, *shape).add_(x[s0:s0 + k].unsqueeze(1))
             q = torch.cat([q_net(noisy[i:i + step]) for i in range(0, k * c, step)])

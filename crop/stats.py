@@ -21,6 +21,7 @@ from crop.names import ALPHA_MODES  # noqa: F401  (re-exported: the modes this s
 __all__ = [
     "Phi",
     "Phi_inv",
+    "normalise",
     "hoeffding_margin",
     "per_bound_alpha",
     "percentile_order_index",
@@ -28,7 +29,6 @@ __all__ = [
     "expectation_bound",
     "empirical_bernstein_bounds",
     "betting_bounds",
-    "betting_lower_normalized",
     "clopper_pearson_bounds",
     "cdf_expectation_bound",
     "dkw_margin",
@@ -41,6 +41,13 @@ __all__ = [
 ]
 
 
+def _check_alpha(alpha: float) -> float:
+    alpha = float(alpha)
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    return alpha
+
+
 def Phi(x):
     """Standard normal CDF Φ."""
     return _st.norm.cdf(x)
@@ -51,6 +58,12 @@ def Phi_inv(p):
     return _st.norm.ppf(p)
 
 
+def normalise(q, v_min: float, v_max: float):
+    """The clipped smoothed Q mapped to [0, 1], the argument of Φ⁻¹ in Theorem 1: (q − V_min)/(V_max − V_min),
+    clipped to [0, 1]; ``q`` a value or an array (a confidence bound on Q̃ per action)."""
+    return np.clip((np.asarray(q, float) - v_min) / (v_max - v_min), 0.0, 1.0)
+
+
 def hoeffding_margin(value_range: float, m: int, alpha: float) -> float:
     """One-sided Hoeffding margin Δ for the mean of ``m`` i.i.d. samples in an interval of width
     ``value_range``: P[mean − E > Δ] ≤ alpha (and likewise for the other side).
@@ -59,8 +72,7 @@ def hoeffding_margin(value_range: float, m: int, alpha: float) -> float:
     """
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    _check_alpha(alpha)
     if value_range < 0:
         raise ValueError(f"value_range must be >= 0, got {value_range}")
     return float(value_range) * math.sqrt(math.log(1.0 / alpha) / (2.0 * m))
@@ -98,8 +110,7 @@ def percentile_order_index(m: int, p_prime: float, alpha: float) -> int | None:
     """
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    _check_alpha(alpha)
     if p_prime <= 0.0:
         return None
     j = np.arange(m)  # j = k − 1
@@ -155,13 +166,6 @@ def _normalised(samples, lo: float, hi: float) -> np.ndarray:
     z /= hi - lo
     np.clip(z, 0.0, 1.0, out=z)
     return z
-
-
-def _check_alpha(alpha: float) -> float:
-    alpha = float(alpha)
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    return alpha
 
 
 def _to_range(lower01, upper01, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
@@ -331,18 +335,6 @@ def _betting_lower(z: np.ndarray, s1: np.ndarray, s2: np.ndarray, alpha: float, 
         nxt = np.where(bad & (lo == 0.0) & ~rej & (m + step <= 0.0), 1e-12, nxt)
         m = np.where(done, m, nxt)
     return lo[:k], lo[k:], cap.evals
-
-
-def betting_lower_normalized(z, alpha: float, *, trunc: float = BETTING_TRUNCATION, block: int = BETTING_BLOCK,
-                             rtol: float = 1e-2, max_iter: int = 60) -> np.ndarray:
-    """One-sided lower bounds at level ``alpha`` for the means of the rows of ``z`` ∈ [0, 1]^{k×n} by betting
-    (see :func:`betting_bounds`)."""
-    alpha = _check_alpha(alpha)
-    z = np.ascontiguousarray(np.clip(np.asarray(z, dtype=np.float64), 0.0, 1.0))
-    if z.ndim != 2:
-        raise ValueError(f"z must have shape (k, n), got {z.shape}")
-    s1, s2 = _block_sums(z, block)
-    return _betting_lower(z, s1, s2, alpha, block, trunc, rtol, max_iter)[0]
 
 
 def betting_bounds(samples, lo: float, hi: float, alpha: float, *, trunc: float = BETTING_TRUNCATION,

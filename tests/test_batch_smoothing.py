@@ -1,4 +1,4 @@
-"""SmoothedQ on many states per call (issue 13): the same distribution as one state at a time, fresh noise
+"""SmoothedQ on many states per call: the same distribution as one state at a time, fresh noise
 for every state, the per-state error index, and the channels-last code path of convolutional networks."""
 import copy
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy import stats as sps
 
+from crop.engine import Engine, block_plan
 from crop.smoothing import NonFiniteQError, SmoothedQ
 
 
@@ -66,8 +67,8 @@ def test_every_state_of_a_batch_gets_its_own_noise():
     net = _Affine(np.eye(4), np.zeros(4))
     sm = SmoothedQ(net, 1.0, 512, -50, 50, 0.05, 4, bound="empirical_bernstein", seed=0)
     x = np.random.default_rng(2).normal(size=(6, 4)).astype(np.float32)
-    _, s1 = sm.clipped_sums_batch(x)
-    _, s2 = sm.clipped_sums_batch(x)
+    s1 = sm.engine.collect(sm.engine.launch(x))[3]   # the m × |A| samples of each state
+    s2 = sm.engine.collect(sm.engine.launch(x))[3]
     noise = np.stack([s - xi for s, xi in zip(s1 + s2, np.concatenate([x, x]))])   # 12 × m × 4
     flat = noise.reshape(len(noise), -1)
     corr = np.corrcoef(flat)
@@ -98,12 +99,12 @@ def test_blocks_never_straddle_states(mlp_factory, block_floats, monkeypatch):
     """Whole states per block (large blocks) or pieces of one state (small): the estimate is the same
     function of the noise either way, and the stream has the documented state-major order (with the
     state's m samples in one block, the batch's first state equals a one-state call's)."""
-    monkeypatch.setattr(SmoothedQ, "NOISE_BLOCK_FLOATS", block_floats)
+    monkeypatch.setattr(Engine, "NOISE_BLOCK_FLOATS", block_floats)
     net = mlp_factory(n_in=4, n_out=2, seed=3)
     x = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     sm = SmoothedQ(net, 0.2, 320, -5, 5, 0.05, 2, seed=8, chunk=32)
-    sm._set_shape((4,))
-    plan = list(sm._blocks(5))
+    sm.engine._set_shape((4,))
+    plan = list(block_plan(5, 320, sm.engine._rows))
     assert sum(k * c for _, k, _, c in plan) == 5 * 320
     assert all(k == 1 for _, k, _, _ in plan) == (block_floats == 64)
     batch = sm.estimate_batch(x)
@@ -148,8 +149,8 @@ def test_channels_last_path_gives_the_contiguous_means():
     x = np.random.default_rng(0).random((3, 4, 84, 84), dtype=np.float32)
     plain = SmoothedQ(copy.deepcopy(net), 0.1, 96, -1, 1, 0.05, 6, chunk=32, seed=2)
     cl = SmoothedQ(copy.deepcopy(net), 0.1, 96, -1, 1, 0.05, 6, chunk=32, seed=2)
-    assert not plain.channels_last and not cl.channels_last  # CPU default: contiguous
-    cl.channels_last = True
+    assert not plain.engine.channels_last and not cl.engine.channels_last  # CPU default: contiguous
+    cl.engine.channels_last = True
     mp, mc = plain.estimate_batch(x), cl.estimate_batch(x)
     assert cl.q_net[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert not plain.q_net[0].weight.is_contiguous(memory_format=torch.channels_last)
@@ -199,9 +200,9 @@ def test_space_to_depth_smoothing_is_eq2_with_the_pixels_noise_permuted():
     x = np.random.default_rng(0).random((2, 4, 84, 84), dtype=np.float32)
     sigma, m = 0.2, 96
     sm = SmoothedQ(copy.deepcopy(net), sigma, m, -0.02, 0.02, 0.05, 6, chunk=32, seed=5)
-    sm.space_to_depth = True
+    sm.engine.space_to_depth = True
     est = sm.estimate_batch(x)
-    assert sm._s2d == 4 and sm._in_shape == (64, 21, 21)
+    assert sm.engine._s2d == 4 and sm.engine._in_shape == (64, 21, 21)
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for b in range(2):  # one block per state here: (m, 64, 21, 21) normals each

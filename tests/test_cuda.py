@@ -1,4 +1,4 @@
-"""The CUDA-only paths of the engine (issue 13), on a GPU where one is visible (skipped elsewhere; CI has none):
+"""The CUDA-only paths of the engine (crop.engine), on a GPU where one is visible (skipped elsewhere; CI has none):
 CUDA graphs replay the eager path byte for byte, resume through get/set_state, catch NaNs and keep results in
 submission order; the space-to-depth Nature CNN smooths the same Q̃; pipelined LoAct is deterministic."""
 import numpy as np
@@ -28,9 +28,9 @@ def test_graph_replay_equals_the_eager_path_and_resumes():
     xs = np.random.default_rng(0).random((8, 25), dtype=np.float32)
     graphs = SmoothedQ(_mlp(), 0.3, 10000, -0.1, 0.1, 0.05, 5, seed=3, device=DEV)
     eager = SmoothedQ(_mlp(), 0.3, 10000, -0.1, 0.1, 0.05, 5, seed=3, device=DEV)
-    eager.cuda_graphs = False
+    eager.engine.cuda_graphs = False
     a = _means(graphs, xs)
-    assert len(graphs._graphs) == 3
+    assert len(graphs.engine._graphs) == 3
     np.testing.assert_array_equal(a, _means(eager, xs))
     assert len(np.unique(a[:, 0])) > 1, "clipping must not make every mean equal"
     state = graphs.get_state()
@@ -66,10 +66,10 @@ def test_space_to_depth_cnn_smooths_the_same_q():
     x = np.random.default_rng(1).random((2, 4, 84, 84), dtype=np.float32)
     s2d = SmoothedQ(cnn, 0.5, 10000, -0.03, 0.03, 0.05, 6, seed=1, device=DEV)
     plain = SmoothedQ(cnn, 0.5, 10000, -0.03, 0.03, 0.05, 6, seed=2, device=DEV)
-    plain.space_to_depth = False
+    plain.engine.space_to_depth = False
     a = np.array([e.mean for e in s2d.estimate_batch(x)])
     b = np.array([e.mean for e in plain.estimate_batch(x)])
-    assert s2d._s2d == 4 and plain._s2d == 1
+    assert s2d.engine._s2d == 4 and plain.engine._s2d == 1
     # independent estimates of the same Q̃: the difference is within a few standard errors (range/√m bounds one)
     assert np.abs(a - b).max() < 5 * np.sqrt(2) * 0.06 / np.sqrt(10000)
 
@@ -95,9 +95,9 @@ def test_graph_replay_equals_the_eager_path_for_the_targets_in_zero_one(target):
     xs = np.random.default_rng(1).random((8, 25), dtype=np.float32)
     graphs = SmoothedQ(_mlp(), 0.3, 10000, 0.0, 1.0, 0.05, 5, seed=3, device=DEV, target=target)
     eager = SmoothedQ(_mlp(), 0.3, 10000, 0.0, 1.0, 0.05, 5, seed=3, device=DEV, target=target)
-    eager.cuda_graphs = False
+    eager.engine.cuda_graphs = False
     a = _means(graphs, xs)
-    assert len(graphs._graphs) == 3
+    assert len(graphs.engine._graphs) == 3
     np.testing.assert_array_equal(a, _means(eager, xs))
     np.testing.assert_allclose(a.sum(1), 1.0, atol=1e-6)
     assert a.min() >= 0.0 and a.max() <= 1.0

@@ -3,7 +3,7 @@ by GRe has the dynamics of the single environment."""
 import numpy as np
 import pytest
 
-from crop.envs import UnknownEnvError, env_spec, make_env, make_vec_env, restore, snapshot
+from crop.envs import UnknownEnvError, env_spec, make_env, make_env_pool, restore, snapshot
 
 
 def _play(env, actions):
@@ -51,17 +51,18 @@ def test_snapshot_keeps_the_timelimit_counter():
     assert trunc and n == 5
 
 
-def test_vector_cartpole_matches_single_env():
-    venv = make_vec_env("CartPole-v0", 3)
-    obs, _ = venv.reset(seed=7)
+def test_vector_cartpole_pool_matches_single_env():
+    pool = make_env_pool("CartPole-v0", 3)
+    obs = pool.reset(seed=7)
     singles = []
     for i in range(3):
         e = make_env("CartPole-v0")
         e.reset(seed=0)
-        e.unwrapped.state = np.array(venv.state[:, i], dtype=np.float64)
+        e.unwrapped.state = np.array(pool.venv.state[:, i], dtype=np.float64)
+        np.testing.assert_array_equal(obs[i], e.unwrapped.state.astype(np.float32))
         singles.append(e)
     for a in [0, 1, 1, 0, 0, 1, 1, 1]:
-        o, r, term, trunc, _ = venv.step(np.full(3, a))
+        o, r, term, trunc = pool.step(np.arange(3), np.full(3, a))
         for i, e in enumerate(singles):
             so, sr, st, _, _ = e.step(a)
             np.testing.assert_allclose(o[i], so, rtol=1e-6, atol=1e-7)

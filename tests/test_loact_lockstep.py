@@ -1,4 +1,4 @@
-"""LoAct with its episodes in lockstep (issue 13): one batched smoothing call per time step, the same
+"""LoAct with its episodes in lockstep: one batched smoothing call per time step, the same
 distribution as episode-by-episode LoAct, deterministic for a seed."""
 import numpy as np
 import pandas as pd

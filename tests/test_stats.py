@@ -91,6 +91,12 @@ def test_theorem1_radius_by_hand():
     assert c.radii[0] == 0.0 and c.radii[1] == pytest.approx(c.radius)
 
 
+def test_normalise_maps_the_v_range_onto_zero_one_and_clips():
+    q = np.array([-3.0, -1.0, 0.0, 2.0, 3.0, 9.0])
+    np.testing.assert_array_equal(stats.normalise(q, -1.0, 3.0), [0.0, 0.0, 0.25, 0.75, 1.0, 1.0])
+    assert stats.normalise(8.0, 0.0, 10.0) == 0.8 and stats.normalise(3, -1, 3) == 1.0
+
+
 def test_certify_needs_every_other_action_not_just_runner_up():
     # The runner-up by mean (action 1) is separated, but action 2's upper bound reaches above L(a₁).
     est = _est([8.5, 6.0, 5.5], [8.0, 5.9, 3.0], [9.0, 6.1, 8.2])
@@ -240,7 +246,7 @@ def test_betting_is_never_tighter_than_the_exact_inversion(dist):
     for z in (x.T, 1.0 - x.T):
         s1, s2 = stats._block_sums(z, block)
         bets = stats._betting_bets(s1, s2, z.shape[1], block, alpha)
-        reported = stats.betting_lower_normalized(z, alpha)
+        reported = stats.betting_bounds(z.T, 0.0, 1.0, alpha)[0]   # the lower bounds of the rows of z
         for row in range(z.shape[0]):
             f = lambda m: _log_capital_direct(z[row], bets[row], block, m)  # noqa: E731
             grid = np.linspace(1e-6, 1.0, 400)

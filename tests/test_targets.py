@@ -23,7 +23,8 @@ def smoother(net, target, sigma=0.5, m=1000, alpha=0.05, n=3, **kw):
 def test_samples_lie_in_zero_one_and_sum_to_one(mlp_factory, target):
     net = mlp_factory(n_in=4, n_out=3, seed=2, scale=4.0)
     sm = smoother(net, target, m=777, bound="empirical_bernstein")
-    total, samples = sm.clipped_sums(np.full(4, 0.3, np.float32))
+    total, _, _, samples = sm.engine.collect(sm.engine.launch(np.full((1, 4), 0.3, np.float32)))
+    total, samples = total[0], samples[0]
     assert samples.shape == (777, 3) and samples.min() >= 0.0 and samples.max() <= 1.0
     np.testing.assert_allclose(samples.sum(1), 1.0, atol=1e-6)
     if target == "vote":  # a vote is one action per sample: the counts add up to m exactly

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EnvSpec", "ENV_SPECS", "PAPER_ENVS", "env_spec", "env_family", "profiles", "check_profile", "make_env",
-           "make_vec_env", "make_env_pool", "snapshot", "restore", "to_obs", "UnknownEnvError", "MissingFactError",
+__all__ = ["EnvSpec", "ENV_SPECS", "env_spec", "env_family", "profiles", "check_profile", "make_env",
+           "make_env_pool", "snapshot", "restore", "to_obs", "UnknownEnvError", "MissingFactError",
            "snapshot_problem", "env_shapes", "default_profile", "sticky_probability"]
 
 
@@ -121,9 +121,6 @@ ENV_SPECS: dict[str, EnvSpec] = {
     "FreewayNoFrameskip-v4": EnvSpec("FreewayNoFrameskip-v4", "Freeway", "Freeway", 3, (4, 84, 84),
                                      (0.0, 1.0), "cleanrl", lore_reward="max(r, 0)", gre_mb_per_copy=2.6),
 }
-
-
-PAPER_ENVS = tuple(ENV_SPECS)
 
 # ------------------------------------------------------------------------------- any Gymnasium environment
 # Beyond the paper's four ids, three families (docs/own-policy.md, "Which environments"):
@@ -384,16 +381,6 @@ def snapshot_problem(env_id: str, profile: str | None = None) -> str | None:
         return (f"LoRe needs faithful snapshots of {env_id}, and two copies of one state of it replay different "
                 "transitions (state outside Python objects or a global random generator)")
     return None
-
-
-def make_vec_env(env_id: str, num_envs: int, profile: str | None = None):
-    """gymnasium's numpy-vectorised CartPole (``CartPoleVectorEnv``): the dynamics of the single
-    environment, one array operation per step for all copies."""
-    if env_id != "CartPole-v0":
-        raise UnknownEnvError(f"no native vector environment for {env_id!r}; use make_env_pool")
-    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
-
-    return CartPoleVectorEnv(num_envs=num_envs, max_episode_steps=gym.spec(env_id).max_episode_steps)
 
 
 def make_env_pool(env_id: str, num_envs: int, profile: str | None = None, workers: int = 1):

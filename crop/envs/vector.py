@@ -138,8 +138,8 @@ def cartpole_initial_states(seeds) -> np.ndarray:
     """CartPole's initial states for the integer seeds ``seeds`` (n × 4, float64), drawn as CartPole's reset
     draws them (uniform on [−0.05, 0.05]⁴) but a group at a time: seed s takes row s mod G of one
     (G × 4) draw from the generator of group s // G (G = :data:`CARTPOLE_GROUP`).  So 10,000 copies cost
-    three generators instead of 10,000 seeded single-environment resets (0.1 s, which dominated short GRe
-    runs), and copy s's start still depends on s alone — not on how many copies share a pool."""
+    three generators instead of 10,000 seeded single-environment resets (which would dominate a short GRe
+    run), and copy s's start still depends on s alone — not on how many copies share a pool."""
     from crop.io import derive_seed
 
     seeds = np.asarray(seeds, dtype=np.int64)

@@ -11,8 +11,8 @@ Spec: ``{"arch": "carrl", "base": <an MLP spec>, "eps": 0.1, "norm": 2, "method"
 dict is the base network's, unchanged (same keys ``0.weight`` …), so CARRL's checkpoint is StdTrain's
 weights plus this spec.
 
-Cost: full CROWN on a 4→128→128→2 MLP is about 30 plain forward passes (26 ms per 1000 inputs on one
-CPU thread), so every certifier's work on CARRL costs about 30× that on StdTrain.
+Cost: full CROWN on a 4→128→128→2 MLP costs about 30 plain forward passes, so every certifier's work on
+CARRL costs about 30× that on StdTrain.
 """
 from __future__ import annotations
 

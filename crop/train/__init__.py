@@ -24,7 +24,7 @@ __all__ = ["train_policy", "prepare_training", "derive_carrl", "RECIPES", "Recip
 # Per-environment DQN settings (CartPole: DQNConfig's own defaults); a recipe may adjust them per
 # environment (Recipe.dqn_defaults), a config's train.dqn block overrides both.  highway-fast-v0 follows the
 # highway-env documentation's DQN example (γ = 0.8, small buffer, frequent target updates), since an
-# episode is at most 30 decisions and a step costs ~20 ms.
+# episode is at most 30 decisions and its simulated steps are slow.
 ENV_DQN_DEFAULTS: dict[str, dict] = {
     "CartPole-v0": {},
     "highway-fast-v0": {"learning_starts": 200, "buffer_size": 15000, "batch_size": 32, "lr": 5e-4,
