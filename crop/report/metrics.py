@@ -218,7 +218,7 @@ def per_step_mean_radius(steps: pd.DataFrame, convention: str = "uncertified_zer
 
 
 def metric_value(run: dict, metric: str, eps: float | None = None) -> float | None:
-    """``metric`` of one run (``run``: the DataFrames of :func:`crop.report.aggregate.load_runs`).
+    """``metric`` of one run (``run``: the DataFrames of :func:`load_runs`).
 
     Returns None when the run did not compute it (see the module docstring), NaN for "no value".
     """

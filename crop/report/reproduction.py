@@ -84,12 +84,12 @@ def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
 
     run_algos = sorted(set(df.loc[df["reproduced"].notna(), "algo"]))
     algos = run_algos or sorted(set(df["algo"]))
-    from crop.report.aggregate import _color, _marker, _series, algo_label
+    from crop.report.style import algo_label, series_color, series_marker, series_order
 
     # the colour and marker of each algorithm (and target: ALGO@TARGET) in every other figure of the project
-    _series(algos)
-    colors = {a: _color(a) for a in algos}
-    markers = {a: _marker(a) for a in algos}
+    series_order(algos)
+    colors = {a: series_color(a) for a in algos}
+    markers = {a: series_marker(a) for a in algos}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     convention = "certified steps only" if radius_metric == "mean_radius_certified" else "uncertified = 0"
     for ax, metric, title in ((axes[0], radius_metric, f"LoAct mean radius, {convention} (log scale)"),
