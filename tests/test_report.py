@@ -238,3 +238,19 @@ def test_latex_escapes_and_marks_missing_values():
     row = tex.split(r"\midrule")[1].split(r"\bottomrule")[0].strip()
     assert row == r"SA-MDP (CVX) & 50\% \& \$ & -- \\"
     assert r"note\_x" in tex
+
+
+def test_markdown_tables_of_the_report_share_one_writer():
+    """pipe_table: the columns asked for in their order (absent ones left out), a cut
+    table says how many rows it left out and where they are; unpadded rows keep their cells as written."""
+    from crop.report.markdown import pipe_table
+
+    rows = [{"b": 1.23456789, "a": "x"}, {"a": "y", "b": 2.0}, {"a": "z", "b": 3.0}]
+    text = pipe_table(rows, ["a", "b", "absent"], limit=2, rest="all in the JSON")
+    lines = text.splitlines()
+    assert re.fullmatch(r"\| a +\| +b \|", lines[0]) and "1.23457" in lines[2] and "y" in lines[3]
+    assert len(lines) == 6 and lines[-1] == "… and 1 more rows (all in the JSON)." and "z" not in text
+    assert pipe_table(rows, ["a"], pad=False) == "| a |\n|---|\n| x |\n| y |\n| z |"
+    assert pipe_table([], ["a"]) == "(none)"
+    md = tables.markdown_table(pd.DataFrame({"algo": ["SA-MDP-PGD"], "sigma=0.1": [math.nan]}), "cap")
+    assert md.startswith("cap\n\n") and "SA-MDP (PGD)" in md and "σ = 0.1" in md and md.endswith("— |\n")  # empty cell

@@ -83,6 +83,7 @@ from crop.io import atomic_write_text, meta_path, read_json, write_json
 from crop.layout import REPLICATE_PREFIX, RUN_FILES, replicate_of, run_files, run_target
 from crop.lore import lore_bound_at
 from crop.report.integrity import check_integrity, stages_present
+from crop.report.markdown import pipe_table
 
 __all__ = ["audit", "discover_runs", "discover_run_folders", "check_integrity", "flip_probability_bound",
            "loact_flip_chance", "lore_leave_chance", "SCHEMA_VERSION"]
@@ -531,17 +532,6 @@ def _short_seed(seed) -> str:
     return text if len(text) <= 9 else text[:8] + "…"
 
 
-def _md_table(rows, columns=None, limit: int | None = None) -> list[str]:
-    df = pd.DataFrame(rows)
-    if columns:
-        df = df[[c for c in columns if c in df.columns]]
-    more = []
-    if limit is not None and len(df) > limit:
-        more = ["", f"… and {len(df) - limit} more rows (all in audit.json)."]
-        df = df.head(limit)
-    return [df.to_markdown(index=False, floatfmt=".6g", missingval="—"), *more, ""]
-
-
 def verdict_line(rep: dict) -> str:
     """The one line that states both verdicts apart: soundness/integrity, then reproduction."""
     st_ = rep["statuses"]
@@ -603,13 +593,13 @@ def _markdown(rep: dict) -> str:
                   "over that run), not over the whole audit. Not a proof of a violation; worth a rerun with more "
                   "attack episodes. Raw p, the run's adjusted p (p_run) and the audit's (p_adjusted; empty where "
                   "the check could not be significant over the audit):", ""]
-        lines += _md_table(rep["suspicious_list"], cols)
+        lines += [pipe_table(rep["suspicious_list"], cols), ""]
     lines += ["", "## Soundness violations", ""]
     if rep["violation_list"]:
         lines += ["Each row: the check, where, the certified bound, what the attack observed, and the p-value of "
                   "the observation under sound certificates (see “Chance” below).", ""]
-        lines += _md_table(rep["violation_list"], ["env", "algo", "sigma", "eps", "check", "bound", "observed",
-                                                   "episode", "steps", "expected", "p_value", "p_adjusted"])
+        lines += [pipe_table(rep["violation_list"], ["env", "algo", "sigma", "eps", "check", "bound", "observed",
+                                                     "episode", "steps", "expected", "p_value", "p_adjusted"]), ""]
     else:
         lines += ["None: no attack went below a certified bound, and no certified action changed within its radius, "
                   "beyond what chance allows; no bound rose with ε.", ""]
@@ -624,17 +614,17 @@ def _markdown(rep: dict) -> str:
         df["run"] = df["env"] + "/" + df["algo"] + "/σ=" + df["sigma"].map(lambda x: f"{x:g}")
         summary = (df.groupby(["check", "testable_with"], dropna=False)
                    .agg(checks=("run", "size"), runs=("run", "nunique"), example=("reason", "first")).reset_index())
-        lines += _md_table(summary.to_dict("records"), limit=50)
+        lines += [pipe_table(summary.to_dict("records"), limit=50, rest="all in audit.json"), ""]
     lines += ["## Integrity", ""]
     if rep["integrity"]:
-        lines += _md_table(rep["integrity"], ["run", "file", "problem"])
+        lines += [pipe_table(rep["integrity"], ["run", "file", "problem"]), ""]
     else:
         lines += ["Every result file has the sha256 recorded when it was written, and every stage used the "
                   "recorded checkpoint.", ""]
     if rep["partial_runs"]:
         lines += ["## Partial runs", "", "Audited for the stages they have (not an integrity problem):", ""]
-        lines += _md_table([{"run": p["run"], "stages": ", ".join(p["stages"]), "absent": ", ".join(p["absent"])}
-                            for p in rep["partial_runs"]])
+        lines += [pipe_table([{"run": p["run"], "stages": ", ".join(p["stages"]), "absent": ", ".join(p["absent"])}
+                              for p in rep["partial_runs"]]), ""]
     if ref:
         lines += ["## Reference comparison", "",
                   f"Reference `{ref['name']}` (`{ref['file']}`, sha256 `{ref['sha256'][:16]}…`), tolerances "
@@ -647,14 +637,14 @@ def _markdown(rep: dict) -> str:
                   "mean_radius_certified: the paper's, certified steps only)."
                   + (" Plain-words summary and figures: `reproduction.md`." if rep.get("reproduction") else ""), ""]
         if ref["tolerances"]:
-            lines += _md_table([{"metric": m, **t} for m, t in ref["tolerances"].items()])
+            lines += [pipe_table([{"metric": m, **t} for m, t in ref["tolerances"].items()]), ""]
         cols = ["env", "algo", "sigma", "metric", "eps", "reference", "reproduced", "interval_lo", "interval_hi",
                 "replicates", "ratio", "outside", "allowed", "verdict", "note"]
         for verdict_name, title in (("differs", "Differs"), ("match", "Match")):
             rows = [r for r in ref["comparisons"] if r["verdict"] == verdict_name]
             if rows:
                 lines += [f"### {title} ({len(rows)})", ""]
-                lines += _md_table(rows, cols, limit=200)
+                lines += [pipe_table(rows, cols, limit=200, rest="all in audit.json"), ""]
         for verdict_name, title in (("missing", "Missing from these results (not in the run)"),
                                     ("not_in_reference", "In the run, not in the reference")):
             rows = [r for r in ref["comparisons"] if r["verdict"] == verdict_name]
@@ -669,8 +659,8 @@ def _markdown(rep: dict) -> str:
                     .size().rename("values").reset_index()])
                 lines += [f"### {title} ({len(rows)})", "", "Counted per run (or per algorithm where its runs are "
                           "absent) and metric; every row is in audit.json.", ""]
-                lines += _md_table(summary[["env", "algo", "sigma", "metric", "note", "values"]]
-                                   .to_dict("records"), limit=100)
+                lines += [pipe_table(summary[["env", "algo", "sigma", "metric", "note", "values"]]
+                                     .to_dict("records"), limit=100, rest="all in audit.json"), ""]
     raw = [i for i in rep["checks"] if i.get("empirical_below") and i["status"] in ("ok", "untestable")]
     lines += ["## Chance", "",
               "A certificate holds with probability ≥ 1 − α for the *exact* smoothed policy; the attacked policy is "
@@ -684,8 +674,8 @@ def _markdown(rep: dict) -> str:
               "most α; how each chance is computed: docs/audit.md).", ""]
     if raw:
         lines += ["Raw failures within chance (not violations):", ""]
-        lines += _md_table(raw, ["env", "algo", "sigma", "eps", "check", "bound", "observed", "steps", "expected",
-                                 "chance", "p_value", "p_adjusted", "note"])
+        lines += [pipe_table(raw, ["env", "algo", "sigma", "eps", "check", "bound", "observed", "steps", "expected",
+                                   "chance", "p_value", "p_adjusted", "note"]), ""]
     else:
         lines += ["No raw failure either.", ""]
     if rep["checks"]:
@@ -693,7 +683,7 @@ def _markdown(rep: dict) -> str:
         df = df.assign(**{s_: df["status"] == s_ for s_ in STATUSES})
         summary = df.groupby(["env", "algo", "sigma", "check"]).agg(
             checked=("status", "size"), **{s_: (s_, "sum") for s_ in STATUSES})
-        lines += ["## Checks per run", "", summary.reset_index().to_markdown(index=False), ""]
+        lines += ["## Checks per run", "", pipe_table(summary.reset_index()), ""]
     if rep["provenance"]:
         lines += ["## Provenance", ""]
         rows = [{"env": p["env"], "algo": p["algo"], "sigma": p["sigma"],
@@ -702,15 +692,15 @@ def _markdown(rep: dict) -> str:
                  "commit": ", ".join(c[:12] for c in p["git_commits"]),
                  "device": p["device"], "runtime_s": p["runtime_total_s"], "finished_utc": p["finished_utc"]}
                 for p in rep["provenance"]]
-        lines += _md_table(rows)
+        lines += [pipe_table(rows), ""]
         stages = sorted({s for p in rep["provenance"] for s in p["runtime_s"]})
         lines += ["Runtime per stage (s):", ""]
-        lines += _md_table([{"run": p["run"], **{s: p["runtime_s"].get(s) for s in stages}}
-                            for p in rep["provenance"]])
+        lines += [pipe_table([{"run": p["run"], **{s: p["runtime_s"].get(s) for s in stages}}
+                              for p in rep["provenance"]]), ""]
         lines += ["Seed per stage (derived from the config's seed and the run's labels; the first 8 digits, every "
                   "seed in full in audit.json):", ""]
-        lines += _md_table([{"run": p["run"], **{s: _short_seed(p["seeds"].get(s)) for s in stages}}
-                            for p in rep["provenance"]])
+        lines += [pipe_table([{"run": p["run"], **{s: _short_seed(p["seeds"].get(s)) for s in stages}}
+                              for p in rep["provenance"]]), ""]
         versions = {k: v for p in rep["provenance"] for k, v in (p["versions"] or {}).items()}
         if versions:
             lines += ["Package versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())), ""]

@@ -26,6 +26,7 @@ from crop.envs import env_spec
 from crop.io import atomic_write_text
 from crop.layout import TABLES, series_label, table_files
 from crop.report.intervals import INTERVAL_METRICS, METHOD_EPISODES, METHOD_REPLICATES, run_interval
+from crop.report.markdown import pipe_table
 from crop.report.metrics import CONVENTIONS, metric_value
 from crop.report.style import algo_label, series_key, series_order
 
@@ -175,7 +176,7 @@ def markdown_table(df: pd.DataFrame, caption: str) -> str:
     out.columns = [_md_header(c) for c in df.columns]
     align = ["right" if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]) else "left"
              for c in df.columns]  # numbers right, also in a column that is all empty cells
-    return f"{caption}\n\n" + out.to_markdown(index=False, floatfmt=".4g", missingval="—", colalign=align) + "\n"
+    return f"{caption}\n\n" + pipe_table(out, floatfmt=".4g", colalign=align) + "\n"
 
 
 def _write_table(df: pd.DataFrame, base: Path, caption: str) -> list[Path]:
