@@ -254,3 +254,36 @@ def test_markdown_tables_of_the_report_share_one_writer():
     assert pipe_table([], ["a"]) == "(none)"
     md = tables.markdown_table(pd.DataFrame({"algo": ["SA-MDP-PGD"], "sigma=0.1": [math.nan]}), "cap")
     assert md.startswith("cap\n\n") and "SA-MDP (PGD)" in md and "σ = 0.1" in md and md.endswith("— |\n")  # empty cell
+
+
+def test_load_runs_complete_or_partial(tmp_path):
+    """The figures read complete, intact runs only (a missing or edited file is an error, a replicate needs
+    its run); the audit (partial) reads what each run has and leaves out a replicate it cannot use."""
+    import shutil
+
+    from crop.report.integrity import IntegrityError
+
+    runs = runs_of(make_results(tmp_path, {"CartPole-v0": {"StdTrain": [0.1], "GaussAug": [0.1]}}))
+    std, gauss = (tmp_path / r for r in runs)
+    rep = std / "rep-1"
+    rep.mkdir()
+    for f in ("loact.csv", "loact.meta.json", "loact_episodes.csv", "loact_episodes.meta.json"):
+        shutil.copy(std / f, rep / f)
+    data = load_runs(tmp_path, [f"{runs[0]}/rep-1", *runs])
+    key = ("CartPole-v0", "StdTrain", "0.1")
+    assert list(data) == [key, ("CartPole-v0", "GaussAug", "0.1")] and len(data[key]["replicates"]) == 1
+    assert data[key]["replicates"][0]["loact"].equals(data[key]["loact"])
+    (gauss / "lore.csv").unlink()
+    with pytest.raises(IntegrityError, match="lore.csv: missing"):
+        load_runs(tmp_path, runs)
+    partial = load_runs(tmp_path, runs, partial=True)
+    assert "lore" not in partial[("CartPole-v0", "GaussAug", "0.1")] and "lore" in partial[key]
+    with pytest.raises(FileNotFoundError, match="without the run itself"):
+        load_runs(tmp_path, [f"{runs[0]}/rep-1"])
+    assert load_runs(tmp_path, [f"{runs[0]}/rep-1"], partial=True) == {}
+    (rep / "loact_episodes.csv").unlink()
+    assert load_runs(tmp_path, [runs[0], f"{runs[0]}/rep-1"], partial=True)[key]["replicates"] == []
+    with (std / "gre.csv").open("a") as f:
+        f.write("1,2,3\n")
+    with pytest.raises(IntegrityError, match="gre.csv"):
+        load_runs(tmp_path, [runs[0]])

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import seaborn as sns
 
-from crop.layout import GLOBAL_FIGURES, aggregate_files, needs_frames, replicate_of, split_run_algo
+from crop.layout import GLOBAL_FIGURES, aggregate_files, needs_frames, split_run_algo
 from crop.report.figures import iter_env_figures, save_figure
-from crop.report.metrics import load_replicates, load_runs
+from crop.report.metrics import load_runs
 from crop.report.style import register_labels, series_order
 from crop.report.tables import write_env_tables
 
@@ -25,13 +25,8 @@ def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tabl
     """Write every figure and table of :func:`crop.layout.aggregate_files` for ``runs``, and nothing else.
     Replicate folders among ``runs`` (``ENV/ALGO/sigma-S/rep-K``, config ``replicates``) are read beside
     their run: the tables then show the mean over replicates and its interval."""
-    reps = [r for r in runs if replicate_of(r)]
-    data = load_runs(results, [r for r in runs if not replicate_of(r)])
+    data = load_runs(results, runs)
     register_labels(split_run_algo(k[1])[0] for k in data)  # labels of your own: colours in a fixed order
-    for key, found in load_replicates(results, reps).items():
-        if key not in data:
-            raise FileNotFoundError(f"replicates of {'/'.join(key)} without the run itself")
-        data[key]["replicates"] = found
     figures_dir, tables_dir = Path(figures_dir), Path(tables_dir)
     envs = sorted({k[0] for k in data})
     plan = {}

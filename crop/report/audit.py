@@ -64,7 +64,7 @@ from crop.layout import REPLICATE_PREFIX, replicate_of, run_files, run_target
 from crop.report.checks import run_checks, untestable_reason
 from crop.report.integrity import check_integrity, stages_present
 from crop.report.markdown import pipe_table
-from crop.report.metrics import namespaced_env, parse_run
+from crop.report.metrics import load_runs, namespaced_env, parse_run
 
 __all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone_holm", "verdict_line", "STATUSES",
            "SCHEMA_VERSION"]
@@ -102,13 +102,7 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
     writing anything.
     """
     from crop.report.provenance import run_provenance
-    from crop.report.reference import (
-        compare_reference,
-        load_partial_runs,
-        load_reference,
-        load_tolerances,
-        reference_summary,
-    )
+    from crop.report.reference import compare_reference, load_reference, load_tolerances, reference_summary
 
     results = Path(results)
     ref = load_reference(reference) if reference is not None else None
@@ -143,7 +137,7 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
                         "identified; pass --config or --config-hash")
     ref_block = None
     if ref is not None:
-        data = load_partial_runs(results, sound_runs)
+        data = load_runs(results, sound_runs, partial=True)
         rows = compare_reference(ref, data, file_tol, abs_tol, rel_tol, level=1 - alpha)
         ref_block = reference_summary(reference, rows, file_tol, tolerances, abs_tol, rel_tol)
     multiple = classify(items, alpha)

@@ -50,7 +50,7 @@ from crop.envs import env_spec
 from crop.io import meta_path, read_json
 from crop.layout import RUN_FILES, replicate_of
 from crop.lore import lore_bound_at
-from crop.report.metrics import lore_valid_until, parse_run
+from crop.report.metrics import lore_valid_until, parse_run, read_lore_meta
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
            "check_certified_steps_not_flipped", "flip_probability_bound", "loact_flip_chance",
@@ -270,9 +270,7 @@ def run_checks(results: Path, run: str, stages: list[str]) -> list[dict]:
     chance = _chance_inputs(d, env) if attack_local is not None else None
     if lore is not None:
         if attack_local is not None:
-            meta = meta_path(d / RUN_FILES["lore"])
-            rows += check_lore_vs_local_attack(lore, read_json(meta) if meta.is_file() else {}, attack_local,
-                                               chance, sigma)
+            rows += check_lore_vs_local_attack(lore, read_lore_meta(d), attack_local, chance, sigma)
         rows += check_monotone("lore_monotone", lore["eps"], lore["lower_bound"])
     if attack_local is not None:
         rows += check_certified_steps_not_flipped(attack_local, chance, sigma)
