@@ -25,7 +25,7 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
   Hoeffding 1956);
 * **LoRe bound above the local PGD return** from LoRe's own initial state.  LoRe's bound (Theorem 4) holds
   for every trajectory of the exact smoothed policy under ‖δ‖ ≤ ε with probability ≥ 1 − α_spent (the α the
-  search spent, ``lore.meta.json``); the attacked episode leaves that tree only where its m-sample action
+  search spent, from LoRe's meta file); the attacked episode leaves that tree only where its m-sample action
   is one LoRe excluded.  The chance of an attacked return below the bound is ≤ α_spent + P[leave], with
   P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state): p_t the flip bound
   above where step t is certified beyond ε; 0 where it is not and |A| = 2 (both actions are in the tree);

@@ -31,12 +31,10 @@ __all__ = ["ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "EXTRA_COLORS", "EXTRA_
 # colours chosen to stay distinct under the common colour-vision deficiencies.  Markers: series that coincide
 # (two policies that certify nothing, two returns at the maximum) still show each algorithm, because their
 # markers are placed at staggered points (:func:`_markevery`).
-ALGO_COLORS = {"StdTrain": "#332288", "GaussAug": "#88ccee", "AdvTrain": "#44aa99", "SA-MDP-PGD": "#117733",
-               "SA-MDP-CVX": "#999933", "RadialRL": "#cc6677", "CARRL": "#ddcc77", "NoisyNet": "#882255",
-               "GradDQN": "#aa4499"}
-ALGO_MARKERS = {"StdTrain": "o", "GaussAug": "s", "AdvTrain": "^", "SA-MDP-PGD": "v", "SA-MDP-CVX": "D",
-                "RadialRL": "P", "CARRL": "X", "NoisyNet": "*", "GradDQN": "h"}
-assert list(ALGO_COLORS) == list(ALGO_MARKERS) == list(ALGORITHMS)
+# Both in the order of crop.config.ALGORITHMS (StdTrain #332288 "o", GaussAug #88ccee "s", …).
+ALGO_COLORS = dict(zip(ALGORITHMS, ("#332288", "#88ccee", "#44aa99", "#117733", "#999933", "#cc6677", "#ddcc77",
+                                    "#882255", "#aa4499"), strict=True))
+ALGO_MARKERS = dict(zip(ALGORITHMS, ("o", "s", "^", "v", "D", "P", "X", "*", "h"), strict=True))
 # Labels of your own (any label outside the nine): the k-th of a run's own labels, in sorted order, takes
 # colour k mod 7 (Paul Tol's "vibrant" scheme, none of them in "muted") and marker k mod 6 (none of the
 # nine's), so up to 42 labels of your own get distinct (colour, marker) pairs beside the nine.

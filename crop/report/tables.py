@@ -268,7 +268,7 @@ def write_env_tables(env: str, data: dict, tables_dir: Path, table_eps_factors) 
     spec = env_spec(env)
     written = []
     for name, (df, caption) in env_tables(env, data, table_eps_factors).items():
-        if "algo" in df:  # rows of another smoothing target: "StdTrain (vote)" (q's rows unchanged)
+        if "algo" in df:  # rows of another smoothing target: "StdTrain (vote)" (q's rows keep the plain name)
             df = df.assign(algo=df["algo"].map(series_label))
         written += _write_table(df, tables_dir / f"{spec.paper_name}_{name}", caption)
     expected = set(table_files(tables_dir, env))
