@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from crop import columns as cols
 from crop.envs import make_env, to_obs
 from crop.loact import certify_estimate
 from crop.progress import pbar
@@ -148,9 +149,9 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
                 alive[i] = False
     for env in envs:
         env.close()
-    return pd.DataFrame({"eps": [r[0] for r in runs], "episode": [r[1] for r in runs], "return": ret,
-                         "steps": n_steps, "flips": flips, "flips_certified": flips_cert,
-                         "horizon": horizon})
+    return pd.DataFrame({cols.EPS: [r[0] for r in runs], cols.EPISODE: [r[1] for r in runs], cols.RETURN: ret,
+                         cols.STEPS: n_steps, "flips": flips, cols.FLIPS_CERTIFIED: flips_cert,
+                         cols.HORIZON: horizon})
 
 
 def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, episode_seeds,
@@ -202,5 +203,5 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
                 alive[i] = False
     for env in envs:
         env.close()
-    return pd.DataFrame({"eps": [r[0] for r in runs], "episode": [r[1] for r in runs], "return": ret,
-                         "horizon": horizon})
+    return pd.DataFrame({cols.EPS: [r[0] for r in runs], cols.EPISODE: [r[1] for r in runs], cols.RETURN: ret,
+                         cols.HORIZON: horizon})

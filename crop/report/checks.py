@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
+from crop import columns as cols
 from crop.envs import env_spec
 from crop.io import meta_path, read_json
 from crop.layout import RUN_FILES, replicate_of
@@ -117,7 +118,7 @@ def _margins_ok(c: dict) -> str:
     """Why the chance of a flip cannot be estimated ('' when it can)."""
     if c["steps"] is None:
         return "no loact.csv: no recorded margins"
-    if not {"q_top_lower", "q_others_upper_max"} <= set(c["steps"].columns):
+    if not {cols.Q_TOP_LOWER, cols.Q_OTHERS_UPPER_MAX} <= set(c["steps"].columns):
         return "loact.csv lacks q_top_lower / q_others_upper_max"
     if c["v_min"] is None or c["v_max"] is None or not c["v_max"] > c["v_min"]:
         return "no V range recorded"
@@ -127,8 +128,8 @@ def _margins_ok(c: dict) -> str:
 
 
 def _step_flip_bounds(c: dict, sigma: float, eps: float, steps: pd.DataFrame) -> np.ndarray:
-    return flip_probability_bound(steps["q_top_lower"], steps["q_others_upper_max"], c["v_min"], c["v_max"],
-                                  sigma, eps, int(c["m"]), c["n_actions"])
+    return flip_probability_bound(steps[cols.Q_TOP_LOWER], steps[cols.Q_OTHERS_UPPER_MAX], c["v_min"],
+                                  c["v_max"], sigma, eps, int(c["m"]), c["n_actions"])
 
 
 def loact_flip_chance(c: dict, sigma: float, eps: float) -> tuple[float, str]:
@@ -138,7 +139,7 @@ def loact_flip_chance(c: dict, sigma: float, eps: float) -> tuple[float, str]:
     if why:
         return 1.0, f"unassessed ({why})"
     s = c["steps"]
-    beyond = s[s["certified"].astype(bool) & (s["radius"] > eps)]
+    beyond = s[s[cols.CERTIFIED].astype(bool) & (s[cols.RADIUS] > eps)]
     if beyond.empty:
         return 1.0, "unassessed (no LoAct step certified beyond this eps)"
     p = np.minimum(1.0, float(c["alpha"]) + _step_flip_bounds(c, sigma, eps, beyond))
@@ -152,10 +153,10 @@ def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int) -> tuple[
     if why:
         return 1.0, f"unassessed ({why})"
     s = c["steps"]
-    ep0 = s[s["episode"] == s["episode"].min()].sort_values("step").head(horizon)
+    ep0 = s[s[cols.EPISODE] == s[cols.EPISODE].min()].sort_values(cols.STEP).head(horizon)
     if len(ep0) < horizon:
         return 1.0, f"LoAct episode 0 has {len(ep0)} < {horizon} steps"
-    beyond = ep0["certified"].astype(bool).to_numpy() & (ep0["radius"].to_numpy(float) > eps)
+    beyond = ep0[cols.CERTIFIED].astype(bool).to_numpy() & (ep0[cols.RADIUS].to_numpy(float) > eps)
     p = np.where(beyond, _step_flip_bounds(c, sigma, eps, ep0), 0.0 if c["n_actions"] == 2 else 1.0)
     return float(1.0 - np.prod(1.0 - p)), f"estimated along LoAct episode 0 ({horizon} steps)"
 
@@ -179,22 +180,22 @@ def check_gre_vs_global_attack(gre: pd.DataFrame, attack: pd.DataFrame) -> list[
     (Theorem 2) against the attacked mean (Hoeffding), each certified percentile bound J̲_p (Theorem 3)
     against the attacked p-quantile (P[Bin(n, p) ≥ #returns below J̲_p])."""
     rows_out = []
-    for eps, g in attack.groupby("eps"):
-        rows = gre[np.isclose(gre["eps"], eps)]
+    for eps, g in attack.groupby(cols.EPS):
+        rows = gre[np.isclose(gre[cols.EPS], eps)]
         if rows.empty:
             continue
-        ret = g["return"].to_numpy()
-        eb = float(rows["expectation_bound"].iloc[0])
-        width = float(rows["j_max"].iloc[0] - rows["j_min"].iloc[0])
-        j_min = float(rows["j_min"].iloc[0])
+        ret = g[cols.RETURN].to_numpy()
+        eb = float(rows[cols.EXPECTATION_BOUND].iloc[0])
+        width = float(rows[cols.J_MAX].iloc[0] - rows[cols.J_MIN].iloc[0])
+        j_min = float(rows[cols.J_MIN].iloc[0])
         rows_out.append(_row("gre_expectation_vs_pgd_mean", float(eps), eb, float(ret.mean()),
                              empirical_below=bool(ret.mean() < eb - TOL), episodes=len(ret),
                              p_value=_hoeffding_p(eb - ret.mean(), len(ret), width),
                              min_p=_hoeffding_p(eb - j_min, len(ret), width), shortfall_max=eb - j_min, width=width))
         for _, r in rows.iterrows():
-            if not bool(r["percentile_certified"]):
+            if not bool(r[cols.PERCENTILE_CERTIFIED]):
                 continue
-            pb, p = float(r["percentile_bound"]), float(r["p"])
+            pb, p = float(r[cols.PERCENTILE_BOUND]), float(r[cols.P])
             q = float(np.quantile(ret, p, method="inverted_cdf"))
             below = int((ret < pb - TOL).sum())
             rows_out.append(_row(f"gre_percentile_p{p:g}_vs_pgd", float(eps), pb, q,
@@ -217,16 +218,16 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
     valid_until = lore_valid_until({"lore_meta": lore_meta})
     a_lore = _lore_alpha(lore_meta)
     rows_out = []
-    for _, r in attack[attack["same_start_as_lore"].astype(bool)].iterrows():
-        eps = float(r["eps"])
+    for _, r in attack[attack[cols.SAME_START_AS_LORE].astype(bool)].iterrows():
+        eps = float(r[cols.EPS])
         b = lore_bound_at(lore, eps, valid_until)
         if math.isnan(b):
             continue
-        below = float(r["return"]) < b - TOL
-        leave, note = lore_leave_chance(chance, sigma, eps, int(r["steps"]))
+        below = float(r[cols.RETURN]) < b - TOL
+        leave, note = lore_leave_chance(chance, sigma, eps, int(r[cols.STEPS]))
         allowed = min(1.0, a_lore + leave)
-        rows_out.append(_row("lore_vs_pgd_local", eps, b, float(r["return"]), empirical_below=below,
-                             episode=int(r["episode"]), p_value=allowed if below else 1.0, chance=allowed,
+        rows_out.append(_row("lore_vs_pgd_local", eps, b, float(r[cols.RETURN]), empirical_below=below,
+                             episode=int(r[cols.EPISODE]), p_value=allowed if below else 1.0, chance=allowed,
                              alpha_spent=a_lore, p_leave=leave, note=note, min_p=allowed))
     return rows_out
 
@@ -237,7 +238,7 @@ def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma:
     (:func:`loact_flip_chance`)."""
     rows_out = []
     for eps, g in attack.groupby("eps"):
-        flips, n = int(g["flips_certified"].sum()), int(g["steps"].sum())
+        flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), int(g[cols.STEPS].sum())
         per_step, note = loact_flip_chance(chance, sigma, float(eps))
         rows_out.append(_row("loact_certified_steps_not_flipped", float(eps), 0, flips, empirical_below=flips > 0,
                              episodes=len(g), steps=n, chance=per_step, expected=n * per_step,
@@ -264,14 +265,15 @@ def run_checks(results: Path, run: str, stages: list[str]) -> list[dict]:
     if gre is not None:
         if attack_global is not None:
             rows += check_gre_vs_global_attack(gre, attack_global)
-        for p, g in gre.groupby("p"):
-            rows += check_monotone(f"gre_percentile_p{p:g}_monotone", g["eps"], g["percentile_bound"].astype(float))
-        rows += check_monotone("gre_expectation_monotone", gre["eps"], gre["expectation_bound"])
+        for p, g in gre.groupby(cols.P):
+            rows += check_monotone(f"gre_percentile_p{p:g}_monotone", g[cols.EPS],
+                                   g[cols.PERCENTILE_BOUND].astype(float))
+        rows += check_monotone("gre_expectation_monotone", gre[cols.EPS], gre[cols.EXPECTATION_BOUND])
     chance = _chance_inputs(d, env) if attack_local is not None else None
     if lore is not None:
         if attack_local is not None:
             rows += check_lore_vs_local_attack(lore, read_lore_meta(d), attack_local, chance, sigma)
-        rows += check_monotone("lore_monotone", lore["eps"], lore["lower_bound"])
+        rows += check_monotone("lore_monotone", lore[cols.EPS], lore[cols.LOWER_BOUND])
     if attack_local is not None:
         rows += check_certified_steps_not_flipped(attack_local, chance, sigma)
     return [{**key, **r} for r in rows]

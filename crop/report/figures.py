@@ -19,6 +19,7 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from crop import columns as cols  # noqa: E402
 from crop.envs import env_spec  # noqa: E402
 from crop.io import atomic_write_bytes  # noqa: E402
 from crop.layout import FIGURE_FORMATS, figure_families, large_sigma_labels, main_sigma_labels  # noqa: E402
@@ -138,7 +139,7 @@ def _panel_stepwise(ax, runs: dict, sigma: float) -> None:
 def _panel_ratio(ax, runs: dict, sigma: float) -> None:
     """Certified ratio η_r (% of steps certified at radius ≥ r), mean ± std over episodes."""
     for a, d in runs.items():
-        g = d["certified_ratio"].groupby("r")["eta"]
+        g = d["certified_ratio"].groupby(cols.R)[cols.ETA]
         m, s = 100 * g.mean(), 100 * g.std(ddof=0).fillna(0.0)
         _mean_std_band(ax, m.index.to_numpy(), m.to_numpy(), s.to_numpy(), a)
     ax.set_ylim(-3, 103)
@@ -146,8 +147,8 @@ def _panel_ratio(ax, runs: dict, sigma: float) -> None:
 
 def _gre_rows(d: dict, kind: str) -> pd.DataFrame:
     gre = d["gre"]
-    rows = gre[np.isclose(gre["p"], 0.5)] if kind == "median" else gre.drop_duplicates("eps")
-    return rows.sort_values("eps")
+    rows = gre[np.isclose(gre[cols.P], 0.5)] if kind == "median" else gre.drop_duplicates(cols.EPS)
+    return rows.sort_values(cols.EPS)
 
 
 def gre_curve(d: dict, kind: str, x_end: float) -> tuple[np.ndarray, np.ndarray, int]:
@@ -157,9 +158,9 @@ def gre_curve(d: dict, kind: str, x_end: float) -> tuple[np.ndarray, np.ndarray,
     (``gre_returns.csv``, :func:`crop.gre.gre_bounds`, α per point as in gre.csv).  A percentile no order
     statistic certifies is drawn as the trivial bound J_min.  Returns (ε, bound, n) with the first ``n``
     points from gre.csv."""
-    col = "expectation_bound" if kind == "mean" else "percentile_bound"
+    col = cols.EXPECTATION_BOUND if kind == "mean" else cols.PERCENTILE_BOUND
     rows = _gre_rows(d, kind)
-    eps, y = rows["eps"].to_numpy(float), rows[col].to_numpy(float)
+    eps, y = rows[cols.EPS].to_numpy(float), rows[col].to_numpy(float)
     n = len(eps)
     last = float(eps.max()) if n else 0.0
     if n and x_end > last * (1 + 1e-9):
@@ -167,12 +168,12 @@ def gre_curve(d: dict, kind: str, x_end: float) -> tuple[np.ndarray, np.ndarray,
 
         r0 = rows.iloc[0]
         extra = np.linspace(last, x_end, 17)[1:]
-        ext = gre_bounds(d["gre_returns"]["return"].to_numpy(float), sigma=float(r0["sigma"]),
-                         horizon=int(r0["horizon"]), alpha=float(r0["alpha"]), eps_grid=extra, percentiles=[0.5],
-                         j_min=float(r0["j_min"]), j_max=float(r0["j_max"]))
+        ext = gre_bounds(d["gre_returns"][cols.RETURN].to_numpy(float), sigma=float(r0[cols.SIGMA]),
+                         horizon=int(r0[cols.HORIZON]), alpha=float(r0[cols.ALPHA]), eps_grid=extra, percentiles=[0.5],
+                         j_min=float(r0[cols.J_MIN]), j_max=float(r0[cols.J_MAX]))
         eps, y = np.append(eps, extra), np.append(y, ext[col].to_numpy(float))
     if kind == "median" and n:
-        y = np.where(np.isnan(y), float(rows["j_min"].iloc[0]), y)
+        y = np.where(np.isnan(y), float(rows[cols.J_MIN].iloc[0]), y)
     return eps, y, n
 
 
@@ -181,13 +182,13 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
     stat = "mean" if kind == "mean" else "median"
     x_end = 0.0
     for d in runs.values():
-        x_end = max(x_end, float(d["gre"]["eps"].max()), float(d["attack_global"]["eps"].max()))
+        x_end = max(x_end, float(d["gre"][cols.EPS].max()), float(d["attack_global"][cols.EPS].max()))
     j_lo, j_hi, vacuous_any = np.inf, -np.inf, False
     for a, d in runs.items():
-        j_lo, j_hi = min(j_lo, d["gre"]["j_min"].min()), max(j_hi, d["gre"]["j_max"].max())
+        j_lo, j_hi = min(j_lo, d["gre"][cols.J_MIN].min()), max(j_hi, d["gre"][cols.J_MAX].max())
         eps, y, n = gre_curve(d, kind, x_end)
         # Below J_min a bound says less than the trivial one (vacuous): drawn at J_min, marked ▽.
-        j_min = float(d["gre"]["j_min"].min())
+        j_min = float(d["gre"][cols.J_MIN].min())
         vacuous = y < j_min
         y = np.maximum(y, j_min)
         bound_line(ax, eps, y, a, markevery=list(range(n)))
@@ -195,7 +196,7 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
             vacuous_any = True
             ax.plot(eps[vacuous], y[vacuous], ls="none", marker="v", ms=4, mfc="none", mew=0.8,
                     color=series_color(a), zorder=3)
-        att = d["attack_global"].groupby("eps")["return"].agg(stat)
+        att = d["attack_global"].groupby(cols.EPS)[cols.RETURN].agg(stat)
         attack_line(ax, att.index, att.to_numpy(), a)
     if np.isfinite(j_lo) and j_hi > j_lo:
         # The expectation bound falls below J_min at large ε (vacuous there); show [J_min, J_max].
@@ -213,18 +214,18 @@ def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
     """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed)."""
     xmax = 0.0
     for d in runs.values():
-        xmax = max(xmax, float(d["attack_local"]["eps"].max()), float(d["lore"]["eps"].max()))
+        xmax = max(xmax, float(d["attack_local"][cols.EPS].max()), float(d["lore"][cols.EPS].max()))
     lo, hi = np.inf, -np.inf
     for a, d in runs.items():
-        lore = d["lore"].sort_values("eps")
+        lore = d["lore"].sort_values(cols.EPS)
         end = min(xmax, lore_valid_until(d))
-        keep = lore[lore["eps"] <= end]
-        xs = np.append(keep["eps"].to_numpy(), end)
-        ys = np.append(keep["lower_bound"].to_numpy(), keep["lower_bound"].iloc[-1])
+        keep = lore[lore[cols.EPS] <= end]
+        xs = np.append(keep[cols.EPS].to_numpy(), end)
+        ys = np.append(keep[cols.LOWER_BOUND].to_numpy(), keep[cols.LOWER_BOUND].iloc[-1])
         ax.step(xs, ys, where="post", color=series_color(a), label=algo_label(a), lw=line_width(a), zorder=BOUND_Z,
                 marker=series_marker(a), ms=marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
         att = d["attack_local"]
-        g = att[att["same_start_as_lore"].astype(bool)].groupby("eps")["return"].min()
+        g = att[att[cols.SAME_START_AS_LORE].astype(bool)].groupby(cols.EPS)[cols.RETURN].min()
         attack_line(ax, g.index, g.to_numpy(), a)
         vals = np.concatenate([ys, g.to_numpy(float)])
         lo, hi = min(lo, np.nanmin(vals)), max(hi, np.nanmax(vals))
@@ -337,7 +338,7 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
     """Certified radius over the window of recorded steps (episode 0), with the frames at marked steps."""
     frames, steps = load_frames(run["frames_path"])
     st = run["loact"]
-    ep0 = st[st["episode"] == st["episode"].min()].set_index("step")["radius"]
+    ep0 = st[st[cols.EPISODE] == st[cols.EPISODE].min()].set_index(cols.STEP)[cols.RADIUS]
     lo, hi = int(steps.min()), int(steps.max())
     window = ep0[(ep0.index >= lo) & (ep0.index <= hi)]
     k = min(PERIODIC_FRAMES, len(steps))

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from crop import columns as cols
 from crop.io import meta_path, read_json
 from crop.layout import FRAMES_FILE, REPLICATE_PREFIX, RUN_FILES, replicate_of, run_files, run_target
 from crop.lore import lore_bound_at
@@ -182,8 +183,8 @@ def _check_convention(convention: str) -> None:
 
 def _radii(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(radius, certified) of LoAct's per-step table; an uncertified step's radius is 0 whatever is stored."""
-    certified = steps["certified"].astype(bool).to_numpy()
-    return np.where(certified, steps["radius"].to_numpy(dtype=float), 0.0), certified
+    certified = steps[cols.CERTIFIED].astype(bool).to_numpy()
+    return np.where(certified, steps[cols.RADIUS].to_numpy(dtype=float), 0.0), certified
 
 
 def mean_radius(steps: pd.DataFrame, convention: str = "uncertified_zero") -> float:
@@ -201,7 +202,7 @@ def mean_radius(steps: pd.DataFrame, convention: str = "uncertified_zero") -> fl
         return float(radius.mean()) if radius.size else math.nan
     if not certified.any():
         return math.nan
-    per_step = pd.Series(np.where(certified, radius, np.nan)).groupby(steps["step"].to_numpy(int)).mean()
+    per_step = pd.Series(np.where(certified, radius, np.nan)).groupby(steps[cols.STEP].to_numpy(int)).mean()
     return float(per_step.fillna(0.0).mean())
 
 
@@ -214,13 +215,13 @@ def per_step_mean_radius(steps: pd.DataFrame, convention: str = "uncertified_zer
     where that is 0); indexed by ``step``."""
     _check_convention(convention)
     radius, certified = _radii(steps)
-    df = pd.DataFrame({"step": steps["step"].to_numpy(int), "radius": radius, "certified": certified})
-    running = df.groupby("step").size()
-    used = df if convention == "uncertified_zero" else df[df["certified"]]
-    g = used.groupby("step")["radius"]
+    df = pd.DataFrame({cols.STEP: steps[cols.STEP].to_numpy(int), cols.RADIUS: radius, cols.CERTIFIED: certified})
+    running = df.groupby(cols.STEP).size()
+    used = df if convention == "uncertified_zero" else df[df[cols.CERTIFIED]]
+    g = used.groupby(cols.STEP)[cols.RADIUS]
     out = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=0)}).reindex(running.index)
     out["running"] = running
-    out["averaged"] = used.groupby("step").size().reindex(running.index, fill_value=0)
+    out["averaged"] = used.groupby(cols.STEP).size().reindex(running.index, fill_value=0)
     return out
 
 
@@ -238,32 +239,32 @@ def metric_value(run: dict, metric: str, eps: float | None = None) -> float | No
     if metric == "mean_radius_certified":
         return mean_radius(run["loact"], "certified_only")
     if metric == "certified_fraction":
-        return float(run["loact"]["certified"].astype(bool).mean())
+        return float(run["loact"][cols.CERTIFIED].astype(bool).mean())
     if metric == "benign_return":
-        return float(run["loact_episodes"]["return"].mean())
+        return float(run["loact_episodes"][cols.RETURN].mean())
     eps = float(eps)
     if metric == "expectation_bound":
-        g = run["gre"][_close(run["gre"]["eps"], eps)]
-        return float(g["expectation_bound"].iloc[0]) if len(g) else None
+        g = run["gre"][_close(run["gre"][cols.EPS], eps)]
+        return float(g[cols.EXPECTATION_BOUND].iloc[0]) if len(g) else None
     if metric.startswith("percentile_bound"):
         p = 0.5 if metric == "percentile_bound" else float(metric[len("percentile_bound_p"):])
         gre = run["gre"]
-        g = gre[_close(gre["eps"], eps) & _close(gre["p"], p)]
+        g = gre[_close(gre[cols.EPS], eps) & _close(gre[cols.P], p)]
         if not len(g):
             return None
-        v = g["percentile_bound"].iloc[0]
+        v = g[cols.PERCENTILE_BOUND].iloc[0]
         return math.nan if pd.isna(v) else float(v)
     if metric == "lore_bound":
         v = lore_bound_at(run["lore"], eps, lore_valid_until(run))
         return None if math.isnan(v) else float(v)
     if metric in ("pgd_global_mean", "pgd_global_median"):
         ag = run["attack_global"]
-        r = ag[_close(ag["eps"], eps)]["return"]
+        r = ag[_close(ag[cols.EPS], eps)][cols.RETURN]
         if not len(r):
             return None
         return float(r.mean() if metric == "pgd_global_mean" else r.median())
     if metric == "pgd_local_return":
         al = run["attack_local"]
-        r = al[_close(al["eps"], eps) & al["same_start_as_lore"].astype(bool)]["return"]
+        r = al[_close(al[cols.EPS], eps) & al[cols.SAME_START_AS_LORE].astype(bool)][cols.RETURN]
         return float(r.min()) if len(r) else None
     raise AssertionError(metric)

@@ -63,6 +63,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from crop import columns as cols
 from crop.config import ALGORITHMS, load_schema
 from crop.envs import ENV_SPECS
 from crop.io import sha256_file
@@ -281,20 +282,20 @@ def run_rows(run: dict) -> list[tuple[str, float | None]]:
         out.append(("benign_return", None))
     if "gre" in run:
         g = run["gre"]
-        for e in sorted(g["eps"].unique()):
+        for e in sorted(g[cols.EPS].unique()):
             out.append(("expectation_bound", float(e)))
-        for (p, e), _ in g.groupby(["p", "eps"]):
+        for (p, e), _ in g.groupby([cols.P, cols.EPS]):
             out.append(("percentile_bound" if math.isclose(p, 0.5) else f"percentile_bound_p{p:g}", float(e)))
     if "lore" in run:
         vu = lore_valid_until(run)
-        out += [("lore_bound", float(e)) for e in sorted(run["lore"]["eps"].unique()) if e < vu]
+        out += [("lore_bound", float(e)) for e in sorted(run["lore"][cols.EPS].unique()) if e < vu]
     if "attack_global" in run:
-        for e in sorted(run["attack_global"]["eps"].unique()):
+        for e in sorted(run["attack_global"][cols.EPS].unique()):
             out += [("pgd_global_mean", float(e)), ("pgd_global_median", float(e))]
     if "attack_local" in run:
         al = run["attack_local"]
-        out += [("pgd_local_return", float(e)) for e in sorted(al[al["same_start_as_lore"].astype(bool)]["eps"]
-                                                               .unique())]
+        from_lore_start = al[al[cols.SAME_START_AS_LORE].astype(bool)]
+        out += [("pgd_local_return", float(e)) for e in sorted(from_lore_start[cols.EPS].unique())]
     return out
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from crop import columns as cols
 from crop.envs import env_spec
 from crop.io import atomic_write_text
 from crop.layout import TABLES, series_label, table_files
@@ -135,11 +136,11 @@ def _pivot_interval(df: pd.DataFrame, value: str, replicates: bool = False) -> p
 
 def _merged(df: pd.DataFrame) -> pd.DataFrame:
     """An interval table for reading: each σ column as "value [lo, hi]" (", sd s" over replicates)."""
-    cols = [c for c in df.columns if not c.endswith(INTERVAL_COLUMNS)]
-    if len(cols) == len(df.columns):
+    shown = [c for c in df.columns if not c.endswith(INTERVAL_COLUMNS)]
+    if len(shown) == len(df.columns):
         return df
-    out = df[cols].copy()
-    for c in cols:
+    out = df[shown].copy()
+    for c in shown:
         if f"{c} lo" not in df:
             continue
 
@@ -204,7 +205,7 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                "mean_radius_certified": metric_value(d, "mean_radius_certified"),
                "certified_fraction": metric_value(d, "certified_fraction"),
                "benign_return": metric_value(d, "benign_return"),
-               "benign_return_std": float(ep["return"].std(ddof=0))}
+               "benign_return_std": float(ep[cols.RETURN].std(ddof=0))}
         for m in INTERVAL_METRICS:  # the confidence interval (crop.report.intervals), beside the value
             iv = run_interval(d, m)
             if d.get("replicates"):
@@ -221,7 +222,7 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
             vals["percentile_bound_p50"] = vals.pop("percentile_bound")
             # Theorem 2's linear bound falls below J_min at large ε: vacuous, reported as J_min (marked †)
             raw_eb = vals["expectation_bound"]
-            j_min = float(d["gre"]["j_min"].iloc[0]) if "gre" in d and len(d["gre"]) else -math.inf
+            j_min = float(d["gre"][cols.J_MIN].iloc[0]) if "gre" in d and len(d["gre"]) else -math.inf
             vals["expectation_bound"] = max(raw_eb, j_min) if not math.isnan(raw_eb) else raw_eb
             bound_rows.append({"algo": a, "sigma": sigma, "eps": eps, "expectation_bound": vals["expectation_bound"],
                                "percentile_bound_p50": vals["percentile_bound_p50"], "lore_bound": vals["lore_bound"],
