@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from crop import columns as cols
 from crop.engine import resolve_device
 from crop.envs import make_env, to_obs
 from crop.loact import certify_estimate
@@ -123,8 +124,8 @@ class _Runs:
         """One row per run (eps, episode, return, ``columns``, horizon); closes the environments."""
         for env in self.envs:
             env.close()
-        return pd.DataFrame({"eps": [r[0] for r in self.runs], "episode": [r[1] for r in self.runs],
-                             "return": self.ret, **columns, "horizon": horizon})
+        return pd.DataFrame({cols.EPS: [r[0] for r in self.runs], cols.EPISODE: [r[1] for r in self.runs],
+                             cols.RETURN: self.ret, **columns, cols.HORIZON: horizon})
 
 
 def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, horizon: int, *,
@@ -173,7 +174,7 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
                     flips_cert[i] += 1
             runs.step(i, a, t, gamma, reward_fn)
             n_steps[i] += 1
-    return runs.table(horizon, steps=n_steps, flips=flips, flips_certified=flips_cert)
+    return runs.table(horizon, **{cols.STEPS: n_steps, "flips": flips, cols.FLIPS_CERTIFIED: flips_cert})
 
 
 def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, episode_seeds,

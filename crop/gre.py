@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from crop import columns as cols
 from crop import stats
 from crop.engine import resolve_device
 from crop.envs import make_env_pool
@@ -161,12 +162,12 @@ def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float,
             p_prime = stats.percentile_p_prime(float(p), float(eps), horizon, sigma)
             k = stats.percentile_order_index(m, p_prime, alpha)
             rows.append({
-                "eps": float(eps), "p": float(p), "expectation_bound": e_bound,
+                cols.EPS: float(eps), cols.P: float(p), cols.EXPECTATION_BOUND: e_bound,
                 "cdf_expectation_bound": float(cdf_bound),
-                "percentile_bound": float(ordered[k - 1]) if k is not None else math.nan,
-                "percentile_certified": k is not None, "k": k if k is not None else pd.NA,
-                "p_prime": p_prime, "m": m, "horizon": horizon, "alpha": alpha, "sigma": sigma,
+                cols.PERCENTILE_BOUND: float(ordered[k - 1]) if k is not None else math.nan,
+                cols.PERCENTILE_CERTIFIED: k is not None, "k": k if k is not None else pd.NA,
+                "p_prime": p_prime, "m": m, cols.HORIZON: horizon, cols.ALPHA: alpha, cols.SIGMA: sigma,
                 "mean_return": mean, "median_return": float(np.median(returns)),
-                "j_min": j_min, "j_max": j_max,
+                cols.J_MIN: j_min, cols.J_MAX: j_max,
             })
     return pd.DataFrame(rows)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from crop import columns as cols
 from crop import stats
 from crop.envs import make_env, to_obs
 from crop.progress import pbar
@@ -90,8 +91,8 @@ def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, epi
         rows += r
         eps_rows += e
     bar.close()
-    rows.sort(key=lambda r: (r["episode"], r["step"]))
-    eps_rows.sort(key=lambda r: r["episode"])
+    rows.sort(key=lambda r: (r[cols.EPISODE], r[cols.STEP]))
+    eps_rows.sort(key=lambda r: r[cols.EPISODE])
     return pd.DataFrame(rows), pd.DataFrame(eps_rows)
 
 
@@ -128,10 +129,10 @@ def _run_group(env_id, smoother, group, halves, horizon, episode_seeds, profile,
                 ret[ep] += float(reward)
                 steps[ep] = t + 1
                 rows.append({
-                    "episode": ep, "step": t, "action": cert.action, "certified": cert.certified,
-                    "radius": cert.radius, "reward": float(reward), "q_top": float(est.mean[cert.action]),
-                    "q_runner_up": float(runner.max()), "q_top_lower": float(est.lower[cert.action]),
-                    "q_others_upper_max": float(np.max(np.delete(est.upper, cert.action))),
+                    cols.EPISODE: ep, cols.STEP: t, "action": cert.action, cols.CERTIFIED: cert.certified,
+                    cols.RADIUS: cert.radius, "reward": float(reward), "q_top": float(est.mean[cert.action]),
+                    "q_runner_up": float(runner.max()), cols.Q_TOP_LOWER: float(est.lower[cert.action]),
+                    cols.Q_OTHERS_UPPER_MAX: float(np.max(np.delete(est.upper, cert.action))),
                 })
                 if terminated or truncated:
                     ended.append(ep)
@@ -143,10 +144,11 @@ def _run_group(env_id, smoother, group, halves, horizon, episode_seeds, profile,
             s[2] = submit(live, t + 1) if live and t + 1 < horizon else None
     eps_rows = []
     for ep in group:
-        radii = np.array([r["radius"] for r in rows if r["episode"] == ep])
-        eps_rows.append({"episode": ep, "return": ret[ep], "steps": steps[ep],
+        radii = np.array([r[cols.RADIUS] for r in rows if r[cols.EPISODE] == ep])
+        eps_rows.append({cols.EPISODE: ep, cols.RETURN: ret[ep], cols.STEPS: steps[ep],
                          "mean_radius": float(radii.mean()),
-                         "certified_fraction": float(np.mean([r["certified"] for r in rows if r["episode"] == ep]))})
+                         "certified_fraction": float(np.mean([r[cols.CERTIFIED] for r in rows
+                                                              if r[cols.EPISODE] == ep]))})
         envs[ep].close()
     return rows, eps_rows
 
@@ -154,8 +156,8 @@ def _run_group(env_id, smoother, group, halves, horizon, episode_seeds, profile,
 def certified_ratio(steps: pd.DataFrame, r_grid) -> pd.DataFrame:
     """η_r = (1/H) Σ_t 1{certified_t and r_t ≥ r} per episode (Section 6.1), H the episode's length."""
     out = []
-    for ep, g in steps.groupby("episode"):
-        rad = np.where(g["certified"].to_numpy(bool), g["radius"].to_numpy(float), -np.inf)
+    for ep, g in steps.groupby(cols.EPISODE):
+        rad = np.where(g[cols.CERTIFIED].to_numpy(bool), g[cols.RADIUS].to_numpy(float), -np.inf)
         for r in r_grid:
-            out.append({"r": float(r), "episode": int(ep), "eta": float(np.mean(rad >= r))})
+            out.append({cols.R: float(r), cols.EPISODE: int(ep), cols.ETA: float(np.mean(rad >= r))})
     return pd.DataFrame(out)

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from crop import columns as cols
 from crop import stats
 from crop.envs import make_env, restore, snapshot, to_obs
 from crop.loact import Certificate, certify_estimate
@@ -246,7 +247,7 @@ class LoRe:
 
     def bound_table(self) -> pd.DataFrame:
         """The step function (ε_i, J̲_i): for every ε ∈ [ε_i, ε_{i+1}), J_ε(π̃) ≥ J̲_i (Theorem 4)."""
-        return pd.DataFrame(self.pairs, columns=["eps", "lower_bound"])
+        return pd.DataFrame(self.pairs, columns=[cols.EPS, cols.LOWER_BOUND])
 
     def info(self, resumed: bool, started: float) -> dict:
         """What the search did and the confidence it holds with (union bound over the states smoothed)."""
@@ -334,6 +335,6 @@ def lore_bound_at(table: pd.DataFrame, eps: float, valid_until: float = math.inf
     """J̲ at ε from the step function (ε_i, J̲_i); NaN beyond the searched range."""
     if eps >= valid_until:
         return math.nan
-    t = table.sort_values("eps")
-    ok = t[t["eps"] <= eps]
-    return float(ok["lower_bound"].iloc[-1]) if len(ok) else math.nan
+    t = table.sort_values(cols.EPS)
+    ok = t[t[cols.EPS] <= eps]
+    return float(ok[cols.LOWER_BOUND].iloc[-1]) if len(ok) else math.nan

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from crop import columns as cols
 from crop.io import InputError, write_frames
 from crop.stage_table import STAGES
 
@@ -228,7 +229,7 @@ def cmd_gre(args) -> None:
     st.write({"j_min": j_min, "j_max": j_max,
               "note": "each bound (expectation_bound, cdf_expectation_bound, percentile_bound) holds with "
                       "probability >= 1 - alpha; empty percentile_bound = no k qualifies"},
-             gre=table, gre_returns=pd.DataFrame({"return": returns}))
+             gre=table, gre_returns=pd.DataFrame({cols.RETURN: returns}))
     print(f"GRe {args.env}/{args.algo} σ={args.sigma}: {args.m} randomized returns, mean {returns.mean():.2f}, "
           f"median {np.median(returns):.1f}")
 
@@ -276,7 +277,7 @@ def cmd_attack_local(args) -> None:
                              _episode_seeds(args.seed, args.env, args.episodes), args.horizon, steps=args.pgd_steps,
                              m_grad=args.m_grad, seed=_stage_seed(args, "attack-local-pgd"), gamma=args.gamma,
                              profile=st.profile, progress=args.progress, reward_fn=spec.lore_reward_fn())
-    table["same_start_as_lore"] = table["episode"] == 0
+    table[cols.SAME_START_AS_LORE] = table[cols.EPISODE] == 0
     st.write({"reward_modification": spec.lore_reward, "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha,
               "confidence": {"per_state": 1 - sm.alpha,
                              "per_episode": episode_confidence(sm.alpha, args.horizon)}}, attack_local=table)

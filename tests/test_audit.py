@@ -334,21 +334,25 @@ def test_config_audit_block_is_validated(block, message):
 
 
 def test_holm_controls_the_family_of_chance_based_checks():
-    """Hundreds of checks at a per-check level α would call valid certificates violations by chance: Holm's
-    correction flags a p-value only when it stays below α after adjustment; deterministic checks (no p-value)
-    keep their verdict."""
-    from crop.report.audit import holm
+    """Hundreds of checks at a per-check level α would call valid certificates violations by chance: over the
+    audit's family (here every check could reach significance, so Tarone keeps them all) a p-value is a
+    violation only when it stays below α after Holm's adjustment; deterministic checks (no p-value) keep their
+    verdict."""
+    from crop.report.audit import classify
 
     rng = np.random.default_rng(0)
-    items = [{"p_value": float(p), "violation": False} for p in rng.uniform(size=400)]   # sound: uniform p
-    items += [{"p_value": 0.001, "violation": True}]          # p < α on its own, nothing among 401 checks
-    items += [{"violation": True}, {"violation": False}]       # monotonicity checks: no p-value
-    assert holm(items, 0.05) == 401
+    base = {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.1, "check": "gre_expectation_vs_pgd_mean",
+            "min_p": 0.0, "violation": False}
+    items = [{**base, "p_value": float(p)} for p in rng.uniform(size=400)]   # sound: uniform p
+    items += [{**base, "p_value": 0.001}]                  # p < α on its own, nothing among 401 checks
+    items += [{**base, "check": "gre_expectation_monotone", "violation": v} for v in (True, False)]  # no p-value
+    block = classify(items, 0.05)
+    assert block["tests"] == block["K"] == block["family"] == 401
     assert not any(i["violation"] for i in items if "p_value" in i)
-    assert [i["violation"] for i in items if "p_value" not in i] == [True, False]
-    items.append({"p_value": 1e-7, "violation": False})       # far beyond chance even among 402 checks
-    holm(items, 0.05)
-    assert items[-1]["violation"] and items[-1]["p_adjusted"] == pytest.approx(402e-7)
+    assert [i["status"] for i in items if "p_value" not in i] == ["violation", "ok"]
+    items.append({**base, "p_value": 1e-7})                 # far beyond chance even among 402 checks
+    classify(items, 0.05)
+    assert items[-1]["status"] == "violation" and items[-1]["p_adjusted"] == pytest.approx(402e-7)
     assert sum(i["violation"] for i in items if "p_value" in i) == 1
 
 
@@ -459,7 +463,7 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
 
 def _null_pvalue(check: dict, rng) -> float:
     """A p-value of ``check`` on attacked data drawn *at* its certified bound (the worst sound case)."""
-    from crop.report.audit import _binom_p, _hoeffding_p
+    from crop.report.checks import _binom_p, _hoeffding_p
 
     c = check["check"]
     if c == "gre_expectation_vs_pgd_mean":  # returns in {J_min, J_max} with mean exactly the bound

@@ -15,6 +15,7 @@ from crop import layout
 from crop.config import ALGORITHMS
 from crop.gre import gre_bounds
 from crop.report import aggregate as agg
+from crop.report import figures, style, tables
 from crop.report.metrics import load_runs, mean_radius, metric_value, per_step_mean_radius
 
 from synthetic_results import make_results, rewrite_csv, runs_of
@@ -29,7 +30,7 @@ def _close_all(figs):
 
 
 def _all_figures(data, env):
-    return dict(agg.iter_env_figures(env, data))
+    return dict(figures.iter_env_figures(env, data))
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +58,11 @@ def test_axis_labels_are_math_text(nine):
                 assert "_" not in _text_outside_math(label), (stem, label)  # no literal J_E, η_r, …
                 assert label.count("$") % 2 == 0, (stem, label)
                 seen.add(label.split("\n")[-1])
-    assert agg.LABELS["J_E"] in seen and r"$\underline{J}_{\mathrm{E}}$" in agg.LABELS["J_E"]
-    assert agg.LABELS["J_p"] in seen and r"$\underline{J}_p$" in agg.LABELS["J_p"]
-    assert agg.LABELS["J"] in seen and r"$\underline{J}$" in agg.LABELS["J"]
-    assert agg.LABELS["eta"] in seen and r"$\eta_r$" in agg.LABELS["eta"]
-    assert agg.LABELS["eps"] in seen and agg.LABELS["r"] in seen
+    assert style.LABELS["J_E"] in seen and r"$\underline{J}_{\mathrm{E}}$" in style.LABELS["J_E"]
+    assert style.LABELS["J_p"] in seen and r"$\underline{J}_p$" in style.LABELS["J_p"]
+    assert style.LABELS["J"] in seen and r"$\underline{J}$" in style.LABELS["J"]
+    assert style.LABELS["eta"] in seen and r"$\eta_r$" in style.LABELS["eta"]
+    assert style.LABELS["eps"] in seen and style.LABELS["r"] in seen
     # the bar under J (J̲): Computer Modern, whose J does not descend, so the bar sits under J, not under the
     # subscript as DejaVu's descending italic J puts it
     for stem, fig in figs.items():
@@ -73,9 +74,9 @@ def test_axis_labels_are_math_text(nine):
 
 def test_one_colour_and_marker_per_algorithm_all_distinct(nine):
     *_, figs = nine
-    assert list(agg.ALGO_COLORS) == ALGORITHMS
-    assert len({to_hex(c) for c in agg.ALGO_COLORS.values()}) == 9
-    assert len(set(agg.ALGO_MARKERS.values())) == 9
+    assert list(style.ALGO_COLORS) == ALGORITHMS
+    assert len({to_hex(c) for c in style.ALGO_COLORS.values()}) == 9
+    assert len(set(style.ALGO_MARKERS.values())) == 9
     drawn = {}
     for stem, fig in figs.items():
         for ax in fig.axes:
@@ -83,15 +84,15 @@ def test_one_colour_and_marker_per_algorithm_all_distinct(nine):
                 gid = line.get_gid() or ""
                 if ":" in gid:
                     algo = gid.split(":", 1)[1]
-                    assert to_hex(line.get_color()) == agg.ALGO_COLORS[algo], (stem, gid)
+                    assert to_hex(line.get_color()) == style.ALGO_COLORS[algo], (stem, gid)
                     if gid.startswith("bound:"):
-                        assert line.get_marker() == agg.ALGO_MARKERS[algo], (stem, gid)
+                        assert line.get_marker() == style.ALGO_MARKERS[algo], (stem, gid)
                     drawn.setdefault(algo, set()).add(stem.split("_")[0])
         for lg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
             for h, t in zip(lg.legend_handles, lg.get_texts()):
                 for a in ALGORITHMS:
-                    if t.get_text() == agg.algo_label(a):
-                        assert to_hex(h.get_color()) == agg.ALGO_COLORS[a] and h.get_marker() == agg.ALGO_MARKERS[a]
+                    if t.get_text() == style.algo_label(a):
+                        assert to_hex(h.get_color()) == style.ALGO_COLORS[a] and h.get_marker() == style.ALGO_MARKERS[a]
     assert set(drawn) == set(ALGORITHMS)
     assert drawn["StdTrain"] == drawn["CARRL"] == {"CartPole", "Freeway"}  # the same colour in both envs
 
@@ -121,12 +122,12 @@ def test_colours_stay_distinct_under_colour_vision_deficiencies():
     """Every pair of the nine colours differs by ΔE*ab ≥ 15 for normal vision and under simulated protanopia,
     deuteranopia and tritanopia (seaborn's "colorblind" palette, used before, falls to 10.8)."""
     for name, matrix in [("normal", None), *_CVD.items()]:
-        lab = {a: _lab(c, matrix) for a, c in agg.ALGO_COLORS.items()}
+        lab = {a: _lab(c, matrix) for a, c in style.ALGO_COLORS.items()}
         worst = min((float(np.linalg.norm(lab[a] - lab[b])), a, b) for i, a in enumerate(ALGORITHMS)
                     for b in ALGORITHMS[i + 1:])
         assert worst[0] >= 15.0, (name, worst)
     # StdTrain (the baseline, drawn first) is the darkest colour: no later pale line can hide it.
-    assert _lab(agg.ALGO_COLORS["StdTrain"])[0] == min(_lab(c)[0] for c in agg.ALGO_COLORS.values())
+    assert _lab(style.ALGO_COLORS["StdTrain"])[0] == min(_lab(c)[0] for c in style.ALGO_COLORS.values())
 
 
 def test_attack_lines_dashed_above_the_bounds_and_in_the_legend(nine):
@@ -187,7 +188,7 @@ def test_flat_series_get_sensible_y_limits(tmp_path):
             lo, hi = ax.get_ylim()
             assert lo < 6 < hi and hi - lo >= 1.0, stem
         only_carrl = {k: v for k, v in data.items() if k[1] == "CARRL"}
-        fig = dict(agg.iter_env_figures(CART, only_carrl))["CartPole_stepwise_sigma-0.1"]
+        fig = dict(figures.iter_env_figures(CART, only_carrl))["CartPole_stepwise_sigma-0.1"]
         lo, hi = fig.axes[0].get_ylim()
         assert lo < 0 < hi and hi >= 0.05 * 0.1  # radius 0 everywhere: an axis on the scale of σ
         assert any("no step certified" in t.get_text() for t in fig.axes[0].texts)
@@ -199,7 +200,7 @@ def test_sigma_ticks_are_horizontal_and_do_not_overlap(tmp_path):
     sigmas = [0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1]
     runs = make_results(tmp_path, {CART: {"StdTrain": sigmas}})
     data = load_runs(tmp_path, runs_of(runs))
-    fig = next(f for s, f in agg.iter_env_figures(CART, data) if s == "Cartpole_loact_clean" or
+    fig = next(f for s, f in figures.iter_env_figures(CART, data) if s == "Cartpole_loact_clean" or
                matplotlib.pyplot.close(f))
     try:
         ax = fig.axes[0]
@@ -230,7 +231,7 @@ def test_gre_curves_span_the_attack_range(tmp_path):
     data = load_runs(tmp_path, runs_of(runs))
     run = data[(CART, "StdTrain", repr(sigma))]
     for kind, col in (("mean", "expectation_bound"), ("median", "percentile_bound")):
-        eps, y, n = agg.gre_curve(run, kind, 0.04)
+        eps, y, n = figures.gre_curve(run, kind, 0.04)
         assert n == 3 and eps[-1] == pytest.approx(0.04) and np.all(np.diff(eps) > 0)
         ref = gre_bounds(returns, eps_grid=eps, **kw)[col].to_numpy()
         if kind == "median":
@@ -337,16 +338,16 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
     assert raw.loc[0.02] < j_min < raw.loc[0.0]  # the precondition: one vacuous ε, one not
     rewrite_csv(d / "gre.csv", gre)
     data = load_runs(tmp_path, runs_of(runs))
-    tables = agg.env_tables(CART, data, [0.0, 0.2])
-    rb, _ = tables["reward_bounds"]
+    by_name = tables.env_tables(CART, data, [0.0, 0.2])
+    rb, _ = by_name["reward_bounds"]
     rb = rb.set_index("eps")
     assert rb.loc[0.02, "expectation_bound"] == j_min
     assert rb.loc[0.02, "expectation_bound_raw"] == pytest.approx(raw.loc[0.02], rel=1e-9)
     assert rb.loc[0.0, "expectation_bound"] == rb.loc[0.0, "expectation_bound_raw"] == pytest.approx(raw.loc[0.0])
-    tight, _ = tables["tightness"]
+    tight, _ = by_name["tightness"]
     pgd = rb.loc[0.02, "pgd_global_mean"]
     assert tight.set_index("eps").loc[0.02, "pgd_mean_minus_expectation_bound"] == pytest.approx(pgd - j_min)
-    written = agg._tables_for_env(CART, data, tmp_path / "tab", [0.0, 0.2])
+    written = tables.write_env_tables(CART, data, tmp_path / "tab", [0.0, 0.2])
     md = (tmp_path / "tab" / "CartPole_reward_bounds.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith("| StdTrain")]
     assert len(rows) == 2 and "0 †" in rows[1] and "†" not in rows[0], rows

@@ -88,11 +88,11 @@ def test_benign_return_figure_draws_the_interval():
     import matplotlib
 
     matplotlib.use("Agg")
-    from crop.report import aggregate as agg
+    from crop.report import figures
 
     rng = np.random.default_rng(3)
     data = {("CartPole-v0", "StdTrain", "0.1"): _episodes(rng, k=6)}
-    fig = agg._clean_figure("CartPole-v0", data, ["StdTrain"], ["0.1"])
+    fig = figures._clean_figure("CartPole-v0", data, ["StdTrain"], ["0.1"])
     bars = fig.axes[0].containers[0]
     r = data[("CartPole-v0", "StdTrain", "0.1")]["loact_episodes"]["return"]
     half = stats.t.ppf(0.975, len(r) - 1) * r.std(ddof=1) / math.sqrt(len(r))

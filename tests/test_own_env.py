@@ -354,7 +354,7 @@ def test_own_labels_get_their_own_colour_marker_rows_and_not_in_the_paper(tmp_pa
     from matplotlib.colors import to_hex
 
     from crop.config import ALGORITHMS
-    from crop.report import aggregate as agg
+    from crop.report import figures, style, tables
     from crop.report.metrics import load_runs
 
     from synthetic_results import audit_cli, make_results, runs_of
@@ -363,15 +363,15 @@ def test_own_labels_get_their_own_colour_marker_rows_and_not_in_the_paper(tmp_pa
     plan = {"CartPole-v0": {a: [0.1] for a in ["StdTrain", "CARRL", *own]}}
     runs = make_results(tmp_path, plan)
     data = load_runs(tmp_path, runs_of(runs))
-    agg.register_labels(own)
-    styles = {a: (to_hex(agg.algo_color(a)), agg.algo_marker(a)) for a in ["StdTrain", "CARRL", *own]}
-    assert styles["StdTrain"] == (agg.ALGO_COLORS["StdTrain"], "o") and styles["CARRL"][1] == "X"  # the nine keep
+    style.register_labels(own)
+    styles = {a: (to_hex(style.algo_color(a)), style.algo_marker(a)) for a in ["StdTrain", "CARRL", *own]}
+    assert styles["StdTrain"] == (style.ALGO_COLORS["StdTrain"], "o") and styles["CARRL"][1] == "X"  # the nine keep
     assert len(set(styles.values())) == 5 and len({c for c, _ in styles.values()}) == 5
     assert len({m for _, m in styles.values()}) == 5
-    assert not {c for c, _ in styles.values() if c not in agg.ALGO_COLORS.values()} & set(agg.ALGO_COLORS.values())
-    assert list(agg.ALGO_COLORS) == ALGORITHMS   # the nine's table is not extended
+    assert not {c for c, _ in styles.values() if c not in style.ALGO_COLORS.values()} & set(style.ALGO_COLORS.values())
+    assert list(style.ALGO_COLORS) == ALGORITHMS   # the nine's table is not extended
     drawn = set()
-    for stem, fig in agg.iter_env_figures("CartPole-v0", data):
+    for stem, fig in figures.iter_env_figures("CartPole-v0", data):
         for ax in fig.axes:
             for line in ax.get_lines():
                 gid = line.get_gid() or ""
@@ -381,7 +381,7 @@ def test_own_labels_get_their_own_colour_marker_rows_and_not_in_the_paper(tmp_pa
                     drawn.add(a)
         matplotlib.pyplot.close(fig)
     assert drawn == set(styles)
-    table, _ = agg.env_tables("CartPole-v0", data, [0.0])["mean_radius"]
+    table, _ = tables.env_tables("CartPole-v0", data, [0.0])["mean_radius"]
     assert list(table["algo"]) == ["StdTrain", "CARRL", "MyDQN", "Zeta", "ppo_v2.1+aug"]   # the nine, then yours
     out = tmp_path / "audit"
     assert audit_cli(tmp_path, "--runs", *runs_of(runs), "--reference", "paper", "--out-dir", out) == 0

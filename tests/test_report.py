@@ -13,6 +13,7 @@ from matplotlib.colors import to_hex
 from crop import layout
 from crop.cli import main
 from crop.report import aggregate as agg
+from crop.report import figures, style, tables
 from crop.report.metrics import load_runs
 
 from synthetic_results import make_results, runs_of
@@ -69,7 +70,7 @@ def test_aggregate_writes_exactly_the_declared_files(synthetic):
 def _figs(env, data, wanted):
     """The figures of ``env`` named in ``wanted`` (the others closed as soon as drawn)."""
     out = {}
-    for stem, fig in agg.iter_env_figures(env, data):
+    for stem, fig in figures.iter_env_figures(env, data):
         if stem in wanted:
             out[stem] = fig
         else:
@@ -87,22 +88,22 @@ def data(synthetic):
 def test_one_colour_per_algorithm_in_every_figure(data):
     seen = {}
     for env in PLAN:
-        for stem, fig in agg.iter_env_figures(env, data):
+        for stem, fig in figures.iter_env_figures(env, data):
             for ax in fig.axes:
                 for line in ax.get_lines():
                     label = line.get_label()
-                    for a in agg.ALGO_COLORS:
-                        if label == agg.algo_label(a):
-                            assert to_hex(line.get_color()) == agg.ALGO_COLORS[a], (stem, label)
+                    for a in style.ALGO_COLORS:
+                        if label == style.algo_label(a):
+                            assert to_hex(line.get_color()) == style.ALGO_COLORS[a], (stem, label)
                             seen.setdefault(a, set()).add(stem.split("_")[0])
             for lg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
                 for h, t in zip(lg.legend_handles, lg.get_texts()):
-                    for a in agg.ALGO_COLORS:
-                        if t.get_text() == agg.algo_label(a):
-                            assert to_hex(h.get_color()) == agg.ALGO_COLORS[a], (stem, a)
+                    for a in style.ALGO_COLORS:
+                        if t.get_text() == style.algo_label(a):
+                            assert to_hex(h.get_color()) == style.ALGO_COLORS[a], (stem, a)
             matplotlib.pyplot.close(fig)
     assert seen["StdTrain"] >= {"CartPole", "Pong"}  # StdTrain drawn in two environments, same colour
-    assert len(set(agg.ALGO_COLORS.values())) == len(agg.ALGO_COLORS)
+    assert len(set(style.ALGO_COLORS.values())) == len(style.ALGO_COLORS)
 
 
 def test_multipanel_and_large_sigma_figures(data):
@@ -142,9 +143,9 @@ def test_pong_periodic_figure_shows_the_recorded_frames(data):
     figs = _figs("PongNoFrameskip-v4", data, ["Pong_periodic_sigma-0.01_StdTrain"])
     try:
         fig = figs["Pong_periodic_sigma-0.01_StdTrain"]
-        frames, steps = agg.load_frames(data[("PongNoFrameskip-v4", "StdTrain", "0.01")]["frames_path"])
+        frames, steps = figures.load_frames(data[("PongNoFrameskip-v4", "StdTrain", "0.01")]["frames_path"])
         images = [ax for ax in fig.axes if ax.images]
-        assert len(images) == min(agg.PERIODIC_FRAMES, len(steps))
+        assert len(images) == min(figures.PERIODIC_FRAMES, len(steps))
         shown = [np.asarray(ax.images[0].get_array()) for ax in images]
         picked = [int(re.search(r"t=(\d+)", ax.get_title()).group(1)) for ax in images]
         assert picked[0] == steps.min() and picked[-1] == steps.max()
@@ -220,7 +221,7 @@ def test_latex_tables_use_booktabs(synthetic):
             < tex.index(r"\bottomrule") < tex.index(r"\end{tabular}")
         assert len(body) == len(csv) and all(row.endswith(r"\\") for row in body)
         header = tex[tex.index(r"\toprule") + len(r"\toprule"):tex.index(r"\midrule")]
-        shown = [c for c in csv.columns if not c.endswith(("_raw", *agg.INTERVAL_COLUMNS))]  # CSV-only columns
+        shown = [c for c in csv.columns if not c.endswith(("_raw", *tables.INTERVAL_COLUMNS))]  # CSV-only columns
         assert header.count("&") == len(shown) - 1
         assert "SA-MDP (PGD)" in tex and "SA-MDP-PGD" not in tex.split(r"\toprule")[1]  # display names
     tex = (root / "tables" / "Freeway_mean_radius.tex").read_text()
@@ -233,7 +234,56 @@ def test_latex_tables_use_booktabs(synthetic):
 
 def test_latex_escapes_and_marks_missing_values():
     df = pd.DataFrame({"algo": ["SA-MDP-CVX"], "note_x": ["50% & $"], "v": [math.nan]})
-    tex = agg.latex_table(df, "cap")
+    tex = tables.latex_table(df, "cap")
     row = tex.split(r"\midrule")[1].split(r"\bottomrule")[0].strip()
     assert row == r"SA-MDP (CVX) & 50\% \& \$ & -- \\"
     assert r"note\_x" in tex
+
+
+def test_markdown_tables_of_the_report_share_one_writer():
+    """pipe_table: the columns asked for in their order (absent ones left out), a cut
+    table says how many rows it left out and where they are; unpadded rows keep their cells as written."""
+    from crop.report.markdown import pipe_table
+
+    rows = [{"b": 1.23456789, "a": "x"}, {"a": "y", "b": 2.0}, {"a": "z", "b": 3.0}]
+    text = pipe_table(rows, ["a", "b", "absent"], limit=2, rest="all in the JSON")
+    lines = text.splitlines()
+    assert re.fullmatch(r"\| a +\| +b \|", lines[0]) and "1.23457" in lines[2] and "y" in lines[3]
+    assert len(lines) == 6 and lines[-1] == "… and 1 more rows (all in the JSON)." and "z" not in text
+    assert pipe_table(rows, ["a"], pad=False) == "| a |\n|---|\n| x |\n| y |\n| z |"
+    assert pipe_table([], ["a"]) == "(none)"
+    md = tables.markdown_table(pd.DataFrame({"algo": ["SA-MDP-PGD"], "sigma=0.1": [math.nan]}), "cap")
+    assert md.startswith("cap\n\n") and "SA-MDP (PGD)" in md and "σ = 0.1" in md and md.endswith("— |\n")  # empty cell
+
+
+def test_load_runs_complete_or_partial(tmp_path):
+    """The figures read complete, intact runs only (a missing or edited file is an error, a replicate needs
+    its run); the audit (partial) reads what each run has and leaves out a replicate it cannot use."""
+    import shutil
+
+    from crop.report.integrity import IntegrityError
+
+    runs = runs_of(make_results(tmp_path, {"CartPole-v0": {"StdTrain": [0.1], "GaussAug": [0.1]}}))
+    std, gauss = (tmp_path / r for r in runs)
+    rep = std / "rep-1"
+    rep.mkdir()
+    for f in ("loact.csv", "loact.meta.json", "loact_episodes.csv", "loact_episodes.meta.json"):
+        shutil.copy(std / f, rep / f)
+    data = load_runs(tmp_path, [f"{runs[0]}/rep-1", *runs])
+    key = ("CartPole-v0", "StdTrain", "0.1")
+    assert list(data) == [key, ("CartPole-v0", "GaussAug", "0.1")] and len(data[key]["replicates"]) == 1
+    assert data[key]["replicates"][0]["loact"].equals(data[key]["loact"])
+    (gauss / "lore.csv").unlink()
+    with pytest.raises(IntegrityError, match="lore.csv: missing"):
+        load_runs(tmp_path, runs)
+    partial = load_runs(tmp_path, runs, partial=True)
+    assert "lore" not in partial[("CartPole-v0", "GaussAug", "0.1")] and "lore" in partial[key]
+    with pytest.raises(FileNotFoundError, match="without the run itself"):
+        load_runs(tmp_path, [f"{runs[0]}/rep-1"])
+    assert load_runs(tmp_path, [f"{runs[0]}/rep-1"], partial=True) == {}
+    (rep / "loact_episodes.csv").unlink()
+    assert load_runs(tmp_path, [runs[0], f"{runs[0]}/rep-1"], partial=True)[key]["replicates"] == []
+    with (std / "gre.csv").open("a") as f:
+        f.write("1,2,3\n")
+    with pytest.raises(IntegrityError, match="gre.csv"):
+        load_runs(tmp_path, [runs[0]])

@@ -14,7 +14,8 @@ from crop import layout
 from crop.io import meta_path, read_json, write_json
 from crop.layout import RUN_FILES
 from crop.reference import PAPER_REFERENCE
-from crop.report.audit import audit, flip_probability_bound
+from crop.report.audit import audit
+from crop.report.checks import flip_probability_bound
 from crop.report.reference import load_reference
 
 from conftest import SHARED

@@ -27,6 +27,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
+from crop import columns as cols
+
 __all__ = ["INTERVAL_METRICS", "METHOD_EPISODES", "METHOD_REPLICATES", "t_interval", "jackknife_interval",
            "episode_interval", "replicate_interval", "run_interval", "DEFAULT_LEVEL"]
 
@@ -69,12 +71,12 @@ def _clip(metric: str, lo: float, hi: float) -> tuple[float, float]:
 
 def _step_arrays(steps: pd.DataFrame):
     """Per (episode, step) matrices: radius (0 where uncertified), certified, present."""
-    ep = pd.factorize(steps["episode"], sort=True)[0]
-    t = steps["step"].to_numpy(int)
+    ep = pd.factorize(steps[cols.EPISODE], sort=True)[0]
+    t = steps[cols.STEP].to_numpy(int)
     t = t - t.min() if t.size else t
     k, n_t = (ep.max() + 1, t.max() + 1) if t.size else (0, 0)
-    cert = steps["certified"].astype(bool).to_numpy()
-    rad = np.where(cert, steps["radius"].to_numpy(float), 0.0)
+    cert = steps[cols.CERTIFIED].astype(bool).to_numpy()
+    rad = np.where(cert, steps[cols.RADIUS].to_numpy(float), 0.0)
     r, c, p = np.zeros((k, n_t)), np.zeros((k, n_t)), np.zeros((k, n_t), bool)
     r[ep, t], c[ep, t], p[ep, t] = rad, cert, True
     return r, c, p
@@ -94,7 +96,7 @@ def episode_interval(run: dict, metric: str, level: float = DEFAULT_LEVEL) -> tu
     jackknife over its episodes (module docstring).  ``run`` holds ``loact`` (per step) and, for the benign
     return, ``loact_episodes``."""
     if metric == "benign_return":
-        x = run["loact_episodes"]["return"].to_numpy(float)
+        x = run["loact_episodes"][cols.RETURN].to_numpy(float)
         v, lo, hi = t_interval(x, level)  # the jackknife of a mean is the t-interval
         return (v, *_clip(metric, lo, hi))
     r, c, p = _step_arrays(run["loact"])

@@ -42,12 +42,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from crop.io import read_json
-from crop.layout import FRAMES_FILE, RUN_FILES, run_files, run_target
+from crop import columns as cols
+from crop.io import meta_path, read_json
+from crop.layout import FRAMES_FILE, REPLICATE_PREFIX, RUN_FILES, replicate_of, run_files, run_target
 from crop.lore import lore_bound_at
 
-__all__ = ["load_runs", "load_replicates", "parse_run", "METRICS", "EPS_METRICS", "metric_value", "is_metric",
-           "metric_has_eps", "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
+__all__ = ["load_runs", "read_lore_meta", "REPLICATE_TABLES", "parse_run", "METRICS", "EPS_METRICS", "metric_value",
+           "is_metric", "metric_has_eps", "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
 
 # The two averaging conventions of a mean certified radius: key -> what a reader is told.
 CONVENTIONS = {
@@ -76,8 +77,6 @@ def parse_run(run: str) -> tuple[str, str, str]:
     """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S`` (ENV may hold one ``/``, as
     ``ALE/Breakout-v5``), or of its replicate folder ``ENV/ALGO/sigma-S/rep-K`` (:func:`crop.layout.replicate_of`
     tells which replicate)."""
-    from crop.layout import REPLICATE_PREFIX
-
     parts = Path(run).parts
     if parts and parts[-1].startswith(REPLICATE_PREFIX) and parts[-1][len(REPLICATE_PREFIX):].isdigit():
         parts = parts[:-1]
@@ -100,54 +99,63 @@ def run_depth(run_dir) -> int:
     return 4 if len(parts) >= 4 and namespaced_env(parts[-4], parts[-3]) else 3
 
 
-def load_runs(results: Path, runs) -> dict:
-    """Read every result file of every run: {(env, algo, sigma_label): {name: DataFrame | dict}}.
+def read_lore_meta(run_dir: Path) -> dict:
+    """LoRe's meta file in a run folder (its settings and ``search`` record); {} when there is none."""
+    meta = meta_path(Path(run_dir) / RUN_FILES["lore"])
+    return read_json(meta) if meta.is_file() else {}
 
-    ``frames.npz`` (Atari) is not read here, only its path recorded (``frames_path``).
-    """
-    from crop.report.integrity import IntegrityError, check_integrity
 
-    out = {}
-    for run in runs:
-        env, algo, lab = parse_run(run)
-        d = Path(results) / run
-        problems = check_integrity(d)
-        if problems:  # never plot a truncated or edited intermediate
-            raise IntegrityError("; ".join(f"{p['file']}: {p['problem']}" for p in problems))
-        data = {}
-        for key, name in run_files(run_target(run)).items():
-            f = d / name
-            if not f.is_file():
+#: The files of a replicate folder ``ENV/ALGO/sigma-S/rep-K`` that the report reads.
+REPLICATE_TABLES = ("loact", "loact_episodes")
+
+
+def _read_files(run_dir: Path, files: dict, required: bool) -> dict:
+    data = {}
+    for key, name in files.items():
+        f = run_dir / name
+        if not f.is_file():
+            if required:
                 raise FileNotFoundError(f"missing result file {f}")
-            if name == FRAMES_FILE:
-                continue  # read on demand by the Pong figure
+            continue
+        if name != FRAMES_FILE:  # frames.npz: read on demand by the Pong figure
             data[key] = read_json(f) if name.endswith(".json") else pd.read_csv(f)
-        meta = d / "lore.meta.json"
-        data["lore_meta"] = read_json(meta) if meta.is_file() else {}
-        data["frames_path"] = d / FRAMES_FILE
-        out[(env, algo, lab)] = data
-    return out
+    return data
 
 
-def load_replicates(results: Path, runs) -> dict:
-    """The LoAct files of replicate folders ``ENV/ALGO/sigma-S/rep-K`` (config ``replicates``), integrity
-    checked: {(env, algo, sigma_label): [{"loact", "loact_episodes"} per replicate, in index order]}."""
-    from crop.layout import replicate_of
+def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
+    """Read the result files of ``runs``: {(env, algo, sigma_label): {name: DataFrame | dict}}, with
+    ``lore_meta`` (:func:`read_lore_meta`) and ``frames_path`` (``frames.npz``, not read here).  Replicate
+    folders among ``runs`` (``ENV/ALGO/sigma-S/rep-K``, config ``replicates``) are read beside their run:
+    ``replicates``, their :data:`REPLICATE_TABLES` in index order.
+
+    By default (the figures and tables) every file of a run is required and integrity checked first, never
+    plotting a truncated or edited intermediate; so are a replicate's tables, and a replicate without its run
+    is an error.  With ``partial`` (the audit, which checks integrity itself) each run has the files it has
+    (an absent stage is an absent key), and a replicate without its run's LoAct or its own tables is left
+    out."""
     from crop.report.integrity import IntegrityError, check_integrity
 
-    out: dict = {}
-    for run in sorted(runs, key=lambda r: (str(Path(r).parent), replicate_of(r))):
-        d = Path(results) / run
-        problems = check_integrity(d, only_present=True)
+    results = Path(results)
+    out, replicates = {}, {}
+    for run in sorted(runs, key=lambda r: bool(replicate_of(r))):  # the runs first, in their order
+        d = results / run
+        problems = [] if partial else check_integrity(d, only_present=bool(replicate_of(run)))
         if problems:
             raise IntegrityError("; ".join(f"{p['file']}: {p['problem']}" for p in problems))
-        data = {}
-        for key in ("loact", "loact_episodes"):
-            f = d / RUN_FILES[key]
-            if not f.is_file():
-                raise FileNotFoundError(f"missing result file {f}")
-            data[key] = pd.read_csv(f)
-        out.setdefault(parse_run(run), []).append(data)
+        if replicate_of(run):
+            found = _read_files(d, {k: RUN_FILES[k] for k in REPLICATE_TABLES}, required=not partial)
+            replicates.setdefault(parse_run(run), []).append((replicate_of(run), found))
+            continue
+        data = _read_files(d, run_files(run_target(run)), required=not partial)
+        data["lore_meta"] = read_lore_meta(d)
+        data["frames_path"] = d / FRAMES_FILE
+        out[parse_run(run)] = data
+    for key, found in replicates.items():
+        if key not in out and not partial:
+            raise FileNotFoundError(f"replicates of {'/'.join(key)} without the run itself")
+        if key in out and "loact" in out[key]:
+            out[key]["replicates"] = [r for _, r in sorted(found, key=lambda kv: kv[0])
+                                      if set(REPLICATE_TABLES) <= set(r)]
     return out
 
 
@@ -175,8 +183,8 @@ def _check_convention(convention: str) -> None:
 
 def _radii(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(radius, certified) of LoAct's per-step table; an uncertified step's radius is 0 whatever is stored."""
-    certified = steps["certified"].astype(bool).to_numpy()
-    return np.where(certified, steps["radius"].to_numpy(dtype=float), 0.0), certified
+    certified = steps[cols.CERTIFIED].astype(bool).to_numpy()
+    return np.where(certified, steps[cols.RADIUS].to_numpy(dtype=float), 0.0), certified
 
 
 def mean_radius(steps: pd.DataFrame, convention: str = "uncertified_zero") -> float:
@@ -194,7 +202,7 @@ def mean_radius(steps: pd.DataFrame, convention: str = "uncertified_zero") -> fl
         return float(radius.mean()) if radius.size else math.nan
     if not certified.any():
         return math.nan
-    per_step = pd.Series(np.where(certified, radius, np.nan)).groupby(steps["step"].to_numpy(int)).mean()
+    per_step = pd.Series(np.where(certified, radius, np.nan)).groupby(steps[cols.STEP].to_numpy(int)).mean()
     return float(per_step.fillna(0.0).mean())
 
 
@@ -207,18 +215,18 @@ def per_step_mean_radius(steps: pd.DataFrame, convention: str = "uncertified_zer
     where that is 0); indexed by ``step``."""
     _check_convention(convention)
     radius, certified = _radii(steps)
-    df = pd.DataFrame({"step": steps["step"].to_numpy(int), "radius": radius, "certified": certified})
-    running = df.groupby("step").size()
-    used = df if convention == "uncertified_zero" else df[df["certified"]]
-    g = used.groupby("step")["radius"]
+    df = pd.DataFrame({cols.STEP: steps[cols.STEP].to_numpy(int), cols.RADIUS: radius, cols.CERTIFIED: certified})
+    running = df.groupby(cols.STEP).size()
+    used = df if convention == "uncertified_zero" else df[df[cols.CERTIFIED]]
+    g = used.groupby(cols.STEP)[cols.RADIUS]
     out = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=0)}).reindex(running.index)
     out["running"] = running
-    out["averaged"] = used.groupby("step").size().reindex(running.index, fill_value=0)
+    out["averaged"] = used.groupby(cols.STEP).size().reindex(running.index, fill_value=0)
     return out
 
 
 def metric_value(run: dict, metric: str, eps: float | None = None) -> float | None:
-    """``metric`` of one run (``run``: the DataFrames of :func:`crop.report.aggregate.load_runs`).
+    """``metric`` of one run (``run``: the DataFrames of :func:`load_runs`).
 
     Returns None when the run did not compute it (see the module docstring), NaN for "no value".
     """
@@ -231,32 +239,32 @@ def metric_value(run: dict, metric: str, eps: float | None = None) -> float | No
     if metric == "mean_radius_certified":
         return mean_radius(run["loact"], "certified_only")
     if metric == "certified_fraction":
-        return float(run["loact"]["certified"].astype(bool).mean())
+        return float(run["loact"][cols.CERTIFIED].astype(bool).mean())
     if metric == "benign_return":
-        return float(run["loact_episodes"]["return"].mean())
+        return float(run["loact_episodes"][cols.RETURN].mean())
     eps = float(eps)
     if metric == "expectation_bound":
-        g = run["gre"][_close(run["gre"]["eps"], eps)]
-        return float(g["expectation_bound"].iloc[0]) if len(g) else None
+        g = run["gre"][_close(run["gre"][cols.EPS], eps)]
+        return float(g[cols.EXPECTATION_BOUND].iloc[0]) if len(g) else None
     if metric.startswith("percentile_bound"):
         p = 0.5 if metric == "percentile_bound" else float(metric[len("percentile_bound_p"):])
         gre = run["gre"]
-        g = gre[_close(gre["eps"], eps) & _close(gre["p"], p)]
+        g = gre[_close(gre[cols.EPS], eps) & _close(gre[cols.P], p)]
         if not len(g):
             return None
-        v = g["percentile_bound"].iloc[0]
+        v = g[cols.PERCENTILE_BOUND].iloc[0]
         return math.nan if pd.isna(v) else float(v)
     if metric == "lore_bound":
         v = lore_bound_at(run["lore"], eps, lore_valid_until(run))
         return None if math.isnan(v) else float(v)
     if metric in ("pgd_global_mean", "pgd_global_median"):
         ag = run["attack_global"]
-        r = ag[_close(ag["eps"], eps)]["return"]
+        r = ag[_close(ag[cols.EPS], eps)][cols.RETURN]
         if not len(r):
             return None
         return float(r.mean() if metric == "pgd_global_mean" else r.median())
     if metric == "pgd_local_return":
         al = run["attack_local"]
-        r = al[_close(al["eps"], eps) & al["same_start_as_lore"].astype(bool)]["return"]
+        r = al[_close(al[cols.EPS], eps) & al[cols.SAME_START_AS_LORE].astype(bool)][cols.RETURN]
         return float(r.min()) if len(r) else None
     raise AssertionError(metric)

@@ -63,17 +63,17 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from crop import columns as cols
 from crop.config import ALGORITHMS, load_schema
 from crop.envs import ENV_SPECS
-from crop.io import read_json, sha256_file
-from crop.layout import FRAMES_FILE, RUN_FILES, replicate_of
+from crop.io import sha256_file
 from crop.report.intervals import INTERVAL_METRICS, run_interval
 from crop.report.metrics import is_metric as _is_project_metric
-from crop.report.metrics import lore_valid_until, mean_radius, metric_has_eps, metric_value, parse_run
+from crop.report.metrics import lore_valid_until, mean_radius, metric_has_eps, metric_value
 
 __all__ = ["ReferenceError", "DEFAULT_TOLERANCES", "REFERENCE_COLUMNS", "VERDICTS", "load_reference",
            "load_tolerances", "tolerance_for", "compare_reference", "reference_summary", "resolve_reference",
-           "load_partial_runs", "reference_metric_value", "mean_radius_certified", "is_reference_metric"]
+           "reference_metric_value", "mean_radius_certified", "is_reference_metric"]
 
 REFERENCE_COLUMNS = ["env", "algo", "sigma", "metric", "eps", "value"]
 OPTIONAL_COLUMNS = ["convention", "source"]
@@ -245,34 +245,6 @@ def tolerance_for(metric: str, file_tol: dict | None = None, abs_tol: float | No
     return out
 
 
-def load_partial_runs(results: Path, runs) -> dict:
-    """{(env, algo, sigma_label): {name: DataFrame | dict}} with the files each run *has* (a partial run's
-    absent stages are absent keys).  The caller checks integrity first."""
-    out, reps = {}, {}
-    for run in runs:
-        env, algo, lab = parse_run(run)
-        d = Path(results) / run
-        if replicate_of(run):  # replicate k >= 1: qrange and LoAct only, beside replicate 0 (``replicates``)
-            reps.setdefault((env, algo, lab), []).append(
-                (replicate_of(run), {k: pd.read_csv(d / RUN_FILES[k]) for k in ("loact", "loact_episodes")
-                                     if (d / RUN_FILES[k]).is_file()}))
-            continue
-        data = {}
-        for key, name in RUN_FILES.items():
-            f = d / name
-            if name == FRAMES_FILE or not f.is_file():
-                continue
-            data[key] = read_json(f) if name.endswith(".json") else pd.read_csv(f)
-        meta = d / "lore.meta.json"
-        data["lore_meta"] = read_json(meta) if meta.is_file() else {}
-        out[(env, algo, lab)] = data
-    for key, found in reps.items():
-        if key in out and "loact" in out[key]:
-            found = sorted(found, key=lambda kv: kv[0])
-            out[key]["replicates"] = [r for _, r in found if {"loact", "loact_episodes"} <= set(r)]
-    return out
-
-
 def mean_radius_certified(steps: pd.DataFrame) -> float:
     """The paper's convention (:func:`crop.report.metrics.mean_radius`, ``certified_only``), with 0 for a run
     that certified no step (the published curves are 0 at such steps)."""
@@ -310,20 +282,20 @@ def run_rows(run: dict) -> list[tuple[str, float | None]]:
         out.append(("benign_return", None))
     if "gre" in run:
         g = run["gre"]
-        for e in sorted(g["eps"].unique()):
+        for e in sorted(g[cols.EPS].unique()):
             out.append(("expectation_bound", float(e)))
-        for (p, e), _ in g.groupby(["p", "eps"]):
+        for (p, e), _ in g.groupby([cols.P, cols.EPS]):
             out.append(("percentile_bound" if math.isclose(p, 0.5) else f"percentile_bound_p{p:g}", float(e)))
     if "lore" in run:
         vu = lore_valid_until(run)
-        out += [("lore_bound", float(e)) for e in sorted(run["lore"]["eps"].unique()) if e < vu]
+        out += [("lore_bound", float(e)) for e in sorted(run["lore"][cols.EPS].unique()) if e < vu]
     if "attack_global" in run:
-        for e in sorted(run["attack_global"]["eps"].unique()):
+        for e in sorted(run["attack_global"][cols.EPS].unique()):
             out += [("pgd_global_mean", float(e)), ("pgd_global_median", float(e))]
     if "attack_local" in run:
         al = run["attack_local"]
-        out += [("pgd_local_return", float(e)) for e in sorted(al[al["same_start_as_lore"].astype(bool)]["eps"]
-                                                               .unique())]
+        from_lore_start = al[al[cols.SAME_START_AS_LORE].astype(bool)]
+        out += [("pgd_local_return", float(e)) for e in sorted(from_lore_start[cols.EPS].unique())]
     return out
 
 
@@ -345,7 +317,7 @@ def _interval(run: dict, metric: str, level: float) -> dict | None:
 def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = None, abs_tol: float | None = None,
                       rel_tol: float | None = None, level: float = 0.95) -> list[dict]:
     """One verdict per reference row (in the reference's order), then one ``not_in_reference`` row per value
-    the runs have that the reference lacks; ``data`` as from :func:`load_partial_runs`.
+    the runs have that the reference lacks; ``data`` as from :func:`crop.report.metrics.load_runs` (``partial``).
 
     The rule (docs/audit.md): a row *agrees* when the published value lies in the reproduction's interval at
     ``level`` (over replicates where the run has them, else over its episodes), widened on each side by the

@@ -22,6 +22,7 @@ from scipy import stats as st
 
 from crop.envs import env_spec
 from crop.io import atomic_write_text
+from crop.report.markdown import pipe_table
 
 __all__ = ["write_reproduction", "figure_name", "KNOWN", "GENERAL_NOTES"]
 
@@ -84,12 +85,12 @@ def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
 
     run_algos = sorted(set(df.loc[df["reproduced"].notna(), "algo"]))
     algos = run_algos or sorted(set(df["algo"]))
-    from crop.report.aggregate import _color, _marker, _series, algo_label
+    from crop.report.style import algo_label, series_color, series_marker, series_order
 
     # the colour and marker of each algorithm (and target: ALGO@TARGET) in every other figure of the project
-    _series(algos)
-    colors = {a: _color(a) for a in algos}
-    markers = {a: _marker(a) for a in algos}
+    series_order(algos)
+    colors = {a: series_color(a) for a in algos}
+    markers = {a: series_marker(a) for a in algos}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     convention = "certified steps only" if radius_metric == "mean_radius_certified" else "uncertified = 0"
     for ax, metric, title in ((axes[0], radius_metric, f"LoAct mean radius, {convention} (log scale)"),
@@ -152,14 +153,6 @@ def _agrees(r, published: float) -> tuple[bool, float]:
     return outside <= max(tol["abs"], tol["rel"] * abs(published)) * (1 + 1e-12), outside
 
 
-def _table(rows: list[dict], cols: list[str]) -> list[str]:
-    if not rows:
-        return ["(none)", ""]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return out + [""]
-
-
 def _ratio_range(g: pd.DataFrame) -> str:
     r = g["ratio"].dropna()
     r = r[r > 0]
@@ -199,7 +192,8 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
                         "ratio of differing rows (min–median–max)":
                             "—" if bad["ratio"].dropna().empty else
                             " – ".join(_fmt(x, 2) for x in bad["ratio"].dropna().quantile([0, 0.5, 1]))})
-        lines += _table(per, ["metric", "agree", "differ", "ratio of differing rows (min–median–max)"])
+        lines += [pipe_table(per, ["metric", "agree", "differ", "ratio of differing rows (min–median–max)"], pad=False),
+                  ""]
     radius_metric = _radius_metric(df)
     key = df[df["metric"].isin([radius_metric, "benign_return"]) & df["reproduced"].notna()]
     if len(key):
@@ -211,8 +205,8 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
                              "not_in_reference": "not in the paper" if paper else "not in the reference"}
                  .get(r.verdict, r.verdict)}
                 for r in key.sort_values(["metric", "algo", "sigma"]).itertuples()]
-        lines += _table(rows, ["algo", "σ", "metric", "published", "reproduced [interval]", "replicates", "ratio",
-                               "outside the interval", "verdict"])
+        lines += [pipe_table(rows, ["algo", "σ", "metric", "published", "reproduced [interval]", "replicates",
+                                    "ratio", "outside the interval", "verdict"], pad=False), ""]
         trend = []
         for a, g in key[key["metric"] == radius_metric].dropna(subset=["reference"]).groupby("algo"):
             if len(g) >= 3 and g["reference"].nunique() > 1 and g["reproduced"].nunique() > 1:
@@ -223,7 +217,8 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
                               "direction over σ": "same" if up_pub == up_rep else "opposite"})
         if trend:
             lines += ["Trend of the mean radius over σ (rank correlation; values may differ where trends agree):", ""]
-            lines += _table(trend, ["algo", "σ values", "Spearman ρ (reproduced vs published)", "direction over σ"])
+            lines += [pipe_table(trend, ["algo", "σ values", "Spearman ρ (reproduced vs published)",
+                                         "direction over σ"], pad=False), ""]
     other = compared[~compared["metric"].isin([radius_metric, "benign_return"]) & (compared["verdict"] == "differs")]
     if len(other):
         log_ratio = np.log(other["ratio"].where(other["ratio"] > 0).astype(float))
@@ -232,7 +227,7 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
                  "published": _fmt(r.reference), "reproduced": _fmt(r.reproduced), "ratio": _fmt(r.ratio, 2)}
                 for r in other.sort_values("score", ascending=False).head(10).itertuples()]
         lines += ["Largest differences among the bounds and attacks:", ""]
-        lines += _table(rows, ["algo", "σ", "metric", "ε", "published", "reproduced", "ratio"])
+        lines += [pipe_table(rows, ["algo", "σ", "metric", "ε", "published", "reproduced", "ratio"], pad=False), ""]
     if paper and env == "highway-fast-v0":
         mine = df[(df["algo"] == "StdTrain") & df["metric"].isin([radius_metric, "benign_return"])
                   & df["reproduced"].notna()]
@@ -249,8 +244,8 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
         if rows:
             lines += ["The StdTrain run against the published row labelled RadialRL (see above), by the same rule:",
                       ""]
-            lines += _table(rows, ["σ", "metric", "published (RadialRL row)", "reproduced (StdTrain) [interval]",
-                                   "ratio", "outside the interval", "verdict"])
+            lines += [pipe_table(rows, ["σ", "metric", "published (RadialRL row)", "reproduced (StdTrain) [interval]",
+                                        "ratio", "outside the interval", "verdict"], pad=False), ""]
     return lines
 
 

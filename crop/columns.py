@@ -1,0 +1,43 @@
+"""Column names of the per-run result tables (the CSV files of :data:`crop.layout.RUN_FILES`) that the report
+reads: each spelled once, here, for the stages that write them and for :mod:`crop.report` that reads them.
+Standard library only (nothing is imported).
+
+=====================  ====================================================================================
+file                   columns read by the report
+=====================  ====================================================================================
+loact.csv              EPISODE, STEP, CERTIFIED, RADIUS (Theorem 1), Q_TOP_LOWER (L(a₁)),
+                       Q_OTHERS_UPPER_MAX (max U(a), a ≠ a₁) — one row per step of LoAct's episodes
+loact_episodes.csv     EPISODE, RETURN, STEPS — one row per episode
+certified_ratio.csv    R, EPISODE, ETA (η_r, Section 6.1)
+gre.csv                EPS, P, EXPECTATION_BOUND (J̲_E, Theorem 2), PERCENTILE_BOUND (J̲_p, Theorem 3),
+                       PERCENTILE_CERTIFIED, HORIZON, ALPHA, SIGMA, J_MIN, J_MAX — one row per (ε, p)
+gre_returns.csv        RETURN — one row per σ-randomized trajectory
+lore.csv               EPS, LOWER_BOUND (J̲, Theorem 4) — the step function (ε_i, J̲_i)
+attack_local.csv       EPS, EPISODE, RETURN, STEPS, FLIPS_CERTIFIED, SAME_START_AS_LORE, HORIZON
+attack_global.csv      EPS, EPISODE, RETURN, HORIZON
+=====================  ====================================================================================
+"""
+
+EPISODE = "episode"
+STEP = "step"
+STEPS = "steps"
+CERTIFIED = "certified"
+RADIUS = "radius"
+Q_TOP_LOWER = "q_top_lower"
+Q_OTHERS_UPPER_MAX = "q_others_upper_max"
+RETURN = "return"
+R = "r"
+ETA = "eta"
+EPS = "eps"
+P = "p"
+EXPECTATION_BOUND = "expectation_bound"
+PERCENTILE_BOUND = "percentile_bound"
+PERCENTILE_CERTIFIED = "percentile_certified"
+HORIZON = "horizon"
+ALPHA = "alpha"
+SIGMA = "sigma"
+J_MIN = "j_min"
+J_MAX = "j_max"
+LOWER_BOUND = "lower_bound"
+FLIPS_CERTIFIED = "flips_certified"
+SAME_START_AS_LORE = "same_start_as_lore"

@@ -1,0 +1,313 @@
+"""Soundness checks of one run: does an attack beat a certificate by more than chance allows?  Each check is
+one function over the run's result files and returns its rows (``check``, ``eps``, ``bound``, ``observed``,
+``violation``, and its evidence); :func:`run_checks` runs those whose files the run has.  Whether a
+chance-based row (one with a ``p_value``) is a violation is decided over the audit's families
+(:func:`crop.report.audit.classify`), not here: its ``violation`` is False until then.  A raw failure
+(``empirical_below``) within what chance allows is listed but is not a violation.
+
+* **a bound rising with ε** (J̲_E, J̲_p, J̲): deterministic, always a violation;
+* **GRe** percentile bound J̲_p above the attacked p-quantile, and expectation bound above the attacked mean:
+  these bounds are about the *distribution* of returns; p-values P[Bin(n, p) ≥ #returns below J̲_p] and
+  Hoeffding's exp(−2n·shortfall²/(J_max − J_min)²);
+* **LoAct: a certified step whose action a local attack flipped** (``flips_certified``).  The certificate
+  (Theorem 1) is for the exact smoothed policy and holds with probability ≥ 1 − α per state; the attacked
+  policy is its m-sample estimate, which may take another action inside a valid radius.  If the clean
+  state's bounds L(a₁) (``q_top_lower``) and max U(a) (``q_others_upper_max``) hold, Lemma 3 (σΦ⁻¹ of the
+  clipped smoothed Q is 1-Lipschitz) gives, for ‖δ‖ ≤ ε, Q̃(s+δ, a₁) − Q̃(s+δ, a) ≥
+  Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)) with p = (bound − V_min)/w, w = V_max − V_min; and by
+  Hoeffding (each sample of Q̃(·, a) − Q̃(·, a₁) lies in [−w, w]) the m-sample argmax is not a₁ with
+  probability ≤ (|A| − 1)·exp(−m·Δ²/(2w²)) (:func:`flip_probability_bound`).  A counted flip thus has
+  probability ≤ α + that bound per step.  attack_local.csv records only per-episode counts, not the attacked
+  steps' margins, so the per-step chance is *estimated* on LoAct's own steps certified beyond ε (the mean of
+  α + bound over them; 1 when LoAct has none: unassessed) and the count over all N attacked steps at that ε
+  is tested against Bin(N, chance) — conservative in N (every attacked step counted, certified or not) and
+  in the tail (a Poisson-binomial count is no more spread above its mean than the binomial of the same mean,
+  Hoeffding 1956);
+* **LoRe bound above the local PGD return** from LoRe's own initial state.  LoRe's bound (Theorem 4) holds
+  for every trajectory of the exact smoothed policy under ‖δ‖ ≤ ε with probability ≥ 1 − α_spent (the α the
+  search spent, from LoRe's meta file); the attacked episode leaves that tree only where its m-sample action
+  is one LoRe excluded.  The chance of an attacked return below the bound is ≤ α_spent + P[leave], with
+  P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state): p_t the flip bound
+  above where step t is certified beyond ε; 0 where it is not and |A| = 2 (both actions are in the tree);
+  1 where it is not and |A| > 2 (the other actions' margins are not recorded), and for steps beyond LoAct
+  episode 0.  That chance is the row's p-value when the return is below the bound.
+
+A check's ``min_p`` is the smallest p-value its data could give (every attacked return at J_min, every
+attacked step flipped), fixed by the sample sizes and bounds before the attack ran; Tarone's restriction
+(:func:`crop.report.audit.tarone_holm`) leaves out the checks whose ``min_p`` cannot reach significance, and
+:func:`untestable_reason` says why and what would make one testable.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as st
+
+from crop import columns as cols
+from crop.envs import env_spec
+from crop.io import meta_path, read_json
+from crop.layout import RUN_FILES, replicate_of
+from crop.lore import lore_bound_at
+from crop.report.metrics import lore_valid_until, parse_run, read_lore_meta
+from crop.stats import Phi, Phi_inv, normalise
+
+__all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
+           "check_certified_steps_not_flipped", "flip_probability_bound", "loact_flip_chance",
+           "lore_leave_chance", "untestable_reason", "TOL"]
+
+TOL = 1e-9
+
+
+def _hoeffding_p(shortfall: float, n: int, width: float) -> float:
+    """P[mean of n returns in an interval of ``width`` falls ``shortfall`` below its expectation] ≤ this."""
+    if shortfall <= 0 or n == 0:
+        return 1.0
+    return float(math.exp(-2.0 * n * shortfall ** 2 / max(width, 1e-300) ** 2))
+
+
+def _binom_p(n_below: int, n: int, p: float) -> float:
+    """P[Bin(n, p) ≥ n_below]: how surprising n_below events of probability ≤ p each are among n."""
+    if n_below <= 0:
+        return 1.0
+    return float(st.binom.sf(n_below - 1, n, min(max(p, 0.0), 1.0))) if n else 1.0
+
+
+def _monotone(xs, ys) -> list[tuple[float, float, float]]:
+    """(ε, bound, next bound) wherever a bound rises with ε."""
+    pairs = [(x, y) for x, y in sorted(zip(xs, ys)) if not (isinstance(y, float) and math.isnan(y))]
+    return [(a[0], a[1], b[1]) for a, b in zip(pairs, pairs[1:]) if b[1] > a[1] + TOL]
+
+
+def flip_probability_bound(q_top_lower, q_others_upper_max, v_min: float, v_max: float, sigma: float,
+                           eps: float, m: int, n_actions: int) -> np.ndarray:
+    """Upper bound on P[the m-sample smoothed action at s + δ is not a₁], for every ‖δ‖₂ ≤ ε, given that the
+    clean state's bounds L(a₁) = ``q_top_lower`` and max_{a≠a₁} U(a) = ``q_others_upper_max`` hold.
+
+    Lemma 3 (Φ⁻¹ of the normalised clipped smoothed Q moves by at most ‖δ‖/σ) bounds the true gap at s + δ
+    below by Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)); Hoeffding on the m differences of clipped
+    samples (each in [−w, w]) and a union over the |A| − 1 other actions give (|A| − 1)·exp(−mΔ²/(2w²)).
+    Where Δ ≤ 0 (ε reaches the radius) the bound is 1."""
+    w = float(v_max - v_min)
+    pl, pu = normalise(q_top_lower, v_min, v_max), normalise(q_others_upper_max, v_min, v_max)
+    with np.errstate(invalid="ignore"):
+        gap = w * (Phi(Phi_inv(pl) - eps / sigma) - Phi(Phi_inv(pu) + eps / sigma))
+    gap = np.where(np.isnan(gap), 0.0, np.maximum(gap, 0.0))
+    return np.minimum(1.0, (n_actions - 1) * np.exp(-m * gap ** 2 / (2.0 * w ** 2)))
+
+
+def _chance_inputs(d: Path, env: str) -> dict:
+    """What the chance estimates need, from the run's files; missing entries are None."""
+    def meta(key):
+        f = meta_path(d / RUN_FILES[key])
+        return read_json(f) if f.is_file() else {}
+
+    lm, am = meta("loact"), meta("attack_local")
+    q = read_json(d / RUN_FILES["qrange"]) if (d / RUN_FILES["qrange"]).is_file() else {}
+    v_min = lm.get("v_min", q.get("v_min"))
+    v_max = lm.get("v_max", q.get("v_max"))
+    a_set = am.get("settings") or {}
+    return {"steps": pd.read_csv(d / RUN_FILES["loact"]) if (d / RUN_FILES["loact"]).is_file() else None,
+            "v_min": v_min, "v_max": v_max, "m": a_set.get("m"),
+            "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": env_spec(env).n_actions}
+
+
+def _margins_ok(c: dict) -> str:
+    """Why the chance of a flip cannot be estimated ('' when it can)."""
+    if c["steps"] is None:
+        return "no loact.csv: no recorded margins"
+    if not {cols.Q_TOP_LOWER, cols.Q_OTHERS_UPPER_MAX} <= set(c["steps"].columns):
+        return "loact.csv lacks q_top_lower / q_others_upper_max"
+    if c["v_min"] is None or c["v_max"] is None or not c["v_max"] > c["v_min"]:
+        return "no V range recorded"
+    if c["m"] is None or c["alpha"] is None:
+        return "attack_local.meta.json lacks the attack's m or alpha"
+    return ""
+
+
+def _step_flip_bounds(c: dict, sigma: float, eps: float, steps: pd.DataFrame) -> np.ndarray:
+    return flip_probability_bound(steps[cols.Q_TOP_LOWER], steps[cols.Q_OTHERS_UPPER_MAX], c["v_min"],
+                                  c["v_max"], sigma, eps, int(c["m"]), c["n_actions"])
+
+
+def loact_flip_chance(c: dict, sigma: float, eps: float) -> tuple[float, str]:
+    """(per-step chance of a counted flip at ε, note): the mean of α + :func:`flip_probability_bound` over
+    LoAct's steps certified beyond ε; 1 when it cannot be estimated."""
+    why = _margins_ok(c)
+    if why:
+        return 1.0, f"unassessed ({why})"
+    s = c["steps"]
+    beyond = s[s[cols.CERTIFIED].astype(bool) & (s[cols.RADIUS] > eps)]
+    if beyond.empty:
+        return 1.0, "unassessed (no LoAct step certified beyond this eps)"
+    p = np.minimum(1.0, float(c["alpha"]) + _step_flip_bounds(c, sigma, eps, beyond))
+    return float(p.mean()), f"estimated on {len(beyond)} LoAct steps certified beyond eps"
+
+
+def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int) -> tuple[float, str]:
+    """(P[the attacked episode leaves LoRe's tree] estimated along LoAct episode 0's first ``horizon``
+    steps, note); see the module docstring."""
+    why = _margins_ok(c)
+    if why:
+        return 1.0, f"unassessed ({why})"
+    s = c["steps"]
+    ep0 = s[s[cols.EPISODE] == s[cols.EPISODE].min()].sort_values(cols.STEP).head(horizon)
+    if len(ep0) < horizon:
+        return 1.0, f"LoAct episode 0 has {len(ep0)} < {horizon} steps"
+    beyond = ep0[cols.CERTIFIED].astype(bool).to_numpy() & (ep0[cols.RADIUS].to_numpy(float) > eps)
+    p = np.where(beyond, _step_flip_bounds(c, sigma, eps, ep0), 0.0 if c["n_actions"] == 2 else 1.0)
+    return float(1.0 - np.prod(1.0 - p)), f"estimated along LoAct episode 0 ({horizon} steps)"
+
+
+def _lore_alpha(lmeta: dict) -> float:
+    """The α LoRe's search spent (union over its smoothed states); 1 when not recorded."""
+    search = lmeta.get("search") or {}
+    if search.get("alpha_spent") is not None:
+        return float(search["alpha_spent"])
+    a, n = (lmeta.get("settings") or {}).get("alpha"), search.get("distinct_states_smoothed")
+    return float(a) * int(n) if a is not None and n is not None else 1.0
+
+
+def _row(check: str, eps: float, bound, observed, violation: bool = False, **evidence) -> dict:
+    return {"check": check, "eps": eps, "bound": bound, "observed": observed, "violation": bool(violation),
+            **evidence}
+
+
+def check_gre_vs_global_attack(gre: pd.DataFrame, attack: pd.DataFrame) -> list[dict]:
+    """GRe's bounds against the global PGD returns at each ε both have: the expectation bound J̲_E
+    (Theorem 2) against the attacked mean (Hoeffding), each certified percentile bound J̲_p (Theorem 3)
+    against the attacked p-quantile (P[Bin(n, p) ≥ #returns below J̲_p])."""
+    rows_out = []
+    for eps, g in attack.groupby(cols.EPS):
+        rows = gre[np.isclose(gre[cols.EPS], eps)]
+        if rows.empty:
+            continue
+        ret = g[cols.RETURN].to_numpy()
+        eb = float(rows[cols.EXPECTATION_BOUND].iloc[0])
+        width = float(rows[cols.J_MAX].iloc[0] - rows[cols.J_MIN].iloc[0])
+        j_min = float(rows[cols.J_MIN].iloc[0])
+        rows_out.append(_row("gre_expectation_vs_pgd_mean", float(eps), eb, float(ret.mean()),
+                             empirical_below=bool(ret.mean() < eb - TOL), episodes=len(ret),
+                             p_value=_hoeffding_p(eb - ret.mean(), len(ret), width),
+                             min_p=_hoeffding_p(eb - j_min, len(ret), width), shortfall_max=eb - j_min, width=width))
+        for _, r in rows.iterrows():
+            if not bool(r[cols.PERCENTILE_CERTIFIED]):
+                continue
+            pb, p = float(r[cols.PERCENTILE_BOUND]), float(r[cols.P])
+            q = float(np.quantile(ret, p, method="inverted_cdf"))
+            below = int((ret < pb - TOL).sum())
+            rows_out.append(_row(f"gre_percentile_p{p:g}_vs_pgd", float(eps), pb, q,
+                                 empirical_below=bool(q < pb - TOL), attacked_below=below, episodes=len(ret),
+                                 p_value=_binom_p(below, len(ret), p),
+                                 min_p=_binom_p(len(ret), len(ret), p) if pb > j_min + TOL else 1.0, p=p))
+    return rows_out
+
+
+def check_monotone(check: str, eps, bounds) -> list[dict]:
+    """A certified bound may only fall as ε grows (J̲_E, J̲_p, J̲): every rise is a violation, no chance
+    involved."""
+    return [_row(check, e, b, nb, True) for e, b, nb in _monotone(eps, bounds)]
+
+
+def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.DataFrame, chance: dict,
+                               sigma: float) -> list[dict]:
+    """LoRe's bound J̲ (Theorem 4) against the local PGD return from LoRe's own initial state at each ε
+    (see the module docstring); p-value α_spent + P[leave] when the return is below the bound."""
+    valid_until = lore_valid_until({"lore_meta": lore_meta})
+    a_lore = _lore_alpha(lore_meta)
+    rows_out = []
+    for _, r in attack[attack[cols.SAME_START_AS_LORE].astype(bool)].iterrows():
+        eps = float(r[cols.EPS])
+        b = lore_bound_at(lore, eps, valid_until)
+        if math.isnan(b):
+            continue
+        below = float(r[cols.RETURN]) < b - TOL
+        leave, note = lore_leave_chance(chance, sigma, eps, int(r[cols.STEPS]))
+        allowed = min(1.0, a_lore + leave)
+        rows_out.append(_row("lore_vs_pgd_local", eps, b, float(r[cols.RETURN]), empirical_below=below,
+                             episode=int(r[cols.EPISODE]), p_value=allowed if below else 1.0, chance=allowed,
+                             alpha_spent=a_lore, p_leave=leave, note=note, min_p=allowed))
+    return rows_out
+
+
+def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma: float) -> list[dict]:
+    """LoAct's certificates (Theorem 1) against the local PGD attack: the certified steps whose action the
+    attack flipped at each ε, counted over all attacked steps and tested against Bin(N, per-step chance)
+    (:func:`loact_flip_chance`)."""
+    rows_out = []
+    for eps, g in attack.groupby("eps"):
+        flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), int(g[cols.STEPS].sum())
+        per_step, note = loact_flip_chance(chance, sigma, float(eps))
+        rows_out.append(_row("loact_certified_steps_not_flipped", float(eps), 0, flips, empirical_below=flips > 0,
+                             episodes=len(g), steps=n, chance=per_step, expected=n * per_step,
+                             p_value=_binom_p(flips, n, per_step), note=note,
+                             min_p=_binom_p(n, n, per_step) if n else 1.0))
+    return rows_out
+
+
+def run_checks(results: Path, run: str, stages: list[str]) -> list[dict]:
+    """Every check whose files the run folder has (``stages``: the stages it holds in full), each row with
+    the run's env, algo, σ (and replicate)."""
+    d = Path(results) / run
+    env, algo, lab = parse_run(run)
+    sigma = float(lab)
+    key = {"env": env, "algo": algo, "sigma": sigma}
+    if replicate_of(run):
+        key["replicate"] = replicate_of(run)
+
+    def table(stage):
+        return pd.read_csv(d / RUN_FILES[stage]) if stage in stages else None
+
+    gre, attack_global, attack_local, lore = table("gre"), table("attack_global"), table("attack_local"), table("lore")
+    rows = []
+    if gre is not None:
+        if attack_global is not None:
+            rows += check_gre_vs_global_attack(gre, attack_global)
+        for p, g in gre.groupby(cols.P):
+            rows += check_monotone(f"gre_percentile_p{p:g}_monotone", g[cols.EPS],
+                                   g[cols.PERCENTILE_BOUND].astype(float))
+        rows += check_monotone("gre_expectation_monotone", gre[cols.EPS], gre[cols.EXPECTATION_BOUND])
+    chance = _chance_inputs(d, env) if attack_local is not None else None
+    if lore is not None:
+        if attack_local is not None:
+            rows += check_lore_vs_local_attack(lore, read_lore_meta(d), attack_local, chance, sigma)
+        rows += check_monotone("lore_monotone", lore[cols.EPS], lore[cols.LOWER_BOUND])
+    if attack_local is not None:
+        rows += check_certified_steps_not_flipped(attack_local, chance, sigma)
+    return [{**key, **r} for r in rows]
+
+
+def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
+    """(why a check cannot reach significance in a family of k, what would make it testable)."""
+    level = alpha / max(k, 1)
+    c = item["check"]
+    if c == "lore_vs_pgd_local" and item.get("alpha_spent", 0.0) >= 1.0:
+        return (f"LoRe's tree spent α = {item['alpha_spent']:.3g} ≥ 1: its bound has no joint meaning",
+                "alpha_mode: family (the whole tree at α)")
+    if c == "lore_vs_pgd_local":
+        return (f"a single attacked return: smallest p = α spent + P[leave] = {item['min_p']:.3g} > α/K = "
+                f"{level:.3g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")
+    if c == "gre_expectation_vs_pgd_mean":
+        if not item["shortfall_max"] > 0:
+            return "the bound is at or below J_min: no attacked mean can fall below it", "a tighter bound"
+        need = math.ceil(math.log(1 / level) * item["width"] ** 2 / (2 * max(item["shortfall_max"], 1e-300) ** 2))
+        return (f"{item['episodes']} attacked episodes: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
+                f"attack.global_episodes ≥ {need}")
+    if c.startswith("gre_percentile"):
+        p = float(item.get("p", 0.5))
+        if item["min_p"] >= 1.0:
+            return "the bound is at J_min: no return can fall below it", "a tighter bound (more GRe samples)"
+        need = math.ceil(math.log(level) / math.log(p))
+        return (f"{item['episodes']} attacked episodes: smallest p = p^n = {item['min_p']:.3g} > α/K = "
+                f"{level:.3g}", f"attack.global_episodes ≥ {need}")
+    if c == "loact_certified_steps_not_flipped":
+        note = item.get("note") or ""
+        if item.get("chance", 1.0) >= 1.0:
+            return note or "the chance of a flip could not be estimated", "LoAct steps certified beyond this ε"
+        return (f"{item.get('steps')} attacked steps: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
+                "attack.local_episodes larger")
+    return f"smallest p {item['min_p']:.3g} > α/K = {level:.3g}", ""
+
+

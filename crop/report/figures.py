@@ -1,0 +1,399 @@
+"""The paper's figures, per environment, from the runs' result files (reads results only).
+
+The file names and families are listed in :mod:`crop.layout` (:func:`crop.layout.figure_families`);
+docs/figures.md describes each for a reader.  Colours, markers, line styles and legends:
+:mod:`crop.report.style`.  In every figure certified bounds are solid lines and PGD attacks dashed (drawn
+above the bounds), shading is ± one standard deviation over episodes, axis labels use the paper's symbols.
+"""
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from crop import columns as cols  # noqa: E402
+from crop.envs import env_spec  # noqa: E402
+from crop.io import atomic_write_bytes  # noqa: E402
+from crop.layout import FIGURE_FORMATS, figure_families, large_sigma_labels, main_sigma_labels  # noqa: E402
+from crop.report.intervals import run_interval  # noqa: E402
+from crop.report.metrics import lore_valid_until, per_step_mean_radius  # noqa: E402
+from crop.report.style import (  # noqa: E402
+    ATTACK_Z,
+    BOUND_Z,
+    LABELS,
+    algo_handles,
+    algo_label,
+    attack_line,
+    axes_legend,
+    bound_line,
+    legend_columns,
+    line_width,
+    marker_size,
+    math_font,
+    series_color,
+    series_marker,
+    series_order,
+    style_handles,
+    top_legend,
+)
+
+__all__ = ["iter_env_figures", "save_figure", "legend_figure", "load_frames", "gre_curve", "PERIODIC_FRAMES"]
+
+PERIODIC_FRAMES = 6  # frames shown under the periodic-pattern plot
+
+
+def load_frames(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``frames`` (uint8 [T, H, W, 3] or [T, H, W]) and ``steps`` (int [T]) of a ``frames.npz``."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: missing — the LoAct stage writes the game frames of episode 0 for "
+                                "Atari runs; the periodic-pattern figure needs them")
+    with np.load(path) as z:
+        if "frames" not in z or "steps" not in z:
+            raise ValueError(f"{path}: needs arrays 'frames' and 'steps', has {sorted(z.files)}")
+        frames, steps = np.asarray(z["frames"]), np.asarray(z["steps"]).astype(int).ravel()
+    if frames.ndim not in (3, 4) or len(frames) != len(steps) or len(steps) == 0:
+        raise ValueError(f"{path}: frames {frames.shape} and steps {steps.shape} do not match (T ≥ 1 frames)")
+    if frames.ndim == 4 and frames.shape[-1] != 3:
+        raise ValueError(f"{path}: frames must be RGB [T, H, W, 3], got {frames.shape}")
+    return frames, steps
+
+
+# --------------------------------------------------------------------------------------------- drawing
+
+def save_figure(fig, figures_dir: Path, stem: str) -> list[Path]:
+    """Write ``fig`` as ``figures_dir/stem`` in every format of :data:`crop.layout.FIGURE_FORMATS`, then close it."""
+    paths = []
+    for fmt in FIGURE_FORMATS:
+        buf = io.BytesIO()
+        # Fixed metadata keeps reruns byte-identical.
+        fig.savefig(buf, format=fmt, bbox_inches="tight", dpi=150,
+                    metadata={"CreationDate": None} if fmt == "pdf" else {"Software": None})
+        p = figures_dir / f"{stem}.{fmt}"
+        atomic_write_bytes(p, buf.getvalue())
+        paths.append(p)
+    plt.close(fig)
+    return paths
+
+
+def _single(title: str, xlabel: str, ylabel: str):
+    fig, ax = plt.subplots(figsize=(4.2, 3.2))
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel, **math_font(ylabel))
+    return fig, ax
+
+
+def _grid(nrows: int, ncols: int, w: float = 2.7, h: float = 2.3):
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+    return fig, axes
+
+
+def _ylim(ax, lo: float, hi: float, min_span: float) -> None:
+    """y-limits around the data [lo, hi] (5 % padding); a flat or nearly flat series gets a window of
+    ``min_span`` instead of matplotlib's ± a tiny band that blows noise-free constants up to a slope."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return
+    if hi - lo < min_span:
+        mid = 0.5 * (lo + hi)
+        lo, hi = mid - 0.5 * min_span, mid + 0.5 * min_span
+    pad = 0.05 * (hi - lo)
+    ax.set_ylim(lo - pad, hi + pad)
+
+
+def _return_span(lo: float, hi: float) -> float:
+    """The smallest y window for returns: ± a tenth of their magnitude, at least 1 (one unit of reward)."""
+    return max(1.0, 0.2 * max(abs(lo), abs(hi)))
+
+
+def _mean_std_band(ax, x, m, s, algo):
+    bound_line(ax, x, m, algo)
+    ax.fill_between(x, m - s, m + s, color=series_color(algo), alpha=0.15, lw=0, zorder=1)
+
+
+def _panel_stepwise(ax, runs: dict, sigma: float) -> None:
+    """Certified radius per time step: at step t, mean ± std over the episodes still running at t,
+    uncertified steps counted as 0 (:func:`crop.report.metrics.per_step_mean_radius`)."""
+    top = 0.0
+    for a, d in runs.items():
+        ps = per_step_mean_radius(d["loact"], "uncertified_zero")
+        m, s = ps["mean"].to_numpy(), ps["std"].fillna(0.0).to_numpy()
+        _mean_std_band(ax, ps.index.to_numpy(), m, s, a)
+        top = max(top, float(np.nanmax(m + s)) if len(m) else 0.0)
+    if top <= 0:
+        top = 0.1 * sigma  # nothing certified: a radius axis on the scale of σ, the line at r = 0 visible
+        if runs:
+            ax.text(0.5, 0.5, "no step certified\n(r = 0 at every step)", transform=ax.transAxes, ha="center",
+                    va="center", fontsize=8, color="0.35")
+    ax.set_ylim(-0.03 * top, 1.05 * top)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
+def _panel_ratio(ax, runs: dict, sigma: float) -> None:
+    """Certified ratio η_r (% of steps certified at radius ≥ r), mean ± std over episodes."""
+    for a, d in runs.items():
+        g = d["certified_ratio"].groupby(cols.R)[cols.ETA]
+        m, s = 100 * g.mean(), 100 * g.std(ddof=0).fillna(0.0)
+        _mean_std_band(ax, m.index.to_numpy(), m.to_numpy(), s.to_numpy(), a)
+    ax.set_ylim(-3, 103)
+
+
+def _gre_rows(d: dict, kind: str) -> pd.DataFrame:
+    gre = d["gre"]
+    rows = gre[np.isclose(gre[cols.P], 0.5)] if kind == "median" else gre.drop_duplicates(cols.EPS)
+    return rows.sort_values(cols.EPS)
+
+
+def gre_curve(d: dict, kind: str, x_end: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """GRe's bound (``kind`` "mean": J̲_E, Theorem 2; "median": J̲_p at p = 0.5, Theorem 3) of one run over
+    [0, ``x_end``]: the rows of ``gre.csv``, then — where the run's ε grid ends before the plot's x range
+    (the attack's grid reaches further) — the same bound at larger ε from the same stored returns
+    (``gre_returns.csv``, :func:`crop.gre.gre_bounds`, α per point as in gre.csv).  A percentile no order
+    statistic certifies is drawn as the trivial bound J_min.  Returns (ε, bound, n) with the first ``n``
+    points from gre.csv."""
+    col = cols.EXPECTATION_BOUND if kind == "mean" else cols.PERCENTILE_BOUND
+    rows = _gre_rows(d, kind)
+    eps, y = rows[cols.EPS].to_numpy(float), rows[col].to_numpy(float)
+    n = len(eps)
+    last = float(eps.max()) if n else 0.0
+    if n and x_end > last * (1 + 1e-9):
+        from crop.gre import gre_bounds  # the certifier's own formulas, not a copy
+
+        r0 = rows.iloc[0]
+        extra = np.linspace(last, x_end, 17)[1:]
+        ext = gre_bounds(d["gre_returns"][cols.RETURN].to_numpy(float), sigma=float(r0[cols.SIGMA]),
+                         horizon=int(r0[cols.HORIZON]), alpha=float(r0[cols.ALPHA]), eps_grid=extra, percentiles=[0.5],
+                         j_min=float(r0[cols.J_MIN]), j_max=float(r0[cols.J_MAX]))
+        eps, y = np.append(eps, extra), np.append(y, ext[col].to_numpy(float))
+    if kind == "median" and n:
+        y = np.where(np.isnan(y), float(rows[cols.J_MIN].iloc[0]), y)
+    return eps, y, n
+
+
+def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
+    """GRe bound vs ε (solid; markers at the run's own ε grid) and the global PGD mean/median (dashed)."""
+    stat = "mean" if kind == "mean" else "median"
+    x_end = 0.0
+    for d in runs.values():
+        x_end = max(x_end, float(d["gre"][cols.EPS].max()), float(d["attack_global"][cols.EPS].max()))
+    j_lo, j_hi, vacuous_any = np.inf, -np.inf, False
+    for a, d in runs.items():
+        j_lo, j_hi = min(j_lo, d["gre"][cols.J_MIN].min()), max(j_hi, d["gre"][cols.J_MAX].max())
+        eps, y, n = gre_curve(d, kind, x_end)
+        # Below J_min a bound says less than the trivial one (vacuous): drawn at J_min, marked ▽.
+        j_min = float(d["gre"][cols.J_MIN].min())
+        vacuous = y < j_min
+        y = np.maximum(y, j_min)
+        bound_line(ax, eps, y, a, markevery=list(range(n)))
+        if vacuous.any():
+            vacuous_any = True
+            ax.plot(eps[vacuous], y[vacuous], ls="none", marker="v", ms=4, mfc="none", mew=0.8,
+                    color=series_color(a), zorder=3)
+        att = d["attack_global"].groupby(cols.EPS)[cols.RETURN].agg(stat)
+        attack_line(ax, att.index, att.to_numpy(), a)
+    if np.isfinite(j_lo) and j_hi > j_lo:
+        # The expectation bound falls below J_min at large ε (vacuous there); show [J_min, J_max].
+        pad = 0.05 * (j_hi - j_lo)
+        ax.set_ylim(j_lo - pad, j_hi + pad)
+    if vacuous_any:
+        ax.text(0.98, 0.1, r"▽ vacuous: below $J_{\min}$, drawn at $J_{\min}$", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=6, color="0.3", zorder=ATTACK_Z + 1,
+                # on a white patch: attack lines cross this height, and the note must stay legible over them
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+    ax.set_xlim(0, x_end * 1.02 if x_end > 0 else None)
+
+
+def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
+    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed)."""
+    xmax = 0.0
+    for d in runs.values():
+        xmax = max(xmax, float(d["attack_local"][cols.EPS].max()), float(d["lore"][cols.EPS].max()))
+    lo, hi = np.inf, -np.inf
+    for a, d in runs.items():
+        lore = d["lore"].sort_values(cols.EPS)
+        end = min(xmax, lore_valid_until(d))
+        keep = lore[lore[cols.EPS] <= end]
+        xs = np.append(keep[cols.EPS].to_numpy(), end)
+        ys = np.append(keep[cols.LOWER_BOUND].to_numpy(), keep[cols.LOWER_BOUND].iloc[-1])
+        ax.step(xs, ys, where="post", color=series_color(a), label=algo_label(a), lw=line_width(a), zorder=BOUND_Z,
+                marker=series_marker(a), ms=marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
+        att = d["attack_local"]
+        g = att[att[cols.SAME_START_AS_LORE].astype(bool)].groupby(cols.EPS)[cols.RETURN].min()
+        attack_line(ax, g.index, g.to_numpy(), a)
+        vals = np.concatenate([ys, g.to_numpy(float)])
+        lo, hi = min(lo, np.nanmin(vals)), max(hi, np.nanmax(vals))
+    _ylim(ax, lo, hi, _return_span(lo, hi))
+    ax.set_xlim(0, xmax * 1.02 if xmax > 0 else None)
+
+
+_PANELS = {
+    "stepwise": (_panel_stepwise, LABELS["t"], LABELS["r"]),
+    "certified_ratio": (_panel_ratio, "radius $r$", LABELS["eta"]),
+    "global_mean": (lambda ax, runs, sigma: _panel_global(ax, runs, sigma, "mean"), LABELS["eps"], LABELS["J_E"]),
+    "global_median": (lambda ax, runs, sigma: _panel_global(ax, runs, sigma, "median"), LABELS["eps"],
+                      LABELS["J_p"]),
+    "adasearch": (_panel_adasearch, LABELS["eps"], LABELS["J"]),
+}
+_STYLE_KEY = {"global_mean", "global_median", "adasearch"}
+
+
+def _runs_at(data: dict, env: str, lab: str, algos) -> dict:
+    return {a: data[(env, a, lab)] for a in algos if (env, a, lab) in data}
+
+
+def _single_panel_figure(kind: str, env: str, lab: str, runs: dict):
+    draw, xlabel, ylabel = _PANELS[kind]
+    fig, ax = _single(f"{env_spec(env).paper_name}, σ={lab}", xlabel, ylabel)
+    draw(ax, runs, float(lab))
+    axes_legend(ax, algo_handles(runs) + (style_handles() if kind in _STYLE_KEY else []))
+    return fig
+
+
+def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
+    """One row per panel kind in ``rows``, one column per σ label; one legend above."""
+    fig, axes = _grid(len(rows), len(labels))
+    for i, kind in enumerate(rows):
+        draw, xlabel, ylabel = _PANELS[kind]
+        for j, lab in enumerate(labels):
+            ax = axes[i][j]
+            draw(ax, _runs_at(data, env, lab, algos), float(lab))
+            if i == 0:
+                ax.set_title(f"σ={lab}", fontsize=9)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.tick_params(labelsize=7)
+            if j == 0:
+                name = row_names[i] if row_names else env_spec(env).paper_name
+                ax.set_ylabel(f"{name}\n{ylabel}", fontsize=8, **math_font(ylabel))
+    fig.tight_layout()
+    top_legend(fig, algos, style=any(k in _STYLE_KEY for k in rows))
+    return fig
+
+
+def _thin_tick_labels(ax) -> None:
+    """Blank the x tick labels that would overlap a kept one (horizontal labels, never rotated)."""
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    last = None
+    for label in ax.get_xticklabels():
+        if not label.get_text():
+            continue
+        box = label.get_window_extent(renderer)
+        if last is not None and box.x0 < last.x1 + 3:
+            label.set_text("")
+            label.set_visible(False)
+        else:
+            last = box
+
+
+def _clean_figure(env: str, data: dict, algos, labels):
+    fig, ax = _single(f"{env_spec(env).paper_name}: benign return of the smoothed policy", LABELS["sigma"],
+                      LABELS["return"])
+    lo, hi = np.inf, -np.inf
+    for i, a in enumerate(algos):
+        xs, ms, below, above = [], [], [], []
+        for lab in labels:
+            if (env, a, lab) in data:  # the mean (over replicates where there are several) and its 95 % interval
+                iv = run_interval(data[(env, a, lab)], "benign_return")
+                xs.append(float(lab))
+                ms.append(iv["value"])
+                below.append(0.0 if math.isnan(iv["lo"]) else iv["value"] - iv["lo"])
+                above.append(0.0 if math.isnan(iv["hi"]) else iv["hi"] - iv["value"])
+        ms, below, above = (np.asarray(x, dtype=float) for x in (ms, below, above))
+        # Dodged sideways (a few hundredths of a decade per algorithm) so that equal returns do not hide
+        # each other; the σ ticks stay at the true σ.
+        dodge = 10.0 ** (0.025 * (i - 0.5 * (len(algos) - 1)))
+        ax.errorbar(np.asarray(xs) * dodge, ms, yerr=[below, above], marker=series_marker(a), ms=marker_size(a),
+                    capsize=3, color=series_color(a), lw=line_width(a), label=algo_label(a), zorder=BOUND_Z)
+        if len(ms):
+            lo, hi = min(lo, float(np.min(ms - below))), max(hi, float(np.max(ms + above)))
+    _ylim(ax, lo, hi, _return_span(lo, hi))
+    ax.set_xscale("log")
+    # Ticks at the σ run, written as the paper writes σ (0.001, 0.5, 4), not as powers of ten; labels that
+    # would collide are left out rather than rotated.
+    ax.set_xticks([float(lab) for lab in labels], [f"{float(lab):g}" for lab in labels], fontsize=7)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axes_legend(ax, algo_handles(algos))
+    _thin_tick_labels(ax)
+    return fig
+
+
+def legend_figure(algos, title: str | None = None):
+    """The legend strip alone: one colour and marker per algorithm, and the line-style key."""
+    handles, ncol = legend_columns(algo_handles(algos) + style_handles())
+    fig = plt.figure(figsize=(0.1, 0.1))
+    fig.legend(handles=handles, loc="center", ncol=ncol, frameon=False, fontsize=9, handlelength=3.2,
+               title=title, title_fontsize=9)
+    return fig
+
+
+def _periodic_figure(env: str, algo: str, lab: str, run: dict):
+    """Certified radius over the window of recorded steps (episode 0), with the frames at marked steps."""
+    frames, steps = load_frames(run["frames_path"])
+    st = run["loact"]
+    ep0 = st[st[cols.EPISODE] == st[cols.EPISODE].min()].set_index(cols.STEP)[cols.RADIUS]
+    lo, hi = int(steps.min()), int(steps.max())
+    window = ep0[(ep0.index >= lo) & (ep0.index <= hi)]
+    k = min(PERIODIC_FRAMES, len(steps))
+    picks = np.unique(np.linspace(0, len(steps) - 1, k).round().astype(int))
+    fig = plt.figure(figsize=(1.7 * max(len(picks), 3), 4.6))
+    gs = fig.add_gridspec(2, len(picks), height_ratios=[1.0, 1.25], hspace=0.35)
+    ax = fig.add_subplot(gs[0, :])
+    ax.plot(window.index, window.to_numpy(), color=series_color(algo), lw=1.2, label=algo_label(algo))
+    ax.set_xlim(lo, max(hi, lo + 1))
+    ax.set_ylim(bottom=0)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel(LABELS["t"], fontsize=8)
+    ax.set_ylabel(LABELS["r"], fontsize=8)
+    ax.set_title(f"{env_spec(env).paper_name}, {algo_label(algo)}, σ={lab}: LoAct episode 0, steps {lo}–{hi}",
+                 fontsize=9)
+    ax.tick_params(labelsize=7)
+    for n, i in enumerate(picks):
+        t = int(steps[i])
+        letter = chr(ord("a") + n)
+        ax.axvline(t, color="0.3", ls=":", lw=0.8)
+        ax.annotate(letter, (t, 0.97), xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=8,
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+        fa = fig.add_subplot(gs[1, n])
+        fa.imshow(frames[i], cmap="gray" if frames.ndim == 3 else None, interpolation="nearest")
+        r = ep0.get(t, math.nan)
+        fa.set_title(f"({letter}) t={t}\nr={r:.3g}", fontsize=7)
+        fa.axis("off")
+    return fig
+
+
+def iter_env_figures(env: str, data: dict):
+    """Yield (stem, Figure) for every figure of ``env`` in :func:`crop.layout.figure_families`."""
+    keys = [k for k in data if k[0] == env]
+    algos = series_order(k[1] for k in keys)
+    labels = sorted({k[2] for k in keys}, key=float)
+    fam = figure_families(env, labels, algos)
+    main = main_sigma_labels(env, labels)
+    spec = env_spec(env)
+    for kind in ("stepwise", "certified_ratio", "global_mean", "global_median", "adasearch"):
+        for lab in labels:
+            stem = f"{spec.paper_name}_{kind}_sigma-{lab}"
+            assert stem in fam[kind], stem
+            yield stem, _single_panel_figure(kind, env, lab, _runs_at(data, env, lab, algos))
+    yield f"{spec.paper_name}_stepwise", _grid_figure(env, data, algos, ["stepwise"], main)
+    yield f"{spec.paper_name}_certified_ratio", _grid_figure(env, data, algos, ["certified_ratio"], main)
+    yield fam["all_bounds"][0], _grid_figure(env, data, algos, ["global_mean", "global_median", "adasearch"],
+                                             main, row_names=["(Global)", "(Global)", "(Local)"])
+    yield fam["loact_clean"][0], _clean_figure(env, data, algos, labels)
+    yield fam["legend"][0], legend_figure(algos, title=spec.paper_name)
+    if fam["large_sigma"]:
+        large = large_sigma_labels(env, labels)
+        yield fam["large_sigma"][0], _grid_figure(env, data, algos, ["stepwise", "adasearch"], large,
+                                                  row_names=["(a)", "(b)"])
+    for stem in fam["periodic"]:
+        lab, algo = stem[len(f"{spec.paper_name}_periodic_sigma-"):].split("_", 1)
+        yield stem, _periodic_figure(env, algo, lab, data[(env, algo, lab)])
+
+
