@@ -287,3 +287,15 @@ def test_load_runs_complete_or_partial(tmp_path):
         f.write("1,2,3\n")
     with pytest.raises(IntegrityError, match="gre.csv"):
         load_runs(tmp_path, [runs[0]])
+
+
+def test_hash_prefixes_stay_text_in_the_audits_provenance_table():
+    """A commit or checkpoint prefix of digits only is an identifier: left-aligned and written as it is, not
+    parsed as a number (seen with commit 423977515028)."""
+    from crop.report.markdown import pipe_table
+
+    rows = [{"checkpoint": "000000123456", "commit": "423977515028", "runtime_s": 1.5}]
+    header, rule, row = pipe_table(rows, text=("checkpoint", "commit")).splitlines()
+    assert rule.split("|")[1:3] == [":" + "-" * 13, ":" + "-" * 13]  # left-aligned, like any text
+    assert "| 000000123456 | 423977515028 |" in row
+    assert "-:" in pipe_table(rows).splitlines()[1]  # without text=, tabulate reads them as numbers

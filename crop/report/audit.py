@@ -451,7 +451,7 @@ def _md_provenance(rep: dict) -> list[str]:
                  "commit": ", ".join(c[:12] for c in p["git_commits"]),
                  "device": p["device"], "runtime_s": p["runtime_total_s"], "finished_utc": p["finished_utc"]}
                 for p in rep["provenance"]]
-        lines += [pipe_table(rows), ""]
+        lines += [pipe_table(rows, text=("checkpoint", "commit")), ""]
         stages = sorted({s for p in rep["provenance"] for s in p["runtime_s"]})
         lines += ["Runtime per stage (s):", ""]
         lines += [pipe_table([{"run": p["run"], **{s: p["runtime_s"].get(s) for s in stages}}
