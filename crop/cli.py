@@ -41,6 +41,10 @@ def _types(node: dict) -> list[str]:
     return [t] if isinstance(t, str) else t
 
 
+_BOUNDS = [("minimum", ">=", lambda v, b: v >= b), ("exclusiveMinimum", ">", lambda v, b: v > b),
+           ("maximum", "<=", lambda v, b: v <= b), ("exclusiveMaximum", "<", lambda v, b: v < b)]
+
+
 def _check_number(node: dict, v, shown) -> int | float:
     """``v`` checked against a schema number/integer node's bounds; ArgumentTypeError naming ``shown``."""
     if not math.isfinite(v):
@@ -49,10 +53,6 @@ def _check_number(node: dict, v, shown) -> int | float:
         if key in node and not ok(v, node[key]):
             raise argparse.ArgumentTypeError(f"must be {op} {node[key]}, got {shown}")
     return v
-
-
-_BOUNDS = [("minimum", ">=", lambda v, b: v >= b), ("exclusiveMinimum", ">", lambda v, b: v > b),
-           ("maximum", "<=", lambda v, b: v <= b), ("exclusiveMaximum", "<", lambda v, b: v < b)]
 
 
 def _schema_type(node: dict):

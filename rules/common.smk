@@ -104,9 +104,8 @@ def stage_inputs(name):
 
     def inputs(w):
         files = {"model": run_checkpoint(w), "record": run_checkpoint_record(w)}
-        if row.v_range and qrange_input(w):
-            files["qrange"] = qrange_input(w)
-        return files
+        qrange = qrange_input(w) if row.v_range else []
+        return {**files, "qrange": qrange} if qrange else files
 
     return inputs
 
