@@ -154,3 +154,71 @@ def test_lore_survives_sigkill(tmp_path, bound):
     assert a.read_bytes() == b.read_bytes()
     assert json.loads((tmp_path / "killed" / "lore.meta.json").read_text())["search"]["resumed"] is True
     assert not resume.exists()
+
+
+class _Payload:
+    """A pickle that runs a shell command when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _kill_and_resume_file(tmp_path, lives=5):
+    """A toy search killed after ``lives`` smoothing calls: its resume file and the run's arguments."""
+    net_kw, sm_args, kw = _case("toy")
+    resume = tmp_path / "lore.resume"
+    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_kw), *sm_args, seed=2, lives=lives), **kw)
+    with pytest.raises(Killed):
+        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
+    return resume, lambda: LoRe(smoother=SmoothedQ(random_mlp(**net_kw), *sm_args, seed=2), **kw)
+
+
+def test_a_planted_pickle_runs_nothing_and_is_ignored(tmp_path, capsys):
+    """The resume file is data: a pickle whose unpickling runs os.system is never unpickled; the search
+    notes it on stderr and starts afresh, with the uninterrupted result."""
+    import pickle
+
+    _, make = _kill_and_resume_file(tmp_path)
+    clean_table, _ = make().certify(progress=False)
+    marker = tmp_path / "pwned"
+    resume = tmp_path / "planted.resume"
+    resume.write_bytes(pickle.dumps({"key": None, "x": _Payload(marker)}))
+    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert not marker.exists() and info["resumed"] is False
+    assert "ignoring the resume file" in capsys.readouterr().err
+    assert table.equals(clean_table) and not resume.exists()
+
+
+@pytest.mark.parametrize("tamper", ["bytes", "truncated", "node_J", "path_actions", "memo_radii", "object"])
+def test_a_damaged_or_hostile_resume_file_is_ignored(tmp_path, capsys, tamper):
+    """Whatever the bytes — random, cut short, an array changed so that the environment does not replay the
+    saved nodes, certificates of another shape, an object array (a pickle inside the .npz) — the file is
+    ignored with a line on stderr and the result is the uninterrupted one."""
+    import numpy as np
+
+    resume, make = _kill_and_resume_file(tmp_path)
+    clean_table, _ = make().certify(progress=False)
+    data = resume.read_bytes()
+    if tamper == "bytes":
+        resume.write_bytes(np.random.default_rng(0).bytes(len(data)))
+    elif tamper == "truncated":
+        resume.write_bytes(data[: len(data) // 2])
+    else:
+        with np.load(resume, allow_pickle=False) as z:
+            f = {k: z[k] for k in z.files}
+        if tamper == "node_J":
+            f["node_J"] = f["node_J"] + 1.0
+        elif tamper == "path_actions":
+            f["path_actions"] = (f["path_actions"] + 1) % 3
+        elif tamper == "memo_radii":
+            f["memo_radii"] = f["memo_radii"][:, :2]
+        else:
+            f["stack"] = np.array([_Payload(tmp_path / "pwned")], dtype=object)
+        with open(resume, "wb") as out:
+            np.savez(out, **f)
+    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert info["resumed"] is False and "ignoring the resume file" in capsys.readouterr().err
+    assert table.equals(clean_table) and not (tmp_path / "pwned").exists()
