@@ -155,7 +155,7 @@ class LoRe:
         self.transitions = self.leaves = self.tie = 0
         self.smoothing_calls = 0                   # estimate_batch calls (batches of pending nodes)
         self.valid_until = math.inf                # the next critical ε beyond eps_max, if the search stopped
-        self.truncated = False                     # the budget stopped the search with open subtrees left
+        self.truncated = False                     # the budget refused a child: open subtrees count their worst case
         self.env = None
         self._bar = None
         self._autosave = None                      # (resume file, seconds between saves, time of last save)
@@ -187,14 +187,17 @@ class LoRe:
             while True:
                 self._checkpoint()
                 self.drain(self.eps)
-                if self.spent():
+                if self.queue and self.queue[0][0] <= self.eps and not self.truncated:
+                    # equal radii: expand all before recording
+                    if self.pruned(self.queue[0][2]) or not self.spent():
+                        _, _, node, a = heapq.heappop(self.queue)
+                        if not self.pruned(node):
+                            self.stack.append(self.expand(node, a))
+                        continue
+                    self.truncated = True  # the budget refuses a child the tree holds at ε
+                if self.truncated:
                     self.close()
                     break
-                if self.queue and self.queue[0][0] <= self.eps:  # equal radii: expand all before recording
-                    _, _, node, a = heapq.heappop(self.queue)
-                    if not self.pruned(node):
-                        self.stack.append(self.expand(node, a))
-                    continue
                 self.record(self.eps, self.J)
                 if not self.queue:
                     break
@@ -210,9 +213,9 @@ class LoRe:
 
     def drain(self, eps: float) -> None:
         """Depth-first expansion of everything on the stack at perturbation ``eps``: at each node every
-        action with r(a) ≤ ε is followed, the others wait in the queue keyed by r(a).  Once the node budget
-        is spent, the nodes left on the stack and the actions left in the queue stay open (:meth:`close`)."""
-        while self.stack and not self.spent():
+        action with r(a) ≤ ε is followed, the others wait in the queue keyed by r(a).  The first child the
+        node budget refuses stops the search (:meth:`close`), the actions of that node waiting in the queue."""
+        while self.stack:
             self._checkpoint()
             node = self.stack.pop()
             if self.pruned(node):
@@ -229,8 +232,11 @@ class LoRe:
                 if r <= eps and not self.spent():
                     self.stack.append(self.expand(node, a))
                 else:
+                    self.truncated |= r <= eps  # the budget refuses a child the tree holds at ε
                     self.tie += 1
                     heapq.heappush(self.queue, (r, self.tie, node, a))
+            if self.truncated:
+                return
 
     def record(self, eps: float, bound: float) -> None:
         """Record the pair (ε, J̲) where the bound changes."""
@@ -238,7 +244,7 @@ class LoRe:
             self.pairs.append((eps, bound))
 
     def spent(self) -> bool:
-        """The node budget is spent: the tree holds ``max_nodes`` nodes (the root and every child expanded)."""
+        """The node budget is spent: the tree holds ``max_nodes`` nodes (the root and every child created)."""
         return self.max_nodes is not None and self.transitions + 1 >= self.max_nodes
 
     def worst(self, node: _Node) -> float:
@@ -251,17 +257,16 @@ class LoRe:
         return node.J + min(0.0, self.reward_min * steps)
 
     def close(self) -> None:
-        """The budget is spent: the bound at the current ε and at each later critical ε (up to ``eps_max``)
-        is the minimum of the leaves reached and the worst case (:meth:`worst`) of every open node the tree
-        holds at that ε — on the stack, or in the queue with r(a) ≤ ε.  A pruned node cannot lower it."""
+        """The budget refused a child: the bound at the current ε and at each later critical ε (up to
+        ``eps_max``) is the minimum of the leaves reached and the worst case (:meth:`worst`) of every open node
+        the tree holds at that ε — left on the stack, or in the queue with r(a) ≤ ε.  A pruned node cannot
+        lower it (its return so far already reaches the leaves' minimum)."""
         bound = min([self.J] + [self.worst(n) for n in self.stack if not self.pruned(n)])
-        self.truncated = any(not self.pruned(n) for n in self.stack)
         self.stack.clear()
         while True:
             while self.queue and self.queue[0][0] <= self.eps:
                 _, _, node, _ = heapq.heappop(self.queue)
                 if not self.pruned(node):
-                    self.truncated = True
                     bound = min(bound, self.worst(node))
             self.record(self.eps, bound)
             if not self.queue:
@@ -400,7 +405,8 @@ class LoRe:
         state = self.smoother.get_state()
         header = {"key": self.key(), "rounding": state["rounding"], "calls": state["calls"], "alphas": self.alphas,
                   "pairs": self.pairs, "eps": self.eps, "J": self.J, "transitions": self.transitions,
-                  "leaves": self.leaves, "tie": self.tie, "smoothing_calls": self.smoothing_calls}
+                  "leaves": self.leaves, "tie": self.tie, "smoothing_calls": self.smoothing_calls,
+                  "truncated": self.truncated}
         arrays = {
             "header": np.frombuffer(json.dumps(header).encode(), np.uint8),
             "generator": np.asarray(state["generator"].cpu().numpy(), np.uint8),
@@ -477,8 +483,8 @@ class LoRe:
         return {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo,
                 "alphas": [float(a) for a in header["alphas"]],
                 "pairs": [(float(e), float(b)) for e, b in header["pairs"]], "eps": float(header["eps"]),
-                "J": float(header["J"]), **{k: int(header[k]) for k in ("transitions", "leaves", "tie",
-                                                                          "smoothing_calls")}}
+                "J": float(header["J"]), "truncated": bool(header["truncated"]),
+                **{k: int(header[k]) for k in ("transitions", "leaves", "tie", "smoothing_calls")}}
 
     def _replay(self, root: _Node, paths: list[tuple[int, ...]]) -> list[_Node]:
         """The nodes at ``paths`` (action paths from s₀), re-simulated as the search built them (each child by

@@ -222,3 +222,21 @@ def test_a_damaged_or_hostile_resume_file_is_ignored(tmp_path, capsys, tamper):
     table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
     assert info["resumed"] is False and "ignoring the resume file" in capsys.readouterr().err
     assert table.equals(clean_table) and not (tmp_path / "pwned").exists()
+
+
+def test_a_bounded_search_resumes_byte_identically_and_its_budget_keys_the_file(tmp_path):
+    """max_nodes: a killed bounded search resumes to the uninterrupted bounded result (truncated); a resume
+    file written under another budget belongs to another run and is ignored."""
+    net_kw, sm_args, kw = _case("toy")
+    kw = {**kw, "max_nodes": 20, "reward_min": 0.0}
+    clean, clean_info = _run(SmoothedQ(random_mlp(**net_kw), *sm_args, seed=7), None, 60.0, **kw)
+    assert clean_info["truncated"] is True and clean_info["nodes"] == 20
+    for budget, resumed in ((21, False), (20, True)):
+        resume = tmp_path / f"lore-{budget}.resume"
+        with pytest.raises(Killed):
+            _run(DyingSmoother(random_mlp(**net_kw), *sm_args, seed=7, lives=2), resume, 0.0, **kw)
+        table, info = _run(SmoothedQ(random_mlp(**net_kw), *sm_args, seed=7), resume, 1e9,
+                           **{**kw, "max_nodes": budget})
+        assert info["resumed"] is resumed
+        if resumed:
+            assert table == clean and info["truncated"] is True
