@@ -14,7 +14,7 @@ from test_lore import ToyWalk
 
 from crop import stats
 from crop.io import sha256_file, write_json
-from crop.lore import LoRe, run_lore
+from crop.lore import LoRe, lore_bound_at, run_lore
 from crop.models import save_q_network
 from crop.smoothing import SmoothedQ
 
@@ -128,13 +128,17 @@ def _setup(d: Path, bound: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bound", ["hoeffding", "clopper_pearson"])
-def test_lore_survives_sigkill(tmp_path, bound):
+@pytest.mark.parametrize("bound,sig", [("hoeffding", signal.SIGKILL), ("clopper_pearson", signal.SIGKILL),
+                                       ("clopper_pearson", signal.SIGTERM)])
+def test_lore_survives_sigkill_and_sigterm(tmp_path, bound, sig):
+    """Killed mid-search through the stage (SIGKILL: from its last save; SIGTERM, a cluster's wall-time kill:
+    it saves at the next node and exits 143) and rerun with the same command: the same lore.csv, byte for
+    byte, as an uninterrupted run."""
     clean = _setup(tmp_path / "clean", bound)
     subprocess.run(clean, check=True, capture_output=True, timeout=600)
     killed = _setup(tmp_path / "killed", bound)
     resume = tmp_path / "killed" / "lore.csv.resume"
-    p = subprocess.Popen(killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(killed, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     saves = 0
     last = None
@@ -146,14 +150,36 @@ def test_lore_survives_sigkill(tmp_path, bound):
                 break
         time.sleep(0.05)
     assert p.poll() is None, "the search finished before it could be killed; make it longer"
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
+    os.kill(p.pid, sig)
+    err = p.communicate(timeout=60)[1]
+    if sig == signal.SIGTERM:
+        assert p.returncode == 143 and "SIGTERM: search state saved" in err, err[-2000:]
+        assert resume.stat().st_mtime_ns != last, "SIGTERM must save the state it stops at"
     assert resume.exists() and not (tmp_path / "killed" / "lore.csv").exists()
     subprocess.run(killed, check=True, capture_output=True, timeout=600)
     a, b = tmp_path / "clean" / "lore.csv", tmp_path / "killed" / "lore.csv"
     assert a.read_bytes() == b.read_bytes()
     assert json.loads((tmp_path / "killed" / "lore.meta.json").read_text())["search"]["resumed"] is True
     assert not resume.exists()
+
+
+def test_the_stage_records_a_truncated_bounded_search(tmp_path):
+    """crop lore --max-nodes: lore.meta.json records the nodes and truncated at its top; the bound is below
+    the unbounded one's."""
+    import pandas as pd
+
+    runs = {}
+    for name, extra in (("bounded", ["--max-nodes", "40"]), ("full", [])):
+        cmd = _setup(tmp_path / name, "hoeffding")
+        cmd[cmd.index("--horizon") + 1] = "8"
+        subprocess.run(cmd + extra, check=True, capture_output=True, timeout=600)
+        runs[name] = (pd.read_csv(tmp_path / name / "lore.csv"),
+                      json.loads((tmp_path / name / "lore.meta.json").read_text()))
+    (bounded, meta), (full, full_meta) = runs["bounded"], runs["full"]
+    assert meta["nodes"] == 40 and meta["truncated"] is True and meta["settings"]["max_nodes"] == 40
+    assert full_meta["truncated"] is False and full_meta["nodes"] > 40
+    for eps in full["eps"]:
+        assert lore_bound_at(bounded, eps) <= lore_bound_at(full, eps)
 
 
 class _Payload:
