@@ -266,3 +266,38 @@ def test_a_bounded_search_resumes_byte_identically_and_its_budget_keys_the_file(
         assert info["resumed"] is resumed
         if resumed:
             assert table == clean and info["truncated"] is True
+
+
+class _FlatLinear(__import__("torch").nn.Module):
+    """A random linear Q-network on the flattened observation (any shape)."""
+
+    def __init__(self, n_in, n_out, seed):
+        import torch
+
+        super().__init__()
+        torch.manual_seed(seed)
+        self.lin = torch.nn.Linear(n_in, n_out)
+
+    def forward(self, x):
+        return self.lin(x.flatten(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env,n_in,n_actions,sigma", [("highway-fast-v0", 25, 5, 0.5),
+                                                      ("PongNoFrameskip-v4", 4 * 84 * 84, 6, 0.5)])
+def test_highway_and_atari_replay_their_resumed_nodes(tmp_path, env, n_in, n_actions, sigma):
+    """The resume file stores action paths, not snapshots: highway-env and ALE replay them from the seeded
+    reset exactly (each node's return and observation digest checked), so a search killed mid-way resumes to
+    the uninterrupted result, byte for byte (bounded, so that it stays small)."""
+    def smoother(cls=SmoothedQ, **kw):
+        return cls(_FlatLinear(n_in, n_actions, 4), sigma, 64, -2.0, 2.0, 0.05, n_actions, seed=3, **kw)
+
+    kw = dict(env_id=env, horizon=6, env_seed=11, batch=4, max_nodes=60, reward_min=0.0,
+              reward_fn=lambda r: max(float(r), 0.0))
+    clean, clean_info = _run(smoother(), None, 60.0, **kw)
+    resume = tmp_path / "lore.resume"
+    with pytest.raises(Killed):
+        _run(smoother(DyingSmoother, lives=3), resume, 0.0, **kw)
+    resumed, info = _run(smoother(), resume, 1e9, **kw)
+    assert info["resumed"] is True and resumed == clean and info["nodes"] == clean_info["nodes"] > 10
+    assert info["distinct_states_smoothed"] > 12, "states must be smoothed after the resume to bite"
