@@ -114,8 +114,9 @@ class LoRe:
     (r(a), tie, node, a) for actions not yet possible (keyed by Theorem 4's radius r(a)), the memoised
     certificates ``memo`` (one per distinct observation, with its per-state α in ``alphas``), the bound
     ``J`` so far (the smallest return over the leaves reached) and the recorded ``pairs``.  :meth:`save`
-    and :meth:`load` write and read exactly these fields (and the smoother's random state) so that a
-    killed search resumes where it stopped; the search itself knows nothing about files.
+    and :meth:`load` write and read exactly these fields (an open node as its action path from s₀, and the
+    smoother's random state) so that a killed search resumes where it stopped; the search itself knows
+    nothing about files.
 
     ``prune`` must only be true when every reward is ≥ 0 (the caller checks the env).  ``make`` (optional)
     builds the environment instead of ``make_env(env_id, profile)``.  ``alpha_of`` (optional) maps
