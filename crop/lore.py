@@ -32,20 +32,35 @@ with prob ≥ 1 − Σ_{i≤N} α_i ≥ 1 − α whatever N turns out to be.  Th
 its noise is fresh, so the bound holds although which state comes i-th depends on earlier certificates.
 Reported as ``confidence_tree`` (= ``confidence_union``) with the α actually spent.
 
-Long searches are resumable: the whole search state (queue, depth-first stack, nodes with their environment
-snapshots, memoised certificates, bound so far, the smoother's noise generator and randomised-rounding
-stream) is written to a resume file at most every ``checkpoint_every`` seconds, at any node; a run killed at
-any point and restarted with the same arguments continues from it and produces the same result, byte for
-byte.  The resume file is our own pickle, trusted like the rest of the results folder; it is keyed by the
-run's arguments and deleted on success.
+Bounded search (``max_nodes``): the search stops expanding once the tree holds ``max_nodes`` nodes and still
+returns a sound bound.  A node n it leaves unexpanded (on the stack, or waiting in the queue for an ε it has
+reached) contributes its worst case J_n + min(0, r_min·Σ_{k=t_n}^{H-1} γ^k) — the return so far plus J_min of
+the remaining steps from the reward range — instead of the leaves below it; the bound at every ε is the
+minimum of the leaves reached and those contributions (proof: docs/statistics.md, "Bounded LoRe").  It is
+≤ the unbounded search's bound at every ε, equal when the budget is not hit, and ``truncated`` says which.
+
+Long searches are resumable: the search state is written to a resume file at most every ``checkpoint_every``
+seconds and on SIGTERM (a cluster's wall-time kill; the process then exits with status 143), at any node; a
+run killed at any point and restarted with the same arguments continues from it and produces the same
+result, byte for byte.  The file holds data only (an ``.npz`` read with ``allow_pickle=False``: numbers, the
+memoised certificates and, instead of environment snapshots, each open node's action path from s₀, which a
+resumed search re-simulates from the seeded reset as the search built it, checking each node's return and
+observation digest).  It is keyed by the run's arguments and deleted on success; a file of another run, or
+one that cannot be read or replayed, is ignored with a line on stderr and the search starts afresh.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
+import io
+import json
 import math
 import os
-import pickle
+import signal
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,13 +82,27 @@ CHECKPOINT_EVERY = 60.0
 @dataclass
 class _Node:
     """A node of the search tree: the environment's snapshot and observation at step ``t``, the discounted
-    return ``J`` collected on the way there, and whether it is a leaf (terminal or at the horizon)."""
+    return ``J`` collected on the way there, whether it is a leaf (terminal or at the horizon), and the
+    actions from s₀ that reach it (``path``: a linked list ``(a_t, parent's path)``, shared with the parent)."""
 
     snap: object
     obs: np.ndarray
     t: int
     J: float
     leaf: bool
+    path: tuple | None = None
+
+    def actions(self) -> list[int]:
+        """The action path from s₀ to this node."""
+        out, p = [], self.path
+        while p is not None:
+            out.append(p[0])
+            p = p[1]
+        return out[::-1]
+
+
+def _digest(obs: np.ndarray) -> bytes:
+    return hashlib.blake2b(obs.tobytes(), digest_size=16).digest()
 
 
 class LoRe:
@@ -85,26 +114,34 @@ class LoRe:
     (r(a), tie, node, a) for actions not yet possible (keyed by Theorem 4's radius r(a)), the memoised
     certificates ``memo`` (one per distinct observation, with its per-state α in ``alphas``), the bound
     ``J`` so far (the smallest return over the leaves reached) and the recorded ``pairs``.  :meth:`save`
-    and :meth:`load` write and read exactly these fields (and the smoother's random state) so that a
-    killed search resumes where it stopped; the search itself knows nothing about files.
+    and :meth:`load` write and read exactly these fields (an open node as its action path from s₀, and the
+    smoother's random state) so that a killed search resumes where it stopped; the search itself knows
+    nothing about files.
 
     ``prune`` must only be true when every reward is ≥ 0 (the caller checks the env).  ``make`` (optional)
     builds the environment instead of ``make_env(env_id, profile)``.  ``alpha_of`` (optional) maps
     i = 1, 2, … to the per-state α of the i-th distinct state smoothed (e.g.
     ``lambda i: stats.lore_state_alpha(alpha, "family", i)``); by default every state uses the smoother's α.
     ``batch`` (default 64): at most this many pending nodes smoothed in one call (module docstring).
-    One object runs one search.
+    ``max_nodes`` (optional): the budget of tree nodes (the root included); past it an open subtree counts
+    its worst case from ``reward_min``, the lowest reward per step as the search counts it (after
+    ``reward_fn``), which a bounded search needs.  One object runs one search.
     """
 
     #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
-    RESUME_FORMAT = 3
+    RESUME_FORMAT = 4
 
     def __init__(self, env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
                  eps_max: float = math.inf, prune: bool = True, profile: str | None = None, reward_fn=None,
-                 make=None, alpha_of=None, batch: int = 64):
+                 make=None, alpha_of=None, batch: int = 64, max_nodes: int | None = None,
+                 reward_min: float | None = None):
         if int(batch) < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
+        if max_nodes is not None and (int(max_nodes) < 1 or reward_min is None):
+            raise ValueError(f"max_nodes must be >= 1 and comes with reward_min, got {max_nodes}, {reward_min}")
         self.batch = int(batch)
+        self.max_nodes = None if max_nodes is None else int(max_nodes)
+        self.reward_min = None if reward_min is None else float(reward_min)
         self.env_id, self.smoother, self.horizon, self.env_seed = env_id, smoother, horizon, int(env_seed)
         self.gamma, self.eps_max, self.prune, self.profile = gamma, eps_max, prune, profile
         self.reward_fn, self.make, self.alpha_of = reward_fn, make, alpha_of
@@ -119,18 +156,21 @@ class LoRe:
         self.transitions = self.leaves = self.tie = 0
         self.smoothing_calls = 0                   # estimate_batch calls (batches of pending nodes)
         self.valid_until = math.inf                # the next critical ε beyond eps_max, if the search stopped
+        self.truncated = False                     # the budget refused a child: open subtrees count their worst case
         self.env = None
         self._bar = None
         self._autosave = None                      # (resume file, seconds between saves, time of last save)
+        self._signal = None                        # a termination signal received, handled at the next node
 
     # ---- the search ---------------------------------------------------------------------------------------
 
     def certify(self, *, resume_file=None, checkpoint_every: float = CHECKPOINT_EVERY,
                 progress: bool | None = None) -> tuple[pd.DataFrame, dict]:
-        """Run Algorithm 3 to the end (or to ``eps_max``): the table (ε_i, J̲_i) and the search's record.
+        """Run Algorithm 3 to the end (or to ``eps_max``, or to the node budget): the table (ε_i, J̲_i) and the
+        search's record.
 
-        ``resume_file``: where the search state is saved at most every ``checkpoint_every`` seconds (and
-        resumed from when it matches this run); deleted on success.
+        ``resume_file``: where the search state is saved at most every ``checkpoint_every`` seconds and on
+        SIGTERM (and resumed from when it matches this run); deleted on success.
         """
         started = time.time()
         # The working environment (Atari restores every snapshot into it), also when resuming.
@@ -138,27 +178,34 @@ class LoRe:
         obs, _ = self.env.reset(seed=self.env_seed)
         root = _Node(snapshot(self.env), to_obs(obs), 0, 0.0, self.horizon == 0)
         self._bar = pbar(desc=f"LoRe σ={self.smoother.sigma:g}", unit="node", progress=progress)
-        resumed = resume_file is not None and self.load(resume_file)
+        resumed = resume_file is not None and self.load(resume_file, root)
         if not resumed:
             self.stack.append(root)  # Algorithm 3 starts at s₀ with ε = 0
         if resume_file is not None:
             self._autosave = (resume_file, checkpoint_every, time.time())
         # The search as a loop over (stack, queue) alone, so it can be saved and resumed at any node.
-        while True:
-            self.drain(self.eps)
-            if self.queue and self.queue[0][0] <= self.eps:  # equal radii: expand all before recording
-                _, _, node, a = heapq.heappop(self.queue)
-                if not self.pruned(node):
-                    self.stack.append(self.expand(node, a))
-                continue
-            if not self.pairs or self.J != self.pairs[-1][1]:
-                self.pairs.append((self.eps, self.J))
-            if not self.queue:
-                break
-            if self.queue[0][0] > self.eps_max:
-                self.valid_until = self.queue[0][0]
-                break
-            self.eps = self.queue[0][0]  # the next critical ε: the smallest radius not yet reached
+        with self._save_on_sigterm():
+            while True:
+                self._checkpoint()
+                self.drain(self.eps)
+                if self.queue and self.queue[0][0] <= self.eps and not self.truncated:
+                    # equal radii: expand all before recording
+                    if self.pruned(self.queue[0][2]) or not self.spent():
+                        _, _, node, a = heapq.heappop(self.queue)
+                        if not self.pruned(node):
+                            self.stack.append(self.expand(node, a))
+                        continue
+                    self.truncated = True  # the budget refuses a child the tree holds at ε
+                if self.truncated:
+                    self.close()
+                    break
+                self.record(self.eps, self.J)
+                if not self.queue:
+                    break
+                if self.queue[0][0] > self.eps_max:
+                    self.valid_until = self.queue[0][0]
+                    break
+                self.eps = self.queue[0][0]  # the next critical ε: the smallest radius not yet reached
         self._bar.close()
         self.env.close()
         if resume_file is not None and os.path.exists(resume_file):
@@ -167,9 +214,10 @@ class LoRe:
 
     def drain(self, eps: float) -> None:
         """Depth-first expansion of everything on the stack at perturbation ``eps``: at each node every
-        action with r(a) ≤ ε is followed, the others wait in the queue keyed by r(a)."""
+        action with r(a) ≤ ε is followed, the others wait in the queue keyed by r(a).  The first child the
+        node budget refuses stops the search (:meth:`close`), the actions of that node waiting in the queue."""
         while self.stack:
-            self._maybe_save()
+            self._checkpoint()
             node = self.stack.pop()
             if self.pruned(node):
                 continue
@@ -182,11 +230,52 @@ class LoRe:
             # are visited depth-first in a stable order.
             for a in sorted(range(len(c.radii)), key=lambda a: (a != c.action, a)):
                 r = float(c.radii[a])
-                if r <= eps:
+                if r <= eps and not self.spent():
                     self.stack.append(self.expand(node, a))
                 else:
+                    self.truncated |= r <= eps  # the budget refuses a child the tree holds at ε
                     self.tie += 1
                     heapq.heappush(self.queue, (r, self.tie, node, a))
+            if self.truncated:
+                return
+
+    def record(self, eps: float, bound: float) -> None:
+        """Record the pair (ε, J̲) where the bound changes."""
+        if not self.pairs or bound != self.pairs[-1][1]:
+            self.pairs.append((eps, bound))
+
+    def spent(self) -> bool:
+        """The node budget is spent: the tree holds ``max_nodes`` nodes (the root and every child created)."""
+        return self.max_nodes is not None and self.transitions + 1 >= self.max_nodes
+
+    def worst(self, node: _Node) -> float:
+        """The lowest return of any trajectory through ``node`` (its leaves, at any ε): the return so far plus
+        J_min of its remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k) (it may terminate at any step)."""
+        if node.leaf:
+            return node.J
+        steps = self.horizon - node.t if self.gamma == 1.0 else \
+            (self.gamma ** node.t - self.gamma ** self.horizon) / (1.0 - self.gamma)
+        return node.J + min(0.0, self.reward_min * steps)
+
+    def close(self) -> None:
+        """The budget refused a child: the bound at the current ε and at each later critical ε (up to
+        ``eps_max``) is the minimum of the leaves reached and the worst case (:meth:`worst`) of every open node
+        the tree holds at that ε — left on the stack, or in the queue with r(a) ≤ ε.  A pruned node cannot
+        lower it (its return so far already reaches the leaves' minimum)."""
+        bound = min([self.J] + [self.worst(n) for n in self.stack if not self.pruned(n)])
+        self.stack.clear()
+        while True:
+            while self.queue and self.queue[0][0] <= self.eps:
+                _, _, node, _ = heapq.heappop(self.queue)
+                if not self.pruned(node):
+                    bound = min(bound, self.worst(node))
+            self.record(self.eps, bound)
+            if not self.queue:
+                break
+            if self.queue[0][0] > self.eps_max:
+                self.valid_until = self.queue[0][0]
+                break
+            self.eps = self.queue[0][0]
 
     def pruned(self, node: _Node) -> bool:
         """A node whose return so far already reaches the bound cannot lower it (rewards ≥ 0 only)."""
@@ -231,19 +320,28 @@ class LoRe:
 
     def expand(self, node: _Node, a: int) -> _Node:
         """The child reached by taking action ``a`` at ``node`` (from the node's snapshot, never in place)."""
-        e = restore(self.env, node.snap)  # the working instance for Atari, a fresh copy otherwise
-        obs, reward, terminated, truncated, _ = e.step(int(a))
-        if self.reward_fn is not None:
-            reward = self.reward_fn(reward)
-        if self.prune and float(reward) < 0:  # pruning on a negative reward would cut a lower return: unsound
-            from crop.io import InputError
-
-            raise InputError(f"{self.env_id}: reward {float(reward)} < 0 in a search that prunes (rewards declared "
-                             "non-negative); give the environment's true reward range (rewards.range)")
+        child, reward = self.step(node, a)
+        if self.prune and reward < 0:  # pruning on a negative reward would cut a lower return: unsound
+            self._false_reward_range(f"reward {reward} < 0 in a search that prunes (rewards declared non-negative)")
+        if self.reward_min is not None and reward < self.reward_min:  # the budget's worst cases would be unsound
+            self._false_reward_range(f"reward {reward} < {self.reward_min}, the lowest reward declared")
         self.transitions += 1
         self._bar.update(1)
+        return child
+
+    def step(self, node: _Node, a: int) -> tuple[_Node, float]:
+        """One transition from the node's snapshot: the child and the reward as the search counts it."""
+        e = restore(self.env, node.snap)  # the working instance for Atari, a fresh copy otherwise
+        obs, reward, terminated, truncated, _ = e.step(int(a))
+        reward = float(reward if self.reward_fn is None else self.reward_fn(reward))
         done = bool(terminated or truncated) or node.t + 1 >= self.horizon
-        return _Node(snapshot(e), to_obs(obs), node.t + 1, node.J + (self.gamma ** node.t) * float(reward), done)
+        return _Node(snapshot(e), to_obs(obs), node.t + 1, node.J + (self.gamma ** node.t) * reward, done,
+                     (int(a), node.path)), reward
+
+    def _false_reward_range(self, what: str):
+        from crop.io import InputError
+
+        raise InputError(f"{self.env_id}: {what}; give the environment's true reward range (rewards.range)")
 
     def bound_table(self) -> pd.DataFrame:
         """The step function (ε_i, J̲_i): for every ε ∈ [ε_i, ε_{i+1}), J_ε(π̃) ≥ J̲_i (Theorem 4)."""
@@ -259,6 +357,9 @@ class LoRe:
             "batch": self.batch,
             "resumed": resumed,
             "transitions": self.transitions,
+            "nodes": self.transitions + 1,
+            "max_nodes": self.max_nodes,
+            "truncated": self.truncated,
             "leaves": self.leaves,
             "valid_until_eps": self.valid_until,
             "eps_max": self.eps_max,
@@ -280,54 +381,166 @@ class LoRe:
         sm, alpha_of = self.smoother, self.alpha_of
         return {"format": self.RESUME_FORMAT, "env": self.env_id, "horizon": self.horizon,
                 "env_seed": self.env_seed, "batch": self.batch, "gamma": self.gamma, "eps_max": self.eps_max,
-                "prune": self.prune,
+                "prune": self.prune, "max_nodes": self.max_nodes, "reward_min": self.reward_min,
                 "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
                 "reward_fn": getattr(self.reward_fn, "__qualname__", None),
                 "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None,
                 # probs and vote share the range [0, 1]: the target tells their searches apart (q, the default: none)
                 **({"target": sm.target} if getattr(sm, "target", "q") != "q" else {})}
 
-    _FIELDS = ("queue", "stack", "memo", "alphas", "pairs", "eps", "J", "transitions", "leaves", "tie",
-               "smoothing_calls")
-
     def save(self, path) -> None:
         """Write the whole search state and the smoother's random state (noise generator and randomised
-        rounding stream) to ``path`` atomically."""
+        rounding stream) to ``path`` atomically, as data only: arrays and a JSON header in an ``.npz``.  The
+        open nodes (on the stack or in the queue) are stored as their action paths from s₀, with their
+        return and a digest of their observation for the replay's check."""
         from crop.io import atomic_write_bytes
 
-        blob = {"key": self.key(), "smoother": self.smoother.get_state(),
-                **{f: getattr(self, f) for f in self._FIELDS}}
-        atomic_write_bytes(path, pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
+        nodes, index = [], {}
+        for n in [*self.stack, *(q[2] for q in self.queue)]:
+            if id(n) not in index:
+                index[id(n)] = len(nodes)
+                nodes.append(n)
+        paths = [n.actions() for n in nodes]
+        keys = list(self.memo)
+        certs = list(self.memo.values())
+        state = self.smoother.get_state()
+        header = {"key": self.key(), "rounding": state["rounding"], "calls": state["calls"], "alphas": self.alphas,
+                  "pairs": self.pairs, "eps": self.eps, "J": self.J, "transitions": self.transitions,
+                  "leaves": self.leaves, "tie": self.tie, "smoothing_calls": self.smoothing_calls,
+                  "truncated": self.truncated}
+        arrays = {
+            "header": np.frombuffer(json.dumps(header).encode(), np.uint8),
+            "generator": np.asarray(state["generator"].cpu().numpy(), np.uint8),
+            "stack": np.array([index[id(n)] for n in self.stack], np.int64),
+            "queue_r": np.array([q[0] for q in self.queue], np.float64),
+            "queue_tie": np.array([q[1] for q in self.queue], np.int64),
+            "queue_node": np.array([index[id(q[2])] for q in self.queue], np.int64),
+            "queue_a": np.array([q[3] for q in self.queue], np.int64),
+            "path_actions": np.array([a for p in paths for a in p], np.int64),
+            "path_ends": np.cumsum([len(p) for p in paths], dtype=np.int64),
+            "node_J": np.array([n.J for n in nodes], np.float64),
+            "node_leaf": np.array([n.leaf for n in nodes], bool),
+            "node_digest": np.array([np.frombuffer(_digest(n.obs), np.uint8) for n in nodes], np.uint8).reshape(-1, 16),
+            "memo_keys": np.frombuffer(b"".join(keys), np.uint8),
+            "memo_ends": np.cumsum([len(k) for k in keys], dtype=np.int64),
+            "memo_action": np.array([c.action for c in certs], np.int64),
+            "memo_certified": np.array([c.certified for c in certs], bool),
+            "memo_radius": np.array([c.radius for c in certs], np.float64),
+            "memo_radii": np.array([c.radii for c in certs], np.float64).reshape(len(certs), self.smoother.n_actions),
+        }
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write_bytes(path, buf.getvalue())
 
-    def load(self, path) -> bool:
-        """Restore the state saved by :meth:`save` if ``path`` exists and belongs to this run."""
+    def load(self, path, root: _Node) -> bool:
+        """Restore the state saved by :meth:`save` if ``path`` exists and belongs to this run.  The file is
+        data and is checked like any input: one that cannot be read, belongs to another run, or whose nodes
+        the environment does not replay is ignored (a line on stderr) and nothing of it is kept."""
         if not os.path.exists(path):
             return False
-        with open(path, "rb") as f:
-            blob = pickle.load(f)  # our own file (see module docstring)
-        if blob.get("key") != self.key():
-            return False  # a different run's state: start afresh
-        for f in self._FIELDS:
-            setattr(self, f, blob[f])
-        self.smoother.set_state(blob["smoother"])
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                f = {k: z[k] for k in z.files}
+            header = json.loads(bytes(f["header"]).decode())
+            if header["key"] != json.loads(json.dumps(self.key())):
+                print(f"LoRe: {path} belongs to another run (other settings); starting afresh", file=sys.stderr)
+                return False
+            state = self._restore(header, f, root)
+        except Exception as exc:  # noqa: BLE001 -- any content of an untrusted file: ignore it, run afresh
+            print(f"LoRe: ignoring the resume file {path} ({type(exc).__name__}: {str(exc)[:200]}); starting afresh",
+                  file=sys.stderr)
+            return False
+        for name, value in state.items():
+            setattr(self, name, value)
         return True
 
-    def _maybe_save(self) -> None:
+    def _restore(self, header: dict, f: dict, root: _Node) -> dict:
+        """The search state of a resume file's contents (nothing set yet); raises ValueError where they do
+        not describe a search of this run."""
+        import torch
+
+        n_actions = self.smoother.n_actions
+        paths = np.split(f["path_actions"], f["path_ends"][:-1]) if len(f["path_ends"]) else []
+        if any(len(p) and (p.min() < 0 or p.max() >= n_actions or len(p) > self.horizon) for p in paths):
+            raise ValueError("an action path outside the search's actions or horizon")
+        nodes = self._replay(root, [tuple(int(a) for a in p) for p in paths])
+        for n, J, leaf, d in zip(nodes, f["node_J"], f["node_leaf"], f["node_digest"], strict=True):
+            if n.J != float(J) or n.leaf != bool(leaf) or _digest(n.obs) != d.tobytes():
+                raise ValueError(f"the environment does not replay the saved node at t={n.t} (not deterministic "
+                                 "from its seed?)")
+        keys = np.split(f["memo_keys"], f["memo_ends"][:-1]) if len(f["memo_ends"]) else []
+        radii = f["memo_radii"]
+        if radii.ndim != 2 or (len(keys) and radii.shape[1] != n_actions):
+            raise ValueError("certificates of another action count")
+        memo = {k.tobytes(): Certificate(int(a), bool(c), float(r), rr, None) for k, a, c, r, rr in
+                zip(keys, f["memo_action"], f["memo_certified"], f["memo_radius"], radii, strict=True)}
+        queue = [(float(r), int(t), nodes[i], int(a)) for r, t, i, a in
+                 zip(f["queue_r"], f["queue_tie"], f["queue_node"], f["queue_a"], strict=True)]
+        if any(not 0 <= a < n_actions for *_, a in queue):
+            raise ValueError("a queued action outside the search's actions")
+        heapq.heapify(queue)  # a no-op on the saved heap; the pop order is fixed by the unique ties anyway
+        self.smoother.set_state({"generator": torch.from_numpy(f["generator"].copy()), "rounding": header["rounding"],
+                                 "calls": int(header["calls"])})
+        return {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo,
+                "alphas": [float(a) for a in header["alphas"]],
+                "pairs": [(float(e), float(b)) for e, b in header["pairs"]], "eps": float(header["eps"]),
+                "J": float(header["J"]), "truncated": bool(header["truncated"]),
+                **{k: int(header[k]) for k in ("transitions", "leaves", "tie", "smoothing_calls")}}
+
+    def _replay(self, root: _Node, paths: list[tuple[int, ...]]) -> list[_Node]:
+        """The nodes at ``paths`` (action paths from s₀), re-simulated as the search built them (each child by
+        :meth:`step` from its parent's snapshot), every shared prefix once."""
+        trie: dict = {}
+        for i, p in enumerate(paths):
+            d = trie
+            for a in p:
+                d = d.setdefault(a, {})
+            d.setdefault(None, []).append(i)
+        out: list = [None] * len(paths)
+        todo = [(root, trie)]
+        while todo:
+            node, d = todo.pop()
+            for i in d.get(None, ()):
+                out[i] = node
+            todo += [(self.step(node, a)[0], sub) for a, sub in d.items() if a is not None]
+        return out
+
+    @contextmanager
+    def _save_on_sigterm(self):
+        """While the search runs with a resume file: SIGTERM (a cluster's wall-time kill, SIGKILL follows after
+        a grace period) is noted and handled at the next node, where the state is consistent (:meth:`_checkpoint`)."""
+        if self._autosave is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "_signal", signum))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _checkpoint(self) -> None:
+        """Save the state when ``checkpoint_every`` seconds have passed; on SIGTERM save it and exit (143)."""
         if self._autosave is None:
             return
         path, every, last = self._autosave
-        if time.time() - last >= every:
+        if self._signal is not None or time.time() - last >= every:
             self.save(path)
             self._autosave = (path, every, time.time())
+        if self._signal is not None:
+            print(f"LoRe: {signal.Signals(self._signal).name}: search state saved to {path} after "
+                  f"{self.transitions + 1} nodes; the same command resumes it", file=sys.stderr)
+            raise SystemExit(128 + self._signal)
 
 
 def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
              eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
              progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
-             checkpoint_every: float = CHECKPOINT_EVERY, alpha_of=None, batch: int = 64) -> tuple[pd.DataFrame, dict]:
+             checkpoint_every: float = CHECKPOINT_EVERY, alpha_of=None, batch: int = 64,
+             max_nodes: int | None = None, reward_min: float | None = None) -> tuple[pd.DataFrame, dict]:
     """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record."""
     search = LoRe(env_id, smoother, horizon, env_seed, gamma=gamma, eps_max=eps_max, prune=prune,
-                  profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of, batch=batch)
+                  profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of, batch=batch,
+                  max_nodes=max_nodes, reward_min=reward_min)
     return search.certify(resume_file=resume_file, checkpoint_every=checkpoint_every, progress=progress)
 
 

@@ -246,14 +246,22 @@ def cmd_lore(args) -> None:
     # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
     reward_fn = spec.lore_reward_fn()
     alpha_of = None if args.alpha_mode == "state" else (lambda i: lore_state_alpha(args.alpha, "family", i))
+    # A bounded search counts an open subtree at its worst case, from the lowest reward as the search counts it
+    # (the modification max(r, 0) is monotone: it maps the range's low end to the new one).
+    reward_min = None
+    if args.max_nodes is not None:
+        _return_range(spec, args)  # one line where the reward range is missing
+        reward_min = spec.reward_range[0] if reward_fn is None else reward_fn(spec.reward_range[0])
     table, info = run_lore(args.env, sm, args.horizon, _episode_seeds(args.seed, args.env, 1)[0], gamma=args.gamma,
                            eps_max=math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma,
                            prune=spec.nonnegative_rewards or reward_fn is not None, profile=st.profile,
                            progress=args.progress, reward_fn=reward_fn, alpha_of=alpha_of,
                            resume_file=Path(args.out).with_name(Path(args.out).name + ".resume"),
-                           checkpoint_every=every)
+                           checkpoint_every=every, max_nodes=args.max_nodes, reward_min=reward_min)
     info["reward_modification"] = spec.lore_reward
-    st.write({"target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
+    # nodes and truncated also at the top: a truncated bound is marked in the figures and tables
+    st.write({"nodes": info["nodes"], "truncated": info["truncated"],
+              "target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
               "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
               "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
                              "tree": info["confidence_tree"],
@@ -261,6 +269,7 @@ def cmd_lore(args) -> None:
                                      "their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
               "initial_state": "the initial state of LoAct episode 0"}, lore=table)
     print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
+          f"{info['nodes']} nodes{' (budget spent: truncated)' if info['truncated'] else ''}, "
           f"{info['distinct_states_smoothed']} states smoothed, {info['nodes_per_s']} nodes/s, "
           f"bound at ε=0: {table['lower_bound'].iloc[0]}")
 

@@ -368,3 +368,28 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
         assert any("vacuous" in t.get_text() for t in ax.texts)
     finally:
         _close_all(figs)
+
+
+def test_a_truncated_lore_bound_is_marked(tmp_path):
+    """A bounded LoRe search that spent its node budget (lore.meta.json truncated: true): the reward-bounds
+    table gets a lore_truncated column true on its rows only, the caption says what it means, and the
+    adasearch and all-bounds figures name the algorithm; a folder without one keeps its tables unchanged."""
+    import json
+
+    runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "SA-DQN": [0.1]}})
+    clean, _ = tables.env_tables(CART, load_runs(tmp_path, runs_of(runs)), [0.0])["reward_bounds"]
+    assert "lore_truncated" not in clean
+    meta = runs[(CART, "SA-DQN", "0.1")] / "lore.meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "nodes": 40, "truncated": True}))
+    data = load_runs(tmp_path, runs_of(runs))
+    rb, caption = tables.env_tables(CART, data, [0.0])["reward_bounds"]
+    assert dict(zip(rb["algo"], rb["lore_truncated"])) == {"StdTrain": False, "SA-DQN": True}
+    assert "truncated" in caption and "node budget" in caption
+    assert rb.drop(columns="lore_truncated").equals(clean)
+    figs = _all_figures(data, CART)
+    try:
+        for stem in ("CartPole_adasearch_sigma-0.1", "CartPole_all_bounds"):
+            notes = [t.get_text() for ax in figs[stem].axes for t in ax.texts if t.get_gid() == "lore-truncated"]
+            assert len(notes) == 1 and "SA-DQN" in notes[0] and "StdTrain" not in notes[0], stem
+    finally:
+        _close_all(figs)

@@ -107,3 +107,39 @@ def test_killed_in_every_stage_and_rerun_gives_the_same_results(clean, tmp_path)
     run(tmp_path)  # the same command, to completion
     assert killed == STAGES, f"could not kill during {set(STAGES) - set(killed)}"
     assert result_hashes(tmp_path / "results-kill") == result_hashes(clean / "results-kill")
+
+
+@pytest.mark.slow
+def test_a_retry_after_a_wall_time_kill_resumes_lore(clean, tmp_path):
+    """What a SLURM wall-time kill and the profile's ``retries`` do to a LoRe job: SIGTERM to the running
+    ``crop lore`` (it saves its search at the next node and exits 143); Snakemake removes only the failed
+    job's declared outputs, keeps the resume file beside them and reruns the job, which resumes from it:
+    lore.csv byte-identical to an uninterrupted run."""
+    import json
+
+    env = {**os.environ, "CROP_PROGRESS_INTERVAL": "0.2"}  # the search's progress lines show it has started
+    p = subprocess.Popen(_cmd(tmp_path, TARGETS["lore"]) + ["--retries", "1"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    termed = False
+    try:
+        deadline = time.time() + 1200
+        while p.poll() is None and time.time() < deadline and not termed:
+            logs = [f for f in (tmp_path / "results-kill").rglob("*.log") if "lore" in f.name]
+            procs = _crop_procs("lore")
+            if procs and logs and "LoRe σ" in logs[0].read_text(errors="replace"):
+                time.sleep(1.0)
+                for pid, _ in procs:
+                    os.kill(pid, signal.SIGTERM)
+                termed = True
+            time.sleep(0.1)
+        out = p.communicate(timeout=1200)[0]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert termed and p.returncode == 0, out[-3000:]
+    assert "attempt 2" in out.lower() or "restart" in out.lower(), out[-3000:]  # the retry ran the job again
+    lore = Path(TARGETS["lore"])
+    assert (tmp_path / lore).read_bytes() == (clean / lore).read_bytes()
+    meta = json.loads((tmp_path / lore.with_name("lore.meta.json")).read_text())
+    assert meta["search"]["resumed"] is True and not (tmp_path / f"{lore}.resume").exists()

@@ -219,3 +219,58 @@ def test_batched_lore_equals_brute_force_with_family_alphas(mlp_factory, signed,
 def test_lore_rejects_a_bad_batch():
     with pytest.raises(ValueError, match="batch"):
         run_lore("toy", None, 3, 0, make=ToyWalk, batch=0)
+
+
+def _bounds(table, valid_until, grid):
+    return [lore_bound_at(table, e, valid_until) for e in grid]
+
+
+@pytest.mark.parametrize("signed,prune,gamma", [(False, True, 1.0), (True, False, 0.9), (True, False, 1.0)])
+def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suffices(mlp_factory, signed, prune,
+                                                                                     gamma):
+    """Bounded LoRe (max_nodes): at every ε its bound is ≤ the unbounded search's (which is the brute force's,
+    above), equal to it exactly when the budget is not hit, and non-decreasing in the budget; ``truncated``
+    holds exactly when the budget is below the unbounded tree's node count."""
+    horizon = 6
+    make = lambda: ToyWalk(signed=signed)  # noqa: E731
+    reward_min = -1.0 if signed else 0.0  # ToyWalk's rewards are 1 − |pos| ≥ −0.35 (≥ 0 unsigned)
+
+    def run(max_nodes):
+        sm = SmoothedQ(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0), 0.3, 2000, -6.0, 6.0, 0.05, 3,
+                       seed=0)
+        return run_lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False, gamma=gamma,
+                        max_nodes=max_nodes, reward_min=reward_min)
+
+    full, full_info = run(None)
+    n = full_info["nodes"]
+    assert n > 40 and not full_info["truncated"] and len(full) >= 3
+    grid = sorted({0.0, *full["eps"], *(full["eps"] + 1e-9), 10.0})
+    exact = _bounds(full, full_info["valid_until_eps"], grid)
+    previous = None
+    for budget in sorted({*range(1, 25), *range(25, n, max(1, n // 20)), n - 1, n, n + 1, 10 * n}):
+        table, info = run(budget)
+        got = _bounds(table, info["valid_until_eps"], sorted({*grid, *table["eps"]}))
+        at_grid = _bounds(table, info["valid_until_eps"], grid)
+        assert all(b <= e for b, e in zip(at_grid, exact)), budget
+        assert info["truncated"] == (budget < n) and info["nodes"] == min(budget, n), budget
+        if budget >= n:
+            assert table.equals(full), budget
+        if previous is not None:
+            assert all(b >= p for b, p in zip(at_grid, previous)), f"not monotone in the budget at {budget}"
+        previous = at_grid
+        assert all(math.isfinite(b) for b in got)
+    one, _ = run(1)  # the root alone: its worst case, J_min of the whole horizon
+    j_min = min(0.0, reward_min * (horizon if gamma == 1.0 else (1 - gamma ** horizon) / (1 - gamma)))
+    assert one["lower_bound"].tolist() == [j_min]
+
+
+def test_bounded_search_refuses_a_false_reward_range(mlp_factory):
+    """The open subtrees' worst case rests on the declared lowest reward: a reward below it stops the search."""
+    from crop.io import InputError
+
+    sm = SmoothedQ(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0), 0.3, 200, -6.0, 6.0, 0.05, 3)
+    with pytest.raises(InputError, match="lowest reward declared"):
+        run_lore("toy", sm, 6, 0, prune=False, make=lambda: ToyWalk(signed=True), progress=False, max_nodes=500,
+                 reward_min=0.5)
+    with pytest.raises(ValueError, match="reward_min"):
+        run_lore("toy", sm, 6, 0, make=ToyWalk, max_nodes=5)

@@ -14,7 +14,7 @@ from test_lore import ToyWalk
 
 from crop import stats
 from crop.io import sha256_file, write_json
-from crop.lore import LoRe, run_lore
+from crop.lore import LoRe, lore_bound_at, run_lore
 from crop.models import save_q_network
 from crop.smoothing import SmoothedQ
 
@@ -128,13 +128,17 @@ def _setup(d: Path, bound: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bound", ["hoeffding", "clopper_pearson"])
-def test_lore_survives_sigkill(tmp_path, bound):
+@pytest.mark.parametrize("bound,sig", [("hoeffding", signal.SIGKILL), ("clopper_pearson", signal.SIGKILL),
+                                       ("clopper_pearson", signal.SIGTERM)])
+def test_lore_survives_sigkill_and_sigterm(tmp_path, bound, sig):
+    """Killed mid-search through the stage (SIGKILL: from its last save; SIGTERM, a cluster's wall-time kill:
+    it saves at the next node and exits 143) and rerun with the same command: the same lore.csv, byte for
+    byte, as an uninterrupted run."""
     clean = _setup(tmp_path / "clean", bound)
     subprocess.run(clean, check=True, capture_output=True, timeout=600)
     killed = _setup(tmp_path / "killed", bound)
     resume = tmp_path / "killed" / "lore.csv.resume"
-    p = subprocess.Popen(killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(killed, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     saves = 0
     last = None
@@ -146,11 +150,154 @@ def test_lore_survives_sigkill(tmp_path, bound):
                 break
         time.sleep(0.05)
     assert p.poll() is None, "the search finished before it could be killed; make it longer"
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
+    os.kill(p.pid, sig)
+    err = p.communicate(timeout=60)[1]
+    if sig == signal.SIGTERM:
+        assert p.returncode == 143 and "SIGTERM: search state saved" in err, err[-2000:]
+        assert resume.stat().st_mtime_ns != last, "SIGTERM must save the state it stops at"
     assert resume.exists() and not (tmp_path / "killed" / "lore.csv").exists()
     subprocess.run(killed, check=True, capture_output=True, timeout=600)
     a, b = tmp_path / "clean" / "lore.csv", tmp_path / "killed" / "lore.csv"
     assert a.read_bytes() == b.read_bytes()
     assert json.loads((tmp_path / "killed" / "lore.meta.json").read_text())["search"]["resumed"] is True
     assert not resume.exists()
+
+
+def test_the_stage_records_a_truncated_bounded_search(tmp_path):
+    """crop lore --max-nodes: lore.meta.json records the nodes and truncated at its top; the bound is below
+    the unbounded one's."""
+    import pandas as pd
+
+    runs = {}
+    for name, extra in (("bounded", ["--max-nodes", "40"]), ("full", [])):
+        cmd = _setup(tmp_path / name, "hoeffding")
+        cmd[cmd.index("--horizon") + 1] = "8"
+        subprocess.run(cmd + extra, check=True, capture_output=True, timeout=600)
+        runs[name] = (pd.read_csv(tmp_path / name / "lore.csv"),
+                      json.loads((tmp_path / name / "lore.meta.json").read_text()))
+    (bounded, meta), (full, full_meta) = runs["bounded"], runs["full"]
+    assert meta["nodes"] == 40 and meta["truncated"] is True and meta["settings"]["max_nodes"] == 40
+    assert full_meta["truncated"] is False and full_meta["nodes"] > 40
+    for eps in full["eps"]:
+        assert lore_bound_at(bounded, eps) <= lore_bound_at(full, eps)
+
+
+class _Payload:
+    """A pickle that runs a shell command when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _kill_and_resume_file(tmp_path, lives=5):
+    """A toy search killed after ``lives`` smoothing calls: its resume file and the run's arguments."""
+    net_kw, sm_args, kw = _case("toy")
+    resume = tmp_path / "lore.resume"
+    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_kw), *sm_args, seed=2, lives=lives), **kw)
+    with pytest.raises(Killed):
+        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
+    return resume, lambda: LoRe(smoother=SmoothedQ(random_mlp(**net_kw), *sm_args, seed=2), **kw)
+
+
+def test_a_planted_pickle_runs_nothing_and_is_ignored(tmp_path, capsys):
+    """The resume file is data: a pickle whose unpickling runs os.system is never unpickled; the search
+    notes it on stderr and starts afresh, with the uninterrupted result."""
+    import pickle
+
+    _, make = _kill_and_resume_file(tmp_path)
+    clean_table, _ = make().certify(progress=False)
+    marker = tmp_path / "pwned"
+    resume = tmp_path / "planted.resume"
+    resume.write_bytes(pickle.dumps({"key": None, "x": _Payload(marker)}))
+    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert not marker.exists() and info["resumed"] is False
+    assert "ignoring the resume file" in capsys.readouterr().err
+    assert table.equals(clean_table) and not resume.exists()
+
+
+@pytest.mark.parametrize("tamper", ["bytes", "truncated", "node_J", "path_actions", "memo_radii", "object"])
+def test_a_damaged_or_hostile_resume_file_is_ignored(tmp_path, capsys, tamper):
+    """Whatever the bytes — random, cut short, an array changed so that the environment does not replay the
+    saved nodes, certificates of another shape, an object array (a pickle inside the .npz) — the file is
+    ignored with a line on stderr and the result is the uninterrupted one."""
+    import numpy as np
+
+    resume, make = _kill_and_resume_file(tmp_path)
+    clean_table, _ = make().certify(progress=False)
+    data = resume.read_bytes()
+    if tamper == "bytes":
+        resume.write_bytes(np.random.default_rng(0).bytes(len(data)))
+    elif tamper == "truncated":
+        resume.write_bytes(data[: len(data) // 2])
+    else:
+        with np.load(resume, allow_pickle=False) as z:
+            f = {k: z[k] for k in z.files}
+        if tamper == "node_J":
+            f["node_J"] = f["node_J"] + 1.0
+        elif tamper == "path_actions":
+            f["path_actions"] = (f["path_actions"] + 1) % 3
+        elif tamper == "memo_radii":
+            f["memo_radii"] = f["memo_radii"][:, :2]
+        else:
+            f["stack"] = np.array([_Payload(tmp_path / "pwned")], dtype=object)
+        with open(resume, "wb") as out:
+            np.savez(out, **f)
+    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert info["resumed"] is False and "ignoring the resume file" in capsys.readouterr().err
+    assert table.equals(clean_table) and not (tmp_path / "pwned").exists()
+
+
+def test_a_bounded_search_resumes_byte_identically_and_its_budget_keys_the_file(tmp_path):
+    """max_nodes: a killed bounded search resumes to the uninterrupted bounded result (truncated); a resume
+    file written under another budget belongs to another run and is ignored."""
+    net_kw, sm_args, kw = _case("toy")
+    kw = {**kw, "max_nodes": 20, "reward_min": 0.0}
+    clean, clean_info = _run(SmoothedQ(random_mlp(**net_kw), *sm_args, seed=7), None, 60.0, **kw)
+    assert clean_info["truncated"] is True and clean_info["nodes"] == 20
+    for budget, resumed in ((21, False), (20, True)):
+        resume = tmp_path / f"lore-{budget}.resume"
+        with pytest.raises(Killed):
+            _run(DyingSmoother(random_mlp(**net_kw), *sm_args, seed=7, lives=2), resume, 0.0, **kw)
+        table, info = _run(SmoothedQ(random_mlp(**net_kw), *sm_args, seed=7), resume, 1e9,
+                           **{**kw, "max_nodes": budget})
+        assert info["resumed"] is resumed
+        if resumed:
+            assert table == clean and info["truncated"] is True
+
+
+class _FlatLinear(__import__("torch").nn.Module):
+    """A random linear Q-network on the flattened observation (any shape)."""
+
+    def __init__(self, n_in, n_out, seed):
+        import torch
+
+        super().__init__()
+        torch.manual_seed(seed)
+        self.lin = torch.nn.Linear(n_in, n_out)
+
+    def forward(self, x):
+        return self.lin(x.flatten(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env,n_in,n_actions,sigma", [("highway-fast-v0", 25, 5, 0.5),
+                                                      ("PongNoFrameskip-v4", 4 * 84 * 84, 6, 0.5)])
+def test_highway_and_atari_replay_their_resumed_nodes(tmp_path, env, n_in, n_actions, sigma):
+    """The resume file stores action paths, not snapshots: highway-env and ALE replay them from the seeded
+    reset exactly (each node's return and observation digest checked), so a search killed mid-way resumes to
+    the uninterrupted result, byte for byte (bounded, so that it stays small)."""
+    def smoother(cls=SmoothedQ, **kw):
+        return cls(_FlatLinear(n_in, n_actions, 4), sigma, 64, -2.0, 2.0, 0.05, n_actions, seed=3, **kw)
+
+    kw = dict(env_id=env, horizon=6, env_seed=11, batch=4, max_nodes=60, reward_min=0.0,
+              reward_fn=lambda r: max(float(r), 0.0))
+    clean, clean_info = _run(smoother(), None, 60.0, **kw)
+    resume = tmp_path / "lore.resume"
+    with pytest.raises(Killed):
+        _run(smoother(DyingSmoother, lives=3), resume, 0.0, **kw)
+    resumed, info = _run(smoother(), resume, 1e9, **kw)
+    assert info["resumed"] is True and resumed == clean and info["nodes"] == clean_info["nodes"] > 10
+    assert info["distinct_states_smoothed"] > 12, "states must be smoothed after the resume to bite"

@@ -230,6 +230,11 @@ def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
         vals = np.concatenate([ys, g.to_numpy(float)])
         lo, hi = min(lo, np.nanmin(vals)), max(hi, np.nanmax(vals))
     _ylim(ax, lo, hi, _return_span(lo, hi))
+    truncated = [algo_label(a) for a, d in runs.items() if (d.get("lore_meta") or {}).get("truncated")]
+    if truncated:  # a bounded search (lore.max_nodes) that spent its budget: a lower, still sound bound
+        ax.text(0.98, 0.9, "truncated search (node budget): " + ", ".join(truncated), transform=ax.transAxes,
+                ha="right", va="top", fontsize=6, color="0.3", zorder=ATTACK_Z + 1, gid="lore-truncated",
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     ax.set_xlim(0, xmax * 1.02 if xmax > 0 else None)
 
 
