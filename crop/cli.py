@@ -186,10 +186,12 @@ def _import_args(p) -> None:
 
 
 def cmd_validate_config(args) -> None:
-    from crop.config import ConfigError, load_config
+    """The checks the workflow makes before any job: the schema and the registry, then every policy file
+    opened as its checkpoint job will open it."""
+    from crop.config import ConfigError, check_policy_files, load_config
 
     try:
-        cfg = load_config(args.config)
+        cfg = check_policy_files(load_config(args.config), args.config)
     except ConfigError as exc:
         raise InputError(str(exc)) from None
     n = sum(len(e["algorithms"]) * len(e["sigmas"]) for e in cfg["environments"].values())
@@ -244,9 +246,11 @@ COMMANDS = {
               "WARN, 1 FAIL (a soundness violation or an integrity problem) and, with --strict, also WARN (a "
               "suspicious or untestable check) or a reproduced value that differs from the reference, 2 bad "
               "input."),
-    "validate-config": ("check a workflow config against the schema",
-                        "Validate a workflow config against crop/schemas/config.schema.yaml and the registry; "
-                        "one line naming the first bad field, exit status 2."),
+    "validate-config": ("check a workflow config and its policy files, as the workflow does before any job",
+                        "Validate a workflow config against crop/schemas/config.schema.yaml and the registry, and "
+                        "open every files.<label> policy file as its checkpoint job will (a regular file, its "
+                        "sha256, safe to read, a network that fits the environment); one line naming the first "
+                        "bad field, exit status 2."),
 }
 
 

@@ -8,6 +8,7 @@ import shlex
 from crop import layout
 from crop.config import (
     ConfigError,
+    check_policy_files,
     run_targets,
     sigma_label,
     smoothing_targets,
@@ -19,8 +20,9 @@ from crop.registry import checkpoint_source
 from crop.report.provenance import config_hash
 from crop.stage_table import meta_name, stage, stage_settings
 
+# Every policy file is opened and checked here too (crop validate-config's checks), before any job.
 try:
-    CFG = validate_config(config, "config")
+    CFG = check_policy_files(validate_config(config, "config"), "config")
 except ConfigError as exc:
     raise WorkflowError(str(exc))
 
