@@ -173,8 +173,8 @@ def _fetch_args(p) -> None:
 
 
 def _import_args(p) -> None:
-    p.add_argument("--file", help="your policy file: a PyTorch state dict, a CleanRL checkpoint or a "
-                                  "Stable-Baselines3 DQN .zip (docs/own-policy.md)")
+    p.add_argument("--file", help="your policy file: a PyTorch state dict, a CleanRL DQN or PPO checkpoint, or a "
+                                  "Stable-Baselines3 DQN, PPO or A2C .zip (docs/own-policy.md)")
     p.add_argument("--arch", default="mlp",
                    help='its architecture: a network spec as JSON ({"arch": "mlp", "in": 4, "hidden": [64, 64], '
                         '"out": 2}; nature_cnn, dueling_cnn) or mlp, sizes read from the weights')
@@ -216,10 +216,12 @@ COMMANDS = {
                    "Obtain a policy's checkpoint from the source the config selects: train it here, fetch the "
                    "published one, derive it from its base checkpoint, or import your own policy file (the "
                    "workflow's checkpoint rule)."),
-    "import": ("import your own policy (PyTorch, CleanRL or SB3 DQN file) as a checkpoint",
-               "Import a Q-network trained elsewhere into model.pt and its record model.json (sha256 of the file "
-               "and of the result, architecture, preprocessing profile, clean greedy return), so that every "
-               "certifier accepts it."),
+    "import": ("import your own policy (a DQN's Q-network or a PPO/A2C policy network) as a checkpoint",
+               "Import a Q-network (DQN) or a policy network (PPO, A2C: its actor, the value branch dropped) "
+               "trained elsewhere — a PyTorch state dict, a CleanRL checkpoint or a Stable-Baselines3 .zip — into "
+               "model.pt and its record model.json (sha256 of the file and of the result, architecture, network "
+               "q or policy, preprocessing profile, clean greedy return), so that every certifier accepts it. A "
+               "policy network is smoothed through its probabilities (target probs, its default) or votes."),
     "qrange": ("estimate V_min, V_max (Appendix B.1)",
                "Estimate the range [V_min, V_max] of the network's outputs under σ-noise by rolling the smoothed "
                "policy (Appendix B.1); the certifiers clip to it."),
