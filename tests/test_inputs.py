@@ -198,3 +198,67 @@ def test_gre_by_hand_refuses_a_reward_range_whose_returns_overflow(tmp_path, cap
                      str(tmp_path / "out" / "gre.csv"), "--out-returns", str(tmp_path / "out" / "r.csv")], capsys)
     assert "--reward-range: [-1e+308, 1e+308] over 200 steps gives [J_min, J_max] = [-inf, inf], not finite" in err, err
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ 5. files a collaborator can read, one run
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600), (0o002, 0o664)])
+def test_results_follow_the_umask(umask, mode, tmp_path):
+    from crop.io import atomic_write_bytes, write_json
+
+    old = os.umask(umask)
+    try:
+        atomic_write_bytes(tmp_path / "a" / "x.csv", b"1\n")
+        write_json(tmp_path / "a" / "y.json", {"a": 1})
+        (tmp_path / "plain.txt").write_text("")   # what open() gives a new file
+    finally:
+        os.umask(old)
+    for f in ("a/x.csv", "a/y.json", "plain.txt"):
+        assert (tmp_path / f).stat().st_mode & 0o777 == mode, f
+
+
+def test_an_imported_checkpoint_follows_the_umask(tmp_path):
+    src = _dqn(tmp_path / "dqn.pt", (4, 16, 2))
+    p = subprocess.run(f"umask 022 && {sys.executable} -m crop.cli import --env CartPole-v0 --algo Mine --file "
+                       f"{src} --eval-episodes 1 --out {tmp_path / 'out' / 'model.pt'}", shell=True,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    for f in ("model.pt", "model.json"):
+        assert (tmp_path / "out" / f).stat().st_mode & 0o777 == 0o644, f
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_lock_taken_before_its_owner_is_recorded_is_not_cleared(tmp_path):
+    """The gap: run A has taken Snakemake's lock but not yet recorded itself (onstart), so the owner record
+    is still the previous, finished run's (a dead PID).  A run B starting then must not clear A's lock."""
+    import json
+    import socket
+
+    from crop.runlock import clear_stale_lock, record_owner
+
+    snake = tmp_path / ".snakemake"
+    (snake / "locks").mkdir(parents=True)
+    record_owner(snake)   # the previous run, while it held its lock …
+    rec = json.loads((snake / "crop-owner.json").read_text())
+    (snake / "crop-owner.json").write_text(json.dumps({**rec, "pid": _dead_pid()}))   # … has ended
+    (snake / "locks" / "0.input.lock").write_text("A's inputs")   # run A locks: the gap
+    (snake / "locks" / "0.output.lock").write_text("A's outputs")
+    assert clear_stale_lock(snake) is None
+    assert sorted(p.name for p in (snake / "locks").iterdir()) == ["0.input.lock", "0.output.lock"]
+    # A records itself (onstart), then is killed: its lock is stale and is cleared
+    record_owner(snake)
+    rec = json.loads((snake / "crop-owner.json").read_text())
+    assert [f[0] for f in rec["locks"]] == ["0.input.lock", "0.output.lock"] and rec["host"] == socket.gethostname()
+    (snake / "crop-owner.json").write_text(json.dumps({**rec, "pid": _dead_pid()}))
+    assert "cleared the lock left by a killed run" in clear_stale_lock(snake)
+    assert not (snake / "locks").exists()
+    # a live owner's lock is never cleared
+    (snake / "locks").mkdir()
+    (snake / "locks" / "0.input.lock").write_text("B")
+    record_owner(snake)
+    assert clear_stale_lock(snake) is None and (snake / "locks" / "0.input.lock").exists()
