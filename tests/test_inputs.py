@@ -262,3 +262,25 @@ def test_a_lock_taken_before_its_owner_is_recorded_is_not_cleared(tmp_path):
     (snake / "locks" / "0.input.lock").write_text("B")
     record_owner(snake)
     assert clear_stale_lock(snake) is None and (snake / "locks" / "0.input.lock").exists()
+
+
+# ------------------------------------------------------------------ 4. captions in words
+
+def test_report_params_are_words_and_the_captions_still_read_them():
+    """Snakemake's report prints a job's params as name={value}: the audit block and the caption settings
+    show in words, not as a Python repr, and the captions (report/*.rst, Jinja) read their keys as before."""
+    import jinja2
+    from snakemake.logging import format_dict
+
+    from crop.report.captions import audit_settings, caption_settings
+
+    cfg = validate_config({**SMALL, "audit": {"reference": "paper"}})
+    params = {"audit": audit_settings(cfg["audit"]), "settings": caption_settings(cfg)}
+    shown = format_dict(params)
+    assert "audit=α = 0.05; reference: the paper's published numbers; tolerances: built-in; strict: no" in shown
+    assert "settings=CartPole-v0: StdTrain at σ ∈ {0.1}; LoAct m = " in shown
+    assert "{'" not in shown and "None" not in shown
+    assert repr(params["audit"]) == repr(cfg["audit"])   # Snakemake's record of the params is unchanged
+    caption = (REPO / "report" / "audit.rst").read_text()
+    text = jinja2.Template(caption).render(snakemake={"params": params})
+    assert "α = 0.05" in text and "``paper``" in text
