@@ -16,6 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from crop.names import MAX_PARAMETERS
 from crop.registry import resolve_source
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "targets",
@@ -294,6 +295,12 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
                 check_profile(env, f["profile"])
     except (UnknownEnvError, MissingFactError, ValueError) as exc:
         raise ConfigError(f"{where}: {str(exc).removeprefix(env + ': ')}") from None
+    if len(spec.obs_shape) == 1:   # a vector environment's trained policy is an MLP of train.hidden
+        dims = [spec.obs_shape[0], *ec["train"]["hidden"], spec.n_actions]
+        n = sum((a + 1) * b for a, b in zip(dims, dims[1:]))
+        if n > MAX_PARAMETERS:
+            raise ConfigError(f"{where}.train.hidden: {ec['train']['hidden']} makes an MLP of {n:,} parameters, over "
+                              f"the limit of {MAX_PARAMETERS:,} (1 GiB of float32 weights)")
     if spec.reward_range is not None:
         try:
             spec.return_range(ec["gre"]["horizon"], ec["gre"]["gamma"])

@@ -114,6 +114,10 @@ SMALL = {"environments": {"CartPole-v0": {"algorithms": ["StdTrain"], "sigmas": 
                                       "sigmas": [0.1], "rewards": {"range": [-1e308, 1e308]}}}},
      "environments.Acrobot-v1.rewards.range: [-1e+308, 1e+308] over 200 steps gives [J_min, J_max] = "
      "[-inf, inf], not finite numbers; give the true reward range (gre.horizon)"),
+    ({"environments": {"CartPole-v0": {"algorithms": ["StdTrain"], "sigmas": [0.1],
+                                       "train": {"hidden": [1000000000]}}}},
+     "environments.CartPole-v0.train.hidden: [1000000000] makes an MLP of 7,000,000,002 parameters, over the limit "
+     "of 268,435,456"),
     ({"environments": {"Acrobot-v1": {"source": "file", "files": {"Mine": {"path": "a.pt"}, "mine": {"path": "b.pt"}},
                                       "algorithms": ["Mine", "mine"], "sigmas": [0.1],
                                       "rewards": {"range": [-1, 0]}}}},

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from crop.io import sha256_file
+from crop.names import MAX_PARAMETERS
 
 __all__ = ["build_q_network", "load_q_network", "load_checkpoint", "load_state", "save_q_network",
            "load_refusal", "pickled_globals", "CheckpointError", "spec_summary", "n_actions", "input_shape",
@@ -148,9 +149,6 @@ def spec_summary(spec: dict) -> str:
     return str(spec)
 
 
-#: The most parameters a network may declare: 1 GiB of float32 weights, the largest policy file or checkpoint
-#: crop reads (crop.checkpoints.MAX_MEMBER_BYTES), so no accepted file can fill a larger one.
-MAX_PARAMETERS = (1 << 30) // 4
 
 
 def build_q_network(spec: dict) -> nn.Module:
