@@ -149,6 +149,22 @@ def test_a_declared_architecture_is_bounded_before_allocation(tmp_path, capsys):
     assert "files.Mine: network spec Nature-CNN 4×100000×100000→3 has" in err and "over the limit" in err
 
 
+@pytest.mark.parametrize("spec", [{"arch": "mlp", "in": 4, "hidden": [64], "out": 2},
+                                  {"arch": "noisy_mlp", "in": 4, "hidden": [64], "out": 2},
+                                  {"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6}])
+def test_counting_on_the_meta_device_draws_no_random_number(spec):
+    """The bound is checked on the meta device first: the network built and every draw after it are those
+    of building it directly (a seeded training run stays byte-identical)."""
+    from crop import models
+
+    torch.manual_seed(0)
+    a, after_a = models.build_q_network(spec), torch.rand(3)
+    torch.manual_seed(0)
+    b, after_b = models._BUILDERS[spec["arch"]](spec), torch.rand(3)
+    assert torch.equal(after_a, after_b)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
 def test_complex_weights_are_refused(tmp_path, capsys):
     state = {"0.weight": torch.randn(16, 4, dtype=torch.complex64), "0.bias": torch.randn(16),
              "2.weight": torch.randn(2, 16), "2.bias": torch.randn(2)}
