@@ -153,6 +153,7 @@ def _panel_ratio(ax, runs: dict, sigma: float) -> None:
         step = float(np.min(np.diff(np.sort(grid))))
         end = min(float(grid.max()), max(last * 1.15, last + 2 * step, 0.1 * sigma))
         ax.set_xlim(-0.02 * end, end)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=4))   # radii like 0.0025: few, wide labels
 
 
 def _gre_rows(d: dict, kind: str) -> pd.DataFrame:
