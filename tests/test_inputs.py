@@ -304,3 +304,24 @@ def test_report_params_are_words_and_the_captions_still_read_them():
     caption = (REPO / "report" / "audit.rst").read_text()
     text = jinja2.Template(caption).render(snakemake={"params": params})
     assert "α = 0.05" in text and "``paper``" in text
+
+
+def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
+    """A policy network's run (ENV/ALGO@probs/sigma-S) has no qrange stage: the audit takes it as complete."""
+    import shutil
+
+    from crop.report.audit import audit
+    from crop.report.integrity import stages_present
+
+    from synthetic_results import make_results, runs_of
+
+    runs = make_results(tmp_path, {"CartPole-v0": {"MyPPO": [0.1]}})
+    (run,) = runs_of(runs)
+    probs = tmp_path / run.replace("MyPPO", "MyPPO@probs")
+    probs.parent.mkdir(parents=True)
+    shutil.move(tmp_path / run, probs)
+    (probs / "qrange.json").unlink(missing_ok=True)
+    full, absent, half = stages_present(probs)
+    assert "qrange" not in full + absent and not half
+    rep = audit(tmp_path, tmp_path / "audit")
+    assert rep["incomplete_runs"] == [] and rep["runs"] == ["CartPole-v0/MyPPO@probs/sigma-0.1"]
