@@ -325,3 +325,47 @@ def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
     assert "qrange" not in full + absent and not half
     rep = audit(tmp_path, tmp_path / "audit")
     assert rep["incomplete_runs"] == [] and rep["runs"] == ["CartPole-v0/MyPPO@probs/sigma-0.1"]
+
+
+@pytest.mark.slow
+def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path):
+    """The race as reproduced: run A is stopped (SIGSTOP) just after Snakemake took its lock, before onstart
+    records it as the owner, while the record still names the previous run's dead PID.  Run B, started then,
+    must be stopped by A's lock (it used to clear it and proceed); A then finishes."""
+    import json
+    import signal
+    import socket
+    import time
+
+    from crop.models import save_q_network
+
+    save_q_network(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)),
+                   tmp_path / "p.pt")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"results": "results", "environments": {"CartPole-v0": {
+        "source": "file", "files": {"StdTrain": {"path": "p.pt"}}, "algorithms": ["StdTrain"], "sigmas": [0.1],
+        "train": {"eval_episodes": 1}}}}))
+    snake = tmp_path / ".snakemake"
+    snake.mkdir()
+    previous = subprocess.Popen([sys.executable, "-c", "pass"])
+    previous.wait()
+    (snake / "crop-owner.json").write_text(json.dumps({"pid": previous.pid, "host": socket.gethostname(),
+                                                       "locks": []}))
+    cmd = [sys.executable, "-m", "snakemake", "results/CartPole-v0/StdTrain/checkpoint/model.pt", "-s",
+           str(REPO / "Snakefile"), "--cores", "1", "--configfile", "c.yaml"]
+    a = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        t0 = time.time()
+        while not ((snake / "locks").is_dir() and any((snake / "locks").iterdir())):
+            assert a.poll() is None and time.time() - t0 < 300, "run A ended before it locked"
+            time.sleep(0.0005)
+        os.kill(a.pid, signal.SIGSTOP)
+        if json.loads((snake / "crop-owner.json").read_text())["pid"] != previous.pid:
+            pytest.skip("run A recorded itself before it could be stopped: the gap was not caught this time")
+        b = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert b.returncode != 0 and "LockException" in b.stdout + b.stderr, b.stdout[-2000:] + b.stderr[-2000:]
+        assert "cleared the lock" not in b.stdout + b.stderr
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+        out, _ = a.communicate(timeout=300)
+    assert a.returncode == 0, out[-3000:]
+    assert (tmp_path / "results/CartPole-v0/StdTrain/checkpoint/model.pt").is_file()
