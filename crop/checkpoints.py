@@ -22,14 +22,13 @@ import os
 import shutil
 import stat
 import tarfile
-import tempfile
 import time
 import zipfile
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from crop.io import atomic_write_text, sha256_file
+from crop.io import atomic_write_text, sha256_file, temp_file
 
 __all__ = ["ArchiveError", "FetchError", "fetch_published", "fetch_checkpoint", "extract_member", "mirror_url",
            "DEFAULT_LOCK", "MAX_MEMBER_BYTES", "cache_dir", "local_path", "clean_greedy_return"]
@@ -191,7 +190,7 @@ def fetch_published(entry: dict, dest: Path, *, mirror: str | None = None, cache
     if entry.get("member"):
         extract_member(path, entry["member"], dest)
     else:
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+        fd, tmp = temp_file(dest)
         with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
             for block in iter(lambda: src.read(1 << 20), b""):
                 out.write(block)
@@ -254,7 +253,7 @@ def _find(names: list[str], member: str) -> str:
 
 
 def _stream(src, dest: Path, limit: int, what: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    fd, tmp = temp_file(dest)
     n = 0
     try:
         with os.fdopen(fd, "wb") as out:

@@ -173,8 +173,8 @@ def _fetch_args(p) -> None:
 
 
 def _import_args(p) -> None:
-    p.add_argument("--file", help="your policy file: a PyTorch state dict, a CleanRL checkpoint or a "
-                                  "Stable-Baselines3 DQN .zip (docs/own-policy.md)")
+    p.add_argument("--file", help="your policy file: a PyTorch state dict, a CleanRL DQN or PPO checkpoint, or a "
+                                  "Stable-Baselines3 DQN, PPO or A2C .zip (docs/own-policy.md)")
     p.add_argument("--arch", default="mlp",
                    help='its architecture: a network spec as JSON ({"arch": "mlp", "in": 4, "hidden": [64, 64], '
                         '"out": 2}; nature_cnn, dueling_cnn) or mlp, sizes read from the weights')
@@ -186,10 +186,12 @@ def _import_args(p) -> None:
 
 
 def cmd_validate_config(args) -> None:
-    from crop.config import ConfigError, load_config
+    """The checks the workflow makes before any job: the schema and the registry, then every policy file
+    opened as its checkpoint job will open it."""
+    from crop.config import ConfigError, check_policy_files, load_config
 
     try:
-        cfg = load_config(args.config)
+        cfg = check_policy_files(load_config(args.config), args.config)
     except ConfigError as exc:
         raise InputError(str(exc)) from None
     n = sum(len(e["algorithms"]) * len(e["sigmas"]) for e in cfg["environments"].values())
@@ -214,10 +216,12 @@ COMMANDS = {
                    "Obtain a policy's checkpoint from the source the config selects: train it here, fetch the "
                    "published one, derive it from its base checkpoint, or import your own policy file (the "
                    "workflow's checkpoint rule)."),
-    "import": ("import your own policy (PyTorch, CleanRL or SB3 DQN file) as a checkpoint",
-               "Import a Q-network trained elsewhere into model.pt and its record model.json (sha256 of the file "
-               "and of the result, architecture, preprocessing profile, clean greedy return), so that every "
-               "certifier accepts it."),
+    "import": ("import your own policy (a DQN's Q-network or a PPO/A2C policy network) as a checkpoint",
+               "Import a Q-network (DQN) or a policy network (PPO, A2C: its actor, the value branch dropped) "
+               "trained elsewhere — a PyTorch state dict, a CleanRL checkpoint or a Stable-Baselines3 .zip — into "
+               "model.pt and its record model.json (sha256 of the file and of the result, architecture, network "
+               "q or policy, preprocessing profile, clean greedy return), so that every certifier accepts it. A "
+               "policy network is smoothed through its probabilities (target probs, its default) or votes."),
     "qrange": ("estimate V_min, V_max (Appendix B.1)",
                "Estimate the range [V_min, V_max] of the network's outputs under σ-noise by rolling the smoothed "
                "policy (Appendix B.1); the certifiers clip to it."),
@@ -244,9 +248,11 @@ COMMANDS = {
               "WARN, 1 FAIL (a soundness violation or an integrity problem) and, with --strict, also WARN (a "
               "suspicious or untestable check) or a reproduced value that differs from the reference, 2 bad "
               "input."),
-    "validate-config": ("check a workflow config against the schema",
-                        "Validate a workflow config against crop/schemas/config.schema.yaml and the registry; "
-                        "one line naming the first bad field, exit status 2."),
+    "validate-config": ("check a workflow config and its policy files, as the workflow does before any job",
+                        "Validate a workflow config against crop/schemas/config.schema.yaml and the registry, and "
+                        "open every files.<label> policy file as its checkpoint job will (a regular file, its "
+                        "sha256, safe to read, a network that fits the environment); one line naming the first "
+                        "bad field, exit status 2."),
 }
 
 

@@ -16,10 +16,11 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from crop.names import MAX_PARAMETERS
 from crop.registry import resolve_source
 
-__all__ = ["ConfigError", "load_schema", "validate_config", "load_config", "targets", "run_targets",
-           "smoothing_targets", "sigma_label",
+__all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "targets",
+           "run_targets", "smoothing_targets", "sigma_label",
            "ALGORITHMS", "train_defaults", "train_settings", "target_return", "schema"]
 
 ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
@@ -50,8 +51,15 @@ def load_schema() -> dict:
     return copy.deepcopy(_parsed_schema())
 
 
+def _is_integer(checker, instance) -> bool:
+    """JSON Schema's ``integer`` as the workflow needs it: a whole number written as one.  The standard counts
+    2.0 as an integer, but a count or a seed reaches Python code and command lines as it is written."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
 def _with_defaults(validator_class):
     validate_properties = validator_class.VALIDATORS["properties"]
+    types = validator_class.TYPE_CHECKER.redefine("integer", _is_integer)
 
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
@@ -60,7 +68,7 @@ def _with_defaults(validator_class):
                     instance[name] = copy.deepcopy(sub["default"])
         yield from validate_properties(validator, properties, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults}, type_checker=types)
 
 
 def _path(parts) -> str:
@@ -79,6 +87,10 @@ def _did_you_mean(word, choices) -> str:
     if not close and len(word) >= 3:  # an abbreviation: 'arch' for 'architecture'
         close = [c for c in choices if c.startswith(word)][:1]
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _as_list(x) -> list:
+    return [x] if isinstance(x, str) else list(x)
 
 
 def _message(err: jsonschema.ValidationError) -> str:
@@ -104,6 +116,9 @@ def _message(err: jsonschema.ValidationError) -> str:
         return f"{where}: {err.instance!r} must be >= {err.validator_value}"
     if err.validator == "maximum":
         return f"{where}: {err.instance!r} must be <= {err.validator_value}"
+    if err.validator == "type" and "integer" in _as_list(err.validator_value) and isinstance(err.instance, float):
+        whole = f"; write {int(err.instance)}" if err.instance.is_integer() else ""
+        return f"{where}: {err.instance!r} is not an integer{whole}"
     if err.validator == "required":
         return f"{where}: {err.message}"
     return f"{where}: {err.message}"
@@ -161,6 +176,9 @@ def _check_strings(cfg: dict) -> str | None:
                 continue
             if not value.strip():
                 return f"{_path(parts)}: {value!r} is not a path; give a non-empty relative or absolute path"
+            if value.startswith("-"):
+                return (f"{_path(parts)}: {value!r} starts with '-', which a command reads as an option; write "
+                        f"./{value} for a relative path")
             if "{" in value or "}" in value:
                 return (f"{_path(parts)}: {value!r} contains a brace, which Snakemake reads as a wildcard; give "
                         "the path without braces")
@@ -203,6 +221,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     bad = _check_strings(cfg)
     if bad:
         raise ConfigError(f"{source}: invalid configuration: {bad}")
+    _check_case(cfg, source)
     for env, ec in cfg["environments"].items():
         _check_environment(env, ec, source)
         for i, algo in enumerate(ec["algorithms"]):
@@ -224,6 +243,29 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 raise ConfigError(f"{source}: invalid configuration: environments.{env}.{key}: probs smooths a "
                                   f"policy network's probabilities; {algo} ({kind}) is a Q-network: use vote or q")
     return cfg
+
+
+def _case_clash(names) -> tuple[str, str] | None:
+    """Two of ``names`` that differ only in case (one folder on a case-insensitive file system), else None."""
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(name.casefold(), name)
+        if other != name:
+            return other, name
+    return None
+
+
+def _check_case(cfg: dict, source: str) -> None:
+    """Environment ids and an environment's labels name folders and files: two that differ only in case would
+    write into one folder on a case-insensitive file system (macOS, Windows, many shared drives)."""
+    clashes = [("environments", _case_clash(cfg["environments"]))]
+    for env, ec in cfg["environments"].items():
+        labels = list(dict.fromkeys([*ec["algorithms"], *ec.get("files", {})]))
+        clashes.append((f"environments.{env}.algorithms", _case_clash(labels)))
+    for where, clash in clashes:
+        if clash:
+            raise ConfigError(f"{source}: invalid configuration: {where}: {clash[0]!r} and {clash[1]!r} differ only "
+                              "in case, so their folders collide on a case-insensitive file system; rename one")
 
 
 def _check_environment(env: str, ec: dict, source: str) -> None:
@@ -253,6 +295,17 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
                 check_profile(env, f["profile"])
     except (UnknownEnvError, MissingFactError, ValueError) as exc:
         raise ConfigError(f"{where}: {str(exc).removeprefix(env + ': ')}") from None
+    if len(spec.obs_shape) == 1:   # a vector environment's trained policy is an MLP of train.hidden
+        dims = [spec.obs_shape[0], *ec["train"]["hidden"], spec.n_actions]
+        n = sum((a + 1) * b for a, b in zip(dims, dims[1:]))
+        if n > MAX_PARAMETERS:
+            raise ConfigError(f"{where}.train.hidden: {ec['train']['hidden']} makes an MLP of {n:,} parameters, over "
+                              f"the limit of {MAX_PARAMETERS:,} (1 GiB of float32 weights)")
+    if spec.reward_range is not None:
+        try:
+            spec.return_range(ec["gre"]["horizon"], ec["gre"]["gamma"])
+        except ValueError as exc:
+            raise ConfigError(f"{where}.rewards.range: {exc} (gre.horizon)") from None
     if env in ENV_SPECS:
         return
     if spec.reward_range is None:
@@ -261,6 +314,65 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
     if problem:
         raise ConfigError(f"{where}: {problem}; the workflow runs LoRe on every environment (crop loact and "
                           "crop gre run without it)")
+
+
+def check_policy_files(cfg: dict, source: str = "config") -> dict:
+    """Open and check every ``files.<label>`` entry of a validated config as its checkpoint job will
+    (:func:`crop.importing.check_policy_file`: a regular, readable file within the size limit, its pinned
+    sha256, tensors only, finite real weights that fit the architecture, a network that takes the
+    environment's observations and gives one value per action), then judge each environment's smoothing
+    targets by what its networks are: a policy network has no Q-values (no q target), softmax of a
+    Q-network's values is no policy (no probs target).  An environment that gives neither ``target`` nor
+    ``targets`` smooths q for Q-networks and probs for policy networks (filled in as ``target: probs``).
+
+    Returns the config (a copy where a target was filled in); raises :class:`ConfigError` in one line naming
+    the entry.  Reads the files (torch is imported only when a config has one)."""
+    out = None
+    for env, ec in cfg["environments"].items():
+        if ec["source"] != "file" or not ec.get("files"):
+            continue
+        from crop.envs import default_profile
+        from crop.importing import check_policy_file
+        from crop.models import CheckpointError
+
+        networks = {}
+        for label, f in ec["files"].items():
+            try:
+                _, info = check_policy_file(f["path"], f.get("architecture", "mlp"), f.get("format", "auto"),
+                                            f.get("sha256"), env, f.get("profile") or default_profile(env))
+            except CheckpointError as exc:
+                raise ConfigError(f"{source}: environments.{env}.files.{label}: {exc}") from None
+            networks[label] = info["network"]
+        # A derived policy (CARRL) is a Q-network built from its base's file, which must be one.
+        for algo in ec["algorithms"]:
+            kind, entry = resolve_source(env, algo, "file", ec["files"])
+            if kind == "derive":
+                if networks.get(entry["base"]) == "policy":
+                    raise ConfigError(f"{source}: environments.{env}.files.{entry['base']}: {algo} is derived from "
+                                      f"{entry['base']}'s Q-network, but {ec['files'][entry['base']]['path']} holds a "
+                                      "policy network")
+                networks[algo] = "q"
+        used = {a: networks[a] for a in ec["algorithms"]}
+        if "target" in ec or "targets" in ec:
+            key = "targets" if "targets" in ec else "target"
+            for algo, network in used.items():
+                wrong = "q" if network == "policy" else "probs"
+                if wrong in smoothing_targets(ec):
+                    why = ("has no Q-values to smooth; use probs or vote" if network == "policy" else
+                           "is a Q-network: softmax of its values is no policy; use vote or q")
+                    raise ConfigError(f"{source}: environments.{env}.{key}: {wrong} for {algo}, which {why}")
+            continue
+        kinds = sorted(set(used.values()))
+        if kinds == ["policy"]:
+            out = out or copy.deepcopy(cfg)
+            out["environments"][env]["target"] = "probs"
+        elif len(kinds) > 1:
+            policy = sorted(a for a, n in used.items() if n == "policy")
+            q = sorted(a for a, n in used.items() if n == "q")
+            raise ConfigError(f"{source}: environments.{env}: {', '.join(policy)} policy network(s) and "
+                              f"{', '.join(q)} Q-network(s) have no smoothing target in common by default (probs, "
+                              "q); give target: vote (any network), or certify them with separate configs")
+    return out or cfg
 
 
 def load_config(path: str | Path) -> dict:

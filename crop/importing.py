@@ -27,7 +27,9 @@ a pinned one when given); a zip is read in memory, one member, never extracted t
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
@@ -38,7 +40,8 @@ from crop.checkpoints import MAX_ARCHIVE_MEMBERS, MAX_MEMBER_BYTES, _check_name
 from crop.io import sha256_file
 from crop.models import CheckpointError, load_state, load_tensors, spec_summary
 
-__all__ = ["FORMATS", "PolicyImportError", "check_fits_env", "import_policy", "infer_mlp_spec", "parse_architecture",
+__all__ = ["FORMATS", "PolicyImportError", "check_fits_env", "check_policy_file", "import_policy", "infer_mlp_spec",
+           "parse_architecture",
            "read_state_dict"]
 
 FORMATS = ("auto", "torch", "cleanrl", "sb3")
@@ -141,6 +144,34 @@ def _sb3_policy_bytes(path: Path, max_bytes: int) -> tuple[bytes, str] | None:
     return data, member.filename
 
 
+#: What a path that is not a regular file is, by its stat mode (a FIFO would block the reader, a device such as
+#: /dev/zero never ends).
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory, not a policy file; give the file itself"),
+                (stat.S_ISFIFO, "a named pipe (FIFO), not a regular file; give a policy file saved to disk"),
+                (stat.S_ISCHR, "a character device, not a regular file; give a policy file saved to disk"),
+                (stat.S_ISBLK, "a block device, not a regular file; give a policy file saved to disk"),
+                (stat.S_ISSOCK, "a socket, not a regular file; give a policy file saved to disk"))
+
+
+def _regular_file(path: Path) -> os.stat_result:
+    """The stat of ``path`` (links followed) when it is a regular file this process may read; else one line
+    saying what it is instead (missing, a directory, a FIFO, a device, unreadable), before anything opens it."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise PolicyImportError(f"{path}: no such policy file") from None
+    except OSError as exc:
+        raise PolicyImportError(f"{path}: cannot read it ({exc.strerror})") from None
+    for test, what in _NOT_REGULAR:
+        if test(st.st_mode):
+            raise PolicyImportError(f"{path}: {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise PolicyImportError(f"{path}: not a regular file; give a policy file saved to disk")
+    if not os.access(path, os.R_OK):
+        raise PolicyImportError(f"{path}: cannot read it (permission denied)")
+    return st
+
+
 def read_state_dict(path: str | Path, fmt: str = "auto",
                     max_bytes: int = MAX_MEMBER_BYTES) -> tuple[dict, str, str | None, str | None, str]:
     """(state dict, format, archive member, activation, untold) of a policy file; nothing is extracted to
@@ -150,9 +181,7 @@ def read_state_dict(path: str | Path, fmt: str = "auto",
     path = Path(path)
     if fmt not in FORMATS:
         raise PolicyImportError(f"unknown format {fmt!r}; known: {list(FORMATS)}")
-    if not path.is_file():
-        raise PolicyImportError(f"{path}: no such policy file")
-    size = path.stat().st_size
+    size = _regular_file(path).st_size
     if size > max_bytes:
         raise PolicyImportError(f"{path}: {size} bytes, over the limit of {max_bytes}; refusing it")
     # A torch.save file is itself a zip archive: an SB3 archive is told apart by its policy.pth member.
@@ -377,8 +406,7 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     mode) and the import record: source path, sha256, format, member, net_spec."""
     path = Path(path)
     spec = parse_architecture(arch)
-    if not path.is_file():
-        raise PolicyImportError(f"{path}: no such policy file")
+    _regular_file(path)
     digest = sha256_file(path)
     if sha256 is not None and digest != sha256.lower():
         raise PolicyImportError(f"{path}: sha256 {digest} differs from the pinned {sha256}; refusing it")
@@ -417,3 +445,20 @@ def check_fits_env(net: torch.nn.Module, spec: dict, env_id: str, profile: str |
     if tuple(q.shape) != (1, n):
         raise PolicyImportError(f"{what}: the network ({spec_summary(spec)}) gives {tuple(q.shape[1:])} values per "
                                 f"state; {env_id} has {n} actions; refusing it")
+
+
+def check_policy_file(path: str | Path, arch, fmt: str, sha256: str | None, env_id: str,
+                      profile: str) -> tuple[torch.nn.Module, dict]:
+    """Everything `crop import` checks of a policy file before it evaluates or writes anything: a regular file
+    within the size limit, its pinned sha256, safe to read (tensors only), finite real weights that fit the
+    architecture, and a network that takes ``env_id``'s observations under ``profile`` and gives one value per
+    action (sizes, then one forward pass on a real first observation).  Returns :func:`import_policy`'s
+    network and record; raises :class:`PolicyImportError` (a :class:`CheckpointError`) in one line."""
+    from crop.models import fit_problem
+
+    net, info = import_policy(path, arch, fmt, sha256)
+    problem = fit_problem(info["net_spec"], env_id, profile)
+    if problem:
+        raise PolicyImportError(f"{path}: {problem}")
+    check_fits_env(net, info["net_spec"], env_id, profile, str(path))
+    return net, info

@@ -60,13 +60,40 @@ class OutputError(OSError):
     """A result file could not be written (full disk, read-only or unwritable folder)."""
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (/proc), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temp_file(dest: Path) -> tuple[int, str]:
+    """``tempfile.mkstemp`` beside ``dest`` (to be renamed onto it), with the mode a new file gets from
+    ``open``: 0666 less the umask, not mkstemp's 0600, so that a result in a shared project folder is as
+    readable as any file its owner writes there."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+    except OSError:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``; on any failure
     the temporary file is removed and an :class:`OutputError` names the file."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = temp_file(path)
     except OSError as exc:
         raise OutputError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
     try:

@@ -8,9 +8,15 @@ config schema's checks use them; the implementations key their tables by them).
 * ``DEVICES``: where networks run, :func:`crop.engine.resolve_device`.
 * ``TARGET_NAMES``: what is smoothed, :data:`crop.smoothing.TARGETS` (``q``: clipped Q-values; ``probs``:
   a policy network's action probabilities; ``vote``: the one-hot of the greedy action).
+* ``MAX_PARAMETERS``: the most parameters a network may declare, :func:`crop.models.build_q_network` (and the
+  config's ``train.hidden``, checked at validation).
 """
 
-__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES"]
+__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "MAX_PARAMETERS"]
+
+#: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.checkpoints
+#: MAX_MEMBER_BYTES), so no accepted file can fill a larger network.
+MAX_PARAMETERS = (1 << 30) // 4
 
 BOUND_NAMES = ("hoeffding", "empirical_bernstein", "betting", "clopper_pearson")
 

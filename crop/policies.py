@@ -193,8 +193,8 @@ def cmd_import(args) -> None:
     ``network``: ``q`` or ``policy``, clean greedy return)."""
     from crop.checkpoints import clean_greedy_return
     from crop.envs import default_profile, profiles
-    from crop.importing import check_fits_env, import_policy
-    from crop.models import CheckpointError, fit_problem, spec_summary
+    from crop.importing import check_policy_file
+    from crop.models import CheckpointError, spec_summary
 
     started = setup(args)
     if not args.file:
@@ -208,15 +208,10 @@ def cmd_import(args) -> None:
         raise InputError(f"--profile {profile!r} is not a preprocessing profile of {args.env}; known: "
                          f"{profiles(args.env)}") from None
     episodes, target = _eval_settings(args)
-    try:
-        net, info = import_policy(args.file, args.arch, args.format, args.file_sha256)
-        problem = fit_problem(info["net_spec"], args.env, profile)   # sizes, before anything runs or is written
-        if not problem:  # and one forward on a real observation: layers that chain, one output per action
-            check_fits_env(net, info["net_spec"], args.env, profile, args.file)
+    try:  # what the config's validation checks too, before anything runs or is written
+        net, info = check_policy_file(args.file, args.arch, args.format, args.file_sha256, args.env, profile)
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
-    if problem:
-        raise InputError(f"{args.file}: {problem}")
     clean = clean_greedy_return(net, args.env, profile, episodes, args.seed, target)
     spec, network = info.pop("net_spec"), info.pop("network")
     record = {"net_spec": spec, "network": network, "profile": profile, "source": "file", "imported_from": info,

@@ -190,6 +190,8 @@ def _return_range(spec, args) -> tuple[float, float]:
         return spec.return_range(args.horizon, args.gamma)
     except MissingFactError as exc:
         raise InputError(f"{exc} (crop {args.command} on its own: --reward-range LOW HIGH)") from None
+    except ValueError as exc:
+        raise InputError(f"--reward-range: {exc}") from None
 
 
 def _lore_checks(spec, args) -> None:

@@ -3,6 +3,7 @@
 # the comparison with a reference table when the config names one (audit.reference: a CSV, or `paper` for
 # the paper's published numbers) — then also the reproduction report (reproduction.md, one figure per env).
 from crop.envs import env_spec
+from crop.report.captions import audit_settings
 from crop.report.reference import resolve_reference
 
 AUDIT_REFERENCE = CFG["audit"].get("reference")
@@ -38,7 +39,7 @@ rule audit:
         keep="" if CFG["audit"].get("strict") else "|| [ $? -eq 1 ]",
         config_hash=CONFIG_HASH,
         # read by the captions (report/audit.rst, report/reproduction.rst)
-        audit=CFG["audit"],
+        audit=audit_settings(CFG["audit"]),
     shell:
         "crop audit --inputs {input.runs:q} --out-dir {params.out_dir:q} --config-hash {params.config_hash:q} "
         "{params.options} > {log:q} 2>&1 {params.keep}"

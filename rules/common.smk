@@ -8,6 +8,7 @@ import shlex
 from crop import layout
 from crop.config import (
     ConfigError,
+    check_policy_files,
     run_targets,
     sigma_label,
     smoothing_targets,
@@ -19,14 +20,19 @@ from crop.registry import checkpoint_source
 from crop.report.provenance import config_hash
 from crop.stage_table import meta_name, stage, stage_settings
 
+# Every policy file is opened and checked here too (crop validate-config's checks), before any job; a policy
+# network's default target (probs) is filled in from its file.
 try:
-    CFG = validate_config(config, "config")
+    VALID = validate_config(config, "config")
+    CFG = check_policy_files(VALID, "config")
 except ConfigError as exc:
     raise WorkflowError(str(exc))
 
 R = CFG["results"]
 
-CONFIG_HASH = config_hash(CFG)  # recorded by the audit: which configuration the results came from
+# Recorded by the audit: which configuration the results came from (as written, defaults filled in; the hash
+# `crop audit --config FILE` computes).
+CONFIG_HASH = config_hash(VALID)
 ENVS = list(CFG["environments"])
 
 

@@ -393,3 +393,54 @@ def test_a_truncated_lore_bound_is_marked(tmp_path):
             assert len(notes) == 1 and "SA-DQN" in notes[0] and "StdTrain" not in notes[0], stem
     finally:
         _close_all(figs)
+
+
+@pytest.fixture(scope="module")
+def two_targets(tmp_path_factory):
+    """One label of your own with targets probs and vote (run folders MyPPO@probs, MyPPO@vote): LoAct differs
+    between them, GRe and the global attack (the σ-randomized policy, the same for every target) do not."""
+    root = tmp_path_factory.mktemp("targets")
+    runs = make_results(root, {CART: {"MyPPO": [0.1]}})
+    run = load_runs(root, runs_of(runs))[(CART, "MyPPO", "0.1")]
+    vote = {**run, "loact": run["loact"].assign(radius=run["loact"]["radius"] * 0.5)}
+    data = {(CART, "MyPPO@probs", "0.1"): run, (CART, "MyPPO@vote", "0.1"): vote}
+    figs = _all_figures(data, CART)
+    yield data, figs
+    _close_all(figs)
+
+
+def test_targets_of_one_label_have_distinct_colour_blind_safe_styles(two_targets):
+    _, figs = two_targets
+    probs, vote = style.series_color("MyPPO@probs"), style.series_color("MyPPO@vote")
+    assert probs == style.algo_color("MyPPO") and vote != probs
+    assert style.series_marker("MyPPO@probs") != style.series_marker("MyPPO@vote")
+    for name, matrix in [("normal", None), *_CVD.items()]:
+        assert float(np.linalg.norm(_lab(probs, matrix) - _lab(vote, matrix))) >= 15.0, name
+    lines = {ln.get_gid(): ln for ln in figs["CartPole_stepwise_sigma-0.1"].axes[0].lines if ln.get_gid()}
+    assert to_hex(lines["bound:MyPPO@probs"].get_color()) == probs
+    assert to_hex(lines["bound:MyPPO@vote"].get_color()) == vote
+
+
+def test_identical_curves_are_drawn_once_and_named(two_targets):
+    _, figs = two_targets
+    for kind in ("global_mean", "global_median"):
+        ax = figs[f"CartPole_{kind}_sigma-0.1"].axes[0]
+        gids = [ln.get_gid() for ln in ax.lines]
+        assert gids.count("bound:MyPPO@probs") == 1 and gids.count("attack:MyPPO@probs") == 1
+        assert "bound:MyPPO@vote" not in gids and "attack:MyPPO@vote" not in gids
+        assert "MyPPO (vote): the same curves as MyPPO (probs)" in [t.get_text() for t in ax.texts]
+    # curves that differ are both drawn (LoAct's radii)
+    gids = [ln.get_gid() for ln in figs["CartPole_stepwise_sigma-0.1"].axes[0].lines]
+    assert "bound:MyPPO@probs" in gids and "bound:MyPPO@vote" in gids
+
+
+def test_the_certified_ratio_axis_fits_the_data(nine):
+    _, _, data, figs = nine
+    ax = figs["CartPole_certified_ratio_sigma-0.1"].axes[0]
+    largest = max(float(d["certified_ratio"].loc[d["certified_ratio"]["eta"] > 0, "r"].max())
+                  for k, d in data.items() if k[0] == CART)
+    grid_end = max(float(d["certified_ratio"]["r"].max()) for k, d in data.items() if k[0] == CART)
+    lo, hi = ax.get_xlim()
+    assert largest <= hi and hi <= 0.5 * grid_end + largest, (largest, hi, grid_end)
+    shown = sum(np.ptp(ln.get_xdata()[ln.get_xdata() <= hi]) for ln in ax.lines if ln.get_gid())
+    assert shown > 0

@@ -98,3 +98,40 @@ def test_benign_return_figure_draws_the_interval():
     half = stats.t.ppf(0.975, len(r) - 1) * r.std(ddof=1) / math.sqrt(len(r))
     seg = bars.lines[2][0].get_segments()[0]  # the vertical bar: (x, lo) -> (x, hi)
     assert seg[0][1] == pytest.approx(r.mean() - half) and seg[1][1] == pytest.approx(r.mean() + half)
+
+
+def test_a_benign_return_interval_is_clipped_to_the_possible_returns():
+    """CartPole-v0 returns are at most 200 over 200 steps: 195.6 [183.4, 207.8] cannot be; the interval is
+    clipped to [J_min, J_max] = [0, 200] (the figure's bars too), and one still covers the mean at ≥ its
+    nominal rate (clipping only removes impossible values)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from crop.report import figures
+    from crop.report.intervals import benign_return_range
+
+    ep = pd.DataFrame({"episode": range(5), "return": [200.0, 200.0, 200.0, 178.0, 200.0], "steps": [200] * 5})
+    assert benign_return_range("CartPole-v0", ep) == (0.0, 200.0)
+    assert benign_return_range("Acrobot-v1", ep) == (-math.inf, math.inf)   # no reward facts: not clipped
+    assert benign_return_range("Acrobot-v1", ep, {"reward_range": [-1.0, 0.0]}) == (-200.0, 0.0)
+    run = {"loact_episodes": ep, "benign_range": benign_return_range("CartPole-v0", ep)}
+    v, lo, hi = episode_interval(run, "benign_return")
+    unclipped = episode_interval({"loact_episodes": ep}, "benign_return")
+    assert v == pytest.approx(195.6) and unclipped[2] > 200 and hi == 200.0 and lo == unclipped[1]
+    # a mean outside [J_min, J_max] shows the reward facts are false: nothing is clipped to them
+    assert episode_interval({**run, "benign_range": (0.0, 150.0)}, "benign_return")[1:] == unclipped[1:]
+    iv = run_interval({**run, "replicates": [{"loact_episodes": ep.assign(**{"return": 199.0})}]}, "benign_return")
+    assert iv["hi"] == 200.0
+    fig = figures._clean_figure("CartPole-v0", {("CartPole-v0", "StdTrain", "0.1"): {**run, "loact": None}},
+                                ["StdTrain"], ["0.1"])
+    seg = fig.axes[0].containers[0].lines[2][0].get_segments()[0]
+    assert seg[1][1] == pytest.approx(200.0) and seg[0][1] == pytest.approx(lo)
+    # clipping never loses coverage: the true mean lies in [J_min, J_max], so whenever the t-interval covers
+    # it, the clipped one does too
+    rng, truth = np.random.default_rng(0), 200 - 6 * stats.norm.expect(lambda z: z - 4 / 6, lb=4 / 6)
+    for _ in range(500):   # episodes of a policy near its maximum: E[min(200, 196 + 6Z)]
+        e = pd.DataFrame({"episode": range(6), "return": np.minimum(200.0, 196 + 6 * rng.standard_normal(6)),
+                          "steps": [200] * 6})
+        _, lo0, hi0 = episode_interval({"loact_episodes": e}, "benign_return")
+        _, lo, hi = episode_interval({"loact_episodes": e, "benign_range": (0.0, 200.0)}, "benign_return")
+        assert hi <= 200.0 and (not lo0 <= truth <= hi0 or lo <= truth <= hi)

@@ -91,7 +91,8 @@ class EnvSpec:
         return int(2 * (350 + 100 * threads + self.gre_mb_per_copy * block))
 
     def return_range(self, horizon: int, gamma: float = 1.0) -> tuple[float, float]:
-        """[J_min, J_max] for returns over ``horizon`` steps with discount ``gamma``."""
+        """[J_min, J_max] for returns over ``horizon`` steps with discount ``gamma``; ValueError where they are
+        not finite (a declared range too wide to add up)."""
         if self.reward_range is None:
             raise MissingFactError(missing_reward_range(self.env_id))
         if gamma == 1.0:
@@ -102,6 +103,9 @@ class EnvSpec:
         j_min, j_max = min(0.0, lo * w), max(0.0, hi * w)
         if self.game_return_range is not None and gamma == 1.0:
             j_min, j_max = max(j_min, self.game_return_range[0]), min(j_max, self.game_return_range[1])
+        if not math.isfinite(j_max - j_min):  # GRe's bounds scale with J_max - J_min
+            raise ValueError(f"{[lo, hi]} over {horizon} steps gives [J_min, J_max] = [{j_min:g}, {j_max:g}], not "
+                             "finite numbers; give the true reward range")
         return (j_min, j_max)
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from crop.io import sha256_file
+from crop.names import MAX_PARAMETERS
 
 __all__ = ["build_q_network", "load_q_network", "load_checkpoint", "load_state", "save_q_network",
            "load_refusal", "pickled_globals", "CheckpointError", "spec_summary", "n_actions", "input_shape",
@@ -148,18 +149,27 @@ def spec_summary(spec: dict) -> str:
     return str(spec)
 
 
+
+
 def build_q_network(spec: dict) -> nn.Module:
-    """A fresh network for ``spec``; raises ``CheckpointError`` for an unknown architecture or sizes that
-    are not positive integers."""
+    """A fresh network for ``spec``; raises ``CheckpointError`` for an unknown architecture, sizes that are
+    not positive integers or more than :data:`MAX_PARAMETERS` parameters."""
     arch = spec.get("arch")
     if arch not in _BUILDERS:
         raise CheckpointError(f"unknown architecture {arch!r}; known: {sorted(_BUILDERS)}")
     try:
-        return _BUILDERS[arch](spec)
-    except (KeyError, ValueError, TypeError, RuntimeError) as exc:  # sizes that are not positive integers
+        # Counted on the meta device first (no memory, no random draws): a declared size is bounded
+        # before anything is allocated.
+        with torch.device("meta"):
+            n = sum(p.numel() for p in _BUILDERS[arch](spec).parameters())
+        if n <= MAX_PARAMETERS:
+            return _BUILDERS[arch](spec)
+    except (KeyError, ValueError, TypeError, RuntimeError, OverflowError) as exc:  # sizes not positive integers
         raise CheckpointError(f"network spec {spec} does not describe a network of architecture {arch!r} ("
                               f"{type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:200]}); sizes must be positive integers") from None
+    raise CheckpointError(f"network spec {spec_summary(spec)} has {n:,} parameters, over the limit of "
+                          f"{MAX_PARAMETERS:,} (1 GiB of float32 weights, the largest file crop reads); refusing it")
 
 
 def _normalise_keys(state: dict, expected: set[str]) -> dict:
@@ -281,6 +291,10 @@ def load_state(state, spec: dict, what: str = "state dict", device: str | torch.
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{what} is not a state dict of tensors")
+    complex_ = sorted(k for k, v in state.items() if v.is_complex())
+    if complex_:  # the cast to float below would drop the imaginary part
+        raise CheckpointError(f"{what}: complex-valued weights in {complex_[:5]}; a network's weights are real "
+                              "numbers; refusing it")
     net = build_q_network(spec)
     expected = net.state_dict()
     state = _normalise_keys(state, set(expected))

@@ -4,10 +4,32 @@ from __future__ import annotations
 
 from crop.config import sigma_label
 
-__all__ = ["caption_settings"]
+__all__ = ["caption_settings", "audit_settings", "Words"]
 
 
-def caption_settings(cfg: dict) -> dict:
+class Words(dict):
+    """A mapping the captions read by key (``snakemake.params.audit.alpha``) that Snakemake's report shows in
+    words: it prints a job's params as ``name={value}``, which for a plain dict is its Python repr.  The repr
+    stays the dict's, so Snakemake's record of the params (and its rerun triggers) is unchanged."""
+
+    def __init__(self, data: dict, text: str):
+        super().__init__(data)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def audit_settings(audit: dict) -> Words:
+    """A validated config's ``audit`` block, for the captions and in words."""
+    ref = audit.get("reference")
+    reference = "the paper's published numbers" if ref == "paper" else (ref or "none")
+    text = (f"α = {audit['alpha']:g}; reference: {reference}; tolerances: {audit.get('tolerances') or 'built-in'}; "
+            f"strict: {'yes' if audit.get('strict') else 'no'}")
+    return Words(audit, text)
+
+
+def caption_settings(cfg: dict) -> Words:
     """Per environment of a validated config, the settings the captions quote (as text)."""
 
     def eps(xs):
@@ -34,4 +56,6 @@ def caption_settings(cfg: dict) -> dict:
                 f"{at['local_episodes']} episodes, ε/σ ∈ {{{eps(at['local_eps_factors'])}}}"
             ),
         }
-    return out
+    text = "; ".join(f"{env}: {v['algorithms']} at σ ∈ {{{v['sigmas']}}}; LoAct {v['loact']}; GRe {v['gre']}; "
+                     f"LoRe {v['lore']}; attacks {v['attack']}" for env, v in out.items())
+    return Words(out, text)

@@ -137,12 +137,23 @@ def _panel_stepwise(ax, runs: dict, sigma: float) -> None:
 
 
 def _panel_ratio(ax, runs: dict, sigma: float) -> None:
-    """Certified ratio η_r (% of steps certified at radius ≥ r), mean ± std over episodes."""
+    """Certified ratio η_r (% of steps certified at radius ≥ r), mean ± std over episodes.  The x-axis ends a
+    little past the largest radius any series certifies (LoAct's grid reaches 4σ, far beyond most radii)."""
+    last, grid = 0.0, []
     for a, d in runs.items():
         g = d["certified_ratio"].groupby(cols.R)[cols.ETA]
         m, s = 100 * g.mean(), 100 * g.std(ddof=0).fillna(0.0)
         _mean_std_band(ax, m.index.to_numpy(), m.to_numpy(), s.to_numpy(), a)
+        r = m.index.to_numpy(float)
+        grid = r if len(r) > len(grid) else grid
+        if ((m + s).to_numpy() > 0).any():
+            last = max(last, float(r[(m + s).to_numpy() > 0].max()))
     ax.set_ylim(-3, 103)
+    if len(grid) > 1:
+        step = float(np.min(np.diff(np.sort(grid))))
+        end = min(float(grid.max()), max(last * 1.15, last + 2 * step, 0.1 * sigma))
+        ax.set_xlim(-0.02 * end, end)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=4))   # radii like 0.0025: few, wide labels
 
 
 def _gre_rows(d: dict, kind: str) -> pd.DataFrame:
@@ -184,9 +195,18 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
     for d in runs.values():
         x_end = max(x_end, float(d["gre"][cols.EPS].max()), float(d["attack_global"][cols.EPS].max()))
     j_lo, j_hi, vacuous_any = np.inf, -np.inf, False
+    drawn: dict[tuple, str] = {}   # a curve (bound and attack) → the series that drew it
+    same: list[tuple[str, str]] = []
     for a, d in runs.items():
         j_lo, j_hi = min(j_lo, d["gre"][cols.J_MIN].min()), max(j_hi, d["gre"][cols.J_MAX].max())
         eps, y, n = gre_curve(d, kind, x_end)
+        att = d["attack_global"].groupby(cols.EPS)[cols.RETURN].agg(stat)
+        # Targets of one label share GRe's σ-randomized policy: identical curves are drawn once, and named.
+        key = tuple(np.asarray(v, dtype=float).tobytes() for v in (eps, y, att.index, att.to_numpy()))
+        if key in drawn:
+            same.append((a, drawn[key]))
+            continue
+        drawn[key] = a
         # Below J_min a bound says less than the trivial one (vacuous): drawn at J_min, marked ▽.
         j_min = float(d["gre"][cols.J_MIN].min())
         vacuous = y < j_min
@@ -196,8 +216,11 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
             vacuous_any = True
             ax.plot(eps[vacuous], y[vacuous], ls="none", marker="v", ms=4, mfc="none", mew=0.8,
                     color=series_color(a), zorder=3)
-        att = d["attack_global"].groupby(cols.EPS)[cols.RETURN].agg(stat)
         attack_line(ax, att.index, att.to_numpy(), a)
+    if same:
+        ax.text(0.02, 0.02, "\n".join(f"{algo_label(a)}: the same curves as {algo_label(b)}" for a, b in same),
+                transform=ax.transAxes, ha="left", va="bottom", fontsize=6, color="0.3", zorder=ATTACK_Z + 1,
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     if np.isfinite(j_lo) and j_hi > j_lo:
         # The expectation bound falls below J_min at large ε (vacuous there); show [J_min, J_max].
         pad = 0.05 * (j_hi - j_lo)
@@ -302,11 +325,15 @@ def _clean_figure(env: str, data: dict, algos, labels):
     fig, ax = _single(f"{env_spec(env).paper_name}: benign return of the smoothed policy", LABELS["sigma"],
                       LABELS["return"])
     lo, hi = np.inf, -np.inf
+    clipped = set()   # the [J_min, J_max] a bar was clipped to (crop.report.intervals), said in the figure
     for i, a in enumerate(algos):
         xs, ms, below, above = [], [], [], []
         for lab in labels:
             if (env, a, lab) in data:  # the mean (over replicates where there are several) and its 95 % interval
                 iv = run_interval(data[(env, a, lab)], "benign_return")
+                j = data[(env, a, lab)].get("benign_range", (-math.inf, math.inf))
+                if iv["lo"] == j[0] or iv["hi"] == j[1]:
+                    clipped.add(tuple(j))
                 xs.append(float(lab))
                 ms.append(iv["value"])
                 below.append(0.0 if math.isnan(iv["lo"]) else iv["value"] - iv["lo"])
@@ -320,6 +347,12 @@ def _clean_figure(env: str, data: dict, algos, labels):
         if len(ms):
             lo, hi = min(lo, float(np.min(ms - below))), max(hi, float(np.max(ms + above)))
     _ylim(ax, lo, hi, _return_span(lo, hi))
+    if clipped:
+        ranges = ", ".join(f"[{a:g}, {b:g}]" for a, b in sorted(clipped))
+        # under the axis label, where no bar can run into it
+        ax.annotate(f"error bars clipped to the possible returns $[J_{{\\min}}, J_{{\\max}}]$ = {ranges}",
+                    xy=(0.5, 0.0), xycoords="axes fraction", xytext=(0, -36), textcoords="offset points",
+                    ha="center", va="top", fontsize=7, color="0.3")
     ax.set_xscale("log")
     # Ticks at the σ run, written as the paper writes σ (0.001, 0.5, 4), not as powers of ten; labels that
     # would collide are left out rather than rotated.

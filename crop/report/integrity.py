@@ -27,9 +27,15 @@ class IntegrityError(ValueError):
 
 
 def stages_present(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
-    """(stages with every file, stages with none, problems of stages with some files but not all)."""
+    """(stages with every file, stages with none, problems of stages with some files but not all), among the
+    stages of the run's smoothing target (a probs or vote run has no qrange stage)."""
+    from crop.layout import run_files, run_target
+
     full, absent, problems = [], [], []
+    own = set(run_files(run_target(run_dir)))
     for stage, keys in STAGE_FILES.items():
+        if not set(keys) <= own:
+            continue
         there = [(RUN_FILES[k], (Path(run_dir) / RUN_FILES[k]).is_file()) for k in keys]
         if all(ok for _, ok in there):
             full.append(stage)

@@ -16,8 +16,9 @@ Two sources of spread, two intervals:
   procedure's own variance): ``mean ± t_{N−1, 1−a/2} · sd/√N``.  The value shown is then the mean over
   replicates and ``sd`` their standard deviation (ddof = 1).
 
-An interval is clipped to the metric's natural range (radii ≥ 0, a fraction in [0, 1]); clipping only adds
-coverage.  With one episode (or one replicate) there is no interval (NaN).
+An interval is clipped to the metric's natural range (radii ≥ 0, a fraction in [0, 1], a benign return in
+[J_min, J_max], the returns possible over LoAct's episodes: :func:`benign_return_range`); the true value lies
+in that range, so clipping only adds coverage.  With one episode (or one replicate) there is no interval (NaN).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from scipy import stats as st
 from crop import columns as cols
 
 __all__ = ["INTERVAL_METRICS", "METHOD_EPISODES", "METHOD_REPLICATES", "t_interval", "jackknife_interval",
-           "episode_interval", "replicate_interval", "run_interval", "DEFAULT_LEVEL"]
+           "episode_interval", "replicate_interval", "run_interval", "benign_return_range", "DEFAULT_LEVEL"]
 
 DEFAULT_LEVEL = 0.95
 INTERVAL_METRICS = ("mean_radius", "mean_radius_certified", "certified_fraction", "benign_return")
@@ -64,8 +65,31 @@ def jackknife_interval(estimate: float, leave_one_out, level: float = DEFAULT_LE
     return estimate - half, estimate + half
 
 
-def _clip(metric: str, lo: float, hi: float) -> tuple[float, float]:
+def benign_return_range(env: str, episodes: pd.DataFrame, settings: dict | None = None) -> tuple[float, float]:
+    """[J_min, J_max] that every benign (undiscounted) return of LoAct's ``episodes`` lies in: the environment's
+    reward range over the longest episode's steps (crop.envs EnvSpec.return_range, γ = 1; an episode of fewer
+    steps lies in it too, the range growing with the horizon).  The reward facts are the environment's own, else
+    those ``settings`` give (the run's GRe settings: reward_range, return_range); (-inf, inf) where neither
+    knows them."""
+    from crop.envs import MissingFactError, UnknownEnvError, env_spec
+
+    settings = settings or {}
+    rewards = {"range": settings.get("reward_range"), "return_range": settings.get("return_range")}
+    steps = episodes[cols.STEPS] if cols.STEPS in episodes else None
+    if steps is None or not len(steps):
+        return -math.inf, math.inf
+    try:
+        return env_spec(env, rewards).return_range(int(steps.max()), 1.0)
+    except (MissingFactError, UnknownEnvError, ValueError):
+        return -math.inf, math.inf
+
+
+def _clip(metric: str, lo: float, hi: float, run: dict | None = None, value: float = math.nan) -> tuple[float, float]:
     a, b = _RANGE[metric]
+    if metric == "benign_return":
+        j_min, j_max = (run or {}).get("benign_range", (a, b))
+        if not value < j_min and not value > j_max:   # a mean outside it: the reward facts are false, no clip
+            a, b = j_min, j_max
     return (lo if math.isnan(lo) else max(lo, a)), (hi if math.isnan(hi) else min(hi, b))
 
 
@@ -94,11 +118,12 @@ def _certified_only(r, c, p, keep) -> float:
 def episode_interval(run: dict, metric: str, level: float = DEFAULT_LEVEL) -> tuple[float, float, float]:
     """(value, lo, hi) of ``metric`` (one of :data:`INTERVAL_METRICS`) of one run, the interval by the
     jackknife over its episodes (module docstring).  ``run`` holds ``loact`` (per step) and, for the benign
-    return, ``loact_episodes``."""
+    return, ``loact_episodes`` and ``benign_range`` ([J_min, J_max], :func:`benign_return_range`; none: not
+    clipped)."""
     if metric == "benign_return":
         x = run["loact_episodes"][cols.RETURN].to_numpy(float)
         v, lo, hi = t_interval(x, level)  # the jackknife of a mean is the t-interval
-        return (v, *_clip(metric, lo, hi))
+        return (v, *_clip(metric, lo, hi, run, v))
     r, c, p = _step_arrays(run["loact"])
     k = r.shape[0]
     if metric == "certified_fraction":
@@ -121,11 +146,12 @@ def episode_interval(run: dict, metric: str, level: float = DEFAULT_LEVEL) -> tu
     return (v, *_clip(metric, *jackknife_interval(v, loo, level)))
 
 
-def replicate_interval(values, metric: str, level: float = DEFAULT_LEVEL) -> dict:
-    """{value (the mean), lo, hi, sd, replicates} of one metric over replicates."""
+def replicate_interval(values, metric: str, level: float = DEFAULT_LEVEL, run: dict | None = None) -> dict:
+    """{value (the mean), lo, hi, sd, replicates} of one metric over replicates (``run``: where the benign
+    return's range is, :func:`episode_interval`)."""
     x = np.asarray(values, dtype=float)
     v, lo, hi = t_interval(x, level)
-    lo, hi = _clip(metric, lo, hi)
+    lo, hi = _clip(metric, lo, hi, run, v)
     sd = float(np.nanstd(x, ddof=1)) if np.sum(~np.isnan(x)) > 1 else math.nan
     return {"value": v, "lo": lo, "hi": hi, "sd": sd, "replicates": int(np.sum(~np.isnan(x)))}
 
@@ -137,6 +163,6 @@ def run_interval(run: dict, metric: str, level: float = DEFAULT_LEVEL) -> dict:
     reps = run.get("replicates") or []
     if reps:
         vals = [episode_interval(d, metric, level)[0] for d in [run, *reps]]
-        return {**replicate_interval(vals, metric, level), "method": METHOD_REPLICATES}
+        return {**replicate_interval(vals, metric, level, run), "method": METHOD_REPLICATES}
     v, lo, hi = episode_interval(run, metric, level)
     return {"value": v, "lo": lo, "hi": hi, "sd": math.nan, "replicates": 1, "method": METHOD_EPISODES}

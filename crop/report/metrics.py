@@ -46,6 +46,7 @@ from crop import columns as cols
 from crop.io import meta_path, read_json
 from crop.layout import FRAMES_FILE, REPLICATE_PREFIX, RUN_FILES, replicate_of, run_files, run_target
 from crop.lore import lore_bound_at
+from crop.report.intervals import benign_return_range
 
 __all__ = ["load_runs", "read_lore_meta", "REPLICATE_TABLES", "parse_run", "METRICS", "EPS_METRICS", "metric_value",
            "is_metric", "metric_has_eps", "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
@@ -149,6 +150,8 @@ def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
         data = _read_files(d, run_files(run_target(run)), required=not partial)
         data["lore_meta"] = read_lore_meta(d)
         data["frames_path"] = d / FRAMES_FILE
+        gre_meta = meta_path(d / RUN_FILES["gre"])   # the reward facts GRe was given (an environment's own)
+        data["gre_settings"] = (read_json(gre_meta).get("settings") or {}) if gre_meta.is_file() else {}
         out[parse_run(run)] = data
     for key, found in replicates.items():
         if key not in out and not partial:
@@ -156,6 +159,10 @@ def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
         if key in out and "loact" in out[key]:
             out[key]["replicates"] = [r for _, r in sorted(found, key=lambda kv: kv[0])
                                       if set(REPLICATE_TABLES) <= set(r)]
+    for (env, _, _), data in out.items():   # [J_min, J_max] of the benign returns, replicates' episodes included
+        if "loact_episodes" in data:
+            episodes = pd.concat([data["loact_episodes"], *[r["loact_episodes"] for r in data.get("replicates", [])]])
+            data["benign_range"] = benign_return_range(env, episodes, data["gre_settings"])
     return out
 
 

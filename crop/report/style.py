@@ -5,8 +5,10 @@ The nine algorithms (:data:`crop.config.ALGORITHMS`) have fixed colours and mark
 :data:`ALGO_MARKERS`), whichever of them a run has; labels of your own get theirs from
 :func:`register_labels`.  Certified bounds are solid lines, PGD attacks dashed and drawn above them; axis
 labels use the paper's symbols (:data:`LABELS`).  A run folder's algorithm component may name a smoothing
-target other than q (``ALGO@TARGET``, :mod:`crop.layout`): it takes its algorithm's colour, the target's
-marker, and the label "ALGO (target)".
+target other than q (``ALGO@TARGET``, :mod:`crop.layout`): it takes the target's marker and the label
+"ALGO (target)"; the first target of an algorithm in a figure takes the algorithm's colour, each further one a
+colour of its own (:func:`series_order`), so that ``MyPPO (probs)`` and ``MyPPO (vote)`` differ by colour as
+well as by marker.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ ALGO_MARKERS = dict(zip(ALGORITHMS, ("o", "s", "^", "v", "D", "P", "X", "*", "h"
 EXTRA_COLORS = ("#ee7733", "#0077bb", "#33bbee", "#ee3377", "#cc3311", "#009988", "#bbbbbb")
 EXTRA_MARKERS = ("p", "<", ">", "d", "H", "8")
 _EXTRA: list[str] = []   # the labels of your own seen by this process, in the order they were styled
+_OWN_COLOUR: set[str] = set()   # series ALGO@TARGET coloured as labels of their own (series_order)
 
 
 def register_labels(labels) -> None:
@@ -105,8 +108,9 @@ def algo_label(algo: str) -> str:
 
 
 def series_color(algo: str) -> str:
-    """A run folder's algorithm component (ALGO or ALGO@TARGET): its algorithm's colour."""
-    return algo_color(split_run_algo(algo)[0])
+    """A run folder's algorithm component (ALGO or ALGO@TARGET): its algorithm's colour, or its own where it
+    is a further target of an algorithm (:func:`series_order`)."""
+    return algo_color(algo if algo in _OWN_COLOUR else split_run_algo(algo)[0])
 
 
 def series_marker(algo: str) -> str:
@@ -125,9 +129,19 @@ def series_key(algo: str) -> tuple[int, int]:
 
 def series_order(names) -> list[str]:
     """Run folders' algorithm components in the fixed order: the paper's nine, then labels of your own (sorted),
-    each algorithm's other targets after q."""
+    each algorithm's other targets after q.  Where one algorithm has several targets among ``names``, each one
+    after its first takes a colour of its own (a slot after the labels of your own, Paul Tol's "vibrant"
+    scheme beside the nine's "muted": distinct under the common colour-vision deficiencies), so that two
+    targets of one label never share a colour."""
     names = set(names)
-    register_labels(split_run_algo(a)[0] for a in names)
+    groups: dict[str, list[str]] = {}
+    for a in names:
+        groups.setdefault(split_run_algo(a)[0], []).append(a)
+    register_labels(groups)
+    further = [a for group in groups.values()
+               for a in sorted(group, key=lambda x: TARGET_NAMES.index(split_run_algo(x)[1]))[1:]]
+    register_labels(further)
+    _OWN_COLOUR.update(further)
     return sorted(names, key=series_key)
 
 

@@ -258,7 +258,9 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
         "certified_fraction": (_pivot_interval(df, "certified_fraction", reps > 1),
                                f"{p}: share of LoAct's steps certified (radius > 0){ci}"),
         "benign_return": (_pivot_interval(df, "benign_return", reps > 1),
-                          f"{p}: mean benign return of the smoothed policy over LoAct's clean episodes{ci}"),
+                          f"{p}: mean benign return of the smoothed policy over LoAct's clean episodes{ci}; "
+                          "an interval is clipped to [J_min, J_max], the least and the most return possible over "
+                          "LoAct's episodes (where the reward range is known), which only adds coverage"),
         "reward_bounds": (bounds, f"{p}: certified reward bounds J̲ᴇ (Theorem 2), J̲ₚ (p = 50 %, Theorem 3), "
                                   "J̲ (LoRe, Theorem 4) and the PGD returns at ε = f·σ; empty: not computed at "
                                   "that ε; †: vacuous, J̲ᴇ fell below the trivial bound J_min (the least return "
