@@ -27,7 +27,7 @@ AUDIT_KEYS = {"schema_version", "results", "runs", "alpha", "config_hash", "stri
               "violations", "empirical_below", "integrity_problems", "integrity", "incomplete_runs", "partial_runs",
               "violation_list", "checks", "provenance", "warnings", "mismatches", "reference_missing", "reference",
               "reproduction", "multiple_testing", "verdict", "statuses", "suspicious", "untestable",
-              "suspicious_list", "untestable_list", "reproduction_report"}
+              "suspicious_list", "untestable_list", "reproduction_report", "vacuous", "vacuous_list", "pooled"}
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +58,11 @@ def test_sound_results_pass(results):
     assert set(rep) == AUDIT_KEYS
     assert rep["passed"] and rep["violations"] == 0 and rep["integrity_problems"] == 0
     assert len(rep["runs"]) == 4 and rep["checked"] >= 4 * 10
-    # Sound, but some checks could not have failed (a single LoRe return at p >= α spent, few attacked
-    # episodes): untestable, listed with why, never counted as passed -> WARN, not PASS.
+    # Sound, but Freeway's LoRe checks could not have failed (|A| = 3 and no LoAct margin beyond ε: the
+    # chance of leaving the tree is unbounded): untestable, listed with why, never passed -> WARN, not PASS.
     assert rep["verdict"] == "WARN" and rep["suspicious"] == 0 and rep["untestable"] > 0
-    assert rep["statuses"]["ok"] + rep["untestable"] == rep["checked"]
+    assert rep["statuses"]["ok"] + rep["untestable"] + rep["vacuous"] == rep["checked"]
+    assert {i["algo"] for i in rep["untestable_list"]} == {"RadialRL"}
     assert all(i["reason"] and i["testable_with"] for i in rep["untestable_list"])
     assert rep["reproduction"] is None
     kinds = {c["check"] for c in rep["checks"]}
@@ -70,7 +71,8 @@ def test_sound_results_pass(results):
     on_disk = json.loads((results / "audit" / "audit.json").read_text())
     assert on_disk["passed"] and on_disk["config_hash"] == "abc123" and on_disk["verdict"] == "WARN"
     md = (results / "audit" / "audit.md").read_text()
-    assert md.startswith("# CROP audit\n\n**Soundness and integrity: WARN**") and "## Untestable checks" in md
+    assert md.startswith("# CROP audit\n\n**Not decided**: 4 check(s) could not fail; to decide, set LoAct steps")
+    assert "## Untestable checks" in md and "## Vacuous bounds" in md
     assert audit_cli(results, "--out-dir", results / "a2") == 0
     assert audit_cli(results, "--strict", "--out-dir", results / "a2") == 1  # WARN fails strict mode
 
@@ -105,7 +107,7 @@ def test_planted_violations_are_listed_with_their_place(results):
     assert lore_c["p_value"] < 0.05 and not lore_c["violation"] and lore_c["status"] == "suspicious"
     assert lore_c["p_run"] < 0.05 and rep["suspicious_list"][0]["check"] == "lore_vs_pgd_local"
     md = (results / "audit" / "audit.md").read_text()
-    assert "**Soundness and integrity: FAIL**: 2 soundness violation(s)" in md and "Holm" in md
+    assert md.startswith("# CROP audit\n\n**FAIL**: 2 soundness violation(s): ") and "Holm" in md
     assert md.index("## Suspicious checks") < md.index("## Soundness violations")
     assert "lore_vs_pgd_local" in md.split("## Suspicious checks")[1].split("##")[0]
     assert audit_cli(results, "--out-dir", results / "a2") == 1  # FAIL exits 1, strict or not
@@ -346,14 +348,15 @@ def test_holm_controls_the_family_of_chance_based_checks():
     items = [{**base, "p_value": float(p)} for p in rng.uniform(size=400)]   # sound: uniform p
     items += [{**base, "p_value": 0.001}]                  # p < α on its own, nothing among 401 checks
     items += [{**base, "check": "gre_expectation_monotone", "violation": v} for v in (True, False)]  # no p-value
-    block = classify(items, 0.05)
-    assert block["tests"] == block["K"] == block["family"] == 401
-    assert not any(i["violation"] for i in items if "p_value" in i)
-    assert [i["status"] for i in items if "p_value" not in i] == ["violation", "ok"]
+    rows, pooled, block = classify(items, 0.05)
+    assert rows is not items and all("status" not in i for i in items)  # new rows; the input is unchanged
+    assert block["tests"] == block["K"] == block["family"] == 401 + len(pooled)
+    assert not any(i["violation"] for i in rows + pooled if "p_value" in i)
+    assert [i["status"] for i in rows if "p_value" not in i] == ["violation", "ok"]
     items.append({**base, "p_value": 1e-7})                 # far beyond chance even among 402 checks
-    classify(items, 0.05)
-    assert items[-1]["status"] == "violation" and items[-1]["p_adjusted"] == pytest.approx(402e-7)
-    assert sum(i["violation"] for i in items if "p_value" in i) == 1
+    rows, pooled, _ = classify(items, 0.05)
+    assert rows[-1]["status"] == "violation" and rows[-1]["p_adjusted"] == pytest.approx((402 + len(pooled)) * 1e-7)
+    assert sum(i["violation"] for i in rows if "p_value" in i) == 1
 
 
 # ------------------------------------------------------------- the default config's CartPole block, 27 runs
@@ -394,9 +397,16 @@ def _plant_lore(d, every_eps: bool):
     rewrite_csv(d / "attack_local.csv", al)
 
 
+def _plant_every_run(root, plant):
+    for d in sorted(root.glob("CartPole-v0/*/sigma-*")):
+        plant(d)
+
+
 def test_planted_violations_in_27_runs(pristine27, tmp_path):
-    """Each gross violation the released audit passed (issue 19) comes out violation or suspicious in a 27-run
-    folder; the sound folder has neither, and a LoRe tree with α spent >= 1 is untestable, not passed."""
+    """The sound 27-run folder PASSes with no untestable check; each gross violation the released audit passed
+    (issue 19) comes out violation or suspicious; a fault planted in *every* run, which no single check can
+    prove, is a violation of its pooled count (FAIL); a LoRe tree with α spent >= 1 is untestable, not
+    passed."""
     def fresh(name):
         root = tmp_path / name
         shutil.copytree(pristine27, root)
@@ -404,8 +414,9 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
 
     root, _ = fresh("sound")
     rep = audit(root, root / "audit")
-    assert rep["violations"] == rep["suspicious"] == 0 and rep["checked"] == 27 * 16 + 0 * 1
-    assert rep["verdict"] == "WARN" and rep["untestable"] > 0  # 12-episode percentile checks, single LoRe returns
+    assert rep["violations"] == rep["suspicious"] == rep["untestable"] == 0 and rep["checked"] == 27 * 16
+    assert rep["verdict"] == "PASS" and {p["status"] for p in rep["pooled"]} == {"ok"}
+    assert (root / "audit" / "audit.md").read_text().startswith("# CROP audit\n\n**Sound as far as tested**: ")
 
     # 1. every global-attack return at one ε set to J_min, far below both GRe bounds
     root, d = fresh("jmin")
@@ -429,7 +440,15 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     md = (root / "audit" / "audit.md").read_text()
     assert md.index("## Suspicious checks") < md.index("## Soundness violations")
 
-    # 3. LoRe's attacked return 1,000 below its bound, at one ε and at every ε
+    # 2b. the same fault in every run, at every ε: a pooled violation
+    root, _ = fresh("just_below_everywhere")
+    _plant_every_run(root, lambda d: [_plant_global(d, i, lambda r: r["percentile_bound"] - 1e-3) for i in range(4)])
+    rep = audit(root, root / "audit")
+    pooled = {p["kind"]: p for p in rep["pooled"]}
+    assert rep["verdict"] == "FAIL" and pooled["gre_percentile_p0.5_vs_pgd"]["status"] == "violation"
+    assert pooled["gre_percentile_p0.5_vs_pgd"]["observed"] == 27 * 4
+
+    # 3. LoRe's attacked return 1,000 below its bound, at one ε and at every ε: suspicious, not the clean PASS
     for every in (False, True):
         root, d = fresh(f"lore_{every}")
         _plant_lore(d, every)
@@ -437,7 +456,15 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
         flagged = [c for c in _statuses(rep, algo="StdTrain", sigma=0.05, check="lore_vs_pgd_local")
                    if c["empirical_below"]]
         assert flagged and all(c["status"] in ("violation", "suspicious") for c in flagged)
-        assert rep["verdict"] in ("WARN", "FAIL") and rep["suspicious"] + rep["violations"] == len(flagged)
+        assert rep["verdict"] in ("WARN", "FAIL") and rep["suspicious"] + rep["violations"] >= len(flagged)
+
+    # 3b. every run's LoRe bound beaten: no single check can prove it, the pooled count does
+    root, _ = fresh("lore_everywhere")
+    _plant_every_run(root, lambda d: _plant_lore(d, True))
+    rep = audit(root, root / "audit")
+    lore_pool = next(p for p in rep["pooled"] if p["kind"] == "lore_vs_pgd_local")
+    assert rep["verdict"] == "FAIL" and lore_pool["status"] == "violation" and lore_pool["observed"] == 27 * 3
+    assert (root / "audit" / "audit.md").read_text().startswith("# CROP audit\n\n**FAIL**: ")
 
     # 4. the same under alpha_mode: state, where a real LoRe tree spends α >= 1: untestable, with the fix
     root, d = fresh("lore_state")
@@ -466,6 +493,8 @@ def _null_pvalue(check: dict, rng) -> float:
     from crop.report.checks import _binom_p, _hoeffding_p
 
     c = check["check"]
+    if check.get("vacuous"):   # nothing can fall below a bound that claims nothing
+        return 1.0
     if c == "gre_expectation_vs_pgd_mean":  # returns in {J_min, J_max} with mean exactly the bound
         lo, w = check["bound"] - check["shortfall_max"], check["width"]
         q = (check["bound"] - lo) / w
@@ -483,25 +512,36 @@ def _null_pvalue(check: dict, rng) -> float:
 
 def test_sound_27_runs_fail_at_most_alpha_over_repeated_draws(pristine27, tmp_path):
     """False FAILs over repeated sound draws: every chance-based check of the 27-run folder redrawn at its
-    bound (the attacked data as bad as a valid certificate allows), then the audit's families and statuses
-    (crop.report.audit.classify).  The share of FAILs stays within α (binomial slack); so does it for the
-    real audit of a sound folder.  Per-check testing at α without the correction would fail nearly always."""
+    bound (the attacked data as bad as a valid certificate allows, independently across checks), then the
+    audit's families, pooled counts and statuses (crop.report.audit.classify).  The share of FAILs stays within
+    α (binomial slack); so does it for the real audit of a sound folder.  Per-check testing at α without the
+    correction would fail nearly always; a fault shared by every run (each check at its own failure level)
+    FAILs every time."""
     from scipy import stats as sst
 
-    from crop.report.audit import classify
+    from crop.report.audit import classify, unit_level
 
     rep = audit(pristine27, tmp_path / "audit")
     assert rep["verdict"] != "FAIL"
-    template = [c for c in rep["checks"] if c.get("p_value") is not None]
+    keep = ("env", "algo", "sigma", "eps", "check", "bound", "observed", "episodes", "steps", "chance", "p",
+            "alpha_spent", "min_p", "shortfall_max", "width", "attack_seed", "vacuous")
+    template = [{k: c[k] for k in keep if k in c} for c in rep["checks"] if c.get("p_value") is not None]
     rng = np.random.default_rng(7)
     draws, alpha, fails, naive = 400, 0.05, 0, 0
     for _ in range(draws):
         items = [{**c, "p_value": _null_pvalue(c, rng), "violation": False} for c in template]
         naive += any(i["p_value"] < alpha for i in items)
-        classify(items, alpha)
-        fails += any(i["status"] == "violation" for i in items)
+        rows, pooled, _ = classify(items, alpha)
+        fails += any(i["status"] == "violation" for i in rows + pooled)
+    print(f"sound draws FAILed: {fails}/{draws}")
     assert fails <= sst.binom.ppf(0.999, draws, alpha), fails
     assert naive > 0.5 * draws  # the test can fail: without the correction sound results FAIL
+    for kind in ("lore_vs_pgd_local", "gre_percentile_p0.5_vs_pgd"):  # a systematic fault of one kind
+        items = [{**c, "violation": False, "p_value": unit_level(c, alpha) if c["check"] == kind else 1.0}
+                 for c in template]
+        rows, pooled, _ = classify(items, alpha)
+        assert [p["status"] for p in pooled if p["kind"] == kind] == ["violation"]
+        assert not any(i["status"] == "violation" for i in rows)  # no single check could show it
 
 
 def test_status_and_exit_codes(results, tmp_path):
@@ -513,8 +553,10 @@ def test_status_and_exit_codes(results, tmp_path):
     assert audit_cli(results, "--out-dir", tmp_path / "a") == 1
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert rep["verdict"] == "FAIL" and {c["status"] for c in rep["checks"]} <= {"ok", "violation", "suspicious",
-                                                                                 "untestable"}
+                                                                                 "untestable", "vacuous"}
     assert audit_cli(results, "--strict", "--out-dir", tmp_path / "b") == 1
+    # the workflow's audit job keeps its files whatever the verdict: the exit policy is exit_status alone
+    assert audit_cli(results, "--report-only", "--out-dir", tmp_path / "c") == 0
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "1e400", "-2e300", "nan_text"])
@@ -568,8 +610,8 @@ def test_untestable_checks_say_why_even_at_the_edges():
              {**base, "check": "lore_vs_pgd_local", "p_value": 0.5, "min_p": 1e-9, "alpha_spent": 2.5},
              {**base, "check": "loact_certified_steps_not_flipped", "p_value": 1e-12, "min_p": 1e-40, "chance": 1e-4,
               "steps": 20}]
-    block = classify(items, 0.05)
+    items, pooled, block = classify(items, 0.05)
     assert [i["status"] for i in items] == ["untestable", "untestable", "untestable", "violation"]
     assert "J_min" in items[0]["reason"] and "J_min" in items[1]["reason"]
     assert "no joint meaning" in items[2]["reason"] and items[2]["testable_with"].startswith("alpha_mode: family")
-    assert block["K"] == 1 and block["family"] == 1 and block["untestable"] == 3
+    assert block["untestable"] == 3 and [p["kind"] for p in pooled] == ["loact_certified_steps_not_flipped"]

@@ -27,9 +27,15 @@ class IntegrityError(ValueError):
 
 
 def stages_present(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
-    """(stages with every file, stages with none, problems of stages with some files but not all)."""
+    """(stages with every file, stages with none, problems of stages with some files but not all); a run of a
+    target bounded in [0, 1] (probs, vote) has no V-range stage by design, so lacks nothing without it."""
+    from crop.layout import run_files, run_target
+
+    own = run_files(run_target(run_dir))
     full, absent, problems = [], [], []
     for stage, keys in STAGE_FILES.items():
+        if not all(k in own for k in keys):
+            continue
         there = [(RUN_FILES[k], (Path(run_dir) / RUN_FILES[k]).is_file()) for k in keys]
         if all(ok for _, ok in there):
             full.append(stage)
