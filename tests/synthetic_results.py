@@ -72,6 +72,8 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
                          **margins(radius if certified else 0.0, sigma)})
     steps = pd.DataFrame(rows)
     m = _meta("loact", sha, seed + 1)
+    q_sha = hashlib.sha256((d / "qrange.json").read_bytes()).hexdigest()
+    m["inputs"]["qrange"] = {"path": "qrange.json", "sha256": q_sha}   # as the stage records what it read
     m.update(v_min=V_MIN, v_max=V_MAX)
     write_with_meta(d / "loact.csv", lambda p: write_csv(p, steps), m, rows=len(steps))
     ep = steps.groupby("episode").agg(**{"return": ("reward", "sum"), "steps": ("step", "size"),

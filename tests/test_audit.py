@@ -17,7 +17,15 @@ from crop.report.audit import audit
 from crop.report.provenance import config_hash
 from crop.report.reference import DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances, tolerance_for
 
-from synthetic_results import audit_cli, make_results, rewrite_csv, write_reference
+from synthetic_results import (
+    GLOBAL_FACTORS,
+    GRE_FACTORS,
+    LOCAL_FACTORS,
+    audit_cli,
+    make_results,
+    rewrite_csv,
+    write_reference,
+)
 
 PLAN = {"CartPole-v0": {"StdTrain": [0.05, 0.1], "GaussAug": [0.1]},
         "FreewayNoFrameskip-v4": {"RadialRL": [1.5]}}
@@ -488,6 +496,32 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
         ["loact_certified_steps_not_flipped"]
 
 
+def test_auto_sizes_make_every_percentile_check_testable(pristine27, tmp_path):
+    """attack.global_episodes: auto counts the chance-based tests the audit of the config will have (here
+    exactly those of the 27-run folder, pooled counts included) and picks the fewest episodes whose percentile
+    checks are in the audit's family on their own (conservatively: Tarone's K is at most that count, so the
+    smaller real K may admit one episode fewer)."""
+    from crop.audit_sizes import planned_chance_checks
+    from crop.config import validate_config
+    from crop.report.audit import tarone_holm
+
+    cfg = validate_config({"environments": {"CartPole-v0": {
+        "source": "train", "algorithms": ALGOS9, "sigmas": [0.01, 0.05, 0.1],
+        "gre": {"eps_factors": list(GRE_FACTORS), "percentiles": [0.5]},
+        "attack": {"global_eps_factors": list(GLOBAL_FACTORS), "local_eps_factors": list(LOCAL_FACTORS),
+                   "global_episodes": "auto"}}}})
+    n = cfg["environments"]["CartPole-v0"]["attack"]["global_episodes"]
+    rep = audit(pristine27, tmp_path / "audit")
+    tests = rep["checked"] + len(rep["pooled"])
+    assert planned_chance_checks(cfg) == tests and isinstance(n, int)
+    assert 0.5 ** n <= 0.05 / tests < 0.5 ** (n - 1)
+    pct = [c for c in rep["checks"] if c["check"].startswith("gre_percentile")]
+    # with n episodes every percentile check is in the family whatever K turns out to be (K <= T)
+    items = [{**c, "min_p": 0.5 ** n} if c in pct else c for c in rep["checks"] if c.get("p_value") is not None]
+    _, family, _ = tarone_holm(items + rep["pooled"], 0.05)
+    assert sum(c["check"].startswith("gre_percentile") for c in family) == len(pct) > 0
+
+
 def _null_pvalue(check: dict, rng) -> float:
     """A p-value of ``check`` on attacked data drawn *at* its certified bound (the worst sound case)."""
     from crop.report.checks import _binom_p, _hoeffding_p
@@ -615,3 +649,82 @@ def test_untestable_checks_say_why_even_at_the_edges():
     assert "J_min" in items[0]["reason"] and "J_min" in items[1]["reason"]
     assert "no joint meaning" in items[2]["reason"] and items[2]["testable_with"].startswith("alpha_mode: family")
     assert block["untestable"] == 3 and [p["kind"] for p in pooled] == ["loact_certified_steps_not_flipped"]
+
+
+def test_edited_qrange_is_an_integrity_problem(results):
+    """qrange.json carries no hash of its own, but LoAct recorded the sha256 of the one it read: an edit after
+    use (a wider V range would loosen every bound) is caught."""
+    q = _run(results) / "qrange.json"
+    data = json.loads(q.read_text())
+    data["v_max"] = data["v_max"] + 5.0
+    q.write_text(json.dumps(data))
+    rep = audit(results, results / "audit")
+    assert rep["verdict"] == "FAIL"
+    assert [(p["file"], "edited after use" in p["problem"] and "loact" in p["problem"]) for p in rep["integrity"]] \
+        == [(str(q), True)]
+
+
+def test_hostile_folder_names_import_nothing(pristine, tmp_path, monkeypatch):
+    """A run folder named after a module:Id id would import that module; read from a results folder it imports
+    nothing (only the user's own config may: trusted_envs, as `crop audit --config` passes them)."""
+    import sys
+
+    (tmp_path / "lib").mkdir()
+    marker = tmp_path / "imported"
+    (tmp_path / "lib" / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    root = tmp_path / "received"
+    shutil.copytree(_run(pristine), root / "evilmod:CartPole-v1" / "StdTrain" / "sigma-0.1")
+    rep = audit(root, root / "audit")
+    assert not marker.exists() and "evilmod" not in sys.modules and rep["runs"]
+    assert audit_cli(root, "--out-dir", tmp_path / "a") in (0, 1) and not marker.exists()
+    audit(root, root / "audit2", trusted_envs=["evilmod:CartPole-v1"])   # the test can fail: trusted, it runs
+    assert marker.exists()
+    sys.modules.pop("evilmod", None)
+
+
+def test_yaml_aliases_cannot_blow_up_and_errors_are_capped(tmp_path):
+    """A few hundred bytes of aliases repeating aliases (a billion values expanded) are refused at once with
+    one short line, as a config, a tolerances file or an already-parsed dict; any error line is capped."""
+    import time
+
+    from crop.config import ConfigError, load_config, validate_config
+    from crop.io import MESSAGE_LIMIT
+
+    lol = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8))
+    (tmp_path / "c.yaml").write_text(lol)
+    (tmp_path / "t.yaml").write_text(lol)
+    start = time.perf_counter()
+    for call, err in ((lambda: load_config(tmp_path / "c.yaml"), ConfigError),
+                      (lambda: load_tolerances(tmp_path / "t.yaml"), ReferenceError),
+                      (lambda: validate_config(yaml.safe_load(lol)), ConfigError)):
+        with pytest.raises(err, match="expands to more than 100,000 values") as info:
+            call()
+        assert "\n" not in str(info.value) and len(str(info.value)) < 200
+    assert time.perf_counter() - start < 5
+    long = str(ConfigError("x" * 10 ** 6))
+    assert len(long) <= MESSAGE_LIMIT and "1,000,000 characters" in long
+    assert len(str(ReferenceError("y\n" * 10 ** 5))) <= MESSAGE_LIMIT
+
+
+def test_nothing_tested_is_not_pass_and_vote_runs_are_complete(pristine, tmp_path):
+    """A LoAct-only audit has no check that could fail: WARN, and audit.md says nothing was tested.  A vote
+    run without qrange.json lacks nothing (its target needs no V range): not incomplete, not partial."""
+    root = tmp_path / "loact_only"
+    src = _run(pristine)
+    d = root / "CartPole-v0" / "StdTrain" / "sigma-0.1"
+    d.mkdir(parents=True)
+    for f in ("loact.csv", "loact_episodes.csv", "certified_ratio.csv", "frames.npz"):
+        for g in (src / f, src / f.replace(".csv", ".meta.json").replace(".npz", ".meta.json")):
+            if g.is_file():
+                shutil.copy(g, d / g.name)
+    rep = audit(root, root / "audit")
+    assert rep["checked"] == 0 and rep["verdict"] == "WARN"
+    assert "**Not decided: nothing was tested.**" in (root / "audit" / "audit.md").read_text()
+
+    root = tmp_path / "vote"
+    shutil.copytree(src, root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1")
+    (root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1" / "qrange.json").unlink()
+    rep = audit(root, root / "audit")
+    assert rep["incomplete_runs"] == [] and rep["partial_runs"] == [] and rep["integrity_problems"] == 0

@@ -64,9 +64,9 @@ import pandas as pd
 import yaml
 
 from crop import columns as cols
-from crop.config import ALGORITHMS, load_schema
+from crop.config import ALGORITHMS, load_bounded_yaml, load_schema
 from crop.envs import ENV_SPECS
-from crop.io import sha256_file
+from crop.io import CappedError, sha256_file
 from crop.report.intervals import INTERVAL_METRICS, run_interval
 from crop.report.metrics import is_metric as _is_project_metric
 from crop.report.metrics import lore_valid_until, mean_radius, metric_has_eps, metric_value
@@ -102,8 +102,8 @@ DEFAULT_TOLERANCES = {
 ABSURD = 1e300  # a reference value beyond this magnitude is refused (it would make any tolerance infinite)
 
 
-class ReferenceError(ValueError):
-    """A malformed reference table or tolerances file."""
+class ReferenceError(CappedError):
+    """A malformed reference table or tolerances file (one line, capped)."""
 
 
 def is_reference_metric(name: str) -> bool:
@@ -213,7 +213,7 @@ def load_tolerances(path) -> dict:
     """Read a tolerances file (YAML or JSON): {metric or "default": {"abs": x, "rel": y}}."""
     path = Path(path)
     try:
-        tol = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+        tol = load_bounded_yaml(path.read_bytes().decode("utf-8"), str(path), ReferenceError) or {}
     except UnicodeDecodeError as exc:
         raise ReferenceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except (OSError, yaml.YAMLError) as exc:
