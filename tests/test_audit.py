@@ -728,3 +728,60 @@ def test_nothing_tested_is_not_pass_and_vote_runs_are_complete(pristine, tmp_pat
     (root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1" / "qrange.json").unlink()
     rep = audit(root, root / "audit")
     assert rep["incomplete_runs"] == [] and rep["partial_runs"] == [] and rep["integrity_problems"] == 0
+
+
+def _tiny_real_run(results: Path) -> Path:
+    """A real (tiny) run folder: a random CartPole Q-network, its V range, LoAct and the global attack, each
+    stage run by the CLI as the workflow runs it."""
+    from crop.cli import main
+    from crop.io import sha256_file, write_json
+    from crop.models import save_q_network
+
+    from conftest import random_mlp
+
+    ck = layout.checkpoint_path(results, "CartPole-v0", "StdTrain")
+    ck.parent.mkdir(parents=True)
+    save_q_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), ck)
+    write_json(ck.with_suffix(".json"), {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
+                                         "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
+                                         "sha256": sha256_file(ck)})
+    d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
+    d.mkdir(parents=True)
+    base = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--seed", "3", "--device", "cpu",
+            "--checkpoint", str(ck), "--no-progress"]
+    main(["qrange", *base, "--settings", json.dumps({"m": 100, "episodes": 1, "horizon": 5}),
+          "--out", str(d / "qrange.json")])
+    main(["loact", *base, "--qrange", str(d / "qrange.json"), "--settings",
+          json.dumps({"m": 100, "episodes": 1, "horizon": 5}), "--out", str(d / "loact.csv"),
+          "--out-episodes", str(d / "loact_episodes.csv"), "--out-ratio", str(d / "certified_ratio.csv"),
+          "--out-frames", str(d / "frames.npz")])
+    main(["attack-global", *base, "--settings", json.dumps({"episodes": 2, "eps_factors": [0.0, 0.5], "horizon": 5,
+                                                            "n_eot": 2, "pgd_steps": 2}),
+          "--out", str(d / "attack_global.csv")])
+    return d
+
+
+def test_rerun_catches_a_result_changed_after_the_run(tmp_path):
+    """`--rerun K` re-runs stage jobs from their recorded provenance: a sound folder re-runs byte-identical on
+    the CPU; an attacked return changed after the run — with its recorded sha256 forged to match, so no
+    integrity check can see it — differs, and the verdict is FAIL."""
+    from crop.io import read_json, sha256_file, write_json
+
+    results = tmp_path / "res"
+    d = _tiny_real_run(results)
+    rep = audit(results, tmp_path / "a", rerun=5, rerun_seed=1)
+    rr = rep["rerun"]
+    assert (rr["checked"], rr["identical"], rr["differ"]) == (3, 3, 0) and rep["verdict"] != "FAIL"
+    assert {j["stage"] for j in rr["jobs"]} == {"qrange", "loact", "attack_global"}
+    ag = pd.read_csv(d / "attack_global.csv")
+    ag.loc[0, "return"] += 1.0
+    ag.to_csv(d / "attack_global.csv", index=False)
+    meta = read_json(d / "attack_global.meta.json")
+    meta["output"]["sha256"] = sha256_file(d / "attack_global.csv")
+    write_json(d / "attack_global.meta.json", meta)
+    assert audit(results, tmp_path / "b")["integrity_problems"] == 0      # invisible to the hashes
+    assert audit_cli(results, "--rerun", "5", "--out-dir", tmp_path / "c") == 1
+    rep = json.loads((tmp_path / "c" / "audit.json").read_text())
+    assert rep["verdict"] == "FAIL" and rep["rerun"]["differ"] == 1
+    assert [j["stage"] for j in rep["rerun"]["jobs"] if j["result"] == "differ"] == ["attack_global"]
+    assert "1 re-run job(s) differ" in (tmp_path / "c" / "audit.md").read_text()

@@ -94,29 +94,36 @@ def discover_run_folders(results: Path) -> list[str]:
 
 def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, reference=None, tolerances=None,
           abs_tol: float | None = None, rel_tol: float | None = None, config_hash: str | None = None,
-          strict: bool = False, trusted_envs=()) -> dict:
+          strict: bool = False, trusted_envs=(), rerun: int = 0, rerun_seed: int = 0) -> dict:
     """Audit ``runs`` (default: every run folder under ``results``, complete or partial) and write
     ``audit.{json,md}`` — and, with a ``reference`` (a CSV, or ``"paper"``), the reproduction report.
 
     ``tolerances``: a YAML/JSON tolerances file; ``abs_tol``/``rel_tol`` override both for every metric.
     Raises :class:`crop.report.reference.ReferenceError` on a malformed reference or tolerances file, before
     writing anything.  Environment ids read from the folder or the reference import nothing; ``trusted_envs``
-    (the ids of the user's own config) may import the module of a ``module:Id`` id.
+    (the ids of the user's own config) may import the module of a ``module:Id`` id.  ``rerun``: re-run that
+    many stage jobs drawn with ``rerun_seed`` and compare (:mod:`crop.report.rerun`); a differing one FAILs.
     """
     from crop.envs import untrusted_env_ids
 
     with untrusted_env_ids(trusted_envs):
         return _audit(Path(results), Path(out_dir), runs, alpha, reference, tolerances, abs_tol, rel_tol,
-                      config_hash, strict)
+                      config_hash, strict, (rerun, rerun_seed, tuple(trusted_envs)))
 
 
-def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_tol, config_hash, strict) -> dict:
+def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_tol, config_hash, strict,
+           rerun) -> dict:
     from crop.report.provenance import run_provenance
     from crop.report.reference import compare_reference, load_reference, load_tolerances, reference_summary
 
     ref = load_reference(reference) if reference is not None else None
     file_tol = load_tolerances(tolerances) if tolerances is not None else None
     runs = list(runs) if runs else discover_run_folders(results)
+    rerun_block = None
+    if rerun[0]:   # first: a refused re-run (another commit) writes nothing
+        from crop.report.rerun import rerun_jobs
+
+        rerun_block = rerun_jobs(results, runs, rerun[0], rerun[1], rerun[2])
     items, provs, integrity, warnings, sound_runs = [], [], [], [], []
     incomplete, partial = [], []
     for run in runs:
@@ -156,13 +163,14 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     untestable = [i for i in items if i["status"] == "untestable"]
     vacuous = [i for i in items if i["status"] == "vacuous"]
     mismatches = ref_block["counts"]["differs"] if ref_block else 0
-    verdict = verdict_of({**statuses, "violation": len(violations)}, len(integrity))
+    verdict = verdict_of({**statuses, "violation": len(violations)}, len(integrity),
+                         (rerun_block or {}).get("differ", 0))
     report = {"schema_version": SCHEMA_VERSION, "results": str(results), "runs": runs, "alpha": alpha,
               "verdict": verdict,
               "reproduction": None if ref_block is None else {
                   "agree": ref_block["counts"]["match"], "differ": ref_block["counts"]["differs"],
                   "not_in_run": ref_block["counts"]["missing"], "not_in_reference": ref_block["not_in_reference"]},
-              "statuses": statuses, "multiple_testing": multiple, "pooled": pooled,
+              "statuses": statuses, "multiple_testing": multiple, "pooled": pooled, "rerun": rerun_block,
               "config_hash": config_hash, "strict": bool(strict),
               "passed": verdict != "FAIL",
               "checked": len(items), "violations": len(violations), "suspicious": len(suspicious),
@@ -516,8 +524,15 @@ def _md_soundness(rep: dict) -> list[str]:
 
 
 def _md_integrity(rep: dict) -> list[str]:
-    """Integrity problems and partial runs."""
+    """Integrity problems, re-run jobs and partial runs."""
     lines = ["## Integrity", ""]
+    rr = rep.get("rerun")
+    if rr:
+        lines += [f"Re-execution (`--rerun`, seed {rr['seed']}): {rr['checked']} stage jobs re-run from their "
+                  f"recorded provenance: {rr['identical']} identical, {rr['within_interval']} within floating-point "
+                  f"reordering (a job that ran off the CPU), {rr['differ']} differ"
+                  + (f", {rr['not_run']} not run" if rr["not_run"] else "") + ".", "",
+                  pipe_table(rr["jobs"], ["run", "stage", "device", "result", "note"]), ""]
     if rep["integrity"]:
         lines += [pipe_table(rep["integrity"], ["run", "file", "problem"]), ""]
     else:

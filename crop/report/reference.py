@@ -245,6 +245,16 @@ def tolerance_for(metric: str, file_tol: dict | None = None, abs_tol: float | No
     return out
 
 
+def agreement(lo: float, hi: float, published: float, tol: dict) -> tuple[bool, float, float]:
+    """The rule of agreement (docs/audit.md, "Agree or differ"), the one place it lives: a published value
+    agrees when it lies inside the reproduction's interval [lo, hi] (the value itself where it has none)
+    widened on each side by allowed = max(abs, rel·|published|) of the metric's tolerance ``tol``.
+    Returns (agrees, how far outside [lo, hi] it lies, allowed)."""
+    allowed = max(tol["abs"], tol["rel"] * abs(published))
+    outside = max(lo - published, published - hi, 0.0)
+    return outside <= allowed * (1 + 1e-12) + 1e-15, outside, allowed
+
+
 def mean_radius_certified(steps: pd.DataFrame) -> float:
     """The paper's convention (:func:`crop.report.metrics.mean_radius`, ``certified_only``), with 0 for a run
     that certified no step (the published curves are 0 at such steps)."""
@@ -361,13 +371,11 @@ def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = Non
             row["verdict"] = "match" if same else "differs"
             row["note"] = "" if same else "one of the two has no value (e.g. no percentile bound certified)"
         else:
-            allowed = max(tol["abs"], tol["rel"] * abs(ref_v))
             delta = got - ref_v
             lo, hi = got, got
             if iv is not None and not (math.isnan(iv["lo"]) or math.isnan(iv["hi"])):
                 lo, hi = min(lo, iv["lo"]), max(hi, iv["hi"])
-            outside = max(lo - ref_v, ref_v - hi, 0.0)
-            ok = outside <= allowed * (1 + 1e-12) + 1e-15
+            ok, outside, allowed = agreement(lo, hi, ref_v, tol)
             half = (hi - lo) / 2
             row.update(delta=delta, allowed=allowed, verdict="match" if ok else "differs",
                        ratio=got / ref_v if ref_v != 0 else None, outside=outside,
