@@ -35,7 +35,7 @@ AUDIT_KEYS = {"schema_version", "results", "runs", "alpha", "config_hash", "stri
               "violations", "empirical_below", "integrity_problems", "integrity", "incomplete_runs", "partial_runs",
               "violation_list", "checks", "provenance", "warnings", "mismatches", "reference_missing", "reference",
               "reproduction", "multiple_testing", "verdict", "statuses", "suspicious", "untestable",
-              "suspicious_list", "untestable_list", "reproduction_report", "vacuous", "vacuous_list", "pooled"}
+              "suspicious_list", "untestable_list", "reproduction_report", "vacuous", "vacuous_list", "pooled", "rerun"}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_sound_results_pass(results):
     on_disk = json.loads((results / "audit" / "audit.json").read_text())
     assert on_disk["passed"] and on_disk["config_hash"] == "abc123" and on_disk["verdict"] == "WARN"
     md = (results / "audit" / "audit.md").read_text()
-    assert md.startswith("# CROP audit\n\n**Not decided**: 4 check(s) could not fail; to decide, set LoAct steps")
+    assert md.startswith("# CROP audit\n\n**Not decided**: 4 check(s) could not fail; to decide, set a larger attack m")
     assert "## Untestable checks" in md and "## Vacuous bounds" in md
     assert audit_cli(results, "--out-dir", results / "a2") == 0
     assert audit_cli(results, "--strict", "--out-dir", results / "a2") == 1  # WARN fails strict mode
@@ -785,3 +785,18 @@ def test_rerun_catches_a_result_changed_after_the_run(tmp_path):
     assert rep["verdict"] == "FAIL" and rep["rerun"]["differ"] == 1
     assert [j["stage"] for j in rep["rerun"]["jobs"] if j["result"] == "differ"] == ["attack_global"]
     assert "1 re-run job(s) differ" in (tmp_path / "c" / "audit.md").read_text()
+
+
+def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(results):
+    """P[leave] counts a two-action step LoAct did not certify beyond ε as 0 (both actions stay in LoRe's tree)
+    only while LoRe's per-state α is at most LoAct's; a LoRe with a larger α may have certified it, and the
+    step then counts 1."""
+    from crop.report.checks import _chance_inputs, lore_leave_chance
+
+    c = _chance_inputs(_run(results), "CartPole-v0")
+    steps = c["steps"]
+    horizon = int((steps["episode"] == steps["episode"].min()).sum())
+    nested, note = lore_leave_chance(c, 0.1, 0.0, horizon)
+    assert nested < 1.0 and "exceeds" not in note
+    wide, note = lore_leave_chance({**c, "lore_alpha": 2 * c["loact_alpha"]}, 0.1, 0.0, horizon)
+    assert wide == 1.0 and "exceeds LoAct's" in note

@@ -104,14 +104,25 @@ def _chance_inputs(d: Path, env: str) -> dict:
         f = meta_path(d / RUN_FILES[key])
         return read_json(f) if f.is_file() else {}
 
-    lm, am = meta("loact"), meta("attack_local")
+    lm, am, lo = meta("loact"), meta("attack_local"), meta("lore")
     q = read_json(d / RUN_FILES["qrange"]) if (d / RUN_FILES["qrange"]).is_file() else {}
     v_min = lm.get("v_min", q.get("v_min"))
     v_max = lm.get("v_max", q.get("v_max"))
     a_set = am.get("settings") or {}
     return {"steps": pd.read_csv(d / RUN_FILES["loact"]) if (d / RUN_FILES["loact"]).is_file() else None,
             "v_min": v_min, "v_max": v_max, "m": a_set.get("m"),
-            "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": _spec_fact(env, "n_actions")}
+            "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": _spec_fact(env, "n_actions"),
+            "loact_alpha": lm.get("per_state_alpha"), "lore_alpha": _lore_largest_state_alpha(lo)}
+
+
+def _lore_largest_state_alpha(lmeta: dict):
+    """The largest per-state α LoRe used (its first state's under alpha_mode family), or None."""
+    search = lmeta.get("search") or {}
+    for a in (search.get("per_state_alpha_first"), search.get("per_state_alpha"),
+              (lmeta.get("settings") or {}).get("alpha")):
+        if a is not None:
+            return float(a)
+    return None
 
 
 def _spec_fact(env: str, fact: str, *args):
@@ -170,8 +181,15 @@ def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int) -> tuple[
     if len(ep0) < horizon:
         return 1.0, f"LoAct episode 0 has {len(ep0)} < {horizon} steps"
     beyond = ep0[cols.CERTIFIED].astype(bool).to_numpy() & (ep0[cols.RADIUS].to_numpy(float) > eps)
-    p = np.where(beyond, _step_flip_bounds(c, sigma, eps, ep0), 0.0 if c["n_actions"] == 2 else 1.0)
-    return float(1.0 - np.prod(1.0 - p)), f"estimated along LoAct episode 0 ({horizon} steps)"
+    # A step LoAct did not certify beyond ε keeps both actions of a two-action game in LoRe's tree only if LoRe
+    # certifies no more than LoAct does: its per-state α no larger than LoAct's (wider bounds).
+    nested = (c.get("lore_alpha") is not None and c.get("loact_alpha") is not None
+              and c["lore_alpha"] <= c["loact_alpha"])
+    p = np.where(beyond, _step_flip_bounds(c, sigma, eps, ep0), 0.0 if c["n_actions"] == 2 and nested else 1.0)
+    note = f"estimated along LoAct episode 0 ({horizon} steps)"
+    if c["n_actions"] == 2 and not nested and not beyond.all():
+        note += "; LoRe's per-state α exceeds LoAct's, so a step LoAct left uncertified may be one LoRe certified"
+    return float(1.0 - np.prod(1.0 - p)), note
 
 
 def _lore_alpha(lmeta: dict) -> float:
@@ -324,8 +342,11 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
         return (f"LoRe's tree spent α = {item['alpha_spent']:.3g} ≥ 1: its bound has no joint meaning",
                 "alpha_mode: family (the whole tree at α)")
     if c == "lore_vs_pgd_local" and item["min_p"] >= 1.0:
-        return (f"the chance of leaving LoRe's tree could not be bounded ({item.get('note') or 'P[leave] = 1'})",
-                "LoAct steps certified beyond this ε along LoRe's initial episode (|A| = 2, or larger radii)")
+        return (f"the attacked (m-sample) policy may leave LoRe's tree with probability ≈ 1 at this ε: P[leave] = "
+                f"{item.get('p_leave', 1.0):.3g} ({item.get('note') or 'unassessed'}; near-tie steps certified "
+                "beyond ε, or steps whose margins are unknown)",
+                "a larger attack m (loact.m) for near-tie steps, or this ε left out of attack.local_eps_factors; "
+                "for a many-action game, LoAct margins beyond ε along LoRe's initial episode")
     if c == "lore_vs_pgd_local":
         return (f"a single attacked return: smallest p = α spent + P[leave] = {item['min_p']:.3g} > α/K = "
                 f"{level:.3g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")
