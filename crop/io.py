@@ -58,9 +58,8 @@ MESSAGE_LIMIT = 600   # characters of an error line: a hostile file must not mak
 def capped(message: str, limit: int = MESSAGE_LIMIT) -> str:
     """``message`` on one line, cut to ``limit`` characters (the cut is marked)."""
     full = str(message)
-    text = " ".join(full[:8 * limit].split())   # only the head is read: the rest is cut anyway
-    return text if len(full) <= 8 * limit and len(text) <= limit else \
-        text[:limit - 40] + f"… [{len(full):,} characters in all]"
+    text = full[:limit + 1].replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return text if len(full) <= limit else text[:limit - 40] + f"… [{len(full):,} characters in all]"
 
 
 class CappedError(ValueError):
