@@ -79,7 +79,7 @@ def test_sound_results_pass(results):
     on_disk = json.loads((results / "audit" / "audit.json").read_text())
     assert on_disk["passed"] and on_disk["config_hash"] == "abc123" and on_disk["verdict"] == "WARN"
     md = (results / "audit" / "audit.md").read_text()
-    assert md.startswith("# CROP audit\n\n**Not decided**: 4 check(s) could not fail; to decide, set a larger attack m")
+    assert md.startswith("# CROP audit\n\n**Not decided**: 4 check(s) could not fail; to decide: a larger attack m")
     assert "## Untestable checks" in md and "## Vacuous bounds" in md
     assert audit_cli(results, "--out-dir", results / "a2") == 0
     assert audit_cli(results, "--strict", "--out-dir", results / "a2") == 1  # WARN fails strict mode
@@ -761,7 +761,7 @@ def _tiny_real_run(results: Path) -> Path:
     return d
 
 
-def test_rerun_catches_a_result_changed_after_the_run(tmp_path):
+def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
     """`--rerun K` re-runs stage jobs from their recorded provenance: a sound folder re-runs byte-identical on
     the CPU; an attacked return changed after the run — with its recorded sha256 forged to match, so no
     integrity check can see it — differs, and the verdict is FAIL."""
@@ -785,6 +785,13 @@ def test_rerun_catches_a_result_changed_after_the_run(tmp_path):
     assert rep["verdict"] == "FAIL" and rep["rerun"]["differ"] == 1
     assert [j["stage"] for j in rep["rerun"]["jobs"] if j["result"] == "differ"] == ["attack_global"]
     assert "1 re-run job(s) differ" in (tmp_path / "c" / "audit.md").read_text()
+    # code at another commit than the one recorded: refused in one line before anything runs or is written
+    import crop.io
+
+    monkeypatch.setattr(crop.io, "_git_commit", lambda: "0" * 40)
+    with pytest.raises(crop.io.InputError, match="install that commit"):
+        audit(results, tmp_path / "d", rerun=1)
+    assert not (tmp_path / "d").exists()
 
 
 def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(results):

@@ -423,7 +423,7 @@ def plain_verdict(rep: dict) -> str:
         text = "**Not decided**: "
         if st_["untestable"]:
             text += (f"{st_['untestable']} check(s) could not fail"
-                     + (f"; to decide, set {'; '.join(fixes)}" if fixes else "") + ". ")
+                     + (f"; to decide: {'; '.join(fixes)}" if fixes else "") + ". ")
         if st_["suspicious"]:
             text += (f"{st_['suspicious']} check(s) are suspicious within their run but not significant over the "
                      "audit (listed first below); rerun with more attack episodes. ")
