@@ -17,18 +17,24 @@ The chance-based checks are judged by one procedure (:func:`tarone_holm`: Tarone
 whose smallest achievable p-value ``min_p`` can reach significance, then Holm's step-down at ``alpha``) in
 two families:
 
-* the whole audit (every chance-based check of every run): adjusted p < ``alpha`` is a ``violation`` — this
-  decides FAIL, with a family-wise error ≤ ``alpha`` for sound results;
+* the whole audit (every non-vacuous chance-based check of every run and every pooled count): adjusted
+  p < ``alpha`` is a ``violation`` — this decides FAIL, with a family-wise error ≤ ``alpha`` for sound results;
 * the check's own run (its env, algo and σ): adjusted p < ``alpha`` there, but not over the audit, is
   ``suspicious`` — this decides WARN;
 * a check left out of the audit's family by Tarone (it could not have been significant there whatever the
-  attack did) and not suspicious is ``untestable``, with ``reason`` and ``testable_with``, as is every LoRe
-  check whose tree spent α ≥ 1 (its ``min_p`` is set to 1); never counted as passed;
-* every other check is ``ok``.
+  attack did), not suspicious, and whose kind's pooled count is not in the family either, is ``untestable``,
+  with ``reason`` and ``testable_with``, as is every LoRe check whose tree spent α ≥ 1 (its ``min_p`` is set
+  to 1); never counted as passed;
+* every other check is ``ok`` (``tested_by``: ``alone`` or ``pooled``).
 
-``verdict``: FAIL on a violation or an integrity problem, WARN on a suspicious or untestable check, else
-PASS — soundness and integrity only; the reference comparison is counted apart (``reproduction``: agree,
-differ, not_in_run, not_in_reference).
+Besides each check, one pooled count per kind of check over every run and ε (:func:`pooled_tests`) joins the
+audit's family, so a fault shared by the runs is a violation even where no single check could be; a bound that
+claims nothing is ``vacuous`` (not tested).  The audit-wide guarantee, P[violation | every certificate valid]
+≤ ``alpha``, and its independence assumption: docs/audit.md, "Pooled counts over runs".
+
+``verdict`` (:func:`verdict_of`): FAIL on a violation, an integrity problem or a differing re-run, WARN on a
+suspicious or untestable check or when nothing was tested, else PASS — soundness and integrity only; the
+reference comparison is counted apart (``reproduction``: agree, differ, not_in_run, not_in_reference).
 Integrity: every result file's sha256 must match the one recorded in its ``.meta.json`` (a truncated
 or edited file is reported, not silently used); every stage must have used the checkpoint recorded in
 ``model.json`` (and ``model.pt``, when present, must still have that hash); a stage with some but not all of
@@ -41,7 +47,8 @@ lies in the reproduction's confidence interval (:mod:`crop.report.intervals`) wi
 tolerance.  Replicate folders (``ENV/ALGO/sigma-S/rep-K``) are audited for integrity and provenance and feed
 the intervals.
 
-Exit status of ``crop audit``: 1 on FAIL; with ``--strict`` also on WARN and on a differing reproduced value.
+Exit status of ``crop audit`` (:func:`exit_status`): 1 on FAIL; with ``--strict`` also on WARN and on a
+differing reproduced value; 0 with ``--report-only``.
 
 audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``verdict``, ``reproduction``,
 ``statuses``, ``multiple_testing``, ``config_hash``, ``strict``, ``passed`` (verdict ≠ FAIL), ``checked``,
@@ -67,7 +74,8 @@ from crop.report.integrity import check_integrity, stages_present
 from crop.report.markdown import pipe_table
 from crop.report.metrics import load_runs, namespaced_env, parse_run
 
-__all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone_holm", "verdict_line", "STATUSES",
+__all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone_holm", "pooled_tests", "unit_level",
+           "poisson_binomial_sf", "verdict_of", "exit_status", "verdict_line", "plain_verdict", "STATUSES",
            "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 5

@@ -56,7 +56,7 @@ from crop.stats import Phi, Phi_inv, normalise
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
            "check_certified_steps_not_flipped", "flip_probability_bound", "loact_flip_chance",
-           "lore_leave_chance", "untestable_reason", "TOL"]
+           "lore_leave_chance", "lore_alpha_exhausted", "untestable_reason", "TOL"]
 
 TOL = 1e-9
 
