@@ -348,6 +348,18 @@ def _report_args(agg, aud) -> None:
                                            "passes it)")
     aud.add_argument("--config", help="workflow config file: validated and hashed (instead of --config-hash)")
     aud.add_argument("--strict", action="store_true", help=_help(audit_node["strict"]))
+    aud.add_argument("--rerun", type=_schema_type({"type": "integer", "minimum": 0}), default=0, metavar="K",
+                     help="re-run K stage jobs drawn at random from their recorded provenance and compare (CPU: "
+                          "byte-identical; a differing job makes the verdict FAIL; docs/audit.md)")
+    aud.add_argument("--seed", type=_schema_type({"type": "integer", "minimum": 0}), default=0,
+                     help="seed of the draw of --rerun's jobs")
+    aud.add_argument("--trust-env", action="append", default=[], metavar="ID",
+                     help="an environment id of your own config whose module:Id form may import its module (ids "
+                          "read from the results folder or a reference never import anything; --config trusts "
+                          "its own ids)")
+    aud.add_argument("--report-only", action="store_true",
+                     help="exit 0 whatever the verdict (bad input still exits 2): the workflow's audit job, whose "
+                          "closing summary states the verdict")
 
 
 def _setting(option: str, node: dict, value):

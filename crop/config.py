@@ -16,6 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from crop.io import CappedError
 from crop.names import MAX_PARAMETERS
 from crop.registry import resolve_source
 
@@ -27,8 +28,72 @@ ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "R
               "NoisyNet", "GradDQN"]
 
 
-class ConfigError(ValueError):
+class ConfigError(CappedError):
     pass
+
+
+# YAML aliases let a small file stand for an enormous tree (a 2 KB config nested 7 levels deep): every loader
+# and validator here first measures the tree with aliases expanded, and refuses one past this many values.
+MAX_EXPANDED_VALUES = 100_000
+
+
+def _expanded_size(obj, memo: dict) -> int:
+    """Values in ``obj`` (parsed YAML: dicts, lists, scalars) with every shared sub-tree counted each time it
+    is used — what an alias expands to — in time linear in the distinct objects."""
+    key = id(obj)
+    if key not in memo:
+        memo[key] = 0   # a cycle (a recursive alias) counts once and then is refused by the bound below
+        if isinstance(obj, dict):
+            size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in obj.items())
+        elif isinstance(obj, (list, tuple)):
+            size = 1 + sum(_expanded_size(v, memo) for v in obj)
+        else:
+            size = 1
+        memo[key] = min(size, 10 * MAX_EXPANDED_VALUES)
+    return memo[key]
+
+
+def _too_large(source: str) -> str:
+    return (f"{source}: the YAML expands to more than {MAX_EXPANDED_VALUES:,} values (aliases repeating aliases): "
+            "refused")
+
+
+def check_expansion(obj, source: str, error=None) -> None:
+    """Refuse (``error``, default :class:`ConfigError`) a parsed document whose aliases expand it past
+    :data:`MAX_EXPANDED_VALUES` values."""
+    if _expanded_size(obj, {}) > MAX_EXPANDED_VALUES:
+        raise (error or ConfigError)(_too_large(source))
+
+
+def load_bounded_yaml(text: str, source: str, error=None):
+    """``yaml.safe_load`` that measures the document with aliases expanded (on the composed nodes, before any
+    Python object is built) and refuses it past :data:`MAX_EXPANDED_VALUES` values."""
+    loader = yaml.SafeLoader(text)
+    try:
+        return _bounded_document(loader, source, error or ConfigError)
+    except RecursionError:
+        raise (error or ConfigError)(f"{source}: the YAML is nested too deeply: refused") from None
+    finally:
+        loader.dispose()
+
+
+def _node_size(node, memo: dict) -> int:
+    """:func:`_expanded_size` on composed YAML nodes (an alias is the same node object reused)."""
+    if id(node) not in memo:
+        memo[id(node)] = 0
+        kids = ([c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode) else
+                node.value if isinstance(node, yaml.SequenceNode) else [])
+        memo[id(node)] = min(1 + sum(_node_size(c, memo) for c in kids), 10 * MAX_EXPANDED_VALUES)
+    return memo[id(node)]
+
+
+def _bounded_document(loader, source: str, error):
+    node = loader.get_single_node()
+    if node is None:
+        return None
+    if _node_size(node, {}) > MAX_EXPANDED_VALUES:
+        raise error(_too_large(source))
+    return loader.construct_document(node)
 
 
 @functools.lru_cache(maxsize=1)
@@ -194,6 +259,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     """
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: the configuration must be a mapping, got {type(config).__name__}")
+    check_expansion(config, source)
     cfg = copy.deepcopy(config)
     hit = _non_finite(cfg)
     if hit:
@@ -222,6 +288,11 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if bad:
         raise ConfigError(f"{source}: invalid configuration: {bad}")
     _check_case(cfg, source)
+    for env, ec in cfg["environments"].items():
+        given = (config["environments"].get(env) or {}).get("lore") or {}
+        if "alpha_mode" not in given:   # LoRe follows the top-level alpha_mode unless it names its own
+            ec["lore"]["alpha_mode"] = cfg["alpha_mode"]
+    _resolve_auto_sizes(cfg)
     for env, ec in cfg["environments"].items():
         _check_environment(env, ec, source)
         for i, algo in enumerate(ec["algorithms"]):
@@ -266,6 +337,15 @@ def _check_case(cfg: dict, source: str) -> None:
         if clash:
             raise ConfigError(f"{source}: invalid configuration: {where}: {clash[0]!r} and {clash[1]!r} differ only "
                               "in case, so their folders collide on a case-insensitive file system; rename one")
+
+
+def _resolve_auto_sizes(cfg: dict) -> None:
+    """Replace every ``auto`` sample size by the one the audit of this config needs (:mod:`crop.audit_sizes`)."""
+    from crop.audit_sizes import global_episodes_needed
+
+    for ec in cfg["environments"].values():
+        if ec["attack"]["global_episodes"] == "auto":
+            ec["attack"]["global_episodes"] = global_episodes_needed(cfg, ec)
 
 
 def _check_environment(env: str, ec: dict, source: str) -> None:
@@ -381,7 +461,7 @@ def load_config(path: str | Path) -> dict:
         raise ConfigError(f"{path}: no such config file; give the path of a workflow config (config.yaml or "
                           "one in configs/)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_bounded_yaml(path.read_text(), str(path))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     except (OSError, UnicodeDecodeError) as exc:

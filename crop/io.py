@@ -52,7 +52,24 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-class InputError(ValueError):
+MESSAGE_LIMIT = 600   # characters of an error line: a hostile file must not make a 351 MB one
+
+
+def capped(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``message`` on one line, cut to ``limit`` characters (the cut is marked)."""
+    full = str(message)
+    text = full[:limit + 1].replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return text if len(full) <= limit else text[:limit - 40] + f"… [{len(full):,} characters in all]"
+
+
+class CappedError(ValueError):
+    """A ValueError whose message is one line of at most :data:`MESSAGE_LIMIT` characters."""
+
+    def __init__(self, message="", *args):
+        super().__init__(capped(message), *args)
+
+
+class InputError(CappedError):
     """Bad input (config, checkpoint, arguments) detected before any work: one line, exit status 2."""
 
 

@@ -411,7 +411,7 @@ def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
 
 
 def cmd_audit(args) -> None:
-    from crop.report.audit import audit
+    from crop.report.audit import audit, exit_status
     from crop.report.reference import ReferenceError
 
     results, runs = _results_and_runs(args)
@@ -419,10 +419,19 @@ def cmd_audit(args) -> None:
     try:
         report = audit(results, out_dir=out_dir, runs=runs, alpha=args.alpha, reference=args.reference,
                        tolerances=args.tolerances, abs_tol=args.abs_tol, rel_tol=args.rel_tol,
-                       config_hash=_config_hash(args), strict=args.strict)
+                       config_hash=_config_hash(args), strict=args.strict, trusted_envs=_config_envs(args),
+                       rerun=args.rerun, rerun_seed=args.seed)
     except ReferenceError as exc:
         raise InputError(str(exc)) from None
     _print_audit(results, out_dir, report)
-    differ = (report["reproduction"] or {}).get("differ", 0)
-    if report["verdict"] == "FAIL" or (args.strict and (report["verdict"] == "WARN" or differ)):
-        sys.exit(1)
+    sys.exit(exit_status(report, strict=args.strict, report_only=args.report_only))
+
+
+def _config_envs(args) -> list[str]:
+    """The environment ids of the user's own config (``--config``, ``--trust-env``): the only ids whose
+    ``module:Id`` form may import a module during an audit."""
+    if not args.config:
+        return list(args.trust_env)
+    from crop.config import load_config
+
+    return list(args.trust_env) + list(load_config(args.config)["environments"])

@@ -333,6 +333,8 @@ def audit_options():
         opts.append(f"--tolerances {shlex.quote(a['tolerances'])}")
     if a.get("strict"):
         opts.append("--strict")
+    # the config's own module:Id ids may import their module; ids read from the results folder never do
+    opts += [f"--trust-env {shlex.quote(e)}" for e in ENVS if ":" in e]
     return " ".join(opts)
 
 

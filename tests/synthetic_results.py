@@ -26,7 +26,7 @@ GLOBAL_FACTORS = (0.0, 0.05, 0.1, 0.2)
 GLOBAL_EPISODES = 12
 V_MIN, V_MAX = 0.0, 10.0
 M_ATTACK = 10_000       # the local attack's Monte-Carlo samples per state (recorded in its settings)
-ALPHA_STATE = 1e-4      # per-state miscoverage of the local attack's certificates
+ALPHA_STATE = 1e-3      # per-state miscoverage of LoAct's and the local attack's certificates
 LORE_ALPHA_SPENT = 1e-3  # the α LoRe's search spent
 P_TOP_LOWER = 0.6       # normalised L(a1) of every synthetic LoAct step
 
@@ -72,7 +72,9 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
                          **margins(radius if certified else 0.0, sigma)})
     steps = pd.DataFrame(rows)
     m = _meta("loact", sha, seed + 1)
-    m.update(v_min=V_MIN, v_max=V_MAX)
+    q_sha = hashlib.sha256((d / "qrange.json").read_bytes()).hexdigest()
+    m["inputs"]["qrange"] = {"path": "qrange.json", "sha256": q_sha}   # as the stage records what it read
+    m.update(v_min=V_MIN, v_max=V_MAX, per_state_alpha=ALPHA_STATE)
     write_with_meta(d / "loact.csv", lambda p: write_csv(p, steps), m, rows=len(steps))
     ep = steps.groupby("episode").agg(**{"return": ("reward", "sum"), "steps": ("step", "size"),
                                          "mean_radius": ("radius", "mean"),
@@ -101,7 +103,8 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     # LoRe: a falling step function of ε.
     lore = pd.DataFrame({"eps": [0.0, 0.5 * sigma, 1.5 * sigma], "lower_bound": [6.0, 4.0, 1.0]})
     m = _meta("lore", sha, seed + 3)
-    m["search"] = {"valid_until_eps": None, "distinct_states_smoothed": 10, "alpha_spent": LORE_ALPHA_SPENT}
+    m["search"] = {"valid_until_eps": None, "distinct_states_smoothed": 10, "alpha_spent": LORE_ALPHA_SPENT,
+                   "per_state_alpha_first": LORE_ALPHA_SPENT * 6 / np.pi ** 2}   # alpha_mode family
     write_with_meta(d / "lore.csv", lambda p: write_csv(p, lore), m, rows=len(lore))
     # Attacks: every return at or above its bound.
     loc = []

@@ -17,7 +17,15 @@ from crop.report.audit import audit
 from crop.report.provenance import config_hash
 from crop.report.reference import DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances, tolerance_for
 
-from synthetic_results import audit_cli, make_results, rewrite_csv, write_reference
+from synthetic_results import (
+    GLOBAL_FACTORS,
+    GRE_FACTORS,
+    LOCAL_FACTORS,
+    audit_cli,
+    make_results,
+    rewrite_csv,
+    write_reference,
+)
 
 PLAN = {"CartPole-v0": {"StdTrain": [0.05, 0.1], "GaussAug": [0.1]},
         "FreewayNoFrameskip-v4": {"RadialRL": [1.5]}}
@@ -27,7 +35,7 @@ AUDIT_KEYS = {"schema_version", "results", "runs", "alpha", "config_hash", "stri
               "violations", "empirical_below", "integrity_problems", "integrity", "incomplete_runs", "partial_runs",
               "violation_list", "checks", "provenance", "warnings", "mismatches", "reference_missing", "reference",
               "reproduction", "multiple_testing", "verdict", "statuses", "suspicious", "untestable",
-              "suspicious_list", "untestable_list", "reproduction_report"}
+              "suspicious_list", "untestable_list", "reproduction_report", "vacuous", "vacuous_list", "pooled", "rerun"}
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +66,11 @@ def test_sound_results_pass(results):
     assert set(rep) == AUDIT_KEYS
     assert rep["passed"] and rep["violations"] == 0 and rep["integrity_problems"] == 0
     assert len(rep["runs"]) == 4 and rep["checked"] >= 4 * 10
-    # Sound, but some checks could not have failed (a single LoRe return at p >= α spent, few attacked
-    # episodes): untestable, listed with why, never counted as passed -> WARN, not PASS.
+    # Sound, but Freeway's LoRe checks could not have failed (|A| = 3 and no LoAct margin beyond ε: the
+    # chance of leaving the tree is unbounded): untestable, listed with why, never passed -> WARN, not PASS.
     assert rep["verdict"] == "WARN" and rep["suspicious"] == 0 and rep["untestable"] > 0
-    assert rep["statuses"]["ok"] + rep["untestable"] == rep["checked"]
+    assert rep["statuses"]["ok"] + rep["untestable"] + rep["vacuous"] == rep["checked"]
+    assert {i["algo"] for i in rep["untestable_list"]} == {"RadialRL"}
     assert all(i["reason"] and i["testable_with"] for i in rep["untestable_list"])
     assert rep["reproduction"] is None
     kinds = {c["check"] for c in rep["checks"]}
@@ -70,7 +79,8 @@ def test_sound_results_pass(results):
     on_disk = json.loads((results / "audit" / "audit.json").read_text())
     assert on_disk["passed"] and on_disk["config_hash"] == "abc123" and on_disk["verdict"] == "WARN"
     md = (results / "audit" / "audit.md").read_text()
-    assert md.startswith("# CROP audit\n\n**Soundness and integrity: WARN**") and "## Untestable checks" in md
+    assert md.startswith("# CROP audit\n\n**Not decided**: 4 check(s) could not fail; to decide: a larger attack m")
+    assert "## Untestable checks" in md and "## Vacuous bounds" in md
     assert audit_cli(results, "--out-dir", results / "a2") == 0
     assert audit_cli(results, "--strict", "--out-dir", results / "a2") == 1  # WARN fails strict mode
 
@@ -105,7 +115,7 @@ def test_planted_violations_are_listed_with_their_place(results):
     assert lore_c["p_value"] < 0.05 and not lore_c["violation"] and lore_c["status"] == "suspicious"
     assert lore_c["p_run"] < 0.05 and rep["suspicious_list"][0]["check"] == "lore_vs_pgd_local"
     md = (results / "audit" / "audit.md").read_text()
-    assert "**Soundness and integrity: FAIL**: 2 soundness violation(s)" in md and "Holm" in md
+    assert md.startswith("# CROP audit\n\n**FAIL**: 2 soundness violation(s): ") and "Holm" in md
     assert md.index("## Suspicious checks") < md.index("## Soundness violations")
     assert "lore_vs_pgd_local" in md.split("## Suspicious checks")[1].split("##")[0]
     assert audit_cli(results, "--out-dir", results / "a2") == 1  # FAIL exits 1, strict or not
@@ -346,14 +356,15 @@ def test_holm_controls_the_family_of_chance_based_checks():
     items = [{**base, "p_value": float(p)} for p in rng.uniform(size=400)]   # sound: uniform p
     items += [{**base, "p_value": 0.001}]                  # p < α on its own, nothing among 401 checks
     items += [{**base, "check": "gre_expectation_monotone", "violation": v} for v in (True, False)]  # no p-value
-    block = classify(items, 0.05)
-    assert block["tests"] == block["K"] == block["family"] == 401
-    assert not any(i["violation"] for i in items if "p_value" in i)
-    assert [i["status"] for i in items if "p_value" not in i] == ["violation", "ok"]
+    rows, pooled, block = classify(items, 0.05)
+    assert rows is not items and all("status" not in i for i in items)  # new rows; the input is unchanged
+    assert block["tests"] == block["K"] == block["family"] == 401 + len(pooled)
+    assert not any(i["violation"] for i in rows + pooled if "p_value" in i)
+    assert [i["status"] for i in rows if "p_value" not in i] == ["violation", "ok"]
     items.append({**base, "p_value": 1e-7})                 # far beyond chance even among 402 checks
-    classify(items, 0.05)
-    assert items[-1]["status"] == "violation" and items[-1]["p_adjusted"] == pytest.approx(402e-7)
-    assert sum(i["violation"] for i in items if "p_value" in i) == 1
+    rows, pooled, _ = classify(items, 0.05)
+    assert rows[-1]["status"] == "violation" and rows[-1]["p_adjusted"] == pytest.approx((402 + len(pooled)) * 1e-7)
+    assert sum(i["violation"] for i in rows if "p_value" in i) == 1
 
 
 # ------------------------------------------------------------- the default config's CartPole block, 27 runs
@@ -394,9 +405,16 @@ def _plant_lore(d, every_eps: bool):
     rewrite_csv(d / "attack_local.csv", al)
 
 
+def _plant_every_run(root, plant):
+    for d in sorted(root.glob("CartPole-v0/*/sigma-*")):
+        plant(d)
+
+
 def test_planted_violations_in_27_runs(pristine27, tmp_path):
-    """Each gross violation the released audit passed (issue 19) comes out violation or suspicious in a 27-run
-    folder; the sound folder has neither, and a LoRe tree with α spent >= 1 is untestable, not passed."""
+    """The sound 27-run folder PASSes with no untestable check; each gross violation the released audit passed
+    (issue 19) comes out violation or suspicious; a fault planted in *every* run, which no single check can
+    prove, is a violation of its pooled count (FAIL); a LoRe tree with α spent >= 1 is untestable, not
+    passed."""
     def fresh(name):
         root = tmp_path / name
         shutil.copytree(pristine27, root)
@@ -404,8 +422,9 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
 
     root, _ = fresh("sound")
     rep = audit(root, root / "audit")
-    assert rep["violations"] == rep["suspicious"] == 0 and rep["checked"] == 27 * 16 + 0 * 1
-    assert rep["verdict"] == "WARN" and rep["untestable"] > 0  # 12-episode percentile checks, single LoRe returns
+    assert rep["violations"] == rep["suspicious"] == rep["untestable"] == 0 and rep["checked"] == 27 * 16
+    assert rep["verdict"] == "PASS" and {p["status"] for p in rep["pooled"]} == {"ok"}
+    assert (root / "audit" / "audit.md").read_text().startswith("# CROP audit\n\n**Sound as far as tested**: ")
 
     # 1. every global-attack return at one ε set to J_min, far below both GRe bounds
     root, d = fresh("jmin")
@@ -429,7 +448,15 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     md = (root / "audit" / "audit.md").read_text()
     assert md.index("## Suspicious checks") < md.index("## Soundness violations")
 
-    # 3. LoRe's attacked return 1,000 below its bound, at one ε and at every ε
+    # 2b. the same fault in every run, at every ε: a pooled violation
+    root, _ = fresh("just_below_everywhere")
+    _plant_every_run(root, lambda d: [_plant_global(d, i, lambda r: r["percentile_bound"] - 1e-3) for i in range(4)])
+    rep = audit(root, root / "audit")
+    pooled = {p["kind"]: p for p in rep["pooled"]}
+    assert rep["verdict"] == "FAIL" and pooled["gre_percentile_p0.5_vs_pgd"]["status"] == "violation"
+    assert pooled["gre_percentile_p0.5_vs_pgd"]["observed"] == 27 * 4
+
+    # 3. LoRe's attacked return 1,000 below its bound, at one ε and at every ε: suspicious, not the clean PASS
     for every in (False, True):
         root, d = fresh(f"lore_{every}")
         _plant_lore(d, every)
@@ -437,7 +464,15 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
         flagged = [c for c in _statuses(rep, algo="StdTrain", sigma=0.05, check="lore_vs_pgd_local")
                    if c["empirical_below"]]
         assert flagged and all(c["status"] in ("violation", "suspicious") for c in flagged)
-        assert rep["verdict"] in ("WARN", "FAIL") and rep["suspicious"] + rep["violations"] == len(flagged)
+        assert rep["verdict"] in ("WARN", "FAIL") and rep["suspicious"] + rep["violations"] >= len(flagged)
+
+    # 3b. every run's LoRe bound beaten: no single check can prove it, the pooled count does
+    root, _ = fresh("lore_everywhere")
+    _plant_every_run(root, lambda d: _plant_lore(d, True))
+    rep = audit(root, root / "audit")
+    lore_pool = next(p for p in rep["pooled"] if p["kind"] == "lore_vs_pgd_local")
+    assert rep["verdict"] == "FAIL" and lore_pool["status"] == "violation" and lore_pool["observed"] == 27 * 3
+    assert (root / "audit" / "audit.md").read_text().startswith("# CROP audit\n\n**FAIL**: ")
 
     # 4. the same under alpha_mode: state, where a real LoRe tree spends α >= 1: untestable, with the fix
     root, d = fresh("lore_state")
@@ -461,11 +496,39 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
         ["loact_certified_steps_not_flipped"]
 
 
+def test_auto_sizes_make_every_percentile_check_testable(pristine27, tmp_path):
+    """attack.global_episodes: auto counts the chance-based tests the audit of the config will have (here
+    exactly those of the 27-run folder, pooled counts included) and picks the fewest episodes whose percentile
+    checks are in the audit's family on their own (conservatively: Tarone's K is at most that count, so the
+    smaller real K may admit one episode fewer)."""
+    from crop.audit_sizes import planned_chance_checks
+    from crop.config import validate_config
+    from crop.report.audit import tarone_holm
+
+    cfg = validate_config({"environments": {"CartPole-v0": {
+        "source": "train", "algorithms": ALGOS9, "sigmas": [0.01, 0.05, 0.1],
+        "gre": {"eps_factors": list(GRE_FACTORS), "percentiles": [0.5]},
+        "attack": {"global_eps_factors": list(GLOBAL_FACTORS), "local_eps_factors": list(LOCAL_FACTORS),
+                   "global_episodes": "auto"}}}})
+    n = cfg["environments"]["CartPole-v0"]["attack"]["global_episodes"]
+    rep = audit(pristine27, tmp_path / "audit")
+    tests = rep["checked"] + len(rep["pooled"])
+    assert planned_chance_checks(cfg) == tests and isinstance(n, int)
+    assert 0.5 ** n <= 0.05 / tests < 0.5 ** (n - 1)
+    pct = [c for c in rep["checks"] if c["check"].startswith("gre_percentile")]
+    # with n episodes every percentile check is in the family whatever K turns out to be (K <= T)
+    items = [{**c, "min_p": 0.5 ** n} if c in pct else c for c in rep["checks"] if c.get("p_value") is not None]
+    _, family, _ = tarone_holm(items + rep["pooled"], 0.05)
+    assert sum(c["check"].startswith("gre_percentile") for c in family) == len(pct) > 0
+
+
 def _null_pvalue(check: dict, rng) -> float:
     """A p-value of ``check`` on attacked data drawn *at* its certified bound (the worst sound case)."""
     from crop.report.checks import _binom_p, _hoeffding_p
 
     c = check["check"]
+    if check.get("vacuous"):   # nothing can fall below a bound that claims nothing
+        return 1.0
     if c == "gre_expectation_vs_pgd_mean":  # returns in {J_min, J_max} with mean exactly the bound
         lo, w = check["bound"] - check["shortfall_max"], check["width"]
         q = (check["bound"] - lo) / w
@@ -483,25 +546,36 @@ def _null_pvalue(check: dict, rng) -> float:
 
 def test_sound_27_runs_fail_at_most_alpha_over_repeated_draws(pristine27, tmp_path):
     """False FAILs over repeated sound draws: every chance-based check of the 27-run folder redrawn at its
-    bound (the attacked data as bad as a valid certificate allows), then the audit's families and statuses
-    (crop.report.audit.classify).  The share of FAILs stays within α (binomial slack); so does it for the
-    real audit of a sound folder.  Per-check testing at α without the correction would fail nearly always."""
+    bound (the attacked data as bad as a valid certificate allows, independently across checks), then the
+    audit's families, pooled counts and statuses (crop.report.audit.classify).  The share of FAILs stays within
+    α (binomial slack); so does it for the real audit of a sound folder.  Per-check testing at α without the
+    correction would fail nearly always; a fault shared by every run (each check at its own failure level)
+    FAILs every time."""
     from scipy import stats as sst
 
-    from crop.report.audit import classify
+    from crop.report.audit import classify, unit_level
 
     rep = audit(pristine27, tmp_path / "audit")
     assert rep["verdict"] != "FAIL"
-    template = [c for c in rep["checks"] if c.get("p_value") is not None]
+    keep = ("env", "algo", "sigma", "eps", "check", "bound", "observed", "episodes", "steps", "chance", "p",
+            "alpha_spent", "min_p", "shortfall_max", "width", "attack_seed", "vacuous")
+    template = [{k: c[k] for k in keep if k in c} for c in rep["checks"] if c.get("p_value") is not None]
     rng = np.random.default_rng(7)
     draws, alpha, fails, naive = 400, 0.05, 0, 0
     for _ in range(draws):
         items = [{**c, "p_value": _null_pvalue(c, rng), "violation": False} for c in template]
         naive += any(i["p_value"] < alpha for i in items)
-        classify(items, alpha)
-        fails += any(i["status"] == "violation" for i in items)
+        rows, pooled, _ = classify(items, alpha)
+        fails += any(i["status"] == "violation" for i in rows + pooled)
+    print(f"sound draws FAILed: {fails}/{draws}")
     assert fails <= sst.binom.ppf(0.999, draws, alpha), fails
     assert naive > 0.5 * draws  # the test can fail: without the correction sound results FAIL
+    for kind in ("lore_vs_pgd_local", "gre_percentile_p0.5_vs_pgd"):  # a systematic fault of one kind
+        items = [{**c, "violation": False, "p_value": unit_level(c, alpha) if c["check"] == kind else 1.0}
+                 for c in template]
+        rows, pooled, _ = classify(items, alpha)
+        assert [p["status"] for p in pooled if p["kind"] == kind] == ["violation"]
+        assert not any(i["status"] == "violation" for i in rows)  # no single check could show it
 
 
 def test_status_and_exit_codes(results, tmp_path):
@@ -513,8 +587,10 @@ def test_status_and_exit_codes(results, tmp_path):
     assert audit_cli(results, "--out-dir", tmp_path / "a") == 1
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert rep["verdict"] == "FAIL" and {c["status"] for c in rep["checks"]} <= {"ok", "violation", "suspicious",
-                                                                                 "untestable"}
+                                                                                 "untestable", "vacuous"}
     assert audit_cli(results, "--strict", "--out-dir", tmp_path / "b") == 1
+    # the workflow's audit job keeps its files whatever the verdict: the exit policy is exit_status alone
+    assert audit_cli(results, "--report-only", "--out-dir", tmp_path / "c") == 0
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "1e400", "-2e300", "nan_text"])
@@ -568,8 +644,166 @@ def test_untestable_checks_say_why_even_at_the_edges():
              {**base, "check": "lore_vs_pgd_local", "p_value": 0.5, "min_p": 1e-9, "alpha_spent": 2.5},
              {**base, "check": "loact_certified_steps_not_flipped", "p_value": 1e-12, "min_p": 1e-40, "chance": 1e-4,
               "steps": 20}]
-    block = classify(items, 0.05)
+    items, pooled, block = classify(items, 0.05)
     assert [i["status"] for i in items] == ["untestable", "untestable", "untestable", "violation"]
     assert "J_min" in items[0]["reason"] and "J_min" in items[1]["reason"]
     assert "no joint meaning" in items[2]["reason"] and items[2]["testable_with"].startswith("alpha_mode: family")
-    assert block["K"] == 1 and block["family"] == 1 and block["untestable"] == 3
+    assert block["untestable"] == 3 and [p["kind"] for p in pooled] == ["loact_certified_steps_not_flipped"]
+
+
+def test_edited_qrange_is_an_integrity_problem(results):
+    """qrange.json carries no hash of its own, but LoAct recorded the sha256 of the one it read: an edit after
+    use (a wider V range would loosen every bound) is caught."""
+    q = _run(results) / "qrange.json"
+    data = json.loads(q.read_text())
+    data["v_max"] = data["v_max"] + 5.0
+    q.write_text(json.dumps(data))
+    rep = audit(results, results / "audit")
+    assert rep["verdict"] == "FAIL"
+    assert [(p["file"], "edited after use" in p["problem"] and "loact" in p["problem"]) for p in rep["integrity"]] \
+        == [(str(q), True)]
+
+
+def test_hostile_folder_names_import_nothing(pristine, tmp_path, monkeypatch):
+    """A run folder named after a module:Id id would import that module; read from a results folder it imports
+    nothing (only the user's own config may: trusted_envs, as `crop audit --config` passes them)."""
+    import sys
+
+    (tmp_path / "lib").mkdir()
+    marker = tmp_path / "imported"
+    (tmp_path / "lib" / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    root = tmp_path / "received"
+    shutil.copytree(_run(pristine), root / "evilmod:CartPole-v1" / "StdTrain" / "sigma-0.1")
+    rep = audit(root, root / "audit")
+    assert not marker.exists() and "evilmod" not in sys.modules and rep["runs"]
+    assert audit_cli(root, "--out-dir", tmp_path / "a") in (0, 1) and not marker.exists()
+    audit(root, root / "audit2", trusted_envs=["evilmod:CartPole-v1"])   # the test can fail: trusted, it runs
+    assert marker.exists()
+    sys.modules.pop("evilmod", None)
+
+
+def test_yaml_aliases_cannot_blow_up_and_errors_are_capped(tmp_path):
+    """A few hundred bytes of aliases repeating aliases (a billion values expanded) are refused at once with
+    one short line, as a config, a tolerances file or an already-parsed dict; any error line is capped."""
+    import time
+
+    from crop.config import ConfigError, load_config, validate_config
+    from crop.io import MESSAGE_LIMIT
+
+    lol = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8))
+    (tmp_path / "c.yaml").write_text(lol)
+    (tmp_path / "t.yaml").write_text(lol)
+    start = time.perf_counter()
+    for call, err in ((lambda: load_config(tmp_path / "c.yaml"), ConfigError),
+                      (lambda: load_tolerances(tmp_path / "t.yaml"), ReferenceError),
+                      (lambda: validate_config(yaml.safe_load(lol)), ConfigError)):
+        with pytest.raises(err, match="expands to more than 100,000 values") as info:
+            call()
+        assert "\n" not in str(info.value) and len(str(info.value)) < 200
+    assert time.perf_counter() - start < 5
+    long = str(ConfigError("x" * 10 ** 6))
+    assert len(long) <= MESSAGE_LIMIT and "1,000,000 characters" in long
+    assert len(str(ReferenceError("y\n" * 10 ** 5))) <= MESSAGE_LIMIT
+
+
+def test_nothing_tested_is_not_pass_and_vote_runs_are_complete(pristine, tmp_path):
+    """A LoAct-only audit has no check that could fail: WARN, and audit.md says nothing was tested.  A vote
+    run without qrange.json lacks nothing (its target needs no V range): not incomplete, not partial."""
+    root = tmp_path / "loact_only"
+    src = _run(pristine)
+    d = root / "CartPole-v0" / "StdTrain" / "sigma-0.1"
+    d.mkdir(parents=True)
+    for f in ("loact.csv", "loact_episodes.csv", "certified_ratio.csv", "frames.npz"):
+        for g in (src / f, src / f.replace(".csv", ".meta.json").replace(".npz", ".meta.json")):
+            if g.is_file():
+                shutil.copy(g, d / g.name)
+    rep = audit(root, root / "audit")
+    assert rep["checked"] == 0 and rep["verdict"] == "WARN"
+    assert "**Not decided: nothing was tested.**" in (root / "audit" / "audit.md").read_text()
+
+    root = tmp_path / "vote"
+    shutil.copytree(src, root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1")
+    (root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1" / "qrange.json").unlink()
+    rep = audit(root, root / "audit")
+    assert rep["incomplete_runs"] == [] and rep["partial_runs"] == [] and rep["integrity_problems"] == 0
+
+
+def _tiny_real_run(results: Path) -> Path:
+    """A real (tiny) run folder: a random CartPole Q-network, its V range, LoAct and the global attack, each
+    stage run by the CLI as the workflow runs it."""
+    from crop.cli import main
+    from crop.io import sha256_file, write_json
+    from crop.models import save_q_network
+
+    from conftest import random_mlp
+
+    ck = layout.checkpoint_path(results, "CartPole-v0", "StdTrain")
+    ck.parent.mkdir(parents=True)
+    save_q_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), ck)
+    write_json(ck.with_suffix(".json"), {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
+                                         "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
+                                         "sha256": sha256_file(ck)})
+    d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
+    d.mkdir(parents=True)
+    base = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--seed", "3", "--device", "cpu",
+            "--checkpoint", str(ck), "--no-progress"]
+    main(["qrange", *base, "--settings", json.dumps({"m": 100, "episodes": 1, "horizon": 5}),
+          "--out", str(d / "qrange.json")])
+    main(["loact", *base, "--qrange", str(d / "qrange.json"), "--settings",
+          json.dumps({"m": 100, "episodes": 1, "horizon": 5}), "--out", str(d / "loact.csv"),
+          "--out-episodes", str(d / "loact_episodes.csv"), "--out-ratio", str(d / "certified_ratio.csv"),
+          "--out-frames", str(d / "frames.npz")])
+    main(["attack-global", *base, "--settings", json.dumps({"episodes": 2, "eps_factors": [0.0, 0.5], "horizon": 5,
+                                                            "n_eot": 2, "pgd_steps": 2}),
+          "--out", str(d / "attack_global.csv")])
+    return d
+
+
+def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
+    """`--rerun K` re-runs stage jobs from their recorded provenance: a sound folder re-runs byte-identical on
+    the CPU; an attacked return changed after the run — with its recorded sha256 forged to match, so no
+    integrity check can see it — differs, and the verdict is FAIL."""
+    from crop.io import read_json, sha256_file, write_json
+
+    results = tmp_path / "res"
+    d = _tiny_real_run(results)
+    rep = audit(results, tmp_path / "a", rerun=5, rerun_seed=1)
+    rr = rep["rerun"]
+    assert (rr["checked"], rr["identical"], rr["differ"]) == (3, 3, 0) and rep["verdict"] != "FAIL"
+    assert {j["stage"] for j in rr["jobs"]} == {"qrange", "loact", "attack_global"}
+    ag = pd.read_csv(d / "attack_global.csv")
+    ag.loc[0, "return"] += 1.0
+    ag.to_csv(d / "attack_global.csv", index=False)
+    meta = read_json(d / "attack_global.meta.json")
+    meta["output"]["sha256"] = sha256_file(d / "attack_global.csv")
+    write_json(d / "attack_global.meta.json", meta)
+    assert audit(results, tmp_path / "b")["integrity_problems"] == 0      # invisible to the hashes
+    assert audit_cli(results, "--rerun", "5", "--out-dir", tmp_path / "c") == 1
+    rep = json.loads((tmp_path / "c" / "audit.json").read_text())
+    assert rep["verdict"] == "FAIL" and rep["rerun"]["differ"] == 1
+    assert [j["stage"] for j in rep["rerun"]["jobs"] if j["result"] == "differ"] == ["attack_global"]
+    assert "1 re-run job(s) differ" in (tmp_path / "c" / "audit.md").read_text()
+    # code at another commit than the one recorded: refused in one line before anything runs or is written
+    import crop.io
+
+    monkeypatch.setattr(crop.io, "_git_commit", lambda: "0" * 40)
+    with pytest.raises(crop.io.InputError, match="install that commit"):
+        audit(results, tmp_path / "d", rerun=1)
+    assert not (tmp_path / "d").exists()
+
+
+def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(results):
+    """P[leave] counts a two-action step LoAct did not certify beyond ε as 0 (both actions stay in LoRe's tree)
+    only while LoRe's per-state α is at most LoAct's; a LoRe with a larger α may have certified it, and the
+    step then counts 1."""
+    from crop.report.checks import _chance_inputs, lore_leave_chance
+
+    c = _chance_inputs(_run(results), "CartPole-v0")
+    steps = c["steps"]
+    horizon = int((steps["episode"] == steps["episode"].min()).sum())
+    nested, note = lore_leave_chance(c, 0.1, 0.0, horizon)
+    assert nested < 1.0 and "exceeds" not in note
+    wide, note = lore_leave_chance({**c, "lore_alpha": 2 * c["loact_alpha"]}, 0.1, 0.0, horizon)
+    assert wide == 1.0 and "exceeds LoAct's" in note

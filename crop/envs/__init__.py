@@ -5,6 +5,7 @@ the shape the Q-network takes, to which Gaussian noise is added (the paper smoot
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -17,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 __all__ = ["EnvSpec", "ENV_SPECS", "env_spec", "env_family", "profiles", "check_profile", "make_env",
-           "make_env_pool", "snapshot", "restore", "to_obs", "UnknownEnvError", "MissingFactError",
+           "make_env_pool", "untrusted_env_ids", "snapshot", "restore", "to_obs", "UnknownEnvError", "MissingFactError",
            "snapshot_problem", "env_shapes", "default_profile", "sticky_probability"]
 
 
@@ -153,10 +154,29 @@ def _is_atari_id(env_id: str) -> bool:
     return any(p.fullmatch(env_id) for p in _ATARI_IDS)
 
 
+# A ``module:Id`` id imports ``module`` (which registers Id), so it runs that module's code: only an id the
+# user gave (a config, the command line) may do that.  Ids read from what someone else wrote — run-folder names,
+# a reference CSV, a results folder — are looked up inside :func:`untrusted_env_ids`, where they import nothing.
+_UNTRUSTED: list[frozenset | None] = [None]
+
+
+@contextlib.contextmanager
+def untrusted_env_ids(trusted=()):
+    """Within this block a ``module:Id`` id imports its module only when it is one of ``trusted`` (the ids of
+    the user's own config); any other such id is unknown."""
+    before, _UNTRUSTED[0] = _UNTRUSTED[0], frozenset(trusted)
+    try:
+        yield
+    finally:
+        _UNTRUSTED[0] = before
+
+
 def _registration(env_id: str):
     """gymnasium's registration of ``env_id`` (registering ale-py's and highway-env's ids, and importing the
-    module of a ``module:Id`` id, first), or None."""
+    module of a ``module:Id`` id the user gave, first), or None."""
     if ":" in env_id:
+        if _UNTRUSTED[0] is not None and env_id not in _UNTRUSTED[0]:
+            return None
         module, _, name = env_id.partition(":")
         try:
             importlib.import_module(module)

@@ -17,18 +17,24 @@ The chance-based checks are judged by one procedure (:func:`tarone_holm`: Tarone
 whose smallest achievable p-value ``min_p`` can reach significance, then Holm's step-down at ``alpha``) in
 two families:
 
-* the whole audit (every chance-based check of every run): adjusted p < ``alpha`` is a ``violation`` — this
-  decides FAIL, with a family-wise error ≤ ``alpha`` for sound results;
+* the whole audit (every non-vacuous chance-based check of every run and every pooled count): adjusted
+  p < ``alpha`` is a ``violation`` — this decides FAIL, with a family-wise error ≤ ``alpha`` for sound results;
 * the check's own run (its env, algo and σ): adjusted p < ``alpha`` there, but not over the audit, is
   ``suspicious`` — this decides WARN;
 * a check left out of the audit's family by Tarone (it could not have been significant there whatever the
-  attack did) and not suspicious is ``untestable``, with ``reason`` and ``testable_with``, as is every LoRe
-  check whose tree spent α ≥ 1 (its ``min_p`` is set to 1); never counted as passed;
-* every other check is ``ok``.
+  attack did), not suspicious, and whose kind's pooled count is not in the family either, is ``untestable``,
+  with ``reason`` and ``testable_with``, as is every LoRe check whose tree spent α ≥ 1 (its ``min_p`` is set
+  to 1); never counted as passed;
+* every other check is ``ok`` (``tested_by``: ``alone`` or ``pooled``).
 
-``verdict``: FAIL on a violation or an integrity problem, WARN on a suspicious or untestable check, else
-PASS — soundness and integrity only; the reference comparison is counted apart (``reproduction``: agree,
-differ, not_in_run, not_in_reference).
+Besides each check, one pooled count per kind of check over every run and ε (:func:`pooled_tests`) joins the
+audit's family, so a fault shared by the runs is a violation even where no single check could be; a bound that
+claims nothing is ``vacuous`` (not tested).  The audit-wide guarantee, P[violation | every certificate valid]
+≤ ``alpha``, and its independence assumption: docs/audit.md, "Pooled counts over runs".
+
+``verdict`` (:func:`verdict_of`): FAIL on a violation, an integrity problem or a differing re-run, WARN on a
+suspicious or untestable check or when nothing was tested, else PASS — soundness and integrity only; the
+reference comparison is counted apart (``reproduction``: agree, differ, not_in_run, not_in_reference).
 Integrity: every result file's sha256 must match the one recorded in its ``.meta.json`` (a truncated
 or edited file is reported, not silently used); every stage must have used the checkpoint recorded in
 ``model.json`` (and ``model.pt``, when present, must still have that hash); a stage with some but not all of
@@ -41,7 +47,8 @@ lies in the reproduction's confidence interval (:mod:`crop.report.intervals`) wi
 tolerance.  Replicate folders (``ENV/ALGO/sigma-S/rep-K``) are audited for integrity and provenance and feed
 the intervals.
 
-Exit status of ``crop audit``: 1 on FAIL; with ``--strict`` also on WARN and on a differing reproduced value.
+Exit status of ``crop audit`` (:func:`exit_status`): 1 on FAIL; with ``--strict`` also on WARN and on a
+differing reproduced value; 0 with ``--report-only``.
 
 audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``verdict``, ``reproduction``,
 ``statuses``, ``multiple_testing``, ``config_hash``, ``strict``, ``passed`` (verdict ≠ FAIL), ``checked``,
@@ -58,18 +65,20 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats as st
 
 from crop.io import atomic_write_text, write_json
 from crop.layout import REPLICATE_PREFIX, replicate_of, run_files, run_target
-from crop.report.checks import run_checks, untestable_reason
+from crop.report.checks import lore_alpha_exhausted, run_checks, untestable_reason
 from crop.report.integrity import check_integrity, stages_present
 from crop.report.markdown import pipe_table
 from crop.report.metrics import load_runs, namespaced_env, parse_run
 
-__all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone_holm", "verdict_line", "STATUSES",
+__all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone_holm", "pooled_tests", "unit_level",
+           "poisson_binomial_sf", "verdict_of", "exit_status", "verdict_line", "plain_verdict", "STATUSES",
            "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
@@ -93,26 +102,41 @@ def discover_run_folders(results: Path) -> list[str]:
 
 def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, reference=None, tolerances=None,
           abs_tol: float | None = None, rel_tol: float | None = None, config_hash: str | None = None,
-          strict: bool = False) -> dict:
+          strict: bool = False, trusted_envs=(), rerun: int = 0, rerun_seed: int = 0) -> dict:
     """Audit ``runs`` (default: every run folder under ``results``, complete or partial) and write
     ``audit.{json,md}`` — and, with a ``reference`` (a CSV, or ``"paper"``), the reproduction report.
 
     ``tolerances``: a YAML/JSON tolerances file; ``abs_tol``/``rel_tol`` override both for every metric.
     Raises :class:`crop.report.reference.ReferenceError` on a malformed reference or tolerances file, before
-    writing anything.
+    writing anything.  Environment ids read from the folder or the reference import nothing; ``trusted_envs``
+    (the ids of the user's own config) may import the module of a ``module:Id`` id.  ``rerun``: re-run that
+    many stage jobs drawn with ``rerun_seed`` and compare (:mod:`crop.report.rerun`); a differing one FAILs.
     """
+    from crop.envs import untrusted_env_ids
+
+    with untrusted_env_ids(trusted_envs):
+        return _audit(Path(results), Path(out_dir), runs, alpha, reference, tolerances, abs_tol, rel_tol,
+                      config_hash, strict, (rerun, rerun_seed, tuple(trusted_envs)))
+
+
+def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_tol, config_hash, strict,
+           rerun) -> dict:
     from crop.report.provenance import run_provenance
     from crop.report.reference import compare_reference, load_reference, load_tolerances, reference_summary
 
-    results = Path(results)
     ref = load_reference(reference) if reference is not None else None
     file_tol = load_tolerances(tolerances) if tolerances is not None else None
     runs = list(runs) if runs else discover_run_folders(results)
+    rerun_block = None
+    if rerun[0]:   # first: a refused re-run (another commit) writes nothing
+        from crop.report.rerun import rerun_jobs
+
+        rerun_block = rerun_jobs(results, runs, rerun[0], rerun[1], rerun[2])
     items, provs, integrity, warnings, sound_runs = [], [], [], [], []
     incomplete, partial = [], []
     for run in runs:
         full, absent, half = stages_present(results / run)
-        if absent or half:
+        if half or not full:
             incomplete.append(run)
         if not full:
             integrity.append({"run": run, "file": str(results / run),
@@ -140,30 +164,32 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
         data = load_runs(results, sound_runs, partial=True)
         rows = compare_reference(ref, data, file_tol, abs_tol, rel_tol, level=1 - alpha)
         ref_block = reference_summary(reference, rows, file_tol, tolerances, abs_tol, rel_tol)
-    multiple = classify(items, alpha)
-    violations = [i for i in items if i["status"] == "violation"]
+    items, pooled, multiple = classify(items, alpha)
+    statuses = {s_: sum(i["status"] == s_ for i in items) for s_ in STATUSES}
+    violations = [i for i in items if i["status"] == "violation"] + [p for p in pooled if p["violation"]]
     suspicious = sorted((i for i in items if i["status"] == "suspicious"), key=lambda i: i["p_value"])
     untestable = [i for i in items if i["status"] == "untestable"]
+    vacuous = [i for i in items if i["status"] == "vacuous"]
     mismatches = ref_block["counts"]["differs"] if ref_block else 0
-    verdict = "FAIL" if violations or integrity else ("WARN" if suspicious or untestable else "PASS")
+    verdict = verdict_of({**statuses, "violation": len(violations)}, len(integrity),
+                         (rerun_block or {}).get("differ", 0))
     report = {"schema_version": SCHEMA_VERSION, "results": str(results), "runs": runs, "alpha": alpha,
               "verdict": verdict,
               "reproduction": None if ref_block is None else {
                   "agree": ref_block["counts"]["match"], "differ": ref_block["counts"]["differs"],
                   "not_in_run": ref_block["counts"]["missing"], "not_in_reference": ref_block["not_in_reference"]},
-              "statuses": {s: sum(i["status"] == s for i in items) for s in STATUSES},
-              "multiple_testing": multiple,
+              "statuses": statuses, "multiple_testing": multiple, "pooled": pooled, "rerun": rerun_block,
               "config_hash": config_hash, "strict": bool(strict),
               "passed": verdict != "FAIL",
               "checked": len(items), "violations": len(violations), "suspicious": len(suspicious),
-              "untestable": len(untestable), "suspicious_list": suspicious, "untestable_list": untestable,
+              "untestable": len(untestable), "vacuous": len(vacuous), "suspicious_list": suspicious,
+              "untestable_list": untestable, "vacuous_list": vacuous,
               "empirical_below": sum(bool(i.get("empirical_below")) for i in items),
               "integrity_problems": len(integrity), "integrity": integrity, "incomplete_runs": incomplete,
               "partial_runs": partial, "violation_list": violations, "checks": items, "provenance": provs,
               "warnings": warnings, "mismatches": mismatches,
               "reference_missing": ref_block["counts"]["missing"] if ref_block else 0,
               "reference": ref_block, "reproduction_report": None}
-    out_dir = Path(out_dir)
     if ref_block is not None:
         from crop.report.reproduction import write_reproduction
 
@@ -173,80 +199,176 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
     return report
 
 
-STATUSES = ("ok", "violation", "suspicious", "untestable")
+STATUSES = ("ok", "violation", "suspicious", "untestable", "vacuous")
+POOLED = "pooled:"   # a pooled test's ``check`` is this prefix and the kind it counts
 
 
-def tarone_holm(tested: list[dict], alpha: float, p_key: str = "p_value") -> tuple[int, list[dict], list[dict]]:
+def tarone_holm(tested: list[dict], alpha: float, p_key: str = "p_value") -> tuple[int, list[dict], dict]:
     """Tarone's (1990) restriction of the family to the checks that *can* reach significance, then Holm's
     step-down over them (Hommel & Krummenauer 1998).  A check's ``min_p`` is the smallest p-value its data
     could give (every attacked return at J_min, every attacked step flipped), fixed before the attack ran.
     K is the smallest integer with #{checks: min_p ≤ α/K} ≤ K; those checks form the family, Holm at α over
     them; the others cannot reach α/K and are left out rather than diluting the correction.  The family
-    depends on the sample sizes and bounds only, so the family-wise error rate stays ≤ α.
-    Returns (K, family — at most K checks —, left out); sets ``_adj`` (the Holm-adjusted p) on the family."""
+    depends on the sample sizes and bounds only, so the family-wise error rate stays ≤ α under any
+    dependence among the p-values (Holm's).
+    Returns (K, family — at most K checks —, {id(check): Holm-adjusted p} over the family)."""
     mins = np.sort([float(i.get("min_p", 0.0)) for i in tested])
     ks = np.arange(1, len(mins) + 1)
     fits = np.nonzero(np.searchsorted(mins, alpha / ks, side="right") <= ks)[0]
     k = int(ks[fits[0]]) if len(fits) else len(mins)
     family = [i for i in tested if float(i.get("min_p", 0.0)) <= alpha / max(k, 1)]
-    left = [i for i in tested if float(i.get("min_p", 0.0)) > alpha / max(k, 1)]
-    running = 0.0
+    adjusted, running = {}, 0.0
     for rank, item in enumerate(sorted(family, key=lambda i: i[p_key])):
         running = max(running, min(1.0, (len(family) - rank) * float(item[p_key])))
-        item["_adj"] = running
-    return k, family, left
+        adjusted[id(item)] = running
+    return k, family, adjusted
 
 
-def classify(items: list[dict], alpha: float) -> dict:
-    """Give every check its ``status`` (see the module docstring, "Statuses"):
+def unit_level(item: dict, alpha: float) -> float:
+    """The level at which one chance-based check counts as a failure in its pooled test, and (the value
+    returned) an upper bound on the chance of that failure under valid certificates: the largest p-value the
+    check can attain at or below max(min_p, α) — the chance α_spent + P[leave] itself for a LoRe check (its
+    p-value is that chance or 1), an exact binomial tail for a count."""
+    level = max(float(item["min_p"]), alpha)
+    c = item["check"]
+    if c == "lore_vs_pgd_local":
+        return float(item["min_p"])
+    n, p = (item.get("episodes"), item.get("p")) if c.startswith("gre_percentile") else \
+        (item.get("steps"), item.get("chance")) if c == "loact_certified_steps_not_flipped" else (None, None)
+    if n and p is not None and 0 < p < 1:   # the smallest count whose tail is ≤ level, and that tail
+        tails = st.binom.sf(np.arange(n + 1) - 1, n, p)
+        return float(tails[np.argmax(tails <= level + 1e-15)]) if (tails <= level + 1e-15).any() else 1.0
+    return level
+
+
+def poisson_binomial_sf(count: int, chances) -> float:
+    """P[X₁ + … + X_U ≥ count] for independent Bernoulli X_u of probabilities ``chances`` (exact, by
+    convolution): what chance allows for ``count`` failures among units that each fail with probability at
+    most its chance — a sum of independent indicators is stochastically below this one (coupling)."""
+    if count <= 0:
+        return 1.0
+    dist = np.array([1.0])
+    for c in chances:
+        dist = np.convolve(dist, [1.0 - c, c])
+    return float(min(1.0, dist[count:].sum()))
+
+
+def pooled_tests(items: list[dict], alpha: float) -> list[dict]:
+    """One count test per kind of chance-based check over every run and ε of the audit: how many of its
+    checks failed at their :func:`unit_level` against what chance allows for each (P[Poisson-binomial ≥
+    count], :func:`poisson_binomial_sf`).  A systematic fault — every run's LoRe bound beaten, every run's
+    attacked returns just under J̲_p — is then a violation where no single check could be.
+
+    The count's p-value assumes the checks of a kind fail independently given the certificates: each is a
+    separate attacked episode (or set of them) drawn with the run's own attack seed.  Checks whose run shares
+    its attack seed with an earlier run (a copied folder) are left out of the count (``left_out``), since
+    that assumption fails for them.  Vacuous checks and those that cannot fail (``min_p`` 1) add nothing."""
+    by_kind: dict = {}
+    for i in items:
+        if i.get("p_value") is not None and not i.get("vacuous") and float(i["min_p"]) < 1.0:
+            by_kind.setdefault(i["check"], []).append(i)
+    out = []
+    for kind, units in sorted(by_kind.items()):
+        owner, chances, failed, runs, left_out = {}, [], 0, set(), 0
+        for u in units:
+            run = (u["env"], u["algo"], u["sigma"])
+            if u.get("attack_seed") is not None and owner.setdefault(u["attack_seed"], run) != run:
+                left_out += 1
+                continue
+            c = unit_level(u, alpha)
+            chances.append(c)
+            failed += bool(u["p_value"] <= c)
+            runs.add(run)
+        if not chances:
+            continue
+        out.append({"env": "all", "algo": "all", "sigma": None, "eps": None, "check": POOLED + kind, "kind": kind,
+                    "bound": None, "observed": failed, "units": len(chances), "runs": len(runs),
+                    "left_out": left_out, "expected": float(sum(chances)),
+                    "p_value": poisson_binomial_sf(failed, chances), "min_p": float(np.prod(chances)),
+                    "empirical_below": failed > 0, "violation": False})
+    return out
+
+
+def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], dict]:
+    """The checks with their ``status`` (new rows; ``items`` is not changed), the pooled tests
+    (:func:`pooled_tests`) with theirs, and the ``multiple_testing`` block of audit.json.
 
     * deterministic checks (a bound rising with ε): ``violation`` or ``ok``;
-    * chance-based checks, family 1 — the whole audit (:func:`tarone_holm` over every chance-based check):
-      Holm-adjusted p < α → ``violation`` (the FAIL verdict; family-wise error ≤ α for sound results);
-    * family 2 — the check's own run (the same procedure over that run's chance-based checks): significant
-      there but not over the audit → ``suspicious`` (WARN; raw evidence against a certificate that the whole
-      audit's correction cannot confirm; per-run error ≤ α, so about α·runs false WARNs at worst);
-    * a check left out of the audit's family (it could not reach significance there whatever the attack did)
-      and not suspicious → ``untestable``, with ``reason`` and ``testable_with``; a LoRe tree that spent
-      α ≥ 1 is always untestable.  Never counted as passed.
-    Returns the ``multiple_testing`` block of audit.json."""
-    tested = [i for i in items if i.get("p_value") is not None]
-    for i in items:
+    * a bound that claims nothing (J̲ at J_min; no step certified beyond ε) → ``vacuous``, not tested;
+    * the audit's family (:func:`tarone_holm` over every non-vacuous chance-based check *and* the pooled
+      tests): Holm-adjusted p < α → ``violation`` (FAIL; family-wise error ≤ α for valid certificates);
+    * the check's own run (the same procedure over that run's checks): significant there but not over the
+      audit → ``suspicious`` (WARN);
+    * outside the audit's family: ``ok`` when its kind's pooled test is in the family (``tested_by``:
+      ``pooled`` — it could have caught a fault shared by the runs, not one broken certificate alone), else
+      ``untestable`` with ``reason`` and ``testable_with`` (WARN, never counted as passed);
+    * every other check: ``ok`` (``tested_by``: ``alone``)."""
+    rows = [dict(i) for i in items]
+    for i in rows:
+        if i["check"] == "lore_vs_pgd_local" and lore_alpha_exhausted(i.get("alpha_spent", 0.0)):
+            i["min_p"] = 1.0  # no joint certificate: nothing to test
+    tested = [i for i in rows if i.get("p_value") is not None and not i.get("vacuous")]
+    pooled = pooled_tests(tested, alpha)
+    k, family, adjusted = tarone_holm(tested + pooled, alpha)
+    in_family = {id(i) for i in family}
+    for i in tested + pooled:
+        i["in_audit_family"] = id(i) in in_family
+        i["p_adjusted"] = adjusted.get(id(i))
+        i["violation"] = bool(i["in_audit_family"] and i["p_adjusted"] < alpha)
+    per_run: dict = {}
+    for i in tested:
+        per_run.setdefault((i["env"], i["algo"], i["sigma"]), []).append(i)
+    for group in per_run.values():
+        _, _, adj = tarone_holm(group, alpha)
+        for i in group:
+            i["p_run"] = adj.get(id(i))
+    pooled_on = {p["kind"] for p in pooled if p["in_audit_family"]}
+    for i in rows:
         if i.get("p_value") is None:
             i["status"] = "violation" if i["violation"] else "ok"
-    for i in tested:
-        if i["check"] == "lore_vs_pgd_local" and i.get("alpha_spent", 0.0) >= 1.0:
-            i["min_p"] = 1.0  # no joint certificate: nothing to test
-    k, family, _ = tarone_holm(tested, alpha)
-    family = {id(i) for i in family}
-    for i in tested:
-        i["in_audit_family"] = id(i) in family
-        i["p_adjusted"] = i.pop("_adj", None) if i["in_audit_family"] else None
-        i["violation"] = bool(i["in_audit_family"] and i["p_adjusted"] < alpha)
-    runs: dict = {}
-    for i in tested:
-        runs.setdefault((i["env"], i["algo"], i["sigma"]), []).append(i)
-    for group in runs.values():
-        _, fam, _ = tarone_holm(group, alpha)
-        fam = {id(i) for i in fam}
-        for i in group:
-            i["p_run"] = i.pop("_adj", None) if id(i) in fam else None
-    for i in tested:
-        if i["violation"]:
+        elif i.get("vacuous"):
+            i.update(status="vacuous", violation=False)
+        elif i["violation"]:
             i["status"] = "violation"
         elif i["p_run"] is not None and i["p_run"] < alpha:
             i["status"] = "suspicious"
-        elif not i["in_audit_family"]:
+        elif i["in_audit_family"]:
+            i.update(status="ok", tested_by="alone")
+        elif i["check"] in pooled_on and float(i["min_p"]) < 1.0:
+            i.update(status="ok", tested_by="pooled")
+        else:
             i["status"] = "untestable"
             i["reason"], i["testable_with"] = untestable_reason(i, alpha, k)
-        else:
-            i["status"] = "ok"
-    return {"method": "tarone-holm", "tests": len(tested), "K": k, "family": len(family),
-            "untestable": sum(i["status"] == "untestable" for i in tested),
-            "rule": "a chance-based check is a violation when its Holm-adjusted p-value over the audit's family "
-                    "(Tarone: the checks whose smallest achievable p is <= alpha/K) is below alpha; suspicious "
-                    "when the same procedure over its own run's checks is below alpha; untestable when it is "
-                    "outside the audit's family and not suspicious"}
+    for p in pooled:
+        p["status"] = "violation" if p["violation"] else ("ok" if p["in_audit_family"] else "untestable")
+    block = {"method": "tarone-holm", "tests": len(tested) + len(pooled), "pooled": len(pooled), "K": k,
+             "family": len(family), "untestable": sum(i["status"] == "untestable" for i in rows),
+             "rule": "a chance-based check or pooled count is a violation when its Holm-adjusted p-value over the "
+                     "audit's family (Tarone: the tests whose smallest achievable p is <= alpha/K) is below alpha; "
+                     "suspicious when the same procedure over its own run's checks is below alpha; tested alone "
+                     "when in the audit's family, tested pooled when outside it but its kind's count is in it; "
+                     "untestable otherwise; vacuous when its bound claims nothing"}
+    return rows, pooled, block
+
+
+def verdict_of(statuses: dict, integrity_problems: int, rerun_differ: int = 0) -> str:
+    """FAIL on a violation (a check or a pooled count), an integrity problem or a re-run that differs; WARN
+    on a suspicious or untestable check, or when nothing was tested at all; else PASS."""
+    if statuses.get("violation") or integrity_problems or rerun_differ:
+        return "FAIL"
+    tested = statuses.get("ok", 0) + statuses.get("suspicious", 0)
+    return "WARN" if statuses.get("suspicious") or statuses.get("untestable") or not tested else "PASS"
+
+
+def exit_status(rep: dict, strict: bool = False, report_only: bool = False) -> int:
+    """The exit status of ``crop audit`` (2, bad input, is raised before any audit): 1 on FAIL; with
+    ``strict`` also on WARN and on a reproduced value that differs from the reference; 0 otherwise, and 0
+    whatever the verdict with ``report_only`` (the workflow's audit job, which keeps its files and lets the
+    closing summary state the verdict)."""
+    if report_only:
+        return 0
+    differ = (rep.get("reproduction") or {}).get("differ", 0)
+    return int(rep["verdict"] == "FAIL" or (strict and (rep["verdict"] == "WARN" or bool(differ))))
 
 
 def _short_seed(seed) -> str:
@@ -258,14 +380,65 @@ def _short_seed(seed) -> str:
 def verdict_line(rep: dict) -> str:
     """The one line that states both verdicts apart: soundness/integrity, then reproduction."""
     st_ = rep["statuses"]
+    pooled = rep.get("pooled") or []
     line = (f"soundness {rep['verdict']}: {rep['checked']} checks ({st_['ok']} ok, {st_['violation']} violation, "
-            f"{st_['suspicious']} suspicious, {st_['untestable']} untestable), {rep['integrity_problems']} "
-            "integrity problem(s)")
+            f"{st_['suspicious']} suspicious, {st_['untestable']} untestable, {st_.get('vacuous', 0)} vacuous)"
+            + (f", {len(pooled)} pooled counts ({sum(p['violation'] for p in pooled)} violation)" if pooled else "")
+            + f", {rep['integrity_problems']} integrity problem(s)")
+    rr = rep.get("rerun")
+    if rr:
+        line += f"; rerun: {rr['checked']} jobs, {rr['differ']} differ"
     r = rep.get("reproduction")
     if r:
         line += (f"; reproduction: {r['agree']} agree / {r['differ']} differ / {r['not_in_run']} not in the run / "
                  f"{r['not_in_reference']} not in the reference")
     return line
+
+
+def _where(i: dict) -> str:
+    if str(i["check"]).startswith(POOLED):
+        return f"counted over {i['runs']} runs"
+    return f"in run {i['env']}/{i['algo']}/σ={i['sigma']:g}" + ("" if i.get("eps") is None else f" at ε = {i['eps']:g}")
+
+
+def plain_verdict(rep: dict) -> str:
+    """What the audit showed, in plain words (the first paragraph of audit.md)."""
+    st_ = rep["statuses"]
+    tested = st_["ok"] + st_["suspicious"]
+    alone = sum(i.get("tested_by") == "alone" or i.get("p_value") is None for i in rep["checks"]
+                if i["status"] == "ok")
+    vac = (f" {st_['vacuous']} bound(s) claim nothing (vacuous: J̲ at J_min, or no step certified beyond ε) "
+           "and were not tested." if st_.get("vacuous") else "")
+    if rep["verdict"] == "FAIL":
+        parts = []
+        if rep["violation_list"]:
+            parts.append(f"{len(rep['violation_list'])} soundness violation(s): " + "; ".join(
+                f"{i['check']} {_where(i)} (bound {i['bound']}, observed {i['observed']})"
+                for i in rep["violation_list"][:3]))
+        if rep["integrity"]:
+            parts.append(f"{len(rep['integrity'])} integrity problem(s): " + "; ".join(
+                f"{p['problem']} ({p['file']})" for p in rep["integrity"][:3]))
+        differ = [j for j in (rep.get("rerun") or {}).get("jobs", []) if j["result"] == "differ"]
+        if differ:
+            parts.append(f"{len(differ)} re-run job(s) differ: " + "; ".join(j["job"] for j in differ[:3]))
+        return "**FAIL**: " + ". ".join(parts) + "."
+    if not tested:
+        return ("**Not decided: nothing was tested.** No check could have caught a broken certificate (no attack "
+                "to check a bound against, or every bound vacuous); to decide, run the attacks (local and global "
+                "PGD) beside the certificates." + vac)
+    if rep["verdict"] == "WARN":
+        fixes = sorted({i.get("testable_with") or "" for i in rep["untestable_list"]} - {""})
+        text = "**Not decided**: "
+        if st_["untestable"]:
+            text += (f"{st_['untestable']} check(s) could not fail"
+                     + (f"; to decide: {'; '.join(fixes)}" if fixes else "") + ". ")
+        if st_["suspicious"]:
+            text += (f"{st_['suspicious']} check(s) are suspicious within their run but not significant over the "
+                     "audit (listed first below); rerun with more attack episodes. ")
+        return text + f"{tested} other check(s) could have caught a broken certificate and none did." + vac
+    return (f"**Sound as far as tested**: {tested} checks could have caught a broken certificate and none did "
+            f"({alone} on their own, {tested - alone} only as part of a count over runs, which catches a fault "
+            "shared by the runs)." + vac)
 
 
 def _raw_failures(rep: dict) -> list[dict]:
@@ -274,22 +447,9 @@ def _raw_failures(rep: dict) -> list[dict]:
 
 
 def _md_summary(rep: dict) -> list[str]:
-    """The verdicts and their counts."""
+    """The verdicts in plain words, the summary line, and their counts."""
     ref = rep["reference"]
-    verdict = rep["verdict"]
-    why = []
-    if rep["violations"]:
-        why.append(f"{rep['violations']} soundness violation(s)")
-    if rep["integrity_problems"]:
-        why.append(f"{rep['integrity_problems']} integrity problem(s)")
-    if verdict == "WARN":
-        why += ([f"{rep['suspicious']} suspicious check(s) (listed first below)"] if rep["suspicious"] else []) + \
-               ([f"{rep['untestable']} check(s) that could not fail (untestable: see why and what would make them "
-                 "testable below)"] if rep["untestable"] else [])
-    first = (f"**Soundness and integrity: {verdict}**"
-             + (f": {'; '.join(why)}." if why else
-                ": no attack beat a certificate beyond what chance allows, no bound rose with ε, every chance-based "
-                "check could have failed, and every result file is intact."))
+    first = plain_verdict(rep)
     r = rep.get("reproduction")
     if r:
         first += (f" **Reproduction** (a separate question: does the run agree with the reference?): {r['agree']} "
@@ -307,6 +467,9 @@ def _md_summary(rep: dict) -> list[str]:
              f"{rep['suspicious']} |",
              f"| untestable (could not reach significance whatever the attack did; not counted as passed) | "
              f"{rep['untestable']} |",
+             f"| vacuous (the bound claims nothing: not tested, no cause of WARN) | {rep['vacuous']} |",
+             f"| pooled counts over runs (violations) | {len(rep['pooled'])} "
+             f"({sum(p['violation'] for p in rep['pooled'])}) |",
              f"| raw failures within what chance allows (not violations) | {len(_raw_failures(rep))} |",
              f"| integrity problems | {rep['integrity_problems']} |"]
     if ref:
@@ -338,6 +501,21 @@ def _md_soundness(rep: dict) -> list[str]:
     else:
         lines += ["None: no attack went below a certified bound, and no certified action changed within its radius, "
                   "beyond what chance allows; no bound rose with ε.", ""]
+    if rep["pooled"]:
+        lines += ["## Pooled counts over runs", "",
+                  "Per kind of check, over every run and ε: how many checks failed at their own level (`observed`) "
+                  "against what chance allows for each (`expected`, the sum of those chances), p-value P[Poisson-"
+                  "binomial ≥ observed]. A fault shared by the runs is a violation here even where no single check "
+                  "could be (docs/audit.md, \u201cPooled counts\u201d).", ""]
+        lines += [pipe_table(rep["pooled"], ["check", "runs", "units", "left_out", "observed", "expected", "p_value",
+                                             "min_p", "p_adjusted", "status"]), ""]
+    if rep["vacuous_list"]:
+        df = pd.DataFrame(rep["vacuous_list"])
+        lines += ["## Vacuous bounds", "", "These bounds claim nothing (J̲ at J_min, or no step certified beyond ε), "
+                  "so nothing could contradict them: not tested, no cause of WARN.", "",
+                  pipe_table(df.groupby(["check"]).agg(checks=("eps", "size"),
+                                                       runs=("algo", lambda x: len(set(x)))).reset_index()
+                             .to_dict("records")), ""]
     if rep["untestable_list"]:
         lines += ["## Untestable checks", "",
                   "These checks could not have failed over this audit whatever the attack observed (their smallest "
@@ -354,8 +532,15 @@ def _md_soundness(rep: dict) -> list[str]:
 
 
 def _md_integrity(rep: dict) -> list[str]:
-    """Integrity problems and partial runs."""
+    """Integrity problems, re-run jobs and partial runs."""
     lines = ["## Integrity", ""]
+    rr = rep.get("rerun")
+    if rr:
+        lines += [f"Re-execution (`--rerun`, seed {rr['seed']}): {rr['checked']} stage jobs re-run from their "
+                  f"recorded provenance: {rr['identical']} identical, {rr['within_interval']} within floating-point "
+                  f"reordering (a job that ran off the CPU), {rr['differ']} differ"
+                  + (f", {rr['not_run']} not run" if rr["not_run"] else "") + ".", "",
+                  pipe_table(rr["jobs"], ["run", "stage", "device", "result", "note"]), ""]
     if rep["integrity"]:
         lines += [pipe_table(rep["integrity"], ["run", "file", "problem"]), ""]
     else:

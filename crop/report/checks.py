@@ -56,7 +56,7 @@ from crop.stats import Phi, Phi_inv, normalise
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
            "check_certified_steps_not_flipped", "flip_probability_bound", "loact_flip_chance",
-           "lore_leave_chance", "untestable_reason", "TOL"]
+           "lore_leave_chance", "lore_alpha_exhausted", "untestable_reason", "TOL"]
 
 TOL = 1e-9
 
@@ -104,14 +104,36 @@ def _chance_inputs(d: Path, env: str) -> dict:
         f = meta_path(d / RUN_FILES[key])
         return read_json(f) if f.is_file() else {}
 
-    lm, am = meta("loact"), meta("attack_local")
+    lm, am, lo = meta("loact"), meta("attack_local"), meta("lore")
     q = read_json(d / RUN_FILES["qrange"]) if (d / RUN_FILES["qrange"]).is_file() else {}
     v_min = lm.get("v_min", q.get("v_min"))
     v_max = lm.get("v_max", q.get("v_max"))
     a_set = am.get("settings") or {}
     return {"steps": pd.read_csv(d / RUN_FILES["loact"]) if (d / RUN_FILES["loact"]).is_file() else None,
             "v_min": v_min, "v_max": v_max, "m": a_set.get("m"),
-            "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": env_spec(env).n_actions}
+            "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": _spec_fact(env, "n_actions"),
+            "loact_alpha": lm.get("per_state_alpha"), "lore_alpha": _lore_largest_state_alpha(lo)}
+
+
+def _lore_largest_state_alpha(lmeta: dict):
+    """The largest per-state α LoRe used (its first state's under alpha_mode family), or None."""
+    search = lmeta.get("search") or {}
+    for a in (search.get("per_state_alpha_first"), search.get("per_state_alpha"),
+              (lmeta.get("settings") or {}).get("alpha")):
+        if a is not None:
+            return float(a)
+    return None
+
+
+def _spec_fact(env: str, fact: str, *args):
+    """A fact of ``env``'s spec (an attribute, or a method called with ``args``); None when the id names no
+    environment this process knows — an id read from a results folder never imports a module
+    (:func:`crop.envs.env_spec` refuses ``module:Id`` ids the user's config did not give)."""
+    try:
+        value = getattr(env_spec(env), fact)
+        return value(*args) if args else value
+    except (ValueError, KeyError):
+        return None
 
 
 def _margins_ok(c: dict) -> str:
@@ -120,6 +142,8 @@ def _margins_ok(c: dict) -> str:
         return "no loact.csv: no recorded margins"
     if not {cols.Q_TOP_LOWER, cols.Q_OTHERS_UPPER_MAX} <= set(c["steps"].columns):
         return "loact.csv lacks q_top_lower / q_others_upper_max"
+    if c["n_actions"] is None:
+        return "the action count of this env id is unknown here (an id from a results folder imports nothing)"
     if c["v_min"] is None or c["v_max"] is None or not c["v_max"] > c["v_min"]:
         return "no V range recorded"
     if c["m"] is None or c["alpha"] is None:
@@ -157,8 +181,15 @@ def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int) -> tuple[
     if len(ep0) < horizon:
         return 1.0, f"LoAct episode 0 has {len(ep0)} < {horizon} steps"
     beyond = ep0[cols.CERTIFIED].astype(bool).to_numpy() & (ep0[cols.RADIUS].to_numpy(float) > eps)
-    p = np.where(beyond, _step_flip_bounds(c, sigma, eps, ep0), 0.0 if c["n_actions"] == 2 else 1.0)
-    return float(1.0 - np.prod(1.0 - p)), f"estimated along LoAct episode 0 ({horizon} steps)"
+    # A step LoAct did not certify beyond ε keeps both actions of a two-action game in LoRe's tree only if LoRe
+    # certifies no more than LoAct does: its per-state α no larger than LoAct's (wider bounds).
+    nested = (c.get("lore_alpha") is not None and c.get("loact_alpha") is not None
+              and c["lore_alpha"] <= c["loact_alpha"])
+    p = np.where(beyond, _step_flip_bounds(c, sigma, eps, ep0), 0.0 if c["n_actions"] == 2 and nested else 1.0)
+    note = f"estimated along LoAct episode 0 ({horizon} steps)"
+    if c["n_actions"] == 2 and not nested and not beyond.all():
+        note += "; LoRe's per-state α exceeds LoAct's, so a step LoAct left uncertified may be one LoRe certified"
+    return float(1.0 - np.prod(1.0 - p)), note
 
 
 def _lore_alpha(lmeta: dict) -> float:
@@ -191,7 +222,8 @@ def check_gre_vs_global_attack(gre: pd.DataFrame, attack: pd.DataFrame) -> list[
         rows_out.append(_row("gre_expectation_vs_pgd_mean", float(eps), eb, float(ret.mean()),
                              empirical_below=bool(ret.mean() < eb - TOL), episodes=len(ret),
                              p_value=_hoeffding_p(eb - ret.mean(), len(ret), width),
-                             min_p=_hoeffding_p(eb - j_min, len(ret), width), shortfall_max=eb - j_min, width=width))
+                             min_p=_hoeffding_p(eb - j_min, len(ret), width), shortfall_max=eb - j_min, width=width,
+                             vacuous=not eb > j_min + TOL))
         for _, r in rows.iterrows():
             if not bool(r[cols.PERCENTILE_CERTIFIED]):
                 continue
@@ -201,7 +233,8 @@ def check_gre_vs_global_attack(gre: pd.DataFrame, attack: pd.DataFrame) -> list[
             rows_out.append(_row(f"gre_percentile_p{p:g}_vs_pgd", float(eps), pb, q,
                                  empirical_below=bool(q < pb - TOL), attacked_below=below, episodes=len(ret),
                                  p_value=_binom_p(below, len(ret), p),
-                                 min_p=_binom_p(len(ret), len(ret), p) if pb > j_min + TOL else 1.0, p=p))
+                                 min_p=_binom_p(len(ret), len(ret), p) if pb > j_min + TOL else 1.0, p=p,
+                                 vacuous=not pb > j_min + TOL))
     return rows_out
 
 
@@ -211,10 +244,17 @@ def check_monotone(check: str, eps, bounds) -> list[dict]:
     return [_row(check, e, b, nb, True) for e, b, nb in _monotone(eps, bounds)]
 
 
+def lore_alpha_exhausted(alpha_spent: float) -> bool:
+    """A LoRe tree that spent α ≥ 1 (usual under ``alpha_mode: state``: N smoothed states at α each) has no
+    joint guarantee: its bound claims nothing the audit could test."""
+    return alpha_spent >= 1.0
+
+
 def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.DataFrame, chance: dict,
-                               sigma: float) -> list[dict]:
+                               sigma: float, j_min: float | None = None) -> list[dict]:
     """LoRe's bound J̲ (Theorem 4) against the local PGD return from LoRe's own initial state at each ε
-    (see the module docstring); p-value α_spent + P[leave] when the return is below the bound."""
+    (see the module docstring); p-value α_spent + P[leave] when the return is below the bound.  A bound at
+    ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``."""
     valid_until = lore_valid_until({"lore_meta": lore_meta})
     a_lore = _lore_alpha(lore_meta)
     rows_out = []
@@ -228,7 +268,8 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
         allowed = min(1.0, a_lore + leave)
         rows_out.append(_row("lore_vs_pgd_local", eps, b, float(r[cols.RETURN]), empirical_below=below,
                              episode=int(r[cols.EPISODE]), p_value=allowed if below else 1.0, chance=allowed,
-                             alpha_spent=a_lore, p_leave=leave, note=note, min_p=allowed))
+                             alpha_spent=a_lore, p_leave=leave, note=note, min_p=allowed,
+                             vacuous=j_min is not None and not b > j_min + TOL))
     return rows_out
 
 
@@ -240,10 +281,12 @@ def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma:
     for eps, g in attack.groupby("eps"):
         flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), int(g[cols.STEPS].sum())
         per_step, note = loact_flip_chance(chance, sigma, float(eps))
+        # No LoAct step certified beyond ε and no certified step flipped: the certificates claim nothing at ε.
+        empty = flips == 0 and note.startswith("unassessed (no LoAct step certified beyond")
         rows_out.append(_row("loact_certified_steps_not_flipped", float(eps), 0, flips, empirical_below=flips > 0,
                              episodes=len(g), steps=n, chance=per_step, expected=n * per_step,
                              p_value=_binom_p(flips, n, per_step), note=note,
-                             min_p=_binom_p(n, n, per_step) if n else 1.0))
+                             min_p=_binom_p(n, n, per_step) if n else 1.0, vacuous=empty))
     return rows_out
 
 
@@ -272,20 +315,38 @@ def run_checks(results: Path, run: str, stages: list[str]) -> list[dict]:
     chance = _chance_inputs(d, env) if attack_local is not None else None
     if lore is not None:
         if attack_local is not None:
-            rows += check_lore_vs_local_attack(lore, read_lore_meta(d), attack_local, chance, sigma)
+            lmeta = read_lore_meta(d)
+            ls = lmeta.get("settings") or {}
+            j_min = (_spec_fact(env, "return_range", int(ls["horizon"]), float(ls.get("gamma", 1.0)))
+                     or (None,))[0] if ls.get("horizon") else None
+            rows += check_lore_vs_local_attack(lore, lmeta, attack_local, chance, sigma, j_min)
         rows += check_monotone("lore_monotone", lore[cols.EPS], lore[cols.LOWER_BOUND])
     if attack_local is not None:
         rows += check_certified_steps_not_flipped(attack_local, chance, sigma)
-    return [{**key, **r} for r in rows]
+    seeds = {s: _stage_seed(d, s) for s in ("attack_global", "attack_local")}
+    return [{**key, **r, "attack_seed": seeds["attack_global" if r["check"].startswith("gre_") else "attack_local"]}
+            for r in rows]
+
+
+def _stage_seed(d: Path, key: str):
+    """The seed a stage's file records (its meta file), or None."""
+    f = meta_path(d / RUN_FILES[key])
+    return read_json(f).get("seed") if f.is_file() else None
 
 
 def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
     """(why a check cannot reach significance in a family of k, what would make it testable)."""
     level = alpha / max(k, 1)
     c = item["check"]
-    if c == "lore_vs_pgd_local" and item.get("alpha_spent", 0.0) >= 1.0:
+    if c == "lore_vs_pgd_local" and lore_alpha_exhausted(item.get("alpha_spent", 0.0)):
         return (f"LoRe's tree spent α = {item['alpha_spent']:.3g} ≥ 1: its bound has no joint meaning",
                 "alpha_mode: family (the whole tree at α)")
+    if c == "lore_vs_pgd_local" and item["min_p"] >= 1.0:
+        return (f"the attacked (m-sample) policy may leave LoRe's tree with probability ≈ 1 at this ε: P[leave] = "
+                f"{item.get('p_leave', 1.0):.3g} ({item.get('note') or 'unassessed'}; near-tie steps certified "
+                "beyond ε, or steps whose margins are unknown)",
+                "a larger attack m (loact.m) for near-tie steps, or this ε left out of attack.local_eps_factors; "
+                "for a many-action game, LoAct margins beyond ε along LoRe's initial episode")
     if c == "lore_vs_pgd_local":
         return (f"a single attacked return: smallest p = α spent + P[leave] = {item['min_p']:.3g} > α/K = "
                 f"{level:.3g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")

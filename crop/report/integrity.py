@@ -79,4 +79,22 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
             problems.append({"file": str(f), "problem": "sha256 differs from the one recorded at write time "
                                                          "(truncated or modified); delete it and rerun the workflow "
                                                          f"(or `snakemake --forcerun {rule}`) to recompute it"})
+    return problems + _inputs_changed(Path(run_dir))
+
+
+def _inputs_changed(run_dir: Path) -> list[dict]:
+    """A JSON result that carries its provenance inside (qrange.json) has no hash of its own, but every stage
+    that read it recorded its sha256: one that no longer matches was edited after use."""
+    problems = []
+    for key, name in RUN_FILES.items():
+        f = run_dir / name
+        if _META.get(key, True) or not f.is_file():
+            continue
+        sha = sha256_file(f)
+        readers = sorted({read_json(m).get("stage") or m.name for m in run_dir.glob("*.meta.json")
+                          if ((read_json(m).get("inputs") or {}).get(key) or {}).get("sha256") not in (None, sha)})
+        if readers:
+            problems.append({"file": str(f), "problem": f"sha256 differs from the one {', '.join(readers)} recorded "
+                                                        "when it read the file (edited after use); rerun the workflow "
+                                                        f"(or `snakemake --forcerun {_RULE[key]}`)"})
     return problems

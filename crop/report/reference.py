@@ -64,9 +64,9 @@ import pandas as pd
 import yaml
 
 from crop import columns as cols
-from crop.config import ALGORITHMS, load_schema
+from crop.config import ALGORITHMS, load_bounded_yaml, load_schema
 from crop.envs import ENV_SPECS
-from crop.io import sha256_file
+from crop.io import CappedError, sha256_file
 from crop.report.intervals import INTERVAL_METRICS, run_interval
 from crop.report.metrics import is_metric as _is_project_metric
 from crop.report.metrics import lore_valid_until, mean_radius, metric_has_eps, metric_value
@@ -102,8 +102,8 @@ DEFAULT_TOLERANCES = {
 ABSURD = 1e300  # a reference value beyond this magnitude is refused (it would make any tolerance infinite)
 
 
-class ReferenceError(ValueError):
-    """A malformed reference table or tolerances file."""
+class ReferenceError(CappedError):
+    """A malformed reference table or tolerances file (one line, capped)."""
 
 
 def is_reference_metric(name: str) -> bool:
@@ -213,7 +213,7 @@ def load_tolerances(path) -> dict:
     """Read a tolerances file (YAML or JSON): {metric or "default": {"abs": x, "rel": y}}."""
     path = Path(path)
     try:
-        tol = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+        tol = load_bounded_yaml(path.read_bytes().decode("utf-8"), str(path), ReferenceError) or {}
     except UnicodeDecodeError as exc:
         raise ReferenceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except (OSError, yaml.YAMLError) as exc:
@@ -243,6 +243,16 @@ def tolerance_for(metric: str, file_tol: dict | None = None, abs_tol: float | No
     for k in ("abs", "rel"):
         out[k] = next(float(src[k]) for src in chain if src.get(k) is not None)
     return out
+
+
+def agreement(lo: float, hi: float, published: float, tol: dict) -> tuple[bool, float, float]:
+    """The rule of agreement (docs/audit.md, "Agree or differ"), the one place it lives: a published value
+    agrees when it lies inside the reproduction's interval [lo, hi] (the value itself where it has none)
+    widened on each side by allowed = max(abs, rel·|published|) of the metric's tolerance ``tol``.
+    Returns (agrees, how far outside [lo, hi] it lies, allowed)."""
+    allowed = max(tol["abs"], tol["rel"] * abs(published))
+    outside = max(lo - published, published - hi, 0.0)
+    return outside <= allowed * (1 + 1e-12) + 1e-15, outside, allowed
 
 
 def mean_radius_certified(steps: pd.DataFrame) -> float:
@@ -361,13 +371,11 @@ def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = Non
             row["verdict"] = "match" if same else "differs"
             row["note"] = "" if same else "one of the two has no value (e.g. no percentile bound certified)"
         else:
-            allowed = max(tol["abs"], tol["rel"] * abs(ref_v))
             delta = got - ref_v
             lo, hi = got, got
             if iv is not None and not (math.isnan(iv["lo"]) or math.isnan(iv["hi"])):
                 lo, hi = min(lo, iv["lo"]), max(hi, iv["hi"])
-            outside = max(lo - ref_v, ref_v - hi, 0.0)
-            ok = outside <= allowed * (1 + 1e-12) + 1e-15
+            ok, outside, allowed = agreement(lo, hi, ref_v, tol)
             half = (hi - lo) / 2
             row.update(delta=delta, allowed=allowed, verdict="match" if ok else "differs",
                        ratio=got / ref_v if ref_v != 0 else None, outside=outside,

@@ -141,16 +141,15 @@ def _with_interval(r) -> str:
     return text
 
 
-def _agrees(r, published: float) -> tuple[bool, float]:
-    """The reproduction rule (crop.report.reference.compare_reference) for a published value from another
-    row: inside the interval widened by the metric's tolerance; returns (agrees, distance outside)."""
-    from crop.report.reference import tolerance_for
+def _agrees(r, published: float, tolerances: dict) -> tuple[bool, float]:
+    """The audit's rule (:func:`crop.report.reference.agreement`, with the audit's tolerances: file, flags,
+    defaults) for a published value from another row; returns (agrees, distance outside the interval)."""
+    from crop.report.reference import agreement, tolerance_for
 
-    tol = tolerance_for(r.metric)
     lo = r.reproduced if pd.isna(r.interval_lo) else min(r.reproduced, r.interval_lo)
     hi = r.reproduced if pd.isna(r.interval_hi) else max(r.reproduced, r.interval_hi)
-    outside = max(lo - published, published - hi, 0.0)
-    return outside <= max(tol["abs"], tol["rel"] * abs(published)) * (1 + 1e-12), outside
+    ok, outside, _ = agreement(lo, hi, published, tolerances.get(r.metric) or tolerance_for(r.metric))
+    return ok, outside
 
 
 def _ratio_range(g: pd.DataFrame) -> str:
@@ -162,7 +161,7 @@ def _ratio_range(g: pd.DataFrame) -> str:
     return f" (reproduced/published {_fmt(lo, 2)}" + (f"–{_fmt(hi, 2)})" if not math.isclose(lo, hi) else ")")
 
 
-def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]:
+def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str, tolerances: dict) -> list[str]:
     lines = [f"## {env}", ""]
     ran = df[df["verdict"].isin(["match", "differs"]) | (df["verdict"] == "not_in_reference")
              | df["note"].str.startswith("stage") | df["note"].str.startswith("eps")]
@@ -236,7 +235,7 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str) -> list[str]
         for r in mine.sort_values(["metric", "sigma"]).itertuples():
             ref = pub.get((r.metric, r.sigma))
             if ref is not None:
-                agrees, outside = _agrees(r, float(ref))
+                agrees, outside = _agrees(r, float(ref), tolerances)
                 rows.append({"σ": _fmt(r.sigma), "metric": r.metric, "published (RadialRL row)": _fmt(ref),
                              "reproduced (StdTrain) [interval]": _with_interval(r),
                              "ratio": _fmt(r.reproduced / ref if ref else None, 2),
@@ -287,7 +286,7 @@ def write_reproduction(ref_block: dict, out_dir: Path, envs) -> dict:
         sub = df[df["env"] == env]
         _figure(sub, env, _radius_metric(sub), fig)
         figures.append(str(fig))
-        lines += _env_section(sub, env, paper, fig.name)
+        lines += _env_section(sub, env, paper, fig.name, ref_block.get("tolerances") or {})
     md = out_dir / "reproduction.md"
     atomic_write_text(md, "\n".join(lines))
     return {"md": str(md), "figures": figures}
