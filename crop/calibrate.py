@@ -1,0 +1,186 @@
+"""``crop calibrate``: measure on this machine the unit costs of the cost model (:mod:`crop.cost`).
+
+Per environment, with a network of the architecture its policies have (random weights: the cost does not
+depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.SmoothedQ`, the
+engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot/restore pair
+on one core (LoRe's node), GRe's workflow path per trajectory step (:func:`crop.gre.sample_randomized_returns`
+with one worker), a training step (:func:`crop.train.dqn.train_dqn`, updates from the first step, no
+evaluation); and a job's fixed start cost (a fresh interpreter importing what a stage imports).  Each is
+the best of a few repetitions: on a shared machine the best is the least disturbed by other processes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from crop.cost import GLOBAL_UNITS, calibration_path, shipped_table
+
+__all__ = ["calibrate", "machine", "PAPER_ENVS"]
+
+PAPER_ENVS = ("CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
+
+
+def machine(device: str) -> dict:
+    """CPU model, cores and GPU name of this machine (recorded beside its unit costs)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = None
+    if device == "cuda":
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu}
+
+
+def _best(fn, repeats: int = 3) -> float:
+    """The least seconds ``fn`` took in ``repeats`` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def _net_spec(env: str, n_actions: int, obs_shape: tuple) -> dict:
+    if len(obs_shape) == 3:
+        return {"arch": "nature_cnn", "in_channels": obs_shape[0], "in_size": obs_shape[1], "out": n_actions}
+    width = 256 if env.startswith("highway") else 128   # the published highway networks; CartPole's recipe
+    return {"arch": "mlp", "in": int(obs_shape[0]), "hidden": [width, width], "out": n_actions}
+
+
+def _env_costs(env: str, device: str, log) -> dict:
+    import pickle
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from crop.envs import make_env, restore, snapshot, to_obs
+    from crop.gre import sample_randomized_returns
+    from crop.models import build_q_network
+    from crop.smoothing import SmoothedQ
+    from crop.train.dqn import DQNConfig, train_dqn
+
+    e = make_env(env)
+    obs, _ = e.reset(seed=0)
+    obs = to_obs(obs)
+    k, image = int(e.action_space.n), obs.ndim == 3
+    net = build_q_network(_net_spec(env, k, obs.shape)).to(device).eval()
+    out = {}
+
+    m = 2000 if image and device == "cpu" else 10000
+    sm = SmoothedQ(net, 0.01, m, -1.0, 1.0, 0.05, k, chunk=1000, device=device)
+    out["smooth_sample_s"] = _best(lambda: sm.estimate_batch(obs[None])) / m
+    log(f"{env}: smoothed step {out['smooth_sample_s'] * m * 1e3:.1f} ms per state at m = {m}")
+
+    b = 64 if image else 256
+    x = torch.as_tensor(np.repeat(obs[None], b, 0), device=device)
+
+    def grad():
+        z = x.clone().requires_grad_(True)
+        F.cross_entropy(net(z + 0.01 * torch.randn_like(z)), torch.zeros(b, dtype=torch.long, device=device)) \
+            .backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    out["grad_sample_s"] = _best(grad) / b
+
+    n = 200 if image else 500
+
+    def steps():
+        e.reset(seed=1)
+        for _ in range(n):
+            _, _, term, trunc, _ = e.step(e.action_space.sample())
+            if term or trunc:
+                e.reset()
+
+    out["env_step_s"] = _best(steps) / n
+    snap = snapshot(e)
+    out["snapshot_s"] = _best(lambda: [restore(e, snapshot(e)) for _ in range(20)]) / 20
+    out["node_mb"] = len(pickle.dumps(snap, protocol=pickle.HIGHEST_PROTOCOL)) / 1e6
+    log(f"{env}: env step {out['env_step_s'] * 1e3:.2f} ms, snapshot + restore {out['snapshot_s'] * 1e3:.2f} ms")
+
+    # GRe's path per trajectory step: short trajectories a random network keeps alive to the horizon.
+    gm, gh = (32, 50) if image else ((8, 5) if env.startswith("highway") else (2000, 8))
+    gre_s = _best(lambda: sample_randomized_returns(env, net, 0.01, gm, gh, 1.0, seed=0, env_seed=0, chunk=1000,
+                                                    device=device, workers=1, progress=False), repeats=2)
+    out["gre_step_s"] = gre_s / (gm * gh)
+    if env == "CartPole-v0":
+        out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
+    log(f"{env}: GRe {1 / out['gre_step_s']:.0f} trajectory steps/s on one core")
+
+    # Two lengths, so that what a training run pays once (making the environment, the final evaluation)
+    # cancels out of the per-step cost.
+    ts = 100 if image else (200 if env.startswith("highway") else 1000)
+
+    def train(steps):
+        cfg = DQNConfig(hidden=[256, 256] if env.startswith("highway") else [128, 128], total_steps=steps,
+                        learning_starts=0, buffer_size=max(3 * ts, 1000), eval_every=10 * steps,
+                        eval_episodes=1, quick_eval_episodes=1, target_return=None, eval_max_steps=1,
+                        device=device)
+        t = time.perf_counter()
+        train_dqn(env, 0, cfg, progress=False)
+        return time.perf_counter() - t
+
+    out["train_step_s"] = max(train(3 * ts) - train(ts), 0.0) / (2 * ts)
+    log(f"{env}: training {1 / out['train_step_s']:.0f} steps/s")
+    return out
+
+
+def _start_s() -> float:
+    """A stage job's fixed cost: a fresh interpreter importing what ``crop loact`` imports."""
+    code = "import crop.cli, crop.stages, crop.smoothing, crop.loact, crop.envs, pandas"
+
+    def run():
+        subprocess.run([sys.executable, "-c", code], check=True)
+
+    return _best(run, repeats=3)
+
+
+def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=print) -> dict:
+    """Measure every unit cost on ``device`` and store them under ``device`` in the calibration file (other
+    devices' tables in it are kept).  Returns the table written."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device here")
+    torch.set_num_threads(1)   # the unit is one core: a job's threads divide what scales
+    shipped = shipped_table(device)
+    table = {"device": device, "machine": machine(device),
+             "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+             "source": "crop calibrate", "envs": {}}
+    table["start_s"] = _start_s()
+    log(f"start of a job (imports): {table['start_s']:.2f} s")
+    for name in GLOBAL_UNITS:
+        if name != "start_s":   # not measurable by a micro-benchmark: the shipped table's (docs/speed.md)
+            table[name] = shipped[name]
+    for env in envs:
+        table["envs"][env] = _env_costs(env, device, log)
+    path = Path(out) if out else calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tables = {}
+    if path.is_file():
+        try:
+            tables = json.loads(path.read_text())
+        except ValueError:
+            tables = {}
+    tables[device] = table
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    log(f"wrote {path}")
+    return table
