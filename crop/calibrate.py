@@ -2,10 +2,11 @@
 
 Per environment, with a network of the architecture its policies have (random weights: the cost does not
 depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.SmoothedQ`, the
-engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot/restore pair
-on one core (LoRe's node), GRe's workflow path per trajectory step (:func:`crop.gre.sample_randomized_returns`
-with one worker), a training step (:func:`crop.train.dqn.train_dqn`, updates from the first step, no
-evaluation); and a job's fixed start cost (a fresh interpreter importing what a stage imports).  Each is
+engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
+LoRe node besides its smoothing (a small full search), GRe's workflow path per trajectory step
+(:func:`crop.gre.sample_randomized_returns` with one worker), a training step
+(:func:`crop.train.dqn.train_dqn`, updates from the first step, no evaluation); and a job's fixed start
+cost (a fresh interpreter importing what a stage imports).  All on one core (torch threads: 1).  Each is
 the best of a few repetitions: on a shared machine the best is the least disturbed by other processes.
 """
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _env_costs(env: str, device: str, log) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from crop.envs import make_env, restore, snapshot, to_obs
+    from crop.envs import make_env, snapshot, to_obs
     from crop.gre import sample_randomized_returns
     from crop.models import build_q_network
     from crop.smoothing import SmoothedQ
@@ -110,9 +111,11 @@ def _env_costs(env: str, device: str, log) -> dict:
 
     out["env_step_s"] = _best(steps) / n
     snap = snapshot(e)
-    out["snapshot_s"] = _best(lambda: [restore(e, snapshot(e)) for _ in range(20)]) / 20
     out["node_mb"] = len(pickle.dumps(snap, protocol=pickle.HIGHEST_PROTOCOL)) / 1e6
-    log(f"{env}: env step {out['env_step_s'] * 1e3:.2f} ms, snapshot + restore {out['snapshot_s'] * 1e3:.2f} ms")
+    log(f"{env}: env step {out['env_step_s'] * 1e3:.2f} ms, a node's snapshot {out['node_mb']:.3g} MB")
+
+    out["lore_node_s"] = _lore_node_s(env, net, k, out["smooth_sample_s"], device)
+    log(f"{env}: LoRe node {out['lore_node_s'] * 1e3:.2f} ms besides its smoothing")
 
     # GRe's path per trajectory step: short trajectories a random network keeps alive to the horizon.
     gm, gh = (32, 50) if image else ((8, 5) if env.startswith("highway") else (2000, 8))
@@ -139,6 +142,25 @@ def _env_costs(env: str, device: str, log) -> dict:
     out["train_step_s"] = max(train(3 * ts) - train(ts), 0.0) / (2 * ts)
     log(f"{env}: training {1 / out['train_step_s']:.0f} steps/s")
     return out
+
+
+def _lore_node_s(env: str, net, k: int, smooth_sample_s: float, device: str) -> float:
+    """A LoRe node's cost besides its m smoothing samples: its |A| transitions (restore, step, snapshot) and
+    the search's bookkeeping, from a full search (no pruning) of a small tree with 16 samples per state."""
+    from crop.lore import run_lore
+    from crop.smoothing import SmoothedQ
+
+    depth = {"CartPole-v0": 8, "FreewayNoFrameskip-v4": 4}.get(env, 3)
+    m = 16
+    info = {}
+
+    def search():
+        sm = SmoothedQ(net, 0.01, m, -1.0, 1.0, 0.05, k, chunk=1000, device=device)
+        info.update(run_lore(env, sm, depth, 0, prune=False, progress=False)[1])
+
+    seconds = _best(search, repeats=2)
+    n = max(1, info["distinct_states_smoothed"])
+    return max(seconds - n * m * smooth_sample_s, 0.0) / n
 
 
 def _start_s() -> float:

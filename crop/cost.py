@@ -11,7 +11,7 @@ job             seconds (S = episodes × H states; every job adds the table's ``
 checkpoint      trained: ``total_steps`` × ``train_step_s``; published, derived or your own file: ``fetch_s``
 qrange, loact   S × (m × ``smooth_sample_s`` + ``env_step_s``)
 gre             m × H × ``gre_step_s`` / workers (the workflow's pool path, per core; one process for CartPole)
-lore            nodes × (m × ``smooth_sample_s`` + |A| × (``env_step_s`` + ``snapshot_s``)), :func:`lore_nodes`
+lore            nodes × (m × ``smooth_sample_s`` + ``lore_node_s``: its |A| transitions, the search), :func:`lore_nodes`
 attack_local    runs × H × (2m × ``smooth_sample_s`` + steps × m_grad × ``grad_sample_s`` + ``env_step_s``)
 attack_global   runs × H × ((steps + 1) × n_eot × ``grad_sample_s`` + ``env_step_s``)
 aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
@@ -47,8 +47,7 @@ __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predic
 HEADROOM, HEADROOM_MIN = 2.0, 5
 
 #: Per-environment unit costs the model needs (seconds; ``node_mb`` in MB), and the global ones.
-UNITS = ("smooth_sample_s", "grad_sample_s", "env_step_s", "gre_step_s", "snapshot_s", "node_mb",
-         "train_step_s")
+UNITS = ("smooth_sample_s", "grad_sample_s", "env_step_s", "gre_step_s", "lore_node_s", "node_mb", "train_step_s")
 GLOBAL_UNITS = ("start_s", "fetch_s", "figure_s", "audit_run_s")
 
 #: Above this many nodes a LoRe tree cannot be priced: the config needs lore.max_nodes (or a smaller horizon).
@@ -187,7 +186,7 @@ def _stage_seconds(cfg: dict, job: Job, t: dict) -> tuple[float, str]:
             raise CostError(f"lore {env}/{job.algo} σ={job.sigma}: a tree of up to {k}^{lo['horizon']} nodes "
                             f"cannot finish; give environments.{env}.lore.max_nodes (a budget of nodes) or a "
                             "smaller lore.horizon")
-        per_node = lo["m"] * u("smooth_sample_s") + k * (u("env_step_s") + u("snapshot_s"))
+        per_node = lo["m"] * u("smooth_sample_s") + u("lore_node_s")
         job.mem_mb += int(nodes * u("node_mb"))
         return nodes * per_node, f"{nodes:.0f} nodes"
     if rule == "attack_local":

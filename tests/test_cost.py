@@ -229,3 +229,17 @@ def test_paper_dry_run_asks_at_least_the_plan(tmp_path):
     assert sorted((r, tuple(sorted(w.items()))) for r, w, _ in dry) == sorted(jobs)
     for r, w, runtime in dry:
         assert runtime * 60 >= jobs[r, tuple(sorted(w.items()))].seconds, (r, w)
+
+
+@pytest.mark.slow
+def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
+    path = tmp_path / "calibration.json"
+    main(["calibrate", "--device", "cpu", "--env", "CartPole-v0", "--out", str(path)])
+    table = json.loads(path.read_text())["cpu"]
+    assert table["machine"]["cores"] >= 1 and table["machine"]["cpu"]
+    for unit in cost.GLOBAL_UNITS:
+        assert table[unit] > 0
+    for unit in cost.UNITS:
+        assert table["envs"]["CartPole-v0"][unit] > 0, unit
+    main(["plan", "--configfile", str(QUICK), "--json", "--calibration", str(path)])
+    assert str(path) in capsys.readouterr().err
