@@ -11,16 +11,17 @@ job             seconds (S = episodes × H states; every job adds the table's ``
 checkpoint      trained: ``total_steps`` × ``train_step_s``; published, derived or your own file: ``fetch_s``
 qrange, loact   S × (m × ``smooth_sample_s`` + ``env_step_s``)
 gre             m × H × ``gre_step_s`` / workers (the workflow's pool path, per core; one process for CartPole)
-lore            nodes × (m × ``smooth_sample_s`` + ``lore_node_s``: its |A| transitions, the search), :func:`lore_nodes`
+lore            nodes (:func:`lore_nodes`) × (m × ``smooth_sample_s`` + ``lore_node_s``: transitions, search)
 attack_local    runs × H × (2m × ``smooth_sample_s`` + steps × m_grad × ``grad_sample_s`` + ``env_step_s``)
 attack_global   runs × H × ((steps + 1) × n_eot × ``grad_sample_s`` + ``env_step_s``)
 aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
 ==============  =============================================================================================
 
-Episodes are counted at their full horizon (an upper bound: an episode that ends sooner costs less), and
-LoRe's tree at its worst case for what can be known before the run (:func:`lore_nodes`), so a prediction
-errs long, never short.  No torch and no environments are imported here: ``crop plan`` on a login node and
-the Snakefile's resources read it.
+Unit costs are per core (torch threads: 1); a job's threads shorten only GRe (its worker processes), so
+a job with more threads is predicted long.  Episodes are counted at their full horizon (an episode that
+ends sooner costs less), and LoRe's tree at its worst case for what can be known before the run
+(:func:`lore_nodes`), so a prediction errs long.  No torch is imported here (environments' facts only):
+``crop plan`` on a login node and the Snakefile's resources read it.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from crop import columns as cols
 from crop import layout
 from crop.config import run_targets, sigma_label, smoothing_targets, train_settings
 from crop.stage_table import STAGES
@@ -41,9 +43,9 @@ from crop.stage_table import STAGES
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
            "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "makespan"]
 
-#: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model is checked to put ≥ 80 % of
-#: jobs within 0.5–2× of their measured time (docs/speed.md), so 2× covers a node half as fast as the table's
-#: (a shared or older one) and the minutes cover the queue's file system and a GPU's start.
+#: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model aims at 0.5–2× of a job's
+#: measured time (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the
+#: queue's file system and a GPU's start.
 HEADROOM, HEADROOM_MIN = 2.0, 5
 
 #: Per-environment unit costs the model needs (seconds; ``node_mb`` in MB), and the global ones.
@@ -148,13 +150,13 @@ def _certified_fraction(cfg: dict, env: str, algo: str, sigma: str) -> float:
     when there is one (its ``loact.csv``); 0 (every action possible: the worst case) otherwise and whenever
     LoRe searches without a largest ε (``lore.eps_max_factor: null``: every action becomes possible)."""
     factor = cfg["environments"][env]["lore"].get("eps_max_factor")
-    path = layout.run_dir(cfg["results"], env, *layout.split_run_algo(algo), sigma) / layout.RUN_FILES["loact"] \
-        if factor else None
-    if path is None or not path.is_file():
+    name, target = layout.split_run_algo(algo)
+    path = layout.run_dir(cfg["results"], env, name, sigma, target) / layout.RUN_FILES["loact"]
+    if not factor or not path.is_file():
         return 0.0
     eps_max = factor * float(sigma)
     with open(path, newline="") as f:
-        radii = [float(r["radius"]) for r in csv.DictReader(f)]
+        radii = [float(r[cols.RADIUS]) for r in csv.DictReader(f)]
     return sum(r >= eps_max for r in radii) / len(radii) if radii else 0.0
 
 
@@ -187,7 +189,7 @@ def _stage_seconds(cfg: dict, job: Job, t: dict) -> tuple[float, str]:
                             f"cannot finish; give environments.{env}.lore.max_nodes (a budget of nodes) or a "
                             "smaller lore.horizon")
         per_node = lo["m"] * u("smooth_sample_s") + u("lore_node_s")
-        job.mem_mb += int(nodes * u("node_mb"))
+        job.mem_mb += int(2 * nodes * u("node_mb"))   # its snapshots: twice their pickled size, for Python's objects
         return nodes * per_node, f"{nodes:.0f} nodes"
     if rule == "attack_local":
         a, lo = ec["attack"], ec["lore"]

@@ -243,3 +243,23 @@ def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
         assert table["envs"]["CartPole-v0"][unit] > 0, unit
     main(["plan", "--configfile", str(QUICK), "--json", "--calibration", str(path)])
     assert str(path) in capsys.readouterr().err
+
+
+def test_a_finished_loact_narrows_lore_s_tree_only_with_a_largest_eps(tmp_path):
+    """LoRe's predicted tree uses the fraction of LoAct's states certified at the search's largest ε."""
+    def lore_job(cfg):
+        jobs, _ = cost.predict(validate_config(cfg))
+        return next(j for j in jobs if j.rule == "lore" and j.algo == "StdTrain" and j.sigma == "0.01")
+
+    cfg = _config(QUICK, results=str(tmp_path))
+    full = lore_job(cfg)
+    assert full.note == "1023 nodes"
+    loact = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.01" / "loact.csv"
+    loact.parent.mkdir(parents=True)
+    loact.write_text("episode,step,certified,radius\n" + "".join(f"0,{i},1,{r}\n" for i, r in
+                                                                   enumerate([0.0, 0.001, 0.05, 0.05])))
+    assert lore_job(cfg).note == "1023 nodes"                 # eps_max_factor null: every action, eventually
+    cfg["environments"]["CartPole-v0"]["lore"]["eps_max_factor"] = 2.0    # ε_max = 0.02: half certified
+    narrowed = lore_job(cfg)
+    assert narrowed.note == f"{cost.lore_nodes(10, 2, certified=0.5):.0f} nodes"
+    assert narrowed.seconds < full.seconds
