@@ -121,8 +121,8 @@ def _unit(table: dict, env: str, name: str, device: str) -> float:
     """One unit cost; a missing one is an error naming the calibration that gives it (never a silent 0)."""
     value = table.get(name) if name in GLOBAL_UNITS else table.get("envs", {}).get(env, {}).get(name)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or not math.isfinite(value):
-        what = f"the unit cost {name}" + ("" if name in GLOBAL_UNITS else f" of {env}")
-        raise CostError(f"no {what} on {device}: run `crop calibrate --device {device}"
+        what = name + ("" if name in GLOBAL_UNITS else f" of {env}")
+        raise CostError(f"no unit cost {what} on {device}: run `crop calibrate --device {device}"
                         f"{'' if name in GLOBAL_UNITS else f' --env {env}'}` on a machine like the one that runs it")
     return float(value)
 
