@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -263,3 +264,13 @@ def test_a_finished_loact_narrows_lore_s_tree_only_with_a_largest_eps(tmp_path):
     narrowed = lore_job(cfg)
     assert narrowed.note == f"{cost.lore_nodes(10, 2, certified=0.5):.0f} nodes"
     assert narrowed.seconds < full.seconds
+
+
+def test_plan_imports_no_torch(tmp_path):
+    """A planning command on a login node: no torch (seconds of imports) to price a config."""
+    code = ("import sys; from crop.cli import main; main(['plan', '--configfile', sys.argv[1], '--json']); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code, str(PAPER)], capture_output=True, text=True,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["total"]["jobs"] == 1328
