@@ -3,8 +3,8 @@
 Per environment, with a network of the architecture its policies have (random weights: the cost does not
 depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.SmoothedQ`, the
 engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
-LoRe node besides its smoothing (a small full search), GRe's workflow path per trajectory step
-(:func:`crop.gre.sample_randomized_returns` with one worker), a training step
+LoRe node besides its smoothing (a small full search), GRe's workflow path per trajectory step and
+per trajectory (:func:`crop.gre.sample_randomized_returns` with one worker, two horizons), a training step
 (:func:`crop.train.dqn.train_dqn`, updates from the first step, no evaluation); and a job's fixed start
 cost (a fresh interpreter importing what a stage imports).  All on one core (torch threads: 1).  Each is
 the best of a few repetitions: on a shared machine the best is the least disturbed by other processes.
@@ -63,6 +63,57 @@ def _net_spec(env: str, n_actions: int, obs_shape: tuple) -> dict:
     return {"arch": "mlp", "in": int(obs_shape[0]), "hidden": [width, width], "out": n_actions}
 
 
+def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers: int = 1, sigma: float = 0.01):
+    """GRe's workflow path (:func:`crop.gre.sample_randomized_returns`) timed by phase: (seconds in all,
+    seconds of the lockstep loop — from the pool's reset to its close —, the returns).  What is not the loop
+    is the pool's start: worker processes, each trajectory's environment made and reset."""
+    import time
+
+    import crop.gre as gre
+
+    marks = {}
+    make = gre.make_env_pool
+
+    def timed(*a, **k):
+        pool = make(*a, **k)
+        reset, close = pool.reset, pool.close
+
+        def timed_reset(*a, **k):
+            out = reset(*a, **k)
+            marks["loop"] = time.perf_counter()
+            return out
+
+        def timed_close():
+            marks["end"] = time.perf_counter()
+            close()
+
+        pool.reset, pool.close = timed_reset, timed_close
+        return pool
+
+    gre.make_env_pool = timed
+    try:
+        t0 = time.perf_counter()
+        returns = gre.sample_randomized_returns(env, net, sigma, m, horizon, 1.0, seed=0, env_seed=0, chunk=1000,
+                                                device=device, workers=workers, progress=False)
+        total = time.perf_counter() - t0
+    finally:
+        gre.make_env_pool = make
+    return total, marks["end"] - marks["loop"], returns
+
+
+def gre_costs(env: str, net, device: str, image: bool) -> dict:
+    """GRe's path on one worker: ``gre_step_s`` per trajectory step (environment, noise, forward: the loop)
+    and ``gre_reset_s`` per trajectory (the rest: its environment made and reset, the worker's start shared
+    out), each the least of two runs of short trajectories a random network keeps alive to the horizon."""
+    gm, gh = (32, 50) if image else ((8, 5) if env.startswith("highway") else (2000, 8))
+    runs = [gre_phases(env, net, gm, gh, device)[:2] for _ in range(2)]
+    out = {"gre_step_s": min(loop for _, loop in runs) / (gm * gh),
+           "gre_reset_s": min(total - loop for total, loop in runs) / gm}
+    if env == "CartPole-v0":
+        out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
+    return out
+
+
 def _env_costs(env: str, device: str, log) -> dict:
     import pickle
 
@@ -71,7 +122,6 @@ def _env_costs(env: str, device: str, log) -> dict:
     import torch.nn.functional as F
 
     from crop.envs import make_env, snapshot, to_obs
-    from crop.gre import sample_randomized_returns
     from crop.models import build_q_network
     from crop.smoothing import SmoothedQ
     from crop.train.dqn import DQNConfig, train_dqn
@@ -117,14 +167,9 @@ def _env_costs(env: str, device: str, log) -> dict:
     out["lore_node_s"] = _lore_node_s(env, net, k, out["smooth_sample_s"], device)
     log(f"{env}: LoRe node {out['lore_node_s'] * 1e3:.2f} ms besides its smoothing")
 
-    # GRe's path per trajectory step: short trajectories a random network keeps alive to the horizon.
-    gm, gh = (32, 50) if image else ((8, 5) if env.startswith("highway") else (2000, 8))
-    gre_s = _best(lambda: sample_randomized_returns(env, net, 0.01, gm, gh, 1.0, seed=0, env_seed=0, chunk=1000,
-                                                    device=device, workers=1, progress=False), repeats=2)
-    out["gre_step_s"] = gre_s / (gm * gh)
-    if env == "CartPole-v0":
-        out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
-    log(f"{env}: GRe {1 / out['gre_step_s']:.0f} trajectory steps/s on one core")
+    out.update(gre_costs(env, net, device, image))
+    log(f"{env}: GRe {1 / out['gre_step_s']:.0f} trajectory steps/s on one core, "
+        f"{out['gre_reset_s'] * 1e3:.0f} ms to make and reset a trajectory's environment")
 
     # Two lengths, so that what a training run pays once (making the environment, the final evaluation)
     # cancels out of the per-step cost.

@@ -10,12 +10,17 @@ job             seconds (S = episodes × H states; every job adds the table's ``
 ==============  =============================================================================================
 checkpoint      trained: ``total_steps`` × ``train_step_s``; published, derived or your own file: ``fetch_s``
 qrange, loact   S × (m × ``smooth_sample_s`` + ``env_step_s``)
-gre             m × H × ``gre_step_s`` / workers (the workflow's pool path, per core; one process for CartPole)
+gre             m × (``gre_reset_s`` + H × ``gre_step_s``) / workers (the workflow's pool path per core: a
+                trajectory's environment made and reset, then its steps; one process for CartPole)
 lore            nodes (:func:`lore_nodes`) × (m × ``smooth_sample_s`` + ``lore_node_s``: transitions, search)
 attack_local    runs × H × (2m × ``smooth_sample_s`` + steps × m_grad × ``grad_sample_s`` + ``env_step_s``)
 attack_global   runs × H × ((steps + 1) × n_eot × ``grad_sample_s`` + ``env_step_s``)
 aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
 ==============  =============================================================================================
+
+GRe runs on CPU cores and asks for no GPU (:func:`stage_device`): its time is the environments' stepping,
+and the network's batched forward is a small part of it even on a CPU core (docs/speed.md), so it leaves
+the node's GPU to the stages that need it, and several GRe jobs share a node.
 
 Unit costs are per core (torch threads: 1); a job's threads shorten only GRe (its worker processes), so
 a job with more threads is predicted long.  Episodes are counted at their full horizon (an episode that
@@ -41,7 +46,8 @@ from crop.config import run_targets, sigma_label, smoothing_targets, train_setti
 from crop.stage_table import STAGES
 
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
-           "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "makespan"]
+           "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "makespan",
+           "stage_device"]
 
 #: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model aims at 0.5–2× of a job's
 #: measured time (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the
@@ -49,7 +55,8 @@ __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predic
 HEADROOM, HEADROOM_MIN = 2.0, 5
 
 #: Per-environment unit costs the model needs (seconds; ``node_mb`` in MB), and the global ones.
-UNITS = ("smooth_sample_s", "grad_sample_s", "env_step_s", "gre_step_s", "lore_node_s", "node_mb", "train_step_s")
+UNITS = ("smooth_sample_s", "grad_sample_s", "env_step_s", "gre_step_s", "gre_reset_s", "lore_node_s", "node_mb",
+         "train_step_s")
 GLOBAL_UNITS = ("start_s", "fetch_s", "figure_s", "audit_run_s")
 
 #: Above this many nodes a LoRe tree cannot be priced: the config needs lore.max_nodes (or a smaller horizon).
@@ -180,7 +187,7 @@ def _stage_seconds(cfg: dict, job: Job, t: dict) -> tuple[float, str]:
     if rule == "gre":
         g = ec["gre"]
         workers = 1 if t.get("envs", {}).get(env, {}).get("gre_single_process") else job.threads
-        return g["m"] * g["horizon"] * u("gre_step_s") / workers, ""
+        return g["m"] * (u("gre_reset_s") + g["horizon"] * u("gre_step_s")) / workers, ""
     if rule == "lore":
         lo, k = ec["lore"], _n_actions(env)
         nodes = lore_nodes(lo["horizon"], k, _certified_fraction(cfg, env, job.algo, job.sigma), lo.get("max_nodes"))
@@ -235,6 +242,14 @@ def runtime_minutes(seconds: float, cap: int | None = None) -> int:
 
 # ----------------------------------------------------------------------------------------------- the DAG
 
+def stage_device(cfg: dict, rule: str, env: str) -> str:
+    """The ``--device`` of a stage's jobs: the config's, except GRe, which runs on the job's CPU cores
+    (``cpu``): its time is stepping m environments (Atari, highway: a millisecond and more per step and
+    core), beside which the batched forward is small even on a core (docs/speed.md), so a GPU would idle
+    through nearly all of such a job while the stages that need it wait."""
+    return "cpu" if rule.removesuffix("_replicate") == "gre" else cfg["device"]
+
+
 def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
     """Every job Snakemake builds for a validated config (rules/*.smk, from the same functions): a checkpoint
     per (env, algorithm) — the certified ones and the bases others are derived from —, the per-run stages of
@@ -275,9 +290,9 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
             for stage, row in STAGES.items():
                 if rep and not row.replicate or (stage == "qrange" and target != "q"):
                     continue
+                gpu = stage_gpus and stage_device(cfg, row.rule, env) != "cpu"
                 job = Job(row.rule + ("_replicate" if rep else ""), env, name, sig, rep or None,
-                          device="cuda" if stage_gpus else "cpu", threads=cfg["threads"], gpus=stage_gpus,
-                          needs=[base])
+                          device="cuda" if gpu else "cpu", threads=cfg["threads"], gpus=int(gpu), needs=[base])
                 if row.v_range and q is not None:
                     job.needs.append(q)
                 i = add(job)

@@ -6,7 +6,7 @@ import re
 import shlex
 
 from crop import layout
-from crop.cost import job_resources
+from crop.cost import job_resources, stage_device
 from crop.config import (
     ConfigError,
     run_targets,
@@ -101,9 +101,18 @@ def predicted(name, key, gpus=None):
 
 
 def stage_resources(name):
-    """GPUs (Snakemake's standard resource `gpu`, see GPUS), memory and minutes of a stage's jobs."""
+    """GPUs (Snakemake's standard resource `gpu`, see GPUS; none where the job runs on the CPU, see
+    crop.cost.stage_device), memory and minutes of a stage's jobs."""
     r = stage(name).rule
-    return {"gpu": GPUS, "mem_mb": predicted(r, "mem_mb"), "runtime": predicted(r, "runtime")}
+
+    def gpus(w):
+        return GPUS if stage_device(CFG, r, w.env) != "cpu" else 0
+
+    return {
+        "gpu": gpus,
+        "mem_mb": predicted(r, "mem_mb", gpus),
+        "runtime": predicted(r, "runtime", gpus),
+    }
 
 
 def stage_shell(name):
@@ -131,7 +140,8 @@ def stage_args(name, replicate=False):
     def args(w, input, output, threads):
         algo, target = layout.split_run_algo(w.algo)
         seed = layout.replicate_seed(CFG["seed"], int(w.rep)) if replicate else CFG["seed"]
-        words = ["--env", w.env, "--algo", algo, "--sigma", w.sigma, "--seed", seed, "--device", CFG["device"]]
+        words = ["--env", w.env, "--algo", algo, "--sigma", w.sigma, "--seed", seed]
+        words += ["--device", stage_device(CFG, row.rule, w.env)]
         words += ["--chunk", CFG["chunk"], "--threads", threads, "--checkpoint", input.model]
         if row.v_range:
             words += ["--target", target, *(["--qrange", input.qrange] if target == "q" else [])]

@@ -3,6 +3,7 @@ asks SLURM for at least its prediction, a config it cannot price is one line nam
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -177,6 +178,20 @@ def test_paper_config_every_job_is_priced_with_lore_budgets():
         assert math.isfinite(j.seconds) and j.seconds > 0
         res = cost.job_resources(cfg, j.rule, j.wildcards, j.threads, j.gpus)
         assert res["runtime"] * 60 >= j.seconds, j
+
+
+def test_gre_runs_on_cpu_cores_and_leaves_the_gpu():
+    """GRe steps environments on CPU cores: no GPU asked, priced from the CPU table, and several GRe jobs run
+    at once on a node; the other stages keep the config's device."""
+    cfg = load_config(PAPER)
+    jobs, _ = cost.predict(cfg, gpus=1)
+    gre = [j for j in jobs if j.rule == "gre"]
+    assert len(gre) == 216 and all(j.device == "cpu" and j.gpus == 0 for j in gre)
+    assert all(j.device == "cuda" and j.gpus == 1 for j in jobs if j.rule in ("loact", "lore", "attack_local"))
+    assert cost.stage_device(cfg, "gre_replicate", "PongNoFrameskip-v4") == "cpu"
+    assert cost.stage_device(cfg, "loact", "PongNoFrameskip-v4") == cfg["device"]
+    atari = [dataclasses.replace(j, needs=[]) for j in gre if j.env.endswith("NoFrameskip-v4")][:4]
+    assert cost.makespan(atari, cores=16, gpus=1) == max(j.seconds for j in atari)   # threads: 4 each, at once
 
 
 # --------------------------------------------------------------------------------------------- the DAG
