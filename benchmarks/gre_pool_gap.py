@@ -20,7 +20,8 @@ import torch
 
 
 def bare(env, net, m, horizon, workers):
-    """(seconds in all, seconds of the loop) of the AtariPool loop: one noise draw for all envs per step."""
+    """(seconds in all, of the loop, of closing the pool) of the AtariPool loop: one noise draw for all envs per
+    step."""
     from crop.envs.atari import AtariPool
 
     t0 = time.perf_counter()
@@ -40,7 +41,8 @@ def bare(env, net, m, horizon, workers):
             alive[idx] &= ~(te | tr)
         t2 = time.perf_counter()
     pool.close()
-    return t2 - t0, t2 - t1
+    t3 = time.perf_counter()
+    return t3 - t0, t2 - t1, t3 - t2
 
 
 def main():
@@ -61,14 +63,16 @@ def main():
     net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     w_runs, b_runs, returns = [], [], None
     for _ in range(a.repeats):
-        total, loop, returns = gre_phases(a.env, net, a.m, a.horizon, "cpu", a.workers, sigma=0.1)
-        w_runs.append((total, loop))
+        r = gre_phases(a.env, net, a.m, a.horizon, "cpu", a.workers, sigma=0.1)
+        w_runs.append((r["total"], r["loop"], r["closing"]))
+        returns = r["returns"]
         b_runs.append(bare(a.env, net, a.m, a.horizon, a.workers))
     steps = a.m * a.horizon
-    (wt, wl), (bt, bl) = min(w_runs, key=lambda r: r[1]), min(b_runs, key=lambda r: r[1])
+    (wt, wl, wc), (bt, bl, bc) = min(w_runs, key=lambda r: r[1]), min(b_runs, key=lambda r: r[1])
     print(f"# {a.env}: m = {a.m}, H = {a.horizon}, {a.workers} workers, best of {a.repeats} (by the loop)")
-    print(f"workflow: {wt:.2f} s in all, loop {wl:.2f} s = {steps / wl:.0f} steps/s; start {wt - wl:.2f} s")
-    print(f"bare AtariPool: {bt:.2f} s in all, loop {bl:.2f} s = {steps / bl:.0f} steps/s; start {bt - bl:.2f} s")
+    for name, (t, loop, close) in (("workflow", (wt, wl, wc)), ("bare AtariPool", (bt, bl, bc))):
+        print(f"{name}: {t:.2f} s in all: start {t - loop - close:.2f} s, loop {loop:.2f} s = {steps / loop:.0f} "
+              f"steps/s, closing {close:.2f} s")
     print(f"loop ratio workflow / bare: {wl / bl:.2f}")
     if a.save:
         np.save(a.save, returns)

@@ -4,7 +4,7 @@ Per environment, with a network of the architecture its policies have (random we
 depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.SmoothedQ`, the
 engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
 LoRe node besides its smoothing (a small full search), GRe's workflow path per trajectory step and
-per trajectory (:func:`crop.gre.sample_randomized_returns` with one worker, two horizons), a training step
+per trajectory (:func:`crop.gre.sample_randomized_returns` with one worker, timed by phase), a training step
 (:func:`crop.train.dqn.train_dqn`, updates from the first step, no evaluation); and a job's fixed start
 cost (a fresh interpreter importing what a stage imports).  All on one core (torch threads: 1).  Each is
 the best of a few repetitions: on a shared machine the best is the least disturbed by other processes.
@@ -64,9 +64,10 @@ def _net_spec(env: str, n_actions: int, obs_shape: tuple) -> dict:
 
 
 def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers: int = 1, sigma: float = 0.01):
-    """GRe's workflow path (:func:`crop.gre.sample_randomized_returns`) timed by phase: (seconds in all,
-    seconds of the lockstep loop — from the pool's reset to its close —, the returns).  What is not the loop
-    is the pool's start: worker processes, each trajectory's environment made and reset."""
+    """GRe's workflow path (:func:`crop.gre.sample_randomized_returns`) timed by phase: seconds in all
+    (``total``), of the lockstep loop (``loop``: from the pool's reset to its close) and of closing the pool
+    (``closing``: stopping the workers), and the ``returns``.  The rest is the pool's start: worker processes,
+    each trajectory's environment made and reset."""
     import time
 
     import crop.gre as gre
@@ -86,6 +87,7 @@ def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers
         def timed_close():
             marks["end"] = time.perf_counter()
             close()
+            marks["closed"] = time.perf_counter()
 
         pool.reset, pool.close = timed_reset, timed_close
         return pool
@@ -98,7 +100,8 @@ def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers
         total = time.perf_counter() - t0
     finally:
         gre.make_env_pool = make
-    return total, marks["end"] - marks["loop"], returns
+    return {"total": total, "loop": marks["end"] - marks["loop"], "closing": marks["closed"] - marks["end"],
+            "returns": returns}
 
 
 def gre_costs(env: str, net, device: str, image: bool) -> dict:
@@ -106,9 +109,9 @@ def gre_costs(env: str, net, device: str, image: bool) -> dict:
     and ``gre_reset_s`` per trajectory (the rest: its environment made and reset, the worker's start shared
     out), each the least of two runs of short trajectories a random network keeps alive to the horizon."""
     gm, gh = (32, 50) if image else ((8, 5) if env.startswith("highway") else (2000, 8))
-    runs = [gre_phases(env, net, gm, gh, device)[:2] for _ in range(2)]
-    out = {"gre_step_s": min(loop for _, loop in runs) / (gm * gh),
-           "gre_reset_s": min(total - loop for total, loop in runs) / gm}
+    runs = [gre_phases(env, net, gm, gh, device) for _ in range(2)]
+    out = {"gre_step_s": min(r["loop"] for r in runs) / (gm * gh),
+           "gre_reset_s": min(r["total"] - r["loop"] for r in runs) / gm}
     if env == "CartPole-v0":
         out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
     return out
