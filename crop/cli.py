@@ -198,6 +198,54 @@ def cmd_validate_config(args) -> None:
     print(f"{args.config}: valid ({n} certification targets)")
 
 
+def cmd_calibrate(args) -> None:
+    from crop.calibrate import PAPER_ENVS, calibrate
+
+    try:
+        calibrate(args.device, args.env or PAPER_ENVS, args.out)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _plan_table(jobs) -> list[str]:
+    """Per rule: jobs, minutes per job (least–most) and the rule's total hours."""
+    rows = {}
+    for j in jobs:
+        rows.setdefault((j.rule, j.device), []).append(j.minutes)
+    lines = [f"{'rule':<24}{'device':<7}{'jobs':>6}  {'minutes per job':>19}  {'total h':>9}"]
+    for (rule, dev), mins in rows.items():
+        per = f"{min(mins):.3g}" if min(mins) == max(mins) else f"{min(mins):.3g}–{max(mins):.3g}"
+        lines.append(f"{rule:<24}{dev:<7}{len(mins):>6}  {per:>19}  {sum(mins) / 60:>9.3g}")
+    return lines
+
+
+def cmd_plan(args) -> None:
+    import json
+
+    from crop.config import ConfigError, load_config
+    from crop.cost import CostError, plan, runtime_minutes
+
+    try:
+        cfg = load_config(args.configfile)
+        gpus = args.gpus if args.gpus is not None else int(cfg["device"] != "cpu")
+        result, extra = plan(cfg, args.cores, gpus, args.nodes, args.calibration)
+    except (ConfigError, CostError) as exc:
+        raise InputError(str(exc)) from None
+    for dev, src in extra["sources"].items():
+        print(f"unit costs ({dev}): {src}", file=sys.stderr)
+    for j in extra["over_cap"]:
+        where = "/".join(str(x) for x in (j.env, j.algo, j.sigma) if x is not None)
+        print(f"over slurm.max_runtime = {extra['cap']} min: {j.rule} {where} is predicted {j.minutes:.0f} min "
+              f"(asks {runtime_minutes(j.seconds)} with headroom); SLURM will stop it at the cap", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    print("\n".join(_plan_table(extra["jobs"])))
+    t = result["total"]
+    print(f"{t['jobs']} jobs: {t['cpu_hours']:.3g} CPU-hours, {t['gpu_hours']:.3g} GPU-hours; makespan "
+          f"{result['makespan_hours']:.3g} h on {args.nodes} × ({args.cores} cores, {gpus} GPU)")
+
+
 # -------------------------------------------------------------------------------------------------- parser
 
 # subcommand: (one-line help, description)
@@ -248,6 +296,16 @@ COMMANDS = {
               "WARN, 1 FAIL (a soundness violation or an integrity problem) and, with --strict, also WARN (a "
               "suspicious or untestable check) or a reproduced value that differs from the reference, 2 bad "
               "input."),
+    "calibrate": ("measure this machine's unit costs for crop plan",
+                  "Measure the cost model's unit costs on this machine (per environment: the smoothed step per "
+                  "state and noise sample, a PGD gradient, an environment step, LoRe's snapshot, GRe's path, a "
+                  "training step; a job's start) in a few minutes, best of several repetitions, and store them "
+                  "with the machine in $XDG_CACHE_HOME/crop/calibration.json, which crop plan then uses."),
+    "plan": ("predict every job's minutes, the CPU- and GPU-hours and the makespan of a config",
+             "Before anything runs: every job of the DAG Snakemake would build for the config, its predicted "
+             "minutes and device (unit costs: this machine's calibration file, else the shipped table), the "
+             "totals in CPU- and GPU-hours and the makespan on NODES machines of CORES cores and GPUS GPUs; the "
+             "jobs whose prediction exceeds slurm.max_runtime are named."),
     "validate-config": ("check a workflow config and its policy files, as the workflow does before any job",
                         "Validate a workflow config against crop/schemas/config.schema.yaml and the registry, and "
                         "open every files.<label> policy file as its checkpoint job will (a regular file, its "
@@ -261,7 +319,8 @@ HANDLERS = {"train": policies.cmd_train, "derive": policies.cmd_derive, "fetch":
             "checkpoint": policies.cmd_checkpoint, "import": policies.cmd_import,
             "qrange": stages.cmd_qrange, "loact": stages.cmd_loact, "gre": stages.cmd_gre, "lore": stages.cmd_lore,
             "attack-local": stages.cmd_attack_local, "attack-global": stages.cmd_attack_global,
-            "aggregate": stages.cmd_aggregate, "audit": stages.cmd_audit, "validate-config": cmd_validate_config}
+            "aggregate": stages.cmd_aggregate, "audit": stages.cmd_audit, "validate-config": cmd_validate_config,
+            "calibrate": cmd_calibrate, "plan": cmd_plan}
 
 _METAVARS = {"frames_window": ("START", "END"), "reward_range": ("LOW", "HIGH"), "return_range": ("LOW", "HIGH")}
 
@@ -318,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         _stage_parser(parsers[name], row)
     _report_args(parsers["aggregate"], parsers["audit"])
     parsers["validate-config"].add_argument("config", help="the workflow config file (YAML)")
+    _plan_args(parsers["plan"], parsers["calibrate"])
     for name, p in parsers.items():
         p.set_defaults(func=HANDLERS[name])
     return ap
@@ -360,6 +420,22 @@ def _report_args(agg, aud) -> None:
     aud.add_argument("--report-only", action="store_true",
                      help="exit 0 whatever the verdict (bad input still exits 2): the workflow's audit job, whose "
                           "closing summary states the verdict")
+
+
+def _plan_args(pl, cal) -> None:
+    import os
+
+    pl.add_argument("--configfile", required=True, help="the workflow config file (YAML)")
+    pl.add_argument("--cores", type=_schema_type(POS_INT), default=os.cpu_count(), help="CPU cores per machine")
+    pl.add_argument("--gpus", type=_schema_type({"type": "integer", "minimum": 0}),
+                    help="GPUs per machine (default: 1 when the config's device is not cpu, else 0)")
+    pl.add_argument("--nodes", type=_schema_type(POS_INT), default=1, help="machines")
+    pl.add_argument("--json", action="store_true", help="the plan as JSON: jobs, total, makespan_hours")
+    for p in (pl, cal):
+        p.add_argument("--calibration" if p is pl else "--out", default=None,
+                       help="calibration file (default: $XDG_CACHE_HOME/crop/calibration.json)")
+    cal.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="what to measure on")
+    cal.add_argument("--env", nargs="+", help="environments (default: the paper's four)")
 
 
 def _setting(option: str, node: dict, value):

@@ -90,8 +90,12 @@ class TrajectoryNoise:
         """This time step's noise for the block's trajectories ``idx`` (local indices, those still running);
         call once per time step."""
         i = np.asarray(idx, dtype=np.int64) + self.b0
-        groups = i // self.group
         out = torch.empty((len(i), *self.shape), dtype=torch.float32, device=self.device)
+        if self.group == 1:   # a generator per trajectory (Atari): its draw goes straight into its row
+            for k, j in enumerate(i.tolist()):
+                out[k].normal_(generator=self.generators[j - self.first])
+            return out
+        groups = i // self.group
         for g in np.unique(groups):
             z = torch.randn((self.group, *self.shape), generator=self.generators[g - self.first],
                             device=self.device)

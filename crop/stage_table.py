@@ -1,5 +1,5 @@
-"""The workflow's per-run stages, one row each: what a stage writes, whether it reads the V range, what it asks
-of a cluster and which config settings it takes.
+"""The workflow's per-run stages, one row each: what a stage writes, whether it reads the V range, its memory on a
+cluster and which config settings it takes.
 
 Every other statement of these facts is derived from this table: the file names of :mod:`crop.layout`, the
 rules' outputs, logs, inputs and command lines (``rules/common.smk``), the ``crop`` subcommands' ``--out*``
@@ -43,8 +43,8 @@ class StageRow:
     outputs: tuple[Output, ...]     # the first is the stage's main result
     v_range: bool                   # the q target reads its run's qrange.json (and the stage takes --target)
     replicate: bool                 # repeated in each replicate folder (config ``replicates``)
-    runtime: int                    # minutes a job may take on a cluster
-    mem_mb: int | None              # memory of a job; None: the environment's GRe block (EnvSpec.gre_mem_mb)
+    mem_mb: int | None              # memory of a job; None: the environment's GRe block (EnvSpec.gre_mem_mb);
+    #                                 its minutes come from the cost model (crop/cost.py)
 
     @property
     def rule(self) -> str:
@@ -68,7 +68,7 @@ def _out(key: str, file: str, help: str, option: str = "out", required: bool = T
 #: The per-run stages in the order a run folder's files are listed.
 STAGES: dict[str, StageRow] = {row.command: row for row in (
     StageRow("qrange", (_out("qrange", "qrange.json", "qrange.json: the V range [V_min, V_max]"),),
-             v_range=False, replicate=True, runtime=10, mem_mb=1000),
+             v_range=False, replicate=True, mem_mb=1000),
     StageRow("loact", (
         _out("loact", "loact.csv", "loact.csv: the certified radius of every step"),
         _out("loact_episodes", "loact_episodes.csv", "loact_episodes.csv: per-episode benign returns (optional)",
@@ -77,18 +77,18 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
              "out_ratio", False),
         _out("frames", "frames.npz", "frames.npz: raw game frames of episode 0 (Atari; optional)", "out_frames",
              False),
-    ), v_range=True, replicate=True, runtime=15, mem_mb=1000),
+    ), v_range=True, replicate=True, mem_mb=1000),
     StageRow("gre", (
         _out("gre", "gre.csv", "gre.csv: the expectation and percentile bounds per ε"),
         _out("gre_returns", "gre_returns.csv", "gre_returns.csv: the m randomized returns", "out_returns"),
-    ), v_range=False, replicate=False, runtime=10, mem_mb=None),
+    ), v_range=False, replicate=False, mem_mb=None),
     StageRow("lore", (_out("lore", "lore.csv", "lore.csv: the bound at every critical radius"),),
-             v_range=True, replicate=False, runtime=15, mem_mb=1000),
+             v_range=True, replicate=False, mem_mb=1000),
     StageRow("attack-local", (_out("attack_local", "attack_local.csv", "attack_local.csv: returns under PGD per ε"),),
-             v_range=True, replicate=False, runtime=15, mem_mb=1000),
+             v_range=True, replicate=False, mem_mb=1000),
     StageRow("attack-global", (_out("attack_global", "attack_global.csv",
                                     "attack_global.csv: returns under PGD per ε"),),
-             v_range=False, replicate=False, runtime=20, mem_mb=1000),
+             v_range=False, replicate=False, mem_mb=1000),
 )}
 
 #: ``{key: file name}`` of every file a complete run folder holds.

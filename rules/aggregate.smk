@@ -35,7 +35,7 @@ rule aggregate:
     threads: 1
     resources:
         mem_mb=2000,
-        runtime=30,
+        runtime=predicted("aggregate", "runtime", 0),
     params:
         figures=lambda w, output: os.path.dirname(output.pdfs[0]),
         tables=lambda w, output: os.path.dirname(output.tables_tex[0]),

@@ -31,7 +31,7 @@ rule audit:
     threads: 1
     resources:
         mem_mb=1000,
-        runtime=10,
+        runtime=predicted("audit", "runtime", 0),
     params:
         out_dir=lambda w, output: os.path.dirname(output.json),
         options=audit_options(),

@@ -16,7 +16,7 @@ rule checkpoint:
         "../envs/crop.yaml"
     resources:
         mem_mb=checkpoint_mem_mb,
-        runtime=checkpoint_runtime,
+        runtime=predicted("checkpoint", "runtime", checkpoint_gpus),
         gpu=checkpoint_gpus,
     params:
         args=checkpoint_args,

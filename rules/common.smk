@@ -6,6 +6,7 @@ import re
 import shlex
 
 from crop import layout
+from crop.cost import job_resources, stage_device
 from crop.config import (
     ConfigError,
     check_policy_files,
@@ -94,10 +95,30 @@ def stage_benchmark(name, replicate=False):
     return stage_log(name, replicate, "benchmarks", "tsv")
 
 
+def predicted(name, key, gpus=None):
+    """A resource of a rule's jobs from the cost model (crop/cost.py): `runtime` (minutes: the prediction
+    with headroom, at most slurm.max_runtime) or `mem_mb`."""
+
+    def resource(wildcards, threads):
+        g = gpus(wildcards) if callable(gpus) else (GPUS if gpus is None else gpus)
+        return job_resources(CFG, name, wildcards, threads, g)[key]
+
+    return resource
+
+
 def stage_resources(name):
-    """GPUs (Snakemake's standard resource `gpu`, see GPUS), memory and minutes of a stage's jobs."""
-    row = stage(name)
-    return {"gpu": GPUS, "mem_mb": row.mem_mb or gre_mem_mb, "runtime": row.runtime}
+    """GPUs (Snakemake's standard resource `gpu`, see GPUS; none where the job runs on the CPU, see
+    crop.cost.stage_device), memory and minutes of a stage's jobs."""
+    r = stage(name).rule
+
+    def gpus(w):
+        return GPUS if stage_device(CFG, r, w.env) != "cpu" else 0
+
+    return {
+        "gpu": gpus,
+        "mem_mb": predicted(r, "mem_mb", gpus),
+        "runtime": predicted(r, "runtime", gpus),
+    }
 
 
 def stage_shell(name):
@@ -125,7 +146,8 @@ def stage_args(name, replicate=False):
     def args(w, input, output, threads):
         algo, target = layout.split_run_algo(w.algo)
         seed = layout.replicate_seed(CFG["seed"], int(w.rep)) if replicate else CFG["seed"]
-        words = ["--env", w.env, "--algo", algo, "--sigma", w.sigma, "--seed", seed, "--device", CFG["device"]]
+        words = ["--env", w.env, "--algo", algo, "--sigma", w.sigma, "--seed", seed]
+        words += ["--device", stage_device(CFG, row.rule, w.env)]
         words += ["--chunk", CFG["chunk"], "--threads", threads, "--checkpoint", input.model]
         if row.v_range:
             words += ["--target", target, *(["--qrange", input.qrange] if target == "q" else [])]
@@ -204,25 +226,7 @@ def checkpoint_records():
 GPUS = 0 if CFG["device"] == "cpu" else 1
 
 
-def gre_mem_mb(wildcards, threads):
-    """Memory of a GRe job (MB): its block of environment copies (crop/envs EnvSpec.gre_mem_mb)."""
-    from crop.envs import env_spec
-
-    g, spec = env_cfg(wildcards)["gre"], env_spec(wildcards.env)
-    return spec.gre_mem_mb(spec.gre_block(g["m"], g["batch"]), threads)
-
-
 # ---------------------------------------------------------------------------------- checkpoint rule
-
-
-def checkpoint_runtime(w):
-    """Minutes a checkpoint job may take (SLURM): downloads and derivations are short; training is budgeted
-    from the environment's step rate (crop/envs EnvSpec.train_minutes)."""
-    from crop.envs import env_spec  # here, not at the top: gymnasium need not load for every parse
-
-    if policy_source(w.env, w.algo)["kind"] != "train":
-        return 30
-    return env_spec(w.env).train_minutes(env_cfg(w)["train"]["total_steps"])
 
 
 def checkpoint_mem_mb(w):

@@ -125,7 +125,6 @@ def test_resource_requests_come_from_the_environment_spec():
     for spec in ENV_SPECS.values():
         assert spec.gre_block(50) <= 50 and spec.gre_block(10_000, 300) == 300
         assert spec.gre_mem_mb(spec.gre_block(10_000), 4) >= spec.gre_mem_mb(spec.gre_block(10), 4)
-        assert spec.train_minutes(2 * 10**6) > spec.train_minutes(1000) >= 30
     assert ENV_SPECS["CartPole-v0"].gre_block(10_000) == 10_000
     assert ENV_SPECS["PongNoFrameskip-v4"].gre_block(10_000) == 1000
     assert ENV_SPECS["PongNoFrameskip-v4"].replay_mb(100_000) * 1e6 >= 100_000 * 2 * 4 * 84 * 84

@@ -52,9 +52,7 @@ class EnvSpec:
     game_return_range: tuple | None = None  # whole-game score range from the game's rules, if any
     lore_reward: str | None = None  # LoRe-only reward modification (Appendix E), named in the output
     solved_return: float | None = None  # acceptance threshold of a locally trained policy, if any
-    # Resources of the workflow's jobs (rules/common.smk asks these; measured on one CPU core).
-    train_steps_per_s: float = 50.0  # conservative training rate (measured: CartPole ≈ 1,000, highway ≈ 40,
-    #                                  Pong StdTrain ≈ 63 steps/s)
+    # GRe's block and its jobs' memory (crop/gre.py, crop/cost.py; measured on one CPU core).
     gre_mb_per_copy: float = 0.0     # memory of one environment copy in GRe's pool (measured)
     gre_batch: int | None = 1000     # GRe trajectories stepped together by default (None: all m)
 
@@ -68,10 +66,6 @@ class EnvSpec:
     def nonnegative_rewards(self) -> bool:
         """LoRe may prune only when no step can lower the return (Appendix B.3)."""
         return self.reward_range is not None and self.reward_range[0] >= 0
-
-    def train_minutes(self, total_steps: int) -> int:
-        """Minutes a training job may take (SLURM): 2× ``total_steps`` at ``train_steps_per_s``, plus 30."""
-        return 30 + int(total_steps / self.train_steps_per_s / 60 * 2)
 
     def replay_mb(self, buffer_size: int) -> int:
         """Memory of an image policy's replay buffer (MB): s and s′ as uint8 (crop/train/dqn.py _Replay:
@@ -113,9 +107,9 @@ class EnvSpec:
 ENV_SPECS: dict[str, EnvSpec] = {
     # CartPole steps all m trajectories in numpy arrays: no copies to hold, one block.
     "CartPole-v0": EnvSpec("CartPole-v0", "CartPole", "Cartpole", 2, (4,), (0.0, 1.0), "vector",
-                           solved_return=195.0, train_steps_per_s=500.0, gre_batch=None),
+                           solved_return=195.0, gre_batch=None),
     "highway-fast-v0": EnvSpec("highway-fast-v0", "highway-fast", "highway-fast", 5, (25,), (0.0, 1.0),
-                               "flat25", train_steps_per_s=20.0, gre_mb_per_copy=0.45),
+                               "flat25", gre_mb_per_copy=0.45),
     # Atari: 6 actions in the full minimal set of Pong (3 for Freeway); a checkpoint's own action count
     # (its network's output size) takes precedence.  Pong's game ends at 21 points.
     "PongNoFrameskip-v4": EnvSpec("PongNoFrameskip-v4", "Pong", "Pong", 6, (4, 84, 84), (-1.0, 1.0),

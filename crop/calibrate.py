@@ -1,0 +1,256 @@
+"""``crop calibrate``: measure on this machine the unit costs of the cost model (:mod:`crop.cost`).
+
+Per environment, with a network of the architecture its policies have (random weights: the cost does not
+depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.SmoothedQ`, the
+engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
+LoRe node besides its smoothing (a small full search), GRe's workflow path per trajectory step and
+per trajectory (:func:`crop.gre.sample_randomized_returns` with one worker, timed by phase), a training step
+(:func:`crop.train.dqn.train_dqn`, updates from the first step, no evaluation); and a job's fixed start
+cost (a fresh interpreter importing what a stage imports).  All on one core (torch threads: 1).  Each is
+the best of a few repetitions: on a shared machine the best is the least disturbed by other processes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from crop.cost import GLOBAL_UNITS, calibration_path, shipped_table
+
+__all__ = ["calibrate", "machine", "PAPER_ENVS"]
+
+PAPER_ENVS = ("CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
+
+
+def machine(device: str) -> dict:
+    """CPU model, cores and GPU name of this machine (recorded beside its unit costs)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = None
+    if device == "cuda":
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu}
+
+
+def _best(fn, repeats: int = 3) -> float:
+    """The least seconds ``fn`` took in ``repeats`` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def _net_spec(env: str, n_actions: int, obs_shape: tuple) -> dict:
+    if len(obs_shape) == 3:
+        return {"arch": "nature_cnn", "in_channels": obs_shape[0], "in_size": obs_shape[1], "out": n_actions}
+    width = 256 if env.startswith("highway") else 128   # the published highway networks; CartPole's recipe
+    return {"arch": "mlp", "in": int(obs_shape[0]), "hidden": [width, width], "out": n_actions}
+
+
+def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers: int = 1, sigma: float = 0.01):
+    """GRe's workflow path (:func:`crop.gre.sample_randomized_returns`) timed by phase: seconds in all
+    (``total``), of the lockstep loop (``loop``: from the pool's reset to its close) and of closing the pool
+    (``closing``: stopping the workers), and the ``returns``.  The rest is the pool's start: worker processes,
+    each trajectory's environment made and reset."""
+    import time
+
+    import crop.gre as gre
+
+    marks = {}
+    make = gre.make_env_pool
+
+    def timed(*a, **k):
+        pool = make(*a, **k)
+        reset, close = pool.reset, pool.close
+
+        def timed_reset(*a, **k):
+            out = reset(*a, **k)
+            marks["loop"] = time.perf_counter()
+            return out
+
+        def timed_close():
+            marks["end"] = time.perf_counter()
+            close()
+            marks["closed"] = time.perf_counter()
+
+        pool.reset, pool.close = timed_reset, timed_close
+        return pool
+
+    gre.make_env_pool = timed
+    try:
+        t0 = time.perf_counter()
+        returns = gre.sample_randomized_returns(env, net, sigma, m, horizon, 1.0, seed=0, env_seed=0, chunk=1000,
+                                                device=device, workers=workers, progress=False)
+        total = time.perf_counter() - t0
+    finally:
+        gre.make_env_pool = make
+    return {"total": total, "loop": marks["end"] - marks["loop"], "closing": marks["closed"] - marks["end"],
+            "returns": returns}
+
+
+def gre_costs(env: str, net, device: str, image: bool) -> dict:
+    """GRe's path on one worker: ``gre_step_s`` per trajectory step (environment, noise, forward: the loop)
+    and ``gre_reset_s`` per trajectory (the rest: its environment made and reset, the worker's start shared
+    out), each the least of two runs of short trajectories a random network keeps alive to the horizon."""
+    gm, gh = (32, 50) if image else ((8, 5) if env.startswith("highway") else (2000, 8))
+    runs = [gre_phases(env, net, gm, gh, device) for _ in range(2)]
+    out = {"gre_step_s": min(r["loop"] for r in runs) / (gm * gh),
+           "gre_reset_s": min(r["total"] - r["loop"] for r in runs) / gm}
+    if env == "CartPole-v0":
+        out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
+    return out
+
+
+def _env_costs(env: str, device: str, log) -> dict:
+    import pickle
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from crop.envs import make_env, snapshot, to_obs
+    from crop.models import build_q_network
+    from crop.smoothing import SmoothedQ
+    from crop.train.dqn import DQNConfig, train_dqn
+
+    e = make_env(env)
+    obs, _ = e.reset(seed=0)
+    obs = to_obs(obs)
+    k, image = int(e.action_space.n), obs.ndim == 3
+    net = build_q_network(_net_spec(env, k, obs.shape)).to(device).eval()
+    out = {}
+
+    m = 2000 if image and device == "cpu" else 10000
+    sm = SmoothedQ(net, 0.01, m, -1.0, 1.0, 0.05, k, chunk=1000, device=device)
+    out["smooth_sample_s"] = _best(lambda: sm.estimate_batch(obs[None])) / m
+    log(f"{env}: smoothed step {out['smooth_sample_s'] * m * 1e3:.1f} ms per state at m = {m}")
+
+    b = 64 if image else 256
+    x = torch.as_tensor(np.repeat(obs[None], b, 0), device=device)
+
+    def grad():
+        z = x.clone().requires_grad_(True)
+        F.cross_entropy(net(z + 0.01 * torch.randn_like(z)), torch.zeros(b, dtype=torch.long, device=device)) \
+            .backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    out["grad_sample_s"] = _best(grad) / b
+
+    n = 200 if image else 500
+
+    def steps():
+        e.reset(seed=1)
+        for _ in range(n):
+            _, _, term, trunc, _ = e.step(e.action_space.sample())
+            if term or trunc:
+                e.reset()
+
+    out["env_step_s"] = _best(steps) / n
+    snap = snapshot(e)
+    out["node_mb"] = len(pickle.dumps(snap, protocol=pickle.HIGHEST_PROTOCOL)) / 1e6
+    log(f"{env}: env step {out['env_step_s'] * 1e3:.2f} ms, a node's snapshot {out['node_mb']:.3g} MB")
+
+    out["lore_node_s"] = _lore_node_s(env, net, k, out["smooth_sample_s"], device)
+    log(f"{env}: LoRe node {out['lore_node_s'] * 1e3:.2f} ms besides its smoothing")
+
+    out.update(gre_costs(env, net, device, image))
+    log(f"{env}: GRe {1 / out['gre_step_s']:.0f} trajectory steps/s on one core, "
+        f"{out['gre_reset_s'] * 1e3:.0f} ms to make and reset a trajectory's environment")
+
+    # Two lengths, so that what a training run pays once (making the environment, the final evaluation)
+    # cancels out of the per-step cost.
+    ts = 100 if image else (200 if env.startswith("highway") else 1000)
+
+    def train(steps):
+        cfg = DQNConfig(hidden=[256, 256] if env.startswith("highway") else [128, 128], total_steps=steps,
+                        learning_starts=0, buffer_size=max(3 * ts, 1000), eval_every=10 * steps,
+                        eval_episodes=1, quick_eval_episodes=1, target_return=None, eval_max_steps=1,
+                        device=device)
+        t = time.perf_counter()
+        train_dqn(env, 0, cfg, progress=False)
+        return time.perf_counter() - t
+
+    out["train_step_s"] = max(train(3 * ts) - train(ts), 0.0) / (2 * ts)
+    log(f"{env}: training {1 / out['train_step_s']:.0f} steps/s")
+    return out
+
+
+def _lore_node_s(env: str, net, k: int, smooth_sample_s: float, device: str) -> float:
+    """A LoRe node's cost besides its m smoothing samples: its |A| transitions (restore, step, snapshot) and
+    the search's bookkeeping, from a full search (no pruning) of a small tree with 16 samples per state."""
+    from crop.lore import run_lore
+    from crop.smoothing import SmoothedQ
+
+    depth = {"CartPole-v0": 8, "FreewayNoFrameskip-v4": 4}.get(env, 3)
+    m = 16
+    info = {}
+
+    def search():
+        sm = SmoothedQ(net, 0.01, m, -1.0, 1.0, 0.05, k, chunk=1000, device=device)
+        info.update(run_lore(env, sm, depth, 0, prune=False, progress=False)[1])
+
+    seconds = _best(search, repeats=2)
+    n = max(1, info["distinct_states_smoothed"])
+    return max(seconds - n * m * smooth_sample_s, 0.0) / n
+
+
+def _start_s() -> float:
+    """A stage job's fixed cost: a fresh interpreter importing what ``crop loact`` imports."""
+    code = "import crop.cli, crop.stages, crop.smoothing, crop.loact, crop.envs, pandas"
+
+    def run():
+        subprocess.run([sys.executable, "-c", code], check=True)
+
+    return _best(run, repeats=3)
+
+
+def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=print) -> dict:
+    """Measure every unit cost on ``device`` and store them under ``device`` in the calibration file (other
+    devices' tables in it are kept).  Returns the table written."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device here")
+    torch.set_num_threads(1)   # the unit is one core: a job's threads divide what scales
+    shipped = shipped_table(device)
+    table = {"device": device, "machine": machine(device),
+             "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+             "source": "crop calibrate", "envs": {}}
+    table["start_s"] = _start_s()
+    log(f"start of a job (imports): {table['start_s']:.2f} s")
+    for name in GLOBAL_UNITS:
+        if name != "start_s":   # not measurable by a micro-benchmark: the shipped table's (docs/speed.md)
+            table[name] = shipped[name]
+    for env in envs:
+        table["envs"][env] = _env_costs(env, device, log)
+    path = Path(out) if out else calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tables = {}
+    if path.is_file():
+        try:
+            tables = json.loads(path.read_text())
+        except ValueError:
+            tables = {}
+    tables[device] = table
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    log(f"wrote {path}")
+    return table

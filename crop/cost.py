@@ -1,0 +1,426 @@
+"""What a config costs before anything runs: every job of the DAG Snakemake would build, its predicted
+seconds from measured unit costs, the totals, the makespan on given machines, and the SLURM wall-time and
+memory each job asks for.
+
+The unit costs (one table per device, :func:`unit_costs`) are measured by ``crop calibrate``
+(:mod:`crop.calibrate`) and multiplied by each job's work:
+
+==============  =============================================================================================
+job             seconds (S = episodes × H states; every job adds the table's ``start_s``: imports, loading)
+==============  =============================================================================================
+checkpoint      trained: ``total_steps`` × ``train_step_s``; published, derived or your own file: ``fetch_s``
+qrange, loact   S × (m × ``smooth_sample_s`` + ``env_step_s``)
+gre             m × (``gre_reset_s`` + H × ``gre_step_s``) / workers (the workflow's pool path per core: a
+                trajectory's environment made and reset, then its steps; one process for CartPole)
+lore            nodes (:func:`lore_nodes`) × (m × ``smooth_sample_s`` + ``lore_node_s``: transitions, search)
+attack_local    runs × H × (2m × ``smooth_sample_s`` + steps × m_grad × ``grad_sample_s`` + ``env_step_s``)
+attack_global   runs × H × ((steps + 1) × n_eot × ``grad_sample_s`` + ``env_step_s``)
+aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
+==============  =============================================================================================
+
+GRe runs on CPU cores and asks for no GPU (:func:`stage_device`): its time is the environments' stepping,
+and the network's batched forward is a small part of it even on a CPU core (docs/speed.md), so it leaves
+the node's GPU to the stages that need it, and several GRe jobs share a node.
+
+Unit costs are per core (torch threads: 1); a job's threads shorten only GRe (its worker processes), so
+a job with more threads is predicted long.  Episodes are counted at their full horizon (an episode that
+ends sooner costs less), and LoRe's tree at its worst case for what can be known before the run
+(:func:`lore_nodes`), so a prediction errs long.  No torch is imported here (environments' facts only):
+``crop plan`` on a login node and the Snakefile's resources read it.
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import heapq
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from crop import columns as cols
+from crop import layout
+from crop.config import run_targets, sigma_label, smoothing_targets, train_settings
+from crop.stage_table import STAGES
+
+__all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
+           "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "makespan",
+           "stage_device"]
+
+#: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model aims at 0.5–2× of a job's
+#: measured time (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the
+#: queue's file system and a GPU's start.
+HEADROOM, HEADROOM_MIN = 2.0, 5
+
+#: Per-environment unit costs the model needs (seconds; ``node_mb`` in MB), and the global ones.
+UNITS = ("smooth_sample_s", "grad_sample_s", "env_step_s", "gre_step_s", "gre_reset_s", "lore_node_s", "node_mb",
+         "train_step_s")
+GLOBAL_UNITS = ("start_s", "fetch_s", "figure_s", "audit_run_s")
+
+#: Above this many nodes a LoRe tree cannot be priced: the config needs lore.max_nodes (or a smaller horizon).
+MAX_PRICED_NODES = 1e12
+
+
+class CostError(ValueError):
+    """A config the model cannot price; the message names what to calibrate or set."""
+
+
+@dataclass
+class Job:
+    """One job of the DAG: its rule and wildcards as Snakemake spells them, and what it will cost."""
+
+    rule: str
+    env: str | None = None
+    algo: str | None = None
+    sigma: str | None = None
+    rep: int | None = None
+    device: str = "cpu"
+    threads: int = 1
+    gpus: int = 0
+    seconds: float = 0.0
+    mem_mb: int = 1000
+    needs: list = field(default_factory=list)   # indices of the jobs it waits for
+    note: str = ""
+
+    @property
+    def wildcards(self) -> dict:
+        w = {"env": self.env, "algo": self.algo, "sigma": self.sigma, "rep": self.rep}
+        return {k: (str(v) if v is not None else None) for k, v in w.items() if v is not None}
+
+    @property
+    def minutes(self) -> float:
+        return self.seconds / 60
+
+
+# ----------------------------------------------------------------------------------------------- unit costs
+
+def calibration_path() -> Path:
+    """``$XDG_CACHE_HOME/crop/calibration.json`` (default ``~/.cache/crop/``): what ``crop calibrate`` wrote."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "crop" / "calibration.json"
+
+
+def shipped_table(device: str) -> dict:
+    text = resources.files("crop").joinpath(f"costs/{device}.json").read_text()
+    return json.loads(text)
+
+
+def unit_costs(device: str, calibration: str | Path | None = None) -> tuple[dict, str]:
+    """The unit-cost table for ``device`` (cpu or cuda) and where it came from: this machine's calibration
+    file when it holds one for the device, else the table shipped with the package."""
+    path = Path(calibration) if calibration else calibration_path()
+    if path.is_file():
+        try:
+            tables = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CostError(f"{path}: not a calibration file ({exc}); rerun `crop calibrate --device {device}`") \
+                from None
+        if isinstance(tables, dict) and device in tables:
+            t = tables[device]
+            return t, f"{path} (crop calibrate --device {device}, {t.get('measured', '?')}, {t.get('machine', {})})"
+    t = shipped_table(device)
+    return t, f"the shipped {device} table (crop/costs/{device}.json: {t['source']}, {t['measured']})"
+
+
+def _unit(table: dict, env: str, name: str, device: str) -> float:
+    """One unit cost; a missing one is an error naming the calibration that gives it (never a silent 0)."""
+    value = table.get(name) if name in GLOBAL_UNITS else table.get("envs", {}).get(env, {}).get(name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or not math.isfinite(value):
+        what = name + ("" if name in GLOBAL_UNITS else f" of {env}")
+        raise CostError(f"no unit cost {what} on {device}: run `crop calibrate --device {device}"
+                        f"{'' if name in GLOBAL_UNITS else f' --env {env}'}` on a machine like the one that runs it")
+    return float(value)
+
+
+# ----------------------------------------------------------------------------------------------- the model
+
+def lore_nodes(horizon: int, n_actions: int, certified: float = 0.0, max_nodes: int | None = None) -> float:
+    """Nodes LoRe smooths (Algorithm 3), at worst, for a tree of depth H: a node whose action is certified
+    up to the search's largest ε (a fraction ``certified`` of the states) has one child, any other up to
+    |A|, so the branching is b = 1 + (1 − certified)(|A| − 1) and the internal nodes Σ_{d<H} b^d (leaves at
+    depth H are not smoothed).  Pruning, memoised states and terminal states only make the tree smaller.
+    With ``lore.max_nodes`` the search expands at most that many."""
+    b = 1.0 + (1.0 - certified) * (n_actions - 1)
+    if b <= 1.0:
+        n = float(horizon)
+    elif horizon * math.log10(b) > 300:
+        n = math.inf
+    else:
+        n = (b ** horizon - 1.0) / (b - 1.0)
+    return float(min(n, max_nodes)) if max_nodes else n
+
+
+def _certified_fraction(cfg: dict, env: str, algo: str, sigma: str) -> float:
+    """The fraction of LoAct's states certified at LoRe's largest ε, from a finished LoAct of the same run
+    when there is one (its ``loact.csv``); 0 (every action possible: the worst case) otherwise and whenever
+    LoRe searches without a largest ε (``lore.eps_max_factor: null``: every action becomes possible)."""
+    factor = cfg["environments"][env]["lore"].get("eps_max_factor")
+    name, target = layout.split_run_algo(algo)
+    path = layout.run_dir(cfg["results"], env, name, sigma, target) / layout.RUN_FILES["loact"]
+    if not factor or not path.is_file():
+        return 0.0
+    eps_max = factor * float(sigma)
+    with open(path, newline="") as f:
+        radii = [float(r[cols.RADIUS]) for r in csv.DictReader(f)]
+    return sum(r >= eps_max for r in radii) / len(radii) if radii else 0.0
+
+
+def _n_actions(env: str) -> int:
+    from crop.envs import env_spec  # gymnasium, not torch
+
+    return env_spec(env).n_actions
+
+
+def _stage_seconds(cfg: dict, job: Job, t: dict) -> tuple[float, str]:
+    """Seconds of a per-run stage's work (the module docstring's table) and a note on what it assumed."""
+    ec, env, dev = cfg["environments"][job.env], job.env, job.device
+
+    def u(name):
+        return _unit(t, env, name, dev)
+
+    rule = job.rule.removesuffix("_replicate")
+    if rule in ("qrange", "loact"):
+        b = ec[rule]
+        return b["episodes"] * b["horizon"] * (b["m"] * u("smooth_sample_s") + u("env_step_s")), ""
+    if rule == "gre":
+        g = ec["gre"]
+        workers = 1 if t.get("envs", {}).get(env, {}).get("gre_single_process") else job.threads
+        return g["m"] * (u("gre_reset_s") + g["horizon"] * u("gre_step_s")) / workers, ""
+    if rule == "lore":
+        lo, k = ec["lore"], _n_actions(env)
+        nodes = lore_nodes(lo["horizon"], k, _certified_fraction(cfg, env, job.algo, job.sigma), lo.get("max_nodes"))
+        if nodes > MAX_PRICED_NODES:
+            raise CostError(f"lore {env}/{job.algo} σ={job.sigma}: a tree of up to {k}^{lo['horizon']} nodes "
+                            f"cannot finish; give environments.{env}.lore.max_nodes (a budget of nodes) or a "
+                            "smaller lore.horizon")
+        per_node = lo["m"] * u("smooth_sample_s") + u("lore_node_s")
+        job.mem_mb += int(2 * nodes * u("node_mb"))   # its snapshots: twice their pickled size, for Python's objects
+        return nodes * per_node, f"{nodes:.0f} nodes"
+    if rule == "attack_local":
+        a, lo = ec["attack"], ec["lore"]
+        runs = a["local_episodes"] * len(a["local_eps_factors"])
+        step = 2 * ec["loact"]["m"] * u("smooth_sample_s") + a["pgd_steps"] * a["local_m_grad"] * u("grad_sample_s")
+        return runs * lo["horizon"] * (step + u("env_step_s")), ""
+    if rule == "attack_global":
+        a, g = ec["attack"], ec["gre"]
+        runs = global_episodes(cfg, env) * len(a["global_eps_factors"])
+        step = (a["pgd_steps"] + 1) * a["global_n_eot"] * u("grad_sample_s")
+        return runs * g["horizon"] * (step + u("env_step_s")), ""
+    raise CostError(f"no cost model for rule {job.rule}")
+
+
+def global_episodes(cfg: dict, env: str) -> int:
+    """``attack.global_episodes`` as a number of episodes.  Hook for a size the config leaves to the run
+    (a non-integer such as ``auto``): it must resolve here the way the attack stage resolves it; until it
+    can, the model refuses it rather than guess."""
+    n = cfg["environments"][env]["attack"]["global_episodes"]
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise CostError(f"environments.{env}.attack.global_episodes = {n!r}: crop plan prices a number of "
+                        "episodes; give one")
+    return n
+
+
+def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
+    from crop.registry import checkpoint_source
+
+    ec = cfg["environments"][job.env]
+    src = checkpoint_source(job.env, job.algo, ec["source"], ec.get("files"))
+    if src["kind"] != "train":
+        return _unit(t, job.env, "fetch_s", job.device)
+    steps = train_settings(ec, job.algo)["total_steps"]
+    return steps * _unit(t, job.env, "train_step_s", job.device)
+
+
+def runtime_minutes(seconds: float, cap: int | None = None) -> int:
+    """The wall-time (minutes) a job asks SLURM for: :data:`HEADROOM` × its prediction + :data:`HEADROOM_MIN`,
+    at most ``cap`` (config ``slurm.max_runtime``)."""
+    minutes = math.ceil(HEADROOM * seconds / 60) + HEADROOM_MIN
+    return min(minutes, cap) if cap else minutes
+
+
+# ----------------------------------------------------------------------------------------------- the DAG
+
+def stage_device(cfg: dict, rule: str, env: str) -> str:
+    """The ``--device`` of a stage's jobs: the config's, except GRe, which runs on the job's CPU cores
+    (``cpu``): its time is stepping m environments (Atari, highway: a millisecond and more per step and
+    core), beside which the batched forward is small even on a core (docs/speed.md), so a GPU would idle
+    through nearly all of such a job while the stages that need it wait."""
+    return "cpu" if rule.removesuffix("_replicate") == "gre" else cfg["device"]
+
+
+def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
+    """Every job Snakemake builds for a validated config (rules/*.smk, from the same functions): a checkpoint
+    per (env, algorithm) — the certified ones and the bases others are derived from —, the per-run stages of
+    the stage table (qrange only for the q target), replicates 1 … N−1 of the replicated stages, then the
+    aggregate and the audit.  ``needs`` holds each job's inputs (for the makespan).  ``gpus``: GPUs a
+    machine has (None: as the config's ``device`` asks; 0 runs everything on the CPU)."""
+    from crop.registry import checkpoint_source
+
+    stage_gpus = 0 if cfg["device"] == "cpu" or gpus == 0 else 1
+    out: list[Job] = []
+    ckpt: dict[tuple, int] = {}
+
+    def add(job: Job) -> int:
+        out.append(job)
+        return len(out) - 1
+
+    for env, ec in cfg["environments"].items():
+        algos = list(dict.fromkeys(ec["algorithms"]))
+        for algo in list(algos):
+            src = checkpoint_source(env, algo, ec["source"], ec.get("files"))
+            if src["kind"] == "derive" and src["base"] not in algos:
+                algos.append(src["base"])
+        for algo in algos:
+            src = checkpoint_source(env, algo, ec["source"], ec.get("files"))
+            dev = "cpu" if src["kind"] != "train" or gpus == 0 else \
+                ("cpu" if ec.get("train", {}).get("dqn", {}).get("device", "cpu") == "cpu" else "cuda")
+            ckpt[env, algo] = add(Job("checkpoint", env, algo, device=dev, gpus=int(dev == "cuda")))
+        for algo in algos:
+            src = checkpoint_source(env, algo, ec["source"], ec.get("files"))
+            if src["kind"] == "derive":
+                out[ckpt[env, algo]].needs.append(ckpt[env, src["base"]])
+    run_jobs = []
+    for env, algo, sig, target in run_targets(cfg):
+        name = layout.run_algo(algo, target)
+        base = ckpt[env, algo]
+        for rep in range(cfg["replicates"]):
+            q = None
+            for stage, row in STAGES.items():
+                if rep and not row.replicate or (stage == "qrange" and target != "q"):
+                    continue
+                gpu = stage_gpus and stage_device(cfg, row.rule, env) != "cpu"
+                job = Job(row.rule + ("_replicate" if rep else ""), env, name, sig, rep or None,
+                          device="cuda" if gpu else "cpu", threads=cfg["threads"], gpus=int(gpu), needs=[base])
+                if row.v_range and q is not None:
+                    job.needs.append(q)
+                i = add(job)
+                run_jobs.append(i)
+                if stage == "qrange":
+                    q = i
+    agg = add(Job("aggregate", needs=list(run_jobs)))
+    add(Job("audit", needs=[agg, *run_jobs]))
+    return out
+
+
+def price(cfg: dict, job: Job, table: dict) -> Job:
+    """Fill in ``job``'s predicted seconds and memory from a unit-cost table (the module docstring's model);
+    :class:`CostError` naming what to calibrate or set when it cannot."""
+    start = _unit(table, job.env, "start_s", job.device)
+    job.mem_mb = 1000
+    if job.rule == "checkpoint":
+        job.seconds, job.mem_mb = start + _checkpoint_seconds(cfg, job, table), 1500
+    elif job.rule == "aggregate":
+        figures = sum(len(layout.figure_stems(env, [sigma_label(s) for s in ec["sigmas"]],
+                                              [layout.run_algo(a, x) for a in ec["algorithms"]
+                                               for x in smoothing_targets(ec)]))
+                      for env, ec in cfg["environments"].items())
+        job.seconds, job.mem_mb = start + 2 * figures * _unit(table, None, "figure_s", job.device), 2000
+    elif job.rule == "audit":
+        job.seconds = start + len(run_targets(cfg)) * _unit(table, None, "audit_run_s", job.device)
+    else:
+        job.mem_mb = STAGES[job.rule.removesuffix("_replicate").replace("_", "-")].mem_mb or 0
+        if job.rule == "gre":
+            from crop.envs import env_spec
+
+            g, spec = cfg["environments"][job.env]["gre"], env_spec(job.env)
+            job.mem_mb = spec.gre_mem_mb(spec.gre_block(g["m"], g["batch"]), job.threads)
+        stage_s, job.note = _stage_seconds(cfg, job, table)
+        job.seconds = start + stage_s
+    return job
+
+
+@functools.cache
+def _tables(device: str, calibration: str | None) -> tuple[dict, str]:
+    return unit_costs(device, calibration)
+
+
+def predict(cfg: dict, gpus: int | None = None, calibration: str | Path | None = None) -> tuple[list[Job], dict]:
+    """:func:`jobs` with every job's seconds and memory filled in, and ``{device: source}`` of the unit-cost
+    tables used.  Raises :class:`CostError` naming what to calibrate or set for a job it cannot price."""
+    out, sources = jobs(cfg, gpus), {}
+    for job in out:
+        table, sources[job.device] = _tables(job.device, str(calibration) if calibration else None)
+        price(cfg, job, table)
+    return out, sources
+
+
+def job_resources(cfg: dict, rule: str, wildcards, threads: int, gpus: int) -> dict:
+    """``{"runtime": minutes, "mem_mb": MB}`` a job asks SLURM for (rules/common.smk): its prediction with
+    headroom (:func:`runtime_minutes`), capped by ``slurm.max_runtime``.  A job the model cannot price asks
+    for the cap, or a week without one (``crop plan`` names it)."""
+    w = dict(wildcards.items()) if hasattr(wildcards, "items") else dict(wildcards or {})
+    rep = int(w["rep"]) if "rep" in w else None
+    job = Job(rule, w.get("env"), w.get("algo"), w.get("sigma"), rep, threads=threads, gpus=gpus,
+              device="cuda" if gpus else "cpu")
+    cap = cfg.get("slurm", {}).get("max_runtime")
+    try:
+        price(cfg, job, _tables(job.device, None)[0])
+    except CostError:
+        return {"runtime": cap or 7 * 24 * 60, "mem_mb": job.mem_mb}
+    return {"runtime": runtime_minutes(job.seconds, cap), "mem_mb": job.mem_mb}
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+
+def makespan(plan_jobs: list[Job], cores: int, gpus: int, nodes: int = 1) -> float:
+    """Seconds until the last job ends on ``nodes`` machines of ``cores`` cores and ``gpus`` GPUs each: list
+    scheduling in the DAG's order (a job starts when its inputs exist and a node has its threads and GPU
+    free; the longest ready job first), as a cluster's queue would run them."""
+    free = [[cores, gpus] for _ in range(nodes)]
+    done_at = [math.nan] * len(plan_jobs)
+    waiting = {i: set(j.needs) for i, j in enumerate(plan_jobs)}
+    ready = []
+    running: list = []   # (end, index, node)
+    now = 0.0
+
+    def release():
+        for i in [i for i, deps in waiting.items() if not deps]:
+            del waiting[i]
+            heapq.heappush(ready, (-plan_jobs[i].seconds, i))
+
+    release()
+    while ready or running:
+        postponed = []
+        while ready:
+            neg, i = heapq.heappop(ready)
+            j = plan_jobs[i]
+            need_c, need_g = min(j.threads, cores), min(j.gpus, gpus)
+            node = next((n for n, (c, g) in enumerate(free) if c >= need_c and g >= need_g), None)
+            if node is None:
+                postponed.append((neg, i))
+                continue
+            free[node][0] -= need_c
+            free[node][1] -= need_g
+            heapq.heappush(running, (now + j.seconds, i, node))
+        for item in postponed:
+            heapq.heappush(ready, item)
+        if not running:
+            break
+        now, i, node = heapq.heappop(running)
+        j = plan_jobs[i]
+        free[node][0] += min(j.threads, cores)
+        free[node][1] += min(j.gpus, gpus)
+        done_at[i] = now
+        for deps in waiting.values():
+            deps.discard(i)
+        release()
+    return now
+
+
+def plan(cfg: dict, cores: int, gpus: int, nodes: int = 1, calibration: str | Path | None = None) -> dict:
+    """The plan of ``crop plan --json``: every job's rule, wildcards, device and minutes, the totals in CPU-
+    and GPU-hours (a job's threads × its hours; its GPUs × its hours) and the makespan on the machines; with
+    the tables used and the jobs whose wall-time the config's cap cuts (``slurm.max_runtime``) beside."""
+    out, sources = predict(cfg, gpus, calibration)
+    cap = cfg.get("slurm", {}).get("max_runtime")
+    over = [j for j in out if cap and runtime_minutes(j.seconds) > cap]
+    return {
+        "jobs": [{"rule": j.rule, "env": j.env, "algo": j.algo, "sigma": j.sigma, "device": j.device,
+                  "minutes": round(j.minutes, 3)} for j in out],
+        "total": {"cpu_hours": round(sum(j.threads * j.seconds for j in out) / 3600, 3),
+                  "gpu_hours": round(sum(j.gpus * j.seconds for j in out) / 3600, 3),
+                  "jobs": len(out)},
+        "makespan_hours": round(makespan(out, cores, gpus, nodes) / 3600, 3),
+    }, {"sources": sources, "over_cap": over, "cap": cap, "jobs": out}

@@ -1,0 +1,291 @@
+"""The cost model (crop/cost.py) and ``crop plan``: the plan's jobs are the DAG Snakemake builds, every job
+asks SLURM for at least its prediction, a config it cannot price is one line naming what to calibrate."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crop import cost
+from crop.cli import main
+from crop.config import load_config, validate_config
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "configs" / "quickstart.yaml"
+PAPER = ROOT / "configs" / "paper.yaml"
+
+
+@pytest.fixture(autouse=True)
+def no_calibration(tmp_path, monkeypatch):
+    """The shipped tables, whatever this machine's cache holds."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cost._tables.cache_clear()
+    yield
+    cost._tables.cache_clear()
+
+
+def _config(path, **changes) -> dict:
+    cfg = yaml.safe_load(Path(path).read_text())
+    for key, value in changes.items():
+        target = cfg
+        *parents, last = key.split(".")
+        for p in parents:
+            target = target.setdefault(p, {})
+        target[last] = value
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------- the model
+
+def test_lore_nodes_counts_the_internal_nodes_of_the_tree():
+    assert cost.lore_nodes(10, 2) == 2 ** 10 - 1          # a full binary tree of depth 10: 1023 smoothed
+    assert cost.lore_nodes(3, 5) == 1 + 5 + 25
+    assert cost.lore_nodes(10, 5, certified=1.0) == 10     # every action certified: one path
+    assert cost.lore_nodes(10, 2, certified=0.5) == pytest.approx((1.5 ** 10 - 1) / 0.5)
+    assert cost.lore_nodes(200, 6) > cost.MAX_PRICED_NODES
+    assert cost.lore_nodes(500, 6) == math.inf              # beyond a float: infinite, not an overflow
+    assert cost.lore_nodes(200, 6, max_nodes=5000) == 5000
+    assert cost.lore_nodes(3, 2, max_nodes=5000) == 7      # a budget the tree does not reach
+
+
+def test_runtime_is_the_prediction_with_headroom_and_the_cap():
+    assert cost.runtime_minutes(600) == 2 * 10 + cost.HEADROOM_MIN
+    assert cost.runtime_minutes(600, cap=12) == 12
+    for s in (1, 59, 61, 3600, 86400):
+        assert cost.runtime_minutes(s) * 60 >= s
+
+
+def test_makespan_respects_cores_gpus_and_dependencies():
+    jobs = [cost.Job("a", seconds=10), cost.Job("b", seconds=10), cost.Job("c", seconds=5, needs=[0, 1])]
+    assert cost.makespan(jobs, cores=1, gpus=0) == 25
+    assert cost.makespan(jobs, cores=2, gpus=0) == 15
+    assert cost.makespan(jobs, cores=1, gpus=0, nodes=2) == 15
+    g = [cost.Job("a", seconds=10, gpus=1), cost.Job("b", seconds=10, gpus=1)]
+    assert cost.makespan(g, cores=16, gpus=1) == 20       # one GPU: one at a time
+    assert cost.makespan(g, cores=16, gpus=2) == 10
+
+
+# --------------------------------------------------------------------------------------------- crop plan
+
+def test_plan_json_has_exactly_the_issue_s_fields(capsys):
+    main(["plan", "--configfile", str(QUICK), "--cores", "2", "--json"])
+    out = capsys.readouterr()
+    plan = json.loads(out.out)
+    assert set(plan) == {"jobs", "total", "makespan_hours"}
+    assert set(plan["total"]) == {"cpu_hours", "gpu_hours", "jobs"}
+    assert plan["total"]["jobs"] == len(plan["jobs"])
+    for j in plan["jobs"]:
+        assert set(j) == {"rule", "env", "algo", "sigma", "device", "minutes"}
+        assert j["minutes"] > 0
+    ck = [j for j in plan["jobs"] if j["rule"] == "checkpoint"]
+    assert ck and all(j["sigma"] is None for j in ck)
+    assert plan["total"]["gpu_hours"] == 0                 # device: cpu
+    total = sum(j["minutes"] for j in plan["jobs"]) / 60
+    assert plan["total"]["cpu_hours"] == pytest.approx(total, rel=1e-2)   # threads: 1
+    assert total / 2 * 0.99 <= plan["makespan_hours"] <= total * 1.01
+    assert "the shipped cpu table" in out.err               # it says which table
+
+
+def test_plan_table_names_every_rule(capsys):
+    main(["plan", "--configfile", str(QUICK), "--cores", "2"])
+    out = capsys.readouterr().out
+    for rule in ("checkpoint", "qrange", "loact", "gre", "lore", "attack_local", "attack_global", "aggregate",
+                 "audit"):
+        assert re.search(rf"^{rule}\s", out, re.M), rule
+    assert "CPU-hours" in out and "makespan" in out
+
+
+def test_a_calibration_file_is_used_and_named(tmp_path, capsys):
+    table = cost.shipped_table("cpu")
+    fast = copy.deepcopy(table)
+    for units in fast["envs"].values():
+        units["smooth_sample_s"] /= 10
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cpu": {**fast, "measured": "today", "machine": {"cpu": "x"}}}))
+    main(["plan", "--configfile", str(QUICK), "--json", "--calibration", str(path)])
+    out = capsys.readouterr()
+    assert str(path) in out.err
+    loact = [j for j in json.loads(out.out)["jobs"] if j["rule"] == "loact"]
+    main(["plan", "--configfile", str(QUICK), "--json"])
+    shipped = [j for j in json.loads(capsys.readouterr().out)["jobs"] if j["rule"] == "loact"]
+    assert all(a["minutes"] < b["minutes"] for a, b in zip(loact, shipped))
+
+
+def test_an_environment_without_unit_costs_is_one_line_naming_the_calibration(tmp_path, capsys):
+    table = cost.shipped_table("cpu")
+    del table["envs"]["CartPole-v0"]
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cpu": table}))
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--configfile", str(QUICK), "--calibration", str(path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "crop calibrate --device cpu --env CartPole-v0" in err
+
+
+def test_a_missing_unit_is_named_never_a_zero(tmp_path, capsys):
+    table = cost.shipped_table("cpu")
+    del table["envs"]["CartPole-v0"]["grad_sample_s"]
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cpu": table}))
+    with pytest.raises(SystemExit):
+        main(["plan", "--configfile", str(QUICK), "--calibration", str(path)])
+    assert "grad_sample_s of CartPole-v0" in capsys.readouterr().err
+
+
+def test_an_unbounded_lore_tree_asks_for_max_nodes(tmp_path, capsys):
+    cfg = _config(PAPER)
+    del cfg["environments"]["PongNoFrameskip-v4"]["lore"]["max_nodes"]
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(SystemExit):
+        main(["plan", "--configfile", str(f)])
+    err = capsys.readouterr().err.strip()
+    assert "environments.PongNoFrameskip-v4.lore.max_nodes" in err and len(err.splitlines()) == 1
+
+
+def test_jobs_over_the_cap_are_named_and_ask_for_the_cap(tmp_path, capsys):
+    cfg = _config(QUICK, **{"slurm.max_runtime": 6})
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    main(["plan", "--configfile", str(f), "--json"])
+    err = capsys.readouterr().err
+    over = [line for line in err.splitlines() if line.startswith("over slurm.max_runtime")]
+    jobs, _ = cost.predict(load_config(f))
+    longer = [j for j in jobs if cost.runtime_minutes(j.seconds) > 6]
+    assert longer and len(over) == len(longer)
+    assert any("checkpoint CartPole-v0/StdTrain" in line for line in over)
+    res = cost.job_resources(load_config(f), "checkpoint", {"env": "CartPole-v0", "algo": "StdTrain"}, 1, 0)
+    assert res["runtime"] == 6
+
+
+def test_paper_config_every_job_is_priced_with_lore_budgets():
+    cfg = load_config(PAPER)
+    jobs, sources = cost.predict(cfg)
+    assert set(sources) == {"cuda", "cpu"}     # stages on the GPU, downloads and highway training on a core
+    assert len(jobs) == 1328                   # snakemake -n counts 1,329: these and the target rule all
+    for j in jobs:
+        assert math.isfinite(j.seconds) and j.seconds > 0
+        res = cost.job_resources(cfg, j.rule, j.wildcards, j.threads, j.gpus)
+        assert res["runtime"] * 60 >= j.seconds, j
+
+
+def test_gre_runs_on_cpu_cores_and_leaves_the_gpu():
+    """GRe steps environments on CPU cores: no GPU asked, priced from the CPU table, and several GRe jobs run
+    at once on a node; the other stages keep the config's device."""
+    cfg = load_config(PAPER)
+    jobs, _ = cost.predict(cfg, gpus=1)
+    gre = [j for j in jobs if j.rule == "gre"]
+    assert len(gre) == 216 and all(j.device == "cpu" and j.gpus == 0 for j in gre)
+    assert all(j.device == "cuda" and j.gpus == 1 for j in jobs if j.rule in ("loact", "lore", "attack_local"))
+    assert cost.stage_device(cfg, "gre_replicate", "PongNoFrameskip-v4") == "cpu"
+    assert cost.stage_device(cfg, "loact", "PongNoFrameskip-v4") == cfg["device"]
+    atari = [dataclasses.replace(j, needs=[]) for j in gre if j.env.endswith("NoFrameskip-v4")][:4]
+    assert cost.makespan(atari, cores=16, gpus=1) == max(j.seconds for j in atari)   # threads: 4 each, at once
+
+
+# --------------------------------------------------------------------------------------------- the DAG
+
+def _dry_run(config: Path, workdir: Path) -> list[tuple[str, dict, int]]:
+    """(rule, wildcards, runtime) of every job of ``snakemake --dry-run --forceall``."""
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "-s", str(ROOT / "Snakefile"),
+                          "--configfile", str(config), "--directory", str(workdir)],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if not m or m.group(1) == "all":
+            continue
+        w = re.search(r"wildcards: (.*)", block)
+        wildcards = dict(kv.split("=", 1) for kv in w.group(1).split(", ")) if w else {}
+        rt = re.search(r"runtime=(\d+)", block)
+        jobs.append((m.group(1), wildcards, int(rt.group(1)) if rt else None))
+    return jobs
+
+
+def _plan_keys(cfg: dict) -> list:
+    return sorted((j.rule, tuple(sorted(j.wildcards.items()))) for j in cost.jobs(cfg))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["quickstart", "replicates-derived-vote"])
+def test_plan_jobs_are_the_dry_run_s(tmp_path, variant):
+    cfg = _config(QUICK, results=str(tmp_path / "results"))
+    if variant != "quickstart":
+        ec = cfg["environments"]["CartPole-v0"]
+        ec["algorithms"] = ["StdTrain", "CARRL"]      # CARRL is derived from StdTrain
+        ec["targets"] = ["q", "vote"]
+        cfg["replicates"] = 2
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    dry = _dry_run(f, tmp_path)
+    assert sorted((r, tuple(sorted(w.items()))) for r, w, _ in dry) == _plan_keys(validate_config(cfg))
+    jobs = {(j.rule, tuple(sorted(j.wildcards.items()))): j for j in cost.predict(validate_config(cfg))[0]}
+    for r, w, runtime in dry:
+        assert runtime * 60 >= jobs[r, tuple(sorted(w.items()))].seconds   # asks for at least its prediction
+
+
+@pytest.mark.slow
+def test_paper_dry_run_asks_at_least_the_plan(tmp_path):
+    cfg = _config(PAPER, results=str(tmp_path / "results"))
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    dry = _dry_run(f, tmp_path)
+    jobs = {(j.rule, tuple(sorted(j.wildcards.items()))): j for j in cost.predict(validate_config(cfg))[0]}
+    assert sorted((r, tuple(sorted(w.items()))) for r, w, _ in dry) == sorted(jobs)
+    for r, w, runtime in dry:
+        assert runtime * 60 >= jobs[r, tuple(sorted(w.items()))].seconds, (r, w)
+
+
+@pytest.mark.slow
+def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
+    path = tmp_path / "calibration.json"
+    main(["calibrate", "--device", "cpu", "--env", "CartPole-v0", "--out", str(path)])
+    table = json.loads(path.read_text())["cpu"]
+    assert table["machine"]["cores"] >= 1 and table["machine"]["cpu"]
+    for unit in cost.GLOBAL_UNITS:
+        assert table[unit] > 0
+    for unit in cost.UNITS:
+        assert table["envs"]["CartPole-v0"][unit] > 0, unit
+    main(["plan", "--configfile", str(QUICK), "--json", "--calibration", str(path)])
+    assert str(path) in capsys.readouterr().err
+
+
+def test_a_finished_loact_narrows_lore_s_tree_only_with_a_largest_eps(tmp_path):
+    """LoRe's predicted tree uses the fraction of LoAct's states certified at the search's largest ε."""
+    def lore_job(cfg):
+        jobs, _ = cost.predict(validate_config(cfg))
+        return next(j for j in jobs if j.rule == "lore" and j.algo == "StdTrain" and j.sigma == "0.01")
+
+    cfg = _config(QUICK, results=str(tmp_path))
+    full = lore_job(cfg)
+    assert full.note == "1023 nodes"
+    loact = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.01" / "loact.csv"
+    loact.parent.mkdir(parents=True)
+    loact.write_text("episode,step,certified,radius\n" + "".join(f"0,{i},1,{r}\n" for i, r in
+                                                                   enumerate([0.0, 0.001, 0.05, 0.05])))
+    assert lore_job(cfg).note == "1023 nodes"                 # eps_max_factor null: every action, eventually
+    cfg["environments"]["CartPole-v0"]["lore"]["eps_max_factor"] = 2.0    # ε_max = 0.02: half certified
+    narrowed = lore_job(cfg)
+    assert narrowed.note == f"{cost.lore_nodes(10, 2, certified=0.5):.0f} nodes"
+    assert narrowed.seconds < full.seconds
+
+
+def test_plan_imports_no_torch(tmp_path):
+    """A planning command on a login node: no torch (seconds of imports) to price a config."""
+    code = ("import sys; from crop.cli import main; main(['plan', '--configfile', sys.argv[1], '--json']); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code, str(PAPER)], capture_output=True, text=True,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["total"]["jobs"] == 1328
