@@ -105,6 +105,26 @@ def _digest(obs: np.ndarray) -> bytes:
     return hashlib.blake2b(obs.tobytes(), digest_size=16).digest()
 
 
+def _net_digest(net) -> str:
+    """sha256 of a network's parameters and buffers (names, dtypes, shapes and bytes)."""
+    h = hashlib.sha256()
+    for name, t in net.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _fn_digest(fn) -> str | None:
+    """A reward modification without a name: its code and constants (two lambdas differ where their code does)."""
+    if fn is None:
+        return None
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return repr(fn)
+    return hashlib.sha256(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode()).hexdigest()
+
+
 class LoRe:
     """Algorithm 3 from one initial state: the bound J̲ of Theorem 4 at every critical ε, by adaptive search.
 
@@ -125,16 +145,18 @@ class LoRe:
     ``batch`` (default 64): at most this many pending nodes smoothed in one call (module docstring).
     ``max_nodes`` (optional): the budget of tree nodes (the root included); past it an open subtree counts
     its worst case from ``reward_min``, the lowest reward per step as the search counts it (after
-    ``reward_fn``), which a bounded search needs.  One object runs one search.
+    ``reward_fn``), which a bounded search needs.  ``reward_key`` (the reward modification's name) and
+    ``run_key`` (e.g. the checkpoint's sha256) go into the resume file's key (:meth:`key`).  One object runs
+    one search.
     """
 
     #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
-    RESUME_FORMAT = 4
+    RESUME_FORMAT = 5
 
     def __init__(self, env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
                  eps_max: float = math.inf, prune: bool = True, profile: str | None = None, reward_fn=None,
                  make=None, alpha_of=None, batch: int = 64, max_nodes: int | None = None,
-                 reward_min: float | None = None):
+                 reward_min: float | None = None, reward_key: str | None = None, run_key: dict | None = None):
         if int(batch) < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if max_nodes is not None and (int(max_nodes) < 1 or reward_min is None):
@@ -145,6 +167,7 @@ class LoRe:
         self.env_id, self.smoother, self.horizon, self.env_seed = env_id, smoother, horizon, int(env_seed)
         self.gamma, self.eps_max, self.prune, self.profile = gamma, eps_max, prune, profile
         self.reward_fn, self.make, self.alpha_of = reward_fn, make, alpha_of
+        self.reward_key, self.run_key = reward_key, run_key  # the resume file's key (:meth:`key`)
         # Algorithm 3's state (everything save/load carries)
         self.queue: list = []                      # heap of (r(a), tie, node, a)
         self.stack: list[_Node] = []               # nodes to expand depth-first at ε = eps
@@ -377,16 +400,18 @@ class LoRe:
     # ---- resume: kept apart from the search ------------------------------------------------------------------
 
     def key(self) -> dict:
-        """What identifies this run: a resume file written under another key is ignored."""
+        """What identifies this run: a resume file written under another key is ignored.  The smoothed
+        network's parameters (a digest), the preprocessing profile, the reward modification and every
+        setting the search reads are in it: a file left by another network or checkpoint never resumes."""
         sm, alpha_of = self.smoother, self.alpha_of
-        return {"format": self.RESUME_FORMAT, "env": self.env_id, "horizon": self.horizon,
+        return {"format": self.RESUME_FORMAT, "env": self.env_id, "profile": self.profile, "horizon": self.horizon,
                 "env_seed": self.env_seed, "batch": self.batch, "gamma": self.gamma, "eps_max": self.eps_max,
                 "prune": self.prune, "max_nodes": self.max_nodes, "reward_min": self.reward_min,
                 "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
-                "reward_fn": getattr(self.reward_fn, "__qualname__", None),
+                "n_actions": sm.n_actions, "target": getattr(sm, "target", "q"), "network": _net_digest(sm.q_net),
+                "reward": self.reward_key if self.reward_key is not None else _fn_digest(self.reward_fn),
                 "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None,
-                # probs and vote share the range [0, 1]: the target tells their searches apart (q, the default: none)
-                **({"target": sm.target} if getattr(sm, "target", "q") != "q" else {})}
+                **({"run": self.run_key} if self.run_key is not None else {})}
 
     def save(self, path) -> None:
         """Write the whole search state and the smoother's random state (noise generator and randomised
@@ -536,11 +561,12 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
              eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
              progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
              checkpoint_every: float = CHECKPOINT_EVERY, alpha_of=None, batch: int = 64,
-             max_nodes: int | None = None, reward_min: float | None = None) -> tuple[pd.DataFrame, dict]:
+             max_nodes: int | None = None, reward_min: float | None = None, reward_key: str | None = None,
+             run_key: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record."""
     search = LoRe(env_id, smoother, horizon, env_seed, gamma=gamma, eps_max=eps_max, prune=prune,
                   profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of, batch=batch,
-                  max_nodes=max_nodes, reward_min=reward_min)
+                  max_nodes=max_nodes, reward_min=reward_min, reward_key=reward_key, run_key=run_key)
     return search.certify(resume_file=resume_file, checkpoint_every=checkpoint_every, progress=progress)
 
 

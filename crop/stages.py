@@ -235,6 +235,7 @@ def cmd_gre(args) -> None:
 
 
 def cmd_lore(args) -> None:
+    from crop.io import sha256_file
     from crop.lore import CHECKPOINT_EVERY, run_lore
     from crop.stats import lore_schedule_text, lore_state_alpha
 
@@ -257,7 +258,8 @@ def cmd_lore(args) -> None:
                            prune=spec.nonnegative_rewards or reward_fn is not None, profile=st.profile,
                            progress=args.progress, reward_fn=reward_fn, alpha_of=alpha_of,
                            resume_file=Path(args.out).with_name(Path(args.out).name + ".resume"),
-                           checkpoint_every=every, max_nodes=args.max_nodes, reward_min=reward_min)
+                           checkpoint_every=every, max_nodes=args.max_nodes, reward_min=reward_min,
+                           reward_key=spec.lore_reward, run_key={"checkpoint_sha256": sha256_file(args.checkpoint)})
     info["reward_modification"] = spec.lore_reward
     # nodes and truncated also at the top: a truncated bound is marked in the figures and tables
     st.write({"nodes": info["nodes"], "truncated": info["truncated"],

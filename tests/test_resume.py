@@ -301,3 +301,31 @@ def test_highway_and_atari_replay_their_resumed_nodes(tmp_path, env, n_in, n_act
     resumed, info = _run(smoother(), resume, 1e9, **kw)
     assert info["resumed"] is True and resumed == clean and info["nodes"] == clean_info["nodes"] > 10
     assert info["distinct_states_smoothed"] > 12, "states must be smoothed after the resume to bite"
+
+
+@pytest.mark.parametrize("change", ["network", "profile", "reward", "run_key"])
+def test_a_resume_file_of_another_network_profile_or_reward_is_ignored(tmp_path, capsys, change):
+    """The key holds the network (a digest of its parameters), the preprocessing profile, the reward
+    modification and the caller's run key (the stage's checkpoint sha256): with the target ``probs`` every
+    network shares the range [0, 1], yet a file left by network A never resumes network B's search — B's
+    result is its uninterrupted one, not A's tree and certificates."""
+    sm_args = (0.3, 2000, 0.0, 1.0, 0.05, 3)
+    net_a = dict(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
+    base = dict(env_id="toy", horizon=8, env_seed=0, make=lambda: ToyWalk(signed=False), gamma=0.9,
+                reward_fn=lambda r: r, run_key={"checkpoint_sha256": "a"})
+    other = {"network": ({**net_a, "seed": 11}, {}), "profile": (net_a, {"profile": "vector"}),
+             "reward": (net_a, {"reward_fn": lambda r: max(r, 0.1)}),
+             "run_key": (net_a, {"run_key": {"checkpoint_sha256": "b"}})}[change]
+    resume = tmp_path / "lore.resume"
+    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_a), *sm_args, seed=2, lives=6, target="probs"), **base)
+    with pytest.raises(Killed):
+        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
+
+    def make():
+        return LoRe(smoother=SmoothedQ(random_mlp(**other[0]), *sm_args, seed=2, target="probs"),
+                    **{**base, **other[1]})
+
+    clean, _ = make().certify(progress=False)
+    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert info["resumed"] is False and "belongs to another run" in capsys.readouterr().err
+    assert table.equals(clean)
