@@ -35,7 +35,8 @@ Reported as ``confidence_tree`` (= ``confidence_union``) with the α actually sp
 Bounded search (``max_nodes``): the search stops expanding once the tree holds ``max_nodes`` nodes and still
 returns a sound bound.  A node n it leaves unexpanded (on the stack, or waiting in the queue for an ε it has
 reached) contributes its worst case J_n + min(0, r_min·Σ_{k=t_n}^{H-1} γ^k) — the return so far plus J_min of
-the remaining steps from the reward range — instead of the leaves below it; the bound at every ε is the
+the remaining steps from the reward range, summed step by step as a leaf's return is and rounded down — instead
+of the leaves below it; the bound at every ε is the
 minimum of the leaves reached and those contributions (proof: docs/statistics.md, "Bounded LoRe").  It is
 ≤ the unbounded search's bound at every ε, equal when the budget is not hit, and ``truncated`` says which.
 
@@ -271,27 +272,35 @@ class LoRe:
         """The node budget is spent: the tree holds ``max_nodes`` nodes (the root and every child created)."""
         return self.max_nodes is not None and self.transitions + 1 >= self.max_nodes
 
-    def worst(self, node: _Node) -> float:
-        """The lowest return of any trajectory through ``node`` (its leaves, at any ε): the return so far plus
-        J_min of its remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k) (it may terminate at any step)."""
-        if node.leaf:
-            return node.J
-        steps = self.horizon - node.t if self.gamma == 1.0 else \
-            (self.gamma ** node.t - self.gamma ** self.horizon) / (1.0 - self.gamma)
-        return node.J + min(0.0, self.reward_min * steps)
+    def worst(self, nodes: list[_Node]) -> dict[int, float]:
+        """The lowest return of any trajectory through each open node (its leaves, at any ε), by ``id``: the
+        return so far plus J_min of its remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k) (it may terminate at
+        any step).  With r_min < 0 it is summed as a leaf's return is, J ← J + γ^k·r_min step by step
+        (rounding to nearest is monotone, so no leaf below the node is computed lower), then rounded down one
+        more step: it is ≤ every computed leaf return below the node, not only up to rounding."""
+        J = np.array([n.J for n in nodes], np.float64)
+        if self.reward_min < 0 and nodes:
+            t = np.array([n.t for n in nodes], np.int64)
+            inner = ~np.array([n.leaf for n in nodes], bool)
+            for k in range(int(t[inner].min()) if inner.any() else self.horizon, self.horizon):
+                live = inner & (t <= k)
+                J[live] = J[live] + (self.gamma ** k) * self.reward_min
+            J[inner] = np.nextafter(J[inner], -np.inf)
+        return {id(n): float(j) for n, j in zip(nodes, J)}
 
     def close(self) -> None:
         """The budget refused a child: the bound at the current ε and at each later critical ε (up to
         ``eps_max``) is the minimum of the leaves reached and the worst case (:meth:`worst`) of every open node
         the tree holds at that ε — left on the stack, or in the queue with r(a) ≤ ε.  A pruned node cannot
         lower it (its return so far already reaches the leaves' minimum)."""
-        bound = min([self.J] + [self.worst(n) for n in self.stack if not self.pruned(n)])
+        worst = self.worst([n for n in [*self.stack, *(q[2] for q in self.queue)] if not self.pruned(n)])
+        bound = min([self.J] + [worst[id(n)] for n in self.stack if not self.pruned(n)])
         self.stack.clear()
         while True:
             while self.queue and self.queue[0][0] <= self.eps:
                 _, _, node, _ = heapq.heappop(self.queue)
                 if not self.pruned(node):
-                    bound = min(bound, self.worst(node))
+                    bound = min(bound, worst[id(node)])
             self.record(self.eps, bound)
             if not self.queue:
                 break
