@@ -61,6 +61,7 @@ import signal
 import sys
 import threading
 import time
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -104,6 +105,70 @@ class _Node:
 
 def _digest(obs: np.ndarray) -> bytes:
     return hashlib.blake2b(obs.tobytes(), digest_size=16).digest()
+
+
+#: The resume file's members: name -> (dtype, dimensions); the file holds exactly these, stored uncompressed.
+_MEMBERS = {"header": ("u1", 1), "generator": ("u1", 1), "stack": ("i8", 1), "queue_r": ("f8", 1),
+            "queue_tie": ("i8", 1), "queue_node": ("i8", 1), "queue_a": ("i8", 1), "path_actions": ("i8", 1),
+            "path_ends": ("i8", 1), "node_J": ("f8", 1), "node_leaf": ("?", 1), "node_digest": ("u1", 2),
+            "memo_keys": ("u1", 1), "memo_ends": ("i8", 1), "memo_action": ("i8", 1), "memo_certified": ("?", 1),
+            "memo_radius": ("f8", 1), "memo_radii": ("f8", 2)}
+
+
+def _members(z: zipfile.ZipFile, file_size: int) -> dict:
+    """The resume file's members by name, checked before any is read: exactly the known names, each stored
+    (not compressed) with its size at most the file's, the sizes summing to at most the file's size."""
+    infos = z.infolist()
+    names = [i.filename for i in infos]
+    if sorted(names) != sorted(f"{n}.npy" for n in _MEMBERS):
+        raise ValueError(f"members {sorted(names)[:20]} are not the resume file's")
+    if any(i.compress_type != zipfile.ZIP_STORED or i.compress_size != i.file_size for i in infos):
+        raise ValueError("a compressed member (a resume file is stored uncompressed)")
+    if sum(i.file_size for i in infos) > file_size:
+        raise ValueError("members larger than the file")
+    return {i.filename[:-4]: i for i in infos}
+
+
+def _read_npy(z: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.ndarray:
+    """One ``.npy`` member as an array of the dtype and dimensions :data:`_MEMBERS` expects; its declared shape
+    must match its bytes (no allocation beyond them), no object or pickled data."""
+    data = z.read(info)
+    fp = io.BytesIO(data)
+    version = np.lib.format.read_magic(fp)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(fp)
+    kind, ndim = _MEMBERS[name]
+    if dtype != np.dtype(kind) or len(shape) != ndim or fortran:
+        raise ValueError(f"{name}: {dtype} of {len(shape)} dimensions, not {np.dtype(kind)} of {ndim}")
+    if name == "node_digest" and shape[1] != 16:
+        raise ValueError(f"{name}: digests of {shape[1]} bytes")
+    body = memoryview(data)[fp.tell():]
+    if math.prod(shape) * dtype.itemsize != len(body):
+        raise ValueError(f"{name}: shape {shape} does not match its {len(body)} bytes")
+    return np.frombuffer(body, dtype).reshape(shape)
+
+
+def _split(values: np.ndarray, ends: np.ndarray, name: str) -> list[np.ndarray]:
+    """``values`` cut at the cumulative ``ends`` (non-decreasing, from 0 to ``len(values)``)."""
+    if len(ends) == 0:
+        if len(values):
+            raise ValueError(f"{name} values without ends")
+        return []
+    if ends[0] < 0 or np.any(np.diff(ends) < 0) or ends[-1] != len(values):
+        raise ValueError(f"{name} ends not non-decreasing from 0 to {len(values)}")
+    return np.split(values, ends[:-1])
+
+
+def _count(v, name: str) -> int:
+    if type(v) is not int or v < 0:
+        raise ValueError(f"{name} is not a count: {str(v)[:40]}")
+    return v
+
+
+def _real(v, name: str) -> float:
+    if type(v) not in (int, float) or math.isnan(v):
+        raise ValueError(f"{name} is not a number: {str(v)[:40]}")
+    return float(v)
 
 
 def _net_digest(net) -> str:
@@ -468,18 +533,30 @@ class LoRe:
 
     def load(self, path, root: _Node) -> bool:
         """Restore the state saved by :meth:`save` if ``path`` exists and belongs to this run.  The file is
-        data and is checked like any input: one that cannot be read, belongs to another run, or whose nodes
-        the environment does not replay is ignored (a line on stderr) and nothing of it is kept."""
+        data and is checked like any input before anything of it is used: a zip of the known members only,
+        stored uncompressed with sizes summing to at most the file's (so it takes no more memory than its
+        size), the header read first and its key compared before the rest is read; then every array's type,
+        shape and range, each node's replay (its return and observation digest checked as soon as it is
+        re-simulated) and the state's internal consistency (:meth:`_restore`).  A file failing any check is
+        ignored with one line on stderr; the search's fields and the smoother's random state change only
+        once all checks have passed."""
         if not os.path.exists(path):
             return False
         try:
-            with np.load(path, allow_pickle=False) as z:
-                f = {k: z[k] for k in z.files}
-            header = json.loads(bytes(f["header"]).decode())
-            if header["key"] != json.loads(json.dumps(self.key())):
-                print(f"LoRe: {path} belongs to another run (other settings); starting afresh", file=sys.stderr)
-                return False
-            state = self._restore(header, f, root)
+            with zipfile.ZipFile(path) as z:
+                members = _members(z, os.path.getsize(path))
+                header = json.loads(bytes(_read_npy(z, members["header"], "header")).decode())
+                if not isinstance(header, dict) or header.get("key") != json.loads(json.dumps(self.key())):
+                    print(f"LoRe: {path} belongs to another run (other settings); starting afresh", file=sys.stderr)
+                    return False
+                f = {name: _read_npy(z, info, name) for name, info in members.items() if name != "header"}
+            state, smoother_state = self._restore(header, f, root)
+            previous = self.smoother.get_state()
+            try:
+                self.smoother.set_state(smoother_state)
+            except Exception:
+                self.smoother.set_state(previous)
+                raise
         except Exception as exc:  # noqa: BLE001 -- any content of an untrusted file: ignore it, run afresh
             print(f"LoRe: ignoring the resume file {path} ({type(exc).__name__}: {str(exc)[:200]}); starting afresh",
                   file=sys.stderr)
@@ -488,42 +565,72 @@ class LoRe:
             setattr(self, name, value)
         return True
 
-    def _restore(self, header: dict, f: dict, root: _Node) -> dict:
-        """The search state of a resume file's contents (nothing set yet); raises ValueError where they do
-        not describe a search of this run."""
+    def _restore(self, header: dict, f: dict, root: _Node) -> tuple[dict, dict]:
+        """The search state and the smoother's random state of a resume file's contents (nothing set yet);
+        raises ValueError where they do not describe a consistent search of this run."""
         import torch
 
-        n_actions = self.smoother.n_actions
-        paths = np.split(f["path_actions"], f["path_ends"][:-1]) if len(f["path_ends"]) else []
+        n_actions, obs_bytes = self.smoother.n_actions, root.obs.nbytes
+        scalars = {k: _count(header.get(k), k) for k in ("transitions", "leaves", "tie", "smoothing_calls", "calls")}
+        eps, J = _real(header.get("eps"), "eps"), _real(header.get("J"), "J")
+        if not isinstance(header.get("truncated"), bool) or not isinstance(header.get("alphas"), list) or \
+                not isinstance(header.get("pairs"), list) or not isinstance(header.get("rounding"), dict):
+            raise ValueError("header fields of the wrong type")
+        alphas = [_real(a, "alphas") for a in header["alphas"]]
+        if any(not 0 < a < 1 for a in alphas):
+            raise ValueError("a per-state alpha outside (0, 1)")
+        pairs = []
+        for pair in header["pairs"]:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ValueError("a recorded pair is not (eps, bound)")
+            pairs.append((_real(pair[0], "pairs"), _real(pair[1], "pairs")))
+        if any(e1 > e2 for (e1, _), (e2, _) in zip(pairs, pairs[1:])) or (pairs and eps < pairs[-1][0]):
+            raise ValueError("the recorded pairs are not in order of eps up to the current eps")
+        paths = _split(f["path_actions"], f["path_ends"], "path")
         if any(len(p) and (p.min() < 0 or p.max() >= n_actions or len(p) > self.horizon) for p in paths):
             raise ValueError("an action path outside the search's actions or horizon")
-        nodes = self._replay(root, [tuple(int(a) for a in p) for p in paths])
-        for n, J, leaf, d in zip(nodes, f["node_J"], f["node_leaf"], f["node_digest"], strict=True):
-            if n.J != float(J) or n.leaf != bool(leaf) or _digest(n.obs) != d.tobytes():
-                raise ValueError(f"the environment does not replay the saved node at t={n.t} (not deterministic "
-                                 "from its seed?)")
-        keys = np.split(f["memo_keys"], f["memo_ends"][:-1]) if len(f["memo_ends"]) else []
+        if not len(f["node_J"]) == len(f["node_leaf"]) == len(f["node_digest"]) == len(paths):
+            raise ValueError("node arrays of different lengths")
+        keys = _split(f["memo_keys"], f["memo_ends"], "memo")
+        if any(len(k) != obs_bytes for k in keys):
+            raise ValueError("a memoised observation of another size")
         radii = f["memo_radii"]
-        if radii.ndim != 2 or (len(keys) and radii.shape[1] != n_actions):
-            raise ValueError("certificates of another action count")
+        if radii.shape[1:] != (n_actions,) or not len(keys) == len(radii) == len(f["memo_action"]) == \
+                len(f["memo_certified"]) == len(f["memo_radius"]) == len(alphas):
+            raise ValueError("certificates of another action count, or not one per memoised state and alpha")
+        if len(f["memo_action"]) and (f["memo_action"].min() < 0 or f["memo_action"].max() >= n_actions):
+            raise ValueError("a certified action outside the search's actions")
+        n_queue = len(f["queue_r"])
+        if not len(f["queue_tie"]) == len(f["queue_node"]) == len(f["queue_a"]) == n_queue:
+            raise ValueError("queue arrays of different lengths")
+        for name, index, bound in (("stack", f["stack"], len(paths)), ("queue_node", f["queue_node"], len(paths)),
+                                   ("queue_a", f["queue_a"], n_actions)):
+            if len(index) and (index.min() < 0 or index.max() >= bound):
+                raise ValueError(f"{name} indices outside [0, {bound})")
+        ties = f["queue_tie"]
+        if len(np.unique(ties)) != n_queue or (n_queue and (ties.min() < 1 or ties.max() > scalars["tie"])):
+            raise ValueError("queue ties not unique or beyond the tie counter")
         memo = {k.tobytes(): Certificate(int(a), bool(c), float(r), rr, None) for k, a, c, r, rr in
                 zip(keys, f["memo_action"], f["memo_certified"], f["memo_radius"], radii, strict=True)}
+        nodes = self._replay(root, [tuple(int(a) for a in p) for p in paths],
+                             list(zip(f["node_J"], f["node_leaf"], f["node_digest"])))
         queue = [(float(r), int(t), nodes[i], int(a)) for r, t, i, a in
-                 zip(f["queue_r"], f["queue_tie"], f["queue_node"], f["queue_a"], strict=True)]
-        if any(not 0 <= a < n_actions for *_, a in queue):
-            raise ValueError("a queued action outside the search's actions")
+                 zip(f["queue_r"], ties, f["queue_node"], f["queue_a"], strict=True)]
+        for r, _, node, a in queue:  # a queued action waits at its parent's certified radius
+            cert = memo.get(node.obs.tobytes())
+            if cert is None or float(cert.radii[a]) != r:
+                raise ValueError(f"a queued radius that is not its node's certificate's (t={node.t})")
         heapq.heapify(queue)  # a no-op on the saved heap; the pop order is fixed by the unique ties anyway
-        self.smoother.set_state({"generator": torch.from_numpy(f["generator"].copy()), "rounding": header["rounding"],
-                                 "calls": int(header["calls"])})
-        return {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo,
-                "alphas": [float(a) for a in header["alphas"]],
-                "pairs": [(float(e), float(b)) for e, b in header["pairs"]], "eps": float(header["eps"]),
-                "J": float(header["J"]), "truncated": bool(header["truncated"]),
-                **{k: int(header[k]) for k in ("transitions", "leaves", "tie", "smoothing_calls")}}
+        state = {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo, "alphas": alphas,
+                 "pairs": pairs, "eps": eps, "J": J, "truncated": header["truncated"],
+                 **{k: scalars[k] for k in ("transitions", "leaves", "tie", "smoothing_calls")}}
+        return state, {"generator": torch.from_numpy(f["generator"].copy()), "rounding": header["rounding"],
+                       "calls": scalars["calls"]}
 
-    def _replay(self, root: _Node, paths: list[tuple[int, ...]]) -> list[_Node]:
+    def _replay(self, root: _Node, paths: list[tuple[int, ...]], expected: list) -> list[_Node]:
         """The nodes at ``paths`` (action paths from s₀), re-simulated as the search built them (each child by
-        :meth:`step` from its parent's snapshot), every shared prefix once."""
+        :meth:`step` from its parent's snapshot), every shared prefix once; each is checked against its
+        ``expected`` (return, leaf, observation digest) as soon as it is reached."""
         trie: dict = {}
         for i, p in enumerate(paths):
             d = trie
@@ -535,7 +642,13 @@ class LoRe:
         while todo:
             node, d = todo.pop()
             for i in d.get(None, ()):
+                J, leaf, digest = expected[i]
+                if node.J != float(J) or node.leaf != bool(leaf) or _digest(node.obs) != digest.tobytes():
+                    raise ValueError(f"the environment does not replay the saved node at t={node.t} (not "
+                                     "deterministic from its seed?)")
                 out[i] = node
+            if node.leaf and len(d) > (None in d):
+                raise ValueError(f"a saved path continues past a leaf at t={node.t}")
             todo += [(self.step(node, a)[0], sub) for a, sub in d.items() if a is not None]
         return out
 

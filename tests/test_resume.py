@@ -329,3 +329,125 @@ def test_a_resume_file_of_another_network_profile_or_reward_is_ignored(tmp_path,
     table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
     assert info["resumed"] is False and "belongs to another run" in capsys.readouterr().err
     assert table.equals(clean)
+
+
+def _rewrite(resume, change):
+    """Rewrite the resume file's arrays (and header) through ``change(f, header)``, saved as save() does."""
+    import io
+
+    import numpy as np
+
+    with np.load(resume, allow_pickle=False) as z:
+        f = {k: z[k] for k in z.files}
+    header = json.loads(bytes(f["header"]).decode())
+    change(f, header)
+    f["header"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **f)
+    resume.write_bytes(buf.getvalue())
+
+
+def _field(name, value):
+    def change(f, header):
+        header[name] = value
+    return change
+
+
+@pytest.mark.parametrize("change", [_field("tie", "oops"), _field("calls", 1.5), _field("J", None),
+                                    _field("rounding", {"bit_generator": "PCG64", "state": "x"}),
+                                    lambda f, h: f.update(generator=f["generator"][:-3])])
+def test_a_rejected_file_leaves_the_noise_state_untouched(tmp_path, capsys, change):
+    """One bad field, wherever it is (a header count, the rounding stream's state, the noise generator's
+    bytes): the file is ignored and the fresh run is byte-identical to an uninterrupted one — the smoother's
+    random state is not set from a file that is then rejected."""
+    resume, make = _kill_and_resume_file(tmp_path, lives=6)
+    _rewrite(resume, change)
+    clean, _ = make().certify(progress=False)
+    search = make()
+    table, info = search.certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert info["resumed"] is False and "ignoring the resume file" in capsys.readouterr().err
+    assert table.equals(clean)
+
+
+def _negative_stack(f, h):
+    f["stack"] = f["stack"] - len(f["node_J"])  # a negative index would wrap to a node of the list
+
+
+def _other_radius(f, h):
+    f["queue_r"] = f["queue_r"] * 0.5
+
+
+def _repeated_tie(f, h):
+    f["queue_tie"] = f["queue_tie"].copy()
+    f["queue_tie"][-1] = f["queue_tie"][0]
+
+
+def _alpha_dropped(f, h):
+    h["alphas"] = h["alphas"][:-1]
+
+
+def _eps_below_pairs(f, h):
+    h["pairs"] = h["pairs"] + [[h["eps"] + 1.0, 0.0]]
+
+
+def _forged_ends(f, h):
+    import numpy as np
+
+    f["path_ends"] = np.array([len(f["path_actions"]) + 5] * len(f["path_ends"]), np.int64)
+
+
+@pytest.mark.parametrize("change", [_negative_stack, _other_radius, _repeated_tie, _alpha_dropped, _eps_below_pairs,
+                                    _forged_ends])
+def test_an_inconsistent_resume_file_is_ignored(tmp_path, capsys, change):
+    """The saved state must be a search's: stack and queue indices in range (no negative wrap), one alpha per
+    memoised state, each queued radius its node's certificate's, unique ties, the current eps at or above the
+    last recorded pair's, path ends in order and in range; a file failing any is ignored with one line."""
+    resume, make = _kill_and_resume_file(tmp_path, lives=6)
+    _rewrite(resume, lambda f, h: None)
+    assert make().load(resume, _root(make)) is True  # the rewrite alone keeps the file valid
+    _rewrite(resume, change)
+    clean, _ = make().certify(progress=False)
+    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    err = capsys.readouterr().err
+    assert info["resumed"] is False and err.count("ignoring the resume file") == 1 and table.equals(clean)
+
+
+def _root(make):
+    """The root node of the search ``make()`` builds (what certify() passes to load())."""
+    from crop.envs import snapshot, to_obs
+    from crop.lore import _Node
+
+    search = make()
+    env = search.make()
+    obs, _ = env.reset(seed=search.env_seed)
+    return _Node(snapshot(env), to_obs(obs), 0, 0.0, False)
+
+
+def test_a_small_file_cannot_take_more_memory_than_its_size(tmp_path, capsys):
+    """A resume file whose entry inflates to far more than the file (a zip bomb), or that has an unknown
+    member: refused from the zip directory, before anything is inflated or read."""
+    import tracemalloc
+    import zipfile
+
+    from numpy.lib import format as npf
+
+    resume, make = _kill_and_resume_file(tmp_path, lives=3)
+    bomb = tmp_path / "bomb.resume"
+    n = 200 * 2**20
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        with z.open("header.npy", "w", force_zip64=True) as f:
+            npf.write_array_header_2_0(f, {"descr": "|u1", "fortran_order": False, "shape": (n,)})
+            for _ in range(n // 2**20):
+                f.write(b"\0" * 2**20)
+    assert bomb.stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        assert make().load(bomb, _root(make)) is False
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20, peak
+    with zipfile.ZipFile(resume, "a") as z:
+        z.writestr("extra.npy", b"")
+    assert make().load(resume, _root(make)) is False
+    assert capsys.readouterr().err.count("ignoring the resume file") == 2
