@@ -254,12 +254,13 @@ class LoRe:
     # ---- the search ---------------------------------------------------------------------------------------
 
     def certify(self, *, resume_file=None, checkpoint_every: float = CHECKPOINT_EVERY,
-                progress: bool | None = None) -> tuple[pd.DataFrame, dict]:
+                progress: bool | None = None, remove_resume: bool = True) -> tuple[pd.DataFrame, dict]:
         """Run Algorithm 3 to the end (or to ``eps_max``, or to the node budget): the table (ε_i, J̲_i) and the
         search's record.
 
         ``resume_file``: where the search state is saved at most every ``checkpoint_every`` seconds and on
-        SIGTERM (and resumed from when it matches this run); deleted on success.
+        SIGTERM (and resumed from when it matches this run); deleted on success unless ``remove_resume`` is
+        false (a caller that writes the result deletes it once the result is written).
         """
         started = time.time()
         # The working environment (Atari restores every snapshot into it), also when resuming.
@@ -297,7 +298,7 @@ class LoRe:
                 self.eps = self.queue[0][0]  # the next critical ε: the smallest radius not yet reached
         self._bar.close()
         self.env.close()
-        if resume_file is not None and os.path.exists(resume_file):
+        if remove_resume and resume_file is not None and os.path.exists(resume_file):
             os.unlink(resume_file)
         return self.bound_table(), self.info(resumed, started)
 
@@ -684,12 +685,13 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
              progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
              checkpoint_every: float = CHECKPOINT_EVERY, alpha_of=None, batch: int = 64,
              max_nodes: int | None = None, reward_min: float | None = None, reward_key: str | None = None,
-             run_key: dict | None = None) -> tuple[pd.DataFrame, dict]:
+             run_key: dict | None = None, remove_resume: bool = True) -> tuple[pd.DataFrame, dict]:
     """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record."""
     search = LoRe(env_id, smoother, horizon, env_seed, gamma=gamma, eps_max=eps_max, prune=prune,
                   profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of, batch=batch,
                   max_nodes=max_nodes, reward_min=reward_min, reward_key=reward_key, run_key=run_key)
-    return search.certify(resume_file=resume_file, checkpoint_every=checkpoint_every, progress=progress)
+    return search.certify(resume_file=resume_file, checkpoint_every=checkpoint_every, progress=progress,
+                          remove_resume=remove_resume)
 
 
 def lore_bound_at(table: pd.DataFrame, eps: float, valid_until: float = math.inf) -> float:

@@ -451,3 +451,29 @@ def test_a_small_file_cannot_take_more_memory_than_its_size(tmp_path, capsys):
         z.writestr("extra.npy", b"")
     assert make().load(resume, _root(make)) is False
     assert capsys.readouterr().err.count("ignoring the resume file") == 2
+
+
+def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkeypatch):
+    """The stage deletes the resume file only once lore.csv and its meta are written: a failure (or a kill)
+    between the end of the search and the outputs leaves it for the rerun, which resumes and then removes it."""
+    import crop.stages
+    from crop.cli import main
+    from crop.io import OutputError
+
+    d = tmp_path / "run"
+    argv = _setup(d, "hoeffding")[3:]
+    argv[argv.index("--horizon") + 1] = "6"
+    argv[argv.index("--checkpoint-every") + 1] = "1e-9"
+    resume = d / "lore.csv.resume"
+
+    def full_disk(self, info, **outputs):
+        raise OutputError(28, f"cannot write {d / 'lore.csv'}: No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(crop.stages.Stage, "write", full_disk)
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert resume.exists() and not (d / "lore.csv").exists()
+    main(argv)
+    meta = json.loads((d / "lore.meta.json").read_text())
+    assert (d / "lore.csv").exists() and meta["search"]["resumed"] is True and not resume.exists()
