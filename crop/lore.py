@@ -246,6 +246,7 @@ class LoRe:
         self.smoothing_calls = 0                   # estimate_batch calls (batches of pending nodes)
         self.valid_until = math.inf                # the next critical ε beyond eps_max, if the search stopped
         self.truncated = False                     # the budget refused a child: open subtrees count their worst case
+        self.exact_below = None                    # truncated: the ε it stopped at (pairs below it are exact)
         self.env = None
         self._bar = None
         self._autosave = None                      # (resume file, seconds between saves, time of last save)
@@ -358,7 +359,9 @@ class LoRe:
         """The budget refused a child: the bound at the current ε and at each later critical ε (up to
         ``eps_max``) is the minimum of the leaves reached and the worst case (:meth:`worst`) of every open node
         the tree holds at that ε — left on the stack, or in the queue with r(a) ≤ ε.  A pruned node cannot
-        lower it (its return so far already reaches the leaves' minimum)."""
+        lower it (its return so far already reaches the leaves' minimum).  The pairs recorded before, at
+        ε < ``exact_below`` (the current ε), are the full search's."""
+        self.exact_below = self.eps
         worst = self.worst([n for n in [*self.stack, *(q[2] for q in self.queue)] if not self.pruned(n)])
         bound = min([self.J] + [worst[id(n)] for n in self.stack if not self.pruned(n)])
         self.stack.clear()
@@ -458,6 +461,7 @@ class LoRe:
             "nodes": self.transitions + 1,
             "max_nodes": self.max_nodes,
             "truncated": self.truncated,
+            "exact_below_eps": self.exact_below,
             "leaves": self.leaves,
             "valid_until_eps": self.valid_until,
             "eps_max": self.eps_max,
@@ -507,7 +511,7 @@ class LoRe:
         header = {"key": self.key(), "rounding": state["rounding"], "calls": state["calls"], "alphas": self.alphas,
                   "pairs": self.pairs, "eps": self.eps, "J": self.J, "transitions": self.transitions,
                   "leaves": self.leaves, "tie": self.tie, "smoothing_calls": self.smoothing_calls,
-                  "truncated": self.truncated}
+                  "truncated": self.truncated, "exact_below": self.exact_below}
         arrays = {
             "header": np.frombuffer(json.dumps(header).encode(), np.uint8),
             "generator": np.asarray(state["generator"].cpu().numpy(), np.uint8),
@@ -574,6 +578,9 @@ class LoRe:
         n_actions, obs_bytes = self.smoother.n_actions, root.obs.nbytes
         scalars = {k: _count(header.get(k), k) for k in ("transitions", "leaves", "tie", "smoothing_calls", "calls")}
         eps, J = _real(header.get("eps"), "eps"), _real(header.get("J"), "J")
+        exact_below = None if header.get("exact_below") is None else _real(header["exact_below"], "exact_below")
+        if (exact_below is None) == header.get("truncated") or (exact_below is not None and exact_below > eps):
+            raise ValueError("exact_below does not go with truncated, or lies beyond eps")
         if not isinstance(header.get("truncated"), bool) or not isinstance(header.get("alphas"), list) or \
                 not isinstance(header.get("pairs"), list) or not isinstance(header.get("rounding"), dict):
             raise ValueError("header fields of the wrong type")
@@ -623,7 +630,7 @@ class LoRe:
                 raise ValueError(f"a queued radius that is not its node's certificate's (t={node.t})")
         heapq.heapify(queue)  # a no-op on the saved heap; the pop order is fixed by the unique ties anyway
         state = {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo, "alphas": alphas,
-                 "pairs": pairs, "eps": eps, "J": J, "truncated": header["truncated"],
+                 "pairs": pairs, "eps": eps, "J": J, "truncated": header["truncated"], "exact_below": exact_below,
                  **{k: scalars[k] for k in ("transitions", "leaves", "tie", "smoothing_calls")}}
         return state, {"generator": torch.from_numpy(f["generator"].copy()), "rounding": header["rounding"],
                        "calls": scalars["calls"]}

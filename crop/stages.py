@@ -263,7 +263,7 @@ def cmd_lore(args) -> None:
                            reward_key=spec.lore_reward, run_key={"checkpoint_sha256": sha256_file(args.checkpoint)})
     info["reward_modification"] = spec.lore_reward
     # nodes and truncated also at the top: a truncated bound is marked in the figures and tables
-    st.write({"nodes": info["nodes"], "truncated": info["truncated"],
+    st.write({"nodes": info["nodes"], "truncated": info["truncated"], "exact_below_eps": info["exact_below_eps"],
               "target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
               "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
               "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),

@@ -393,3 +393,19 @@ def test_a_truncated_lore_bound_is_marked(tmp_path):
             assert len(notes) == 1 and "SA-DQN" in notes[0] and "StdTrain" not in notes[0], stem
     finally:
         _close_all(figs)
+
+
+def test_only_rows_at_or_above_the_stopping_eps_are_marked_truncated(tmp_path):
+    """lore.meta.json's exact_below_eps: the pairs below it are the full search's, so a row at a smaller ε is
+    not marked; a run that records no such ε is marked at every ε."""
+    import json
+
+    runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "SA-DQN": [0.1]}})
+    meta = runs[(CART, "SA-DQN", "0.1")] / "lore.meta.json"
+    base = json.loads(meta.read_text())
+    for exact_below, marked in ((0.05, [False, True, True]), (None, [True, True, True]), (0.0, [True, True, True])):
+        meta.write_text(json.dumps({**base, "nodes": 40, "truncated": True, "exact_below_eps": exact_below}))
+        rb, _ = tables.env_tables(CART, load_runs(tmp_path, runs_of(runs)), [0.0, 1.0, 2.0])["reward_bounds"]
+        sa = rb[rb["algo"] == "SA-DQN"].sort_values("eps")
+        assert sa["lore_truncated"].tolist() == marked, exact_below
+        assert not rb[rb["algo"] == "StdTrain"]["lore_truncated"].any()

@@ -255,6 +255,11 @@ def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suf
         assert info["truncated"] == (budget < n) and info["nodes"] == min(budget, n), budget
         if budget >= n:
             assert table.equals(full), budget
+        # the pairs recorded below the ε the search stopped at are the full search's
+        assert (info["exact_below_eps"] is None) == (budget >= n), budget
+        if info["truncated"]:
+            below = info["exact_below_eps"]
+            assert table[table["eps"] < below].equals(full[full["eps"] < below]), budget
         if previous is not None:
             assert all(b >= p for b, p in zip(at_grid, previous)), f"not monotone in the budget at {budget}"
         previous = at_grid

@@ -177,6 +177,7 @@ def test_the_stage_records_a_truncated_bounded_search(tmp_path):
                       json.loads((tmp_path / name / "lore.meta.json").read_text()))
     (bounded, meta), (full, full_meta) = runs["bounded"], runs["full"]
     assert meta["nodes"] == 40 and meta["truncated"] is True and meta["settings"]["max_nodes"] == 40
+    assert meta["exact_below_eps"] == meta["search"]["exact_below_eps"] >= 0.0
     assert full_meta["truncated"] is False and full_meta["nodes"] > 40
     for eps in full["eps"]:
         assert lore_bound_at(bounded, eps) <= lore_bound_at(full, eps)
