@@ -46,8 +46,10 @@ run killed at any point and restarted with the same arguments continues from it 
 result, byte for byte.  The file holds data only (an ``.npz`` read with ``allow_pickle=False``: numbers, the
 memoised certificates and, instead of environment snapshots, each open node's action path from s₀, which a
 resumed search re-simulates from the seeded reset as the search built it, checking each node's return and
-observation digest).  It is keyed by the run's arguments and deleted on success; a file of another run, or
-one that cannot be read or replayed, is ignored with a line on stderr and the search starts afresh.
+observation digest).  It is keyed by the run's arguments, the network's parameters (a digest), the profile
+and the reward modification, and deleted on success (by the caller, once it has written the result, when it
+asks to); a file of another run, or one that cannot be read, is inconsistent or does not replay, is ignored
+with a line on stderr before anything of it is used, and the search starts afresh.
 """
 from __future__ import annotations
 
