@@ -236,6 +236,7 @@ class LoRe:
         self.gamma, self.eps_max, self.prune, self.profile = gamma, eps_max, prune, profile
         self.reward_fn, self.make, self.alpha_of = reward_fn, make, alpha_of
         self.reward_key, self.run_key = reward_key, run_key  # the resume file's key (:meth:`key`)
+        self._network = None                                   # its network digest, once computed
         # Algorithm 3's state (everything save/load carries)
         self.queue: list = []                      # heap of (r(a), tie, node, a)
         self.stack: list[_Node] = []               # nodes to expand depth-first at ε = eps
@@ -489,10 +490,16 @@ class LoRe:
                 "env_seed": self.env_seed, "batch": self.batch, "gamma": self.gamma, "eps_max": self.eps_max,
                 "prune": self.prune, "max_nodes": self.max_nodes, "reward_min": self.reward_min,
                 "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
-                "n_actions": sm.n_actions, "target": getattr(sm, "target", "q"), "network": _net_digest(sm.q_net),
+                "n_actions": sm.n_actions, "target": getattr(sm, "target", "q"), "network": self._network_digest(),
                 "reward": self.reward_key if self.reward_key is not None else _fn_digest(self.reward_fn),
                 "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None,
                 **({"run": self.run_key} if self.run_key is not None else {})}
+
+    def _network_digest(self) -> str:
+        """sha256 of the smoothed network's parameters, computed once (the key is built at every save)."""
+        if self._network is None:
+            self._network = _net_digest(self.smoother.q_net)
+        return self._network
 
     def save(self, path) -> None:
         """Write the whole search state and the smoother's random state (noise generator and randomised
