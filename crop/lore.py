@@ -35,7 +35,8 @@ Reported as ``confidence_tree`` (= ``confidence_union``) with the α actually sp
 Bounded search (``max_nodes``): the search stops expanding once the tree holds ``max_nodes`` nodes and still
 returns a sound bound.  A node n it leaves unexpanded (on the stack, or waiting in the queue for an ε it has
 reached) contributes its worst case J_n + min(0, r_min·Σ_{k=t_n}^{H-1} γ^k) — the return so far plus J_min of
-the remaining steps from the reward range — instead of the leaves below it; the bound at every ε is the
+the remaining steps from the reward range, summed step by step as a leaf's return is and rounded down — instead
+of the leaves below it; the bound at every ε is the
 minimum of the leaves reached and those contributions (proof: docs/statistics.md, "Bounded LoRe").  It is
 ≤ the unbounded search's bound at every ε, equal when the budget is not hit, and ``truncated`` says which.
 
@@ -45,8 +46,10 @@ run killed at any point and restarted with the same arguments continues from it 
 result, byte for byte.  The file holds data only (an ``.npz`` read with ``allow_pickle=False``: numbers, the
 memoised certificates and, instead of environment snapshots, each open node's action path from s₀, which a
 resumed search re-simulates from the seeded reset as the search built it, checking each node's return and
-observation digest).  It is keyed by the run's arguments and deleted on success; a file of another run, or
-one that cannot be read or replayed, is ignored with a line on stderr and the search starts afresh.
+observation digest).  It is keyed by the run's arguments, the network's parameters (a digest), the profile
+and the reward modification, and deleted on success (by the caller, once it has written the result, when it
+asks to); a file of another run, or one that cannot be read, is inconsistent or does not replay, is ignored
+with a line on stderr before anything of it is used, and the search starts afresh.
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ import signal
 import sys
 import threading
 import time
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -105,6 +109,90 @@ def _digest(obs: np.ndarray) -> bytes:
     return hashlib.blake2b(obs.tobytes(), digest_size=16).digest()
 
 
+#: The resume file's members: name -> (dtype, dimensions); the file holds exactly these, stored uncompressed.
+_MEMBERS = {"header": ("u1", 1), "generator": ("u1", 1), "stack": ("i8", 1), "queue_r": ("f8", 1),
+            "queue_tie": ("i8", 1), "queue_node": ("i8", 1), "queue_a": ("i8", 1), "path_actions": ("i8", 1),
+            "path_ends": ("i8", 1), "node_J": ("f8", 1), "node_leaf": ("?", 1), "node_digest": ("u1", 2),
+            "memo_keys": ("u1", 1), "memo_ends": ("i8", 1), "memo_action": ("i8", 1), "memo_certified": ("?", 1),
+            "memo_radius": ("f8", 1), "memo_radii": ("f8", 2)}
+
+
+def _members(z: zipfile.ZipFile, file_size: int) -> dict:
+    """The resume file's members by name, checked before any is read: exactly the known names, each stored
+    (not compressed) with its size at most the file's, the sizes summing to at most the file's size."""
+    infos = z.infolist()
+    names = [i.filename for i in infos]
+    if sorted(names) != sorted(f"{n}.npy" for n in _MEMBERS):
+        raise ValueError(f"members {sorted(names)[:20]} are not the resume file's")
+    if any(i.compress_type != zipfile.ZIP_STORED or i.compress_size != i.file_size for i in infos):
+        raise ValueError("a compressed member (a resume file is stored uncompressed)")
+    if sum(i.file_size for i in infos) > file_size:
+        raise ValueError("members larger than the file")
+    return {i.filename[:-4]: i for i in infos}
+
+
+def _read_npy(z: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.ndarray:
+    """One ``.npy`` member as an array of the dtype and dimensions :data:`_MEMBERS` expects; its declared shape
+    must match its bytes (no allocation beyond them), no object or pickled data."""
+    data = z.read(info)
+    fp = io.BytesIO(data)
+    version = np.lib.format.read_magic(fp)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(fp)
+    kind, ndim = _MEMBERS[name]
+    if dtype != np.dtype(kind) or len(shape) != ndim or fortran:
+        raise ValueError(f"{name}: {dtype} of {len(shape)} dimensions, not {np.dtype(kind)} of {ndim}")
+    if name == "node_digest" and shape[1] != 16:
+        raise ValueError(f"{name}: digests of {shape[1]} bytes")
+    body = memoryview(data)[fp.tell():]
+    if math.prod(shape) * dtype.itemsize != len(body):
+        raise ValueError(f"{name}: shape {shape} does not match its {len(body)} bytes")
+    return np.frombuffer(body, dtype).reshape(shape)
+
+
+def _split(values: np.ndarray, ends: np.ndarray, name: str) -> list[np.ndarray]:
+    """``values`` cut at the cumulative ``ends`` (non-decreasing, from 0 to ``len(values)``)."""
+    if len(ends) == 0:
+        if len(values):
+            raise ValueError(f"{name} values without ends")
+        return []
+    if ends[0] < 0 or np.any(np.diff(ends) < 0) or ends[-1] != len(values):
+        raise ValueError(f"{name} ends not non-decreasing from 0 to {len(values)}")
+    return np.split(values, ends[:-1])
+
+
+def _count(v, name: str) -> int:
+    if type(v) is not int or v < 0:
+        raise ValueError(f"{name} is not a count: {str(v)[:40]}")
+    return v
+
+
+def _real(v, name: str) -> float:
+    if type(v) not in (int, float) or math.isnan(v):
+        raise ValueError(f"{name} is not a number: {str(v)[:40]}")
+    return float(v)
+
+
+def _net_digest(net) -> str:
+    """sha256 of a network's parameters and buffers (names, dtypes, shapes and bytes)."""
+    h = hashlib.sha256()
+    for name, t in net.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _fn_digest(fn) -> str | None:
+    """A reward modification without a name: its code and constants (two lambdas differ where their code does)."""
+    if fn is None:
+        return None
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return repr(fn)
+    return hashlib.sha256(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode()).hexdigest()
+
+
 class LoRe:
     """Algorithm 3 from one initial state: the bound J̲ of Theorem 4 at every critical ε, by adaptive search.
 
@@ -125,16 +213,18 @@ class LoRe:
     ``batch`` (default 64): at most this many pending nodes smoothed in one call (module docstring).
     ``max_nodes`` (optional): the budget of tree nodes (the root included); past it an open subtree counts
     its worst case from ``reward_min``, the lowest reward per step as the search counts it (after
-    ``reward_fn``), which a bounded search needs.  One object runs one search.
+    ``reward_fn``), which a bounded search needs.  ``reward_key`` (the reward modification's name) and
+    ``run_key`` (e.g. the checkpoint's sha256) go into the resume file's key (:meth:`key`).  One object runs
+    one search.
     """
 
     #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
-    RESUME_FORMAT = 4
+    RESUME_FORMAT = 5
 
     def __init__(self, env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
                  eps_max: float = math.inf, prune: bool = True, profile: str | None = None, reward_fn=None,
                  make=None, alpha_of=None, batch: int = 64, max_nodes: int | None = None,
-                 reward_min: float | None = None):
+                 reward_min: float | None = None, reward_key: str | None = None, run_key: dict | None = None):
         if int(batch) < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if max_nodes is not None and (int(max_nodes) < 1 or reward_min is None):
@@ -145,6 +235,8 @@ class LoRe:
         self.env_id, self.smoother, self.horizon, self.env_seed = env_id, smoother, horizon, int(env_seed)
         self.gamma, self.eps_max, self.prune, self.profile = gamma, eps_max, prune, profile
         self.reward_fn, self.make, self.alpha_of = reward_fn, make, alpha_of
+        self.reward_key, self.run_key = reward_key, run_key  # the resume file's key (:meth:`key`)
+        self._network = None                                   # its network digest, once computed
         # Algorithm 3's state (everything save/load carries)
         self.queue: list = []                      # heap of (r(a), tie, node, a)
         self.stack: list[_Node] = []               # nodes to expand depth-first at ε = eps
@@ -157,6 +249,7 @@ class LoRe:
         self.smoothing_calls = 0                   # estimate_batch calls (batches of pending nodes)
         self.valid_until = math.inf                # the next critical ε beyond eps_max, if the search stopped
         self.truncated = False                     # the budget refused a child: open subtrees count their worst case
+        self.exact_below = None                    # truncated: the ε it stopped at (pairs below it are exact)
         self.env = None
         self._bar = None
         self._autosave = None                      # (resume file, seconds between saves, time of last save)
@@ -165,12 +258,13 @@ class LoRe:
     # ---- the search ---------------------------------------------------------------------------------------
 
     def certify(self, *, resume_file=None, checkpoint_every: float = CHECKPOINT_EVERY,
-                progress: bool | None = None) -> tuple[pd.DataFrame, dict]:
+                progress: bool | None = None, remove_resume: bool = True) -> tuple[pd.DataFrame, dict]:
         """Run Algorithm 3 to the end (or to ``eps_max``, or to the node budget): the table (ε_i, J̲_i) and the
         search's record.
 
         ``resume_file``: where the search state is saved at most every ``checkpoint_every`` seconds and on
-        SIGTERM (and resumed from when it matches this run); deleted on success.
+        SIGTERM (and resumed from when it matches this run); deleted on success unless ``remove_resume`` is
+        false (a caller that writes the result deletes it once the result is written).
         """
         started = time.time()
         # The working environment (Atari restores every snapshot into it), also when resuming.
@@ -208,7 +302,7 @@ class LoRe:
                 self.eps = self.queue[0][0]  # the next critical ε: the smallest radius not yet reached
         self._bar.close()
         self.env.close()
-        if resume_file is not None and os.path.exists(resume_file):
+        if remove_resume and resume_file is not None and os.path.exists(resume_file):
             os.unlink(resume_file)
         return self.bound_table(), self.info(resumed, started)
 
@@ -248,27 +342,37 @@ class LoRe:
         """The node budget is spent: the tree holds ``max_nodes`` nodes (the root and every child created)."""
         return self.max_nodes is not None and self.transitions + 1 >= self.max_nodes
 
-    def worst(self, node: _Node) -> float:
-        """The lowest return of any trajectory through ``node`` (its leaves, at any ε): the return so far plus
-        J_min of its remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k) (it may terminate at any step)."""
-        if node.leaf:
-            return node.J
-        steps = self.horizon - node.t if self.gamma == 1.0 else \
-            (self.gamma ** node.t - self.gamma ** self.horizon) / (1.0 - self.gamma)
-        return node.J + min(0.0, self.reward_min * steps)
+    def worst(self, nodes: list[_Node]) -> dict[int, float]:
+        """The lowest return of any trajectory through each open node (its leaves, at any ε), by ``id``: the
+        return so far plus J_min of its remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k) (it may terminate at
+        any step).  With r_min < 0 it is summed as a leaf's return is, J ← J + γ^k·r_min step by step
+        (rounding to nearest is monotone, so no leaf below the node is computed lower), then rounded down one
+        more step: it is ≤ every computed leaf return below the node, not only up to rounding."""
+        J = np.array([n.J for n in nodes], np.float64)
+        if self.reward_min < 0 and nodes:
+            t = np.array([n.t for n in nodes], np.int64)
+            inner = ~np.array([n.leaf for n in nodes], bool)
+            for k in range(int(t[inner].min()) if inner.any() else self.horizon, self.horizon):
+                live = inner & (t <= k)
+                J[live] = J[live] + (self.gamma ** k) * self.reward_min
+            J[inner] = np.nextafter(J[inner], -np.inf)
+        return {id(n): float(j) for n, j in zip(nodes, J)}
 
     def close(self) -> None:
         """The budget refused a child: the bound at the current ε and at each later critical ε (up to
         ``eps_max``) is the minimum of the leaves reached and the worst case (:meth:`worst`) of every open node
         the tree holds at that ε — left on the stack, or in the queue with r(a) ≤ ε.  A pruned node cannot
-        lower it (its return so far already reaches the leaves' minimum)."""
-        bound = min([self.J] + [self.worst(n) for n in self.stack if not self.pruned(n)])
+        lower it (its return so far already reaches the leaves' minimum).  The pairs recorded before, at
+        ε < ``exact_below`` (the current ε), are the full search's."""
+        self.exact_below = self.eps
+        worst = self.worst([n for n in [*self.stack, *(q[2] for q in self.queue)] if not self.pruned(n)])
+        bound = min([self.J] + [worst[id(n)] for n in self.stack if not self.pruned(n)])
         self.stack.clear()
         while True:
             while self.queue and self.queue[0][0] <= self.eps:
                 _, _, node, _ = heapq.heappop(self.queue)
                 if not self.pruned(node):
-                    bound = min(bound, self.worst(node))
+                    bound = min(bound, worst[id(node)])
             self.record(self.eps, bound)
             if not self.queue:
                 break
@@ -360,6 +464,7 @@ class LoRe:
             "nodes": self.transitions + 1,
             "max_nodes": self.max_nodes,
             "truncated": self.truncated,
+            "exact_below_eps": self.exact_below,
             "leaves": self.leaves,
             "valid_until_eps": self.valid_until,
             "eps_max": self.eps_max,
@@ -377,16 +482,24 @@ class LoRe:
     # ---- resume: kept apart from the search ------------------------------------------------------------------
 
     def key(self) -> dict:
-        """What identifies this run: a resume file written under another key is ignored."""
+        """What identifies this run: a resume file written under another key is ignored.  The smoothed
+        network's parameters (a digest), the preprocessing profile, the reward modification and every
+        setting the search reads are in it: a file left by another network or checkpoint never resumes."""
         sm, alpha_of = self.smoother, self.alpha_of
-        return {"format": self.RESUME_FORMAT, "env": self.env_id, "horizon": self.horizon,
+        return {"format": self.RESUME_FORMAT, "env": self.env_id, "profile": self.profile, "horizon": self.horizon,
                 "env_seed": self.env_seed, "batch": self.batch, "gamma": self.gamma, "eps_max": self.eps_max,
                 "prune": self.prune, "max_nodes": self.max_nodes, "reward_min": self.reward_min,
                 "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
-                "reward_fn": getattr(self.reward_fn, "__qualname__", None),
+                "n_actions": sm.n_actions, "target": getattr(sm, "target", "q"), "network": self._network_digest(),
+                "reward": self.reward_key if self.reward_key is not None else _fn_digest(self.reward_fn),
                 "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None,
-                # probs and vote share the range [0, 1]: the target tells their searches apart (q, the default: none)
-                **({"target": sm.target} if getattr(sm, "target", "q") != "q" else {})}
+                **({"run": self.run_key} if self.run_key is not None else {})}
+
+    def _network_digest(self) -> str:
+        """sha256 of the smoothed network's parameters, computed once (the key is built at every save)."""
+        if self._network is None:
+            self._network = _net_digest(self.smoother.q_net)
+        return self._network
 
     def save(self, path) -> None:
         """Write the whole search state and the smoother's random state (noise generator and randomised
@@ -407,7 +520,7 @@ class LoRe:
         header = {"key": self.key(), "rounding": state["rounding"], "calls": state["calls"], "alphas": self.alphas,
                   "pairs": self.pairs, "eps": self.eps, "J": self.J, "transitions": self.transitions,
                   "leaves": self.leaves, "tie": self.tie, "smoothing_calls": self.smoothing_calls,
-                  "truncated": self.truncated}
+                  "truncated": self.truncated, "exact_below": self.exact_below}
         arrays = {
             "header": np.frombuffer(json.dumps(header).encode(), np.uint8),
             "generator": np.asarray(state["generator"].cpu().numpy(), np.uint8),
@@ -434,18 +547,30 @@ class LoRe:
 
     def load(self, path, root: _Node) -> bool:
         """Restore the state saved by :meth:`save` if ``path`` exists and belongs to this run.  The file is
-        data and is checked like any input: one that cannot be read, belongs to another run, or whose nodes
-        the environment does not replay is ignored (a line on stderr) and nothing of it is kept."""
+        data and is checked like any input before anything of it is used: a zip of the known members only,
+        stored uncompressed with sizes summing to at most the file's (so it takes no more memory than its
+        size), the header read first and its key compared before the rest is read; then every array's type,
+        shape and range, each node's replay (its return and observation digest checked as soon as it is
+        re-simulated) and the state's internal consistency (:meth:`_restore`).  A file failing any check is
+        ignored with one line on stderr; the search's fields and the smoother's random state change only
+        once all checks have passed."""
         if not os.path.exists(path):
             return False
         try:
-            with np.load(path, allow_pickle=False) as z:
-                f = {k: z[k] for k in z.files}
-            header = json.loads(bytes(f["header"]).decode())
-            if header["key"] != json.loads(json.dumps(self.key())):
-                print(f"LoRe: {path} belongs to another run (other settings); starting afresh", file=sys.stderr)
-                return False
-            state = self._restore(header, f, root)
+            with zipfile.ZipFile(path) as z:
+                members = _members(z, os.path.getsize(path))
+                header = json.loads(bytes(_read_npy(z, members["header"], "header")).decode())
+                if not isinstance(header, dict) or header.get("key") != json.loads(json.dumps(self.key())):
+                    print(f"LoRe: {path} belongs to another run (other settings); starting afresh", file=sys.stderr)
+                    return False
+                f = {name: _read_npy(z, info, name) for name, info in members.items() if name != "header"}
+            state, smoother_state = self._restore(header, f, root)
+            previous = self.smoother.get_state()
+            try:
+                self.smoother.set_state(smoother_state)
+            except Exception:
+                self.smoother.set_state(previous)
+                raise
         except Exception as exc:  # noqa: BLE001 -- any content of an untrusted file: ignore it, run afresh
             print(f"LoRe: ignoring the resume file {path} ({type(exc).__name__}: {str(exc)[:200]}); starting afresh",
                   file=sys.stderr)
@@ -454,42 +579,75 @@ class LoRe:
             setattr(self, name, value)
         return True
 
-    def _restore(self, header: dict, f: dict, root: _Node) -> dict:
-        """The search state of a resume file's contents (nothing set yet); raises ValueError where they do
-        not describe a search of this run."""
+    def _restore(self, header: dict, f: dict, root: _Node) -> tuple[dict, dict]:
+        """The search state and the smoother's random state of a resume file's contents (nothing set yet);
+        raises ValueError where they do not describe a consistent search of this run."""
         import torch
 
-        n_actions = self.smoother.n_actions
-        paths = np.split(f["path_actions"], f["path_ends"][:-1]) if len(f["path_ends"]) else []
+        n_actions, obs_bytes = self.smoother.n_actions, root.obs.nbytes
+        scalars = {k: _count(header.get(k), k) for k in ("transitions", "leaves", "tie", "smoothing_calls", "calls")}
+        eps, J = _real(header.get("eps"), "eps"), _real(header.get("J"), "J")
+        exact_below = None if header.get("exact_below") is None else _real(header["exact_below"], "exact_below")
+        if (exact_below is None) == header.get("truncated") or (exact_below is not None and exact_below > eps):
+            raise ValueError("exact_below does not go with truncated, or lies beyond eps")
+        if not isinstance(header.get("truncated"), bool) or not isinstance(header.get("alphas"), list) or \
+                not isinstance(header.get("pairs"), list) or not isinstance(header.get("rounding"), dict):
+            raise ValueError("header fields of the wrong type")
+        alphas = [_real(a, "alphas") for a in header["alphas"]]
+        if any(not 0 < a < 1 for a in alphas):
+            raise ValueError("a per-state alpha outside (0, 1)")
+        pairs = []
+        for pair in header["pairs"]:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ValueError("a recorded pair is not (eps, bound)")
+            pairs.append((_real(pair[0], "pairs"), _real(pair[1], "pairs")))
+        if any(e1 > e2 for (e1, _), (e2, _) in zip(pairs, pairs[1:])) or (pairs and eps < pairs[-1][0]):
+            raise ValueError("the recorded pairs are not in order of eps up to the current eps")
+        paths = _split(f["path_actions"], f["path_ends"], "path")
         if any(len(p) and (p.min() < 0 or p.max() >= n_actions or len(p) > self.horizon) for p in paths):
             raise ValueError("an action path outside the search's actions or horizon")
-        nodes = self._replay(root, [tuple(int(a) for a in p) for p in paths])
-        for n, J, leaf, d in zip(nodes, f["node_J"], f["node_leaf"], f["node_digest"], strict=True):
-            if n.J != float(J) or n.leaf != bool(leaf) or _digest(n.obs) != d.tobytes():
-                raise ValueError(f"the environment does not replay the saved node at t={n.t} (not deterministic "
-                                 "from its seed?)")
-        keys = np.split(f["memo_keys"], f["memo_ends"][:-1]) if len(f["memo_ends"]) else []
+        if not len(f["node_J"]) == len(f["node_leaf"]) == len(f["node_digest"]) == len(paths):
+            raise ValueError("node arrays of different lengths")
+        keys = _split(f["memo_keys"], f["memo_ends"], "memo")
+        if any(len(k) != obs_bytes for k in keys):
+            raise ValueError("a memoised observation of another size")
         radii = f["memo_radii"]
-        if radii.ndim != 2 or (len(keys) and radii.shape[1] != n_actions):
-            raise ValueError("certificates of another action count")
+        if radii.shape[1:] != (n_actions,) or not len(keys) == len(radii) == len(f["memo_action"]) == \
+                len(f["memo_certified"]) == len(f["memo_radius"]) == len(alphas):
+            raise ValueError("certificates of another action count, or not one per memoised state and alpha")
+        if len(f["memo_action"]) and (f["memo_action"].min() < 0 or f["memo_action"].max() >= n_actions):
+            raise ValueError("a certified action outside the search's actions")
+        n_queue = len(f["queue_r"])
+        if not len(f["queue_tie"]) == len(f["queue_node"]) == len(f["queue_a"]) == n_queue:
+            raise ValueError("queue arrays of different lengths")
+        for name, index, bound in (("stack", f["stack"], len(paths)), ("queue_node", f["queue_node"], len(paths)),
+                                   ("queue_a", f["queue_a"], n_actions)):
+            if len(index) and (index.min() < 0 or index.max() >= bound):
+                raise ValueError(f"{name} indices outside [0, {bound})")
+        ties = f["queue_tie"]
+        if len(np.unique(ties)) != n_queue or (n_queue and (ties.min() < 1 or ties.max() > scalars["tie"])):
+            raise ValueError("queue ties not unique or beyond the tie counter")
         memo = {k.tobytes(): Certificate(int(a), bool(c), float(r), rr, None) for k, a, c, r, rr in
                 zip(keys, f["memo_action"], f["memo_certified"], f["memo_radius"], radii, strict=True)}
+        nodes = self._replay(root, [tuple(int(a) for a in p) for p in paths],
+                             list(zip(f["node_J"], f["node_leaf"], f["node_digest"])))
         queue = [(float(r), int(t), nodes[i], int(a)) for r, t, i, a in
-                 zip(f["queue_r"], f["queue_tie"], f["queue_node"], f["queue_a"], strict=True)]
-        if any(not 0 <= a < n_actions for *_, a in queue):
-            raise ValueError("a queued action outside the search's actions")
+                 zip(f["queue_r"], ties, f["queue_node"], f["queue_a"], strict=True)]
+        for r, _, node, a in queue:  # a queued action waits at its parent's certified radius
+            cert = memo.get(node.obs.tobytes())
+            if cert is None or float(cert.radii[a]) != r:
+                raise ValueError(f"a queued radius that is not its node's certificate's (t={node.t})")
         heapq.heapify(queue)  # a no-op on the saved heap; the pop order is fixed by the unique ties anyway
-        self.smoother.set_state({"generator": torch.from_numpy(f["generator"].copy()), "rounding": header["rounding"],
-                                 "calls": int(header["calls"])})
-        return {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo,
-                "alphas": [float(a) for a in header["alphas"]],
-                "pairs": [(float(e), float(b)) for e, b in header["pairs"]], "eps": float(header["eps"]),
-                "J": float(header["J"]), "truncated": bool(header["truncated"]),
-                **{k: int(header[k]) for k in ("transitions", "leaves", "tie", "smoothing_calls")}}
+        state = {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo, "alphas": alphas,
+                 "pairs": pairs, "eps": eps, "J": J, "truncated": header["truncated"], "exact_below": exact_below,
+                 **{k: scalars[k] for k in ("transitions", "leaves", "tie", "smoothing_calls")}}
+        return state, {"generator": torch.from_numpy(f["generator"].copy()), "rounding": header["rounding"],
+                       "calls": scalars["calls"]}
 
-    def _replay(self, root: _Node, paths: list[tuple[int, ...]]) -> list[_Node]:
+    def _replay(self, root: _Node, paths: list[tuple[int, ...]], expected: list) -> list[_Node]:
         """The nodes at ``paths`` (action paths from s₀), re-simulated as the search built them (each child by
-        :meth:`step` from its parent's snapshot), every shared prefix once."""
+        :meth:`step` from its parent's snapshot), every shared prefix once; each is checked against its
+        ``expected`` (return, leaf, observation digest) as soon as it is reached."""
         trie: dict = {}
         for i, p in enumerate(paths):
             d = trie
@@ -501,7 +659,13 @@ class LoRe:
         while todo:
             node, d = todo.pop()
             for i in d.get(None, ()):
+                J, leaf, digest = expected[i]
+                if node.J != float(J) or node.leaf != bool(leaf) or _digest(node.obs) != digest.tobytes():
+                    raise ValueError(f"the environment does not replay the saved node at t={node.t} (not "
+                                     "deterministic from its seed?)")
                 out[i] = node
+            if node.leaf and len(d) > (None in d):
+                raise ValueError(f"a saved path continues past a leaf at t={node.t}")
             todo += [(self.step(node, a)[0], sub) for a, sub in d.items() if a is not None]
         return out
 
@@ -536,12 +700,14 @@ def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, g
              eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
              progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
              checkpoint_every: float = CHECKPOINT_EVERY, alpha_of=None, batch: int = 64,
-             max_nodes: int | None = None, reward_min: float | None = None) -> tuple[pd.DataFrame, dict]:
+             max_nodes: int | None = None, reward_min: float | None = None, reward_key: str | None = None,
+             run_key: dict | None = None, remove_resume: bool = True) -> tuple[pd.DataFrame, dict]:
     """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record."""
     search = LoRe(env_id, smoother, horizon, env_seed, gamma=gamma, eps_max=eps_max, prune=prune,
                   profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of, batch=batch,
-                  max_nodes=max_nodes, reward_min=reward_min)
-    return search.certify(resume_file=resume_file, checkpoint_every=checkpoint_every, progress=progress)
+                  max_nodes=max_nodes, reward_min=reward_min, reward_key=reward_key, run_key=run_key)
+    return search.certify(resume_file=resume_file, checkpoint_every=checkpoint_every, progress=progress,
+                          remove_resume=remove_resume)
 
 
 def lore_bound_at(table: pd.DataFrame, eps: float, valid_until: float = math.inf) -> float:

@@ -237,6 +237,7 @@ def cmd_gre(args) -> None:
 
 
 def cmd_lore(args) -> None:
+    from crop.io import sha256_file
     from crop.lore import CHECKPOINT_EVERY, run_lore
     from crop.stats import lore_schedule_text, lore_state_alpha
 
@@ -245,6 +246,7 @@ def cmd_lore(args) -> None:
     every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
     st = Stage(args, checkpoint_every=every)
     sm = st.smoother(args.alpha)
+    resume = Path(args.out).with_name(Path(args.out).name + ".resume")
     # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
     reward_fn = spec.lore_reward_fn()
     alpha_of = None if args.alpha_mode == "state" else (lambda i: lore_state_alpha(args.alpha, "family", i))
@@ -258,11 +260,12 @@ def cmd_lore(args) -> None:
                            eps_max=math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma,
                            prune=spec.nonnegative_rewards or reward_fn is not None, profile=st.profile,
                            progress=args.progress, reward_fn=reward_fn, alpha_of=alpha_of,
-                           resume_file=Path(args.out).with_name(Path(args.out).name + ".resume"),
-                           checkpoint_every=every, max_nodes=args.max_nodes, reward_min=reward_min)
+                           resume_file=resume, remove_resume=False,
+                           checkpoint_every=every, max_nodes=args.max_nodes, reward_min=reward_min,
+                           reward_key=spec.lore_reward, run_key={"checkpoint_sha256": sha256_file(args.checkpoint)})
     info["reward_modification"] = spec.lore_reward
     # nodes and truncated also at the top: a truncated bound is marked in the figures and tables
-    st.write({"nodes": info["nodes"], "truncated": info["truncated"],
+    st.write({"nodes": info["nodes"], "truncated": info["truncated"], "exact_below_eps": info["exact_below_eps"],
               "target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
               "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
               "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
@@ -270,6 +273,7 @@ def cmd_lore(args) -> None:
                              "rule": "union bound over the distinct states smoothed (search.alpha_spent = sum of "
                                      "their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
               "initial_state": "the initial state of LoAct episode 0"}, lore=table)
+    resume.unlink(missing_ok=True)  # only now: a kill before lore.csv and its meta are written resumes from it
     print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
           f"{info['nodes']} nodes{' (budget spent: truncated)' if info['truncated'] else ''}, "
           f"{info['distinct_states_smoothed']} states smoothed, {info['nodes_per_s']} nodes/s, "

@@ -444,3 +444,19 @@ def test_the_certified_ratio_axis_fits_the_data(nine):
     assert largest <= hi and hi <= 0.5 * grid_end + largest, (largest, hi, grid_end)
     shown = sum(np.ptp(ln.get_xdata()[ln.get_xdata() <= hi]) for ln in ax.lines if ln.get_gid())
     assert shown > 0
+
+
+def test_only_rows_at_or_above_the_stopping_eps_are_marked_truncated(tmp_path):
+    """lore.meta.json's exact_below_eps: the pairs below it are the full search's, so a row at a smaller ε is
+    not marked; a run that records no such ε is marked at every ε."""
+    import json
+
+    runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "SA-DQN": [0.1]}})
+    meta = runs[(CART, "SA-DQN", "0.1")] / "lore.meta.json"
+    base = json.loads(meta.read_text())
+    for exact_below, marked in ((0.05, [False, True, True]), (None, [True, True, True]), (0.0, [True, True, True])):
+        meta.write_text(json.dumps({**base, "nodes": 40, "truncated": True, "exact_below_eps": exact_below}))
+        rb, _ = tables.env_tables(CART, load_runs(tmp_path, runs_of(runs)), [0.0, 1.0, 2.0])["reward_bounds"]
+        sa = rb[rb["algo"] == "SA-DQN"].sort_values("eps")
+        assert sa["lore_truncated"].tolist() == marked, exact_below
+        assert not rb[rb["algo"] == "StdTrain"]["lore_truncated"].any()

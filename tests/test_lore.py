@@ -255,13 +255,54 @@ def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suf
         assert info["truncated"] == (budget < n) and info["nodes"] == min(budget, n), budget
         if budget >= n:
             assert table.equals(full), budget
+        # the pairs recorded below the ε the search stopped at are the full search's
+        assert (info["exact_below_eps"] is None) == (budget >= n), budget
+        if info["truncated"]:
+            below = info["exact_below_eps"]
+            assert table[table["eps"] < below].equals(full[full["eps"] < below]), budget
         if previous is not None:
             assert all(b >= p for b, p in zip(at_grid, previous)), f"not monotone in the budget at {budget}"
         previous = at_grid
         assert all(math.isfinite(b) for b in got)
-    one, _ = run(1)  # the root alone: its worst case, J_min of the whole horizon
+    one, _ = run(1)  # the root alone: its worst case, J_min of the whole horizon (rounded down)
     j_min = min(0.0, reward_min * (horizon if gamma == 1.0 else (1 - gamma ** horizon) / (1 - gamma)))
-    assert one["lower_bound"].tolist() == [j_min]
+    assert len(one) == 1 and one["lower_bound"][0] <= j_min and one["lower_bound"][0] == pytest.approx(j_min)
+
+
+class FloorWalk(gym.Env):
+    """Two actions with the same dynamics: reward 1.7 at step 0, then the declared lowest reward −0.1 at every
+    step — the worst case of an open subtree is reached by its leaves, to the last bit."""
+
+    observation_space = gym.spaces.Box(-5, 5, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.array([0, 0], np.float32), {}
+
+    def step(self, a):
+        r = 1.7 if self.t == 0 else -0.1
+        self.t += 1
+        return np.array([self.t / 10, a], np.float32), r, False, False, {}
+
+
+@pytest.mark.parametrize("gamma,horizon", [(1.0, 3), (0.9, 5), (1.0, 6)])
+def test_bounded_search_stays_below_the_unbounded_one_where_the_lowest_reward_is_reached(mlp_factory, gamma,
+                                                                                         horizon):
+    """Where every leaf collects the declared lowest reward, an open subtree's worst case equals its leaves'
+    return in the reals; computed, it must not come out above the unbounded search's bound by rounding."""
+    def run(max_nodes):
+        sm = SmoothedQ(mlp_factory(n_in=2, n_out=2, hidden=(8,), seed=0), 0.3, 500, -6.0, 6.0, 0.05, 2, seed=0)
+        return run_lore("toy", sm, horizon, 0, prune=False, make=FloorWalk, progress=False, gamma=gamma,
+                        max_nodes=max_nodes, reward_min=-0.1)
+
+    full, info = run(None)
+    grid = sorted({0.0, *full["eps"], 10.0})
+    exact = _bounds(full, info["valid_until_eps"], grid)
+    for budget in range(1, info["nodes"] + 1):
+        table, binfo = run(budget)
+        got = _bounds(table, binfo["valid_until_eps"], grid)
+        assert all(b <= e for b, e in zip(got, exact)), (budget, got, exact)
 
 
 def test_bounded_search_refuses_a_false_reward_range(mlp_factory):

@@ -177,6 +177,7 @@ def test_the_stage_records_a_truncated_bounded_search(tmp_path):
                       json.loads((tmp_path / name / "lore.meta.json").read_text()))
     (bounded, meta), (full, full_meta) = runs["bounded"], runs["full"]
     assert meta["nodes"] == 40 and meta["truncated"] is True and meta["settings"]["max_nodes"] == 40
+    assert meta["exact_below_eps"] == meta["search"]["exact_below_eps"] >= 0.0
     assert full_meta["truncated"] is False and full_meta["nodes"] > 40
     for eps in full["eps"]:
         assert lore_bound_at(bounded, eps) <= lore_bound_at(full, eps)
@@ -301,3 +302,179 @@ def test_highway_and_atari_replay_their_resumed_nodes(tmp_path, env, n_in, n_act
     resumed, info = _run(smoother(), resume, 1e9, **kw)
     assert info["resumed"] is True and resumed == clean and info["nodes"] == clean_info["nodes"] > 10
     assert info["distinct_states_smoothed"] > 12, "states must be smoothed after the resume to bite"
+
+
+@pytest.mark.parametrize("change", ["network", "profile", "reward", "run_key"])
+def test_a_resume_file_of_another_network_profile_or_reward_is_ignored(tmp_path, capsys, change):
+    """The key holds the network (a digest of its parameters), the preprocessing profile, the reward
+    modification and the caller's run key (the stage's checkpoint sha256): with the target ``probs`` every
+    network shares the range [0, 1], yet a file left by network A never resumes network B's search — B's
+    result is its uninterrupted one, not A's tree and certificates."""
+    sm_args = (0.3, 2000, 0.0, 1.0, 0.05, 3)
+    net_a = dict(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
+    base = dict(env_id="toy", horizon=8, env_seed=0, make=lambda: ToyWalk(signed=False), gamma=0.9,
+                reward_fn=lambda r: r, run_key={"checkpoint_sha256": "a"})
+    other = {"network": ({**net_a, "seed": 11}, {}), "profile": (net_a, {"profile": "vector"}),
+             "reward": (net_a, {"reward_fn": lambda r: max(r, 0.1)}),
+             "run_key": (net_a, {"run_key": {"checkpoint_sha256": "b"}})}[change]
+    resume = tmp_path / "lore.resume"
+    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_a), *sm_args, seed=2, lives=6, target="probs"), **base)
+    with pytest.raises(Killed):
+        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
+
+    def make():
+        return LoRe(smoother=SmoothedQ(random_mlp(**other[0]), *sm_args, seed=2, target="probs"),
+                    **{**base, **other[1]})
+
+    clean, _ = make().certify(progress=False)
+    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert info["resumed"] is False and "belongs to another run" in capsys.readouterr().err
+    assert table.equals(clean)
+
+
+def _rewrite(resume, change):
+    """Rewrite the resume file's arrays (and header) through ``change(f, header)``, saved as save() does."""
+    import io
+
+    import numpy as np
+
+    with np.load(resume, allow_pickle=False) as z:
+        f = {k: z[k] for k in z.files}
+    header = json.loads(bytes(f["header"]).decode())
+    change(f, header)
+    f["header"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **f)
+    resume.write_bytes(buf.getvalue())
+
+
+def _field(name, value):
+    def change(f, header):
+        header[name] = value
+    return change
+
+
+@pytest.mark.parametrize("change", [_field("tie", "oops"), _field("calls", 1.5), _field("J", None),
+                                    _field("rounding", {"bit_generator": "PCG64", "state": "x"}),
+                                    lambda f, h: f.update(generator=f["generator"][:-3])])
+def test_a_rejected_file_leaves_the_noise_state_untouched(tmp_path, capsys, change):
+    """One bad field, wherever it is (a header count, the rounding stream's state, the noise generator's
+    bytes): the file is ignored and the fresh run is byte-identical to an uninterrupted one — the smoother's
+    random state is not set from a file that is then rejected."""
+    resume, make = _kill_and_resume_file(tmp_path, lives=6)
+    _rewrite(resume, change)
+    clean, _ = make().certify(progress=False)
+    search = make()
+    table, info = search.certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    assert info["resumed"] is False and "ignoring the resume file" in capsys.readouterr().err
+    assert table.equals(clean)
+
+
+def _negative_stack(f, h):
+    f["stack"] = f["stack"] - len(f["node_J"])  # a negative index would wrap to a node of the list
+
+
+def _other_radius(f, h):
+    f["queue_r"] = f["queue_r"] * 0.5
+
+
+def _repeated_tie(f, h):
+    f["queue_tie"] = f["queue_tie"].copy()
+    f["queue_tie"][-1] = f["queue_tie"][0]
+
+
+def _alpha_dropped(f, h):
+    h["alphas"] = h["alphas"][:-1]
+
+
+def _eps_below_pairs(f, h):
+    h["pairs"] = h["pairs"] + [[h["eps"] + 1.0, 0.0]]
+
+
+def _forged_ends(f, h):
+    import numpy as np
+
+    f["path_ends"] = np.array([len(f["path_actions"]) + 5] * len(f["path_ends"]), np.int64)
+
+
+@pytest.mark.parametrize("change", [_negative_stack, _other_radius, _repeated_tie, _alpha_dropped, _eps_below_pairs,
+                                    _forged_ends])
+def test_an_inconsistent_resume_file_is_ignored(tmp_path, capsys, change):
+    """The saved state must be a search's: stack and queue indices in range (no negative wrap), one alpha per
+    memoised state, each queued radius its node's certificate's, unique ties, the current eps at or above the
+    last recorded pair's, path ends in order and in range; a file failing any is ignored with one line."""
+    resume, make = _kill_and_resume_file(tmp_path, lives=6)
+    _rewrite(resume, lambda f, h: None)
+    assert make().load(resume, _root(make)) is True  # the rewrite alone keeps the file valid
+    _rewrite(resume, change)
+    clean, _ = make().certify(progress=False)
+    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    err = capsys.readouterr().err
+    assert info["resumed"] is False and err.count("ignoring the resume file") == 1 and table.equals(clean)
+
+
+def _root(make):
+    """The root node of the search ``make()`` builds (what certify() passes to load())."""
+    from crop.envs import snapshot, to_obs
+    from crop.lore import _Node
+
+    search = make()
+    env = search.make()
+    obs, _ = env.reset(seed=search.env_seed)
+    return _Node(snapshot(env), to_obs(obs), 0, 0.0, False)
+
+
+def test_a_small_file_cannot_take_more_memory_than_its_size(tmp_path, capsys):
+    """A resume file whose entry inflates to far more than the file (a zip bomb), or that has an unknown
+    member: refused from the zip directory, before anything is inflated or read."""
+    import tracemalloc
+    import zipfile
+
+    from numpy.lib import format as npf
+
+    resume, make = _kill_and_resume_file(tmp_path, lives=3)
+    bomb = tmp_path / "bomb.resume"
+    n = 200 * 2**20
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        with z.open("header.npy", "w", force_zip64=True) as f:
+            npf.write_array_header_2_0(f, {"descr": "|u1", "fortran_order": False, "shape": (n,)})
+            for _ in range(n // 2**20):
+                f.write(b"\0" * 2**20)
+    assert bomb.stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        assert make().load(bomb, _root(make)) is False
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20, peak
+    with zipfile.ZipFile(resume, "a") as z:
+        z.writestr("extra.npy", b"")
+    assert make().load(resume, _root(make)) is False
+    assert capsys.readouterr().err.count("ignoring the resume file") == 2
+
+
+def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkeypatch):
+    """The stage deletes the resume file only once lore.csv and its meta are written: a failure (or a kill)
+    between the end of the search and the outputs leaves it for the rerun, which resumes and then removes it."""
+    import crop.stages
+    from crop.cli import main
+    from crop.io import OutputError
+
+    d = tmp_path / "run"
+    argv = _setup(d, "hoeffding")[3:]
+    argv[argv.index("--horizon") + 1] = "6"
+    argv[argv.index("--checkpoint-every") + 1] = "1e-9"
+    resume = d / "lore.csv.resume"
+
+    def full_disk(self, info, **outputs):
+        raise OutputError(28, f"cannot write {d / 'lore.csv'}: No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(crop.stages.Stage, "write", full_disk)
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert resume.exists() and not (d / "lore.csv").exists()
+    main(argv)
+    meta = json.loads((d / "lore.meta.json").read_text())
+    assert (d / "lore.csv").exists() and meta["search"]["resumed"] is True and not resume.exists()

@@ -254,7 +254,7 @@ def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
         lo, hi = min(lo, np.nanmin(vals)), max(hi, np.nanmax(vals))
     _ylim(ax, lo, hi, _return_span(lo, hi))
     truncated = [algo_label(a) for a, d in runs.items() if (d.get("lore_meta") or {}).get("truncated")]
-    if truncated:  # a bounded search (lore.max_nodes) that spent its budget: a lower, still sound bound
+    if truncated:  # a bounded search (lore.max_nodes) that spent its budget: a bound ≤ the full search's, still sound
         ax.text(0.98, 0.9, "truncated search (node budget): " + ", ".join(truncated), transform=ax.transAxes,
                 ha="right", va="top", fontsize=6, color="0.3", zorder=ATTACK_Z + 1, gid="lore-truncated",
                 bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})

@@ -193,6 +193,15 @@ def _eps(factor: float, sigma: float) -> float:
     return float(f"{factor * sigma:.12g}")
 
 
+def _lore_truncated_at(meta: dict, eps: float) -> bool:
+    """A bounded LoRe search spent its node budget and its bound at ``eps`` is not the full search's: ε at or
+    above the ε it stopped at (``exact_below_eps``; every ε where a run records no such ε)."""
+    if not meta.get("truncated"):
+        return False
+    exact_below = meta.get("exact_below_eps")
+    return exact_below is None or eps >= exact_below
+
+
 def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.DataFrame, str]]:
     """{table name: (DataFrame, caption)} for ``env`` (names as in :data:`crop.layout.TABLES`)."""
     spec = env_spec(env)
@@ -229,7 +238,7 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                                "pgd_global_mean": vals["pgd_global_mean"],
                                "pgd_global_median": vals["pgd_global_median"],
                                "pgd_local_return": vals["pgd_local_return"], "expectation_bound_raw": raw_eb,
-                               "lore_truncated": bool((d.get("lore_meta") or {}).get("truncated"))})
+                               "lore_truncated": _lore_truncated_at(d.get("lore_meta") or {}, eps)})
     df = pd.DataFrame(rows)
     counts = [1 + len(d.get("replicates") or []) for (e, _, _), d in data.items() if e == env]
     reps = max(counts, default=1)
@@ -265,9 +274,10 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                                   "J̲ (LoRe, Theorem 4) and the PGD returns at ε = f·σ; empty: not computed at "
                                   "that ε; †: vacuous, J̲ᴇ fell below the trivial bound J_min (the least return "
                                   "possible) and is shown as J_min (its value: expectation_bound_raw in the CSV)"
-                                  + ("; LoRe truncated: the search spent its node budget (lore.max_nodes), and its "
-                                     "unexpanded subtrees count their worst case, so J̲ is lower than the full "
-                                     "search's" if truncated else "")),
+                                  + ("; LoRe truncated: the search spent its node budget (lore.max_nodes) at an ε "
+                                     "at or below this row's, and its unexpanded subtrees count their worst case, "
+                                     "so J̲ is ≤ the full search's (rows not marked: the full search's J̲)"
+                                     if truncated else "")),
         "tightness": (tight, f"{p}: PGD return minus certified bound (≥ 0 when the bound holds, small when it is "
                              "tight); empty: no attack or no bound at that ε"),
     }
