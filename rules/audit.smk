@@ -3,7 +3,7 @@
 # the comparison with a reference table when the config names one (audit.reference: a CSV, or `paper` for
 # the paper's published numbers) — then also the reproduction report (reproduction.md, one figure per env).
 from crop.envs import env_spec
-from crop.report.reference import resolve_reference
+from crop.reference import resolve_reference
 
 AUDIT_REFERENCE = CFG["audit"].get("reference")
 # With a reference: reproduction.md and one figure per environment (crop.report.reproduction).
