@@ -4,7 +4,7 @@
 # the paper's published numbers) — then also the reproduction report (reproduction.md, one figure per env).
 from crop.envs import env_spec
 from crop.report.captions import audit_settings
-from crop.report.reference import resolve_reference
+from crop.reference import resolve_reference
 
 AUDIT_REFERENCE = CFG["audit"].get("reference")
 # With a reference: reproduction.md and one figure per environment (crop.report.reproduction).

@@ -350,3 +350,23 @@ def test_alpha_schedules_sum_to_at_most_alpha():
         stats.lore_state_alpha(0.05, "family", 0)
     with pytest.raises(ValueError):
         stats.loact_state_alpha(0.05, "episode", 10)
+
+
+def test_phi_and_phi_inv_are_bit_for_bit_scipy_stats_norm():
+    """Φ and Φ⁻¹ evaluate scipy.special directly; every certificate rests on them, so they must give exactly
+    scipy.stats.norm's numbers, signed zeros and infinities included, NaN where it has NaN (its sign bit aside),
+    for scalars and arrays."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 3, 20_000), rng.normal(0, 40, 2_000),
+                        [0.0, -0.0, 1e-300, -1e-300, 8.3, -38.5, -40.0, np.inf, -np.inf, np.nan]])
+    p = np.concatenate([rng.random(20_000), 10.0 ** -rng.uniform(1, 300, 2_000), 1 - rng.random(200) * 1e-15,
+                        [0.0, 1.0, 0.5, -0.0, 1e-320, -0.1, 1.1, np.nan]])
+    for ours, theirs, v in ((stats.Phi, st.norm.cdf, x), (stats.Phi_inv, st.norm.ppf, p)):
+        got, want = ours(v), theirs(v)
+        nan = np.isnan(want)
+        assert got.dtype == want.dtype and np.array_equal(np.isnan(got), nan)
+        assert got[~nan].tobytes() == want[~nan].tobytes()
+        for s in v[::97].tolist() + [0.5, 0]:
+            a, b = ours(s), theirs(s)
+            assert type(a) is type(b) and (np.isnan(a) and np.isnan(b) or a.tobytes() == b.tobytes())
+    assert stats.Phi(np.float32(0.3)).dtype == st.norm.cdf(np.float32(0.3)).dtype == np.float64

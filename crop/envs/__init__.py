@@ -182,7 +182,7 @@ def _registration(env_id: str):
             import ale_py
 
             gym.register_envs(ale_py)
-        else:
+        elif "/" not in env_id:  # highway-env registers no namespaced ids: a run folder's ENV/ALGO needs no import
             try:
                 import highway_env  # noqa: F401  (registers the highway family)
             except ImportError:

@@ -67,6 +67,7 @@ from crop import columns as cols
 from crop.config import ALGORITHMS, load_bounded_yaml, load_schema
 from crop.envs import ENV_SPECS
 from crop.io import CappedError, sha256_file
+from crop.reference import resolve_reference
 from crop.report.intervals import INTERVAL_METRICS, run_interval
 from crop.report.metrics import is_metric as _is_project_metric
 from crop.report.metrics import lore_valid_until, mean_radius, metric_has_eps, metric_value
@@ -114,13 +115,6 @@ def _family(metric: str) -> str:
     if metric.startswith("percentile_bound"):
         return "percentile_bound"
     return "mean_radius" if metric == CERTIFIED_ONLY else metric
-
-
-def resolve_reference(reference) -> Path:
-    """The file behind ``reference``: ``"paper"`` is the packaged table of the paper's numbers."""
-    from crop.reference import PAPER_REFERENCE, PAPER_REFERENCE_NAME
-
-    return PAPER_REFERENCE if str(reference) == PAPER_REFERENCE_NAME else Path(reference)
 
 
 def load_reference(path) -> pd.DataFrame:
