@@ -16,6 +16,7 @@ from test_import_policy import _sb3_mlp_policy, _sb3_zip
 
 from crop.cli import main
 from crop.config import ConfigError, check_policy_files, load_config, validate_config
+from crop.models import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -369,3 +370,16 @@ def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path):
         out, _ = a.communicate(timeout=300)
     assert a.returncode == 0, out[-3000:]
     assert (tmp_path / "results/CartPole-v0/StdTrain/checkpoint/model.pt").is_file()
+
+
+def test_a_carrl_network_is_counted_through_its_base():
+    """CARRL's constructor bounds a real input (no meta tensors): its size is its base MLP's, bounded the same
+    way, and a CARRL spec of a sound base builds (the default workflow derives one from StdTrain)."""
+    from crop.models import build_q_network
+    from crop.models.carrl import CarrlQ, carrl_spec
+
+    base = {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}
+    net = build_q_network(carrl_spec(base, 0.1, 2, "crown-ibp"))
+    assert isinstance(net, CarrlQ) and sum(p.numel() for p in net.parameters()) == 4 * 128 + 128 * 128 + 128 * 2 + 258
+    with pytest.raises(CheckpointError, match="over MLP 4→1000000000→2 has 7,000,000,002 parameters, over the limit"):
+        build_q_network(carrl_spec({**base, "hidden": [1000000000]}, 0.1))

@@ -151,6 +151,15 @@ def spec_summary(spec: dict) -> str:
 
 
 
+def _parameter_count(spec: dict) -> int:
+    """Parameters of ``spec``'s network, counted on the meta device (no memory, no random draws).  CARRL's
+    network is its base's layers, counted through the base: its constructor bounds a real input."""
+    if spec.get("arch") == "carrl" and isinstance(spec.get("base"), dict):
+        return _parameter_count(spec["base"])
+    with torch.device("meta"):
+        return sum(p.numel() for p in _BUILDERS[spec["arch"]](spec).parameters())
+
+
 def build_q_network(spec: dict) -> nn.Module:
     """A fresh network for ``spec``; raises ``CheckpointError`` for an unknown architecture, sizes that are
     not positive integers or more than :data:`MAX_PARAMETERS` parameters."""
@@ -158,10 +167,8 @@ def build_q_network(spec: dict) -> nn.Module:
     if arch not in _BUILDERS:
         raise CheckpointError(f"unknown architecture {arch!r}; known: {sorted(_BUILDERS)}")
     try:
-        # Counted on the meta device first (no memory, no random draws): a declared size is bounded
-        # before anything is allocated.
-        with torch.device("meta"):
-            n = sum(p.numel() for p in _BUILDERS[arch](spec).parameters())
+        # A declared size is bounded before anything is allocated.
+        n = _parameter_count(spec)
         if n <= MAX_PARAMETERS:
             return _BUILDERS[arch](spec)
     except (KeyError, ValueError, TypeError, RuntimeError, OverflowError) as exc:  # sizes not positive integers
