@@ -794,6 +794,60 @@ def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
     assert not (tmp_path / "d").exists()
 
 
+def test_rerun_imports_no_module_the_folder_names(tmp_path, monkeypatch):
+    """A received folder whose meta file records another env than its path (``evilmod:Evil-v0`` in a CartPole
+    run) re-runs nothing: the job counts as differ, and the planted module — on the current directory, where
+    ``python -c`` would find it — is never imported (no marker file)."""
+    from crop.io import _git_commit, write_json
+
+    marker = tmp_path / "pwned"
+    (tmp_path / "evilmod.py").write_text(f"import pathlib; pathlib.Path({str(marker)!r}).write_text('imported')\n")
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "R"
+    d = layout.run_dir(results, "CartPole-v1", "StdTrain", "0.2")
+    d.mkdir(parents=True)
+    ck = layout.checkpoint_path(results, "CartPole-v1", "StdTrain")
+    ck.parent.mkdir(parents=True)
+    ck.write_bytes(b"x")
+    (d / "attack_global.csv").write_text("eps,episode,return\n0,0,1\n")
+    settings = {"command": "attack-global", "env": "evilmod:Evil-v0", "algo": "StdTrain", "sigma": 0.2,
+                "checkpoint": "x", "out": "x.csv", "episodes": 1, "horizon": 1}
+    write_json(d / "attack_global.meta.json", {"settings": settings, "git_commit": _git_commit(), "device": "cpu"})
+    rep = audit(results, tmp_path / "a", rerun=1)
+    assert not marker.exists()
+    job, = rep["rerun"]["jobs"]
+    assert job["result"] == "differ" and "recorded env ('evilmod:Evil-v0')" in job["note"]
+    assert rep["verdict"] == "FAIL"
+    # the same record with the run's own env: the child starts isolated, so the module on the cwd stays unread
+    write_json(d / "attack_global.meta.json", {"settings": {**settings, "env": "CartPole-v1"},
+                                               "git_commit": _git_commit(), "device": "cpu"})
+    audit(results, tmp_path / "b", rerun=1)
+    assert not marker.exists()
+
+
+def test_rerun_counts_what_it_cannot_rerun(tmp_path):
+    """A stage that recorded no settings cannot be drawn: counted (``not_eligible``) and said in audit.md; a
+    drawn job that cannot be re-run (a ``module:Id`` env read from the folder) makes the verdict at best WARN."""
+    from crop.io import _git_commit, write_json
+
+    results = tmp_path / "R"
+    for env in ("CartPole-v1", "evilmod:Evil-v0"):
+        d = layout.run_dir(results, env, "StdTrain", "0.2")
+        d.mkdir(parents=True)
+        (d / "attack_global.csv").write_text("eps,episode,return\n0,0,1\n")
+    write_json(layout.run_dir(results, "CartPole-v1", "StdTrain", "0.2") / "attack_global.meta.json", {})
+    write_json(layout.run_dir(results, "evilmod:Evil-v0", "StdTrain", "0.2") / "attack_global.meta.json",
+               {"settings": {"command": "attack-global", "env": "evilmod:Evil-v0", "algo": "StdTrain", "sigma": 0.2},
+                "git_commit": _git_commit(), "device": "cpu"})
+    from crop.report.audit import verdict_of
+    from crop.report.rerun import rerun_jobs
+
+    rr = rerun_jobs(results, ["CartPole-v1/StdTrain/sigma-0.2", "evilmod:Evil-v0/StdTrain/sigma-0.2"], 5)
+    assert (rr["not_eligible"], rr["not_run"], rr["checked"]) == (1, 1, 0)
+    assert rr["not_eligible_list"] == [{"run": "CartPole-v1/StdTrain/sigma-0.2", "stage": "attack_global"}]
+    assert verdict_of({"ok": 3}, 0, 0, rr["not_run"]) == "WARN" and verdict_of({"ok": 3}, 0, 0, 0) == "PASS"
+
+
 def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(results):
     """P[leave] counts a two-action step LoAct did not certify beyond ε as 0 (both actions stay in LoRe's tree)
     only while LoRe's per-state α is at most LoAct's; a LoRe with a larger α may have certified it, and the

@@ -172,7 +172,7 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     vacuous = [i for i in items if i["status"] == "vacuous"]
     mismatches = ref_block["counts"]["differs"] if ref_block else 0
     verdict = verdict_of({**statuses, "violation": len(violations)}, len(integrity),
-                         (rerun_block or {}).get("differ", 0))
+                         (rerun_block or {}).get("differ", 0), (rerun_block or {}).get("not_run", 0))
     report = {"schema_version": SCHEMA_VERSION, "results": str(results), "runs": runs, "alpha": alpha,
               "verdict": verdict,
               "reproduction": None if ref_block is None else {
@@ -351,13 +351,15 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     return rows, pooled, block
 
 
-def verdict_of(statuses: dict, integrity_problems: int, rerun_differ: int = 0) -> str:
+def verdict_of(statuses: dict, integrity_problems: int, rerun_differ: int = 0, rerun_not_run: int = 0) -> str:
     """FAIL on a violation (a check or a pooled count), an integrity problem or a re-run that differs; WARN
-    on a suspicious or untestable check, or when nothing was tested at all; else PASS."""
+    on a suspicious or untestable check, a drawn re-run job that could not be re-run, or when nothing was
+    tested at all; else PASS."""
     if statuses.get("violation") or integrity_problems or rerun_differ:
         return "FAIL"
     tested = statuses.get("ok", 0) + statuses.get("suspicious", 0)
-    return "WARN" if statuses.get("suspicious") or statuses.get("untestable") or not tested else "PASS"
+    return ("WARN" if statuses.get("suspicious") or statuses.get("untestable") or not tested or rerun_not_run
+            else "PASS")
 
 
 def exit_status(rep: dict, strict: bool = False, report_only: bool = False) -> int:
@@ -435,6 +437,9 @@ def plain_verdict(rep: dict) -> str:
         if st_["suspicious"]:
             text += (f"{st_['suspicious']} check(s) are suspicious within their run but not significant over the "
                      "audit (listed first below); rerun with more attack episodes. ")
+        if (rep.get("rerun") or {}).get("not_run"):
+            text += (f"{rep['rerun']['not_run']} drawn re-run job(s) could not be re-run (a module:Id environment "
+                     "read from the folder; to decide, --trust-env it if it is yours). ")
         return text + f"{tested} other check(s) could have caught a broken certificate and none did." + vac
     return (f"**Sound as far as tested**: {tested} checks could have caught a broken certificate and none did "
             f"({alone} on their own, {tested - alone} only as part of a count over runs, which catches a fault "
@@ -539,7 +544,10 @@ def _md_integrity(rep: dict) -> list[str]:
         lines += [f"Re-execution (`--rerun`, seed {rr['seed']}): {rr['checked']} stage jobs re-run from their "
                   f"recorded provenance: {rr['identical']} identical, {rr['within_interval']} within floating-point "
                   f"reordering (a job that ran off the CPU), {rr['differ']} differ"
-                  + (f", {rr['not_run']} not run" if rr["not_run"] else "") + ".", "",
+                  + (f", {rr['not_run']} drawn but not re-run (WARN)" if rr["not_run"] else "") + "."
+                  + (f" {rr['not_eligible']} stage(s) recorded no settings and could not be drawn: "
+                     + ", ".join(f"{j['run']} {j['stage']}" for j in rr["not_eligible_list"][:10])
+                     + ("…" if rr["not_eligible"] > 10 else "") + "." if rr.get("not_eligible") else ""), "",
                   pipe_table(rr["jobs"], ["run", "stage", "device", "result", "note"]), ""]
     if rep["integrity"]:
         lines += [pipe_table(rep["integrity"], ["run", "file", "problem"]), ""]
