@@ -730,21 +730,28 @@ def test_nothing_tested_is_not_pass_and_vote_runs_are_complete(pristine, tmp_pat
     assert rep["incomplete_runs"] == [] and rep["partial_runs"] == [] and rep["integrity_problems"] == 0
 
 
-def _tiny_real_run(results: Path) -> Path:
-    """A real (tiny) run folder: a random CartPole Q-network, its V range, LoAct and the global attack, each
-    stage run by the CLI as the workflow runs it."""
-    from crop.cli import main
+def _tiny_checkpoint(results: Path, algo: str = "StdTrain") -> Path:
+    """A random CartPole Q-network with its model.json, where the workflow puts it."""
     from crop.io import sha256_file, write_json
     from crop.models import save_q_network
 
     from conftest import random_mlp
 
-    ck = layout.checkpoint_path(results, "CartPole-v0", "StdTrain")
+    ck = layout.checkpoint_path(results, "CartPole-v0", algo)
     ck.parent.mkdir(parents=True)
     save_q_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), ck)
-    write_json(ck.with_suffix(".json"), {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
+    write_json(ck.with_suffix(".json"), {"env": "CartPole-v0", "algo": algo, "profile": "vector",
                                          "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
                                          "sha256": sha256_file(ck)})
+    return ck
+
+
+def _tiny_real_run(results: Path) -> Path:
+    """A real (tiny) run folder: a random CartPole Q-network, its V range, LoAct and the global attack, each
+    stage run by the CLI as the workflow runs it."""
+    from crop.cli import main
+
+    ck = _tiny_checkpoint(results)
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     d.mkdir(parents=True)
     base = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--seed", "3", "--device", "cpu",
@@ -846,6 +853,28 @@ def test_rerun_counts_what_it_cannot_rerun(tmp_path):
     assert (rr["not_eligible"], rr["not_run"], rr["checked"]) == (1, 1, 0)
     assert rr["not_eligible_list"] == [{"run": "CartPole-v1/StdTrain/sigma-0.2", "stage": "attack_global"}]
     assert verdict_of({"ok": 3}, 0, 0, rr["not_run"]) == "WARN" and verdict_of({"ok": 3}, 0, 0, 0) == "PASS"
+
+
+def test_chances_use_the_planned_horizon_not_the_realised_length():
+    """P[leave] of a LoRe check and N of a LoAct count are fixed before the attack ran: over the planned
+    horizon, not the attacked episode's realised length (an episode that left LoRe's tree may end at once, as
+    in CartPole, and a chance over its one step would make a return below the bound look rarer than it is)."""
+    from crop.report.checks import check_certified_steps_not_flipped, check_lore_vs_local_attack, flip_probability_bound
+
+    h, sigma = 10, 0.1
+    steps = pd.DataFrame({"episode": 0, "step": range(h), "certified": True, "radius": 0.5, "q_top_lower": 0.62,
+                          "q_others_upper_max": 0.375})
+    chance = {"steps": steps, "v_min": 0.0, "v_max": 1.0, "m": 100, "alpha": 1e-3, "n_actions": 2,
+              "loact_alpha": 1e-3, "lore_alpha": 1e-4, "horizon": h}
+    f = float(flip_probability_bound(0.62, 0.375, 0.0, 1.0, sigma, 0.0, 100, 2))
+    attack = pd.DataFrame({"eps": 0.0, "episode": [0, 1], "return": [0.0, 10.0], "steps": [1, 10],
+                           "flips_certified": 0, "same_start_as_lore": [True, False], "horizon": h})
+    lore = pd.DataFrame({"eps": [0.0], "lower_bound": [5.0]})
+    row, = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": 1e-3}}, attack, chance, sigma)
+    assert 0.01 < f < 0.5 and row["p_leave"] == pytest.approx(1 - (1 - f) ** h)
+    assert row["p_value"] == pytest.approx(1e-3 + 1 - (1 - f) ** h)
+    row, = check_certified_steps_not_flipped(attack, chance, sigma)
+    assert row["steps"] == 2 * h
 
 
 def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(results):

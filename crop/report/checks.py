@@ -19,7 +19,7 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
   probability ≤ (|A| − 1)·exp(−m·Δ²/(2w²)) (:func:`flip_probability_bound`).  A counted flip thus has
   probability ≤ α + that bound per step.  attack_local.csv records only per-episode counts, not the attacked
   steps' margins, so the per-step chance is *estimated* on LoAct's own steps certified beyond ε (the mean of
-  α + bound over them; 1 when LoAct has none: unassessed) and the count over all N attacked steps at that ε
+  α + bound over them; 1 when LoAct has none: unassessed) and the count over the N planned steps at that ε
   is tested against Bin(N, chance) — conservative in N (every attacked step counted, certified or not) and
   in the tail (a Poisson-binomial count is no more spread above its mean than the binomial of the same mean,
   Hoeffding 1956);
@@ -27,7 +27,8 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
   for every trajectory of the exact smoothed policy under ‖δ‖ ≤ ε with probability ≥ 1 − α_spent (the α the
   search spent, from LoRe's meta file); the attacked episode leaves that tree only where its m-sample action
   is one LoRe excluded.  The chance of an attacked return below the bound is ≤ α_spent + P[leave], with
-  P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state): p_t the flip bound
+  P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state) over the attacked
+  episode's planned horizon (never its realised length, which depends on the outcome): p_t the flip bound
   above where step t is certified beyond ε; 0 where it is not and |A| = 2 (both actions are in the tree);
   1 where it is not and |A| > 2 (the other actions' margins are not recorded), and for steps beyond LoAct
   episode 0.  That chance is the row's p-value when the return is below the bound.
@@ -110,7 +111,7 @@ def _chance_inputs(d: Path, env: str) -> dict:
     v_max = lm.get("v_max", q.get("v_max"))
     a_set = am.get("settings") or {}
     return {"steps": pd.read_csv(d / RUN_FILES["loact"]) if (d / RUN_FILES["loact"]).is_file() else None,
-            "v_min": v_min, "v_max": v_max, "m": a_set.get("m"),
+            "v_min": v_min, "v_max": v_max, "m": a_set.get("m"), "horizon": a_set.get("horizon"),
             "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": _spec_fact(env, "n_actions"),
             "loact_alpha": lm.get("per_state_alpha"), "lore_alpha": _lore_largest_state_alpha(lo)}
 
@@ -192,6 +193,14 @@ def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int) -> tuple[
     return float(1.0 - np.prod(1.0 - p)), note
 
 
+def _planned_horizon(r, chance: dict | None) -> int | None:
+    """The attacked episode's planned length (its ``horizon`` column, else the attack's recorded setting)."""
+    if cols.HORIZON in r.index and not pd.isna(r[cols.HORIZON]):
+        return int(r[cols.HORIZON])
+    h = (chance or {}).get("horizon")
+    return int(h) if h is not None else None
+
+
 def _lore_alpha(lmeta: dict) -> float:
     """The α LoRe's search spent (union over its smoothed states); 1 when not recorded."""
     search = lmeta.get("search") or {}
@@ -264,7 +273,11 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
         if math.isnan(b):
             continue
         below = float(r[cols.RETURN]) < b - TOL
-        leave, note = lore_leave_chance(chance, sigma, eps, int(r[cols.STEPS]))
+        # Over the planned horizon, never the realised length: an episode that left the tree may end early
+        # (CartPole), and a chance over its shorter length would depend on the outcome it judges.
+        horizon = _planned_horizon(r, chance)
+        leave, note = (lore_leave_chance(chance, sigma, eps, horizon) if horizon is not None
+                       else (1.0, "unassessed (no planned horizon recorded)"))
         allowed = min(1.0, a_lore + leave)
         rows_out.append(_row("lore_vs_pgd_local", eps, b, float(r[cols.RETURN]), empirical_below=below,
                              episode=int(r[cols.EPISODE]), p_value=allowed if below else 1.0, chance=allowed,
@@ -279,8 +292,12 @@ def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma:
     (:func:`loact_flip_chance`)."""
     rows_out = []
     for eps, g in attack.groupby("eps"):
-        flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), int(g[cols.STEPS].sum())
-        per_step, note = loact_flip_chance(chance, sigma, float(eps))
+        # N: the planned steps (horizon × episodes), fixed before the attack ran; the realised count depends on
+        # the outcome (an attack that succeeds may end its episode early).
+        horizons = [_planned_horizon(r, chance) for _, r in g.iterrows()]
+        flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), sum(h or 0 for h in horizons)
+        per_step, note = (loact_flip_chance(chance, sigma, float(eps)) if None not in horizons
+                          else (1.0, "unassessed (no planned horizon recorded)"))
         # No LoAct step certified beyond ε and no certified step flipped: the certificates claim nothing at ε.
         empty = flips == 0 and note.startswith("unassessed (no LoAct step certified beyond")
         rows_out.append(_row("loact_certified_steps_not_flipped", float(eps), 0, flips, empirical_below=flips > 0,
