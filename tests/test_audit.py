@@ -746,6 +746,38 @@ def _tiny_checkpoint(results: Path, algo: str = "StdTrain") -> Path:
     return ck
 
 
+def test_global_attack_draws_its_initial_states_per_run_and_eps(tmp_path, monkeypatch):
+    """GRe's bounds are about the return from a random initial state, and the audit counts its checks over runs
+    and ε as independent: the global attack's episodes start from initial states drawn afresh for every run
+    (algo, σ) and every ε — none shared between two of them."""
+    import crop.attack
+    from crop.cli import main
+
+    starts: list = []
+    make_env = crop.attack.make_env
+
+    def recording(env_id, profile):
+        env = make_env(env_id, profile)
+        reset = env.reset
+        env.reset = lambda seed=None, **kw: (starts[-1].append(seed), reset(seed=seed, **kw))[1]
+        return env
+
+    monkeypatch.setattr(crop.attack, "make_env", recording)
+    results = tmp_path / "res"
+    seeds = {}
+    for algo in ("StdTrain", "GaussAug"):
+        ck = _tiny_checkpoint(results, algo)
+        for sigma in ("0.1", "0.2"):
+            starts.append([])
+            main(["attack-global", "--env", "CartPole-v0", "--algo", algo, "--sigma", sigma, "--seed", "3",
+                  "--device", "cpu", "--checkpoint", str(ck), "--no-progress", "--settings",
+                  json.dumps({"episodes": 3, "eps_factors": [0.0, 0.5], "horizon": 2, "n_eot": 2, "pgd_steps": 1}),
+                  "--out", str(tmp_path / f"{algo}-{sigma}.csv")])
+            seeds[algo, sigma] = starts[-1]
+    every = [s for run in seeds.values() for s in run]
+    assert len(every) == 4 * 2 * 3 and len(set(every)) == len(every)
+
+
 def _tiny_real_run(results: Path) -> Path:
     """A real (tiny) run folder: a random CartPole Q-network, its V range, LoAct and the global attack, each
     stage run by the CLI as the workflow runs it."""
