@@ -69,7 +69,8 @@ def test_sound_results_pass(results):
     # Sound, but Freeway's LoRe checks could not have failed (|A| = 3 and no LoAct margin beyond ε: the
     # chance of leaving the tree is unbounded): untestable, listed with why, never passed -> WARN, not PASS.
     assert rep["verdict"] == "WARN" and rep["suspicious"] == 0 and rep["untestable"] > 0
-    assert rep["statuses"]["ok"] + rep["untestable"] + rep["vacuous"] == rep["checked"]
+    assert (rep["statuses"]["ok"] + rep["untestable"] + rep["vacuous"] + rep["statuses"]["reported"]
+            == rep["checked"])
     assert {i["algo"] for i in rep["untestable_list"]} == {"RadialRL"}
     assert all(i["reason"] and i["testable_with"] for i in rep["untestable_list"])
     assert rep["reproduction"] is None
@@ -106,18 +107,21 @@ def test_planted_violations_are_listed_with_their_place(results):
     rep = audit(results, results / "audit")
     assert not rep["passed"] and rep["violations"] == 2 and rep["verdict"] == "FAIL"
     got = {(v["env"], v["algo"], v["sigma"], round(v["eps"], 9), v["check"]) for v in rep["violation_list"]}
-    assert got == {("CartPole-v0", "StdTrain", 0.1, 0.05, "loact_certified_steps_not_flipped"),
+    assert got == {("CartPole-v0", "StdTrain", 0.1, 0.1, "lore_vs_pgd_local"),
                    ("CartPole-v0", "GaussAug", 0.1, round(float(gre["eps"].iloc[-2]), 9), "gre_expectation_monotone")}
+    # LoAct's flips are reported, outside the guarantee (their chance is an estimate): listed, never a violation
+    flips = next(c for c in rep["checks"] if c["check"] == "loact_certified_steps_not_flipped"
+                 and c["algo"] == "StdTrain" and c["sigma"] == 0.1 and np.isclose(c["eps"], 0.05))
+    assert flips["status"] == "reported" and flips["p_value"] < 1e-10 and not flips["violation"]
     # One LoRe shortfall is a single observation (p = the α LoRe spent + the chance of leaving its tree, ~1e-3):
-    # it cannot be significant over the whole audit, but is within its own run's checks: suspicious.
+    # among this small folder's 42 testable checks it is significant over the whole audit (among the 27-run
+    # folder's it is only suspicious: test_planted_violations_in_27_runs).
     lore_c = next(c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["empirical_below"])
     assert lore_c["bound"] == bound and lore_c["observed"] == bound - 1
-    assert lore_c["p_value"] < 0.05 and not lore_c["violation"] and lore_c["status"] == "suspicious"
-    assert lore_c["p_run"] < 0.05 and rep["suspicious_list"][0]["check"] == "lore_vs_pgd_local"
+    assert lore_c["p_value"] < 0.05 / 40 and lore_c["violation"] and lore_c["p_adjusted"] < 0.05
     md = (results / "audit" / "audit.md").read_text()
     assert md.startswith("# CROP audit\n\n**FAIL**: 2 soundness violation(s): ") and "Holm" in md
-    assert md.index("## Suspicious checks") < md.index("## Soundness violations")
-    assert "lore_vs_pgd_local" in md.split("## Suspicious checks")[1].split("##")[0]
+    assert "lore_vs_pgd_local" in md.split("## Soundness violations")[1].split("##")[0]
     assert audit_cli(results, "--out-dir", results / "a2") == 1  # FAIL exits 1, strict or not
     assert audit_cli(results, "--strict", "--out-dir", results / "a2") == 1
 
@@ -444,9 +448,7 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     pct_c = next(c for c in _statuses(rep, algo="StdTrain", sigma=0.05)
                  if c["check"] == "gre_percentile_p0.5_vs_pgd" and math.isclose(c["eps"], e))
     assert pct_c["status"] in ("violation", "suspicious") and rep["verdict"] in ("WARN", "FAIL")
-    assert rep["suspicious_list"][0] is not None and pct_c in rep["suspicious_list"] + rep["violation_list"]
-    md = (root / "audit" / "audit.md").read_text()
-    assert md.index("## Suspicious checks") < md.index("## Soundness violations")
+    assert pct_c in rep["suspicious_list"] + rep["violation_list"]
 
     # 2b. the same fault in every run, at every ε: a pooled violation
     root, _ = fresh("just_below_everywhere")
@@ -485,15 +487,15 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     assert lore_c and all(c["status"] == "untestable" and "alpha_mode: family" in c["testable_with"]
                           and "no joint meaning" in c["reason"] for c in lore_c)
 
-    # 5. every certified step flipped at one ε
+    # 5. every certified step flipped at one ε: reported (p < 1e-10), outside the guarantee, no FAIL nor WARN
     root, d = fresh("flipped")
     al = pd.read_csv(d / "attack_local.csv")
     at = np.isclose(al["eps"], sorted(al["eps"].unique())[1])
     al.loc[at, "flips_certified"] = al.loc[at, "steps"]
     rewrite_csv(d / "attack_local.csv", al)
     rep = audit(root, root / "audit")
-    assert rep["verdict"] == "FAIL" and [c["check"] for c in rep["violation_list"]] == \
-        ["loact_certified_steps_not_flipped"]
+    flipped = [c for c in rep["checks"] if c["check"] == "loact_certified_steps_not_flipped" and c["empirical_below"]]
+    assert rep["verdict"] == "PASS" and flipped and all(c["status"] == "reported" for c in flipped)
 
 
 def test_auto_sizes_make_every_percentile_check_testable(pristine27, tmp_path):
@@ -512,7 +514,8 @@ def test_auto_sizes_make_every_percentile_check_testable(pristine27, tmp_path):
                    "global_episodes": "auto"}}}})
     n = cfg["environments"]["CartPole-v0"]["attack"]["global_episodes"]
     rep = audit(pristine27, tmp_path / "audit")
-    tests = rep["checked"] + len(rep["pooled"])
+    loact = sum(c["check"] == "loact_certified_steps_not_flipped" for c in rep["checks"])  # decide nothing
+    tests = rep["checked"] - loact + len(rep["pooled"])
     assert planned_chance_checks(cfg) == tests and isinstance(n, int)
     assert 0.5 ** n <= 0.05 / tests < 0.5 ** (n - 1)
     pct = [c for c in rep["checks"] if c["check"].startswith("gre_percentile")]
@@ -587,7 +590,7 @@ def test_status_and_exit_codes(results, tmp_path):
     assert audit_cli(results, "--out-dir", tmp_path / "a") == 1
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert rep["verdict"] == "FAIL" and {c["status"] for c in rep["checks"]} <= {"ok", "violation", "suspicious",
-                                                                                 "untestable", "vacuous"}
+                                                                                 "untestable", "vacuous", "reported"}
     assert audit_cli(results, "--strict", "--out-dir", tmp_path / "b") == 1
     # the workflow's audit job keeps its files whatever the verdict: the exit policy is exit_status alone
     assert audit_cli(results, "--report-only", "--out-dir", tmp_path / "c") == 0
@@ -631,6 +634,31 @@ def test_hostile_reference_files_are_refused(results, tmp_path, capsys):
         load_tolerances(tol)
 
 
+def test_loact_flip_estimates_decide_nothing():
+    """LoAct's flip chance is a mean over LoAct's own clean steps, not a bound at the attacked steps, which PGD
+    chooses: an attack meeting near-tie states on 10 % of its steps (2.5 % on LoAct's clean trajectory), each
+    step flipping exactly at its valid bound, made the pooled LoAct count FAIL clean folders.  Such counts are
+    reported outside the guarantee: no violation, no WARN."""
+    from crop.report.audit import classify
+    from crop.report.checks import _binom_p, flip_probability_bound
+    from crop.stats import Phi
+
+    sigma, eps, m, a = 0.1, 0.05, 10000, 1e-4
+    far, tie = (float(flip_probability_bound(Phi(r / sigma), 1 - Phi(r / sigma), 0.0, 1.0, sigma, eps, m, 2))
+                for r in (0.3, 0.0505))
+    chance = float(np.mean(np.r_[[far] * 195, [tie] * 5] + a))   # the estimate on LoAct's clean steps
+    rng, n, items = np.random.default_rng(0), 400, []
+    for u in range(81):
+        flips = int(rng.binomial(1, np.where(rng.random(n) < 0.10, tie, far) + a).sum())
+        items.append({"env": "CartPole-v0", "algo": f"A{u % 9}", "sigma": 0.1 * (1 + u // 9), "eps": eps,
+                      "check": "loact_certified_steps_not_flipped", "bound": 0, "observed": flips, "steps": n,
+                      "chance": chance, "p_value": _binom_p(flips, n, chance), "min_p": chance ** n,
+                      "violation": False, "attack_seed": u})
+    rows, pooled, _ = classify(items, 0.05)
+    assert not any(i["status"] in ("violation", "suspicious", "untestable") for i in rows + pooled)
+    assert {i["status"] for i in rows} == {"reported"} and pooled == []
+
+
 def test_untestable_checks_say_why_even_at_the_edges():
     """A bound at J_min (nothing can fall below it) and a LoRe tree with α spent >= 1 are untestable with a
     reason, never a crash and never passed."""
@@ -645,10 +673,10 @@ def test_untestable_checks_say_why_even_at_the_edges():
              {**base, "check": "loact_certified_steps_not_flipped", "p_value": 1e-12, "min_p": 1e-40, "chance": 1e-4,
               "steps": 20}]
     items, pooled, block = classify(items, 0.05)
-    assert [i["status"] for i in items] == ["untestable", "untestable", "untestable", "violation"]
+    assert [i["status"] for i in items] == ["untestable", "untestable", "untestable", "reported"]
     assert "J_min" in items[0]["reason"] and "J_min" in items[1]["reason"]
     assert "no joint meaning" in items[2]["reason"] and items[2]["testable_with"].startswith("alpha_mode: family")
-    assert block["untestable"] == 3 and [p["kind"] for p in pooled] == ["loact_certified_steps_not_flipped"]
+    assert block["untestable"] == 3 and pooled == []
 
 
 def test_edited_qrange_is_an_integrity_problem(results):
@@ -907,6 +935,38 @@ def test_chances_use_the_planned_horizon_not_the_realised_length():
     assert row["p_value"] == pytest.approx(1e-3 + 1 - (1 - f) ** h)
     row, = check_certified_steps_not_flipped(attack, chance, sigma)
     assert row["steps"] == 2 * h
+
+
+def test_lore_pool_holds_when_leaving_ends_the_episode():
+    """Sound LoRe units drawn through the audit's own code (check_lore_vs_local_attack, classify) with the
+    dependence CartPole has: the attacked episode leaves the tree at each step with probability q (what P[leave]
+    allows) and ends there, below J̲.  Over 108 runs the pooled count FAILs at most α of such folders; with the
+    chance over the realised length (shorter exactly when below) it FAILed 45 %."""
+    from scipy import stats as sst
+
+    from crop.report.audit import classify
+    from crop.report.checks import check_lore_vs_local_attack, flip_probability_bound
+
+    h, sigma, a_spent, units, draws = 10, 0.1, 1e-3, 108, 60
+    steps = pd.DataFrame({"episode": 0, "step": range(h), "certified": True, "radius": 0.5,
+                          "q_top_lower": 0.6, "q_others_upper_max": 0.4})
+    chance = {"steps": steps, "v_min": 0.0, "v_max": 1.0, "m": 100, "alpha": 1e-3, "n_actions": 2,
+              "loact_alpha": 1e-3, "lore_alpha": 1e-4, "horizon": h}
+    q = float(flip_probability_bound(0.6, 0.4, 0.0, 1.0, sigma, 0.0, 100, 2))
+    lore = pd.DataFrame({"eps": [0.0], "lower_bound": [h - 0.5]})
+    rng, fails = np.random.default_rng(1), 0
+    for _ in range(draws):
+        leave_at = rng.geometric(q, units) - 1
+        below = leave_at < h
+        attack = pd.DataFrame({"eps": 0.0, "episode": 0, "return": np.where(below, leave_at + 1, h).astype(float),
+                               "steps": np.where(below, leave_at + 1, h), "flips_certified": 0,
+                               "same_start_as_lore": True, "horizon": h})
+        rows = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": a_spent}}, attack, chance, sigma)
+        items = [{**r, "env": "CartPole-v0", "algo": f"A{u}", "sigma": sigma, "attack_seed": u}
+                 for u, r in enumerate(rows)]
+        out, pooled, _ = classify(items, 0.05)
+        fails += any(i["status"] == "violation" for i in out + pooled)
+    assert 0.02 < q and fails <= sst.binom.ppf(0.999, draws, 0.05), fails
 
 
 def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(results):

@@ -199,8 +199,12 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     return report
 
 
-STATUSES = ("ok", "violation", "suspicious", "untestable", "vacuous")
+STATUSES = ("ok", "violation", "suspicious", "untestable", "vacuous", "reported")
 POOLED = "pooled:"   # a pooled test's ``check`` is this prefix and the kind it counts
+# Checks whose p-value is not valid under every certificate's validity, hence outside the guarantee: reported
+# (status ``reported``), never a violation nor a cause of WARN.  LoAct's flip chance is a mean over LoAct's own
+# clean steps, not a bound at the attacked steps, which PGD chooses (it may steer into near-tie states).
+REPORTED_ONLY = ("loact_certified_steps_not_flipped",)
 
 
 def tarone_holm(tested: list[dict], alpha: float, p_key: str = "p_value") -> tuple[int, list[dict], dict]:
@@ -302,12 +306,16 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     * outside the audit's family: ``ok`` when its kind's pooled test is in the family (``tested_by``:
       ``pooled`` — it could have caught a fault shared by the runs, not one broken certificate alone), else
       ``untestable`` with ``reason`` and ``testable_with`` (WARN, never counted as passed);
-    * every other check: ``ok`` (``tested_by``: ``alone``)."""
+    * every other check: ``ok`` (``tested_by``: ``alone``);
+    * a check of a kind in :data:`REPORTED_ONLY` (LoAct's flip counts, whose chance is an estimate, not a bound
+      at the attacked steps): ``reported`` — outside every family and pooled count, never a violation, no
+      cause of WARN.  Its p-value is shown, not decided on."""
     rows = [dict(i) for i in items]
     for i in rows:
         if i["check"] == "lore_vs_pgd_local" and lore_alpha_exhausted(i.get("alpha_spent", 0.0)):
             i["min_p"] = 1.0  # no joint certificate: nothing to test
-    tested = [i for i in rows if i.get("p_value") is not None and not i.get("vacuous")]
+    tested = [i for i in rows if i.get("p_value") is not None and not i.get("vacuous")
+              and i["check"] not in REPORTED_ONLY]
     pooled = pooled_tests(tested, alpha)
     k, family, adjusted = tarone_holm(tested + pooled, alpha)
     in_family = {id(i) for i in family}
@@ -328,6 +336,8 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
             i["status"] = "violation" if i["violation"] else "ok"
         elif i.get("vacuous"):
             i.update(status="vacuous", violation=False)
+        elif i["check"] in REPORTED_ONLY:
+            i.update(status="reported", violation=False, in_audit_family=False, p_adjusted=None, p_run=None)
         elif i["violation"]:
             i["status"] = "violation"
         elif i["p_run"] is not None and i["p_run"] < alpha:
@@ -384,7 +394,8 @@ def verdict_line(rep: dict) -> str:
     st_ = rep["statuses"]
     pooled = rep.get("pooled") or []
     line = (f"soundness {rep['verdict']}: {rep['checked']} checks ({st_['ok']} ok, {st_['violation']} violation, "
-            f"{st_['suspicious']} suspicious, {st_['untestable']} untestable, {st_.get('vacuous', 0)} vacuous)"
+            f"{st_['suspicious']} suspicious, {st_['untestable']} untestable, {st_.get('vacuous', 0)} vacuous"
+            + (f", {st_['reported']} reported outside the guarantee" if st_.get("reported") else "") + ")"
             + (f", {len(pooled)} pooled counts ({sum(p['violation'] for p in pooled)} violation)" if pooled else "")
             + f", {rep['integrity_problems']} integrity problem(s)")
     rr = rep.get("rerun")
@@ -448,7 +459,7 @@ def plain_verdict(rep: dict) -> str:
 
 def _raw_failures(rep: dict) -> list[dict]:
     """The checks whose attack went below the bound by less than chance allows (not violations)."""
-    return [i for i in rep["checks"] if i.get("empirical_below") and i["status"] in ("ok", "untestable")]
+    return [i for i in rep["checks"] if i.get("empirical_below") and i["status"] in ("ok", "untestable", "reported")]
 
 
 def _md_summary(rep: dict) -> list[str]:
@@ -473,6 +484,9 @@ def _md_summary(rep: dict) -> list[str]:
              f"| untestable (could not reach significance whatever the attack did; not counted as passed) | "
              f"{rep['untestable']} |",
              f"| vacuous (the bound claims nothing: not tested, no cause of WARN) | {rep['vacuous']} |",
+             "| reported outside the guarantee (LoAct flip counts: their chance is estimated on LoAct's clean steps, "
+             f"not bounded at the attacked ones; never a violation, no cause of WARN) | {rep['statuses']['reported']}"
+             " |",
              f"| pooled counts over runs (violations) | {len(rep['pooled'])} "
              f"({sum(p['violation'] for p in rep['pooled'])}) |",
              f"| raw failures within what chance allows (not violations) | {len(_raw_failures(rep))} |",
