@@ -422,6 +422,9 @@ def plain_verdict(rep: dict) -> str:
                 if i["status"] == "ok")
     vac = (f" {st_['vacuous']} bound(s) claim nothing (vacuous: J̲ at J_min, or no step certified beyond ε) "
            "and were not tested." if st_.get("vacuous") else "")
+    if st_.get("reported"):
+        vac += (f" {st_['reported']} LoAct flip count(s) are reported outside the guarantee (their chance is an "
+                "estimate, not a bound at the attacked steps): shown, not decided on.")
     if rep["verdict"] == "FAIL":
         parts = []
         if rep["violation_list"]:
