@@ -317,7 +317,7 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
                              episode=int(r[cols.EPISODE]), p_value=allowed if below else 1.0, chance=allowed,
                              alpha_spent=a_lore, p_leave=leave, eps_bound=eps_b,
                              tree_until=until if math.isfinite(until) else None,
-                             note=f"J̲(ε' = {eps_b:.4g}) over LoRe's tree for {tree}; {note}", min_p=allowed,
+                             note=f"{note}; J̲(ε' = {eps_b:.4g}) over LoRe's tree for {tree}", min_p=allowed,
                              vacuous=j_min is not None and not b > j_min + TOL))
     return rows_out
 
