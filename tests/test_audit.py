@@ -982,3 +982,74 @@ def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(result
     assert nested < 1.0 and "exceeds" not in note
     wide, note = lore_leave_chance({**c, "lore_alpha": 2 * c["loact_alpha"]}, 0.1, 0.0, horizon)
     assert wide == 1.0 and "exceeds LoAct's" in note
+
+
+def _near_tie(d, sigma: float) -> None:
+    """LoAct episode 0's first step certified at a radius ≈ 0 (a near-tie: the m-sample policy takes either
+    action there)."""
+    from synthetic_results import margins
+
+    steps = pd.read_csv(d / "loact.csv")
+    first = (steps["episode"] == steps["episode"].min()) & (steps["step"] == 0)
+    steps.loc[first, "certified"], steps.loc[first, "radius"] = True, 1e-6 * sigma
+    for k, v in margins(1e-6 * sigma, sigma).items():
+        steps.loc[first, k] = v
+    rewrite_csv(d / "loact.csv", steps)
+
+
+def _plant_lore_at_zero(d, value: float) -> None:
+    """The local attack's return from LoRe's initial state at ε = 0 set to ``value``."""
+    al = pd.read_csv(d / "attack_local.csv")
+    al["return"] = al["return"].astype(float)
+    al.loc[al["same_start_as_lore"].astype(bool) & (al["eps"] == 0), "return"] = value
+    rewrite_csv(d / "attack_local.csv", al)
+
+
+def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_path):
+    """A near-tie step on LoRe's initial episode made the ε = 0 LoRe check untestable (P[leave T_0] ≈ 1); J̲ is a
+    step function, so the check is made over the tree of J̲(0)'s whole piece, where that step keeps both actions:
+    testable, and a return planted below J̲(0) in every run FAILs.  With a tiny attack m (every flip likely)
+    the first piece's tree is left with chance ≈ 1 and the check moves to J̲(ε') at the first piece whose tree
+    holds; a return planted below J̲(ε') at ε = 0 in every run FAILs too."""
+    from crop.report.checks import _chance_inputs, lore_leave_chance
+
+    root = tmp_path / "tie"
+    shutil.copytree(pristine27, root)
+    runs = sorted(root.glob("CartPole-v0/*/sigma-*"))
+    sigmas = {d: float(d.name.split("-", 1)[1]) for d in runs}
+    for d in runs:
+        _near_tie(d, sigmas[d])
+    d0 = runs[0]
+    assert lore_leave_chance(_chance_inputs(d0, "CartPole-v0"), sigmas[d0], 0.0, 6)[0] > 0.99  # T_0: untestable
+    rep = audit(root, root / "audit")
+    at0 = [c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["eps"] == 0]
+    assert len(at0) == 27 and rep["untestable"] == 0 and rep["verdict"] == "PASS"
+    for c in at0:
+        assert c["status"] == "ok" and c["eps_bound"] == 0 and c["bound"] == 6.0
+        assert c["tree_until"] == pytest.approx(0.5 * c["sigma"]) and c["p_leave"] < c["alpha_spent"]
+    md = (root / "audit" / "audit.md").read_text()
+    assert "## LoRe bounds compared" in md and "tree_until" in md
+
+    for d in runs:
+        _plant_lore_at_zero(d, 5.0)  # below J̲(0) = 6
+    rep = audit(root, root / "audit")
+    lore_pool = next(p for p in rep["pooled"] if p["kind"] == "lore_vs_pgd_local")
+    assert rep["verdict"] == "FAIL" and lore_pool["status"] == "violation" and lore_pool["observed"] == 27
+
+    # A tiny attack m: the first piece's tree (steps certified beyond 0.5σ keep one action) is left with chance ≈ 1,
+    # the second piece's (no step certified beyond 1.5σ) cannot be: the check moves to J̲(ε' = 0.5σ) = 4.
+    for d in runs:
+        meta = json.loads((d / "attack_local.meta.json").read_text())
+        meta["settings"]["m"] = 1
+        (d / "attack_local.meta.json").write_text(json.dumps(meta))  # the meta is not hashed
+        _plant_lore_at_zero(d, 4.5)  # below J̲(0) but not below J̲(ε'): not counted
+    rep = audit(root, root / "audit")
+    at0 = [c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["eps"] == 0]
+    assert all(c["eps_bound"] == pytest.approx(0.5 * c["sigma"]) and c["bound"] == 4.0 and not c["empirical_below"]
+               and c["status"] == "ok" for c in at0)
+    assert "ε' = " in at0[0]["note"]
+    for d in runs:
+        _plant_lore_at_zero(d, 3.0)  # below J̲(ε'), a systematic fault
+    rep = audit(root, root / "audit")
+    lore_pool = next(p for p in rep["pooled"] if p["kind"] == "lore_vs_pgd_local")
+    assert rep["verdict"] == "FAIL" and lore_pool["status"] == "violation" and lore_pool["observed"] == 27

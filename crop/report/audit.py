@@ -505,8 +505,8 @@ def _md_soundness(rep: dict) -> list[str]:
     """The suspicious checks, the violations and the untestable checks (why, and what would make them
     testable)."""
     lines: list[str] = []
-    cols = ["env", "algo", "sigma", "eps", "check", "bound", "observed", "episodes", "steps", "expected",
-            "p_value", "p_run", "p_adjusted"]
+    cols = ["env", "algo", "sigma", "eps", "check", "eps_bound", "bound", "observed", "episodes", "steps",
+            "expected", "p_value", "p_run", "p_adjusted"]
     if rep["suspicious_list"]:
         lines += ["", "## Suspicious checks", "",
                   "Raw evidence against a certificate: significant at α within the checks of its own run (Holm "
@@ -518,8 +518,9 @@ def _md_soundness(rep: dict) -> list[str]:
     if rep["violation_list"]:
         lines += ["Each row: the check, where, the certified bound, what the attack observed, and the p-value of "
                   "the observation under sound certificates (see “Chance” below).", ""]
-        lines += [pipe_table(rep["violation_list"], ["env", "algo", "sigma", "eps", "check", "bound", "observed",
-                                                     "episode", "steps", "expected", "p_value", "p_adjusted"]), ""]
+        lines += [pipe_table(rep["violation_list"], ["env", "algo", "sigma", "eps", "check", "eps_bound", "bound",
+                                                     "observed", "episode", "steps", "expected", "p_value",
+                                                     "p_adjusted"]), ""]
     else:
         lines += ["None: no attack went below a certified bound, and no certified action changed within its radius, "
                   "beyond what chance allows; no bound rose with ε.", ""]
@@ -531,6 +532,16 @@ def _md_soundness(rep: dict) -> list[str]:
                   "could be (docs/audit.md, \u201cPooled counts\u201d).", ""]
         lines += [pipe_table(rep["pooled"], ["check", "runs", "units", "left_out", "observed", "expected", "p_value",
                                              "min_p", "p_adjusted", "status"]), ""]
+    lore = [{**c, "tree_until": "—" if c.get("tree_until") is None else f"{c['tree_until']:.6g}"}
+            for c in rep["checks"] if c["check"] == "lore_vs_pgd_local"]
+    if lore:
+        lines += ["## LoRe bounds compared", "",
+                  "Each local attack at ε is checked against LoRe's bound J̲(ε') (ε' ≥ ε, J̲ non-increasing) over "
+                  "LoRe's tree for every ε below `tree_until` (—: the whole search), chosen from the "
+                  "certificates alone; `p_leave`: the estimated chance that the m-sample attacked policy leaves "
+                  "that tree (docs/audit.md, \u201cWhat chance allows\u201d).", "",
+                  pipe_table(lore, ["env", "algo", "sigma", "eps", "eps_bound", "tree_until", "bound", "observed",
+                                    "p_leave", "chance", "status"], limit=50, rest="all in audit.json"), ""]
     if rep["vacuous_list"]:
         df = pd.DataFrame(rep["vacuous_list"])
         lines += ["## Vacuous bounds", "", "These bounds claim nothing (J̲ at J_min, or no step certified beyond ε), "
@@ -637,8 +648,8 @@ def _md_chance(rep: dict) -> list[str]:
              "most α; how each chance is computed: docs/audit.md).", ""]
     if raw:
         lines += ["Raw failures within chance (not violations):", ""]
-        lines += [pipe_table(raw, ["env", "algo", "sigma", "eps", "check", "bound", "observed", "steps", "expected",
-                                   "chance", "p_value", "p_adjusted", "note"]), ""]
+        lines += [pipe_table(raw, ["env", "algo", "sigma", "eps", "check", "eps_bound", "bound", "observed", "steps",
+                                   "expected", "chance", "p_value", "p_adjusted", "note"]), ""]
     else:
         lines += ["No raw failure either.", ""]
     if rep["checks"]:
