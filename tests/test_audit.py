@@ -929,8 +929,9 @@ def test_chances_use_the_planned_horizon_not_the_realised_length():
     f = float(flip_probability_bound(0.62, 0.375, 0.0, 1.0, sigma, 0.0, 100, 2))
     attack = pd.DataFrame({"eps": 0.0, "episode": [0, 1], "return": [0.0, 10.0], "steps": [1, 10],
                            "flips_certified": 0, "same_start_as_lore": [True, False], "horizon": h})
-    lore = pd.DataFrame({"eps": [0.0], "lower_bound": [5.0]})
-    row, = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": 1e-3}}, attack, chance, sigma)
+    # J̲ = 5 up to ε = 0.3 (below the steps' radius 0.5: they stay out of the tree), J_min beyond
+    lore = pd.DataFrame({"eps": [0.0, 0.3], "lower_bound": [5.0, 0.0]})
+    row, = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": 1e-3}}, attack, chance, sigma, j_min=0.0)
     assert 0.01 < f < 0.5 and row["p_leave"] == pytest.approx(1 - (1 - f) ** h)
     assert row["p_value"] == pytest.approx(1e-3 + 1 - (1 - f) ** h)
     row, = check_certified_steps_not_flipped(attack, chance, sigma)
@@ -953,7 +954,7 @@ def test_lore_pool_holds_when_leaving_ends_the_episode():
     chance = {"steps": steps, "v_min": 0.0, "v_max": 1.0, "m": 100, "alpha": 1e-3, "n_actions": 2,
               "loact_alpha": 1e-3, "lore_alpha": 1e-4, "horizon": h}
     q = float(flip_probability_bound(0.6, 0.4, 0.0, 1.0, sigma, 0.0, 100, 2))
-    lore = pd.DataFrame({"eps": [0.0], "lower_bound": [h - 0.5]})
+    lore = pd.DataFrame({"eps": [0.0, 0.3], "lower_bound": [h - 0.5, 0.0]})   # J_min from ε = 0.3 < radius on
     rng, fails = np.random.default_rng(1), 0
     for _ in range(draws):
         leave_at = rng.geometric(q, units) - 1
@@ -961,7 +962,8 @@ def test_lore_pool_holds_when_leaving_ends_the_episode():
         attack = pd.DataFrame({"eps": 0.0, "episode": 0, "return": np.where(below, leave_at + 1, h).astype(float),
                                "steps": np.where(below, leave_at + 1, h), "flips_certified": 0,
                                "same_start_as_lore": True, "horizon": h})
-        rows = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": a_spent}}, attack, chance, sigma)
+        rows = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": a_spent}}, attack, chance, sigma,
+                                          j_min=0.0)
         items = [{**r, "env": "CartPole-v0", "algo": f"A{u}", "sigma": sigma, "attack_seed": u}
                  for u, r in enumerate(rows)]
         out, pooled, _ = classify(items, 0.05)
