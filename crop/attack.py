@@ -91,16 +91,18 @@ def _check(q: torch.Tensor, where: str) -> None:
 
 class _Runs:
     """One attacked episode per (ε, episode), in that order, all in lockstep: each run's environment (reset
-    with its episode's seed), current observation, discounted return and whether it is still running."""
+    with its episode's seed: ``seeds_per_eps[k][ep]`` for the k-th ε), current observation, discounted return
+    and whether it is still running."""
 
-    def __init__(self, env_id: str, eps_grid, episode_seeds, profile: str | None):
-        self.runs = [(float(e), ep) for e in eps_grid for ep in range(len(episode_seeds))]
-        self.envs, self.obs = [], []
-        for _, ep in self.runs:
-            env = make_env(env_id, profile)
-            o, _ = env.reset(seed=int(episode_seeds[ep]))
-            self.envs.append(env)
-            self.obs.append(to_obs(o))
+    def __init__(self, env_id: str, eps_grid, seeds_per_eps, profile: str | None):
+        self.runs, self.envs, self.obs = [], [], []
+        for e, seeds in zip(eps_grid, seeds_per_eps, strict=True):
+            self.runs += [(float(e), ep) for ep in range(len(seeds))]
+            for seed in seeds:
+                env = make_env(env_id, profile)
+                o, _ = env.reset(seed=int(seed))
+                self.envs.append(env)
+                self.obs.append(to_obs(o))
         self.ret = np.zeros(len(self.runs))
         self.alive = np.ones(len(self.runs), dtype=bool)
 
@@ -136,7 +138,8 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
     q_net, target = smoother.q_net, getattr(smoother, "target", "q")
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
-    runs = _Runs(env_id, eps_grid, episode_seeds, profile)
+    eps_grid = list(eps_grid)   # every ε from the same initial states (LoRe's first): one tree per ε to compare
+    runs = _Runs(env_id, eps_grid, [episode_seeds] * len(eps_grid), profile)
     n_steps = np.zeros(len(runs.runs), dtype=int)
     flips = np.zeros(len(runs.runs), dtype=int)
     flips_cert = np.zeros(len(runs.runs), dtype=int)
@@ -177,15 +180,18 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
     return runs.table(horizon, **{cols.STEPS: n_steps, "flips": flips, cols.FLIPS_CERTIFIED: flips_cert})
 
 
-def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, episode_seeds,
+def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, seeds_per_eps,
                       horizon: int, *, steps: int = 10, n_eot: int = 32, gamma: float = 1.0, seed: int = 0,
                       device="cpu", profile: str | None = None, progress: bool | None = None) -> pd.DataFrame:
-    """PGD (expectation over the smoothing noise) against the σ-randomized policy π′."""
+    """PGD (expectation over the smoothing noise) against the σ-randomized policy π′.  ``seeds_per_eps``: the
+    initial-state seeds of each ε's episodes (one list per ε of ``eps_grid``) — GRe's bounds are about a return
+    from a *random* initial state, so the audit's count over runs needs each run's and ε's episodes drawn
+    afresh (:func:`crop.stages.global_attack_seeds`)."""
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
-    runs = _Runs(env_id, eps_grid, episode_seeds, profile)
+    runs = _Runs(env_id, eps_grid, seeds_per_eps, profile)
     for t in pbar(range(horizon), desc=f"global PGD σ={sigma:g}", progress=progress):
         idx = runs.live()
         if idx.size == 0:

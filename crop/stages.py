@@ -35,10 +35,24 @@ def recorded_settings(args, **resolved) -> dict:
 
 
 def _episode_seeds(seed: int, env: str, n: int, kind: str = "episode") -> list[int]:
-    """Initial-state seeds shared by every algorithm and σ, so their numbers compare like for like."""
+    """Initial-state seeds shared by every algorithm and σ, so their numbers compare like for like (LoAct,
+    the V range, LoRe's initial state and the local attack, whose checks hold given the initial state)."""
     from crop.io import derive_seed
 
     return [derive_seed(seed, env, kind, i) % (2**31) for i in range(n)]
+
+
+def global_attack_seeds(seed: int, env: str, algo: str, sigma: float, eps_grid, n: int) -> list:
+    """The global attack's initial-state seeds, one list of ``n`` per ε, drawn afresh for every run (env,
+    algo, σ) and ε.  GRe's bounds (Theorems 2, 3) are about the return from a *random* initial state: the
+    audit counts its checks over runs and ε as independent, which initial states shared between them would
+    break (their counts would move together).  Like the stage's noise seed they name the algorithm, not the
+    target: the global attack acts by π′, the same for every target, so a target's run holds the same
+    numbers — a duplicate the audit's pooled counts recognise by its seed and leave out."""
+    from crop.io import derive_seed
+
+    return [[derive_seed(seed, env, algo, repr(float(sigma)), "global-attack-episode", repr(float(e)), i)
+             % (2**31) for i in range(n)] for e in eps_grid]
 
 
 def _stage_seed(args, stage: str) -> int:
@@ -304,8 +318,9 @@ def cmd_attack_global(args) -> None:
     from crop.attack import run_global_attack
 
     st = Stage(args)
-    table = run_global_attack(args.env, st.net, args.sigma, [f * args.sigma for f in args.eps_factors],
-                              _episode_seeds(args.seed, args.env, args.episodes, "global-attack-episode"),
+    grid = [f * args.sigma for f in args.eps_factors]
+    table = run_global_attack(args.env, st.net, args.sigma, grid,
+                              global_attack_seeds(args.seed, args.env, args.algo, args.sigma, grid, args.episodes),
                               args.horizon, steps=args.pgd_steps, n_eot=args.n_eot, gamma=args.gamma, seed=st.seed,
                               device=args.device, profile=st.profile, progress=args.progress)
     st.write({}, attack_global=table)

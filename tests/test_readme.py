@@ -134,11 +134,12 @@ def test_the_readme_summary_is_what_the_quick_start_prints():
     # the audit's verdict line (crop/report/audit.py verdict_line): every check counted once, none violated;
     # which of them could not fail is the audit's to say (a WARN, not a pass)
     line = re.fullmatch(r"soundness (PASS|WARN): (\d+) checks \((\d+) ok, 0 violation, 0 suspicious, (\d+) untestable, "
-                        r"(\d+) vacuous\), (\d+) pooled counts \(0 violation\), 0 integrity problem\(s\) \((.*)\)",
+                        r"(\d+) vacuous(?:, (\d+) reported outside the guarantee)?\), "
+                        r"(\d+) pooled counts \(0 violation\), 0 integrity problem\(s\) \((.*)\)",
                         got["audit"])
     assert line, got["audit"]
-    verdict, (n, ok, untestable, vacuous) = line.group(1), map(int, line.groups()[1:5])
-    assert n == checks and ok + untestable + vacuous == n and line.group(7) == f"{results}/audit/audit.md"
+    verdict, (n, ok, untestable, vacuous, reported) = line.group(1), (int(g or 0) for g in line.groups()[1:6])
+    assert n == checks and ok + untestable + vacuous + reported == n and line.group(8) == f"{results}/audit/audit.md"
     assert verdict == ("WARN" if untestable else "PASS")
     assert got["figures"] == f"{n_png} PNG, {n_pdf} PDF in {results}/figures/"
     assert got["tables"] == f"{n_tables} tables (CSV, Markdown, LaTeX) in {results}/tables/"

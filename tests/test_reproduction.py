@@ -227,7 +227,7 @@ def test_flips_within_chance_are_not_violations(results, tmp_path):
     assert "Raw failures within chance" in (tmp_path / "a" / "audit.md").read_text()
 
 
-def test_flips_far_beyond_chance_are_violations(results, tmp_path):
+def test_flips_far_beyond_chance_are_reported(results, tmp_path):
     sigma, eps = 0.1, 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _set_margins(d, sigma, lambda t: 3 * sigma)  # wide margins: a flip within ε has tiny probability
@@ -241,13 +241,15 @@ def test_flips_far_beyond_chance_are_violations(results, tmp_path):
         margins(3 * sigma, sigma)["q_top_lower"], margins(3 * sigma, sigma)["q_others_upper_max"], 0.0, 10.0, sigma,
         eps, M_ATTACK, 2))
     assert math.isclose(row["chance"], expected_chance, rel_tol=1e-9)
-    assert row["violation"] and row["p_value"] < 1e-12 and not rep["passed"]
+    # far beyond the estimated chance, yet reported only: the estimate is no bound at the attacked steps
+    assert row["status"] == "reported" and not row["violation"] and row["p_value"] < 1e-12 and rep["passed"]
     # One flip there is still far beyond chance (α = 1e-4 per step, 12 steps): a violation too.
     al.loc[at, "flips_certified"] = 0
     al.loc[at & (al["episode"] == 0), "flips_certified"] = 1
     rewrite_csv(d / "attack_local.csv", al)
     row = _flip_row(audit(results, tmp_path / "b"), eps)
-    assert row["violation"] and math.isclose(row["p_value"], 1 - (1 - expected_chance) ** 12, rel_tol=1e-6)
+    assert row["status"] == "reported" and math.isclose(row["p_value"], 1 - (1 - expected_chance) ** 12,
+                                                        rel_tol=1e-6)
 
 
 def _plant_lore_shortfall(d, eps):

@@ -172,7 +172,7 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     vacuous = [i for i in items if i["status"] == "vacuous"]
     mismatches = ref_block["counts"]["differs"] if ref_block else 0
     verdict = verdict_of({**statuses, "violation": len(violations)}, len(integrity),
-                         (rerun_block or {}).get("differ", 0))
+                         (rerun_block or {}).get("differ", 0), (rerun_block or {}).get("not_run", 0))
     report = {"schema_version": SCHEMA_VERSION, "results": str(results), "runs": runs, "alpha": alpha,
               "verdict": verdict,
               "reproduction": None if ref_block is None else {
@@ -199,8 +199,12 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     return report
 
 
-STATUSES = ("ok", "violation", "suspicious", "untestable", "vacuous")
+STATUSES = ("ok", "violation", "suspicious", "untestable", "vacuous", "reported")
 POOLED = "pooled:"   # a pooled test's ``check`` is this prefix and the kind it counts
+# Checks whose p-value is not valid under every certificate's validity, hence outside the guarantee: reported
+# (status ``reported``), never a violation nor a cause of WARN.  LoAct's flip chance is a mean over LoAct's own
+# clean steps, not a bound at the attacked steps, which PGD chooses (it may steer into near-tie states).
+REPORTED_ONLY = ("loact_certified_steps_not_flipped",)
 
 
 def tarone_holm(tested: list[dict], alpha: float, p_key: str = "p_value") -> tuple[int, list[dict], dict]:
@@ -302,12 +306,16 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     * outside the audit's family: ``ok`` when its kind's pooled test is in the family (``tested_by``:
       ``pooled`` — it could have caught a fault shared by the runs, not one broken certificate alone), else
       ``untestable`` with ``reason`` and ``testable_with`` (WARN, never counted as passed);
-    * every other check: ``ok`` (``tested_by``: ``alone``)."""
+    * every other check: ``ok`` (``tested_by``: ``alone``);
+    * a check of a kind in :data:`REPORTED_ONLY` (LoAct's flip counts, whose chance is an estimate, not a bound
+      at the attacked steps): ``reported`` — outside every family and pooled count, never a violation, no
+      cause of WARN.  Its p-value is shown, not decided on."""
     rows = [dict(i) for i in items]
     for i in rows:
         if i["check"] == "lore_vs_pgd_local" and lore_alpha_exhausted(i.get("alpha_spent", 0.0)):
             i["min_p"] = 1.0  # no joint certificate: nothing to test
-    tested = [i for i in rows if i.get("p_value") is not None and not i.get("vacuous")]
+    tested = [i for i in rows if i.get("p_value") is not None and not i.get("vacuous")
+              and i["check"] not in REPORTED_ONLY]
     pooled = pooled_tests(tested, alpha)
     k, family, adjusted = tarone_holm(tested + pooled, alpha)
     in_family = {id(i) for i in family}
@@ -328,6 +336,8 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
             i["status"] = "violation" if i["violation"] else "ok"
         elif i.get("vacuous"):
             i.update(status="vacuous", violation=False)
+        elif i["check"] in REPORTED_ONLY:
+            i.update(status="reported", violation=False, in_audit_family=False, p_adjusted=None, p_run=None)
         elif i["violation"]:
             i["status"] = "violation"
         elif i["p_run"] is not None and i["p_run"] < alpha:
@@ -351,13 +361,15 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     return rows, pooled, block
 
 
-def verdict_of(statuses: dict, integrity_problems: int, rerun_differ: int = 0) -> str:
+def verdict_of(statuses: dict, integrity_problems: int, rerun_differ: int = 0, rerun_not_run: int = 0) -> str:
     """FAIL on a violation (a check or a pooled count), an integrity problem or a re-run that differs; WARN
-    on a suspicious or untestable check, or when nothing was tested at all; else PASS."""
+    on a suspicious or untestable check, a drawn re-run job that could not be re-run, or when nothing was
+    tested at all; else PASS."""
     if statuses.get("violation") or integrity_problems or rerun_differ:
         return "FAIL"
     tested = statuses.get("ok", 0) + statuses.get("suspicious", 0)
-    return "WARN" if statuses.get("suspicious") or statuses.get("untestable") or not tested else "PASS"
+    return ("WARN" if statuses.get("suspicious") or statuses.get("untestable") or not tested or rerun_not_run
+            else "PASS")
 
 
 def exit_status(rep: dict, strict: bool = False, report_only: bool = False) -> int:
@@ -382,7 +394,8 @@ def verdict_line(rep: dict) -> str:
     st_ = rep["statuses"]
     pooled = rep.get("pooled") or []
     line = (f"soundness {rep['verdict']}: {rep['checked']} checks ({st_['ok']} ok, {st_['violation']} violation, "
-            f"{st_['suspicious']} suspicious, {st_['untestable']} untestable, {st_.get('vacuous', 0)} vacuous)"
+            f"{st_['suspicious']} suspicious, {st_['untestable']} untestable, {st_.get('vacuous', 0)} vacuous"
+            + (f", {st_['reported']} reported outside the guarantee" if st_.get("reported") else "") + ")"
             + (f", {len(pooled)} pooled counts ({sum(p['violation'] for p in pooled)} violation)" if pooled else "")
             + f", {rep['integrity_problems']} integrity problem(s)")
     rr = rep.get("rerun")
@@ -409,6 +422,9 @@ def plain_verdict(rep: dict) -> str:
                 if i["status"] == "ok")
     vac = (f" {st_['vacuous']} bound(s) claim nothing (vacuous: J̲ at J_min, or no step certified beyond ε) "
            "and were not tested." if st_.get("vacuous") else "")
+    if st_.get("reported"):
+        vac += (f" {st_['reported']} LoAct flip count(s) are reported outside the guarantee (their chance is an "
+                "estimate, not a bound at the attacked steps): shown, not decided on.")
     if rep["verdict"] == "FAIL":
         parts = []
         if rep["violation_list"]:
@@ -435,6 +451,9 @@ def plain_verdict(rep: dict) -> str:
         if st_["suspicious"]:
             text += (f"{st_['suspicious']} check(s) are suspicious within their run but not significant over the "
                      "audit (listed first below); rerun with more attack episodes. ")
+        if (rep.get("rerun") or {}).get("not_run"):
+            text += (f"{rep['rerun']['not_run']} drawn re-run job(s) could not be re-run (a module:Id environment "
+                     "read from the folder; to decide, --trust-env it if it is yours). ")
         return text + f"{tested} other check(s) could have caught a broken certificate and none did." + vac
     return (f"**Sound as far as tested**: {tested} checks could have caught a broken certificate and none did "
             f"({alone} on their own, {tested - alone} only as part of a count over runs, which catches a fault "
@@ -443,7 +462,7 @@ def plain_verdict(rep: dict) -> str:
 
 def _raw_failures(rep: dict) -> list[dict]:
     """The checks whose attack went below the bound by less than chance allows (not violations)."""
-    return [i for i in rep["checks"] if i.get("empirical_below") and i["status"] in ("ok", "untestable")]
+    return [i for i in rep["checks"] if i.get("empirical_below") and i["status"] in ("ok", "untestable", "reported")]
 
 
 def _md_summary(rep: dict) -> list[str]:
@@ -468,6 +487,9 @@ def _md_summary(rep: dict) -> list[str]:
              f"| untestable (could not reach significance whatever the attack did; not counted as passed) | "
              f"{rep['untestable']} |",
              f"| vacuous (the bound claims nothing: not tested, no cause of WARN) | {rep['vacuous']} |",
+             "| reported outside the guarantee (LoAct flip counts: their chance is estimated on LoAct's clean steps, "
+             f"not bounded at the attacked ones; never a violation, no cause of WARN) | {rep['statuses']['reported']}"
+             " |",
              f"| pooled counts over runs (violations) | {len(rep['pooled'])} "
              f"({sum(p['violation'] for p in rep['pooled'])}) |",
              f"| raw failures within what chance allows (not violations) | {len(_raw_failures(rep))} |",
@@ -483,8 +505,8 @@ def _md_soundness(rep: dict) -> list[str]:
     """The suspicious checks, the violations and the untestable checks (why, and what would make them
     testable)."""
     lines: list[str] = []
-    cols = ["env", "algo", "sigma", "eps", "check", "bound", "observed", "episodes", "steps", "expected",
-            "p_value", "p_run", "p_adjusted"]
+    cols = ["env", "algo", "sigma", "eps", "check", "eps_bound", "bound", "observed", "episodes", "steps",
+            "expected", "p_value", "p_run", "p_adjusted"]
     if rep["suspicious_list"]:
         lines += ["", "## Suspicious checks", "",
                   "Raw evidence against a certificate: significant at α within the checks of its own run (Holm "
@@ -496,8 +518,9 @@ def _md_soundness(rep: dict) -> list[str]:
     if rep["violation_list"]:
         lines += ["Each row: the check, where, the certified bound, what the attack observed, and the p-value of "
                   "the observation under sound certificates (see “Chance” below).", ""]
-        lines += [pipe_table(rep["violation_list"], ["env", "algo", "sigma", "eps", "check", "bound", "observed",
-                                                     "episode", "steps", "expected", "p_value", "p_adjusted"]), ""]
+        lines += [pipe_table(rep["violation_list"], ["env", "algo", "sigma", "eps", "check", "eps_bound", "bound",
+                                                     "observed", "episode", "steps", "expected", "p_value",
+                                                     "p_adjusted"]), ""]
     else:
         lines += ["None: no attack went below a certified bound, and no certified action changed within its radius, "
                   "beyond what chance allows; no bound rose with ε.", ""]
@@ -509,6 +532,16 @@ def _md_soundness(rep: dict) -> list[str]:
                   "could be (docs/audit.md, \u201cPooled counts\u201d).", ""]
         lines += [pipe_table(rep["pooled"], ["check", "runs", "units", "left_out", "observed", "expected", "p_value",
                                              "min_p", "p_adjusted", "status"]), ""]
+    lore = [{**c, "tree_until": "—" if c.get("tree_until") is None else f"{c['tree_until']:.6g}"}
+            for c in rep["checks"] if c["check"] == "lore_vs_pgd_local"]
+    if lore:
+        lines += ["## LoRe bounds compared", "",
+                  "Each local attack at ε is checked against LoRe's bound J̲(ε') (ε' ≥ ε, J̲ non-increasing) over "
+                  "LoRe's tree for every ε below `tree_until` (—: the whole search), chosen from the "
+                  "certificates alone; `p_leave`: the estimated chance that the m-sample attacked policy leaves "
+                  "that tree (docs/audit.md, \u201cWhat chance allows\u201d).", "",
+                  pipe_table(lore, ["env", "algo", "sigma", "eps", "eps_bound", "tree_until", "bound", "observed",
+                                    "p_leave", "chance", "status"], limit=50, rest="all in audit.json"), ""]
     if rep["vacuous_list"]:
         df = pd.DataFrame(rep["vacuous_list"])
         lines += ["## Vacuous bounds", "", "These bounds claim nothing (J̲ at J_min, or no step certified beyond ε), "
@@ -539,7 +572,10 @@ def _md_integrity(rep: dict) -> list[str]:
         lines += [f"Re-execution (`--rerun`, seed {rr['seed']}): {rr['checked']} stage jobs re-run from their "
                   f"recorded provenance: {rr['identical']} identical, {rr['within_interval']} within floating-point "
                   f"reordering (a job that ran off the CPU), {rr['differ']} differ"
-                  + (f", {rr['not_run']} not run" if rr["not_run"] else "") + ".", "",
+                  + (f", {rr['not_run']} drawn but not re-run (WARN)" if rr["not_run"] else "") + "."
+                  + (f" {rr['not_eligible']} stage(s) recorded no settings and could not be drawn: "
+                     + ", ".join(f"{j['run']} {j['stage']}" for j in rr["not_eligible_list"][:10])
+                     + ("…" if rr["not_eligible"] > 10 else "") + "." if rr.get("not_eligible") else ""), "",
                   pipe_table(rr["jobs"], ["run", "stage", "device", "result", "note"]), ""]
     if rep["integrity"]:
         lines += [pipe_table(rep["integrity"], ["run", "file", "problem"]), ""]
@@ -612,8 +648,8 @@ def _md_chance(rep: dict) -> list[str]:
              "most α; how each chance is computed: docs/audit.md).", ""]
     if raw:
         lines += ["Raw failures within chance (not violations):", ""]
-        lines += [pipe_table(raw, ["env", "algo", "sigma", "eps", "check", "bound", "observed", "steps", "expected",
-                                   "chance", "p_value", "p_adjusted", "note"]), ""]
+        lines += [pipe_table(raw, ["env", "algo", "sigma", "eps", "check", "eps_bound", "bound", "observed", "steps",
+                                   "expected", "chance", "p_value", "p_adjusted", "note"]), ""]
     else:
         lines += ["No raw failure either.", ""]
     if rep["checks"]:

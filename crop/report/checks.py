@@ -19,7 +19,7 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
   probability ≤ (|A| − 1)·exp(−m·Δ²/(2w²)) (:func:`flip_probability_bound`).  A counted flip thus has
   probability ≤ α + that bound per step.  attack_local.csv records only per-episode counts, not the attacked
   steps' margins, so the per-step chance is *estimated* on LoAct's own steps certified beyond ε (the mean of
-  α + bound over them; 1 when LoAct has none: unassessed) and the count over all N attacked steps at that ε
+  α + bound over them; 1 when LoAct has none: unassessed) and the count over the N planned steps at that ε
   is tested against Bin(N, chance) — conservative in N (every attacked step counted, certified or not) and
   in the tail (a Poisson-binomial count is no more spread above its mean than the binomial of the same mean,
   Hoeffding 1956);
@@ -27,10 +27,17 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
   for every trajectory of the exact smoothed policy under ‖δ‖ ≤ ε with probability ≥ 1 − α_spent (the α the
   search spent, from LoRe's meta file); the attacked episode leaves that tree only where its m-sample action
   is one LoRe excluded.  The chance of an attacked return below the bound is ≤ α_spent + P[leave], with
-  P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state): p_t the flip bound
+  P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state) over the attacked
+  episode's planned horizon (never its realised length, which depends on the outcome): p_t the flip bound
   above where step t is certified beyond ε; 0 where it is not and |A| = 2 (both actions are in the tree);
   1 where it is not and |A| > 2 (the other actions' margins are not recorded), and for steps beyond LoAct
-  episode 0.  That chance is the row's p-value when the return is below the bound.
+  episode 0.  That chance is the row's p-value when the return is below the bound.  J̲ is a non-increasing
+  step function and T_ε ⊆ T_ε' for ε ≤ ε', so an ε-attack may be checked against J̲(ε') over the tree of a
+  whole piece [ε_j, ε_{j+1}) of it (:func:`lore_intervals`): a step keeps both actions of a two-action game
+  there when its radius is below ε_{j+1}, which removes the near-tie steps (radius just above ε) whose chance
+  of a flip is ≈ 1.  The piece — the first from ε's on whose leave chance is ≤ α_spent
+  (:func:`choose_lore_interval`) — is chosen from the certifiers' outputs alone, never the attacked return;
+  the row records ε' (``eps_bound``) and ε_{j+1} (``tree_until``).
 
 A check's ``min_p`` is the smallest p-value its data could give (every attacked return at J_min, every
 attacked step flipped), fixed by the sample sizes and bounds before the attack ran; Tarone's restriction
@@ -50,13 +57,13 @@ from crop import columns as cols
 from crop.envs import env_spec
 from crop.io import meta_path, read_json
 from crop.layout import RUN_FILES, replicate_of
-from crop.lore import lore_bound_at
 from crop.report.metrics import lore_valid_until, parse_run, read_lore_meta
 from crop.stats import Phi, Phi_inv, normalise
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
            "check_certified_steps_not_flipped", "flip_probability_bound", "loact_flip_chance",
-           "lore_leave_chance", "lore_alpha_exhausted", "untestable_reason", "TOL"]
+           "lore_leave_chance", "lore_intervals", "choose_lore_interval", "lore_alpha_exhausted",
+           "untestable_reason", "TOL"]
 
 TOL = 1e-9
 
@@ -110,7 +117,7 @@ def _chance_inputs(d: Path, env: str) -> dict:
     v_max = lm.get("v_max", q.get("v_max"))
     a_set = am.get("settings") or {}
     return {"steps": pd.read_csv(d / RUN_FILES["loact"]) if (d / RUN_FILES["loact"]).is_file() else None,
-            "v_min": v_min, "v_max": v_max, "m": a_set.get("m"),
+            "v_min": v_min, "v_max": v_max, "m": a_set.get("m"), "horizon": a_set.get("horizon"),
             "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": _spec_fact(env, "n_actions"),
             "loact_alpha": lm.get("per_state_alpha"), "lore_alpha": _lore_largest_state_alpha(lo)}
 
@@ -170,9 +177,13 @@ def loact_flip_chance(c: dict, sigma: float, eps: float) -> tuple[float, str]:
     return float(p.mean()), f"estimated on {len(beyond)} LoAct steps certified beyond eps"
 
 
-def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int) -> tuple[float, str]:
-    """(P[the attacked episode leaves LoRe's tree] estimated along LoAct episode 0's first ``horizon``
-    steps, note); see the module docstring."""
+def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int,
+                      tree_until: float | None = None) -> tuple[float, str]:
+    """(P[the ε-attacked episode leaves LoRe's tree] estimated along LoAct episode 0's first ``horizon``
+    steps, note); see the module docstring.  The tree is T_ε, or with ``tree_until`` (> ε) the larger tree of
+    every ε'' < ``tree_until`` (Theorem 4: an action stays out only where its radius is ≥ ``tree_until``): a
+    two-action step whose radius lies below it keeps both actions, so leaving there is impossible.  The flip
+    bound of a step certified beyond ε uses the attack's own ε either way (its perturbation)."""
     why = _margins_ok(c)
     if why:
         return 1.0, f"unassessed ({why})"
@@ -180,16 +191,56 @@ def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int) -> tuple[
     ep0 = s[s[cols.EPISODE] == s[cols.EPISODE].min()].sort_values(cols.STEP).head(horizon)
     if len(ep0) < horizon:
         return 1.0, f"LoAct episode 0 has {len(ep0)} < {horizon} steps"
-    beyond = ep0[cols.CERTIFIED].astype(bool).to_numpy() & (ep0[cols.RADIUS].to_numpy(float) > eps)
-    # A step LoAct did not certify beyond ε keeps both actions of a two-action game in LoRe's tree only if LoRe
-    # certifies no more than LoAct does: its per-state α no larger than LoAct's (wider bounds).
+    certified, radius = ep0[cols.CERTIFIED].astype(bool).to_numpy(), ep0[cols.RADIUS].to_numpy(float)
+    beyond = certified & (radius > eps)
+    in_tree = ~beyond if tree_until is None else ~certified | (radius < tree_until)
+    # A step LoAct did not certify beyond the tree's radius keeps both actions of a two-action game in LoRe's
+    # tree only if LoRe certifies no more than LoAct does: its per-state α no larger than LoAct's (wider bounds).
     nested = (c.get("lore_alpha") is not None and c.get("loact_alpha") is not None
               and c["lore_alpha"] <= c["loact_alpha"])
-    p = np.where(beyond, _step_flip_bounds(c, sigma, eps, ep0), 0.0 if c["n_actions"] == 2 and nested else 1.0)
+    both = c["n_actions"] == 2 and nested
+    p = np.where(both & in_tree, 0.0, np.where(beyond, _step_flip_bounds(c, sigma, eps, ep0), 1.0))
     note = f"estimated along LoAct episode 0 ({horizon} steps)"
     if c["n_actions"] == 2 and not nested and not beyond.all():
         note += "; LoRe's per-state α exceeds LoAct's, so a step LoAct left uncertified may be one LoRe certified"
     return float(1.0 - np.prod(1.0 - p)), note
+
+
+def _planned_horizon(r, chance: dict | None) -> int | None:
+    """The attacked episode's planned length (its ``horizon`` column, else the attack's recorded setting)."""
+    if cols.HORIZON in r.index and not pd.isna(r[cols.HORIZON]):
+        return int(r[cols.HORIZON])
+    h = (chance or {}).get("horizon")
+    return int(h) if h is not None else None
+
+
+def lore_intervals(lore: pd.DataFrame, eps: float, valid_until: float = math.inf) -> list[tuple]:
+    """(ε', J̲(ε'), tree_until) for each piece of LoRe's step function from the one holding ε on: ε' = max(ε,
+    ε_j), J̲_j, and ε_{j+1} (``valid_until`` for the last piece; inf when the search ended).  J̲_j bounds the
+    return of every trajectory in LoRe's tree for every ε'' < ε_{j+1} (Theorem 4; the bound is recorded only
+    where it changes)."""
+    t = lore.sort_values(cols.EPS)
+    e, b = t[cols.EPS].to_numpy(float), t[cols.LOWER_BOUND].to_numpy(float)
+    if not len(e) or e[0] > eps or eps >= valid_until:
+        return []
+    ends = [*e[1:], valid_until]
+    return [(max(eps, float(e[k])), float(b[k]), float(ends[k])) for k in range(len(e)) if ends[k] > eps]
+
+
+def choose_lore_interval(pieces: list[tuple], c: dict, sigma: float, eps: float, horizon: int, alpha_spent: float,
+                         j_min: float | None = None) -> tuple:
+    """The piece of LoRe's step function an ε-attack is checked against: the first (the tightest bound, from
+    the one holding ε on) whose tree the m-sample attacked policy leaves within LoRe's ``horizon`` with
+    estimated chance ≤ ``alpha_spent`` (and, beyond the first, whose bound claims something); the first when
+    none does.  J̲ is non-increasing and T_ε ⊆ T_ε', so under valid certificates the ε-attacked smoothed
+    policy's return is ≥ J̲(ε) ≥ J̲(ε'); the choice reads the certifiers' outputs only (LoRe's table and α,
+    LoAct's margins, the attack's settings), never the attacked returns, so the check stays valid."""
+    for k, (_, b, until) in enumerate(pieces):
+        if k and j_min is not None and not b > j_min + TOL:
+            break
+        if lore_leave_chance(c, sigma, eps, horizon, until)[0] <= alpha_spent:
+            return pieces[k]
+    return pieces[0]
 
 
 def _lore_alpha(lmeta: dict) -> float:
@@ -253,22 +304,34 @@ def lore_alpha_exhausted(alpha_spent: float) -> bool:
 def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.DataFrame, chance: dict,
                                sigma: float, j_min: float | None = None) -> list[dict]:
     """LoRe's bound J̲ (Theorem 4) against the local PGD return from LoRe's own initial state at each ε
-    (see the module docstring); p-value α_spent + P[leave] when the return is below the bound.  A bound at
+    (see the module docstring), against J̲(ε') of the piece :func:`choose_lore_interval` picks; p-value
+    α_spent + P[leave that piece's tree] when the return is below that bound.  A bound at
     ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``."""
     valid_until = lore_valid_until({"lore_meta": lore_meta})
     a_lore = _lore_alpha(lore_meta)
     rows_out = []
     for _, r in attack[attack[cols.SAME_START_AS_LORE].astype(bool)].iterrows():
         eps = float(r[cols.EPS])
-        b = lore_bound_at(lore, eps, valid_until)
-        if math.isnan(b):
+        pieces = lore_intervals(lore, eps, valid_until)
+        if not pieces:
             continue
+        # The piece and P[leave] over the planned horizon (a setting), never the realised length (an outcome): an
+        # episode that left the tree may end early (CartPole), and a chance over its shorter length would shrink
+        # with the very outcome it judges.
+        horizon = _planned_horizon(r, chance)
+        if horizon is None:
+            (eps_b, b, until), (leave, note) = pieces[0], (1.0, "unassessed (no planned horizon recorded)")
+        else:
+            eps_b, b, until = choose_lore_interval(pieces, chance, sigma, eps, horizon, a_lore, j_min)
+            leave, note = lore_leave_chance(chance, sigma, eps, horizon, until)
         below = float(r[cols.RETURN]) < b - TOL
-        leave, note = lore_leave_chance(chance, sigma, eps, int(r[cols.STEPS]))
+        tree = f"ε < {until:.4g}" if math.isfinite(until) else "every ε (the whole search)"
         allowed = min(1.0, a_lore + leave)
         rows_out.append(_row("lore_vs_pgd_local", eps, b, float(r[cols.RETURN]), empirical_below=below,
                              episode=int(r[cols.EPISODE]), p_value=allowed if below else 1.0, chance=allowed,
-                             alpha_spent=a_lore, p_leave=leave, note=note, min_p=allowed,
+                             alpha_spent=a_lore, p_leave=leave, eps_bound=eps_b,
+                             tree_until=until if math.isfinite(until) else None,
+                             note=f"{note}; J̲(ε' = {eps_b:.4g}) over LoRe's tree for {tree}", min_p=allowed,
                              vacuous=j_min is not None and not b > j_min + TOL))
     return rows_out
 
@@ -279,8 +342,12 @@ def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma:
     (:func:`loact_flip_chance`)."""
     rows_out = []
     for eps, g in attack.groupby("eps"):
-        flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), int(g[cols.STEPS].sum())
-        per_step, note = loact_flip_chance(chance, sigma, float(eps))
+        # N: the planned steps (horizon × episodes), fixed before the attack ran; the realised count depends on
+        # the outcome (an attack that succeeds may end its episode early).
+        horizons = [_planned_horizon(r, chance) for _, r in g.iterrows()]
+        flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), sum(h or 0 for h in horizons)
+        per_step, note = (loact_flip_chance(chance, sigma, float(eps)) if None not in horizons
+                          else (1.0, "unassessed (no planned horizon recorded)"))
         # No LoAct step certified beyond ε and no certified step flipped: the certificates claim nothing at ε.
         empty = flips == 0 and note.startswith("unassessed (no LoAct step certified beyond")
         rows_out.append(_row("loact_certified_steps_not_flipped", float(eps), 0, flips, empirical_below=flips > 0,
@@ -345,8 +412,10 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
         return (f"the attacked (m-sample) policy may leave LoRe's tree with probability ≈ 1 at this ε: P[leave] = "
                 f"{item.get('p_leave', 1.0):.3g} ({item.get('note') or 'unassessed'}; near-tie steps certified "
                 "beyond ε, or steps whose margins are unknown)",
-                "a larger attack m (loact.m) for near-tie steps, or this ε left out of attack.local_eps_factors; "
-                "for a many-action game, LoAct margins beyond ε along LoRe's initial episode")
+                "a larger attack m (loact.m) for steps certified just beyond LoRe's critical ε (no piece of "
+                "LoRe's bound from this ε on has a testable tree), or this ε left out of "
+                "attack.local_eps_factors; for a many-action game, LoAct margins beyond ε along LoRe's initial "
+                "episode")
     if c == "lore_vs_pgd_local":
         return (f"a single attacked return: smallest p = α spent + P[leave] = {item['min_p']:.3g} > α/K = "
                 f"{level:.3g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")

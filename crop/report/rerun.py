@@ -14,7 +14,10 @@ read them — into a scratch folder, on the CPU, and its outputs are compared wi
 
 Refused before anything runs (one line): a recorded commit other than the installed code's.  A job whose
 environment id has the ``module:Id`` form and is not the user's own (``trusted_envs``) is not re-run: re-running
-it would import a module named by the folder.
+it would import a module named by the folder.  A received folder names nothing the re-run imports: a job whose
+recorded env, algo, σ or target is not its run folder's (``ENV/ALGO[@TARGET]/sigma-S``) is not run and counts as
+``differ`` (its record contradicts where it lies); the child process runs ``python -I`` (no current directory,
+no ``PYTHON*`` variables on its path) from the scratch folder, under :func:`crop.envs.untrusted_env_ids`.
 """
 from __future__ import annotations
 
@@ -38,6 +41,11 @@ __all__ = ["rerun_jobs", "RERUN_RESULTS"]
 
 RERUN_RESULTS = ("identical", "within_interval", "differ")
 
+# The re-run's process: isolated (``-I``: neither the current directory nor PYTHON* variables on sys.path) and
+# with every environment id but the user's own (argv[1], JSON) importing nothing.
+_CHILD = ("import json, sys\nfrom crop.envs import untrusted_env_ids\nfrom crop.cli import main\n"
+          "with untrusted_env_ids(json.loads(sys.argv[1])):\n    main(sys.argv[2:])")
+
 
 def _record(run_dir: Path, row) -> dict | None:
     """The provenance a stage recorded in ``run_dir`` (its main output's meta file, or qrange.json's own
@@ -52,9 +60,19 @@ def _record(run_dir: Path, row) -> dict | None:
     return prov if isinstance(prov, dict) else None
 
 
-def _jobs(results: Path, runs) -> list[tuple[str, object, dict]]:
-    return [(run, row, rec) for run in runs for row in STAGES.values()
-            if (rec := _record(results / run, row)) is not None and isinstance(rec.get("settings"), dict)]
+def _jobs(results: Path, runs) -> tuple[list[tuple[str, object, dict]], list[dict]]:
+    """(the stage jobs that recorded their settings, the stages present without them: not eligible)."""
+    jobs, not_eligible = [], []
+    for run in runs:
+        for row in STAGES.values():
+            if not (results / run / row.outputs[0].file).is_file():
+                continue
+            rec = _record(results / run, row)
+            if rec is not None and isinstance(rec.get("settings"), dict):
+                jobs.append((run, row, rec))
+            else:
+                not_eligible.append({"run": run, "stage": row.rule})
+    return jobs, not_eligible
 
 
 def _base(commit) -> str:
@@ -67,6 +85,23 @@ def _options(command: str) -> dict:
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return {a.dest: a for a in sub.choices[command]._actions if a.option_strings}
+
+
+def _same_run(settings: dict, run: str) -> None:
+    """ValueError unless the recorded env, algo and σ (and target, where recorded) are the run folder's: the
+    command is rebuilt from the record, so a record naming another env would run (and import) that env."""
+    env, algo_dir, lab = parse_run(run)
+    algo, target = split_run_algo(algo_dir)
+    try:
+        same_sigma = float(settings.get("sigma")) == float(lab)
+    except (TypeError, ValueError):
+        same_sigma = False
+    wrong = [k for k, ok in (("env", settings.get("env") == env), ("algo", settings.get("algo") == algo),
+                             ("sigma", same_sigma),
+                             ("target", settings.get("target") in (None, target))) if not ok]
+    if wrong:
+        raise ValueError(f"the recorded {', '.join(wrong)} ({', '.join(repr(settings.get(k)) for k in wrong)}) "
+                         f"not the run folder's {run}: not re-run")
 
 
 def _argv(rec: dict, row, run_dir: Path, checkpoint: Path, scratch: Path) -> list[str]:
@@ -149,13 +184,15 @@ def _compare(row, run_dir: Path, scratch: Path, cpu: bool) -> tuple[str, str]:
 
 def rerun_jobs(results: Path, runs, k: int, seed: int = 0, trusted_envs=()) -> dict:
     """Re-run ``k`` stage jobs drawn at random (``seed``) and compare (see the module docstring).  Returns
-    the ``rerun`` block of audit.json: ``checked``, ``identical``, ``within_interval``, ``differ``, ``seed``
+    the ``rerun`` block of audit.json: ``checked``, ``identical``, ``within_interval``, ``differ``, ``seed``,
+    ``not_run`` (drawn but not re-run: a ``module:Id`` env read from the folder; the verdict is then at best
+    WARN), ``not_eligible`` and ``not_eligible_list`` (stages present without recorded settings, never drawn)
     and ``jobs`` (run, stage, result, note).  InputError, before any job runs, when a recorded commit is
     not the installed code's."""
     from crop.io import _git_commit
 
-    results = Path(results)
-    jobs = _jobs(results, runs)
+    results = Path(results).resolve()   # the child runs in its scratch folder
+    jobs, not_eligible = _jobs(results, runs)
     rng = np.random.default_rng(seed)
     picked = [jobs[i] for i in sorted(rng.choice(len(jobs), size=min(int(k), len(jobs)), replace=False))] \
         if jobs else []
@@ -175,9 +212,10 @@ def rerun_jobs(results: Path, runs, k: int, seed: int = 0, trusted_envs=()) -> d
         scratch = Path(tempfile.mkdtemp(prefix="crop-rerun-"))
         try:
             run_dir = results / run
+            _same_run(rec["settings"], run)
             argv = _argv(rec, row, run_dir, checkpoint_path(results, env, split_run_algo(algo)[0]), scratch)
-            done = subprocess.run([sys.executable, "-c", "from crop.cli import main; main()", *argv],
-                                  capture_output=True, text=True)
+            done = subprocess.run([sys.executable, "-I", "-c", _CHILD, json.dumps(sorted(trusted_envs)), *argv],
+                                  capture_output=True, text=True, cwd=scratch)
             if done.returncode != 0:
                 tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
                 rows.append({**job, "result": "differ", "note": f"the re-run failed: {tail}"})
@@ -190,4 +228,5 @@ def rerun_jobs(results: Path, runs, k: int, seed: int = 0, trusted_envs=()) -> d
             shutil.rmtree(scratch, ignore_errors=True)
     counts = {r: sum(j["result"] == r for j in rows) for r in RERUN_RESULTS}
     return {"checked": sum(j["result"] != "not_run" for j in rows), **counts, "seed": seed,
-            "not_run": sum(j["result"] == "not_run" for j in rows), "jobs": rows}
+            "not_run": sum(j["result"] == "not_run" for j in rows), "not_eligible": len(not_eligible),
+            "not_eligible_list": not_eligible, "jobs": rows}
