@@ -355,8 +355,11 @@ def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path):
            str(REPO / "Snakefile"), "--cores", "1", "--configfile", "c.yaml"]
     a = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        t0 = time.time()
-        while not ((snake / "locks").is_dir() and any((snake / "locks").iterdir())):
+        # Snakemake writes its input lock, then its output lock, each file opened before its lines are
+        # written, and checks for a conflict before either: a run stopped before its output lock is whole
+        # does not stop B (Snakemake's own window, not the one under test).  Stop A once its lock is whole.
+        t0, whole = time.time(), snake / "locks" / "0.output.lock"
+        while not (whole.is_file() and whole.read_text().endswith("\n")):
             assert a.poll() is None and time.time() - t0 < 300, "run A ended before it locked"
             time.sleep(0.0005)
         os.kill(a.pid, signal.SIGSTOP)
