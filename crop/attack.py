@@ -186,7 +186,14 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
     """PGD (expectation over the smoothing noise) against the σ-randomized policy π′.  ``seeds_per_eps``: the
     initial-state seeds of each ε's episodes (one list per ε of ``eps_grid``) — GRe's bounds are about a return
     from a *random* initial state, so the audit's count over runs needs each run's and ε's episodes drawn
-    afresh (:func:`crop.stages.global_attack_seeds`)."""
+    afresh (:func:`crop.stages.global_attack_seeds`).  A continuous-action actor is attacked by
+    :func:`crop.continuous.run_global_attack_continuous`."""
+    if getattr(q_net, "continuous", False):
+        from crop.continuous import run_global_attack_continuous
+
+        return run_global_attack_continuous(env_id, q_net, sigma, eps_grid, seeds_per_eps, horizon, steps=steps,
+                                            n_eot=n_eot, gamma=gamma, seed=seed, device=device, profile=profile,
+                                            progress=progress)
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
     g = torch.Generator(device=dev)

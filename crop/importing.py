@@ -410,10 +410,20 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     digest = sha256_file(path)
     if sha256 is not None and digest != sha256.lower():
         raise PolicyImportError(f"{path}: sha256 {digest} differs from the pinned {sha256}; refusing it")
-    state, fmt, member, activation, untold = read_state_dict(path, fmt, max_bytes)
+    from crop.continuous import read_continuous
+
+    continuous = read_continuous(path, fmt, max_bytes)
+    if continuous is not None:   # a Box-action agent: its actor, squashing and bounds all come from the file
+        state, fmt, member, file_spec = continuous
+        if set(spec) - {"arch"} or spec.get("arch") not in ("mlp", "actor"):
+            raise PolicyImportError(f"{path}: a continuous-action agent, whose actor, squashing and bounds are read "
+                                    f"from the file; give architecture mlp (the default), not {spec}")
+        spec, network = file_spec, "actor"
+    else:
+        state, fmt, member, activation, untold = read_state_dict(path, fmt, max_bytes)
+        network = "q" if activation is None and not untold else "policy"
     if sha256_file(path) != digest:  # the file changed while it was read
         raise PolicyImportError(f"{path}: changed while it was read; refusing it")
-    network = "q" if activation is None and not untold else "policy"
     if spec.get("arch") == "mlp":
         spec = _mlp_spec(spec, state, activation, untold, path)
     bad = sorted(k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all())
@@ -432,7 +442,8 @@ def check_fits_env(net: torch.nn.Module, spec: dict, env_id: str, profile: str |
     env = make_env(env_id, profile)
     try:
         obs, _ = env.reset(seed=0)
-        n = int(env.action_space.n)
+        box = env.action_space.shape if spec.get("arch") == "actor" else None
+        n = int(box[0]) if box else int(env.action_space.n)
     finally:
         env.close()
     x = torch.as_tensor(to_obs(obs)).unsqueeze(0)
@@ -444,7 +455,7 @@ def check_fits_env(net: torch.nn.Module, spec: dict, env_id: str, profile: str |
                                 f"of shape {tuple(x.shape[1:])}: its input or layers do not fit; refusing it") from None
     if tuple(q.shape) != (1, n):
         raise PolicyImportError(f"{what}: the network ({spec_summary(spec)}) gives {tuple(q.shape[1:])} values per "
-                                f"state; {env_id} has {n} actions; refusing it")
+                                f"state; {env_id} has {n} {'action dimensions' if box else 'actions'}; refusing it")
 
 
 def check_policy_file(path: str | Path, arch, fmt: str, sha256: str | None, env_id: str,

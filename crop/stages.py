@@ -66,6 +66,8 @@ def resolve_target(args, meta: dict) -> str:
     network, ``q`` for a Q-network); ``q`` of a policy network is refused (it has no Q-values), and so is
     ``probs`` of a Q-network (softmax(Q) depends on the Q-values' scale: not a policy's probabilities)."""
     network = meta.get("network", "q")
+    if network == "actor":
+        return _actor_target(args)
     target = getattr(args, "target", None) or ("probs" if network == "policy" else "q")
     if network == "policy" and target == "q":
         raise InputError(f"{args.checkpoint}: a policy network (model.json network: policy) has no Q-values to "
@@ -74,6 +76,29 @@ def resolve_target(args, meta: dict) -> str:
         raise InputError(f"{args.checkpoint}: a Q-network (model.json network: q) has no action probabilities "
                          "(softmax of Q-values depends on their scale); use --target vote or q (config: target)")
     return target
+
+
+#: What the stages that smooth over a finite set of actions are, for the one-line refusal of a continuous agent.
+_DISCRETE_ONLY = {"qrange": "the V range bounds Q-values over a finite set of actions",
+                  "lore": "LoRe searches a tree that branches over a finite set of actions",
+                  "attack-local": "the local attack targets LoAct's smoothed argmax over a finite set of actions"}
+
+
+def _actor_target(args) -> str:
+    """The target of a continuous-action actor (model.json network: actor): its action itself, certified per
+    dimension by percentile smoothing (crop loact); q, probs and vote, and the stages built on a finite set of
+    actions, are refused in one line."""
+    if args.command in _DISCRETE_ONLY:
+        raise InputError(f"{args.checkpoint}: a continuous-action agent (model.json network: actor): "
+                         f"{_DISCRETE_ONLY[args.command]}, which a Box action space does not have; crop gre, "
+                         "crop attack-global and crop loact (per action dimension) certify it")
+    target = getattr(args, "target", None)
+    if target:
+        what = {"q": "Q-values", "probs": "action probabilities", "vote": "greedy-action votes"}.get(target, target)
+        raise InputError(f"{args.checkpoint}: a continuous-action agent (model.json network: actor) has no {what} "
+                         f"over a finite set of actions (--target {target}); leave the target out (config: target): "
+                         "LoAct certifies its action per dimension by percentile smoothing")
+    return "action"
 
 
 class Stage:
@@ -166,6 +191,8 @@ def cmd_loact(args) -> None:
     from crop.stats import episode_confidence, loact_state_alpha
 
     st = Stage(args)
+    if st.target == "action":   # a continuous-action agent: percentile smoothing per action dimension
+        return _loact_continuous(st, args)
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     frames: list = []
     steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
@@ -184,6 +211,40 @@ def cmd_loact(args) -> None:
     print(f"LoAct {args.env}/{args.algo} σ={args.sigma} target {st.target}: {steps['certified'].mean():.1%} of "
           f"{len(steps)} steps certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
           f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
+
+
+def _loact_continuous(st: Stage, args) -> None:
+    """LoAct of a continuous-action agent (:mod:`crop.percentile`): one row per step and action dimension."""
+    import numpy as np
+
+    from crop.loact import certified_ratio
+    from crop.percentile import run_loact_continuous, step_ratio
+    from crop.stats import episode_confidence, loact_state_alpha
+
+    alpha_state = loact_state_alpha(args.alpha, args.alpha_mode, args.horizon)
+    steps, episodes, info = run_loact_continuous(
+        args.env, st.net, args.sigma, args.m, args.episodes, args.horizon,
+        _episode_seeds(args.seed, args.env, args.episodes), alpha_state=alpha_state,
+        tolerance=getattr(args, "action_tolerance", None), seed=st.seed, chunk=args.chunk, profile=st.profile,
+        progress=args.progress)
+    longest = int(episodes["steps"].max())
+    per_step = step_ratio(steps)
+    st.write({"target": st.target, "certificate": "percentile smoothing per action dimension (Chiang et al. 2020, "
+              "Theorem 1)", **info, "alpha_mode": args.alpha_mode, "per_state_alpha": alpha_state,
+              "states_certified": int(len(per_step)),
+              "confidence": {"per_state": 1 - alpha_state, "per_episode": episode_confidence(alpha_state, longest),
+                             "rule": "union bound: the 2·d·G one-sided bounds of a state (two ends, d dimensions, G "
+                                     "grid points) each at per_bound_alpha; an episode of <= "
+                                     f"{longest} states at per_state_alpha each"},
+              "note": "radius is 0 at uncertified steps and counts in every mean; certified_ratio counts a step "
+                      "when every dimension is certified, at the smallest radius over the dimensions"},
+             loact=steps, loact_episodes=episodes,
+             certified_ratio=certified_ratio(per_step, args.sigma * np.linspace(0, 4, 81)),
+             frames=(lambda p: write_frames(p, [], args.env), 0))
+    print(f"LoAct {args.env}/{args.algo} σ={args.sigma} (percentile smoothing, {len(info['tolerance'])} action "
+          f"dimension(s)): {per_step['certified'].mean():.1%} of {len(per_step)} steps certified, mean radius "
+          f"{per_step['radius'].mean():.4g} (uncertified = 0), benign return {episodes['return'].mean():.1f} ± "
+          f"{episodes['return'].std(ddof=0):.1f}")
 
 
 def _spec_with_facts(args):

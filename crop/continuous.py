@@ -1,0 +1,368 @@
+"""Continuous-action agents (Box action spaces): the deterministic actor crop certifies, its import from
+Stable-Baselines3 files, and the global attack on its σ-randomized policy.
+
+The certified policy is the agent's deterministic action, mapped into the environment's bounds as the agent
+itself maps it:
+
+* SB3 ``SAC``: a = tanh(μ(s)) ∈ [−1, 1]^d, rescaled to [low, high] (SB3's ``unscale_action``);
+* SB3 ``TD3`` / ``DDPG``: the actor's last Tanh, rescaled alike;
+* SB3 ``PPO`` / ``A2C`` with a Gaussian policy: the mean action, clipped to [low, high] (SB3's ``predict``
+  clips an unsquashed action); with ``squash_output`` (gSDE) tanh and the rescaling.
+
+The bounds come from the file (SB3's ``data`` member records the action space it was trained on) and are
+recorded in the network spec (``model.json``); a file that does not tell them, or tells ones that differ
+from the environment's, is refused.  Where the file holds a critic (SAC, TD3) it is kept: the global attack
+then minimises the agent's own objective Q(s, π(s + δ)) (SAC: the minimum of its two critics, as its actor
+loss; TD3/DDPG: the first, as theirs); otherwise it maximises the action's deviation from the clean one.
+
+Nothing of SB3 is imported: the zip is read as :mod:`crop.importing` reads any SB3 archive (one member in
+memory, tensors only), and ``data`` as JSON (its pickled ``:serialized:`` fields are never unpickled).
+"""
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["ContinuousActor", "build_actor", "is_continuous", "read_continuous", "actor_summary", "act",
+           "run_global_attack_continuous", "SQUASHES"]
+
+#: How the actor's raw output becomes an action in [low, high]: ``tanh`` (squashed into [−1, 1], then
+#: rescaled affinely), ``clip`` (clipped to [low, high] as it is).
+SQUASHES = ("tanh", "clip")
+_ACT = {"relu": nn.ReLU, "tanh": nn.Tanh}
+
+
+def _mlp(dims: list[int], act: str) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(dims) - 2:
+            layers.append(_ACT[act]())
+    return nn.Sequential(*layers)
+
+
+class ContinuousActor(nn.Module):
+    """A deterministic actor s ↦ a ∈ [low, high]^d (``forward``) and, optionally, the agent's critics
+    Q(s, a) on the actor's own action scale (``q``).  Spec::
+
+        {"arch": "actor", "in": 3, "hidden": [256, 256], "out": 1, "activation": "relu", "squash": "tanh",
+         "low": [-2.0], "high": [2.0],
+         "critic": {"hidden": [256, 256], "activation": "relu", "count": 2}}      # optional
+
+    State-dict keys: ``actor.0.weight, …`` and ``critics.K.0.weight, …``; the bounds are the spec's (not
+    weights)."""
+
+    continuous = True
+
+    def __init__(self, spec: dict):
+        super().__init__()
+        act = spec.get("activation", "relu")
+        if act not in _ACT:
+            raise ValueError(f"unknown activation {act!r}")
+        if spec.get("squash") not in SQUASHES:
+            raise ValueError(f"squash must be one of {SQUASHES}, got {spec.get('squash')!r}")
+        self.squash = spec["squash"]
+        d_in, d_out = int(spec["in"]), int(spec["out"])
+        self.actor = _mlp([d_in, *[int(h) for h in spec.get("hidden", [])], d_out], act)
+        low, high = [float(x) for x in spec["low"]], [float(x) for x in spec["high"]]
+        if len(low) != d_out or len(high) != d_out or not all(np.isfinite(low + high)) \
+                or not all(lo < hi for lo, hi in zip(low, high)):
+            raise ValueError(f"low/high must be {d_out} finite numbers each with low < high")
+        self.register_buffer("low", torch.tensor(low, dtype=torch.float32), persistent=False)
+        self.register_buffer("high", torch.tensor(high, dtype=torch.float32), persistent=False)
+        crit = spec.get("critic")
+        self.critics = nn.ModuleList()
+        if crit:
+            dims = [d_in + d_out, *[int(h) for h in crit.get("hidden", [])], 1]
+            self.critics.extend(_mlp(dims, crit.get("activation", "relu")) for _ in range(int(crit.get("count", 1))))
+
+    @property
+    def has_critic(self) -> bool:
+        return len(self.critics) > 0
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        """The action on the agent's own scale: tanh → [−1, 1]^d (what its critic takes); clip → [low, high]."""
+        out = self.actor(x)
+        return torch.tanh(out) if self.squash == "tanh" else torch.clamp(out, self.low, self.high)
+
+    def to_env(self, raw: torch.Tensor) -> torch.Tensor:
+        """The environment's action for a raw one: tanh's [−1, 1] mapped affinely onto [low, high]."""
+        if self.squash == "tanh":
+            return self.low + 0.5 * (raw + 1.0) * (self.high - self.low)
+        return raw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.to_env(self.raw(x))
+
+    def q(self, s: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+        """The agent's value of taking ``raw`` (its own scale) in ``s``: the minimum over the critics kept."""
+        sa = torch.cat([s, raw], dim=-1)
+        return torch.stack([c(sa).squeeze(-1) for c in self.critics], 0).min(0).values
+
+
+def build_actor(spec: dict) -> ContinuousActor:
+    return ContinuousActor(spec)
+
+
+def is_continuous(net_or_spec) -> bool:
+    """Whether a network (or its spec) is a continuous-action actor."""
+    if isinstance(net_or_spec, dict):
+        return net_or_spec.get("arch") == "actor"
+    return bool(getattr(net_or_spec, "continuous", False))
+
+
+def actor_summary(spec: dict) -> str:
+    dims = [spec["in"], *spec.get("hidden", []), spec["out"]]
+    bounds = f"[{', '.join(f'{x:g}' for x in spec['low'])}]..[{', '.join(f'{x:g}' for x in spec['high'])}]"
+    crit = spec.get("critic")
+    return ("actor MLP " + "→".join(str(d) for d in dims) + f" ({spec.get('activation', 'relu')}, {spec['squash']} "
+            f"to {bounds})" + (f" + {crit.get('count', 1)} critic(s)" if crit else ""))
+
+
+@torch.no_grad()
+def act(net, obs) -> np.ndarray:
+    """The deterministic action of an actor for one observation (float32 array of the action's shape)."""
+    x = torch.as_tensor(np.asarray(obs, dtype=np.float32)).unsqueeze(0)
+    return net(x)[0].cpu().numpy().astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------- SB3 import
+
+class _Refused(Exception):
+    pass
+
+
+def _layers(state: dict, prefix: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weight, bias) of the Linear layers ``prefix{i}`` (i = 0, 2, 4, …: Linear and activation alternate)."""
+    idx = sorted({int(m.group(1)) for k in state if (m := re.fullmatch(re.escape(prefix) + r"(\d+)\.weight", k))})
+    if not idx or idx != list(range(0, 2 * len(idx), 2)):
+        raise _Refused(f"no Linear layers {prefix}0, {prefix}2, … (keys {sorted(state)[:6]}…)")
+    out = []
+    for i in idx:
+        w, b = state.get(f"{prefix}{i}.weight"), state.get(f"{prefix}{i}.bias")
+        if b is None or w.dim() != 2:
+            raise _Refused(f"layer {prefix}{i} is not a Linear layer with a bias")
+        out.append((w, b))
+    return out
+
+
+def _bounds_from_data(data: dict, path: Path) -> tuple[list[float], list[float]]:
+    """The action bounds SB3 recorded in ``data``'s ``action_space`` (its readable ``low``/``high`` texts; the
+    pickled form is never read)."""
+    space = data.get("action_space")
+    if not isinstance(space, dict):
+        raise _Refused("its 'data' member records no action_space, so its action bounds cannot be told")
+    kind = str(space.get(":type:", ""))
+    if "Box" not in kind:
+        raise _Refused(f"its action space is {kind or 'not recorded'}, not a Box; refusing it")
+    shape = space.get("_shape") or space.get("shape")
+    out = []
+    for key in ("low", "high"):
+        text = space.get(key)
+        if not isinstance(text, str) or "..." in text:
+            raise _Refused(f"its action_space {key} is not recorded readably ({text!r}), so its action bounds "
+                           "cannot be told")
+        try:
+            vals = [float(v) for v in text.replace("[", " ").replace("]", " ").replace(",", " ").split()]
+        except ValueError:
+            raise _Refused(f"its action_space {key} {text!r} is not a list of numbers") from None
+        out.append(vals)
+    if not isinstance(shape, list) or len(shape) != 1 or len(out[0]) != shape[0] or len(out[1]) != shape[0]:
+        raise _Refused(f"its action_space (shape {shape}) is not a vector of {len(out[0])} bounds")
+    if not all(np.isfinite(out[0]) & np.isfinite(out[1])) or not all(lo < hi for lo, hi in zip(*out)):
+        raise _Refused(f"its action bounds {out[0]}..{out[1]} are not finite with low < high")
+    return out[0], out[1]
+
+
+def _sb3_data(path: Path) -> dict:
+    from crop.importing import _ZIP_ERRORS, MAX_DATA_BYTES, _corrupt_zip
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            info = next((i for i in zf.infolist() if i.filename == "data"), None)
+            if info is None:
+                raise _Refused("it has no 'data' member, so its action bounds and squashing cannot be told")
+            if info.file_size > MAX_DATA_BYTES:
+                raise _Refused(f"its 'data' member is {info.file_size} bytes, over the limit of {MAX_DATA_BYTES}")
+            raw = zf.read(info)
+    except _ZIP_ERRORS as exc:
+        raise _corrupt_zip(path, exc) from None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise _Refused("its 'data' member is not SB3's JSON") from None
+    if not isinstance(data, dict):
+        raise _Refused("its 'data' member is not SB3's JSON")
+    return data
+
+
+def _activation(kwargs: dict, default: str) -> str:
+    from crop.importing import ACTIVATIONS
+
+    fn = kwargs.get("activation_fn")
+    if fn is None:
+        return default
+    for name, act in ACTIVATIONS.items():
+        if re.search(rf"\b{name}\b", str(fn)):
+            return act
+    raise _Refused(f"activation {fn!r} is not supported (known: {sorted(ACTIVATIONS)})")
+
+
+def _sb3_kind(state: dict) -> str | None:
+    """SB3's continuous-action algorithm a policy state dict comes from, or None (a discrete one)."""
+    if any(k.startswith("actor.latent_pi.") for k in state) and "actor.mu.weight" in state:
+        return "SAC"
+    if any(k.startswith("actor.mu.") for k in state) and any(k.startswith("critic.qf0.") for k in state):
+        return "TD3"
+    if "log_std" in state and "action_net.weight" in state:
+        return "PPO/A2C"
+    return None
+
+
+def _critic(state: dict, count: int, act: str) -> tuple[dict, dict]:
+    out, hidden = {}, None
+    for k in range(count):
+        layers = _layers(state, f"critic.qf{k}.")
+        h = [int(w.shape[0]) for w, _ in layers[:-1]]
+        if hidden is not None and h != hidden:
+            raise _Refused("its critics differ in size")
+        hidden = h
+        for j, (w, b) in enumerate(layers):
+            out[f"critics.{k}.{2 * j}.weight"], out[f"critics.{k}.{2 * j}.bias"] = w, b
+    return out, {"hidden": hidden, "activation": act, "count": count}
+
+
+def _sb3_continuous(state: dict, data: dict, kind: str) -> tuple[dict, dict]:
+    """(state dict with :class:`ContinuousActor`'s keys, spec) of an SB3 continuous-action policy."""
+    kwargs = data.get("policy_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        kwargs = {}
+    if kind == "SAC" and (data.get("use_sde") in (True, "True") or "actor.log_std" in state and
+                          state["actor.log_std"].dim() != 2):
+        raise _Refused("a SAC policy with gSDE (use_sde): its deterministic action passes a clipping crop does "
+                       "not model; refusing it")
+    extra = sorted(k for k in state if k.startswith("features_extractor.") or ".features_extractor." in k)
+    if extra:
+        raise _Refused(f"a features extractor with weights ({extra[0]}): crop imports MlpPolicy agents only")
+    out = {}
+    if kind == "SAC":
+        act = _activation(kwargs, "relu")
+        layers = _layers(state, "actor.latent_pi.") + [(state["actor.mu.weight"], state["actor.mu.bias"])]
+        squash = "tanh"
+        critic, crit_spec = _critic(state, 2 if any(k.startswith("critic.qf1.") for k in state) else 1, act)
+    elif kind == "TD3":
+        act = _activation(kwargs, "relu")
+        layers = _layers(state, "actor.mu.")
+        squash = "tanh"   # SB3's TD3/DDPG actor ends in Tanh (squash_output)
+        critic, crit_spec = _critic(state, 1, act)   # the actor's loss is −Q₁(s, μ(s))
+    else:
+        act = _activation(kwargs, "tanh")
+        other = sorted(k for k in state if k.startswith("mlp_extractor.")
+                       and not k.startswith(("mlp_extractor.policy_net.", "mlp_extractor.value_net.")))
+        if other:
+            raise _Refused(f"unexpected key {other[0]} (an mlp_extractor layout crop does not know)")
+        policy = [] if not any(k.startswith("mlp_extractor.policy_net.") for k in state) \
+            else _layers(state, "mlp_extractor.policy_net.")
+        layers = policy + [(state["action_net.weight"], state["action_net.bias"])]
+        squash = "tanh" if kwargs.get("squash_output") in (True, "True") else "clip"
+        critic, crit_spec = {}, None
+    for j, (w, b) in enumerate(layers):
+        out[f"actor.{2 * j}.weight"], out[f"actor.{2 * j}.bias"] = w, b
+    for (w, _), (w2, _) in zip(layers, layers[1:]):
+        if w2.shape[1] != w.shape[0]:
+            raise _Refused("its actor's layers do not chain")
+    spec = {"arch": "actor", "in": int(layers[0][0].shape[1]), "hidden": [int(w.shape[0]) for w, _ in layers[:-1]],
+            "out": int(layers[-1][0].shape[0]), "activation": act, "squash": squash}
+    if crit_spec:
+        if critic["critics.0.0.weight"].shape[1] != spec["in"] + spec["out"]:
+            raise _Refused("its critic does not take (observation, action)")
+        spec["critic"] = crit_spec
+    out.update(critic)
+    return out, spec
+
+
+def read_continuous(path: str | Path, fmt: str, max_bytes: int) -> tuple[dict, str, str, dict] | None:
+    """(state dict, format, member, spec) of an SB3 continuous-action policy zip, or None for any other file.
+    The spec names the algorithm, the squashing and the bounds the file records.  Raises
+    :class:`crop.importing.PolicyImportError` in one line where the file is a continuous-action agent whose
+    bounds or squashing cannot be told."""
+    from crop.importing import PolicyImportError, _load_bytes, _sb3_policy_bytes
+
+    path = Path(path)
+    if fmt not in ("auto", "sb3") or not zipfile.is_zipfile(path):
+        return None
+    found = _sb3_policy_bytes(path, max_bytes)
+    if found is None:
+        return None
+    data, member = found
+    what = f"{path}: member {member!r}"
+    state = _load_bytes(data, what)
+    kind = _sb3_kind(state)
+    if kind is None:
+        return None
+    try:
+        meta = _sb3_data(path)
+        low, high = _bounds_from_data(meta, path)
+        out, spec = _sb3_continuous(state, meta, kind)
+    except _Refused as exc:
+        raise PolicyImportError(f"{path}: an SB3 {kind} continuous-action policy: {exc}; refusing it") from None
+    if len(low) != spec["out"]:
+        raise PolicyImportError(f"{path}: its actor gives {spec['out']} action values, its recorded action space "
+                                f"has {len(low)}; refusing it")
+    spec.update(low=low, high=high, algorithm=kind)
+    return out, "sb3", member, spec
+
+
+# ------------------------------------------------------------------------------------------ global attack
+
+def run_global_attack_continuous(env_id: str, net: ContinuousActor, sigma: float, eps_grid, seeds_per_eps,
+                                 horizon: int, *, steps: int = 10, n_eot: int = 32, gamma: float = 1.0, seed: int = 0,
+                                 device="cpu", profile: str | None = None, progress: bool | None = None):
+    """PGD (expectation over the smoothing noise, EOT) against the σ-randomized continuous policy
+    π′(s) = π(s + Δ).  The loss: with a critic, −Q(s, π(s + δ + Δ)) (the agent's own objective, on the clean
+    state s it is really in); without one, ‖π(s + δ + Δ) − ā‖², ā the clean action averaged over the same Δ.
+    The action taken is π(s + δ + Δ_t) with one fresh Δ_t, as GRe's trajectories take it."""
+    from crop.attack import _check, _Runs, pgd_l2
+    from crop.engine import resolve_device
+    from crop.progress import pbar
+
+    dev = resolve_device(device)
+    net = net.to(dev).eval()
+    g = torch.Generator(device=dev)
+    g.manual_seed(int(seed))
+    runs = _Runs(env_id, eps_grid, seeds_per_eps, profile)
+    for t in pbar(range(horizon), desc=f"global PGD σ={sigma:g}", progress=progress):
+        idx = runs.live()
+        if idx.size == 0:
+            break
+        x = torch.as_tensor(np.stack([runs.obs[i] for i in idx]), device=dev)
+        eps = runs.eps(idx, dev)
+        noise = torch.randn((len(idx), n_eot, *x.shape[1:]), generator=g, device=dev) * sigma
+        with torch.no_grad():
+            a0 = net.raw((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), n_eot, -1)
+            _check(a0, f"step {t}")
+            clean = a0.mean(1, keepdim=True)
+        states = x.unsqueeze(1).expand(-1, n_eot, -1).flatten(0, 1)
+
+        def loss(z, noise=noise, states=states, clean=clean):
+            n = len(clean)
+            a = net.raw((z.unsqueeze(1) + noise).flatten(0, 1))
+            if net.has_critic:
+                return -net.q(states, a).reshape(n, n_eot).mean(1)
+            return (a.reshape(n, n_eot, -1) - clean).pow(2).sum(-1).mean(1)
+
+        delta = pgd_l2(loss, x, eps, steps)
+        with torch.no_grad():
+            act_noise = torch.randn(x.shape, generator=g, device=dev) * sigma
+            a = net(x + delta + act_noise)
+            _check(a, f"step {t}")
+            actions = a.cpu().numpy()
+        for j, i in enumerate(idx):
+            runs.step(i, actions[j], t, gamma)
+    return runs.table(horizon)

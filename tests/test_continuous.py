@@ -1,0 +1,257 @@
+"""Continuous-action agents: SB3 SAC / TD3 / PPO zips (made here as SB3 writes them) import as actors whose
+actions are SB3's deterministic ones in the environment's bounds; GRe and the global attack run on them; the
+percentile (median) certificate of crop.percentile covers brute force at rate >= 1 - alpha; what crop cannot
+certify of them is refused in one line."""
+import io
+import json
+import zipfile
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from scipy.stats import binom, norm
+from torch import nn
+
+from crop.cli import main
+from crop.importing import PolicyImportError, check_policy_file, import_policy
+
+OBS = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
+
+
+def _mlp(sizes, seed, act=nn.ReLU, last=None):
+    torch.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers += [nn.Linear(a, b)] + ([act()] if i < len(sizes) - 2 else [])
+    return nn.Sequential(*layers, *([last()] if last else [])).eval()
+
+
+def _space(low, high, kind="gymnasium.spaces.box.Box"):
+    return {":type:": f"<class '{kind}'>", ":serialized:": "gAWV…", "dtype": "float32", "_shape": [len(low)],
+            "low": str(np.array(low, dtype=np.float32)), "high": str(np.array(high, dtype=np.float32))}
+
+
+def _zip(path, state, data):
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    with zipfile.ZipFile(path, "w") as zf:
+        if data is not None:
+            zf.writestr("data", json.dumps(data))
+        zf.writestr("policy.pth", buf.getvalue())
+        zf.writestr("_stable_baselines3_version", "2.9.2")
+    return path
+
+
+def _sac(path, low=(-2.0,), high=(2.0,), data_extra=None, with_data=True):
+    latent, mu, log_std = _mlp([3, 16, 16], 1), nn.Linear(16, 1), nn.Linear(16, 1)
+    latent = nn.Sequential(*latent, nn.ReLU())
+    q0, q1 = _mlp([4, 16, 16, 1], 2), _mlp([4, 16, 16, 1], 3)
+    state = {**{f"actor.latent_pi.{k}": v for k, v in latent.state_dict().items()},
+             **{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
+             **{f"actor.log_std.{k}": v for k, v in log_std.state_dict().items()},
+             **{f"critic.qf0.{k}": v for k, v in q0.state_dict().items()},
+             **{f"critic.qf1.{k}": v for k, v in q1.state_dict().items()},
+             **{f"critic_target.qf0.{k}": v for k, v in q0.state_dict().items()}}
+    data = {"action_space": _space(low, high), "policy_kwargs": {"net_arch": [16, 16]}, "use_sde": False,
+            **(data_extra or {})}
+    lo, hi = torch.tensor(low), torch.tensor(high)
+
+    def action(x):
+        return lo + 0.5 * (torch.tanh(mu(latent(x))) + 1) * (hi - lo)
+
+    def q(x):
+        a = torch.tanh(mu(latent(x)))
+        return torch.minimum(q0(torch.cat([x, a], 1)), q1(torch.cat([x, a], 1)))[:, 0]
+
+    return _zip(path, state, data if with_data else None), action, q
+
+
+def _td3(path):
+    mu = _mlp([3, 16, 16, 1], 4, last=nn.Tanh)
+    q0 = _mlp([4, 16, 16, 1], 5)
+    state = {**{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
+             **{f"actor_target.mu.{k}": v for k, v in mu.state_dict().items()},
+             **{f"critic.qf0.{k}": v for k, v in q0.state_dict().items()},
+             **{f"critic.qf1.{k}": v for k, v in _mlp([4, 16, 16, 1], 6).state_dict().items()}}
+    return _zip(path, state, {"action_space": _space([-2.0], [2.0])}), (lambda x: 2.0 * mu(x)), \
+        (lambda x: q0(torch.cat([x, mu(x)], 1))[:, 0])
+
+
+def _ppo(path, space=None, kwargs=None):
+    pi = nn.Sequential(*_mlp([3, 16, 16], 7, nn.Tanh), nn.Tanh())
+    action_net = nn.Linear(16, 1)
+    vf = _mlp([3, 16, 16], 8, nn.Tanh)
+    state = {"log_std": torch.zeros(1), **{f"mlp_extractor.policy_net.{k}": v for k, v in pi.state_dict().items()},
+             **{f"mlp_extractor.value_net.{k}": v for k, v in vf.state_dict().items()},
+             **{f"action_net.{k}": v for k, v in action_net.state_dict().items()},
+             "value_net.weight": torch.zeros(1, 16), "value_net.bias": torch.zeros(1)}
+    data = {"action_space": space or _space([-2.0], [2.0]), "policy_kwargs": kwargs or {}}
+    return _zip(path, state, data), (lambda x: torch.clamp(action_net(pi(x)), -2, 2))
+
+
+def test_sb3_sac_td3_ppo_import_as_actors_with_their_squashing_and_bounds(tmp_path):
+    """SAC: tanh then the rescaling to [low, high]; TD3: its Tanh rescaled; PPO: the mean clipped to the
+    bounds; the critics the attack uses (SAC: min of two; TD3: the first); the bounds recorded in the spec."""
+    src, action, q = _sac(tmp_path / "sac.zip")
+    net, info = check_policy_file(src, "mlp", "auto", None, "Pendulum-v1", "vector")
+    assert info["network"] == "actor" and info["net_spec"]["squash"] == "tanh"
+    assert info["net_spec"]["low"] == [-2.0] and info["net_spec"]["high"] == [2.0]
+    assert info["net_spec"]["critic"]["count"] == 2
+    with torch.no_grad():
+        assert torch.allclose(net(OBS), action(OBS), atol=1e-6)
+        assert torch.allclose(net.q(OBS, net.raw(OBS)), q(OBS), atol=1e-6)
+    src, action, q = _td3(tmp_path / "td3.zip")
+    net, info = check_policy_file(src, "mlp", "auto", None, "Pendulum-v1", "vector")
+    assert info["net_spec"]["critic"]["count"] == 1
+    with torch.no_grad():
+        assert torch.allclose(net(OBS), action(OBS), atol=1e-6)
+        assert torch.allclose(net.q(OBS, net.raw(OBS)), q(OBS), atol=1e-6)
+    # PPO: the mean, clipped to the bounds (a larger action_net makes some of the 64 outputs leave [-2, 2])
+    src, action = _ppo(tmp_path / "ppo.zip")
+    with torch.no_grad():
+        assert torch.allclose(import_policy(src, "mlp")[0](OBS), action(OBS), atol=1e-6)
+    state = torch.load(io.BytesIO(zipfile.ZipFile(src).read("policy.pth")), weights_only=True)
+    state["action_net.weight"] *= 40
+    src = _zip(tmp_path / "ppo_big.zip", state, {"action_space": _space([-2.0], [2.0])})
+    net, info = import_policy(src, "mlp")
+    assert info["net_spec"]["squash"] == "clip" and info["net_spec"]["activation"] == "tanh"
+    out = net(OBS).detach()
+    assert out.min() == -2.0 or out.max() == 2.0
+    assert bool(((out >= -2) & (out <= 2)).all())
+
+
+def _one_line(fn, needle):
+    with pytest.raises(PolicyImportError) as e:
+        fn()
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg, msg
+
+
+def test_continuous_files_crop_cannot_tell_are_refused_in_one_line(tmp_path):
+    """No data member (bounds unknown), a Dict action space, bounds that disagree with the env's, a
+    continuous agent on a Discrete env, an actor's size another env's."""
+    check = lambda p, env="Pendulum-v1": check_policy_file(p, "mlp", "auto", None, env, "vector")  # noqa: E731
+    _one_line(lambda: check(_sac(tmp_path / "a.zip", with_data=False)[0]), "cannot be told")
+    bad = _ppo(tmp_path / "b.zip", space={":type:": "<class 'gymnasium.spaces.dict.Dict'>"})[0]
+    _one_line(lambda: check(bad), "not a Box")
+    _one_line(lambda: check(_sac(tmp_path / "c.zip", low=(-1.0,), high=(1.0,))[0]), "disagree with Pendulum-v1's")
+    _one_line(lambda: check(_sac(tmp_path / "d.zip")[0], "CartPole-v1"), "Discrete action space")
+    _one_line(lambda: check(_sac(tmp_path / "e.zip", data_extra={"use_sde": True})[0]), "gSDE")
+    _one_line(lambda: import_policy(_sac(tmp_path / "f.zip")[0], {"arch": "mlp", "hidden": [8]}), "read from the file")
+
+
+class _MultiBinaryEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.MultiBinary(3)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, a):
+        return np.zeros(2, np.float32), 0.0, True, False, {}
+
+
+def test_an_action_space_crop_cannot_certify_is_one_line():
+    from crop.envs import UnknownEnvError, make_env
+
+    gym.register("CropTestMultiBinary-v0", entry_point=_MultiBinaryEnv)
+    with pytest.raises(UnknownEnvError) as e:
+        make_env("CropTestMultiBinary-v0")
+    assert "neither Discrete(n) from 0 nor a Box" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cont")
+    src, _, _ = _sac(d / "sac.zip")
+    assert main(["import", "--env", "Pendulum-v1", "--algo", "SAC", "--file", str(src), "--eval-episodes", "1",
+                 "--out", str(d / "model.pt")]) in (None, 0)
+    return d / "model.pt"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["loact", "--target", "q", "--out", "x.csv"], "has no Q-values"),
+    (["loact", "--target", "vote", "--out", "x.csv"], "greedy-action votes"),
+    (["qrange", "--out", "x.json"], "V range"),
+    (["attack-local", "--out", "x.csv"], "local attack"),
+    (["lore", "--reward-range", "-16.3", "0", "--out", "x.csv"], "LoRe"),
+])
+def test_discrete_stages_on_a_continuous_agent_are_one_line(imported, tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit):
+        main([argv[0], "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported),
+              *[str(tmp_path / a) if a.startswith("x.") else a for a in argv[1:]]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not list(tmp_path.iterdir())
+
+
+def test_gre_and_global_attack_run_on_a_continuous_agent(imported):
+    from crop.attack import pgd_l2, run_global_attack
+    from crop.gre import sample_randomized_returns
+    from crop.models import load_checkpoint
+
+    net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
+    a = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2)
+    b = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2, batch=4)
+    again = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2)
+    # the same noise whatever the block: equal up to the float rounding of a batched forward (actions are floats)
+    assert np.array_equal(a, again) and np.allclose(a, b, rtol=1e-6, atol=0)
+    assert (a <= 0).all() and (a >= -16.2736044 * 30).all()
+    table = run_global_attack("Pendulum-v1", net, 0.1, [0.0, 0.2], [[5, 6], [5, 6]], 20, steps=5, n_eot=8)
+    assert len(table) == 4 and np.isfinite(table["return"]).all()
+    # the attack's objective: PGD lowers the critic's value of the action taken under the perturbation
+    x = torch.randn(16, 3, generator=torch.Generator().manual_seed(4))
+    loss = lambda z: -net.q(x, net.raw(z))  # noqa: E731
+    delta = pgd_l2(loss, x, torch.full((16,), 0.3), steps=10)
+    with torch.no_grad():
+        assert (loss(x + delta) >= loss(x) - 1e-6).all() and (loss(x + delta) > loss(x) + 1e-4).any()
+
+
+def test_order_indices_are_the_exact_binomial_ones():
+    from crop.percentile import order_indices
+
+    m, alpha = 200, 0.01
+    for f in (0.0, 0.3, 1.0):
+        k, k2 = order_indices(m, 0.5, f, alpha)
+        p_lo, p_hi = norm.cdf(-f), norm.cdf(f)
+        ok_lo = [j for j in range(1, m + 1) if binom.cdf(j - 1, m, p_lo) <= alpha]
+        ok_hi = [j for j in range(1, m + 1) if binom.sf(j - 1, m, p_hi) <= alpha]
+        assert k == max(ok_lo) and k2 == min(ok_hi)
+
+
+def test_percentile_intervals_cover_brute_force_at_rate_one_minus_alpha():
+    """A 1-D toy actor f(s) = clip(tanh(3 s) + 0.3 s, -1, 1): nondecreasing, so h_p(s) = f(s + σΦ⁻¹(p)) exactly.
+    Over repeated draws the certified interval of every ε of the grid holds h_p(s + δ) at δ = ±ε (its ends
+    for a monotone f) at rate >= 1 − α_state."""
+    from crop.percentile import EPS_FACTORS, action_intervals
+
+    f = lambda s: np.clip(np.tanh(3 * s) + 0.3 * s, -1, 1)  # noqa: E731
+    sigma, p, m, alpha_state, reps = 0.5, 0.5, 300, 0.1, 400
+    alpha_each = alpha_state / (2 * len(EPS_FACTORS))
+    rng = np.random.default_rng(0)
+    misses = 0
+    for _ in range(reps):
+        s = rng.uniform(-1, 1)
+        lower, upper = action_intervals(f(s + sigma * rng.standard_normal((m, 1))), [-1.0], [1.0], EPS_FACTORS, p,
+                                        alpha_each)
+        truth = [(f(s - e * sigma + sigma * norm.ppf(p)), f(s + e * sigma + sigma * norm.ppf(p))) for e in EPS_FACTORS]
+        misses += not all(lower[0, g] <= lo and hi <= upper[0, g] for g, (lo, hi) in enumerate(truth))
+    assert misses <= binom.ppf(0.999, reps, alpha_state), misses
+    # and the intervals are not vacuous: at ε = 0 they are narrow
+    assert np.median(upper[0, 0] - lower[0, 0]) < 0.5
+
+
+def test_crop_loact_on_a_continuous_agent_writes_one_row_per_step_and_dimension(imported, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "loact.csv"
+    main(["loact", "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported),
+          "--m", "200", "--episodes", "2", "--horizon", "5", "--action-tolerance", "0.5", "--out", str(out),
+          "--out-episodes", str(tmp_path / "ep.csv"), "--out-ratio", str(tmp_path / "ratio.csv")])
+    table = pd.read_csv(out)
+    assert len(table) == 2 * 5 and set(table["dim"]) == {0}
+    assert (table["lower_e0"] <= table["action"] + 1e-6).all() and (table["action"] <= table["upper_e0"] + 1e-6).all()
+    assert (table["upper_e2"] - table["lower_e2"] >= table["upper_e0"] - table["lower_e0"] - 1e-9).all()
+    assert ((table["upper_e0"] - table["lower_e0"] <= 0.5) == table["certified"]).all()
+    assert len(pd.read_csv(tmp_path / "ep.csv")) == 2 and (tmp_path / "ratio.meta.json").is_file()
