@@ -27,7 +27,7 @@ from crop.loact import certify_estimate
 from crop.progress import pbar
 from crop.smoothing import NonFiniteQError, SmoothedQ
 
-__all__ = ["pgd_l2", "project_l2", "run_local_attack", "run_global_attack"]
+__all__ = ["pgd_l2", "project_l2", "run_local_attack", "run_global_attack", "global_pgd"]
 
 
 def pgd_l2(loss_fn, x: torch.Tensor, eps: torch.Tensor, steps: int = 10, step_scale: float = 2.5) -> torch.Tensor:
@@ -196,33 +196,50 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
                                             progress=progress)
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
-    g = torch.Generator(device=dev)
+
+    def make_loss(x, noise, t):
+        n = len(x)
+        with torch.no_grad():
+            q0 = q_net((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
+            _check(q0, f"step {t}")
+            target = q0.mean(1).argmax(1)
+
+        def loss(z):
+            q = q_net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
+            # EOT: expected cross-entropy of the single-sample policy over the noise
+            return F.cross_entropy(q.flatten(0, 1), target.repeat_interleave(n_eot),
+                                   reduction="none").reshape(n, n_eot).mean(1)
+        return loss
+
+    def act(z, t):
+        q = q_net(z)
+        _check(q, f"step {t}")
+        return [int(a) for a in q.argmax(1).cpu().numpy()]
+
+    return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
+                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress)
+
+
+def global_pgd(env_id: str, sigma: float, eps_grid, seeds_per_eps, horizon: int, make_loss, act, *, steps: int,
+               n_eot: int, gamma: float, seed: int, device, profile: str | None, progress: bool | None) -> pd.DataFrame:
+    """The global attack's loop, whatever the action: per step the EOT noise (n_eot draws per live run),
+    ``make_loss(x, noise, t)``'s per-run loss maximised by PGD, then the action ``act(x + δ + Δ_t, t)`` (one
+    list entry per run) with one fresh Δ_t, played in every live run."""
+    g = torch.Generator(device=device)
     g.manual_seed(int(seed))
     runs = _Runs(env_id, eps_grid, seeds_per_eps, profile)
     for t in pbar(range(horizon), desc=f"global PGD σ={sigma:g}", progress=progress):
         idx = runs.live()
         if idx.size == 0:
             break
-        x = torch.as_tensor(np.stack([runs.obs[i] for i in idx]), device=dev)
-        eps = runs.eps(idx, dev)
-        noise = torch.randn((len(idx), n_eot, *x.shape[1:]), generator=g, device=dev) * sigma
-        with torch.no_grad():
-            q0 = q_net((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), n_eot, -1)
-            _check(q0, f"step {t}")
-            target = q0.mean(1).argmax(1)
-
-        def loss(z):
-            q = q_net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), n_eot, -1)
-            # EOT: expected cross-entropy of the single-sample policy over the noise
-            return F.cross_entropy(q.flatten(0, 1), target.repeat_interleave(n_eot),
-                                   reduction="none").reshape(len(idx), n_eot).mean(1)
-
+        x = torch.as_tensor(np.stack([runs.obs[i] for i in idx]), device=device)
+        eps = runs.eps(idx, device)
+        noise = torch.randn((len(idx), n_eot, *x.shape[1:]), generator=g, device=device) * sigma
+        loss = make_loss(x, noise, t)
         delta = pgd_l2(loss, x, eps, steps)
         with torch.no_grad():
-            act_noise = torch.randn(x.shape, generator=g, device=dev) * sigma
-            q = q_net(x + delta + act_noise)
-            _check(q, f"step {t}")
-            actions = q.argmax(1).cpu().numpy()
+            act_noise = torch.randn(x.shape, generator=g, device=device) * sigma
+            actions = act(x + delta + act_noise, t)
         for j, i in enumerate(idx):
-            runs.step(i, int(actions[j]), t, gamma)
+            runs.step(i, actions[j], t, gamma)
     return runs.table(horizon)

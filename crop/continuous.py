@@ -17,6 +17,10 @@ loss; TD3/DDPG: the first, as theirs); otherwise it maximises the action's devia
 
 Nothing of SB3 is imported: the zip is read as :mod:`crop.importing` reads any SB3 archive (one member in
 memory, tensors only), and ``data`` as JSON (its pickled ``:serialized:`` fields are never unpickled).
+CleanRL's ``td3_continuous_action.py`` / ``ddpg_continuous_action.py`` checkpoints (and a
+``sac_continuous_action.py`` actor's state dict) carry their bounds in the buffers ``action_scale`` and
+``action_bias`` (:func:`_read_cleanrl`); its ``ppo_continuous_action.py`` agent is refused (its observation
+normalisation lives outside the file).
 """
 from __future__ import annotations
 
@@ -77,6 +81,8 @@ class ContinuousActor(nn.Module):
         self.register_buffer("low", torch.tensor(low, dtype=torch.float32), persistent=False)
         self.register_buffer("high", torch.tensor(high, dtype=torch.float32), persistent=False)
         crit = spec.get("critic")
+        # SB3's critics take the squashed action in [−1, 1]; CleanRL's the environment's action
+        self.critic_on_env_scale = bool(crit) and crit.get("action_scale") == "env"
         self.critics = nn.ModuleList()
         if crit:
             dims = [d_in + d_out, *[int(h) for h in crit.get("hidden", [])], 1]
@@ -101,8 +107,10 @@ class ContinuousActor(nn.Module):
         return self.to_env(self.raw(x))
 
     def q(self, s: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        """The agent's value of taking ``raw`` (its own scale) in ``s``: the minimum over the critics kept."""
-        sa = torch.cat([s, raw], dim=-1)
+        """The agent's value of taking ``raw`` (its own scale) in ``s``: the minimum over the critics kept, each
+        given the action on the scale it was trained on."""
+        a = self.to_env(raw) if self.critic_on_env_scale else raw
+        sa = torch.cat([s, a], dim=-1)
         return torch.stack([c(sa).squeeze(-1) for c in self.critics], 0).min(0).values
 
 
@@ -288,18 +296,17 @@ def _sb3_continuous(state: dict, data: dict, kind: str) -> tuple[dict, dict]:
 
 
 def read_continuous(path: str | Path, fmt: str, max_bytes: int) -> tuple[dict, str, str, dict] | None:
-    """(state dict, format, member, spec) of an SB3 continuous-action policy zip, or None for any other file.
+    """(state dict, format, member, spec) of an SB3 continuous-action policy zip or a CleanRL continuous-action
+    checkpoint (:func:`_read_cleanrl`), or None for any other file.
     The spec names the algorithm, the squashing and the bounds the file records.  Raises
     :class:`crop.importing.PolicyImportError` in one line where the file is a continuous-action agent whose
     bounds or squashing cannot be told."""
     from crop.importing import PolicyImportError, _load_bytes, _sb3_policy_bytes
 
     path = Path(path)
-    if fmt not in ("auto", "sb3") or not zipfile.is_zipfile(path):
-        return None
-    found = _sb3_policy_bytes(path, max_bytes)
+    found = _sb3_policy_bytes(path, max_bytes) if fmt in ("auto", "sb3") and zipfile.is_zipfile(path) else None
     if found is None:
-        return None
+        return None if fmt == "sb3" else _read_cleanrl(path, fmt)
     data, member = found
     what = f"{path}: member {member!r}"
     state = _load_bytes(data, what)
@@ -319,6 +326,68 @@ def read_continuous(path: str | Path, fmt: str, max_bytes: int) -> tuple[dict, s
     return out, "sb3", member, spec
 
 
+def _cleanrl_kind(state: dict) -> str | None:
+    if "action_scale" in state and "action_bias" in state:
+        if "fc_mu.weight" in state:
+            return "TD3"     # td3_continuous_action.py / ddpg_continuous_action.py: tanh(fc_mu) · scale + bias
+        if "fc_mean.weight" in state:
+            return "SAC"     # sac_continuous_action.py: tanh(fc_mean) · scale + bias (the deterministic action)
+    if any(str(k).startswith("actor_mean.") for k in state):
+        return "PPO"
+    return None
+
+
+def _read_cleanrl(path: Path, fmt: str) -> tuple[dict, str, None, dict] | None:
+    """CleanRL's continuous-action agents: ``torch.save((actor.state_dict(), qf1.state_dict()[, qf2…]))`` of
+    ``td3_continuous_action.py`` / ``ddpg_continuous_action.py`` (or the actor's state dict alone), and
+    ``sac_continuous_action.py``'s actor alike: Linear ``fc1``, ``fc2``, ``fc_mu``/``fc_mean`` with ReLU, the
+    bounds in the buffers ``action_scale`` and ``action_bias``; the Q-networks (``fc1..fc3`` on (s, a), the
+    action on the environment's scale) kept as the critic.  ``ppo_continuous_action.py``'s agent is refused:
+    its observation normalisation (NormalizeObservation) and action clipping live in wrappers, not the file."""
+    from crop.importing import PolicyImportError
+    from crop.models import CheckpointError, load_tensors
+
+    try:
+        obj = load_tensors(path.read_bytes(), str(path))
+    except CheckpointError:
+        return None   # read_state_dict says why, in its words
+    parts = list(obj) if isinstance(obj, (tuple, list)) else [obj]
+    if not parts or not all(isinstance(d, dict) and all(isinstance(v, torch.Tensor) for v in d.values())
+                            for d in parts):
+        return None
+    kind = _cleanrl_kind(parts[0])
+    if kind is None:
+        return None
+    if kind == "PPO":
+        raise PolicyImportError(f"{path}: a CleanRL ppo_continuous_action.py agent, whose observation normalisation "
+                                "(NormalizeObservation) and action clipping live in the training script's wrappers, "
+                                "not in the file, so the policy it was trained as cannot be told; refusing it")
+    actor = parts[0]
+    try:
+        head = "fc_mu" if kind == "TD3" else "fc_mean"
+        layers = [(actor[f"{n}.weight"], actor[f"{n}.bias"]) for n in ("fc1", "fc2", head)]
+        scale, bias = actor["action_scale"].double().flatten(), actor["action_bias"].double().flatten()
+        out = {f"actor.{2 * j}.{w}": t for j, lw in enumerate(layers) for w, t in zip(("weight", "bias"), lw)}
+        spec = {"arch": "actor", "in": int(layers[0][0].shape[1]), "hidden": [int(w.shape[0]) for w, _ in layers[:-1]],
+                "out": int(layers[-1][0].shape[0]), "activation": "relu", "squash": "tanh",
+                "low": (bias - scale).tolist(), "high": (bias + scale).tolist(), "algorithm": f"CleanRL {kind}"}
+        critics = parts[1:] if kind == "SAC" else parts[1:2]   # SAC's loss: min of both; TD3/DDPG's: Q₁
+        for k, q in enumerate(critics):
+            for j, n in enumerate(("fc1", "fc2", "fc3")):
+                out[f"critics.{k}.{2 * j}.weight"], out[f"critics.{k}.{2 * j}.bias"] = q[f"{n}.weight"], q[f"{n}.bias"]
+        if critics:
+            spec["critic"] = {"hidden": [int(critics[0][f"{n}.weight"].shape[0]) for n in ("fc1", "fc2")],
+                              "activation": "relu", "count": len(critics), "action_scale": "env"}
+    except KeyError as exc:
+        raise PolicyImportError(f"{path}: a CleanRL {kind} continuous-action agent without {exc.args[0]!r} (the layout "
+                                "of td3/ddpg/sac_continuous_action.py: fc1, fc2, fc_mu or fc_mean, action_scale, "
+                                "action_bias); refusing it") from None
+    if scale.numel() != spec["out"] or bias.numel() != spec["out"] or not bool((scale > 0).all()):
+        raise PolicyImportError(f"{path}: its action_scale/action_bias do not give {spec['out']} bounds with low < "
+                                "high; refusing it")
+    return out, "cleanrl", None, spec
+
+
 # ------------------------------------------------------------------------------------------ global attack
 
 def run_global_attack_continuous(env_id: str, net: ContinuousActor, sigma: float, eps_grid, seeds_per_eps,
@@ -328,41 +397,31 @@ def run_global_attack_continuous(env_id: str, net: ContinuousActor, sigma: float
     π′(s) = π(s + Δ).  The loss: with a critic, −Q(s, π(s + δ + Δ)) (the agent's own objective, on the clean
     state s it is really in); without one, ‖π(s + δ + Δ) − ā‖², ā the clean action averaged over the same Δ.
     The action taken is π(s + δ + Δ_t) with one fresh Δ_t, as GRe's trajectories take it."""
-    from crop.attack import _check, _Runs, pgd_l2
+    from crop.attack import _check, global_pgd
     from crop.engine import resolve_device
-    from crop.progress import pbar
 
     dev = resolve_device(device)
     net = net.to(dev).eval()
-    g = torch.Generator(device=dev)
-    g.manual_seed(int(seed))
-    runs = _Runs(env_id, eps_grid, seeds_per_eps, profile)
-    for t in pbar(range(horizon), desc=f"global PGD σ={sigma:g}", progress=progress):
-        idx = runs.live()
-        if idx.size == 0:
-            break
-        x = torch.as_tensor(np.stack([runs.obs[i] for i in idx]), device=dev)
-        eps = runs.eps(idx, dev)
-        noise = torch.randn((len(idx), n_eot, *x.shape[1:]), generator=g, device=dev) * sigma
+
+    def make_loss(x, noise, t):
+        n = len(x)
         with torch.no_grad():
-            a0 = net.raw((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), n_eot, -1)
+            a0 = net.raw((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
             _check(a0, f"step {t}")
             clean = a0.mean(1, keepdim=True)
         states = x.unsqueeze(1).expand(-1, n_eot, -1).flatten(0, 1)
 
-        def loss(z, noise=noise, states=states, clean=clean):
-            n = len(clean)
+        def loss(z):
             a = net.raw((z.unsqueeze(1) + noise).flatten(0, 1))
             if net.has_critic:
                 return -net.q(states, a).reshape(n, n_eot).mean(1)
             return (a.reshape(n, n_eot, -1) - clean).pow(2).sum(-1).mean(1)
+        return loss
 
-        delta = pgd_l2(loss, x, eps, steps)
-        with torch.no_grad():
-            act_noise = torch.randn(x.shape, generator=g, device=dev) * sigma
-            a = net(x + delta + act_noise)
-            _check(a, f"step {t}")
-            actions = a.cpu().numpy()
-        for j, i in enumerate(idx):
-            runs.step(i, actions[j], t, gamma)
-    return runs.table(horizon)
+    def act(z, t):
+        a = net(z)
+        _check(a, f"step {t}")
+        return list(a.cpu().numpy())
+
+    return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
+                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress)

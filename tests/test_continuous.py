@@ -121,6 +121,58 @@ def test_sb3_sac_td3_ppo_import_as_actors_with_their_squashing_and_bounds(tmp_pa
     assert bool(((out >= -2) & (out <= 2)).all())
 
 
+class _CleanRLActor(nn.Module):
+    """td3_continuous_action.py's Actor (sac_continuous_action.py's alike with fc_mean, fc_logstd)."""
+
+    def __init__(self, head="fc_mu", low=-2.0, high=2.0):
+        super().__init__()
+        torch.manual_seed(9)
+        self.fc1, self.fc2 = nn.Linear(3, 32), nn.Linear(32, 32)
+        setattr(self, head, nn.Linear(32, 1))
+        if head == "fc_mean":
+            self.fc_logstd = nn.Linear(32, 1)
+        self.head = head
+        self.register_buffer("action_scale", torch.tensor([(high - low) / 2]))
+        self.register_buffer("action_bias", torch.tensor([(high + low) / 2]))
+
+    def forward(self, x):
+        x = torch.relu(self.fc2(torch.relu(self.fc1(x))))
+        return torch.tanh(getattr(self, self.head)(x)) * self.action_scale + self.action_bias
+
+
+def _cleanrl_q(seed):
+    torch.manual_seed(seed)
+    q = nn.Module()
+    q.fc1, q.fc2, q.fc3 = nn.Linear(4, 32), nn.Linear(32, 32), nn.Linear(32, 1)
+    return q, (lambda x, a: q.fc3(torch.relu(q.fc2(torch.relu(q.fc1(torch.cat([x, a], 1)))))))
+
+
+def test_cleanrl_td3_and_sac_import_with_their_buffers_bounds_and_env_scale_critics(tmp_path):
+    actor = _CleanRLActor().eval()
+    (q1, f1), (q2, _) = _cleanrl_q(10), _cleanrl_q(11)
+    torch.save((actor.state_dict(), q1.state_dict(), q2.state_dict()), tmp_path / "td3.cleanrl_model")
+    net, info = check_policy_file(tmp_path / "td3.cleanrl_model", "mlp", "auto", None, "Pendulum-v1", "vector")
+    assert info["network"] == "actor" and info["format"] == "cleanrl" and info["net_spec"]["critic"]["count"] == 1
+    assert info["net_spec"]["low"] == [-2.0] and info["net_spec"]["high"] == [2.0]
+    with torch.no_grad():
+        assert torch.allclose(net(OBS), actor(OBS), atol=1e-6)
+        assert torch.allclose(net.q(OBS, net.raw(OBS)), f1(OBS, actor(OBS))[:, 0], atol=1e-5)
+    sac = _CleanRLActor("fc_mean").eval()
+    torch.save(sac.state_dict(), tmp_path / "sac.pt")
+    net, info = import_policy(tmp_path / "sac.pt", "mlp")
+    assert "critic" not in info["net_spec"]
+    with torch.no_grad():
+        assert torch.allclose(net(OBS), sac(OBS), atol=1e-6)
+    wide = _CleanRLActor(low=-1.0, high=3.0)
+    torch.save(wide.state_dict(), tmp_path / "wide.pt")
+    _one_line(lambda: check_policy_file(tmp_path / "wide.pt", "mlp", "auto", None, "Pendulum-v1", "vector"),
+              "disagree with Pendulum-v1's")
+    ppo = {"actor_mean.0.weight": torch.zeros(8, 3), "actor_mean.0.bias": torch.zeros(8),
+           "actor_logstd": torch.zeros(1, 1)}
+    torch.save(ppo, tmp_path / "ppo.cleanrl_model")
+    _one_line(lambda: import_policy(tmp_path / "ppo.cleanrl_model", "mlp"), "NormalizeObservation")
+
+
 def _one_line(fn, needle):
     with pytest.raises(PolicyImportError) as e:
         fn()
@@ -255,3 +307,50 @@ def test_crop_loact_on_a_continuous_agent_writes_one_row_per_step_and_dimension(
     assert (table["upper_e2"] - table["lower_e2"] >= table["upper_e0"] - table["lower_e0"] - 1e-9).all()
     assert ((table["upper_e0"] - table["lower_e0"] <= 0.5) == table["certified"]).all()
     assert len(pd.read_csv(tmp_path / "ep.csv")) == 2 and (tmp_path / "ratio.meta.json").is_file()
+
+
+# ------------------------------------------------------------------------- the real agents (tests/data/continuous)
+
+DATA = __import__("pathlib").Path(__file__).parent / "data" / "continuous"
+REAL = [("sac_pendulum", "Pendulum-v1", [-16.2736044, 0.0]),
+        ("ppo_mountaincar", "MountainCarContinuous-v0", [-0.1, 100.0])]
+
+
+@pytest.mark.parametrize("name,env,_", REAL, ids=[r[0] for r in REAL])
+def test_real_sb3_agents_act_as_sb3_predicts(name, env, _):
+    """The trained zips import with SB3's own deterministic actions (and SAC's critic values), recorded by
+    make_agents.py with SB3 installed; here SB3 is not needed."""
+    ref = np.load(DATA / "reference.npz")
+    net, info = check_policy_file(DATA / f"{name}.zip", "mlp", "auto", None, env, "vector")
+    obs = torch.as_tensor(ref[f"{name}_obs"])
+    with torch.no_grad():
+        np.testing.assert_allclose(net(obs).numpy(), ref[f"{name}_action"], rtol=0, atol=1e-5)
+        if f"{name}_q" in ref:
+            np.testing.assert_allclose(net.q(obs, net.raw(obs)).numpy(), ref[f"{name}_q"], rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,env,rewards", REAL, ids=[r[0] for r in REAL])
+def test_real_sb3_agents_certified_end_to_end(name, env, rewards, tmp_path):
+    """import → GRe → global attack → LoAct (percentile) on the trained agents, by the CLI as the docs run it
+    (docs/own-policy.md, "Continuous-action agents"): every output written with its provenance, GRe's
+    bounds below the mean randomized return, the intervals holding the action played."""
+    import pandas as pd
+
+    ck, common = tmp_path / "model.pt", ["--env", env, "--algo", "Mine", "--no-progress"]
+    main(["import", *common, "--file", str(DATA / f"{name}.zip"), "--eval-episodes", "2", "--out", str(ck)])
+    stage = [*common, "--sigma", "0.05", "--checkpoint", str(ck)]
+    main(["gre", *stage, "--m", "200", "--horizon", "100", "--reward-range", *map(str, rewards),
+          "--out", str(tmp_path / "gre.csv"), "--out-returns", str(tmp_path / "gre_returns.csv")])
+    main(["attack-global", *stage, "--episodes", "2", "--horizon", "50", "--eps-factors", "0", "1",
+          "--out", str(tmp_path / "attack_global.csv")])
+    main(["loact", *stage, "--m", "500", "--episodes", "2", "--horizon", "50", "--out", str(tmp_path / "loact.csv"),
+          "--out-episodes", str(tmp_path / "loact_episodes.csv"), "--out-ratio", str(tmp_path / "ratio.csv")])
+    gre = pd.read_csv(tmp_path / "gre.csv")
+    returns = pd.read_csv(tmp_path / "gre_returns.csv")["return"]
+    assert (gre["expectation_bound"] <= returns.mean()).all() and gre["eps"].is_monotonic_increasing
+    assert len(pd.read_csv(tmp_path / "attack_global.csv")) == 4
+    loact = pd.read_csv(tmp_path / "loact.csv")
+    assert ((loact["lower_e0"] <= loact["action"] + 1e-6) & (loact["action"] <= loact["upper_e0"] + 1e-6)).all()
+    for f in ("gre", "attack_global", "loact", "loact_episodes", "ratio"):
+        assert (tmp_path / f"{f}.meta.json").is_file()
