@@ -39,16 +39,13 @@ __all__ = ["ContinuousActor", "build_actor", "is_continuous", "read_continuous",
 #: How the actor's raw output becomes an action in [low, high]: ``tanh`` (squashed into [−1, 1], then
 #: rescaled affinely), ``clip`` (clipped to [low, high] as it is).
 SQUASHES = ("tanh", "clip")
-_ACT = {"relu": nn.ReLU, "tanh": nn.Tanh}
 
 
 def _mlp(dims: list[int], act: str) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(dims) - 2:
-            layers.append(_ACT[act]())
-    return nn.Sequential(*layers)
+    """Linear layers of ``dims`` with ``act`` between them: crop's ``mlp`` (keys 0, 2, 4, …)."""
+    from crop.models import _mlp as mlp
+
+    return mlp({"in": dims[0], "hidden": dims[1:-1], "out": dims[-1], "activation": act})
 
 
 class ContinuousActor(nn.Module):
@@ -67,8 +64,6 @@ class ContinuousActor(nn.Module):
     def __init__(self, spec: dict):
         super().__init__()
         act = spec.get("activation", "relu")
-        if act not in _ACT:
-            raise ValueError(f"unknown activation {act!r}")
         if spec.get("squash") not in SQUASHES:
             raise ValueError(f"squash must be one of {SQUASHES}, got {spec.get('squash')!r}")
         self.squash = spec["squash"]

@@ -329,7 +329,6 @@ def test_real_sb3_agents_act_as_sb3_predicts(name, env, _):
             np.testing.assert_allclose(net.q(obs, net.raw(obs)).numpy(), ref[f"{name}_q"], rtol=0, atol=1e-4)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name,env,rewards", REAL, ids=[r[0] for r in REAL])
 def test_real_sb3_agents_certified_end_to_end(name, env, rewards, tmp_path):
     """import → GRe → global attack → LoAct (percentile) on the trained agents, by the CLI as the docs run it
