@@ -182,18 +182,20 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
 
 def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, seeds_per_eps,
                       horizon: int, *, steps: int = 10, n_eot: int = 32, gamma: float = 1.0, seed: int = 0,
-                      device="cpu", profile: str | None = None, progress: bool | None = None) -> pd.DataFrame:
+                      device="cpu", profile: str | None = None, progress: bool | None = None,
+                      reward_fn=None) -> pd.DataFrame:
     """PGD (expectation over the smoothing noise) against the σ-randomized policy π′.  ``seeds_per_eps``: the
     initial-state seeds of each ε's episodes (one list per ε of ``eps_grid``) — GRe's bounds are about a return
     from a *random* initial state, so the audit's count over runs needs each run's and ε's episodes drawn
     afresh (:func:`crop.stages.global_attack_seeds`).  A continuous-action actor is attacked by
-    :func:`crop.continuous.run_global_attack_continuous`."""
+    :func:`crop.continuous.run_global_attack_continuous`.  ``reward_fn`` maps each step's reward before it is
+    added (GRe's reward clipping, so that both returns are the same quantity)."""
     if getattr(q_net, "continuous", False):
         from crop.continuous import run_global_attack_continuous
 
         return run_global_attack_continuous(env_id, q_net, sigma, eps_grid, seeds_per_eps, horizon, steps=steps,
                                             n_eot=n_eot, gamma=gamma, seed=seed, device=device, profile=profile,
-                                            progress=progress)
+                                            progress=progress, reward_fn=reward_fn)
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
 
@@ -217,11 +219,12 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
         return [int(a) for a in q.argmax(1).cpu().numpy()]
 
     return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
-                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress)
+                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress, reward_fn=reward_fn)
 
 
 def global_pgd(env_id: str, sigma: float, eps_grid, seeds_per_eps, horizon: int, make_loss, act, *, steps: int,
-               n_eot: int, gamma: float, seed: int, device, profile: str | None, progress: bool | None) -> pd.DataFrame:
+               n_eot: int, gamma: float, seed: int, device, profile: str | None, progress: bool | None,
+               reward_fn=None) -> pd.DataFrame:
     """The global attack's loop, whatever the action: per step the EOT noise (n_eot draws per live run),
     ``make_loss(x, noise, t)``'s per-run loss maximised by PGD, then the action ``act(x + δ + Δ_t, t)`` (one
     list entry per run) with one fresh Δ_t, played in every live run."""
@@ -241,5 +244,5 @@ def global_pgd(env_id: str, sigma: float, eps_grid, seeds_per_eps, horizon: int,
             act_noise = torch.randn(x.shape, generator=g, device=device) * sigma
             actions = act(x + delta + act_noise, t)
         for j, i in enumerate(idx):
-            runs.step(i, actions[j], t, gamma)
+            runs.step(i, actions[j], t, gamma, reward_fn)
     return runs.table(horizon)

@@ -82,6 +82,8 @@ def _flag(p, option: str, node: dict, **kw) -> None:
         kw["type"] = _schema_type(node["items"])
     elif {"integer", "number"} & set(_types(node)):
         kw["type"] = _schema_type(node)
+    elif _types(node) == ["boolean"]:
+        kw["action"] = argparse.BooleanOptionalAction
     p.add_argument("--" + option.replace("_", "-"), **kw)
 
 
@@ -452,6 +454,10 @@ def _setting(option: str, node: dict, value):
             if not isinstance(value, list) or not value or (n and n == node.get("maxItems") and len(value) != n):
                 raise argparse.ArgumentTypeError(f"must be a list of {n or 'one or more'} numbers, got {value!r}")
             return [_setting(option, node["items"], v) for v in value]
+        if _types(node) == ["boolean"]:
+            if not isinstance(value, bool):
+                raise argparse.ArgumentTypeError(f"must be true or false, got {value!r}")
+            return value
         integer = "integer" in _types(node)
         if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
             raise argparse.ArgumentTypeError(f"must be {'an integer' if integer else 'a number'}, got {value!r}")

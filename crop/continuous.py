@@ -387,7 +387,8 @@ def _read_cleanrl(path: Path, fmt: str) -> tuple[dict, str, None, dict] | None:
 
 def run_global_attack_continuous(env_id: str, net: ContinuousActor, sigma: float, eps_grid, seeds_per_eps,
                                  horizon: int, *, steps: int = 10, n_eot: int = 32, gamma: float = 1.0, seed: int = 0,
-                                 device="cpu", profile: str | None = None, progress: bool | None = None):
+                                 device="cpu", profile: str | None = None, progress: bool | None = None,
+                                 reward_fn=None):
     """PGD (expectation over the smoothing noise, EOT) against the σ-randomized continuous policy
     π′(s) = π(s + Δ).  The loss: with a critic, −Q(s, π(s + δ + Δ)) (the agent's own objective, on the clean
     state s it is really in); without one, ‖π(s + δ + Δ) − ā‖², ā the clean action averaged over the same Δ.
@@ -419,4 +420,4 @@ def run_global_attack_continuous(env_id: str, net: ContinuousActor, sigma: float
         return list(a.cpu().numpy())
 
     return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
-                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress)
+                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress, reward_fn=reward_fn)

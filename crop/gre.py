@@ -46,7 +46,8 @@ __all__ = ["sample_randomized_returns", "gre_bounds", "TrajectoryNoise"]
 def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, horizon: int,
                               gamma: float, seed: int, env_seed: int, *, chunk: int = 10000, device="cpu",
                               profile: str | None = None, progress: bool | None = None,
-                              workers: int = 1, batch: int | None = None) -> np.ndarray:
+                              workers: int = 1, batch: int | None = None,
+                              reward_clip: tuple[float, float] | None = None) -> np.ndarray:
     """Returns of m σ-randomized trajectories of length ≤ ``horizon``, stepped in lockstep blocks of
     ``batch`` trajectories (all m when None) with the environments spread over ``workers`` processes.
 
@@ -55,7 +56,8 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float,
     its own stream (:class:`TrajectoryNoise`), so its return depends on neither ``batch``, ``workers``,
     ``chunk`` nor the other trajectories (nor on m: the first m returns of a larger run are these).  A
     continuous actor's actions are floats: across block layouts its returns agree up to the rounding of a
-    batched forward (for a given layout they are byte-reproducible)."""
+    batched forward (for a given layout they are byte-reproducible).  ``reward_clip`` = (low, high): every
+    step's reward is clipped to it before it is added (the returns are then those of the clipped rewards)."""
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
     returns = np.empty(m, dtype=np.float64)
@@ -63,7 +65,7 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float,
     for b0 in range(0, m, batch):
         # Trajectories in blocks of `batch` bound the memory of the environment copies (Atari: ~2.6 MB each).
         returns[b0:b0 + batch] = _lockstep(env_id, q_net, dev, seed, sigma, b0, min(batch, m - b0), horizon,
-                                           gamma, env_seed, chunk, profile, workers, progress)
+                                           gamma, env_seed, chunk, profile, workers, progress, reward_clip)
     return returns
 
 
@@ -114,7 +116,8 @@ class TrajectoryNoise:
 PIXELS_ON = ("cuda",)
 
 
-def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, chunk, profile, workers, progress):
+def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, chunk, profile, workers, progress,
+              reward_clip=None):
     """The m trajectories b0, …, b0 + m − 1 in lockstep: one batched forward per time step."""
     pool = make_env_pool(env_id, m, profile, workers=workers)
     # Atari on a GPU: the pool's stored pixels (uint8: a quarter of the bytes) go to the device and become the
@@ -145,7 +148,8 @@ def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, 
         a = actions.cpu().numpy()
         o, reward, terminated, truncated = pool.step(idx, a, pixels=True) if pixels else pool.step(idx, a)
         obs[idx] = o
-        returns[idx] += discount * np.asarray(reward, dtype=np.float64)
+        reward = np.asarray(reward, dtype=np.float64)
+        returns[idx] += discount * (reward if reward_clip is None else np.clip(reward, *reward_clip))
         alive[idx] &= ~(np.asarray(terminated) | np.asarray(truncated))
         discount *= gamma
         if not alive.any():

@@ -291,24 +291,46 @@ def cmd_gre(args) -> None:
 
     spec = _spec_with_facts(args)
     j_min, j_max = _return_range(spec, args)   # before any work: GRe needs the reward range
+    clip = _reward_clip(spec, args)
     batch = spec.gre_block(args.m, args.batch)
     st = Stage(args, batch=batch)
     returns = sample_randomized_returns(args.env, st.net, args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
                                         env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
                                         chunk=args.chunk, device=args.device, profile=st.profile,
-                                        progress=args.progress, workers=args.workers or args.threads, batch=batch)
+                                        progress=args.progress, workers=args.workers or args.threads, batch=batch,
+                                        reward_clip=clip)
     if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:   # the declared facts are false: no bound
         raise InputError(f"{args.env}: randomized returns in [{returns.min():g}, {returns.max():g}] leave [J_min, "
                          f"J_max] = [{j_min:g}, {j_max:g}] of the declared reward range; give the true one "
                          f"(rewards.range{', rewards.return_range' if spec.game_return_range else ''})")
     table = gre_bounds(returns, sigma=args.sigma, horizon=args.horizon, alpha=args.alpha, j_min=j_min, j_max=j_max,
                        eps_grid=[f * args.sigma for f in args.eps_factors], percentiles=args.percentiles)
-    st.write({"j_min": j_min, "j_max": j_max,
+    st.write({"j_min": j_min, "j_max": j_max, **_clip_record(clip),
               "note": "each bound (expectation_bound, cdf_expectation_bound, percentile_bound) holds with "
                       "probability >= 1 - alpha; empty percentile_bound = no k qualifies"},
              gre=table, gre_returns=pd.DataFrame({cols.RETURN: returns}))
     print(f"GRe {args.env}/{args.algo} σ={args.sigma}: {args.m} randomized returns, mean {returns.mean():.2f}, "
           f"median {np.median(returns):.1f}")
+
+
+def _reward_clip(spec, args) -> tuple[float, float] | None:
+    """The per-step reward range every reward is clipped to (``--clip-rewards``, config ``rewards.clip``), or
+    None; one line, before any work, where the range is not declared."""
+    if not getattr(args, "clip_rewards", False):
+        return None
+    if spec.reward_range is None:
+        raise InputError(f"--clip-rewards clips to the declared reward range, and {args.env} has none: give "
+                         "--reward-range LOW HIGH (config: rewards.range)")
+    return (float(spec.reward_range[0]), float(spec.reward_range[1]))
+
+
+def _clip_record(clip) -> dict:
+    """What an output's metadata says of clipped rewards: the range, and that its returns are the clipped ones."""
+    if clip is None:
+        return {}
+    return {"reward_clip": list(clip),
+            "reward_clip_note": f"every step's reward was clipped to [{clip[0]:g}, {clip[1]:g}] before it entered a "
+                                "return: returns and bounds are of the clipped rewards, not the environment's own"}
 
 
 def cmd_lore(args) -> None:
@@ -378,13 +400,15 @@ def cmd_attack_local(args) -> None:
 def cmd_attack_global(args) -> None:
     from crop.attack import run_global_attack
 
+    clip = _reward_clip(_spec_with_facts(args), args) if getattr(args, "clip_rewards", False) else None
     st = Stage(args)
     grid = [f * args.sigma for f in args.eps_factors]
     table = run_global_attack(args.env, st.net, args.sigma, grid,
                               global_attack_seeds(args.seed, args.env, args.algo, args.sigma, grid, args.episodes),
                               args.horizon, steps=args.pgd_steps, n_eot=args.n_eot, gamma=args.gamma, seed=st.seed,
-                              device=args.device, profile=st.profile, progress=args.progress)
-    st.write({}, attack_global=table)
+                              device=args.device, profile=st.profile, progress=args.progress,
+                              reward_fn=None if clip is None else (lambda r: min(max(float(r), clip[0]), clip[1])))
+    st.write(_clip_record(clip), attack_global=table)
     print(f"global PGD {args.env}/{args.algo} σ={args.sigma}: median return per ε "
           f"{_per_eps(table.groupby('eps')['return'].median())}")
 

@@ -353,3 +353,52 @@ def test_real_sb3_agents_certified_end_to_end(name, env, rewards, tmp_path):
     assert ((loact["lower_e0"] <= loact["action"] + 1e-6) & (loact["action"] <= loact["upper_e0"] + 1e-6)).all()
     for f in ("gre", "attack_global", "loact", "loact_episodes", "ratio"):
         assert (tmp_path / f"{f}.meta.json").is_file()
+
+
+def test_clipped_rewards_are_what_gre_and_the_attack_certify(imported, tmp_path, capsys):
+    """Pendulum's rewards reach −16.3: with a declared range of [−1, 0] GRe stops in one line; with
+    --clip-rewards the returns are those of the clipped rewards (each step ≥ −1), the metadata say so, and a
+    clip range wider than the rewards changes nothing (the same bytes)."""
+    import pandas as pd
+
+    from crop.gre import sample_randomized_returns
+    from crop.models import load_checkpoint
+
+    base = ["--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported), "--no-progress"]
+    gre = ["gre", *base, "--m", "20", "--horizon", "30", "--reward-range", "-1", "0",
+           "--out", str(tmp_path / "gre.csv"), "--out-returns", str(tmp_path / "ret.csv")]
+    with pytest.raises(SystemExit):
+        main(gre)
+    assert "leave [J_min, J_max]" in capsys.readouterr().err
+    main([*gre, "--clip-rewards"])
+    returns = pd.read_csv(tmp_path / "ret.csv")["return"]
+    assert (returns >= -30).all() and (returns < 0).all()
+    assert "clipped" in json.loads((tmp_path / "gre.meta.json").read_text())["reward_clip_note"]
+    main(["attack-global", *base, "--episodes", "1", "--horizon", "30", "--eps-factors", "0", "--reward-range", "-1",
+          "0", "--clip-rewards", "--out", str(tmp_path / "ag.csv")])
+    assert (pd.read_csv(tmp_path / "ag.csv")["return"] >= -30).all()
+    net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
+    plain = sample_randomized_returns("Pendulum-v1", net, 0.1, 4, 20, 1.0, seed=3, env_seed=4)
+    wide = sample_randomized_returns("Pendulum-v1", net, 0.1, 4, 20, 1.0, seed=3, env_seed=4, reward_clip=(-100, 0))
+    assert np.array_equal(plain, wide)
+
+
+def test_mujoco_environments_are_box_environments_gre_runs_on_with_clipped_rewards():
+    """The optional `mujoco` extra: HalfCheetah-v5 (6 action dimensions in [−1, 1], unbounded rewards) takes an
+    actor of its sizes; GRe's returns with --clip-rewards' range stay in [J_min, J_max]."""
+    pytest.importorskip("mujoco")
+    from crop.continuous import ContinuousActor
+    from crop.envs import action_bounds, env_shapes
+    from crop.gre import sample_randomized_returns
+    from crop.models import fit_problem
+
+    assert env_shapes("HalfCheetah-v5") == (6, (17,))
+    assert action_bounds("HalfCheetah-v5") == ((-1.0,) * 6, (1.0,) * 6)
+    spec = {"arch": "actor", "in": 17, "hidden": [16], "out": 6, "activation": "relu", "squash": "tanh",
+            "low": [-1.0] * 6, "high": [1.0] * 6}
+    assert fit_problem(spec, "HalfCheetah-v5") is None
+    assert "disagree" in fit_problem({**spec, "high": [2.0] * 6}, "HalfCheetah-v5")
+    torch.manual_seed(0)
+    returns = sample_randomized_returns("HalfCheetah-v5", ContinuousActor(spec).eval(), 0.1, 4, 20, 1.0, seed=0,
+                                        env_seed=0, reward_clip=(-0.05, 0.05))
+    assert (np.abs(returns) <= 20 * 0.05 + 1e-12).all()
