@@ -390,6 +390,13 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
         return
     if spec.reward_range is None:
         raise ConfigError(f"{source}: {missing_reward_range(env)}")
+    from crop.envs import action_bounds
+
+    if action_bounds(env) is not None:
+        raise ConfigError(f"{where}: its actions are continuous (a Box), and the workflow runs LoRe, the V range "
+                          "and the local attack, which need a finite set of actions; certify a continuous agent by "
+                          "hand: crop import, crop gre, crop attack-global, crop loact (docs/own-policy.md, "
+                          "Continuous-action agents)")
     problem = snapshot_problem(env)
     if problem:
         raise ConfigError(f"{where}: {problem}; the workflow runs LoRe on every environment (crop loact and "

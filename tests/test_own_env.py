@@ -183,7 +183,7 @@ REFUSALS = [
     ("unknown profile", lambda ec, c: ec["files"]["MyDQN"].update(profile="cleanrl"),
      "unknown preprocessing profile 'cleanrl'"),
     ("continuous actions", lambda ec, c: c["environments"].update({"Pendulum-v1": c["environments"].pop("Acrobot-v1")}),
-     "Pendulum-v1: LoRe searches a tree that branches over a finite set of actions"),
+     "Pendulum-v1: its actions are continuous (a Box), and the workflow runs LoRe"),
     ("unregistered id", lambda ec, c: c["environments"].update({"Acrobat-v1": c["environments"].pop("Acrobot-v1")}),
      "unknown environment 'Acrobat-v1' (did you mean 'Acrobot-v1'?)"),
     ("facts of a paper environment", lambda ec, c: c["environments"].update(
