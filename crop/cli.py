@@ -271,13 +271,17 @@ COMMANDS = {
                "trained elsewhere — a PyTorch state dict, a CleanRL checkpoint or a Stable-Baselines3 .zip — into "
                "model.pt and its record model.json (sha256 of the file and of the result, architecture, network "
                "q or policy, preprocessing profile, clean greedy return), so that every certifier accepts it. A "
-               "policy network is smoothed through its probabilities (target probs, its default) or votes."),
+               "policy network is smoothed through its probabilities (target probs, its default) or votes. A "
+               "continuous-action agent (SB3 SAC, TD3, PPO/A2C on a Box action space; CleanRL TD3) is imported as "
+               "its deterministic actor (network actor), its squashing and bounds read from the file."),
     "qrange": ("estimate V_min, V_max (Appendix B.1)",
                "Estimate the range [V_min, V_max] of the network's outputs under σ-noise by rolling the smoothed "
                "policy (Appendix B.1); the certifiers clip to it."),
     "loact": ("LoAct: per-state certified radii (Algorithm 1)",
               "LoAct (Algorithm 1, Theorem 1): the certified radius of the smoothed policy's action at every step "
-              "of clean episodes, the benign returns and the certified ratio."),
+              "of clean episodes, the benign returns and the certified ratio. For a continuous-action agent: per "
+              "step and action dimension, the certified interval of its median-smoothed action (Chiang et al. "
+              "2020) and the largest ε keeping it within --action-tolerance."),
     "gre": ("GRe: expectation and percentile bounds (Algorithm 2)",
             "GRe (Algorithm 2, Theorems 2-3): lower bounds of the expected return and of its percentiles under "
             "any ℓ2 attack of budget ε, from m σ-randomized trajectories."),
