@@ -222,6 +222,7 @@ def _loact_continuous(st: Stage, args) -> None:
     from crop.stats import episode_confidence, loact_state_alpha
 
     alpha_state = loact_state_alpha(args.alpha, args.alpha_mode, args.horizon)
+    st.device = "cpu"   # the percentile certificate runs on the CPU (an actor's forward is small)
     steps, episodes, info = run_loact_continuous(
         args.env, st.net, args.sigma, args.m, args.episodes, args.horizon,
         _episode_seeds(args.seed, args.env, args.episodes), alpha_state=alpha_state,
