@@ -93,9 +93,11 @@ class ContinuousActor(nn.Module):
         return torch.tanh(out) if self.squash == "tanh" else torch.clamp(out, self.low, self.high)
 
     def to_env(self, raw: torch.Tensor) -> torch.Tensor:
-        """The environment's action for a raw one: tanh's [−1, 1] mapped affinely onto [low, high]."""
+        """The environment's action for a raw one: tanh's [−1, 1] mapped affinely onto [low, high], clamped to
+        [low, high] (float32 rounding of the map can land one ulp outside for asymmetric bounds; the
+        environment's bounds and the percentile certificate's fallback ends rely on every action in them)."""
         if self.squash == "tanh":
-            return self.low + 0.5 * (raw + 1.0) * (self.high - self.low)
+            return torch.clamp(self.low + 0.5 * (raw + 1.0) * (self.high - self.low), self.low, self.high)
         return raw
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -402,3 +402,20 @@ def test_mujoco_environments_are_box_environments_gre_runs_on_with_clipped_rewar
     returns = sample_randomized_returns("HalfCheetah-v5", ContinuousActor(spec).eval(), 0.1, 4, 20, 1.0, seed=0,
                                         env_seed=0, reward_clip=(-0.05, 0.05))
     assert (np.abs(returns) <= 20 * 0.05 + 1e-12).all()
+
+
+def test_actions_stay_within_asymmetric_bounds_at_the_ends_of_tanh():
+    """float32 rounding of low + (raw + 1)/2 · (high − low) can exceed high (or fall below low) by one ulp for
+    asymmetric bounds; every action the actor gives lies in [low, high] all the same."""
+    from crop.continuous import ContinuousActor
+
+    g = torch.Generator().manual_seed(0)
+    bounds = [([-2.8487583], [0.58279073])] + [((-3 * torch.rand(4, generator=g)).tolist(),
+                                                (3 * torch.rand(4, generator=g) + 1e-3).tolist()) for _ in range(200)]
+    for low, high in bounds:
+        d = len(low)
+        actor = ContinuousActor({"arch": "actor", "in": 2, "hidden": [], "out": d, "squash": "tanh", "low": low,
+                                 "high": high})
+        raw = torch.cat([torch.ones(1, d), -torch.ones(1, d), 2 * torch.rand(64, d, generator=g) - 1])
+        out = actor.to_env(raw)
+        assert ((out >= actor.low) & (out <= actor.high)).all(), (low, high)
