@@ -4,6 +4,7 @@ percentile (median) certificate of crop.percentile covers brute force at rate >=
 certify of them is refused in one line."""
 import io
 import json
+import math
 import zipfile
 
 import gymnasium as gym
@@ -17,6 +18,9 @@ from crop.cli import main
 from crop.importing import PolicyImportError, check_policy_file, import_policy
 
 OBS = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
+#: Pendulum-v1's smallest reward, −(θ² + 0.1 θ̇² + 0.001 u²) at |θ| = π, |θ̇| = 8, |u| = 2, rounded outwards to
+#: the 7 decimals the docs give (a range that is too narrow by a rounding would make GRe's bound unsound).
+PENDULUM_MIN = -math.ceil((math.pi ** 2 + 0.1 * 8 ** 2 + 0.001 * 2 ** 2) * 1e7) / 1e7
 
 
 def _mlp(sizes, seed, act=nn.ReLU, last=None):
@@ -249,7 +253,7 @@ def test_gre_and_global_attack_run_on_a_continuous_agent(imported):
     again = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2)
     # the same noise whatever the block: equal up to the float rounding of a batched forward (actions are floats)
     assert np.array_equal(a, again) and np.allclose(a, b, rtol=1e-6, atol=0)
-    assert (a <= 0).all() and (a >= -16.2736044 * 30).all()
+    assert (a <= 0).all() and (a >= PENDULUM_MIN * 30).all()
     table = run_global_attack("Pendulum-v1", net, 0.1, [0.0, 0.2], [[5, 6], [5, 6]], 20, steps=5, n_eot=8)
     assert len(table) == 4 and np.isfinite(table["return"]).all()
     # the attack's objective: PGD lowers the critic's value of the action taken under the perturbation
@@ -312,8 +316,24 @@ def test_crop_loact_on_a_continuous_agent_writes_one_row_per_step_and_dimension(
 # ------------------------------------------------------------------------- the real agents (tests/data/continuous)
 
 DATA = __import__("pathlib").Path(__file__).parent / "data" / "continuous"
-REAL = [("sac_pendulum", "Pendulum-v1", [-16.2736044, 0.0]),
+REAL = [("sac_pendulum", "Pendulum-v1", [PENDULUM_MIN, 0.0]),
         ("ppo_mountaincar", "MountainCarContinuous-v0", [-0.1, 100.0])]
+
+
+def test_pendulum_reward_range_is_the_documented_one_and_holds_every_reward():
+    """The docs' range is the formula's, rounded outwards; the environment's own rewards at the extremes and at
+    random states stay within it."""
+    docs = __import__("pathlib").Path(__file__).parents[1] / "docs"
+    for name in ("statistics.md", "own-policy.md"):
+        assert f"{PENDULUM_MIN:.7f}".lstrip("-") in (docs / name).read_text()
+    assert PENDULUM_MIN < -(math.pi ** 2 + 6.4 + 0.004)
+    env = gym.make("Pendulum-v1").unwrapped
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for th, thdot, u in [(np.pi, 8.0, 2.0), (-np.pi, -8.0, -2.0), *rng.uniform([-4, -8, -2], [4, 8, 2], (200, 3))]:
+        env.state = np.array([th, thdot])
+        r = env.step(np.array([u], dtype=np.float32))[1]
+        assert PENDULUM_MIN <= r <= 0.0
 
 
 @pytest.mark.parametrize("name,env,_", REAL, ids=[r[0] for r in REAL])
