@@ -298,12 +298,13 @@ def read_continuous(path: str | Path, fmt: str, max_bytes: int) -> tuple[dict, s
     The spec names the algorithm, the squashing and the bounds the file records.  Raises
     :class:`crop.importing.PolicyImportError` in one line where the file is a continuous-action agent whose
     bounds or squashing cannot be told."""
-    from crop.importing import PolicyImportError, _load_bytes, _sb3_policy_bytes
+    from crop.importing import PolicyImportError, _load_bytes, _sb3_policy_bytes, check_file
 
     path = Path(path)
+    check_file(path, fmt, max_bytes)
     found = _sb3_policy_bytes(path, max_bytes) if fmt in ("auto", "sb3") and zipfile.is_zipfile(path) else None
     if found is None:
-        return None if fmt == "sb3" else _read_cleanrl(path, fmt)
+        return None if fmt == "sb3" else _read_cleanrl(path, max_bytes)
     data, member = found
     what = f"{path}: member {member!r}"
     state = _load_bytes(data, what)
@@ -334,7 +335,7 @@ def _cleanrl_kind(state: dict) -> str | None:
     return None
 
 
-def _read_cleanrl(path: Path, fmt: str) -> tuple[dict, str, None, dict] | None:
+def _read_cleanrl(path: Path, max_bytes: int) -> tuple[dict, str, None, dict] | None:
     """CleanRL's continuous-action agents: ``torch.save((actor.state_dict(), qf1.state_dict()[, qf2…]))`` of
     ``td3_continuous_action.py`` / ``ddpg_continuous_action.py`` (or the actor's state dict alone), and
     ``sac_continuous_action.py``'s actor alike: Linear ``fc1``, ``fc2``, ``fc_mu``/``fc_mean`` with ReLU, the
@@ -344,8 +345,12 @@ def _read_cleanrl(path: Path, fmt: str) -> tuple[dict, str, None, dict] | None:
     from crop.importing import PolicyImportError
     from crop.models import CheckpointError, load_tensors
 
+    with open(path, "rb") as fh:
+        raw = fh.read(max_bytes + 1)   # bounded: the file may have grown since its size was checked
+    if len(raw) > max_bytes:
+        raise PolicyImportError(f"{path}: over the limit of {max_bytes} bytes; refusing it")
     try:
-        obj = load_tensors(path.read_bytes(), str(path))
+        obj = load_tensors(raw, str(path))
     except CheckpointError:
         return None   # read_state_dict says why, in its words
     parts = list(obj) if isinstance(obj, (tuple, list)) else [obj]

@@ -172,6 +172,16 @@ def _regular_file(path: Path) -> os.stat_result:
     return st
 
 
+def check_file(path: Path, fmt: str, max_bytes: int) -> None:
+    """What every reader checks before it reads a byte: a known format, a regular readable file, within the size
+    limit (one line each)."""
+    if fmt not in FORMATS:
+        raise PolicyImportError(f"unknown format {fmt!r}; known: {list(FORMATS)}")
+    size = _regular_file(path).st_size
+    if size > max_bytes:
+        raise PolicyImportError(f"{path}: {size} bytes, over the limit of {max_bytes}; refusing it")
+
+
 def read_state_dict(path: str | Path, fmt: str = "auto",
                     max_bytes: int = MAX_MEMBER_BYTES) -> tuple[dict, str, str | None, str | None, str]:
     """(state dict, format, archive member, activation, untold) of a policy file; nothing is extracted to
@@ -179,11 +189,7 @@ def read_state_dict(path: str | Path, fmt: str = "auto",
     keys, the value branch dropped): activation = its MLP's as the file tells it, or None with ``untold``
     saying why the file does not tell it (then the architecture must give it)."""
     path = Path(path)
-    if fmt not in FORMATS:
-        raise PolicyImportError(f"unknown format {fmt!r}; known: {list(FORMATS)}")
-    size = _regular_file(path).st_size
-    if size > max_bytes:
-        raise PolicyImportError(f"{path}: {size} bytes, over the limit of {max_bytes}; refusing it")
+    check_file(path, fmt, max_bytes)
     # A torch.save file is itself a zip archive: an SB3 archive is told apart by its policy.pth member.
     member = None
     if fmt in ("auto", "sb3") and zipfile.is_zipfile(path):
@@ -406,7 +412,7 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     mode) and the import record: source path, sha256, format, member, net_spec."""
     path = Path(path)
     spec = parse_architecture(arch)
-    _regular_file(path)
+    check_file(path, fmt, max_bytes)
     digest = sha256_file(path)
     if sha256 is not None and digest != sha256.lower():
         raise PolicyImportError(f"{path}: sha256 {digest} differs from the pinned {sha256}; refusing it")

@@ -177,6 +177,25 @@ def test_cleanrl_td3_and_sac_import_with_their_buffers_bounds_and_env_scale_crit
     _one_line(lambda: import_policy(tmp_path / "ppo.cleanrl_model", "mlp"), "NormalizeObservation")
 
 
+def test_an_over_limit_or_unknown_format_continuous_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """The format and the size limit are checked before any byte is read, for a CleanRL file as for any."""
+    import crop.models
+
+    actor = _CleanRLActor().eval()
+    torch.save(actor.state_dict(), tmp_path / "td3.cleanrl_model")
+    size = (tmp_path / "td3.cleanrl_model").stat().st_size
+
+    def no_read(*a, **k):
+        raise AssertionError("the file was read")
+    monkeypatch.setattr(crop.models, "load_tensors", no_read)
+    monkeypatch.setattr("pathlib.Path.read_bytes", no_read)
+    for fmt in ("auto", "cleanrl", "torch"):
+        _one_line(lambda: import_policy(tmp_path / "td3.cleanrl_model", "mlp", fmt, max_bytes=size - 1),
+                  "over the limit")
+    _one_line(lambda: import_policy(tmp_path / "td3.cleanrl_model", "mlp", "bogus"), "unknown format 'bogus'")
+    _one_line(lambda: import_policy(_sac(tmp_path / "s.zip")[0], "mlp", "bogus"), "unknown format 'bogus'")
+
+
 def _one_line(fn, needle):
     with pytest.raises(PolicyImportError) as e:
         fn()
