@@ -24,7 +24,6 @@ normalisation lives outside the file).
 """
 from __future__ import annotations
 
-import json
 import re
 import zipfile
 from pathlib import Path
@@ -186,7 +185,7 @@ def _bounds_from_data(data: dict, path: Path) -> tuple[list[float], list[float]]
 
 
 def _sb3_data(path: Path) -> dict:
-    from crop.importing import _ZIP_ERRORS, MAX_DATA_BYTES, _corrupt_zip
+    from crop.importing import _ZIP_ERRORS, MAX_DATA_BYTES, _corrupt_zip, sb3_json
 
     try:
         with zipfile.ZipFile(path) as zf:
@@ -199,7 +198,7 @@ def _sb3_data(path: Path) -> dict:
     except _ZIP_ERRORS as exc:
         raise _corrupt_zip(path, exc) from None
     try:
-        data = json.loads(raw)
+        data = sb3_json(raw)
     except ValueError:
         raise _Refused("its 'data' member is not SB3's JSON") from None
     if not isinstance(data, dict):

@@ -254,8 +254,6 @@ MAX_DATA_BYTES = 1 << 22
 def _sb3_policy_kwargs(path: Path) -> tuple[dict | None, str]:
     """``policy_kwargs`` of an SB3 archive's ``data`` member ({} when not given), or None and why ``data``
     cannot be read (missing, over the limit)."""
-    import json
-
     try:
         with zipfile.ZipFile(path) as zf:
             info = next((i for i in zf.infolist() if i.filename == "data"), None)
@@ -267,10 +265,21 @@ def _sb3_policy_kwargs(path: Path) -> tuple[dict | None, str]:
     except _ZIP_ERRORS as exc:
         raise _corrupt_zip(path, exc) from None
     try:
-        kwargs = json.loads(raw).get("policy_kwargs") or {}
+        kwargs = sb3_json(raw).get("policy_kwargs") or {}
     except (ValueError, AttributeError):
         raise PolicyImportError(f"{path}: member 'data' is not SB3's JSON; refusing it") from None
     return (kwargs if isinstance(kwargs, dict) else {}), ""
+
+
+def sb3_json(raw: bytes):
+    """SB3's ``data`` member parsed as JSON; ValueError where it is not JSON, nested too deeply included (the
+    parser's recursion limit is the stack's, so a hostile file's depth must not end the process's work)."""
+    import json
+
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _sb3_activation(path: Path, kwargs: dict) -> str:

@@ -196,6 +196,26 @@ def test_an_over_limit_or_unknown_format_continuous_file_is_refused_before_it_is
     _one_line(lambda: import_policy(_sac(tmp_path / "s.zip")[0], "mlp", "bogus"), "unknown format 'bogus'")
 
 
+def test_a_deeply_nested_data_member_is_one_line(tmp_path):
+    """A ``data`` member nested deeper than the JSON parser's recursion limit is refused in one line, for a
+    continuous agent (SAC) and for a discrete actor-critic (whose activation data would tell)."""
+    def nested(path):
+        with zipfile.ZipFile(path) as zf:
+            members = {n: zf.read(n) for n in zf.namelist()}
+        members["data"] = b"[" * 200000
+        with zipfile.ZipFile(path, "w") as zf:
+            for n, b in members.items():
+                zf.writestr(n, b)
+        return path
+
+    _one_line(lambda: import_policy(nested(_sac(tmp_path / "s.zip")[0]), "mlp"), "not SB3's JSON")
+    ppo = _ppo(tmp_path / "p.zip")[0]
+    with zipfile.ZipFile(ppo) as zf:
+        state = torch.load(io.BytesIO(zf.read("policy.pth")), weights_only=True)
+    del state["log_std"]     # a Categorical policy's actor-critic: read as a discrete policy
+    _one_line(lambda: import_policy(nested(_zip(tmp_path / "d.zip", state, {})), "mlp"), "not SB3's JSON")
+
+
 def _one_line(fn, needle):
     with pytest.raises(PolicyImportError) as e:
         fn()
