@@ -368,6 +368,11 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
         lo_hi = rewards.get(key)
         if lo_hi is not None and not lo_hi[0] < lo_hi[1]:
             raise ConfigError(f"{where}.rewards.{key}: {lo_hi} must be [low, high] with low < high")
+    if rewards.get("clip"):   # one return per workflow: LoRe, the local attack and benign returns never clip
+        raise ConfigError(f"{where}.rewards.clip: the workflow's LoRe, local attack and benign returns use the "
+                          "environment's own rewards, so clipping GRe's and the global attack's would compare "
+                          "returns of two different rewards; leave it out (crop gre / crop attack-global "
+                          "--clip-rewards clip by hand)")
     try:
         spec = env_spec(env, rewards)
         for f in ec.get("files", {}).values():

@@ -478,3 +478,16 @@ def test_actions_stay_within_asymmetric_bounds_at_the_ends_of_tanh():
         raw = torch.cat([torch.ones(1, d), -torch.ones(1, d), 2 * torch.rand(64, d, generator=g) - 1])
         out = actor.to_env(raw)
         assert ((out >= actor.low) & (out <= actor.high)).all(), (low, high)
+
+
+def test_a_workflow_config_that_clips_rewards_is_refused_in_one_line():
+    """The workflow's LoRe, local attack and benign returns never clip: a config clipping GRe's and the global
+    attack's returns alone is refused (the CLI's --clip-rewards stays, for continuous agents certified by hand)."""
+    from crop.config import ConfigError, validate_config
+
+    ec = {"source": "file", "files": {"Mine": {"path": "a.pt"}}, "algorithms": ["Mine"], "sigmas": [0.1],
+          "rewards": {"range": [-1.0, 0.0]}}
+    validate_config({"environments": {"Acrobot-v1": ec}})
+    with pytest.raises(ConfigError) as e:
+        validate_config({"environments": {"Acrobot-v1": {**ec, "rewards": {"range": [-1.0, 0.0], "clip": True}}}})
+    assert "environments.Acrobot-v1.rewards.clip: the workflow's LoRe" in str(e.value) and "\n" not in str(e.value)
