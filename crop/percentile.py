@@ -37,7 +37,8 @@ import torch
 from crop import columns as cols
 from crop import stats
 
-__all__ = ["EPS_FACTORS", "order_indices", "action_intervals", "run_loact_continuous", "step_ratio"]
+__all__ = ["EPS_FACTORS", "order_indices", "action_intervals", "smoothed_action", "run_loact_continuous",
+           "step_ratio"]
 
 #: The ε grid of the certified intervals, as multiples of σ (G = 7 points; ε = 0 is the clean action).
 EPS_FACTORS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
@@ -70,6 +71,13 @@ def action_intervals(samples: np.ndarray, low, high, eps_factors, p: float, alph
     return lower, upper
 
 
+def smoothed_action(samples: np.ndarray, p: float) -> np.ndarray:
+    """The empirical h_p per dimension, the action π̃ plays: sup{y : F_m(y) ≤ p} of the samples' CDF F_m, i.e.
+    X_(⌊pm⌋+1) (the upper sample p-quantile; the estimate of the h_p the intervals certify)."""
+    x = np.sort(np.asarray(samples), axis=0)
+    return x[min(math.floor(p * len(x)) + 1, len(x)) - 1]
+
+
 def _radius(lower: np.ndarray, upper: np.ndarray, eps_grid: np.ndarray, tolerance: np.ndarray) -> np.ndarray:
     """Per dimension the largest ε of the grid whose interval is at most ``tolerance`` wide (the widths grow
     with ε); −1 where even ε = 0's is wider (not certified)."""
@@ -100,7 +108,6 @@ def run_loact_continuous(env_id: str, net, sigma: float, m: int, episodes: int, 
     eps_factors = np.asarray(eps_factors, dtype=np.float64)
     eps_grid = eps_factors * sigma
     alpha_each = alpha_state / (2 * d * len(eps_factors))
-    k_med = max(1, math.ceil(p * m))   # the sample p-quantile: the action π̃ takes
     gen = torch.Generator().manual_seed(int(seed))
     envs = [make_env(env_id, profile) for _ in range(episodes)]
     obs = [to_obs(e.reset(seed=int(episode_seeds[i]))[0]) for i, e in enumerate(envs)]
@@ -119,7 +126,7 @@ def run_loact_continuous(env_id: str, net, sigma: float, m: int, episodes: int, 
         for j, ep in enumerate(live):
             lower, upper = action_intervals(acts[j], low, high, eps_factors, p, alpha_each)
             radius = _radius(lower, upper, eps_grid, tol)
-            action = np.sort(acts[j], axis=0)[k_med - 1].astype(np.float32)
+            action = smoothed_action(acts[j], p).astype(np.float32)
             o, r, term, trunc, _ = envs[ep].step(action)
             for k in range(d):
                 row = {cols.EPISODE: ep, cols.STEP: t, "dim": k, "action": float(action[k]),

@@ -315,6 +315,18 @@ def test_order_indices_are_the_exact_binomial_ones():
         assert k == max(ok_lo) and k2 == min(ok_hi)
 
 
+def test_the_played_action_is_the_empirical_h_p_the_intervals_certify():
+    """π̃ plays sup{y : F_m(y) ≤ p} of the m samples' empirical CDF (the sup definition of h_p the certificate
+    is for), per dimension, for m·p whole or not."""
+    from crop.percentile import smoothed_action
+
+    rng = np.random.default_rng(0)
+    for m, p in [(200, 0.5), (201, 0.5), (100, 0.25), (10, 0.9), (7, 0.99), (1, 0.5)]:
+        x = rng.standard_normal((m, 3))
+        brute = [min(y for y in x[:, k] if np.mean(x[:, k] <= y) > p) for k in range(3)]
+        np.testing.assert_array_equal(smoothed_action(x, p), brute)
+
+
 def test_percentile_intervals_cover_brute_force_at_rate_one_minus_alpha():
     """A 1-D toy actor f(s) = clip(tanh(3 s) + 0.3 s, -1, 1): nondecreasing, so h_p(s) = f(s + σΦ⁻¹(p)) exactly.
     Over repeated draws the certified interval of every ε of the grid holds h_p(s + δ) at δ = ±ε (its ends
