@@ -213,14 +213,28 @@ def cmd_loact(args) -> None:
           f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
 
 
+#: The confidence bound of a continuous agent's LoAct, as its results record it (``bound``).
+CONTINUOUS_BOUND = "exact binomial order statistics"
+
+
 def _loact_continuous(st: Stage, args) -> None:
-    """LoAct of a continuous-action agent (:mod:`crop.percentile`): one row per step and action dimension."""
+    """LoAct of a continuous-action agent (:mod:`crop.percentile`): one row per step and action dimension.
+    Its bounds are exact binomial order statistics (no --bound to choose), and it plays no game frames."""
     import numpy as np
 
+    from crop.config import schema
     from crop.loact import certified_ratio
     from crop.percentile import run_loact_continuous, step_ratio
     from crop.stats import episode_confidence, loact_state_alpha
 
+    if args.bound != schema()["properties"]["bound"]["default"]:
+        raise InputError(f"--bound {args.bound}: a continuous-action agent's LoAct bounds percentiles of the action "
+                         "by exact binomial order statistics, not smoothed Q-values by a bound to choose; leave "
+                         "--bound out")
+    if args.out_frames:
+        raise InputError("--out-frames: frames.npz holds an Atari game's frames, and a continuous-action agent's "
+                         "LoAct plays none; leave --out-frames out")
+    st.resolved["bound"] = CONTINUOUS_BOUND
     alpha_state = loact_state_alpha(args.alpha, args.alpha_mode, args.horizon)
     st.device = "cpu"   # the percentile certificate runs on the CPU (an actor's forward is small)
     steps, episodes, info = run_loact_continuous(
@@ -240,8 +254,7 @@ def _loact_continuous(st: Stage, args) -> None:
               "note": "radius is 0 at uncertified steps and counts in every mean; certified_ratio counts a step "
                       "when every dimension is certified, at the smallest radius over the dimensions"},
              loact=steps, loact_episodes=episodes,
-             certified_ratio=certified_ratio(per_step, args.sigma * np.linspace(0, 4, 81)),
-             frames=(lambda p: write_frames(p, [], args.env), 0))
+             certified_ratio=certified_ratio(per_step, args.sigma * np.linspace(0, 4, 81)))
     print(f"LoAct {args.env}/{args.algo} σ={args.sigma} (percentile smoothing, {len(info['tolerance'])} action "
           f"dimension(s)): {per_step['certified'].mean():.1%} of {len(per_step)} steps certified, mean radius "
           f"{per_step['radius'].mean():.4g} (uncertified = 0), benign return {episodes['return'].mean():.1f} ± "

@@ -271,6 +271,8 @@ def imported(tmp_path_factory):
     (["qrange", "--out", "x.json"], "V range"),
     (["attack-local", "--out", "x.csv"], "local attack"),
     (["lore", "--reward-range", "-16.3", "0", "--out", "x.csv"], "LoRe"),
+    (["loact", "--bound", "betting", "--out", "x.csv"], "--bound betting: a continuous-action agent's LoAct"),
+    (["loact", "--out", "x.csv", "--out-frames", "x.npz"], "--out-frames: frames.npz holds an Atari game's"),
 ])
 def test_discrete_stages_on_a_continuous_agent_are_one_line(imported, tmp_path, capsys, argv, needle):
     with pytest.raises(SystemExit):
@@ -362,6 +364,8 @@ def test_crop_loact_on_a_continuous_agent_writes_one_row_per_step_and_dimension(
     assert (table["upper_e2"] - table["lower_e2"] >= table["upper_e0"] - table["lower_e0"] - 1e-9).all()
     assert ((table["upper_e0"] - table["lower_e0"] <= 0.5) == table["certified"]).all()
     assert len(pd.read_csv(tmp_path / "ep.csv")) == 2 and (tmp_path / "ratio.meta.json").is_file()
+    meta = json.loads((tmp_path / "loact.meta.json").read_text())
+    assert "exact binomial order statistics" in json.dumps(meta) and "hoeffding" not in json.dumps(meta)
 
 
 # ------------------------------------------------------------------------- the real agents (tests/data/continuous)
