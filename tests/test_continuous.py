@@ -329,26 +329,29 @@ def test_the_played_action_is_the_empirical_h_p_the_intervals_certify():
         np.testing.assert_array_equal(smoothed_action(x, p), brute)
 
 
-def test_percentile_intervals_cover_brute_force_at_rate_one_minus_alpha():
-    """A 1-D toy actor f(s) = clip(tanh(3 s) + 0.3 s, -1, 1): nondecreasing, so h_p(s) = f(s + σΦ⁻¹(p)) exactly.
-    Over repeated draws the certified interval of every ε of the grid holds h_p(s + δ) at δ = ±ε (its ends
-    for a monotone f) at rate >= 1 − α_state."""
+def test_each_one_sided_percentile_bound_misses_at_most_alpha_each():
+    """Every one-sided bound of every ε of the grid, on its own, misses at rate <= α_each (the union bound adds
+    them up, so each must hold at its own level).  A 1-D toy actor f(s) = s + 0.3 tanh(s), increasing and never
+    saturating, so h_q(s) = f(s + σΦ⁻¹(q)) for every q: the lower end must be <= h_p̲(s) = h_p(s − ε) and the
+    upper >= h_p̄(s) = h_p(s + ε) (Theorem 1's ends for a monotone f).  20,000 repetitions at m = 100 (one
+    vectorised call: the repetitions are the columns) resolve the miss rate to ±0.0015, so an order statistic
+    one index too far inward (miss rates 0.053–0.092 here, against 0.032–0.044 of the right ones) fails."""
     from crop.percentile import EPS_FACTORS, action_intervals
 
-    f = lambda s: np.clip(np.tanh(3 * s) + 0.3 * s, -1, 1)  # noqa: E731
-    sigma, p, m, alpha_state, reps = 0.5, 0.5, 300, 0.1, 400
-    alpha_each = alpha_state / (2 * len(EPS_FACTORS))
+    f = lambda s: s + 0.3 * np.tanh(s)  # noqa: E731
+    sigma, p, m, alpha_each, reps = 0.5, 0.5, 100, 0.05, 20000
     rng = np.random.default_rng(0)
-    misses = 0
-    for _ in range(reps):
-        s = rng.uniform(-1, 1)
-        lower, upper = action_intervals(f(s + sigma * rng.standard_normal((m, 1))), [-1.0], [1.0], EPS_FACTORS, p,
-                                        alpha_each)
-        truth = [(f(s - e * sigma + sigma * norm.ppf(p)), f(s + e * sigma + sigma * norm.ppf(p))) for e in EPS_FACTORS]
-        misses += not all(lower[0, g] <= lo and hi <= upper[0, g] for g, (lo, hi) in enumerate(truth))
-    assert misses <= binom.ppf(0.999, reps, alpha_state), misses
-    # and the intervals are not vacuous: at ε = 0 they are narrow
-    assert np.median(upper[0, 0] - lower[0, 0]) < 0.5
+    s = rng.uniform(-1, 1, reps)
+    lower, upper = action_intervals(f(s + sigma * rng.standard_normal((m, reps))), np.full(reps, -1e9),
+                                    np.full(reps, 1e9), EPS_FACTORS, p, alpha_each)
+    z = norm.ppf(p)
+    slack = 4 * np.sqrt(alpha_each * (1 - alpha_each) / reps)
+    for g, e in enumerate(EPS_FACTORS):
+        miss_lo = np.mean(lower[:, g] > f(s + sigma * (z - e)))
+        miss_hi = np.mean(upper[:, g] < f(s + sigma * (z + e)))
+        assert miss_lo <= alpha_each + slack and miss_hi <= alpha_each + slack, (e, miss_lo, miss_hi)
+    # and the intervals are not vacuous: at ε = 0 they are narrow in most repetitions
+    assert np.median(upper[:, 0] - lower[:, 0]) < 0.5
 
 
 def test_crop_loact_on_a_continuous_agent_writes_one_row_per_step_and_dimension(imported, tmp_path):
