@@ -12,7 +12,7 @@ itself maps it:
 The bounds come from the file (SB3's ``data`` member records the action space it was trained on) and are
 recorded in the network spec (``model.json``); a file that does not tell them, or tells ones that differ
 from the environment's, is refused.  Where the file holds a critic (SAC, TD3) it is kept: the global attack
-then minimises the agent's own objective Q(s, π(s + δ)) (SAC: the minimum of its two critics, as its actor
+then minimises the agent's own objective Q(s, π(s + δ)) (SAC: the minimum over its critics, as its actor
 loss; TD3/DDPG: the first, as theirs); otherwise it maximises the action's deviation from the clean one.
 
 Nothing of SB3 is imported: the zip is read as :mod:`crop.importing` reads any SB3 archive (one member in
@@ -219,14 +219,39 @@ def _activation(kwargs: dict, default: str) -> str:
 
 
 def _sb3_kind(state: dict) -> str | None:
-    """SB3's continuous-action algorithm a policy state dict comes from, or None (a discrete one)."""
-    if any(k.startswith("actor.latent_pi.") for k in state) and "actor.mu.weight" in state:
+    """SB3's continuous-action algorithm a policy state dict comes from, or None (a discrete one): SAC's actor
+    ends in one Linear ``actor.mu`` (after ``actor.latent_pi``, absent where net_arch is []), TD3's/DDPG's
+    ``actor.mu`` is a Sequential (``actor.mu.0``, …)."""
+    if "actor.mu.weight" in state:
         return "SAC"
     if any(k.startswith("actor.mu.") for k in state) and any(k.startswith("critic.qf0.") for k in state):
         return "TD3"
     if "log_std" in state and "action_net.weight" in state:
         return "PPO/A2C"
     return None
+
+
+#: The algorithm each SB3 policy module declares (``data``'s ``policy_class.__module__``).
+_DECLARED = {"stable_baselines3.sac.policies": "SAC", "stable_baselines3.td3.policies": "TD3",
+             "stable_baselines3.common.policies": "PPO/A2C"}
+
+
+def _declared_kind(data: dict, kind: str) -> None:
+    """Refuse a file whose declared policy class names another algorithm than its tensors' layout (``kind``);
+    a file that declares none, or one crop does not know, is read by its layout."""
+    pc = data.get("policy_class")
+    module = pc.get("__module__") if isinstance(pc, dict) else None
+    declared = _DECLARED.get(module)
+    if declared is not None and declared != kind:
+        raise _Refused(f"its data declares a {declared} policy ({module}) but its tensors are laid out as {kind}'s")
+
+
+def _n_critics(state: dict) -> int:
+    """How many critics ``critic.qf0``, ``critic.qf1``, … the file holds (SB3's n_critics)."""
+    idx = sorted({int(m.group(1)) for k in state if (m := re.match(r"critic\.qf(\d+)\.", k))})
+    if idx != list(range(len(idx))):
+        raise _Refused(f"its critics are numbered {idx}, not 0, 1, …")
+    return len(idx)
 
 
 def _critic(state: dict, count: int, act: str) -> tuple[dict, dict]:
@@ -257,9 +282,11 @@ def _sb3_continuous(state: dict, data: dict, kind: str) -> tuple[dict, dict]:
     out = {}
     if kind == "SAC":
         act = _activation(kwargs, "relu")
-        layers = _layers(state, "actor.latent_pi.") + [(state["actor.mu.weight"], state["actor.mu.bias"])]
+        latent = _layers(state, "actor.latent_pi.") if any(k.startswith("actor.latent_pi.") for k in state) else []
+        layers = latent + [(state["actor.mu.weight"], state["actor.mu.bias"])]
         squash = "tanh"
-        critic, crit_spec = _critic(state, 2 if any(k.startswith("critic.qf1.") for k in state) else 1, act)
+        n = _n_critics(state)   # SAC's actor loss: the minimum over all its critics
+        critic, crit_spec = _critic(state, n, act) if n else ({}, None)
     elif kind == "TD3":
         act = _activation(kwargs, "relu")
         layers = _layers(state, "actor.mu.")
@@ -312,6 +339,7 @@ def read_continuous(path: str | Path, fmt: str, max_bytes: int) -> tuple[dict, s
         return None
     try:
         meta = _sb3_data(path)
+        _declared_kind(meta, kind)
         low, high = _bounds_from_data(meta, path)
         out, spec = _sb3_continuous(state, meta, kind)
     except _Refused as exc:

@@ -144,6 +144,42 @@ class _CleanRLActor(nn.Module):
         return torch.tanh(getattr(self, self.head)(x)) * self.action_scale + self.action_bias
 
 
+def _sac_layout(path, latent_sizes, n_critics, module="stable_baselines3.sac.policies"):
+    """An SB3 SAC zip with net_arch ``latent_sizes`` (possibly []) and ``n_critics`` critics, its actions and its
+    actor loss's value min_k Q_k(s, tanh(μ(s)))."""
+    latent = nn.Sequential(*_mlp([3, *latent_sizes], 1), nn.ReLU()) if latent_sizes else nn.Identity()
+    mu = nn.Linear(latent_sizes[-1] if latent_sizes else 3, 1)
+    qs = [_mlp([4, 16, 1], 20 + k) for k in range(n_critics)]
+    state = {**{f"actor.latent_pi.{k}": v for k, v in latent.state_dict().items()},
+             **{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
+             **{f"actor.log_std.{k}": v for k, v in nn.Linear(mu.in_features, 1).state_dict().items()},
+             **{f"critic.qf{j}.{k}": v for j, q in enumerate(qs) for k, v in q.state_dict().items()}}
+    data = {"action_space": _space([-2.0], [2.0]), "policy_kwargs": {"net_arch": latent_sizes,
+                                                                     "n_critics": n_critics},
+            "policy_class": {":type:": "<class 'abc.ABCMeta'>", "__module__": module}}
+
+    def q(x):
+        a = torch.tanh(mu(latent(x)))
+        return torch.stack([c(torch.cat([x, a], 1))[:, 0] for c in qs]).min(0).values
+
+    return _zip(path, state, data), (lambda x: 2.0 * torch.tanh(mu(latent(x)))), q
+
+
+def test_sb3_sac_keeps_all_its_critics_and_imports_without_hidden_layers(tmp_path):
+    """SAC's actor loss is the minimum over all n_critics critics (3 here); a SAC with net_arch [] (no
+    latent_pi) is SAC, not TD3; a file whose declared policy class contradicts its layout is refused."""
+    for sizes, n in [([16, 16], 3), ([], 2)]:
+        src, action, q = _sac_layout(tmp_path / f"sac{n}.zip", sizes, n)
+        net, info = check_policy_file(src, "mlp", "auto", None, "Pendulum-v1", "vector")
+        assert info["net_spec"]["algorithm"] == "SAC" and info["net_spec"]["critic"]["count"] == n
+        assert info["net_spec"]["hidden"] == sizes
+        with torch.no_grad():
+            assert torch.allclose(net(OBS), action(OBS), atol=1e-6)
+            assert torch.allclose(net.q(OBS, net.raw(OBS)), q(OBS), atol=1e-5)
+    odd = _sac_layout(tmp_path / "odd.zip", [16], 2, module="stable_baselines3.td3.policies")[0]
+    _one_line(lambda: import_policy(odd, "mlp"), "declares a TD3 policy")
+
+
 def _cleanrl_q(seed):
     torch.manual_seed(seed)
     q = nn.Module()
