@@ -400,7 +400,7 @@ def _read_cleanrl(path: Path, max_bytes: int) -> tuple[dict, str, None, dict] | 
         spec = {"arch": "actor", "in": int(layers[0][0].shape[1]), "hidden": [int(w.shape[0]) for w, _ in layers[:-1]],
                 "out": int(layers[-1][0].shape[0]), "activation": "relu", "squash": "tanh",
                 "low": (bias - scale).tolist(), "high": (bias + scale).tolist(), "algorithm": f"CleanRL {kind}"}
-        critics = parts[1:] if kind == "SAC" else parts[1:2]   # SAC's loss: min of both; TD3/DDPG's: Q₁
+        critics = parts[1:] if kind == "SAC" else parts[1:2]   # SAC's loss: min over all; TD3/DDPG's: Q₁
         for k, q in enumerate(critics):
             for j, n in enumerate(("fc1", "fc2", "fc3")):
                 out[f"critics.{k}.{2 * j}.weight"], out[f"critics.{k}.{2 * j}.bias"] = q[f"{n}.weight"], q[f"{n}.bias"]
