@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crop.config import ConfigError, load_config, targets, validate_config
+from crop.config import ConfigError, certifications, load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -66,7 +66,7 @@ def test_probs_is_left_to_the_stage_for_a_file_whose_kind_is_not_known_yet():
 def test_defaults_are_filled_and_targets_listed():
     cfg = validate_config({"environments": {"CartPole-v0": {"algorithms": ["StdTrain"], "sigmas": [0.1, 1]}}})
     assert cfg["alpha"] == 0.05 and cfg["environments"]["CartPole-v0"]["gre"]["m"] == 10000
-    assert targets(cfg) == [("CartPole-v0", "StdTrain", "0.1"), ("CartPole-v0", "StdTrain", "1.0")]
+    assert certifications(cfg) == [("CartPole-v0", "StdTrain", "0.1"), ("CartPole-v0", "StdTrain", "1.0")]
 
 
 def test_default_and_shipped_configs_are_valid():
