@@ -283,7 +283,7 @@ def cmd_lore(args) -> None:
               "target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
               "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
               "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
-                             "tree": info["confidence_tree"],
+                             "tree": info["confidence_union"],
                              "rule": "union bound over the distinct states smoothed (search.alpha_spent = sum of "
                                      "their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
               "initial_state": "the initial state of LoAct episode 0"}, lore=table)

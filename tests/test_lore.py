@@ -147,7 +147,7 @@ def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
     schedule = [alpha * 6 / (math.pi ** 2 * i * i) for i in range(1, n + 1)]
     assert n > 3 and sm.alphas == pytest.approx(schedule)
     assert info["alpha_spent"] == pytest.approx(sum(schedule)) and info["alpha_spent"] <= alpha
-    assert info["confidence_tree"] == pytest.approx(1 - sum(schedule)) and info["confidence_tree"] >= 1 - alpha
+    assert info["confidence_union"] == pytest.approx(1 - sum(schedule)) and info["confidence_union"] >= 1 - alpha
     assert info["per_state_alpha_first"] == pytest.approx(schedule[0])
     assert info["per_state_alpha_last"] == pytest.approx(schedule[-1])
     for eps in (0.0, 0.05, 0.2, 10.0):
@@ -156,7 +156,7 @@ def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
     sm2 = CachedSmoother(net, 0.3, 2000, -6.0, 6.0, alpha, 3, seed=0)
     _, info2 = run_lore("toy", sm2, horizon, 0, make=make, progress=False)
     assert set(sm2.alphas) == {alpha} and info2["per_state_alpha"] == alpha
-    assert info2["confidence_tree"] == pytest.approx(max(0.0, 1 - alpha * info2["distinct_states_smoothed"]))
+    assert info2["confidence_union"] == pytest.approx(max(0.0, 1 - alpha * info2["distinct_states_smoothed"]))
 
 
 class _SaturatedQ(torch.nn.Module):
@@ -188,7 +188,7 @@ def test_batched_search_equals_one_state_at_a_time(prune):
     assert i1["smoothing_calls"] == i1["distinct_states_smoothed"]
     assert i64["smoothing_calls"] < i64["distinct_states_smoothed"], "batches of several pending nodes"
     volatile = ("runtime_s", "nodes_per_s", "smoothing_calls", "batch", "distinct_states_smoothed",
-                "alpha_spent", "confidence_tree", "confidence_union", "per_state_alpha_last")
+                "alpha_spent", "confidence_union", "per_state_alpha_last")
     assert {k: v for k, v in i1.items() if k not in volatile} == {k: v for k, v in i64.items() if k not in volatile}
     for key in set(sm1.cache) & set(sm64.cache):
         a = certify_estimate(sm1.cache[key], sm1.sigma, sm1.v_min, sm1.v_max)
