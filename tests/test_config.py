@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from crop.config import ConfigError, certifications, load_config, validate_config
+from crop.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -197,13 +198,13 @@ def test_shell_metacharacters_in_paths_are_data(tmp_path, mlp_factory):
     assert validate_config(cfg)["results"] == results
     f = tmp_path / "hostile.yaml"
     f.write_text(yaml.safe_dump(cfg))
-    target = f"{results}/CartPole-v0/StdTrain/sigma-0.1/qrange.json"
+    target = f"{results}/CartPole-v0/StdTrain/sigma-0.1/{RUN_FILES['qrange']}"
     p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
                         "--configfile", str(f), "--directory", str(tmp_path), target],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     made = tmp_path / results / "CartPole-v0" / "StdTrain"
-    for out in ("checkpoint/model.pt", "checkpoint/model.json", "sigma-0.1/qrange.json"):
+    for out in ("checkpoint/model.pt", "checkpoint/model.json", f"sigma-0.1/{RUN_FILES['qrange']}"):
         assert (made / out).is_file(), out
     assert (tmp_path / results / "logs" / "CartPole-v0" / "StdTrain" / "checkpoint.log").is_file()
     assert json.loads((made / "checkpoint/model.json").read_text())["imported_from"]["path"] == str(policy)

@@ -18,6 +18,7 @@ import yaml
 from crop import cost
 from crop.cli import main
 from crop.config import load_config, validate_config
+from crop.layout import RUN_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs" / "quickstart.yaml"
@@ -270,7 +271,7 @@ def test_a_finished_loact_narrows_lore_s_tree_only_with_a_largest_eps(tmp_path):
     cfg = _config(QUICK, results=str(tmp_path))
     full = lore_job(cfg)
     assert full.note == "1023 nodes"
-    loact = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.01" / "loact.csv"
+    loact = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.01" / RUN_FILES["loact"]
     loact.parent.mkdir(parents=True)
     loact.write_text("episode,step,certified,radius\n" + "".join(f"0,{i},1,{r}\n" for i, r in
                                                                    enumerate([0.0, 0.001, 0.05, 0.05])))

@@ -14,6 +14,8 @@ from matplotlib.colors import to_hex
 from crop import layout
 from crop.config import ALGORITHMS
 from crop.gre import gre_bounds
+from crop.io import meta_name
+from crop.layout import RUN_FILES
 from crop.report import aggregate as agg
 from crop.report import figures, style, tables
 from crop.report.metrics import load_runs, mean_radius, metric_value, per_step_mean_radius
@@ -162,17 +164,17 @@ def _flat_results(root):
     algorithm that certifies no step (radius 0 everywhere)."""
     runs = make_results(root, {CART: {"StdTrain": [0.1], "CARRL": [0.1]}})
     for (_, algo, _), d in runs.items():
-        ep = pd.read_csv(d / "loact_episodes.csv")
+        ep = pd.read_csv(d / RUN_FILES["loact_episodes"])
         ep["return"] = 40.0
-        rewrite_csv(d / "loact_episodes.csv", ep)
-        rewrite_csv(d / "lore.csv", pd.DataFrame({"eps": [0.0], "lower_bound": [6.0]}))
-        al = pd.read_csv(d / "attack_local.csv")
+        rewrite_csv(d / RUN_FILES["loact_episodes"], ep)
+        rewrite_csv(d / RUN_FILES["lore"], pd.DataFrame({"eps": [0.0], "lower_bound": [6.0]}))
+        al = pd.read_csv(d / RUN_FILES["attack_local"])
         al["return"] = 6.0
-        rewrite_csv(d / "attack_local.csv", al)
+        rewrite_csv(d / RUN_FILES["attack_local"], al)
         if algo == "CARRL":
-            st = pd.read_csv(d / "loact.csv")
+            st = pd.read_csv(d / RUN_FILES["loact"])
             st["radius"], st["certified"] = 0.0, False
-            rewrite_csv(d / "loact.csv", st)
+            rewrite_csv(d / RUN_FILES["loact"], st)
     return runs
 
 
@@ -221,13 +223,13 @@ def test_gre_curves_span_the_attack_range(tmp_path):
     sigma = 0.1
     runs = make_results(tmp_path, {CART: {"StdTrain": [sigma]}})
     d = runs[(CART, "StdTrain", repr(sigma))]
-    returns = pd.read_csv(d / "gre_returns.csv")["return"].to_numpy()
+    returns = pd.read_csv(d / RUN_FILES["gre_returns"])["return"].to_numpy()
     j_min, j_max = 0.0, 40.0
     kw = dict(sigma=sigma, horizon=30, alpha=0.05, percentiles=[0.5], j_min=j_min, j_max=j_max)
-    rewrite_csv(d / "gre.csv", gre_bounds(returns, eps_grid=[0.0, 0.002, 0.005], **kw))
-    ag = pd.read_csv(d / "attack_global.csv")
+    rewrite_csv(d / RUN_FILES["gre"], gre_bounds(returns, eps_grid=[0.0, 0.002, 0.005], **kw))
+    ag = pd.read_csv(d / RUN_FILES["attack_global"])
     ag["eps"] = ag["eps"] * 2.0  # the attack's grid now reaches 0.4σ
-    rewrite_csv(d / "attack_global.csv", ag)
+    rewrite_csv(d / RUN_FILES["attack_global"], ag)
     data = load_runs(tmp_path, runs_of(runs))
     run = data[(CART, "StdTrain", repr(sigma))]
     for kind, col in (("mean", "expectation_bound"), ("median", "percentile_bound")):
@@ -289,13 +291,13 @@ def test_per_step_mean_over_the_episodes_still_running():
 def test_tables_give_both_conventions(tmp_path):
     runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "CARRL": [0.1]}})
     std = runs[(CART, "StdTrain", "0.1")]
-    base = pd.read_csv(std / "loact.csv").iloc[:0]
+    base = pd.read_csv(std / RUN_FILES["loact"]).iloc[:0]
     planted = _planted_steps()
-    rewrite_csv(std / "loact.csv", pd.concat([base, planted], ignore_index=True)
+    rewrite_csv(std / RUN_FILES["loact"], pd.concat([base, planted], ignore_index=True)
                 .assign(action=0, reward=1.0, q_top=1.0, q_runner_up=0.5, q_top_lower=0.9, q_others_upper_max=0.6))
     carrl = runs[(CART, "CARRL", "0.1")]
-    st = pd.read_csv(carrl / "loact.csv")
-    rewrite_csv(carrl / "loact.csv", st.assign(certified=False, radius=0.0))
+    st = pd.read_csv(carrl / RUN_FILES["loact"])
+    rewrite_csv(carrl / RUN_FILES["loact"], st.assign(certified=False, radius=0.0))
     data = load_runs(tmp_path, runs_of(runs))
     assert metric_value(data[(CART, "StdTrain", "0.1")], "mean_radius") == pytest.approx(0.24)
     assert metric_value(data[(CART, "StdTrain", "0.1")], "mean_radius_certified") == pytest.approx(0.4)
@@ -330,13 +332,13 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
     sigma = 0.1
     runs = make_results(tmp_path, {CART: {"StdTrain": [sigma]}})
     d = runs[(CART, "StdTrain", repr(sigma))]
-    returns = pd.read_csv(d / "gre_returns.csv")["return"].to_numpy()
+    returns = pd.read_csv(d / RUN_FILES["gre_returns"])["return"].to_numpy()
     j_min = 0.0
     kw = dict(sigma=sigma, horizon=30, alpha=0.02, percentiles=[0.5], j_min=j_min, j_max=40.0)
     gre = gre_bounds(returns, eps_grid=[0.0, 0.005, 0.02], **kw)
     raw = gre.drop_duplicates("eps").set_index("eps")["expectation_bound"]
     assert raw.loc[0.02] < j_min < raw.loc[0.0]  # the precondition: one vacuous ε, one not
-    rewrite_csv(d / "gre.csv", gre)
+    rewrite_csv(d / RUN_FILES["gre"], gre)
     data = load_runs(tmp_path, runs_of(runs))
     by_name = tables.env_tables(CART, data, [0.0, 0.2])
     rb, _ = by_name["reward_bounds"]
@@ -379,7 +381,7 @@ def test_a_truncated_lore_bound_is_marked(tmp_path):
     runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "SA-DQN": [0.1]}})
     clean, _ = tables.env_tables(CART, load_runs(tmp_path, runs_of(runs)), [0.0])["reward_bounds"]
     assert "lore_truncated" not in clean
-    meta = runs[(CART, "SA-DQN", "0.1")] / "lore.meta.json"
+    meta = runs[(CART, "SA-DQN", "0.1")] / meta_name(RUN_FILES["lore"])
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "nodes": 40, "truncated": True}))
     data = load_runs(tmp_path, runs_of(runs))
     rb, caption = tables.env_tables(CART, data, [0.0])["reward_bounds"]
@@ -452,7 +454,7 @@ def test_only_rows_at_or_above_the_stopping_eps_are_marked_truncated(tmp_path):
     import json
 
     runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "SA-DQN": [0.1]}})
-    meta = runs[(CART, "SA-DQN", "0.1")] / "lore.meta.json"
+    meta = runs[(CART, "SA-DQN", "0.1")] / meta_name(RUN_FILES["lore"])
     base = json.loads(meta.read_text())
     for exact_below, marked in ((0.05, [False, True, True]), (None, [True, True, True]), (0.0, [True, True, True])):
         meta.write_text(json.dumps({**base, "nodes": 40, "truncated": True, "exact_below_eps": exact_below}))

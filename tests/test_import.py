@@ -18,6 +18,7 @@ from crop.cli import main
 from crop.config import ConfigError, validate_config
 from crop.importing import PolicyImportError, import_policy
 from crop.io import derive_seed, sha256_file
+from crop.layout import RUN_FILES
 from crop.models import load_q_network
 from crop.train import greedy_returns
 
@@ -140,7 +141,7 @@ def test_imported_checkpoint_is_certified_by_the_certifiers(tmp_path):
     src_net = _mlp([4, 16, 2], seed=5)
     torch.save(src_net.state_dict(), tmp_path / "mine.pt")
     out, _ = _import(tmp_path, tmp_path / "mine.pt", episodes="1")
-    q = tmp_path / "qrange.json"
+    q = tmp_path / RUN_FILES["qrange"]
     main(["qrange", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", str(out),
           "--m", "20", "--episodes", "1", "--horizon", "5", "--out", str(q)])
     assert json.loads(q.read_text())["checkpoint_sha256"] == sha256_file(out)

@@ -16,6 +16,7 @@ from test_import_policy import _sb3_mlp_policy, _sb3_zip
 
 from crop.cli import main
 from crop.config import ConfigError, check_policy_files, load_config, validate_config
+from crop.layout import RUN_FILES
 from crop.models import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -209,14 +210,15 @@ def test_the_workflow_plans_probs_for_a_policy_network(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "crop qrange" not in p.stdout and "rule qrange" not in p.stdout
-    assert "MyPPO@probs/sigma-0.1/loact.csv" in p.stdout and "--target probs" in p.stdout
+    assert f"MyPPO@probs/sigma-0.1/{RUN_FILES['loact']}" in p.stdout and "--target probs" in p.stdout
 
 
 def test_gre_by_hand_refuses_a_reward_range_whose_returns_overflow(tmp_path, capsys):
     big = "9" * 308   # 1e308 written as argparse takes a negative number
     err = _one_line(["gre", "--env", "Acrobot-v1", "--algo", "Mine", "--sigma", "0.1", "--checkpoint",
                      str(tmp_path / "model.pt"), "--reward-range", "-" + big, big, "--out",
-                     str(tmp_path / "out" / "gre.csv"), "--out-returns", str(tmp_path / "out" / "r.csv")], capsys)
+                     str(tmp_path / "out" / RUN_FILES["gre"]), "--out-returns", str(tmp_path / "out" / "r.csv")],
+                    capsys)
     assert "--reward-range: [-1e+308, 1e+308] over 200 steps gives [J_min, J_max] = [-inf, inf], not finite" in err, err
     assert not (tmp_path / "out").exists()
 
@@ -321,7 +323,7 @@ def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
     probs = tmp_path / run.replace("MyPPO", "MyPPO@probs")
     probs.parent.mkdir(parents=True)
     shutil.move(tmp_path / run, probs)
-    (probs / "qrange.json").unlink(missing_ok=True)
+    (probs / RUN_FILES["qrange"]).unlink(missing_ok=True)
     full, absent, half = stages_present(probs)
     assert "qrange" not in full + absent and not half
     rep = audit(tmp_path, tmp_path / "audit")

@@ -21,6 +21,8 @@ from test_import import _mlp, _sb3_zip
 
 from crop.config import ConfigError, validate_config
 from crop.envs import env_family, env_spec, make_env, profiles, restore, snapshot, snapshot_problem
+from crop.io import meta_name
+from crop.layout import RUN_FILES
 from crop.models import build_q_network
 from crop.report.audit import discover_run_folders
 from crop.report.metrics import parse_run
@@ -255,31 +257,32 @@ def test_gre_and_lore_need_the_reward_range_loact_does_not(tmp_path):
     assert _cli("import", "--env", "Acrobot-v1", "--algo", "Mine", "--file", acro, "--eval-episodes", "1",
                 "--out", ck)[0] == 0
     common = ["--env", "Acrobot-v1", "--algo", "Mine", "--sigma", "0.05", "--checkpoint", ck]
-    q = tmp_path / "qrange.json"
+    q = tmp_path / RUN_FILES["qrange"]
     assert _cli("qrange", *common, "--m", "16", "--episodes", "1", "--horizon", "3", "--out", q)[0] == 0
     rc, _, err = _cli("loact", *common, "--qrange", q, "--m", "32", "--episodes", "1", "--horizon", "4",
-                      "--out", tmp_path / "loact.csv")
+                      "--out", tmp_path / RUN_FILES["loact"])
     assert rc == 0, err
-    assert set(pd.read_csv(tmp_path / "loact.csv")["action"]) <= {0, 1, 2}
-    rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--out", tmp_path / "gre.csv",
+    assert set(pd.read_csv(tmp_path / RUN_FILES["loact"])["action"]) <= {0, 1, 2}
+    rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--out", tmp_path / RUN_FILES["gre"],
                       "--out-returns", tmp_path / "r.csv")
     _one_line_refusal(rc, err, "environments.Acrobot-v1.rewards.range", "--reward-range LOW HIGH")
-    rc, _, err = _cli("lore", *common, "--qrange", q, "--m", "16", "--horizon", "1", "--out", tmp_path / "lore.csv")
+    rc, _, err = _cli("lore", *common, "--qrange", q, "--m", "16", "--horizon", "1", "--out",
+                      tmp_path / RUN_FILES["lore"])
     _one_line_refusal(rc, err, "environments.Acrobot-v1.rewards.range")
-    assert not (tmp_path / "gre.csv").exists() and not (tmp_path / "lore.csv").exists()
+    assert not (tmp_path / RUN_FILES["gre"]).exists() and not (tmp_path / RUN_FILES["lore"]).exists()
     # a declared range that the rewards break stops the search that prunes on it (never an unsound bound)
     rc, _, err = _cli("lore", *common, "--qrange", q, "--m", "16", "--horizon", "2", "--reward-range", "0", "1",
-                      "--no-progress", "--out", tmp_path / "lore.csv")
+                      "--no-progress", "--out", tmp_path / RUN_FILES["lore"])
     _one_line_refusal(rc, err, "reward -1.0 < 0 in a search that prunes")
-    assert not (tmp_path / "lore.csv").exists()
+    assert not (tmp_path / RUN_FILES["lore"]).exists()
     rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--reward-range", "0", "1", "--no-progress",
-                      "--out", tmp_path / "gre.csv", "--out-returns", tmp_path / "r.csv")
+                      "--out", tmp_path / RUN_FILES["gre"], "--out-returns", tmp_path / "r.csv")
     _one_line_refusal(rc, err, "leave [J_min, J_max] = [0, 3] of the declared reward range")
-    assert not (tmp_path / "gre.csv").exists()
+    assert not (tmp_path / RUN_FILES["gre"]).exists()
     rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--reward-range", "-1", "0", "--eps-factors", "0",
-                      "0.1", "--out", tmp_path / "gre.csv", "--out-returns", tmp_path / "r.csv")
+                      "0.1", "--out", tmp_path / RUN_FILES["gre"], "--out-returns", tmp_path / "r.csv")
     assert rc == 0, err
-    g = pd.read_csv(tmp_path / "gre.csv")
+    g = pd.read_csv(tmp_path / RUN_FILES["gre"])
     assert (g["j_min"] == -3.0).all() and (g["j_max"] == 0.0).all()
 
 
@@ -296,19 +299,20 @@ def test_breakout_v5_loact_and_gre_at_tiny_m(tmp_path):
     assert rec["profile"] == "cleanrl" and rec["net_spec"]["out"] == 4 and rec["imported_from"]["format"] == "sb3"
     run = d / "sigma-0.01"
     common = ["--env", "ALE/Breakout-v5", "--algo", "MyCNN", "--sigma", "0.01", "--checkpoint", ck]
-    rc, _, err = _cli("qrange", *common, "--m", "8", "--episodes", "1", "--horizon", "3", "--out", run / "qrange.json")
+    q = run / RUN_FILES["qrange"]
+    rc, _, err = _cli("qrange", *common, "--m", "8", "--episodes", "1", "--horizon", "3", "--out", q)
     assert rc == 0, err
-    rc, _, err = _cli("loact", *common, "--qrange", run / "qrange.json", "--m", "16", "--episodes", "1", "--horizon",
-                      "4", "--out", run / "loact.csv")
+    rc, _, err = _cli("loact", *common, "--qrange", q, "--m", "16", "--episodes", "1", "--horizon", "4", "--out",
+                      run / RUN_FILES["loact"])
     assert rc == 0, err
-    st = pd.read_csv(run / "loact.csv")
+    st = pd.read_csv(run / RUN_FILES["loact"])
     assert len(st) == 4 and set(st["action"]) <= {0, 1, 2, 3} and (st["radius"] >= 0).all()
     rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "4", "--eps-factors", "0", "0.1",
-                      "--out", run / "gre.csv", "--out-returns", run / "gre_returns.csv")
+                      "--out", run / RUN_FILES["gre"], "--out-returns", run / RUN_FILES["gre_returns"])
     assert rc == 0, err
-    g = pd.read_csv(run / "gre.csv")
+    g = pd.read_csv(run / RUN_FILES["gre"])
     assert (g["j_min"] == -4.0).all() and (g["j_max"] == 4.0).all() and (g["m"] == 4).all()
-    r = pd.read_csv(run / "gre_returns.csv")["return"]
+    r = pd.read_csv(run / RUN_FILES["gre_returns"])["return"]
     assert len(r) == 4 and r.between(-4, 4).all()
     assert (g["expectation_bound"] <= g["mean_return"] + 1e-9).all()
     # the report reads this folder as one run of the namespaced environment
@@ -338,9 +342,9 @@ def test_acrobot_whole_workflow_with_a_label_of_its_own(tmp_path):
     rec = json.loads((res / "Acrobot-v1/MyDQN/checkpoint/model.json").read_text())
     assert rec["source"] == "file" and rec["profile"] == "vector" and rec["net_spec"]["in"] == 6
     run = res / "Acrobot-v1/MyDQN/sigma-0.05"
-    g = pd.read_csv(run / "gre.csv")
+    g = pd.read_csv(run / RUN_FILES["gre"])
     assert (g["j_min"] == -10.0).all() and (g["j_max"] == 0.0).all()   # H = 10 steps of reward in [-1, 0]
-    lore_meta = json.loads((run / "lore.meta.json").read_text())
+    lore_meta = json.loads((run / meta_name(RUN_FILES["lore"])).read_text())
     assert lore_meta["search"]["pruning"] is False   # Acrobot's rewards are negative: no pruning
     assert "MyDQN" in (res / "tables/Acrobot-v1_mean_radius.md").read_text()
     for stem in ("Acrobot-v1_legend", "Acrobot-v1_stepwise", "Acrobot-v1_all_bounds"):
@@ -400,7 +404,8 @@ def test_breakout_whole_workflow_in_namespaced_folders(tmp_path):
     audit = json.loads((res / "audit/audit.json").read_text())
     assert audit["passed"] and audit["violations"] == 0 and audit["integrity_problems"] == 0
     run = res / "ALE/Breakout-v5/MyCNN/sigma-0.01"
-    assert json.loads((run / "lore.meta.json").read_text())["search"]["pruning"] is True   # rewards.range [0, 1]
+    # rewards.range [0, 1]
+    assert json.loads((run / meta_name(RUN_FILES["lore"])).read_text())["search"]["pruning"] is True
     assert (res / "figures/ALE-Breakout-v5_stepwise.png").is_file()
     assert "MyCNN" in (res / "tables/ALE-Breakout-v5_benign_return.md").read_text()
 

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from crop.layout import run_dir
+from crop.io import meta_name
+from crop.layout import RUN_FILES, run_dir
 from crop.models import build_q_network
 
 from conftest import SHARED
@@ -45,15 +46,15 @@ def test_atari_policy_end_to_end(tmp_path, serve):  # noqa: F811
     work = tmp_path / "work"
     run_smoke(REPO / "tests/configs/atari_smoke.yaml", work, serve(site))
     d = run_dir(work / "results-atari", "PongNoFrameskip-v4", "StdTrain", "0.01")
-    st = pd.read_csv(d / "loact.csv")
+    st = pd.read_csv(d / RUN_FILES["loact"])
     assert len(st) >= 1 and (st["radius"] >= 0).all() and set(st["action"]) <= {0, 1, 2, 3}
-    with np.load(d / "frames.npz") as z:
+    with np.load(d / RUN_FILES["frames"]) as z:
         assert z["frames"].shape[1:] == (210, 160, 3) and len(z["frames"]) == len(st[st.episode == 0])
     rec = json.loads((work / "results-atari/PongNoFrameskip-v4/StdTrain/checkpoint/model.json").read_text())
     assert rec["source"] == "published" and rec["pinned_by"] == "lock file"
     assert "http://download.huan-zhang.com" in (work / "checkpoints.lock.json").read_text()
     assert json.loads((work / "results-atari/audit/audit.json").read_text())["violations"] == 0
-    assert json.loads((d / "lore.meta.json").read_text())["search"]["reward_modification"] == "max(r, 0)"
+    assert json.loads((d / meta_name(RUN_FILES["lore"])).read_text())["search"]["reward_modification"] == "max(r, 0)"
 
 
 @pytest.mark.slow
@@ -63,7 +64,7 @@ def test_highway_published_checkpoints_end_to_end(tmp_path, serve):  # noqa: F81
     run_smoke(REPO / "tests/configs/highway_smoke.yaml", work, serve(SHARED / "checkpoints"))
     for algo in ("StdTrain", "RadialRL"):
         d = run_dir(work / "results-highway", "highway-fast-v0", algo, "0.05")
-        for f in ("loact.csv", "gre.csv", "lore.csv", "attack_local.csv", "attack_global.csv"):
+        for f in (RUN_FILES[k] for k in ("loact", "gre", "lore", "attack_local", "attack_global")):
             assert len(pd.read_csv(d / f)) > 0, f
     audit = json.loads((work / "results-highway/audit/audit.json").read_text())
     assert audit["violations"] == 0 and audit["integrity_problems"] == 0
