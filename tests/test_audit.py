@@ -63,6 +63,7 @@ def _verdicts(rep):
     return [c["verdict"] for c in rep["reference"]["comparisons"] if c["verdict"] != "not_in_reference"]
 
 
+@pytest.mark.slow
 def test_sound_results_pass(results):
     rep = audit(results, results / "audit", config_hash="abc123")
     assert set(rep) == AUDIT_KEYS
@@ -179,6 +180,7 @@ def _reference_rows(results):
     }
 
 
+@pytest.mark.slow
 def test_planted_reference_mismatch_is_reported(results):
     rows = _reference_rows(results)
     ref = write_reference(results.parent / "ref.csv", list(rows.values()))
@@ -207,6 +209,7 @@ def test_planted_reference_mismatch_is_reported(results):
     assert rep3["reproduction"]["differ"] == 0
 
 
+@pytest.mark.slow
 def test_tolerances_file_and_flags(results, tmp_path):
     rows = _reference_rows(results)
     ref = write_reference(tmp_path / "ref.csv", [rows["benign"], rows["mismatch"]])
@@ -416,6 +419,7 @@ def _plant_every_run(root, plant):
         plant(d)
 
 
+@pytest.mark.slow
 def test_planted_violations_in_27_runs(pristine27, tmp_path):
     """The sound 27-run folder PASSes with no untestable check; each gross violation the released audit passed
     (issue 19) comes out violation or suspicious; a fault planted in *every* run, which no single check can
@@ -500,6 +504,7 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     assert rep["verdict"] == "PASS" and flipped and all(c["status"] == "reported" for c in flipped)
 
 
+@pytest.mark.slow
 def test_auto_sizes_make_every_percentile_check_testable(pristine27, tmp_path):
     """attack.global_episodes: auto counts the chance-based tests the audit of the config will have (here
     exactly those of the 27-run folder, pooled counts included) and picks the fewest episodes whose percentile
@@ -549,6 +554,7 @@ def _null_pvalue(check: dict, rng) -> float:
     raise AssertionError(c)
 
 
+@pytest.mark.slow
 def test_sound_27_runs_fail_at_most_alpha_over_repeated_draws(pristine27, tmp_path):
     """False FAILs over repeated sound draws: every chance-based check of the 27-run folder redrawn at its
     bound (the attacked data as bad as a valid certificate allows, independently across checks), then the
@@ -830,6 +836,7 @@ def _tiny_real_run(results: Path) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
     """`--rerun K` re-runs stage jobs from their recorded provenance: a sound folder re-runs byte-identical on
     the CPU; an attacked return changed after the run — with its recorded sha256 forged to match, so no
@@ -863,6 +870,7 @@ def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow
 def test_rerun_imports_no_module_the_folder_names(tmp_path, monkeypatch):
     """A received folder whose meta file records another env than its path (``evilmod:Evil-v0`` in a CartPole
     run) re-runs nothing: the job counts as differ, and the planted module — on the current directory, where
@@ -941,6 +949,7 @@ def test_chances_use_the_planned_horizon_not_the_realised_length():
     assert row["steps"] == 2 * h
 
 
+@pytest.mark.slow
 def test_lore_pool_holds_when_leaving_ends_the_episode():
     """Sound LoRe units drawn through the audit's own code (check_lore_vs_local_attack, classify) with the
     dependence CartPole has: the attacked episode leaves the tree at each step with probability q (what P[leave]
@@ -1010,6 +1019,7 @@ def _plant_lore_at_zero(d, value: float) -> None:
     rewrite_csv(d / RUN_FILES["attack_local"], al)
 
 
+@pytest.mark.slow
 def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_path):
     """A near-tie step on LoRe's initial episode made the ε = 0 LoRe check untestable (P[leave T_0] ≈ 1); J̲ is a
     step function, so the check is made over the tree of J̲(0)'s whole piece, where that step keeps both actions:

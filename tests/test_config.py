@@ -79,6 +79,7 @@ def test_default_and_shipped_configs_are_valid():
         load_config(REPO / f)
 
 
+@pytest.mark.slow
 def test_snakemake_refuses_bad_config_before_any_job(tmp_path):
     cfg = _bad(lambda c: c["environments"]["CartPole-v0"].update(sigmas=[-0.5]))
     cfg["results"] = str(tmp_path / "results")
@@ -170,6 +171,7 @@ def test_validate_config_refuses_hostile_values_in_one_line(text, message, tmp_p
     assert p.stderr.count("\n") == 1 and message in p.stderr, p.stderr
 
 
+@pytest.mark.slow
 def test_snakemake_refuses_nan_before_any_job(tmp_path):
     f = tmp_path / "nan.yaml"
     f.write_text(f"results: {tmp_path / 'results'}\n" + SMALL.replace("sigmas: [0.1]", "sigmas: [.nan]"))
@@ -182,6 +184,7 @@ def test_snakemake_refuses_nan_before_any_job(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_shell_metacharacters_in_paths_are_data(tmp_path, mlp_factory):
     """A real Snakemake run (the checkpoint and qrange jobs) with `$(…)`, backquotes, `;`, quotes and spaces in
     `results:` and in a policy file's path: nothing is executed, and every output lands at the path as written."""

@@ -282,6 +282,7 @@ def test_a_finished_loact_narrows_lore_s_tree_only_with_a_largest_eps(tmp_path):
     assert narrowed.seconds < full.seconds
 
 
+@pytest.mark.slow
 def test_plan_imports_no_torch(tmp_path):
     """A planning command on a login node: no torch (seconds of imports) to price a config."""
     code = ("import sys; from crop.cli import main; main(['plan', '--configfile', sys.argv[1], '--json']); "

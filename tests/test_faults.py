@@ -18,6 +18,7 @@ def results(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_truncated_intermediate_is_refused_before_aggregation(results, capsys):
     f = results / f"CartPole-v0/StdTrain/sigma-0.1/{RUN_FILES['loact']}"
     data = f.read_bytes()
@@ -35,6 +36,7 @@ def test_truncated_intermediate_is_refused_before_aggregation(results, capsys):
 
 @pytest.mark.parametrize("name, rule", [(RUN_FILES["gre_returns"], "gre"), (RUN_FILES["certified_ratio"], "loact"),
                                         (RUN_FILES["attack_global"], "attack_global"), (RUN_FILES["lore"], "lore")])
+@pytest.mark.slow
 def test_a_modified_file_names_the_rule_that_recomputes_it(results, name, rule):
     from crop.report.integrity import check_integrity
 
@@ -104,6 +106,7 @@ def _immutable(path, on: bool) -> bool:
     return subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_read_only_results_folder_is_one_clear_error(tmp_path):
     """An unwritable results folder stops the workflow before any job, naming the folder."""
     import subprocess
@@ -127,6 +130,7 @@ def test_read_only_results_folder_is_one_clear_error(tmp_path):
     assert not any(res.iterdir())
 
 
+@pytest.mark.slow
 def test_second_workflow_on_the_same_folder_is_stopped_by_the_lock(tmp_path):
     import subprocess
     import sys

@@ -51,6 +51,7 @@ def _text_outside_math(label: str) -> str:
     return re.sub(r"\$[^$]*\$", "", label)
 
 
+@pytest.mark.slow
 def test_axis_labels_are_math_text(nine):
     *_, figs = nine
     seen = set()
@@ -74,6 +75,7 @@ def test_axis_labels_are_math_text(nine):
                 assert label.get_math_fontfamily() == "cm", (stem, label.get_text())
 
 
+@pytest.mark.slow
 def test_one_colour_and_marker_per_algorithm_all_distinct(nine):
     *_, figs = nine
     assert list(style.ALGO_COLORS) == ALGORITHMS
@@ -132,6 +134,7 @@ def test_colours_stay_distinct_under_colour_vision_deficiencies():
     assert _lab(style.ALGO_COLORS["StdTrain"])[0] == min(_lab(c)[0] for c in style.ALGO_COLORS.values())
 
 
+@pytest.mark.slow
 def test_attack_lines_dashed_above_the_bounds_and_in_the_legend(nine):
     *_, figs = nine
     checked = 0
@@ -178,6 +181,7 @@ def _flat_results(root):
     return runs
 
 
+@pytest.mark.slow
 def test_flat_series_get_sensible_y_limits(tmp_path):
     runs = _flat_results(tmp_path)
     data = load_runs(tmp_path, runs_of(runs))
@@ -198,6 +202,7 @@ def test_flat_series_get_sensible_y_limits(tmp_path):
         _close_all(figs)
 
 
+@pytest.mark.slow
 def test_sigma_ticks_are_horizontal_and_do_not_overlap(tmp_path):
     sigmas = [0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1]
     runs = make_results(tmp_path, {CART: {"StdTrain": sigmas}})
@@ -217,6 +222,7 @@ def test_sigma_ticks_are_horizontal_and_do_not_overlap(tmp_path):
         matplotlib.pyplot.close(fig)
 
 
+@pytest.mark.slow
 def test_gre_curves_span_the_attack_range(tmp_path):
     """GRe computed up to 0.05σ, the global attack up to 0.4σ: the bound is drawn to 0.4σ, equal to the
     certifier's own formulas (crop.gre.gre_bounds) on the whole grid, and the vacuous median as J_min."""
@@ -288,6 +294,7 @@ def test_per_step_mean_over_the_episodes_still_running():
     assert list(c["averaged"]) == [1, 1, 1] and list(z["averaged"]) == [2, 2, 1]
 
 
+@pytest.mark.slow
 def test_tables_give_both_conventions(tmp_path):
     runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "CARRL": [0.1]}})
     std = runs[(CART, "StdTrain", "0.1")]
@@ -325,6 +332,7 @@ def test_tables_give_both_conventions(tmp_path):
 
 # ------------------------------------------------------------------ vacuous bounds (issue 17 item 5)
 
+@pytest.mark.slow
 def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
     """Theorem 2's linear bound falls below J_min at large ε: the tables report J_min, marked † (Markdown)
     or a dagger (LaTeX), keep the raw value in the CSV's expectation_bound_raw, and the tightness against the
@@ -372,6 +380,7 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
         _close_all(figs)
 
 
+@pytest.mark.slow
 def test_a_truncated_lore_bound_is_marked(tmp_path):
     """A bounded LoRe search that spent its node budget (lore.meta.json truncated: true): the reward-bounds
     table gets a lore_truncated column true on its rows only, the caption says what it means, and the
@@ -411,6 +420,7 @@ def two_targets(tmp_path_factory):
     _close_all(figs)
 
 
+@pytest.mark.slow
 def test_targets_of_one_label_have_distinct_colour_blind_safe_styles(two_targets):
     _, figs = two_targets
     probs, vote = style.series_color("MyPPO@probs"), style.series_color("MyPPO@vote")
@@ -436,6 +446,7 @@ def test_identical_curves_are_drawn_once_and_named(two_targets):
     assert "bound:MyPPO@probs" in gids and "bound:MyPPO@vote" in gids
 
 
+@pytest.mark.slow
 def test_the_certified_ratio_axis_fits_the_data(nine):
     _, _, data, figs = nine
     ax = figs["CartPole_certified_ratio_sigma-0.1"].axes[0]
@@ -448,6 +459,7 @@ def test_the_certified_ratio_axis_fits_the_data(nine):
     assert shown > 0
 
 
+@pytest.mark.slow
 def test_only_rows_at_or_above_the_stopping_eps_are_marked_truncated(tmp_path):
     """lore.meta.json's exact_below_eps: the pairs below it are the full search's, so a row at a smaller ε is
     not marked; a run that records no such ε is marked at every ε."""

@@ -208,7 +208,8 @@ def _planned_resources(cfg_path: Path, cfg: dict, tmp_path: Path) -> dict[str, s
     return dict(rules)
 
 
-@pytest.mark.parametrize("device, gpus", [("cpu", 0), ("auto", 1), ("cuda", 1)])
+@pytest.mark.parametrize("device, gpus", [("cpu", 0), pytest.param("auto", 1, marks=pytest.mark.slow),
+                                          pytest.param("cuda", 1, marks=pytest.mark.slow)])
 def test_certification_rules_ask_for_a_gpu_only_where_they_may_use_one(device, gpus, tmp_path):
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["device"] = device

@@ -225,6 +225,7 @@ def test_config_source_file_is_validated(tmp_path):
         validate_config(_file_config(tmp_path, arch="mlp"))
 
 
+@pytest.mark.slow
 def test_snakemake_dry_run_plans_the_import(tmp_path):
     _sb3_zip(tmp_path / "dqn_cartpole.zip", _mlp([4, 64, 64, 2], 0), _mlp([4, 64, 64, 2], 1))
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(_file_config(tmp_path, format="sb3")))

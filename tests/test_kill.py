@@ -16,7 +16,7 @@ from crop.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "tests" / "configs" / "kill.yaml"
-STAGES = ["checkpoint", "qrange", "loact", "gre", "lore", "attack-local", "attack-global"]
+STAGES = ["checkpoint", *stage_table.STAGES]
 # Files whose bytes are results; provenance (.meta.json, qrange.json/model.json/audit: runtimes, paths,
 # timestamps), logs and benchmarks legitimately differ between runs.
 VOLATILE = (".meta.json", RUN_FILES["qrange"], "model.json", "audit.json", "audit.md")
@@ -85,6 +85,24 @@ def run_and_kill_during(work, stage: str, after: float = 2.5) -> bool:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def test_the_comparison_sees_a_result_byte_and_skips_provenance_and_logs(tmp_path):
+    """What the kill tests compare (the fast counterpart of the slow runs below): every result byte, not the
+    provenance, logs or benchmarks that legitimately differ between runs."""
+    run = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.05"
+    run.mkdir(parents=True)
+    for name in (RUN_FILES["loact"], meta_name(RUN_FILES["loact"]), RUN_FILES["qrange"]):
+        (run / name).write_text("1\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "loact.log").write_text("took 3 s\n")
+    before = result_hashes(tmp_path)
+    assert list(before) == [f"CartPole-v0/StdTrain/sigma-0.05/{RUN_FILES['loact']}"]
+    (run / meta_name(RUN_FILES["loact"])).write_text("2\n")
+    (tmp_path / "logs" / "loact.log").write_text("took 4 s\n")
+    assert result_hashes(tmp_path) == before
+    (run / RUN_FILES["loact"]).write_text("2\n")
+    assert result_hashes(tmp_path) != before
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,7 @@ def brute_force(make, sm, horizon, eps, gamma=1.0, seed=0):
 
 @pytest.mark.parametrize("signed,prune,repeat", [(False, True, False), (False, False, False),
                                                  (True, False, False), (False, True, True)])
+@pytest.mark.slow
 def test_lore_equals_brute_force(mlp_factory, signed, prune, repeat):
     horizon = 6
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
@@ -117,6 +118,7 @@ def test_lore_bound_at_respects_search_limit():
     assert math.isnan(lore_bound_at(t, 0.8, valid_until=0.8))
 
 
+@pytest.mark.slow
 def test_lore_on_cartpole_equals_brute_force(mlp_factory):
     """CartPole: the real environment, deepcopy snapshots of the wrapped env, terminal rewards kept."""
     from crop.envs import make_env
@@ -131,6 +133,7 @@ def test_lore_on_cartpole_equals_brute_force(mlp_factory):
         assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, horizon, eps, seed=3)), eps
 
 
+@pytest.mark.slow
 def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
     """alpha_mode family: the i-th distinct state smoothed gets α·6/(π² i²); the outputs report what was
     spent, and the tree's joint confidence is ≥ 1 − α however many states were smoothed.  The search itself
@@ -171,6 +174,7 @@ class _SaturatedQ(torch.nn.Module):
         return torch.cat([big, torch.ones_like(big), late], 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prune", [True, False])
 def test_batched_search_equals_one_state_at_a_time(prune):
     """Smoothing the pending nodes together changes only which noise each state draws: with certificates
@@ -198,6 +202,7 @@ def test_batched_search_equals_one_state_at_a_time(prune):
         assert lore_bound_at(t64, eps) == pytest.approx(brute_force(make, sm64, 7, eps)), eps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signed,prune", [(False, True), (True, False)])
 def test_batched_lore_equals_brute_force_with_family_alphas(mlp_factory, signed, prune):
     """Batching on, per-node α from the family schedule passed per state in each batch: the bound table is
@@ -225,6 +230,7 @@ def _bounds(table, valid_until, grid):
     return [lore_bound_at(table, e, valid_until) for e in grid]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signed,prune,gamma", [(False, True, 1.0), (True, False, 0.9), (True, False, 1.0)])
 def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suffices(mlp_factory, signed, prune,
                                                                                      gamma):
@@ -286,6 +292,7 @@ class FloorWalk(gym.Env):
         return np.array([self.t / 10, a], np.float32), r, False, False, {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma,horizon", [(1.0, 3), (0.9, 5), (1.0, 6)])
 def test_bounded_search_stays_below_the_unbounded_one_where_the_lowest_reward_is_reached(mlp_factory, gamma,
                                                                                          horizon):

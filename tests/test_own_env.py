@@ -73,6 +73,7 @@ def _sb3_cnn_zip(path: Path, n_actions: int, fire: int | None = 1) -> Path:
 
 # ---------------------------------------------------------------------------------------- environments
 
+@pytest.mark.slow
 def test_families_and_facts_from_the_environment():
     assert env_family("CartPole-v0") == "paper" and env_family("Acrobot-v1") == "vector"
     assert env_family("ALE/Breakout-v5") == "atari" and env_family("BreakoutNoFrameskip-v4") == "atari"
@@ -92,6 +93,7 @@ def test_families_and_facts_from_the_environment():
     assert env_spec("CartPole-v0").paper_name == "CartPole"
 
 
+@pytest.mark.slow
 def test_atari_v5_frameskip_and_sticky_actions_as_configured():
     e = make_env("ALE/Breakout-v5")
     ale = e.unwrapped.ale
@@ -105,6 +107,7 @@ def test_atari_v5_frameskip_and_sticky_actions_as_configured():
         make_env("ALE/Breakout-v5", "cleanrl:sticky=1.5")
 
 
+@pytest.mark.slow
 def test_sticky_atari_snapshots_replay_exactly():
     """A snapshot holds the emulator's generator of sticky actions: two restores replay the same frames."""
     env = make_env("ALE/Breakout-v5")
@@ -215,6 +218,7 @@ def test_own_config_valid_with_any_label_and_atari_without_reward_facts():
         "algorithms": ["Mine"], "sigmas": [0.01]}}})
 
 
+@pytest.mark.slow
 def test_import_sizes_checked_against_the_environment(tmp_path):
     acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 64, 64, 3], 0), _mlp([6, 64, 64, 3], 1))
     three = _sb3_zip(tmp_path / "three.zip", _mlp([4, 64, 64, 3], 0), _mlp([4, 64, 64, 3], 1))
@@ -234,6 +238,7 @@ def test_import_sizes_checked_against_the_environment(tmp_path):
         assert not out.parent.exists()   # nothing written
 
 
+@pytest.mark.slow
 def test_checkpoint_used_on_another_environment_is_one_line(tmp_path):
     """A model.json edited to name another environment is refused when the checkpoint is used."""
     acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 16, 3], 0), _mlp([6, 16, 3], 1))
@@ -251,6 +256,7 @@ def test_checkpoint_used_on_another_environment_is_one_line(tmp_path):
     assert not (tmp_path / "q.json").exists()
 
 
+@pytest.mark.slow
 def test_gre_and_lore_need_the_reward_range_loact_does_not(tmp_path):
     acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 16, 3], 0), _mlp([6, 16, 3], 1))
     ck = tmp_path / "Acrobot-v1" / "Mine" / "checkpoint" / "model.pt"
@@ -288,6 +294,7 @@ def test_gre_and_lore_need_the_reward_range_loact_does_not(tmp_path):
 
 # ------------------------------------------------------------------------------------ Atari: Breakout v5
 
+@pytest.mark.slow
 def test_breakout_v5_loact_and_gre_at_tiny_m(tmp_path):
     src = _sb3_cnn_zip(tmp_path / "breakout.zip", 4)
     d = tmp_path / "ALE" / "Breakout-v5" / "MyCNN"
@@ -353,6 +360,7 @@ def test_acrobot_whole_workflow_with_a_label_of_its_own(tmp_path):
 
 # ------------------------------------------------------------------------------ labels in the report
 
+@pytest.mark.slow
 def test_own_labels_get_their_own_colour_marker_rows_and_not_in_the_paper(tmp_path):
     import matplotlib
     from matplotlib.colors import to_hex

@@ -43,6 +43,7 @@ def synthetic(tmp_path_factory):
     return root, runs, written
 
 
+@pytest.mark.slow
 def test_aggregate_writes_exactly_the_declared_files(synthetic):
     root, _, written = synthetic
     expected = set(layout.aggregate_files(root / "figures", root / "tables", _layout_plan(PLAN)))
@@ -87,6 +88,7 @@ def data(synthetic):
     return load_runs(root, runs_of(runs))
 
 
+@pytest.mark.slow
 def test_one_colour_per_algorithm_in_every_figure(data):
     seen = {}
     for env in PLAN:
@@ -108,6 +110,7 @@ def test_one_colour_per_algorithm_in_every_figure(data):
     assert len(set(style.ALGO_COLORS.values())) == len(style.ALGO_COLORS)
 
 
+@pytest.mark.slow
 def test_multipanel_and_large_sigma_figures(data):
     figs = _figs("FreewayNoFrameskip-v4", data, ["Freeway_stepwise", "Freeway_large_sigma", "Freeway_all_bounds",
                                                  "Freeway_stepwise_sigma-1.5", "Freeway_legend"])
@@ -141,6 +144,7 @@ def test_multipanel_and_large_sigma_figures(data):
             matplotlib.pyplot.close(f)
 
 
+@pytest.mark.slow
 def test_pong_periodic_figure_shows_the_recorded_frames(data):
     figs = _figs("PongNoFrameskip-v4", data, ["Pong_periodic_sigma-0.01_StdTrain"])
     try:
@@ -161,6 +165,7 @@ def test_pong_periodic_figure_shows_the_recorded_frames(data):
             matplotlib.pyplot.close(f)
 
 
+@pytest.mark.slow
 def test_missing_frames_for_pong_is_an_error(tmp_path, capsys):
     runs = make_results(tmp_path, {"PongNoFrameskip-v4": {"StdTrain": [0.01]}})
     (runs[("PongNoFrameskip-v4", "StdTrain", "0.01")] / layout.FRAMES_FILE).unlink()
@@ -171,6 +176,7 @@ def test_missing_frames_for_pong_is_an_error(tmp_path, capsys):
     assert not (tmp_path / "figures").exists()  # refused before drawing anything
 
 
+@pytest.mark.slow
 def test_tables_agree_with_the_result_files(synthetic):
     root, runs, _ = synthetic
     mr = pd.read_csv(root / "tables" / "CartPole_mean_radius.csv").set_index("algo")
@@ -213,6 +219,7 @@ def test_tables_agree_with_the_result_files(synthetic):
             assert not math.isnan(r.lore_bound)
 
 
+@pytest.mark.slow
 def test_latex_tables_use_booktabs(synthetic):
     root, _, _ = synthetic
     for name in layout.TABLES:
@@ -258,6 +265,7 @@ def test_markdown_tables_of_the_report_share_one_writer():
     assert md.startswith("cap\n\n") and "SA-MDP (PGD)" in md and "σ = 0.1" in md and md.endswith("— |\n")  # empty cell
 
 
+@pytest.mark.slow
 def test_load_runs_complete_or_partial(tmp_path):
     """The figures read complete, intact runs only (a missing or edited file is an error, a replicate needs
     its run); the audit (partial) reads what each run has and leaves out a replicate it cannot use."""

@@ -48,6 +48,7 @@ def _certified_only_mean(steps: pd.DataFrame) -> float:
 
 # ------------------------------------------------------------------------------------------- the builder
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TARBALL.is_file(), reason="needs ../shared/reference (the leaderboard's data)")
 def test_reference_builder_on_the_real_tarball(tmp_path):
     from crop.reference.build import main as build
@@ -95,6 +96,7 @@ def results(tmp_path):
     return root
 
 
+@pytest.mark.slow
 def test_loact_only_run_is_compared_row_by_row(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _keep_only(d, {"qrange", "loact"})
@@ -134,6 +136,7 @@ def test_loact_only_run_is_compared_row_by_row(results, tmp_path):
     assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == 1
 
 
+@pytest.mark.slow
 def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "GaussAug", "0.1")
     _keep_only(d, {"gre", "attack_global"})  # no qrange.json either
@@ -158,6 +161,7 @@ def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
     assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "c") == 1
 
 
+@pytest.mark.slow
 def test_half_written_stage_is_an_integrity_problem(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     (d / RUN_FILES["loact_episodes"]).unlink()
@@ -166,6 +170,7 @@ def test_half_written_stage_is_an_integrity_problem(results, tmp_path):
     assert not rep["passed"]
 
 
+@pytest.mark.slow
 def test_audit_against_the_paper(results, tmp_path):
     assert audit_cli(results, "--reference", "paper", "--out-dir", tmp_path / "a") == 0
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
@@ -212,6 +217,7 @@ def _flip_row(rep, eps):
                 and c["algo"] == "StdTrain" and math.isclose(c["eps"], eps))
 
 
+@pytest.mark.slow
 def test_flips_within_chance_are_not_violations(results, tmp_path):
     sigma, eps = 0.1, 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
@@ -226,6 +232,7 @@ def test_flips_within_chance_are_not_violations(results, tmp_path):
     assert "Raw failures within chance" in (tmp_path / "a" / "audit.md").read_text()
 
 
+@pytest.mark.slow
 def test_flips_far_beyond_chance_are_reported(results, tmp_path):
     sigma, eps = 0.1, 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
@@ -259,6 +266,7 @@ def _plant_lore_shortfall(d, eps):
     rewrite_csv(d / RUN_FILES["attack_local"], al)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha_spent, violation", [(0.2, False), (1e-4, True)])
 def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation):
     sigma, eps = 0.1, 0.05
@@ -276,6 +284,7 @@ def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation
     assert rep["passed"] != violation
 
 
+@pytest.mark.slow
 def test_lore_shortfall_unassessed_without_margins(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _plant_lore_shortfall(d, 0.05)

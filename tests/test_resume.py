@@ -60,6 +60,7 @@ def _case(env):
     ("toy", "clopper_pearson", "state", 9), ("toy", "clopper_pearson", "family", 6),
     ("toy", "hoeffding", "state", 9), ("toy", "hoeffding", "family", 5),
     ("CartPole-v0", "clopper_pearson", "state", 30), ("CartPole-v0", "hoeffding", "family", 30)])
+@pytest.mark.slow
 def test_resumed_search_is_byte_identical(tmp_path, env, bound, mode, lives):
     net_kw, sm_args, kw = _case(env)
     if mode == "family":
@@ -164,6 +165,7 @@ def test_lore_survives_sigkill_and_sigterm(tmp_path, bound, sig):
     assert not resume.exists()
 
 
+@pytest.mark.slow
 def test_the_stage_records_a_truncated_bounded_search(tmp_path):
     """crop lore --max-nodes: lore.meta.json records the nodes and truncated at its top; the bound is below
     the unbounded one's."""
@@ -455,6 +457,7 @@ def test_a_small_file_cannot_take_more_memory_than_its_size(tmp_path, capsys):
     assert capsys.readouterr().err.count("ignoring the resume file") == 2
 
 
+@pytest.mark.slow
 def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkeypatch):
     """The stage deletes the resume file only once lore.csv and its meta are written: a failure (or a kill)
     between the end of the search and the outputs leaves it for the rerun, which resumes and then removes it."""

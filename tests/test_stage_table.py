@@ -47,6 +47,7 @@ def jobs(tmp_path_factory):
     return _dry_run_jobs(tmp_path_factory.mktemp("dry"), cfg)
 
 
+@pytest.mark.slow
 def test_every_rule_writes_exactly_its_rows_outputs_and_names_each_on_the_command_line(jobs):
     seen = set()
     for job in jobs:
@@ -121,6 +122,7 @@ def cmd_toy(args):
 '''
 
 
+@pytest.mark.slow
 def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_and_run_files(tmp_path):
     """Adding a per-run stage is its row and its handler: the dry run, the CLI and the layout take it up."""
     (tmp_path / "toy_stage.py").write_text(TOY)

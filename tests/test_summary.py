@@ -5,6 +5,7 @@ import os
 import time
 
 import pandas as pd
+import pytest
 
 from crop.layout import RUN_FILES
 from crop.report.audit import audit
@@ -32,6 +33,7 @@ def test_summary_without_audit_says_there_is_none(tmp_path, monkeypatch):
     assert got["report"].startswith("snakemake --report report.html --configfile configs/quick.yaml ")
 
 
+@pytest.mark.slow
 def test_summary_states_the_audits_verdict_and_counts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runs = make_results(tmp_path / "res", PLAN)

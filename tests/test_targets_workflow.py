@@ -92,6 +92,7 @@ def test_target_vote_runs_every_stage_without_qrange_for_a_q_network_and_a_clean
     _check_runs(tmp_path / "results", {("StdTrain", "vote"): "q", ("GaussAug", "vote"): "policy"})
 
 
+@pytest.mark.slow
 def test_q_and_vote_side_by_side_plan_qrange_for_q_only(tmp_path):
     torch.save(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).state_dict(),
                tmp_path / "q.pt")

@@ -170,6 +170,7 @@ def test_standalone_audit_against_a_reference(smoke_run, tmp_path):
     assert subprocess.run(args, capture_output=True, text=True, timeout=300).returncode == 0
 
 
+@pytest.mark.slow
 def test_audit_rule_takes_the_config_audit_block(tmp_path):
     """audit.reference / strict / alpha reach `crop audit`, with the hash of the validated config; the
     reference is an input of the rule (a missing one stops the workflow before it runs)."""
@@ -193,6 +194,7 @@ def test_lint_is_clean(tmp_path):
     assert "Congratulations, your workflow is in a good condition!" in p.stdout + p.stderr, p.stdout + p.stderr
 
 
+@pytest.mark.slow
 def test_paper_config_builds_the_full_dag(tmp_path):
     """configs/paper.yaml: every env × algo × σ × stage is planned, by the rule that owns it, and so are
     every policy's checkpoint and the paper's figures and tables; certification jobs ask for a GPU."""

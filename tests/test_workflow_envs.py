@@ -3,6 +3,7 @@ fetched through a mirror, and CROP's published highway checkpoints through a mir
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -16,6 +17,7 @@ import torch
 from crop.io import meta_name
 from crop.layout import RUN_FILES, run_dir
 from crop.models import build_q_network
+from crop.stage_table import STAGES
 
 from conftest import SHARED
 from test_fetch import serve  # noqa: F401  (fixture)
@@ -29,6 +31,18 @@ def run_smoke(config: Path, work: Path, mirror: str):
                         str(work), "--cores", "2", "--configfile", str(config)],
                        capture_output=True, text=True, timeout=1200, env=env)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+
+
+@pytest.mark.parametrize("config", ["atari_smoke.yaml", "highway_smoke.yaml"])
+def test_the_smoke_configs_plan_every_stage(tmp_path, config):
+    """The fast counterpart of the end-to-end runs below: each smoke config's DAG holds every stage's rule
+    (a dry run; nothing is fetched)."""
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                        str(tmp_path), "--cores", "1", "--configfile", str(REPO / "tests/configs" / config), "-n"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    planned = set(re.findall(r"^(?:local)?rule (\w+):$", p.stdout + p.stderr, re.M))
+    assert planned >= {"checkpoint", *(row.rule for row in STAGES.values()), "aggregate", "audit"}, planned
 
 
 @pytest.mark.slow
