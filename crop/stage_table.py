@@ -1,12 +1,13 @@
 """The workflow's per-run stages, one row each: everything about a stage — what it writes, whether it reads the
 V range, the config settings it takes, the function its ``crop`` subcommand runs, its help, its extra flags,
-what its jobs ask of a cluster, whether it is replicated.
+what its jobs ask of a cluster, whether it is replicated, what the report's captions quote of its settings.
 
 Every other statement of these facts is derived from this table: the per-run rules (one rule per row, and a
 replicate rule where the row says so: ``rules/stages.smk``, with the blocks of ``rules/common.smk``), the file
 names of :mod:`crop.layout`, the ``crop`` subcommands with their ``--out*`` flags and settings
 (:mod:`crop.cli`), :class:`crop.stages.Stage`, the stages a run folder may hold
-(:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.cost`) and the rules/flags table of
+(:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.cost`), the report's captions
+(:mod:`crop.report.captions`) and the rules/flags table of
 docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler
 and its algorithm module.  No torch and no environments: the Snakefile and ``crop --help`` import it.
 
@@ -21,12 +22,13 @@ default: its keys are left out of ``--settings`` when the config has no such blo
 from __future__ import annotations
 
 import functools
+import string
 from dataclasses import dataclass, field
 
 from crop.io import META_SUFFIX, meta_name
 
 __all__ = ["Output", "Flag", "StageRow", "STAGES", "stage", "add_stage", "RUN_FILES", "META_SUFFIX", "meta_name",
-           "stage_options", "stage_settings", "layout_table",
+           "stage_options", "stage_settings", "caption", "layout_table",
            "with_layout_table"]
 
 
@@ -68,6 +70,7 @@ class StageRow:
     #                                 its minutes come from the cost model (crop/cost.py)
     cpu_only: bool = False          # runs on the job's CPU cores whatever the config's device (crop.cost)
     flags: tuple[Flag, ...] = field(default=())
+    caption: str | None = None      # what the report's captions quote of its settings (:func:`caption`)
 
     @property
     def rule(self) -> str:
@@ -121,7 +124,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
               False)),
         {"m": "loact.m", "episodes": "loact.episodes", "horizon": "loact.horizon", "frames_window": "loact.frames",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode"},
-        v_range=True, replicate=True, mem_mb=1000),
+        v_range=True, replicate=True, mem_mb=1000,
+        caption="m = {m} noise samples per state, {episodes} clean episodes of at most {horizon} steps"),
     StageRow(
         "gre", "GRe: expectation and percentile bounds from m σ-randomized trajectories (Algorithm 2)",
         "GRe: expectation and percentile bounds (Algorithm 2)",
@@ -137,7 +141,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         # its time is stepping m environments, beside which the batched forward is small even on a core
         # (docs/speed.md): a GPU would idle through nearly all of such a job while the stages that need it wait
         cpu_only=True,
-        flags=(Flag("workers", _POS_INT, "processes stepping the environments (default: --threads)"),)),
+        flags=(Flag("workers", _POS_INT, "processes stepping the environments (default: --threads)"),),
+        caption="m = {m} randomized trajectories of H = {horizon} steps, γ = {gamma}, ε/σ ∈ {{{eps_factors:eps}}}"),
     StageRow(
         "lore", "LoRe: absolute lower bound of the return by adaptive tree search (Algorithm 3, Theorem 4)",
         "LoRe: adaptive search for the absolute reward bound (Algorithm 3)",
@@ -150,7 +155,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "max_nodes": "lore.max_nodes"},
         v_range=True, replicate=False, mem_mb=1000,
         flags=(Flag("checkpoint_every", {"exclusiveMinimum": 0},
-                    "seconds between saves of the resumable search state (OUT.resume; default: LoRe's)"),)),
+                    "seconds between saves of the resumable search state (OUT.resume; default: LoRe's)"),),
+        caption="m = {m} noise samples per state, horizon H = {horizon}, γ = {gamma}"),
     StageRow(
         "attack-local", "ℓ2 PGD at every step against the smoothed policy (LoAct/LoRe tightness, §5)",
         "PGD against the locally smoothed policy",
@@ -161,7 +167,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         {"m": "loact.m", "horizon": "lore.horizon", "gamma": "lore.gamma", "episodes": "attack.local_episodes",
          "m_grad": "attack.local_m_grad", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.local_eps_factors",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode"},
-        v_range=True, replicate=False, mem_mb=1000),
+        v_range=True, replicate=False, mem_mb=1000,
+        caption="local (from LoRe's initial state and others): {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}"),
     StageRow(
         "attack-global", "ℓ2 PGD at every step against the σ-randomized policy (GRe tightness, §5)",
         "PGD against the σ-randomized policy",
@@ -171,7 +178,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         (_out("attack_global", "attack_global.csv", "attack_global.csv: returns under PGD per ε"),),
         {"horizon": "gre.horizon", "gamma": "gre.gamma", "episodes": "attack.global_episodes",
          "n_eot": "attack.global_n_eot", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.global_eps_factors"},
-        v_range=False, replicate=False, mem_mb=1000),
+        v_range=False, replicate=False, mem_mb=1000,
+        caption="{pgd_steps}-step ℓ2 PGD; global: {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}"),
 )}
 
 #: ``{key: file name}`` of every file a complete run folder holds.
@@ -249,6 +257,20 @@ def stage_settings(cfg: dict, env: str, command: str) -> dict:
                 continue
             out[option] = cfg["environments"][env][block].get(name)
     return out
+
+
+class _CaptionFormatter(string.Formatter):
+    """``{option}`` as ``str`` would print it; ``{option:eps}``: a list of budgets as ``0, 0.5, 1``."""
+
+    def format_field(self, value, spec):
+        if spec == "eps":
+            return ", ".join(f"{x:g}" for x in value)
+        return super().format_field(value, spec)
+
+
+def caption(command: str, settings: dict) -> str:
+    """A stage's caption (its row's template) with the settings it ran with (:func:`stage_settings`)."""
+    return _CaptionFormatter().format(STAGES[command].caption, **settings)
 
 
 # ------------------------------------------------------------------------------------- docs/layout.md's table

@@ -169,3 +169,20 @@ def test_the_layout_page_holds_the_current_table():
     doc = (REPO / "docs/layout.md").read_text()
     assert with_layout_table(doc) == doc, "regenerate: python -m crop.stage_table docs/layout.md"
     assert layout_table() in doc
+
+
+def test_captions_quote_each_stage_with_the_settings_it_ran_with():
+    import string
+
+    from crop.config import validate_config
+    from crop.report.captions import caption_settings
+
+    for row in STAGES.values():  # a caption names only its own stage's settings
+        fields = {f for _, f, _, _ in string.Formatter().parse(row.caption or "") if f}
+        assert fields <= set(row.settings), row.command
+    cfg = yaml.safe_load((REPO / "tests/configs/smoke.yaml").read_text())
+    env = cfg["environments"]["CartPole-v0"]
+    env["loact"]["m"], env["attack"]["local_eps_factors"] = 4321, [0.0, 0.75]
+    words = caption_settings(validate_config(cfg))["CartPole-v0"]
+    assert words["loact"].startswith("m = 4321 noise samples per state")
+    assert words["attack"].endswith("ε/σ ∈ {0, 0.75}") and "-step ℓ2 PGD; global: " in words["attack"]
