@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,23 @@ def test_paper_dry_run_asks_at_least_the_plan(tmp_path):
     assert sorted((r, tuple(sorted(w.items()))) for r, w, _ in dry) == sorted(jobs)
     for r, w, runtime in dry:
         assert runtime * 60 >= jobs[r, tuple(sorted(w.items()))].seconds, (r, w)
+
+
+def test_calibration_records_the_machine_and_times_after_a_warm_up():
+    """The fast counterpart of the calibration run below: the machine record, and a unit's time taken over
+    calls after the first (which pays for imports and caches)."""
+    from crop.calibrate import _best, machine
+
+    m = machine("cpu")
+    assert m["cores"] == os.cpu_count() and m["cpu"] and m["gpu"] is None
+    calls = []
+
+    def unit():
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.3)
+
+    assert _best(unit, repeats=3) < 0.3 and len(calls) == 4
 
 
 @pytest.mark.slow

@@ -48,6 +48,21 @@ def _certified_only_mean(steps: pd.DataFrame) -> float:
 
 # ------------------------------------------------------------------------------------------- the builder
 
+def test_reference_builder_refuses_a_link_in_the_tarball_and_writes_nothing(tmp_path, capsys):
+    """The fast counterpart of the builder's run on the real tarball: an untrusted archive holding a link (or
+    no archive at all) is one error line, exit status 2, and no table."""
+    from crop.reference.build import main as build
+
+    tarball, out = tmp_path / "lb.tar.gz", tmp_path / "ref.csv"
+    with tarfile.open(tarball, "w:gz") as tar:
+        link = tarfile.TarInfo("lb/cartpole.csv")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    assert build(["--tarball", str(tarball), "--out", str(out)]) == 2
+    assert build(["--tarball", str(tmp_path / "absent.tar.gz"), "--out", str(out)]) == 2
+    assert not out.exists() and capsys.readouterr().err.count("error: ") == 2
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not TARBALL.is_file(), reason="needs ../shared/reference (the leaderboard's data)")
 def test_reference_builder_on_the_real_tarball(tmp_path):
