@@ -1,6 +1,6 @@
 """The workflow's stages after the checkpoint, one function per `crop` subcommand.
 
-Certification and attacks run the same sequence (:class:`Stage`): verify and load the checkpoint and the V
+Certification and attacks run the same sequence (:class:`StageRun`): verify and load the checkpoint and the V
 range, build the smoothed Q-values with the stage's own noise stream, run one certifier or attack, then write
 each output atomically with its provenance (settings, seed, input hashes, confidence accounting) in
 ``.meta.json``.  The report stages (aggregate, audit) read a results folder's runs.
@@ -16,7 +16,7 @@ from crop import columns as cols
 from crop.io import InputError, write_frames
 from crop.stage_table import STAGES
 
-__all__ = ["Stage", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global",
+__all__ = ["StageRun", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global",
            "cmd_aggregate", "cmd_audit"]
 
 
@@ -76,8 +76,9 @@ def resolve_target(args, meta: dict) -> str:
     return target
 
 
-class Stage:
-    """What every certification stage shares: verify and load the checkpoint (and the V range where its row of
+class StageRun:
+    """One run of a certification or attack stage (its row of the stage table: :class:`crop.stage_table.StageRow`),
+    what every such run shares: verify and load the checkpoint (and the V range where its row of
     the stage table reads one), build the smoother, then record provenance and write each output atomically
     beside its ``.meta.json``.  ``resolved``: parameters the stage settled itself, recorded as they ran."""
 
@@ -145,7 +146,7 @@ def cmd_qrange(args) -> None:
     from crop.io import write_json
     from crop.qrange import estimate_qrange
 
-    st = Stage(args)
+    st = StageRun(args)
     if st.target != "q":
         raise InputError(f"{args.checkpoint}: a policy network has no V range to estimate (its targets probs and "
                          "vote lie in [0, 1])")
@@ -165,7 +166,7 @@ def cmd_loact(args) -> None:
     from crop.loact import certified_ratio, run_loact
     from crop.stats import episode_confidence, loact_state_alpha
 
-    st = Stage(args)
+    st = StageRun(args)
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     frames: list = []
     steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
@@ -231,7 +232,7 @@ def cmd_gre(args) -> None:
     spec = _spec_with_facts(args)
     j_min, j_max = _return_range(spec, args)   # before any work: GRe needs the reward range
     batch = spec.gre_block(args.m, args.batch)
-    st = Stage(args, batch=batch)
+    st = StageRun(args, batch=batch)
     returns = sample_randomized_returns(args.env, st.net, args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
                                         env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
                                         chunk=args.chunk, device=args.device, profile=st.profile,
@@ -258,7 +259,7 @@ def cmd_lore(args) -> None:
     spec = _spec_with_facts(args)
     _lore_checks(spec, args)
     every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
-    st = Stage(args, checkpoint_every=every)
+    st = StageRun(args, checkpoint_every=every)
     sm = st.smoother(args.alpha)
     resume = Path(args.out).with_name(Path(args.out).name + ".resume")
     # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
@@ -299,7 +300,7 @@ def cmd_attack_local(args) -> None:
     from crop.envs import env_spec
     from crop.stats import episode_confidence, loact_state_alpha
 
-    st, spec = Stage(args), env_spec(args.env)
+    st, spec = StageRun(args), env_spec(args.env)
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     # Returns over LoRe's horizon with LoRe's reward modification, so the two compare like for like.
     table = run_local_attack(args.env, sm, [f * args.sigma for f in args.eps_factors],
@@ -317,7 +318,7 @@ def cmd_attack_local(args) -> None:
 def cmd_attack_global(args) -> None:
     from crop.attack import run_global_attack
 
-    st = Stage(args)
+    st = StageRun(args)
     grid = [f * args.sigma for f in args.eps_factors]
     table = run_global_attack(args.env, st.net, args.sigma, grid,
                               global_attack_seeds(args.seed, args.env, args.algo, args.sigma, grid, args.episodes),

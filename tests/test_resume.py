@@ -475,7 +475,7 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
         raise OutputError(28, f"cannot write {d / RUN_FILES['lore']}: No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(crop.stages.Stage, "write", full_disk)
+        m.setattr(crop.stages.StageRun, "write", full_disk)
         with pytest.raises(SystemExit):
             main(argv)
     assert resume.exists() and not (d / RUN_FILES["lore"]).exists()
