@@ -188,14 +188,12 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
     initial-state seeds of each ε's episodes (one list per ε of ``eps_grid``) — GRe's bounds are about a return
     from a *random* initial state, so the audit's count over runs needs each run's and ε's episodes drawn
     afresh (:func:`crop.stages.global_attack_seeds`).  A continuous-action actor is attacked by
-    :func:`crop.continuous.run_global_attack_continuous`.  ``reward_fn`` maps each step's reward before it is
+    :func:`_run_global_attack_actor`.  ``reward_fn`` maps each step's reward before it is
     added (GRe's reward clipping, so that both returns are the same quantity)."""
     if getattr(q_net, "continuous", False):
-        from crop.continuous import run_global_attack_continuous
-
-        return run_global_attack_continuous(env_id, q_net, sigma, eps_grid, seeds_per_eps, horizon, steps=steps,
-                                            n_eot=n_eot, gamma=gamma, seed=seed, device=device, profile=profile,
-                                            progress=progress, reward_fn=reward_fn)
+        return _run_global_attack_actor(env_id, q_net, sigma, eps_grid, seeds_per_eps, horizon, steps=steps,
+                                        n_eot=n_eot, gamma=gamma, seed=seed, device=device, profile=profile,
+                                        progress=progress, reward_fn=reward_fn)
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
 
@@ -217,6 +215,40 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
         q = q_net(z)
         _check(q, f"step {t}")
         return [int(a) for a in q.argmax(1).cpu().numpy()]
+
+    return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
+                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress, reward_fn=reward_fn)
+
+
+def _run_global_attack_actor(env_id: str, net, sigma: float, eps_grid, seeds_per_eps, horizon: int, *,
+                             steps: int = 10, n_eot: int = 32, gamma: float = 1.0, seed: int = 0, device="cpu",
+                             profile: str | None = None, progress: bool | None = None, reward_fn=None):
+    """PGD (expectation over the smoothing noise, EOT) against the σ-randomized policy π′(s) = π(s + Δ) of a
+    continuous-action actor.  The loss: with a critic, −Q(s, π(s + δ + Δ)) (the agent's own objective, on the clean
+    state s it is really in); without one, ‖π(s + δ + Δ) − ā‖², ā the clean action averaged over the same Δ.
+    The action taken is π(s + δ + Δ_t) with one fresh Δ_t, as GRe's trajectories take it."""
+    dev = resolve_device(device)
+    net = net.to(dev).eval()
+
+    def make_loss(x, noise, t):
+        n = len(x)
+        with torch.no_grad():
+            a0 = net.raw((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
+            _check(a0, f"step {t}")
+            clean = a0.mean(1, keepdim=True)
+        states = x.unsqueeze(1).expand(-1, n_eot, -1).flatten(0, 1)
+
+        def loss(z):
+            a = net.raw((z.unsqueeze(1) + noise).flatten(0, 1))
+            if net.has_critic:
+                return -net.q(states, a).reshape(n, n_eot).mean(1)
+            return (a.reshape(n, n_eot, -1) - clean).pow(2).sum(-1).mean(1)
+        return loss
+
+    def act(z, t):
+        a = net(z)
+        _check(a, f"step {t}")
+        return list(a.cpu().numpy())
 
     return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
                       gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress, reward_fn=reward_fn)

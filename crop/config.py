@@ -17,10 +17,10 @@ import jsonschema
 import yaml
 
 from crop.io import CappedError
-from crop.names import MAX_PARAMETERS
+from crop.names import MAX_PARAMETERS, smoothing_targets
 from crop.registry import resolve_source
 
-__all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "targets",
+__all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "certifications",
            "run_targets", "smoothing_targets", "sigma_label",
            "ALGORITHMS", "train_defaults", "train_settings", "target_return", "schema"]
 
@@ -486,17 +486,12 @@ def sigma_label(sigma: float) -> str:
     return repr(float(sigma))
 
 
-def targets(cfg: dict) -> list[tuple[str, str, str]]:
+def certifications(cfg: dict) -> list[tuple[str, str, str]]:
     """(env, algo, sigma label) for every certification the config asks for."""
     return [(env, algo, sigma_label(s))
             for env, ec in cfg["environments"].items()
             for algo in ec["algorithms"]
             for s in ec["sigmas"]]
-
-
-def smoothing_targets(env_cfg: dict) -> list[str]:
-    """An environment's smoothing targets: ``targets`` when given, else [``target``] (default q)."""
-    return list(env_cfg.get("targets") or [env_cfg.get("target", "q")])
 
 
 def run_targets(cfg: dict) -> list[tuple[str, str, str, str]]:

@@ -2,7 +2,7 @@
 
 Step 1 samples m σ-randomized trajectories (Definition 3: at every step the policy acts on s_t + Δ_t with
 one fresh Δ_t ∼ N(0, σ²I)); the policy is a Q-network's greedy action or, for a continuous (Box) action
-space, the actor's deterministic action (:mod:`crop.continuous`) — the bounds below need only the return to
+space, the actor's deterministic action (:mod:`crop.models.actor`) — the bounds below need only the return to
 lie in [J_min, J_max], whatever the actions are.  All m trajectories advance in lockstep, one batched
 forward per time step.
 Step 2 turns the m returns into

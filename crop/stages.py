@@ -1,6 +1,6 @@
 """The workflow's stages after the checkpoint, one function per `crop` subcommand.
 
-Certification and attacks run the same sequence (:class:`Stage`): verify and load the checkpoint and the V
+Certification and attacks run the same sequence (:class:`StageRun`): verify and load the checkpoint and the V
 range, build the smoothed Q-values with the stage's own noise stream, run one certifier or attack, then write
 each output atomically with its provenance (settings, seed, input hashes, confidence accounting) in
 ``.meta.json``.  The report stages (aggregate, audit) read a results folder's runs.
@@ -16,7 +16,7 @@ from crop import columns as cols
 from crop.io import InputError, write_frames
 from crop.stage_table import STAGES
 
-__all__ = ["Stage", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global",
+__all__ = ["StageRun", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global",
            "cmd_aggregate", "cmd_audit"]
 
 
@@ -30,7 +30,7 @@ def setup(args) -> float:
 def recorded_settings(args, **resolved) -> dict:
     """The settings a result records: every option as it ran (a stage's --settings spelled out, and what the
     stage ``resolved`` itself, such as the target or GRe's block)."""
-    skip = {"func", "progress"} | ({"settings"} if args.command in STAGES else set())
+    skip = {"handler", "progress"} | ({"settings"} if args.command in STAGES else set())
     return {**{k: v for k, v in vars(args).items() if k not in skip}, **resolved}
 
 
@@ -101,8 +101,9 @@ def _actor_target(args) -> str:
     return "action"
 
 
-class Stage:
-    """What every certification stage shares: verify and load the checkpoint (and the V range where its row of
+class StageRun:
+    """One run of a certification or attack stage (its row of the stage table: :class:`crop.stage_table.StageRow`),
+    what every such run shares: verify and load the checkpoint (and the V range where its row of
     the stage table reads one), build the smoother, then record provenance and write each output atomically
     beside its ``.meta.json``.  ``resolved``: parameters the stage settled itself, recorded as they ran."""
 
@@ -170,7 +171,7 @@ def cmd_qrange(args) -> None:
     from crop.io import write_json
     from crop.qrange import estimate_qrange
 
-    st = Stage(args)
+    st = StageRun(args)
     if st.target != "q":
         raise InputError(f"{args.checkpoint}: a policy network has no V range to estimate (its targets probs and "
                          "vote lie in [0, 1])")
@@ -190,7 +191,7 @@ def cmd_loact(args) -> None:
     from crop.loact import certified_ratio, run_loact
     from crop.stats import episode_confidence, loact_state_alpha
 
-    st = Stage(args)
+    st = StageRun(args)
     if st.target == "action":   # a continuous-action agent: percentile smoothing per action dimension
         return _loact_continuous(st, args)
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
@@ -217,7 +218,7 @@ def cmd_loact(args) -> None:
 CONTINUOUS_BOUND = "exact binomial order statistics"
 
 
-def _loact_continuous(st: Stage, args) -> None:
+def _loact_continuous(st: StageRun, args) -> None:
     """LoAct of a continuous-action agent (:mod:`crop.percentile`): one row per step and action dimension.
     Its bounds are exact binomial order statistics (no --bound to choose), and it plays no game frames."""
     import numpy as np
@@ -232,8 +233,8 @@ def _loact_continuous(st: Stage, args) -> None:
                          "by exact binomial order statistics, not smoothed Q-values by a bound to choose; leave "
                          "--bound out")
     if args.out_frames:
-        raise InputError("--out-frames: frames.npz holds an Atari game's frames, and a continuous-action agent's "
-                         "LoAct plays none; leave --out-frames out")
+        raise InputError(f"--out-frames: {STAGES['loact'].files['frames']} holds an Atari game's frames, and a "
+                         "continuous-action agent's LoAct plays none; leave --out-frames out")
     st.resolved["bound"] = CONTINUOUS_BOUND
     alpha_state = loact_state_alpha(args.alpha, args.alpha_mode, args.horizon)
     st.device = "cpu"   # the percentile certificate runs on the CPU (an actor's forward is small)
@@ -307,7 +308,7 @@ def cmd_gre(args) -> None:
     j_min, j_max = _return_range(spec, args)   # before any work: GRe needs the reward range
     clip = _reward_clip(spec, args)
     batch = spec.gre_block(args.m, args.batch)
-    st = Stage(args, batch=batch)
+    st = StageRun(args, batch=batch)
     returns = sample_randomized_returns(args.env, st.net, args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
                                         env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
                                         chunk=args.chunk, device=args.device, profile=st.profile,
@@ -355,7 +356,7 @@ def cmd_lore(args) -> None:
     spec = _spec_with_facts(args)
     _lore_checks(spec, args)
     every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
-    st = Stage(args, checkpoint_every=every)
+    st = StageRun(args, checkpoint_every=every)
     sm = st.smoother(args.alpha)
     resume = Path(args.out).with_name(Path(args.out).name + ".resume")
     # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
@@ -380,7 +381,7 @@ def cmd_lore(args) -> None:
               "target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
               "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
               "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
-                             "tree": info["confidence_tree"],
+                             "tree": info["confidence_union"],
                              "rule": "union bound over the distinct states smoothed (search.alpha_spent = sum of "
                                      "their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
               "initial_state": "the initial state of LoAct episode 0"}, lore=table)
@@ -396,7 +397,7 @@ def cmd_attack_local(args) -> None:
     from crop.envs import env_spec
     from crop.stats import episode_confidence, loact_state_alpha
 
-    st, spec = Stage(args), env_spec(args.env)
+    st, spec = StageRun(args), env_spec(args.env)
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     # Returns over LoRe's horizon with LoRe's reward modification, so the two compare like for like.
     table = run_local_attack(args.env, sm, [f * args.sigma for f in args.eps_factors],
@@ -415,7 +416,7 @@ def cmd_attack_global(args) -> None:
     from crop.attack import run_global_attack
 
     clip = _reward_clip(_spec_with_facts(args), args) if getattr(args, "clip_rewards", False) else None
-    st = Stage(args)
+    st = StageRun(args)
     grid = [f * args.sigma for f in args.eps_factors]
     table = run_global_attack(args.env, st.net, args.sigma, grid,
                               global_attack_seeds(args.seed, args.env, args.algo, args.sigma, grid, args.episodes),

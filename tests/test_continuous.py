@@ -16,6 +16,8 @@ from torch import nn
 
 from crop.cli import main
 from crop.importing import PolicyImportError, check_policy_file, import_policy
+from crop.io import meta_name
+from crop.layout import FRAMES_FILE, RUN_FILES
 
 OBS = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
 #: Pendulum-v1's smallest reward, −(θ² + 0.1 θ̇² + 0.001 u²) at |θ| = π, |θ̇| = 8, |u| = 2, rounded outwards to
@@ -308,7 +310,7 @@ def imported(tmp_path_factory):
     (["attack-local", "--out", "x.csv"], "local attack"),
     (["lore", "--reward-range", "-16.3", "0", "--out", "x.csv"], "LoRe"),
     (["loact", "--bound", "betting", "--out", "x.csv"], "--bound betting: a continuous-action agent's LoAct"),
-    (["loact", "--out", "x.csv", "--out-frames", "x.npz"], "--out-frames: frames.npz holds an Atari game's"),
+    (["loact", "--out", "x.csv", "--out-frames", "x.npz"], f"--out-frames: {FRAMES_FILE} holds an Atari game's"),
 ])
 def test_discrete_stages_on_a_continuous_agent_are_one_line(imported, tmp_path, capsys, argv, needle):
     with pytest.raises(SystemExit):
@@ -413,12 +415,13 @@ class _DriftEnv(gym.Env):
         return self._obs(), 0.0, False, False, {}
 
 
+@pytest.mark.slow
 def test_loact_of_a_two_dimensional_actor_covers_the_true_median_action_at_its_states():
     """run_loact_continuous on a toy env with a linear actor of d = 2 (one dimension increasing, one
     decreasing, never clipped), so the true median action h_0.5(s) is f(s) itself: at the states the episodes
     visit, the ε = 0 interval of both dimensions holds it at rate >= 1 − 2d·α_each (the four one-sided bounds
     at ε = 0 of the 2·d·G the union bound counts), and each bound is at α_state / (2·2·7)."""
-    from crop.continuous import ContinuousActor
+    from crop.models.actor import ContinuousActor
     from crop.percentile import EPS_FACTORS, run_loact_continuous
 
     gym.register("CropTestDrift-v0", entry_point=_DriftEnv, max_episode_steps=1000)
@@ -445,14 +448,15 @@ def test_loact_of_a_two_dimensional_actor_covers_the_true_median_action_at_its_s
 def test_crop_loact_on_a_continuous_agent_writes_one_row_per_step_and_dimension(imported, tmp_path):
     import pandas as pd
 
-    out = tmp_path / "loact.csv"
+    f = {k: tmp_path / RUN_FILES[k] for k in ("loact", "loact_episodes", "certified_ratio")}
     main(["loact", "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported),
-          "--m", "200", "--episodes", "2", "--horizon", "5", "--action-tolerance", "0.5", "--out", str(out),
-          "--out-episodes", str(tmp_path / "ep.csv"), "--out-ratio", str(tmp_path / "ratio.csv")])
-    table = pd.read_csv(out)
+          "--m", "200", "--episodes", "2", "--horizon", "5", "--action-tolerance", "0.5", "--out", str(f["loact"]),
+          "--out-episodes", str(f["loact_episodes"]), "--out-ratio", str(f["certified_ratio"])])
+    table = pd.read_csv(f["loact"])
     assert len(table) == 2 * 5 and set(table["dim"]) == {0}
-    assert len(pd.read_csv(tmp_path / "ep.csv")) == 2 and (tmp_path / "ratio.meta.json").is_file()
-    meta = json.loads((tmp_path / "loact.meta.json").read_text())
+    assert len(pd.read_csv(f["loact_episodes"])) == 2
+    assert (tmp_path / meta_name(RUN_FILES["certified_ratio"])).is_file()
+    meta = json.loads((tmp_path / meta_name(RUN_FILES["loact"])).read_text())
     assert "exact binomial order statistics" in json.dumps(meta) and "hoeffding" not in json.dumps(meta)
 
 
@@ -492,6 +496,7 @@ def test_real_sb3_agents_act_as_sb3_predicts(name, env, _):
             np.testing.assert_allclose(net.q(obs, net.raw(obs)).numpy(), ref[f"{name}_q"], rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,env,rewards", REAL, ids=[r[0] for r in REAL])
 def test_real_sb3_agents_certified_end_to_end(name, env, rewards, tmp_path):
     """import → GRe → global attack → LoAct (percentile) on the trained agents, by the CLI as the docs run it
@@ -502,19 +507,21 @@ def test_real_sb3_agents_certified_end_to_end(name, env, rewards, tmp_path):
     ck, common = tmp_path / "model.pt", ["--env", env, "--algo", "Mine", "--no-progress"]
     main(["import", *common, "--file", str(DATA / f"{name}.zip"), "--eval-episodes", "2", "--out", str(ck)])
     stage = [*common, "--sigma", "0.05", "--checkpoint", str(ck)]
+    written = ("gre", "gre_returns", "attack_global", "loact", "loact_episodes", "certified_ratio")
+    f = {k: str(tmp_path / RUN_FILES[k]) for k in written}
     main(["gre", *stage, "--m", "200", "--horizon", "100", "--reward-range", *map(str, rewards),
-          "--out", str(tmp_path / "gre.csv"), "--out-returns", str(tmp_path / "gre_returns.csv")])
+          "--out", f["gre"], "--out-returns", f["gre_returns"]])
     main(["attack-global", *stage, "--episodes", "2", "--horizon", "50", "--eps-factors", "0", "1",
-          "--out", str(tmp_path / "attack_global.csv")])
-    main(["loact", *stage, "--m", "500", "--episodes", "2", "--horizon", "50", "--out", str(tmp_path / "loact.csv"),
-          "--out-episodes", str(tmp_path / "loact_episodes.csv"), "--out-ratio", str(tmp_path / "ratio.csv")])
-    gre = pd.read_csv(tmp_path / "gre.csv")
-    returns = pd.read_csv(tmp_path / "gre_returns.csv")["return"]
+          "--out", f["attack_global"]])
+    main(["loact", *stage, "--m", "500", "--episodes", "2", "--horizon", "50", "--out", f["loact"],
+          "--out-episodes", f["loact_episodes"], "--out-ratio", f["certified_ratio"]])
+    gre = pd.read_csv(f["gre"])
+    returns = pd.read_csv(f["gre_returns"])["return"]
     assert gre["eps"].is_monotonic_increasing and len(returns) == 200
-    assert len(pd.read_csv(tmp_path / "attack_global.csv")) == 4
-    assert len(pd.read_csv(tmp_path / "loact.csv")) == 2 * 50
-    for f in ("gre", "attack_global", "loact", "loact_episodes", "ratio"):
-        assert (tmp_path / f"{f}.meta.json").is_file()
+    assert len(pd.read_csv(f["attack_global"])) == 4
+    assert len(pd.read_csv(f["loact"])) == 2 * 50
+    for k in written:   # a JSON result carries its provenance inside; every CSV has its .meta.json
+        assert (tmp_path / meta_name(RUN_FILES[k])).is_file()
 
 
 def test_clipped_rewards_are_what_gre_and_the_attack_certify(imported, tmp_path, capsys):
@@ -528,17 +535,17 @@ def test_clipped_rewards_are_what_gre_and_the_attack_certify(imported, tmp_path,
 
     base = ["--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported), "--no-progress"]
     gre = ["gre", *base, "--m", "20", "--horizon", "30", "--reward-range", "-1", "0",
-           "--out", str(tmp_path / "gre.csv"), "--out-returns", str(tmp_path / "ret.csv")]
+           "--out", str(tmp_path / RUN_FILES["gre"]), "--out-returns", str(tmp_path / RUN_FILES["gre_returns"])]
     with pytest.raises(SystemExit):
         main(gre)
     assert "leave [J_min, J_max]" in capsys.readouterr().err
     main([*gre, "--clip-rewards"])
-    returns = pd.read_csv(tmp_path / "ret.csv")["return"]
+    returns = pd.read_csv(tmp_path / RUN_FILES["gre_returns"])["return"]
     assert (returns >= -30).all() and (returns < 0).all()
-    assert "clipped" in json.loads((tmp_path / "gre.meta.json").read_text())["reward_clip_note"]
+    assert "clipped" in json.loads((tmp_path / meta_name(RUN_FILES["gre"])).read_text())["reward_clip_note"]
     main(["attack-global", *base, "--episodes", "1", "--horizon", "30", "--eps-factors", "0", "--reward-range", "-1",
-          "0", "--clip-rewards", "--out", str(tmp_path / "ag.csv")])
-    assert (pd.read_csv(tmp_path / "ag.csv")["return"] >= -30).all()
+          "0", "--clip-rewards", "--out", str(tmp_path / RUN_FILES["attack_global"])])
+    assert (pd.read_csv(tmp_path / RUN_FILES["attack_global"])["return"] >= -30).all()
     net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
     plain = sample_randomized_returns("Pendulum-v1", net, 0.1, 4, 20, 1.0, seed=3, env_seed=4)
     wide = sample_randomized_returns("Pendulum-v1", net, 0.1, 4, 20, 1.0, seed=3, env_seed=4, reward_clip=(-100, 0))
@@ -549,10 +556,10 @@ def test_mujoco_environments_are_box_environments_gre_runs_on_with_clipped_rewar
     """The optional `mujoco` extra: HalfCheetah-v5 (6 action dimensions in [−1, 1], unbounded rewards) takes an
     actor of its sizes; GRe's returns with --clip-rewards' range stay in [J_min, J_max]."""
     pytest.importorskip("mujoco")
-    from crop.continuous import ContinuousActor
     from crop.envs import action_bounds, env_shapes
     from crop.gre import sample_randomized_returns
     from crop.models import fit_problem
+    from crop.models.actor import ContinuousActor
 
     assert env_shapes("HalfCheetah-v5") == (6, (17,))
     assert action_bounds("HalfCheetah-v5") == ((-1.0,) * 6, (1.0,) * 6)
@@ -569,7 +576,7 @@ def test_mujoco_environments_are_box_environments_gre_runs_on_with_clipped_rewar
 def test_actions_stay_within_asymmetric_bounds_at_the_ends_of_tanh():
     """float32 rounding of low + (raw + 1)/2 · (high − low) can exceed high (or fall below low) by one ulp for
     asymmetric bounds; every action the actor gives lies in [low, high] all the same."""
-    from crop.continuous import ContinuousActor
+    from crop.models.actor import ContinuousActor
 
     g = torch.Generator().manual_seed(0)
     bounds = [([-2.8487583], [0.58279073])] + [((-3 * torch.rand(4, generator=g)).tolist(),

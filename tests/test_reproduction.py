@@ -17,15 +17,14 @@ from crop.reference import PAPER_REFERENCE
 from crop.report.audit import audit
 from crop.report.checks import flip_probability_bound
 from crop.report.reference import load_reference
+from crop.stage_table import STAGES
 
 from conftest import SHARED
 from synthetic_results import ALPHA_STATE, M_ATTACK, audit_cli, make_results, margins, rewrite_csv, write_reference
 
 TARBALL = SHARED / "reference" / "crop-leaderboard-csv.tar.gz"
 ENVS = {"CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4"}
-STAGE_FILES = {"loact": ["loact.csv", "loact_episodes.csv", "certified_ratio.csv", "frames.npz"],
-               "gre": ["gre.csv", "gre_returns.csv"], "lore": ["lore.csv"], "attack_local": ["attack_local.csv"],
-               "attack_global": ["attack_global.csv"], "qrange": ["qrange.json"]}
+STAGE_FILES = {row.rule: list(row.files.values()) for row in STAGES.values()}
 
 
 def _keep_only(run_dir, stages):
@@ -49,6 +48,22 @@ def _certified_only_mean(steps: pd.DataFrame) -> float:
 
 # ------------------------------------------------------------------------------------------- the builder
 
+def test_reference_builder_refuses_a_link_in_the_tarball_and_writes_nothing(tmp_path, capsys):
+    """The fast counterpart of the builder's run on the real tarball: an untrusted archive holding a link (or
+    no archive at all) is one error line, exit status 2, and no table."""
+    from crop.reference.build import main as build
+
+    tarball, out = tmp_path / "lb.tar.gz", tmp_path / "ref.csv"
+    with tarfile.open(tarball, "w:gz") as tar:
+        link = tarfile.TarInfo("lb/cartpole.csv")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    assert build(["--tarball", str(tarball), "--out", str(out)]) == 2
+    assert build(["--tarball", str(tmp_path / "absent.tar.gz"), "--out", str(out)]) == 2
+    assert not out.exists() and capsys.readouterr().err.count("error: ") == 2
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not TARBALL.is_file(), reason="needs ../shared/reference (the leaderboard's data)")
 def test_reference_builder_on_the_real_tarball(tmp_path):
     from crop.reference.build import main as build
@@ -96,10 +111,11 @@ def results(tmp_path):
     return root
 
 
+@pytest.mark.slow
 def test_loact_only_run_is_compared_row_by_row(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _keep_only(d, {"qrange", "loact"})
-    steps, eps = pd.read_csv(d / "loact.csv"), pd.read_csv(d / "loact_episodes.csv")
+    steps, eps = pd.read_csv(d / RUN_FILES["loact"]), pd.read_csv(d / RUN_FILES["loact_episodes"])
     certified_only = _certified_only_mean(steps)
     assert not math.isclose(certified_only, steps["radius"].mean())  # the two conventions differ here
     base = dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, eps=None)
@@ -135,10 +151,11 @@ def test_loact_only_run_is_compared_row_by_row(results, tmp_path):
     assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == 1
 
 
+@pytest.mark.slow
 def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "GaussAug", "0.1")
     _keep_only(d, {"gre", "attack_global"})  # no qrange.json either
-    gre = pd.read_csv(d / "gre.csv")
+    gre = pd.read_csv(d / RUN_FILES["gre"])
     e = float(gre["eps"].iloc[1])
     base = dict(env="CartPole-v0", algo="GaussAug", sigma=0.1, eps=e)
     rows = [{**base, "metric": "expectation_bound", "value": float(gre["expectation_bound"].iloc[1]) + 0.5},
@@ -159,14 +176,16 @@ def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
     assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "c") == 1
 
 
+@pytest.mark.slow
 def test_half_written_stage_is_an_integrity_problem(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
-    (d / "loact_episodes.csv").unlink()
+    (d / RUN_FILES["loact_episodes"]).unlink()
     rep = audit(results, tmp_path / "a")
-    assert any("stage loact lacks loact_episodes.csv" in p["problem"] for p in rep["integrity"])
+    assert any(f"stage loact lacks {RUN_FILES['loact_episodes']}" in p["problem"] for p in rep["integrity"])
     assert not rep["passed"]
 
 
+@pytest.mark.slow
 def test_audit_against_the_paper(results, tmp_path):
     assert audit_cli(results, "--reference", "paper", "--out-dir", tmp_path / "a") == 0
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
@@ -199,13 +218,13 @@ def test_flip_probability_bound_covers_the_monte_carlo_flip_rate():
 
 
 def _set_margins(d, sigma, radius_of):
-    steps = pd.read_csv(d / "loact.csv")
+    steps = pd.read_csv(d / RUN_FILES["loact"])
     steps["certified"] = True
     steps["radius"] = [radius_of(t) for t in steps["step"]]
     mg = [margins(r, sigma) for r in steps["radius"]]
     steps["q_top_lower"] = [x["q_top_lower"] for x in mg]
     steps["q_others_upper_max"] = [x["q_others_upper_max"] for x in mg]
-    rewrite_csv(d / "loact.csv", steps)
+    rewrite_csv(d / RUN_FILES["loact"], steps)
 
 
 def _flip_row(rep, eps):
@@ -213,13 +232,14 @@ def _flip_row(rep, eps):
                 and c["algo"] == "StdTrain" and math.isclose(c["eps"], eps))
 
 
+@pytest.mark.slow
 def test_flips_within_chance_are_not_violations(results, tmp_path):
     sigma, eps = 0.1, 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _set_margins(d, sigma, lambda t: eps * 1.001)  # certified just beyond ε: the estimate may well flip
-    al = pd.read_csv(d / "attack_local.csv")
+    al = pd.read_csv(d / RUN_FILES["attack_local"])
     al.loc[np.isclose(al["eps"], eps) & (al["episode"] == 0), "flips_certified"] = 1
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
     rep = audit(results, tmp_path / "a")
     row = _flip_row(rep, eps)
     assert row["observed"] == 1 and row["empirical_below"] and not row["violation"]
@@ -227,14 +247,15 @@ def test_flips_within_chance_are_not_violations(results, tmp_path):
     assert "Raw failures within chance" in (tmp_path / "a" / "audit.md").read_text()
 
 
+@pytest.mark.slow
 def test_flips_far_beyond_chance_are_reported(results, tmp_path):
     sigma, eps = 0.1, 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _set_margins(d, sigma, lambda t: 3 * sigma)  # wide margins: a flip within ε has tiny probability
-    al = pd.read_csv(d / "attack_local.csv")
+    al = pd.read_csv(d / RUN_FILES["attack_local"])
     at = np.isclose(al["eps"], eps)
     al.loc[at, "flips_certified"] = 3  # 6 flips in 12 attacked steps
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
     rep = audit(results, tmp_path / "a")
     row = _flip_row(rep, eps)
     expected_chance = ALPHA_STATE + float(flip_probability_bound(
@@ -246,29 +267,30 @@ def test_flips_far_beyond_chance_are_reported(results, tmp_path):
     # One flip there is still far beyond chance (α = 1e-4 per step, 12 steps): a violation too.
     al.loc[at, "flips_certified"] = 0
     al.loc[at & (al["episode"] == 0), "flips_certified"] = 1
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
     row = _flip_row(audit(results, tmp_path / "b"), eps)
     assert row["status"] == "reported" and math.isclose(row["p_value"], 1 - (1 - expected_chance) ** 12,
                                                         rel_tol=1e-6)
 
 
 def _plant_lore_shortfall(d, eps):
-    al = pd.read_csv(d / "attack_local.csv")
-    lore = pd.read_csv(d / "lore.csv")
+    al = pd.read_csv(d / RUN_FILES["attack_local"])
+    lore = pd.read_csv(d / RUN_FILES["lore"])
     bound = float(lore[lore["eps"] <= eps]["lower_bound"].iloc[-1])
     al.loc[np.isclose(al["eps"], eps) & al["same_start_as_lore"], "return"] = bound - 1
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha_spent, violation", [(0.2, False), (1e-4, True)])
 def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation):
     sigma, eps = 0.1, 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _set_margins(d, sigma, lambda t: 3 * sigma)
     _plant_lore_shortfall(d, eps)
-    m = read_json(meta_path(d / "lore.csv"))
+    m = read_json(meta_path(d / RUN_FILES["lore"]))
     m["search"]["alpha_spent"] = alpha_spent  # the α LoRe's own certificates spent
-    write_json(meta_path(d / "lore.csv"), m)
+    write_json(meta_path(d / RUN_FILES["lore"]), m)
     rep = audit(results, tmp_path / "a")
     row = next(c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["algo"] == "StdTrain"
                and math.isclose(c["eps"], eps))
@@ -277,6 +299,7 @@ def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation
     assert rep["passed"] != violation
 
 
+@pytest.mark.slow
 def test_lore_shortfall_unassessed_without_margins(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _plant_lore_shortfall(d, 0.05)
@@ -287,7 +310,7 @@ def test_lore_shortfall_unassessed_without_margins(results, tmp_path):
     row = next(c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["algo"] == "StdTrain"
                and math.isclose(c["eps"], 0.05))
     assert row["empirical_below"] and not row["violation"] and row["note"].startswith("unassessed")
-    assert set(RUN_FILES.values()) - set(STAGE_FILES["loact"]) - {"qrange.json"}  # the run is partial
+    assert set(RUN_FILES.values()) - set(STAGE_FILES["loact"]) - {RUN_FILES["qrange"]}  # the run is partial
 
 
 REPLICATES_CONFIG = """# replicates through the workflow, smoke size: CROP's published highway StdTrain network
@@ -341,9 +364,9 @@ def test_replicates_through_the_workflow(tmp_path):
     d1 = layout.run_dir(tmp_path / "results", "highway-fast-v0", "StdTrain", "0.5", replicate=1)
     assert sorted(p.name for p in d1.iterdir() if not p.name.endswith(".meta.json")) == \
         sorted(RUN_FILES[k] for k in layout.REPLICATE_FILES)
-    seeds = [read_json(meta_path(d / "loact.csv"))["seed"] for d in (d0, d1)]
+    seeds = [read_json(meta_path(d / RUN_FILES["loact"]))["seed"] for d in (d0, d1)]
     assert seeds[0] != seeds[1]
-    radius = [pd.read_csv(d / "loact.csv")["radius"].to_numpy() for d in (d0, d1)]
+    radius = [pd.read_csv(d / RUN_FILES["loact"])["radius"].to_numpy() for d in (d0, d1)]
     tab = pd.read_csv(tmp_path / "results" / "tables" / "highway-fast_mean_radius.csv").set_index("algo")
     row = tab.loc["StdTrain"]
     assert math.isclose(row["sigma=0.5"], np.mean([r.mean() for r in radius]), rel_tol=1e-6, abs_tol=1e-12)

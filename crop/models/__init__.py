@@ -96,8 +96,8 @@ _BUILDERS.update(noisy_mlp=_noisy_mlp, carrl=_carrl)
 
 
 def _actor(spec: dict) -> nn.Module:
-    """A continuous-action agent's deterministic actor (and its critics): :mod:`crop.continuous`."""
-    from crop.continuous import build_actor
+    """A continuous-action agent's deterministic actor (and its critics): :mod:`crop.models.actor`."""
+    from crop.models.actor import build_actor
 
     return build_actor(spec)
 
@@ -164,7 +164,7 @@ def spec_summary(spec: dict) -> str:
     if spec.get("arch") == "noisy_mlp":
         return "NoisyNet " + spec_summary({**spec, "arch": "mlp"})
     if spec.get("arch") == "actor":
-        from crop.continuous import actor_summary
+        from crop.models.actor import actor_summary
 
         return actor_summary(spec)
     if spec.get("arch") == "mlp":

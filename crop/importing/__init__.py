@@ -425,7 +425,7 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     digest = sha256_file(path)
     if sha256 is not None and digest != sha256.lower():
         raise PolicyImportError(f"{path}: sha256 {digest} differs from the pinned {sha256}; refusing it")
-    from crop.continuous import read_continuous
+    from crop.importing.continuous import read_continuous
 
     continuous = read_continuous(path, fmt, max_bytes)
     if continuous is not None:   # a Box-action agent: its actor, squashing and bounds all come from the file
