@@ -7,7 +7,8 @@
 # (gres.conf: File=/dev/null) so that jobs asking for --gpus=1 are scheduled and accounted like real ones.
 # No slurmdbd (as on some sites): profiles/slurm asks job states of `squeue`, which sees a finished job only
 # for MinJobAge seconds (>= 180, the plugin's longest gap between two checks, or it waits forever); set
-# here to 600.  `sacct` would answer "accounting storage is disabled" and the run would hang.
+# here to 7200, so that the tests can still read every job of a long run (the paper rehearsal's) from the
+# controller when it ends.  `sacct` would answer "accounting storage is disabled" and the run would hang.
 # slurm.conf must live at /etc/slurm/slurm.conf: the plugin's job step drops SLURM_CONF.
 set -euo pipefail
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
@@ -100,7 +101,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu
 ReturnToService=2
-MinJobAge=600
+MinJobAge=7200
 InactiveLimit=0
 KillWait=10
 Waittime=0

@@ -8,15 +8,19 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import hashlib
+import json
 import math
+import os
 import re
+import stat
 from importlib import resources
 from pathlib import Path
 
 import jsonschema
 import yaml
 
-from crop.io import CappedError
+from crop.io import CappedError, sha256_file
 from crop.names import MAX_PARAMETERS, smoothing_targets
 from crop.registry import resolve_source
 
@@ -408,6 +412,56 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
                           "crop gre run without it)")
 
 
+def _policy_checks_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "crop" / "policy-checks"
+
+
+def _policy_check_key(path, arch, fmt, sha256, env, profile) -> str | None:
+    """What a policy file's check depends on, hashed: the sha256 of the file's bytes, every setting of the
+    check and crop's version.  None (no memo) when the path is not a regular file within the size limit: the
+    check itself then says what is wrong."""
+    from crop import __version__
+    from crop.checkpoints import MAX_MEMBER_BYTES
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MEMBER_BYTES:
+        return None
+    try:
+        digest = sha256_file(path)
+    except OSError:
+        return None
+    facts = {"file_sha256": digest, "architecture": arch, "format": fmt, "pinned_sha256": sha256, "env": env,
+             "profile": profile, "crop": __version__}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _checked_network(key: str | None) -> str | None:
+    """The network kind ("q" or "policy") a passed check of the same bytes and settings found, or None."""
+    if key is None:
+        return None
+    try:
+        kind = (_policy_checks_dir() / key).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return kind if kind in ("q", "policy") else None
+
+
+def _remember_check(key: str, kind: str) -> None:
+    """Remember a passed check (best effort: an unwritable cache only means checking again next time)."""
+    folder = _policy_checks_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.{os.getpid()}"
+        tmp.write_text(kind)
+        os.replace(tmp, folder / key)
+    except OSError:
+        pass
+
+
 def check_policy_files(cfg: dict, source: str = "config") -> dict:
     """Open and check every ``files.<label>`` entry of a validated config as its checkpoint job will
     (:func:`crop.importing.check_policy_file`: a regular, readable file within the size limit, its pinned
@@ -418,23 +472,35 @@ def check_policy_files(cfg: dict, source: str = "config") -> dict:
     ``targets`` smooths q for Q-networks and probs for policy networks (filled in as ``target: probs``).
 
     Returns the config (a copy where a target was filled in); raises :class:`ConfigError` in one line naming
-    the entry.  Reads the files (torch is imported only when a config has one)."""
+    the entry.  Reads the files (torch is imported only when a config has one).  The workflow parses this
+    config in its main process and again in every job's (each SLURM job's too): a check that passed is
+    remembered under ``$XDG_CACHE_HOME/crop/policy-checks/``, keyed by the sha256 of the file's bytes, the
+    check's settings and crop's version (:func:`_policy_check_key`), so the same bytes are checked once, and
+    a changed file, setting or release is checked afresh.  (The checkpoint job's ``crop import`` checks the
+    file again whatever the memo holds.)"""
     out = None
     for env, ec in cfg["environments"].items():
         if ec["source"] != "file" or not ec.get("files"):
             continue
         from crop.envs import default_profile
-        from crop.importing import check_policy_file
-        from crop.models import CheckpointError
 
         networks = {}
         for label, f in ec["files"].items():
-            try:
-                _, info = check_policy_file(f["path"], f.get("architecture", "mlp"), f.get("format", "auto"),
-                                            f.get("sha256"), env, f.get("profile") or default_profile(env))
-            except CheckpointError as exc:
-                raise ConfigError(f"{source}: environments.{env}.files.{label}: {exc}") from None
-            networks[label] = info["network"]
+            check = (f["path"], f.get("architecture", "mlp"), f.get("format", "auto"), f.get("sha256"), env,
+                     f.get("profile") or default_profile(env))
+            key = _policy_check_key(*check)
+            networks[label] = _checked_network(key)
+            if networks[label] is None:
+                from crop.importing import check_policy_file  # torch: only when a file is checked
+                from crop.models import CheckpointError
+
+                try:
+                    _, info = check_policy_file(*check)
+                except CheckpointError as exc:
+                    raise ConfigError(f"{source}: environments.{env}.files.{label}: {exc}") from None
+                networks[label] = info["network"]
+                if key is not None and _policy_check_key(*check) == key:   # the file did not change meanwhile
+                    _remember_check(key, info["network"])
         # A derived policy (CARRL) is a Q-network built from its base's file, which must be one.
         for algo in ec["algorithms"]:
             kind, entry = resolve_source(env, algo, "file", ec["files"])

@@ -46,7 +46,8 @@ from crop.config import run_targets, sigma_label, smoothing_targets, train_setti
 from crop.stage_table import STAGES
 
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
-           "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "makespan",
+           "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "JobResources",
+           "makespan",
            "stage_device"]
 
 #: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model aims at 0.5–2× of a job's
@@ -152,16 +153,23 @@ def lore_nodes(horizon: int, n_actions: int, certified: float = 0.0, max_nodes: 
     return float(min(n, max_nodes)) if max_nodes else n
 
 
+def _loact_read(cfg: dict, env: str, algo: str, sigma: str) -> Path | None:
+    """The ``loact.csv`` a LoRe job's price reads (:func:`_certified_fraction`), or None when it reads none
+    (``lore.eps_max_factor: null``)."""
+    if not cfg["environments"][env]["lore"].get("eps_max_factor"):
+        return None
+    name, target = layout.split_run_algo(algo)
+    return layout.run_dir(cfg["results"], env, name, sigma, target) / layout.RUN_FILES["loact"]
+
+
 def _certified_fraction(cfg: dict, env: str, algo: str, sigma: str) -> float:
     """The fraction of LoAct's states certified at LoRe's largest ε, from a finished LoAct of the same run
     when there is one (its ``loact.csv``); 0 (every action possible: the worst case) otherwise and whenever
     LoRe searches without a largest ε (``lore.eps_max_factor: null``: every action becomes possible)."""
-    factor = cfg["environments"][env]["lore"].get("eps_max_factor")
-    name, target = layout.split_run_algo(algo)
-    path = layout.run_dir(cfg["results"], env, name, sigma, target) / layout.RUN_FILES["loact"]
-    if not factor or not path.is_file():
+    path = _loact_read(cfg, env, algo, sigma)
+    if path is None or not path.is_file():
         return 0.0
-    eps_max = factor * float(sigma)
+    eps_max = cfg["environments"][env]["lore"]["eps_max_factor"] * float(sigma)
     with open(path, newline="") as f:
         radii = [float(r[cols.RADIUS]) for r in csv.DictReader(f)]
     return sum(r >= eps_max for r in radii) / len(radii) if radii else 0.0
@@ -360,6 +368,34 @@ def job_resources(cfg: dict, rule: str, wildcards, threads: int, gpus: int) -> d
     except CostError:
         return {"runtime": cap or 7 * 24 * 60, "mem_mb": job.mem_mb}
     return {"runtime": runtime_minutes(job.seconds, cap), "mem_mb": job.mem_mb}
+
+
+class JobResources:
+    """:func:`job_resources` of one validated config, memoised: Snakemake evaluates each resource of a job
+    (``runtime``, ``mem_mb``) by its own call, and again when it schedules the job, and each call would
+    price the job afresh.  The memo's key is everything a price reads: the rule, the job's wildcards, threads
+    and GPUs, and for a LoRe job whose tree size comes from a finished LoAct the state of that ``loact.csv``
+    (absent, or its size, modification time and inode), so a prediction made before LoAct finished is not
+    served after it.  The config must not change while the memo is in use (the Snakefile's never does)."""
+
+    def __init__(self, cfg: dict):
+        self.cfg, self._memo = cfg, {}
+
+    def __call__(self, rule: str, wildcards, threads: int, gpus: int) -> dict:
+        w = dict(wildcards.items()) if hasattr(wildcards, "items") else dict(wildcards or {})
+        read = None
+        if rule.removesuffix("_replicate") == "lore":
+            path = _loact_read(self.cfg, w["env"], w["algo"], w["sigma"])
+            if path is not None:
+                try:
+                    st = path.stat()
+                    read = (st.st_size, st.st_mtime_ns, st.st_ino)
+                except FileNotFoundError:
+                    read = "absent"
+        key = (rule, tuple(sorted(w.items())), threads, gpus, read)
+        if key not in self._memo:
+            self._memo[key] = job_resources(self.cfg, rule, w, threads, gpus)
+        return dict(self._memo[key])
 
 
 # ----------------------------------------------------------------------------------------------- the plan

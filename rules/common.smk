@@ -6,7 +6,7 @@ import re
 import shlex
 
 from crop import layout
-from crop.cost import job_resources, stage_device
+from crop.cost import JobResources, stage_device
 from crop.envs import env_spec
 from crop.config import (
     ConfigError,
@@ -31,6 +31,8 @@ except ConfigError as exc:
     raise WorkflowError(str(exc))
 
 R = CFG["results"]
+# Every job's SLURM runtime and mem_mb, priced once per job (and again only when what the price reads changed).
+RESOURCES = JobResources(CFG)
 
 # Recorded by the audit: which configuration the results came from (as written, defaults filled in; the hash
 # `crop audit --config FILE` computes).
@@ -101,7 +103,7 @@ def predicted(name, key, gpus=None):
 
     def resource(wildcards, threads):
         g = gpus(wildcards) if callable(gpus) else (GPUS if gpus is None else gpus)
-        return job_resources(CFG, name, wildcards, threads, g)[key]
+        return RESOURCES(name, wildcards, threads, g)[key]
 
     return resource
 

@@ -300,6 +300,29 @@ def test_a_finished_loact_narrows_lore_s_tree_only_with_a_largest_eps(tmp_path):
     assert narrowed.seconds < full.seconds
 
 
+def test_memoised_resources_are_the_prices_and_follow_a_finished_loact(tmp_path):
+    """The Snakefile's memo (cost.JobResources) answers what job_resources answers, and a LoRe job priced
+    before its LoAct finished is priced afresh once loact.csv exists (or changes), never served stale."""
+    cfg = _config(QUICK, results=str(tmp_path))
+    cfg["environments"]["CartPole-v0"]["lore"]["eps_max_factor"] = 2.0    # LoRe's price reads loact.csv
+    cfg = validate_config(cfg)
+    memo = cost.JobResources(cfg)
+    for j in cost.jobs(cfg):
+        assert memo(j.rule, j.wildcards, j.threads, j.gpus) == cost.job_resources(cfg, j.rule, j.wildcards,
+                                                                                   j.threads, j.gpus), j
+    w = {"env": "CartPole-v0", "algo": "StdTrain", "sigma": "0.01"}
+    before = memo("lore", w, 1, 0)
+    loact = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.01" / RUN_FILES["loact"]
+    loact.parent.mkdir(parents=True)
+    loact.write_text("episode,step,certified,radius\n" + "".join(f"0,{i},1,0.05\n" for i in range(4)))
+    certified = memo("lore", w, 1, 0)                            # every state certified at ε_max: one path
+    assert certified == cost.job_resources(cfg, "lore", w, 1, 0) and certified["mem_mb"] < before["mem_mb"]
+    loact.write_text("episode,step,certified,radius\n" + "".join(f"0,{i},1,0.0\n" for i in range(6)))
+    assert memo("lore", w, 1, 0) == cost.job_resources(cfg, "lore", w, 1, 0) == before   # none: the full tree
+    memo("lore", w, 1, 0)["mem_mb"] = 0                          # a caller's copy, not the memo's entry
+    assert memo("lore", w, 1, 0) == before
+
+
 @pytest.mark.slow
 def test_plan_imports_no_torch(tmp_path):
     """A planning command on a login node: no torch (seconds of imports) to price a config."""

@@ -39,11 +39,14 @@ import pytest
 import yaml
 
 from crop import layout
+from crop.config import load_config
 from crop.io import meta_name, sha256_file
 from crop.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
+PAPER = REPO / "configs" / "paper.yaml"
+REHEARSAL = REPO / "configs" / "paper-rehearsal.yaml"
 ENV, ALGO, SIGMA = "CartPole-v0", "StdTrain", "0.1"
 CERTIFICATION_RULES = {"qrange", "loact", "gre", "lore", "attack_local", "attack_global"}
 REQUIRE = os.environ.get("CROP_REQUIRE_HPC") == "1"
@@ -266,7 +269,7 @@ def slurm_cluster(tmp_path_factory):
 
 
 def slurm_jobs(name: str) -> list[dict]:
-    """Jobs the controller still knows (MinJobAge = 600 s) named `name`, as dicts of their fields."""
+    """Jobs the controller still knows (MinJobAge = 7200 s, ci/slurm-up.sh) named `name`, as dicts of their fields."""
     out = subprocess.run(["scontrol", "show", "job", "--oneliner"], capture_output=True, text=True,
                          check=True, env=run_env()).stdout
     jobs = [dict(kv.split("=", 1) for kv in line.split() if "=" in kv) for line in out.splitlines() if line]
@@ -291,6 +294,74 @@ def test_slurm_profile_runs_the_target_through_sbatch_with_local_results(slurm_c
         assert j["NodeList"] == "crop-ci", j
         assert ("gpu:1" in j.get("TresPerJob", "")) == (rule in CERTIFICATION_RULES - {"gre"}), j
     assert result_digests(tmp_path, cfg) == local_run
+
+
+# --- the paper's DAG, rehearsed ---------------------------------------------------------------------
+
+def dag_jobs(cfg: dict) -> set[tuple]:
+    """(rule, env, algo) of every job Snakemake builds for a validated config (crop.cost.jobs, which
+    tests/test_cost.py checks against `snakemake -n`); the aggregate and the audit have no env or algo."""
+    from crop.cost import jobs
+
+    return {(j.rule, j.env, j.algo) for j in jobs(cfg)}
+
+
+def test_the_rehearsal_has_every_rule_environment_and_algorithm_of_the_papers_dag():
+    """configs/paper-rehearsal.yaml is configs/paper.yaml's DAG at small sizes: the same rules on the same
+    environments and algorithms (one σ each), the same sources where it can (highway's published StdTrain
+    and RadialRL), LoRe's node budgets set (and hit), the global settings that decide devices and rules."""
+    from crop.cost import lore_nodes
+    from crop.envs import env_spec
+
+    paper, rehearsal = load_config(PAPER), load_config(REHEARSAL)
+    assert dag_jobs(rehearsal) == dag_jobs(paper)
+    for key in ("device", "alpha", "bound", "alpha_mode", "replicates"):
+        assert rehearsal[key] == paper[key], key
+    for env, ec in rehearsal["environments"].items():
+        p = paper["environments"][env]
+        assert ec["algorithms"] == p["algorithms"] and len(ec["sigmas"]) == 1 and ec["sigmas"][0] in p["sigmas"]
+        assert set(ec) >= set(p) - {"source"} and (ec["source"] == p["source"] or env.endswith("NoFrameskip-v4"))
+        assert (ec["lore"]["max_nodes"] is None) == (p["lore"]["max_nodes"] is None), env
+        if ec["lore"]["max_nodes"]:   # smaller than the tree: the rehearsal runs the truncated search
+            tree = lore_nodes(ec["lore"]["horizon"], env_spec(env).n_actions, 0.0, None)
+            assert ec["lore"]["max_nodes"] < tree, env
+
+
+def _slurm_job_key(job: dict) -> tuple:
+    """(rule, env, algo) of a SLURM job from its comment (the plugin writes rule_RULE[_wildcards_W1_W2_…]; no
+    environment id or algorithm of these configs holds an underscore)."""
+    rule, wildcards = re.fullmatch(r"rule_(\w+?)(?:_wildcards_(.+))?", job["Comment"]).groups()
+    env, algo = (wildcards.split("_") + [None])[:2] if wildcards else (None, None)
+    return rule, env, algo
+
+
+@pytest.mark.slow
+def test_the_paper_rehearsal_runs_every_rule_on_every_environment_through_sbatch(slurm_cluster, tmp_path):
+    """configs/paper-rehearsal.yaml through the README's SLURM command: every job of the paper's DAG (every
+    rule × environment × algorithm) ran as a batch job that completed, and the audit finished."""
+    cfg = yaml.safe_load(REHEARSAL.read_text())
+    mirror = (REPO / cfg["checkpoints"]["mirror"]).resolve()
+    need(mirror.is_dir(), f"{mirror} (../shared/checkpoints: CROP's published highway checkpoints) is missing")
+    cfg["checkpoints"]["mirror"] = str(mirror)   # relative to the working directory: the repository's
+    # One fake GPU on this node would queue the ~150 certification and attack jobs one by one (the smoke
+    # test above checks that they ask for it); on the CPU they share the node's cores.
+    cfg["device"] = "cpu"
+    path = tmp_path / "rehearsal.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    work = tmp_path / "work"
+    out = snakemake(work, path, command=readme_slurm_command(), timeout=3600)
+    run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
+    jobs = slurm_jobs(run_id)
+    for j in jobs:
+        assert j["JobState"] == "COMPLETED" and j["ExitCode"] == "0:0" and j["BatchFlag"] == "1", j
+    ran = [_slurm_job_key(j) for j in jobs]
+    assert len(ran) == len(set(ran)) and set(ran) == dag_jobs(load_config(path)), out[-3000:]
+    assert {env for _, env, _ in ran} == set(load_config(PAPER)["environments"]) | {None}
+    audit = json.loads((work / cfg["results"] / "audit" / "audit.json").read_text())
+    assert audit["verdict"] in ("PASS", "WARN", "FAIL"), audit.get("verdict")
+    highway = work / cfg["results"] / "highway-fast-v0"
+    for algo in ("StdTrain", "RadialRL"):   # fetched from the mirror, as the paper's run downloads them
+        assert json.loads((highway / algo / "checkpoint" / "model.json").read_text())["source"] == "published"
 
 
 # --- containers ---------------------------------------------------------------------------------------

@@ -189,6 +189,38 @@ def test_a_policy_network_gets_probs_by_default(tmp_path):
     assert check_policy_files(plain) is plain and "target" not in plain["environments"]["Acrobot-v1"]
 
 
+def test_a_passed_policy_check_is_remembered_by_the_files_bytes_and_settings(tmp_path, monkeypatch):
+    """The workflow parses the config in every job's process: a check that passed is not repeated for the
+    same bytes and settings (no torch imported then), and a changed file or setting is checked afresh."""
+    import crop.importing
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ppo = _ppo(tmp_path / "ppo.zip", 6, 3)
+    f = _config(tmp_path, {"MyPPO": ppo})
+    assert check_policy_files(load_config(f))["environments"]["Acrobot-v1"]["target"] == "probs"
+    code = ("import sys; from crop.config import check_policy_files, load_config; "
+            "c = check_policy_files(load_config(sys.argv[1])); assert c['environments']['Acrobot-v1']['target'] "
+            "== 'probs'; assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr
+
+    calls, real = [], crop.importing.check_policy_file
+    monkeypatch.setattr(crop.importing, "check_policy_file", lambda *a: calls.append(a) or real(*a))
+    check_policy_files(load_config(f))
+    assert calls == []
+    check_policy_files(load_config(_config(tmp_path, {"MyPPO": {"path": str(ppo), "format": "sb3"}})))
+    assert len(calls) == 1                                       # another setting of the check
+    f = _config(tmp_path, {"MyPPO": ppo})
+    _dqn(ppo, (6, 32, 3))                                        # other bytes at the same path: a Q-network
+    plain = load_config(f)
+    assert check_policy_files(plain) is plain and len(calls) == 2
+    for entry in (tmp_path / "cache" / "crop" / "policy-checks").iterdir():
+        entry.write_text("garbage")                              # an unreadable memo is no verdict
+    check_policy_files(load_config(f))
+    assert len(calls) == 3
+
+
 def test_a_target_that_does_not_fit_the_network_is_refused_at_validation(tmp_path, capsys):
     ppo, dqn = _ppo(tmp_path / "ppo.zip", 6, 3), _dqn(tmp_path / "dqn.pt")
     err = _one_line(["validate-config", str(_config(tmp_path, {"MyPPO": ppo}, target="q"))], capsys)
