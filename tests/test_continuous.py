@@ -711,3 +711,29 @@ def test_the_continuous_config_runs_end_to_end_and_its_audit_finishes(tmp_path):
         table = pd.read_csv(res / f"tables/{env}_certified_fraction.csv")
         assert len(table) == 1 and table["algo"][0] == f"{algo} (action)"
         assert table["sigma=0.05"][0] == pytest.approx(step_ratio(steps)["certified"].mean(), abs=1e-9)
+
+
+def test_the_report_reads_a_continuous_run_per_step_and_says_it_has_no_lore():
+    """LoAct's per-dimension table becomes one row per step (certified when every dimension is, at the
+    smallest radius); LoRe's metrics are absent, not errors; the LoRe panel names the agent and why."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from crop.report.figures import _panel_adasearch
+    from crop.report.metrics import _per_step, metric_value
+
+    dims = pd.DataFrame({"episode": [0, 0, 0, 0], "step": [0, 0, 1, 1], "dim": [0, 1, 0, 1],
+                         "certified": [True, True, True, False], "radius": [0.2, 0.1, 0.3, 0.0]})
+    run = {"loact": dims}
+    _per_step(run)
+    assert run["loact"]["certified"].tolist() == [True, False] and run["loact"]["radius"].tolist() == [0.1, 0.0]
+    assert metric_value(run, "certified_fraction") == 0.5 and metric_value(run, "mean_radius") == 0.05
+    assert metric_value(run, "lore_bound", 0.0) is None and metric_value(run, "pgd_local_return", 0.0) is None
+    fig, ax = plt.subplots()
+    _panel_adasearch(ax, {"MySAC@action": run}, 0.05)
+    notes = [t.get_text() for t in ax.texts if t.get_gid() == "lore-continuous"]
+    plt.close(fig)
+    assert len(notes) == 1 and "no LoRe" in notes[0] and "MySAC (action)" in notes[0]

@@ -238,8 +238,8 @@ def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
     continuous-action agent's run has neither (crop.layout.run_stages): the panel says so instead."""
     actors = [algo_label(a) for a, d in runs.items() if "lore" not in d]
     if actors:
-        ax.text(0.5, 0.5, "no LoRe or local attack for continuous-action agents\n(their actions are no finite set): "
-                + ", ".join(actors), transform=ax.transAxes, ha="center", va="center", fontsize=6, color="0.3",
+        note = "no LoRe or local attack:\ncontinuous actions are\nno finite set\n(" + ", ".join(actors) + ")"
+        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=6, color="0.3",
                 gid="lore-continuous")
         runs = {a: d for a, d in runs.items() if "lore" in d}
         if not runs:
