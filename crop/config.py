@@ -296,6 +296,8 @@ def validate_config(config: dict, source: str = "config") -> dict:
         given = (config["environments"].get(env) or {}).get("lore") or {}
         if "alpha_mode" not in given:   # LoRe follows the top-level alpha_mode unless it names its own
             ec["lore"]["alpha_mode"] = cfg["alpha_mode"]
+    for env, ec in cfg["environments"].items():
+        _continuous_target(env, ec, config["environments"].get(env) or {}, source)
     _resolve_auto_sizes(cfg)
     for env, ec in cfg["environments"].items():
         _check_environment(env, ec, source)
@@ -352,6 +354,34 @@ def _resolve_auto_sizes(cfg: dict) -> None:
             ec["attack"]["global_episodes"] = global_episodes_needed(cfg, ec)
 
 
+def _continuous_target(env: str, ec: dict, given: dict, source: str) -> None:
+    """A continuous-action environment (a Box) is certified through its action (target ``action``: LoAct
+    per action dimension, GRe, the global attack; :func:`crop.layout.run_stages`): filled in here, since
+    a Box agent has no Q-values, probabilities or votes over a finite set of actions to smooth.  It needs
+    ``source: file`` (crop trains DQNs only); a target given for it is refused in one line."""
+    from crop.envs import ENV_SPECS, action_bounds
+    from crop.layout import ACTION_TARGET
+
+    if env in ENV_SPECS:
+        return
+    try:
+        if action_bounds(env) is None:
+            return
+    except Exception:   # an id crop cannot make: _check_environment names the problem in one line
+        return
+    where = f"{source}: environments.{env}"
+    for key in ("target", "targets"):
+        if key in given:
+            raise ConfigError(f"{where}.{key}: its actions are continuous (a Box), so there are no Q-values, "
+                              "probabilities or votes over a finite set of actions to smooth; leave it out "
+                              "(LoAct certifies the action per dimension by percentile smoothing)")
+    if ec["source"] != "file":
+        raise ConfigError(f"{where}.source: its actions are continuous (a Box), and crop trains and fetches "
+                          "discrete-action DQNs only; give source: file with your agent's files "
+                          "(docs/own-policy.md, Continuous-action agents)")
+    ec["target"] = ACTION_TARGET
+
+
 def _check_environment(env: str, ec: dict, source: str) -> None:
     """What the schema cannot check of one environment: the id is one crop can make (registered, Discrete
     actions), the reward facts GRe and LoRe need are known (the workflow runs both), LoRe can take faithful
@@ -399,13 +429,10 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
         return
     if spec.reward_range is None:
         raise ConfigError(f"{source}: {missing_reward_range(env)}")
-    from crop.envs import action_bounds
+    from crop.layout import ACTION_TARGET
 
-    if action_bounds(env) is not None:
-        raise ConfigError(f"{where}: its actions are continuous (a Box), and the workflow runs LoRe, the V range "
-                          "and the local attack, which need a finite set of actions; certify a continuous agent by "
-                          "hand: crop import, crop gre, crop attack-global, crop loact (docs/own-policy.md, "
-                          "Continuous-action agents)")
+    if ec.get("target") == ACTION_TARGET:   # no LoRe for a continuous-action agent (crop.layout.run_stages)
+        return
     problem = snapshot_problem(env)
     if problem:
         raise ConfigError(f"{where}: {problem}; the workflow runs LoRe on every environment (crop loact and "
@@ -511,6 +538,15 @@ def check_policy_files(cfg: dict, source: str = "config") -> dict:
                                       "policy network")
                 networks[algo] = "q"
         used = {a: networks[a] for a in ec["algorithms"]}
+        from crop.layout import ACTION_TARGET
+
+        for algo, network in used.items():   # a Box environment takes actors, a Discrete one none
+            if (network == "actor") != (ec.get("target") == ACTION_TARGET):
+                what = ("a continuous-action actor" if network == "actor" else f"a discrete-action {network} network")
+                held = ec["files"].get(algo, {}).get("path", f"{algo} (derived)")
+                kind = "discrete" if network == "actor" else "continuous (a Box)"
+                raise ConfigError(f"{source}: environments.{env}.files.{algo}: {held} holds {what}, but {env}'s "
+                                  f"actions are {kind}")
         if "target" in ec or "targets" in ec:
             key = "targets" if "targets" in ec else "target"
             for algo, network in used.items():

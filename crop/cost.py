@@ -293,10 +293,11 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
     for env, algo, sig, target in run_targets(cfg):
         name = layout.run_algo(algo, target)
         base = ckpt[env, algo]
+        stages = layout.run_stages(target)
         for rep in range(cfg["replicates"]):
             q = None
             for stage, row in STAGES.items():
-                if rep and not row.replicate or (stage == "qrange" and target != "q"):
+                if rep and not row.replicate or stage not in stages:
                     continue
                 gpu = stage_gpus and stage_device(cfg, row.rule, env) != "cpu"
                 job = Job(row.rule + ("_replicate" if rep else ""), env, name, sig, rep or None,

@@ -90,11 +90,22 @@ def series_label(name: str) -> str:
     return algo if target == "q" else f"{algo} ({target})"
 
 
+#: The smoothing target of a continuous-action agent (a Box action space): its action itself, certified per
+#: dimension by percentile smoothing (crop loact); its runs live in ENV/ALGO@action/sigma-S.
+ACTION_TARGET = "action"
+
+
+def run_stages(target: str = "q") -> list[str]:
+    """The stages a run of ``target`` runs (the one place that decides): every row of the stage table, less
+    qrange for the targets bounded in [0, 1] (probs, vote), which need no V range, and less every stage
+    that needs a finite set of actions (the row's ``discrete``) for a continuous-action agent's target."""
+    return [name for name, row in stage_table.STAGES.items()
+            if not (name == "qrange" and target != "q") and not (row.discrete and target == ACTION_TARGET)]
+
+
 def run_files(target: str = "q") -> dict:
-    """The files of a complete run of ``target``: :data:`RUN_FILES`, without qrange.json for the targets
-    bounded in [0, 1] (probs, vote), which need no V range."""
-    skip = () if target == "q" else stage_table.STAGES["qrange"].files
-    return {k: v for k, v in RUN_FILES.items() if k not in skip}
+    """The files of a complete run of ``target``: the files of its stages (:func:`run_stages`)."""
+    return {k: v for name in run_stages(target) for k, v in stage_table.STAGES[name].files.items()}
 
 
 def run_target(run) -> str:

@@ -71,6 +71,8 @@ class StageRow:
     cpu_only: bool = False          # runs on the job's CPU cores whatever the config's device (crop.cost)
     flags: tuple[Flag, ...] = field(default=())
     caption: str | None = None      # what the report's captions quote of its settings (:func:`caption`)
+    discrete: str | None = None     # why it needs a finite set of actions: a continuous-action agent's runs
+    #                                 (target action, crop.layout.run_stages) do not have it
 
     @property
     def rule(self) -> str:
@@ -108,7 +110,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         (_out("qrange", "qrange.json", "qrange.json: the V range [V_min, V_max]"),),
         {"m": "qrange.m", "episodes": "qrange.episodes", "horizon": "qrange.horizon", "method": "qrange.method",
          "quantile": "qrange.quantile"},
-        v_range=False, replicate=True, mem_mb=1000),
+        v_range=False, replicate=True, mem_mb=1000,
+        discrete="the V range bounds Q-values over a finite set of actions"),
     StageRow(
         "loact", "LoAct: certified radius of every step of clean episodes (Algorithm 1, Theorem 1)",
         "LoAct: per-state certified radii (Algorithm 1)",
@@ -159,7 +162,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         v_range=True, replicate=False, mem_mb=1000,
         flags=(Flag("checkpoint_every", {"exclusiveMinimum": 0},
                     "seconds between saves of the resumable search state (OUT.resume; default: LoRe's)"),),
-        caption="m = {m} noise samples per state, horizon H = {horizon}, γ = {gamma}"),
+        caption="m = {m} noise samples per state, horizon H = {horizon}, γ = {gamma}",
+        discrete="LoRe searches a tree that branches over a finite set of actions"),
     StageRow(
         "attack-local", "ℓ2 PGD at every step against the smoothed policy (LoAct/LoRe tightness, §5)",
         "PGD against the locally smoothed policy",
@@ -171,7 +175,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "m_grad": "attack.local_m_grad", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.local_eps_factors",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode"},
         v_range=True, replicate=False, mem_mb=1000,
-        caption="local (from LoRe's initial state and others): {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}"),
+        caption="local (from LoRe's initial state and others): {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}",
+        discrete="the local attack targets LoAct's smoothed argmax over a finite set of actions"),
     StageRow(
         "attack-global", "ℓ2 PGD at every step against the σ-randomized policy (GRe tightness, §5)",
         "PGD against the σ-randomized policy",

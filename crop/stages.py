@@ -78,10 +78,9 @@ def resolve_target(args, meta: dict) -> str:
     return target
 
 
-#: What the stages that smooth over a finite set of actions are, for the one-line refusal of a continuous agent.
-_DISCRETE_ONLY = {"qrange": "the V range bounds Q-values over a finite set of actions",
-                  "lore": "LoRe searches a tree that branches over a finite set of actions",
-                  "attack-local": "the local attack targets LoAct's smoothed argmax over a finite set of actions"}
+#: What the stages that smooth over a finite set of actions are (their rows of the stage table), for the
+#: one-line refusal of a continuous agent.
+_DISCRETE_ONLY = {name: row.discrete for name, row in STAGES.items() if row.discrete}
 
 
 def _actor_target(args) -> str:
@@ -220,7 +219,8 @@ CONTINUOUS_BOUND = "exact binomial order statistics"
 
 def _loact_continuous(st: StageRun, args) -> None:
     """LoAct of a continuous-action agent (:mod:`crop.percentile`): one row per step and action dimension.
-    Its bounds are exact binomial order statistics (no --bound to choose), and it plays no game frames."""
+    Its bounds are exact binomial order statistics (no --bound to choose); its frames file (--out-frames) is
+    empty, as a vector environment's."""
     import numpy as np
 
     from crop.config import schema
@@ -232,9 +232,6 @@ def _loact_continuous(st: StageRun, args) -> None:
         raise InputError(f"--bound {args.bound}: a continuous-action agent's LoAct bounds percentiles of the action "
                          "by exact binomial order statistics, not smoothed Q-values by a bound to choose; leave "
                          "--bound out")
-    if args.out_frames:
-        raise InputError(f"--out-frames: {STAGES['loact'].files['frames']} holds an Atari game's frames, and a "
-                         "continuous-action agent's LoAct plays none; leave --out-frames out")
     st.resolved["bound"] = CONTINUOUS_BOUND
     alpha_state = loact_state_alpha(args.alpha, args.alpha_mode, args.horizon)
     st.device = "cpu"   # the percentile certificate runs on the CPU (an actor's forward is small)
@@ -255,7 +252,9 @@ def _loact_continuous(st: StageRun, args) -> None:
               "note": "radius is 0 at uncertified steps and counts in every mean; certified_ratio counts a step "
                       "when every dimension is certified, at the smallest radius over the dimensions"},
              loact=steps, loact_episodes=episodes,
-             certified_ratio=certified_ratio(per_step, args.sigma * np.linspace(0, 4, 81)))
+             certified_ratio=certified_ratio(per_step, args.sigma * np.linspace(0, 4, 81)),
+             # no game frames (vector observations), as a vector environment's: the workflow's one rule
+             frames=(lambda p: write_frames(p, [], args.env), 0))
     print(f"LoAct {args.env}/{args.algo} σ={args.sigma} (percentile smoothing, {len(info['tolerance'])} action "
           f"dimension(s)): {per_step['certified'].mean():.1%} of {len(per_step)} steps certified, mean radius "
           f"{per_step['radius'].mean():.4g} (uncertified = 0), benign return {episodes['return'].mean():.1f} ± "

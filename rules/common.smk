@@ -61,7 +61,7 @@ ALGOS = sorted(
 # {algo} of a run folder is ALGO, or ALGO@TARGET for a smoothing target other than q (crop/layout.py).
 wildcard_constraints:
     env="|".join(map(re.escape, ENVS)),
-    algo="(?:" + "|".join(map(re.escape, ALGOS)) + ")(?:@(?:probs|vote))?",
+    algo="(?:" + "|".join(map(re.escape, ALGOS)) + ")(?:@(?:probs|vote|action))?",
     sigma=r"[0-9][0-9.e+-]*",
     rep=r"[1-9][0-9]*",
 
@@ -147,7 +147,7 @@ def stage_args(name, replicate=False):
         words = ["--env", w.env, "--algo", algo, "--sigma", w.sigma, "--seed", seed]
         words += ["--device", stage_device(CFG, row.rule, w.env)]
         words += ["--chunk", CFG["chunk"], "--threads", threads, "--checkpoint", input.model]
-        if row.v_range:
+        if row.v_range and target != layout.ACTION_TARGET:  # an actor's target is its file's, never given
             words += ["--target", target, *(["--qrange", input.qrange] if target == "q" else [])]
         words += ["--settings", json.dumps(stage_settings(CFG, w.env, row.command), sort_keys=True)]
         for o in row.outputs:

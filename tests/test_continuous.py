@@ -18,6 +18,7 @@ from crop.cli import main
 from crop.importing import PolicyImportError, check_policy_file, import_policy
 from crop.io import meta_name
 from crop.layout import FRAMES_FILE, RUN_FILES
+from crop.stage_table import STAGES
 
 OBS = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
 #: Pendulum-v1's smallest reward, −(θ² + 0.1 θ̇² + 0.001 u²) at |θ| = π, |θ̇| = 8, |u| = 2, rounded outwards to
@@ -310,7 +311,6 @@ def imported(tmp_path_factory):
     (["attack-local", "--out", "x.csv"], "local attack"),
     (["lore", "--reward-range", "-16.3", "0", "--out", "x.csv"], "LoRe"),
     (["loact", "--bound", "betting", "--out", "x.csv"], "--bound betting: a continuous-action agent's LoAct"),
-    (["loact", "--out", "x.csv", "--out-frames", "x.npz"], f"--out-frames: {FRAMES_FILE} holds an Atari game's"),
 ])
 def test_discrete_stages_on_a_continuous_agent_are_one_line(imported, tmp_path, capsys, argv, needle):
     with pytest.raises(SystemExit):
@@ -601,3 +601,139 @@ def test_a_workflow_config_that_clips_rewards_is_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
         validate_config({"environments": {"Acrobot-v1": {**ec, "rewards": {"range": [-1.0, 0.0], "clip": True}}}})
     assert "environments.Acrobot-v1.rewards.clip: the workflow's LoRe" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------- through the workflow
+
+CONTINUOUS = DATA.parents[1] / "configs" / "continuous.yaml"
+REPO = DATA.parents[2]
+
+
+def _snakemake(work, *args):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(work), "--configfile", str(CONTINUOUS), *args], capture_output=True, text=True,
+                          timeout=1200, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+def _workdir(tmp_path):
+    import shutil
+
+    for name, *_ in REAL:
+        shutil.copy(DATA / f"{name}.zip", tmp_path / f"{name}.zip")
+    return tmp_path
+
+
+def test_a_box_environment_runs_the_stages_an_actor_has_and_no_other():
+    """The config's Box environments get the target action (their run folders ENV/ALGO@action/sigma-S) and
+    the stages without a finite set of actions; the discrete ones keep all of theirs."""
+    from crop import layout
+    from crop.config import load_config, run_targets
+
+    assert layout.run_stages("action") == ["loact", "gre", "attack-global"]
+    assert layout.run_stages("q") == list(STAGES) and "qrange" not in layout.run_stages("vote")
+    assert set(layout.run_files("action")) == {"loact", "loact_episodes", "certified_ratio", "frames", "gre",
+                                               "gre_returns", "attack_global"}
+    cfg = load_config(CONTINUOUS)
+    assert sorted(run_targets(cfg)) == [("MountainCarContinuous-v0", "MyPPO", "0.05", "action"),
+                                        ("Pendulum-v1", "MySAC", "0.05", "action")]
+
+
+def test_the_continuous_config_plans_checkpoint_loact_gre_and_the_global_attack_only(tmp_path):
+    p = _snakemake(_workdir(tmp_path), "-n", "--quiet", "rules")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    counts = {}
+    for line in p.stdout.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[1].isdigit():
+            counts[words[0]] = int(words[1])
+    assert {k: v for k, v in counts.items() if k != "total"} == {
+        "checkpoint": 2, "loact": 2, "gre": 2, "attack_global": 2, "aggregate": 1, "audit": 1, "all": 1}, counts
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"target": "q"}, "environments.Pendulum-v1.target: its actions are continuous (a Box)"),
+    ({"targets": ["vote"]}, "environments.Pendulum-v1.targets: its actions are continuous (a Box)"),
+    ({"source": "auto", "algorithms": ["StdTrain"]}, "environments.Pendulum-v1.source: its actions are continuous"),
+])
+def test_a_box_environment_with_a_target_or_without_files_is_one_line(change, needle):
+    import yaml
+
+    from crop.config import ConfigError, validate_config
+
+    cfg = yaml.safe_load(CONTINUOUS.read_text())
+    cfg["environments"]["Pendulum-v1"].update(change)
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_actor_file_for_a_discrete_environment_in_a_config_is_one_line():
+    from crop.config import ConfigError, check_policy_files, validate_config
+
+    ec = {"source": "file", "files": {"Mine": {"path": str(DATA / "sac_pendulum.zip")}}, "algorithms": ["Mine"],
+          "sigmas": [0.1], "rewards": {"range": [-1.0, 0.0]}}
+    with pytest.raises(ConfigError) as e:
+        check_policy_files(validate_config({"environments": {"Acrobot-v1": ec}}))
+    assert "environments.Acrobot-v1.files.Mine" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_the_continuous_config_runs_end_to_end_and_its_audit_finishes(tmp_path):
+    import pandas as pd
+
+    work = _workdir(tmp_path)
+    p = _snakemake(work, "--cores", "2")
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    res = work / "results-continuous"
+    audit = json.loads((res / "audit/audit.json").read_text())
+    assert audit["violations"] == 0 and audit["integrity_problems"] == 0 and audit["checked"] > 0
+    assert "Pendulum-v1" in (res / "audit/audit.md").read_text()
+    for env, algo in (("Pendulum-v1", "MySAC"), ("MountainCarContinuous-v0", "MyPPO")):
+        rec = json.loads((res / env / algo / "checkpoint/model.json").read_text())
+        assert rec["source"] == "file" and rec["net_spec"]["arch"] == "actor"
+        run = res / env / f"{algo}@action" / "sigma-0.05"
+        assert sorted(f.name for f in run.iterdir() if not f.name.endswith(".meta.json")) == \
+            sorted(RUN_FILES[k] for k in ("loact", "loact_episodes", "certified_ratio", "frames", "gre",
+                                          "gre_returns", "attack_global"))
+        steps = pd.read_csv(run / RUN_FILES["loact"])   # one row per step and action dimension
+        assert set(steps["dim"]) == {0} and len(steps) == 12
+        assert len(np.load(run / FRAMES_FILE)["frames"]) == 0
+        assert f"{algo} (action)" in (res / f"tables/{env}_benign_return.md").read_text()
+        for stem in ("stepwise", "certified_ratio", "all_bounds", "global_median_sigma-0.05"):
+            assert (res / "figures" / f"{env}_{stem}.png").is_file()
+        # the report's LoAct numbers are per step (every dimension certified), as certified_ratio.csv counts them
+        from crop.percentile import step_ratio
+
+        table = pd.read_csv(res / f"tables/{env}_certified_fraction.csv")
+        assert len(table) == 1 and table["algo"][0] == f"{algo} (action)"
+        assert table["sigma=0.05"][0] == pytest.approx(step_ratio(steps)["certified"].mean(), abs=1e-9)
+
+
+def test_the_report_reads_a_continuous_run_per_step_and_says_it_has_no_lore():
+    """LoAct's per-dimension table becomes one row per step (certified when every dimension is, at the
+    smallest radius); LoRe's metrics are absent, not errors; the LoRe panel names the agent and why."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from crop.report.figures import _panel_adasearch
+    from crop.report.metrics import _per_step, metric_value
+
+    dims = pd.DataFrame({"episode": [0, 0, 0, 0], "step": [0, 0, 1, 1], "dim": [0, 1, 0, 1],
+                         "certified": [True, True, True, False], "radius": [0.2, 0.1, 0.3, 0.0]})
+    run = {"loact": dims}
+    _per_step(run)
+    assert run["loact"]["certified"].tolist() == [True, False] and run["loact"]["radius"].tolist() == [0.1, 0.0]
+    assert metric_value(run, "certified_fraction") == 0.5 and metric_value(run, "mean_radius") == 0.05
+    assert metric_value(run, "lore_bound", 0.0) is None and metric_value(run, "pgd_local_return", 0.0) is None
+    fig, ax = plt.subplots()
+    _panel_adasearch(ax, {"MySAC@action": run}, 0.05)
+    notes = [t.get_text() for t in ax.texts if t.get_gid() == "lore-continuous"]
+    plt.close(fig)
+    assert len(notes) == 1 and "no LoRe" in notes[0] and "MySAC (action)" in notes[0]

@@ -187,8 +187,9 @@ REFUSALS = [
     ("label that looks like a run folder", lambda ec, c: ec.update(algorithms=["sigma-1"]), "not a valid label"),
     ("unknown profile", lambda ec, c: ec["files"]["MyDQN"].update(profile="cleanrl"),
      "unknown preprocessing profile 'cleanrl'"),
-    ("continuous actions", lambda ec, c: c["environments"].update({"Pendulum-v1": c["environments"].pop("Acrobot-v1")}),
-     "Pendulum-v1: its actions are continuous (a Box), and the workflow runs LoRe"),
+    ("continuous actions with a target", lambda ec, c: c["environments"].update(
+        {"Pendulum-v1": {**c["environments"].pop("Acrobot-v1"), "target": "q"}}),
+     "environments.Pendulum-v1.target: its actions are continuous (a Box)"),
     ("unregistered id", lambda ec, c: c["environments"].update({"Acrobat-v1": c["environments"].pop("Acrobot-v1")}),
      "unknown environment 'Acrobat-v1' (did you mean 'Acrobot-v1'?)"),
     ("facts of a paper environment", lambda ec, c: c["environments"].update(

@@ -234,7 +234,16 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
 
 
 def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
-    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed)."""
+    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed).  A
+    continuous-action agent's run has neither (crop.layout.run_stages): the panel says so instead."""
+    actors = [algo_label(a) for a, d in runs.items() if "lore" not in d]
+    if actors:
+        note = "no LoRe or local attack:\ncontinuous actions are\nno finite set\n(" + ", ".join(actors) + ")"
+        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=6, color="0.3",
+                gid="lore-continuous")
+        runs = {a: d for a, d in runs.items() if "lore" in d}
+        if not runs:
+            return
     xmax = 0.0
     for d in runs.values():
         xmax = max(xmax, float(d["attack_local"][cols.EPS].max()), float(d["lore"][cols.EPS].max()))

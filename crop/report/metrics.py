@@ -44,7 +44,15 @@ import pandas as pd
 
 from crop import columns as cols
 from crop.io import meta_path, read_json
-from crop.layout import FRAMES_FILE, REPLICATE_PREFIX, RUN_FILES, replicate_of, run_files, run_target
+from crop.layout import (
+    ACTION_TARGET,
+    FRAMES_FILE,
+    REPLICATE_PREFIX,
+    RUN_FILES,
+    replicate_of,
+    run_files,
+    run_target,
+)
 from crop.lore import lore_bound_at
 from crop.report.intervals import benign_return_range
 
@@ -123,6 +131,18 @@ def _read_files(run_dir: Path, files: dict, required: bool) -> dict:
     return data
 
 
+def _per_step(data: dict) -> None:
+    """A continuous-action agent's LoAct (one row per step and action dimension) as one row per step, as its
+    certified_ratio.csv counts it (:func:`crop.percentile.step_ratio`: certified when every dimension is, at
+    the smallest radius over the dimensions), so that every radius, fraction and curve of the report is per
+    step like a discrete agent's; the per-dimension table stays under ``loact_dims``."""
+    if "loact" in data:
+        from crop.percentile import step_ratio
+
+        data["loact_dims"] = data["loact"]
+        data["loact"] = step_ratio(data["loact"])
+
+
 def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
     """Read the result files of ``runs``: {(env, algo, sigma_label): {name: DataFrame | dict}}, with
     ``lore_meta`` (:func:`read_lore_meta`) and ``frames_path`` (``frames.npz``, not read here).  Replicate
@@ -145,9 +165,13 @@ def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
             raise IntegrityError("; ".join(f"{p['file']}: {p['problem']}" for p in problems))
         if replicate_of(run):
             found = _read_files(d, {k: RUN_FILES[k] for k in REPLICATE_TABLES}, required=not partial)
+            if run_target(run) == ACTION_TARGET:
+                _per_step(found)
             replicates.setdefault(parse_run(run), []).append((replicate_of(run), found))
             continue
         data = _read_files(d, run_files(run_target(run)), required=not partial)
+        if run_target(run) == ACTION_TARGET:
+            _per_step(data)
         data["lore_meta"] = read_lore_meta(d)
         data["frames_path"] = d / FRAMES_FILE
         gre_meta = meta_path(d / RUN_FILES["gre"])   # the reward facts GRe was given (an environment's own)
@@ -261,6 +285,9 @@ def metric_value(run: dict, metric: str, eps: float | None = None) -> float | No
             return None
         v = g[cols.PERCENTILE_BOUND].iloc[0]
         return math.nan if pd.isna(v) else float(v)
+    if metric in ("lore_bound", "pgd_local_return") and ("lore" if metric == "lore_bound" else "attack_local") \
+            not in run:   # a continuous-action agent's run: no LoRe, no local attack (crop.layout.run_stages)
+        return None
     if metric == "lore_bound":
         v = lore_bound_at(run["lore"], eps, lore_valid_until(run))
         return None if math.isnan(v) else float(v)

@@ -19,7 +19,7 @@ from matplotlib import patheffects
 from matplotlib.lines import Line2D
 
 from crop.config import ALGORITHMS
-from crop.layout import split_run_algo
+from crop.layout import ACTION_TARGET, split_run_algo
 from crop.names import TARGET_NAMES
 
 __all__ = ["ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "EXTRA_COLORS", "EXTRA_MARKERS", "LABELS",
@@ -97,7 +97,8 @@ LABELS = {
 
 
 # A smoothing target other than q (run folder ALGO@TARGET, crop/layout.py) is drawn in its algorithm's colour
-# with the target's own marker, and labelled "StdTrain (vote)".
+# with the target's own marker, and labelled "StdTrain (vote)"; a continuous-action agent's (action, its only
+# target) keeps its algorithm's marker and is labelled "MySAC (action)".
 TARGET_MARKERS = {"probs": "p", "vote": "d"}
 
 
@@ -115,16 +116,20 @@ def series_color(algo: str) -> str:
 
 def series_marker(algo: str) -> str:
     base, target = split_run_algo(algo)
-    return algo_marker(base) if target == "q" else TARGET_MARKERS[target]
+    return TARGET_MARKERS.get(target) or algo_marker(base)
 
 
 def _rank(algo: str) -> int:
     return algo_index(split_run_algo(algo)[0])
 
 
+#: The order of a label's targets: the discrete ones, then a continuous-action agent's (its only one).
+_TARGETS = (*TARGET_NAMES, ACTION_TARGET)
+
+
 def series_key(algo: str) -> tuple[int, int]:
     base, target = split_run_algo(algo)
-    return algo_index(base), TARGET_NAMES.index(target)
+    return algo_index(base), _TARGETS.index(target)
 
 
 def series_order(names) -> list[str]:
@@ -139,7 +144,7 @@ def series_order(names) -> list[str]:
         groups.setdefault(split_run_algo(a)[0], []).append(a)
     register_labels(groups)
     further = [a for group in groups.values()
-               for a in sorted(group, key=lambda x: TARGET_NAMES.index(split_run_algo(x)[1]))[1:]]
+               for a in sorted(group, key=lambda x: _TARGETS.index(split_run_algo(x)[1]))[1:]]
     register_labels(further)
     _OWN_COLOUR.update(further)
     return sorted(names, key=series_key)

@@ -25,7 +25,7 @@ import pandas as pd
 from crop import columns as cols
 from crop.envs import env_spec
 from crop.io import atomic_write_text
-from crop.layout import TABLES, series_label, table_files
+from crop.layout import ACTION_TARGET, TABLES, series_label, split_run_algo, table_files
 from crop.report.intervals import INTERVAL_METRICS, METHOD_EPISODES, METHOD_REPLICATES, run_interval
 from crop.report.markdown import pipe_table
 from crop.report.metrics import CONVENTIONS, metric_value
@@ -256,16 +256,22 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
           "sd their standard deviation)" if reps > 1 else f"; [lo, hi]: 95 % confidence interval, {METHOD_EPISODES}")
     if reps > 1 and min(counts) == 1:
         ci = ci[:-1] + f"; a run without replicates: {METHOD_EPISODES})"
+    # A continuous-action agent's rows ("MySAC (action)") hold another certificate than Theorem 1's: say which.
+    actors = [series_label(a) for (e, a, _) in data if e == env and split_run_algo(a)[1] == ACTION_TARGET]
+    act = (f"; {', '.join(sorted(set(actors)))}: a continuous-action agent's LoAct, percentile (median) smoothing "
+           "per action dimension (Chiang et al. 2020, Theorem 1), a step counted certified when every dimension "
+           "stays within its tolerance, at the smallest radius over the dimensions (as its certified_ratio.csv)"
+           if actors else "")
     out = {
         "mean_radius": (_pivot_interval(df, "mean_radius", reps > 1),
                         f"{p}: mean certified radius of LoAct (Theorem 1) over all steps, {conv0} (this project's "
-                        f"headline; the paper's convention, {conv1}, is in {p}_mean_radius_certified){ci}"),
+                        f"headline; the paper's convention, {conv1}, is in {p}_mean_radius_certified){ci}{act}"),
         "mean_radius_certified": (_pivot_interval(df, "mean_radius_certified", reps > 1),
                                   f"{p}: mean certified radius of LoAct (Theorem 1), {conv1} (the paper's and the "
                                   f"CROP leaderboard's convention; empty where no step was certified; {conv0} is "
-                                  f"in {p}_mean_radius){ci}"),
+                                  f"in {p}_mean_radius){ci}{act}"),
         "certified_fraction": (_pivot_interval(df, "certified_fraction", reps > 1),
-                               f"{p}: share of LoAct's steps certified (radius > 0){ci}"),
+                               f"{p}: share of LoAct's steps certified (radius > 0){ci}{act}"),
         "benign_return": (_pivot_interval(df, "benign_return", reps > 1),
                           f"{p}: mean benign return of the smoothed policy over LoAct's clean episodes{ci}; "
                           "an interval is clipped to [J_min, J_max], the least and the most return possible over "
@@ -277,7 +283,9 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                                   + ("; LoRe truncated: the search spent its node budget (lore.max_nodes) at an ε "
                                      "at or below this row's, and its unexpanded subtrees count their worst case, "
                                      "so J̲ is ≤ the full search's (rows not marked: the full search's J̲)"
-                                     if truncated else "")),
+                                     if truncated else "")
+                                  + ("; no J̲ or local PGD for a continuous-action agent (LoRe's tree branches "
+                                     "over a finite set of actions)" if actors else "")),
         "tightness": (tight, f"{p}: PGD return minus certified bound (≥ 0 when the bound holds, small when it is "
                              "tight); empty: no attack or no bound at that ε"),
     }
