@@ -21,7 +21,7 @@ import jsonschema
 import yaml
 
 from crop.io import CappedError, sha256_file
-from crop.names import MAX_PARAMETERS, smoothing_targets
+from crop.names import ACTION_TARGET, MAX_PARAMETERS, smoothing_targets
 from crop.registry import resolve_source
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "certifications",
@@ -360,7 +360,6 @@ def _continuous_target(env: str, ec: dict, given: dict, source: str) -> None:
     a Box agent has no Q-values, probabilities or votes over a finite set of actions to smooth.  It needs
     ``source: file`` (crop trains DQNs only); a target given for it is refused in one line."""
     from crop.envs import ENV_SPECS, action_bounds
-    from crop.layout import ACTION_TARGET
 
     if env in ENV_SPECS:
         return
@@ -429,7 +428,6 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
         return
     if spec.reward_range is None:
         raise ConfigError(f"{source}: {missing_reward_range(env)}")
-    from crop.layout import ACTION_TARGET
 
     if ec.get("target") == ACTION_TARGET:   # no LoRe for a continuous-action agent (crop.layout.run_stages)
         return
@@ -538,7 +536,6 @@ def check_policy_files(cfg: dict, source: str = "config") -> dict:
                                       "policy network")
                 networks[algo] = "q"
         used = {a: networks[a] for a in ec["algorithms"]}
-        from crop.layout import ACTION_TARGET
 
         for algo, network in used.items():   # a Box environment takes actors, a Discrete one none
             if (network == "actor") != (ec.get("target") == ACTION_TARGET):

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from crop import stage_table
 from crop.envs import env_spec
+from crop.names import ACTION_TARGET
 
 #: ``{key: file name}`` of a complete run folder (the stage table's outputs, crop/stage_table.py).
 RUN_FILES = stage_table.RUN_FILES
@@ -90,9 +91,6 @@ def series_label(name: str) -> str:
     return algo if target == "q" else f"{algo} ({target})"
 
 
-#: The smoothing target of a continuous-action agent (a Box action space): its action itself, certified per
-#: dimension by percentile smoothing (crop loact); its runs live in ENV/ALGO@action/sigma-S.
-ACTION_TARGET = "action"
 
 
 def run_stages(target: str = "q") -> list[str]:

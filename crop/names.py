@@ -13,7 +13,8 @@ config schema's checks use them; the implementations key their tables by them).
   config's ``train.hidden``, checked at validation).
 """
 
-__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "MAX_PARAMETERS", "smoothing_targets"]
+__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "ACTION_TARGET", "MAX_PARAMETERS",
+           "smoothing_targets"]
 
 #: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.checkpoints
 #: MAX_MEMBER_BYTES), so no accepted file can fill a larger network.
@@ -29,6 +30,9 @@ ALPHA_MODES = ("state", "family")
 DEVICES = ("cpu", "cuda", "auto")
 
 TARGET_NAMES = ("q", "probs", "vote")
+#: The smoothing target of a continuous-action agent (a Box action space): its action itself, certified per
+#: dimension by percentile smoothing (crop loact); its runs live in ENV/ALGO@action/sigma-S.
+ACTION_TARGET = "action"
 
 
 def smoothing_targets(env_cfg: dict) -> list[str]:
