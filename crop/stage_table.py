@@ -82,9 +82,13 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         _out("gre", "gre.csv", "gre.csv: the expectation and percentile bounds per ε"),
         _out("gre_returns", "gre_returns.csv", "gre_returns.csv: the m randomized returns", "out_returns"),
     ), v_range=False, replicate=False, mem_mb=None),
-    StageRow("lore", (_out("lore", "lore.csv", "lore.csv: the bound at every critical radius"),),
+    StageRow("lore", (_out("lore", "lore.csv", "lore.csv: the bound at every critical radius"),
+                      _out("lore_states", "lore_states.csv", "lore_states.csv: the certificate of every state "
+                           "LoRe smoothed (optional)", "out_states", False)),
              v_range=True, replicate=False, mem_mb=1000),
-    StageRow("attack-local", (_out("attack_local", "attack_local.csv", "attack_local.csv: returns under PGD per ε"),),
+    StageRow("attack-local", (_out("attack_local", "attack_local.csv", "attack_local.csv: returns under PGD per ε"),
+                              _out("attack_local_steps", "attack_local_steps.csv", "attack_local_steps.csv: every "
+                                   "attacked step's clean certificate and action (optional)", "out_steps", False)),
              v_range=True, replicate=False, mem_mb=1000),
     StageRow("attack-global", (_out("attack_global", "attack_global.csv",
                                     "attack_global.csv: returns under PGD per ε"),),

@@ -116,7 +116,11 @@ def _chance_inputs(d: Path, env: str) -> dict:
     v_min = lm.get("v_min", q.get("v_min"))
     v_max = lm.get("v_max", q.get("v_max"))
     a_set = am.get("settings") or {}
-    return {"steps": pd.read_csv(d / RUN_FILES["loact"]) if (d / RUN_FILES["loact"]).is_file() else None,
+    def table(key):
+        return pd.read_csv(d / RUN_FILES[key]) if (d / RUN_FILES[key]).is_file() else None
+
+    return {"steps": table("loact"), "attack_steps": table("attack_local_steps"), "lore_states": table("lore_states"),
+            "lore_horizon": (lo.get("settings") or {}).get("horizon"),
             "v_min": v_min, "v_max": v_max, "m": a_set.get("m"), "horizon": a_set.get("horizon"),
             "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": _spec_fact(env, "n_actions"),
             "loact_alpha": lm.get("per_state_alpha"), "lore_alpha": _lore_largest_state_alpha(lo)}
@@ -175,6 +179,119 @@ def loact_flip_chance(c: dict, sigma: float, eps: float) -> tuple[float, str]:
         return 1.0, "unassessed (no LoAct step certified beyond this eps)"
     p = np.minimum(1.0, float(c["alpha"]) + _step_flip_bounds(c, sigma, eps, beyond))
     return float(p.mean()), f"estimated on {len(beyond)} LoAct steps certified beyond eps"
+
+
+#: The mixture of Ville supermartingales a flip count is tested with: λ with e^λ = 2, 4, …, 2²⁰, equal weights
+#: (fixed in advance, so the mixture is itself a supermartingale).
+VILLE_LAMBDAS = math.log(2.0) * np.arange(1, 21)
+
+
+def _log_mixture(log_factors: np.ndarray) -> np.ndarray:
+    """log of the equal-weight mixture over λ of the products of ``log_factors`` (shape (λ, time)), at every
+    time: log Σ_k w_k Π_{s ≤ t} φ_s(λ_k)."""
+    cum = np.cumsum(log_factors, axis=1)
+    top = cum.max(axis=0)
+    return top + np.log(np.exp(cum - top).mean(axis=0))
+
+
+def ville_flip_p(t: np.ndarray, counted: np.ndarray, flipped: np.ndarray, bound: np.ndarray,
+                 alpha: float) -> float:
+    """p-value of the flips at attacked steps (docs/audit.md, "A sequential test of the flips"): one row per
+    attacked step — its time ``t`` (the lockstep step: every row of step t is decided after the certificates of
+    step t and before step t + 1), whether it counts (certified beyond ε by the attack's own clean certificate),
+    whether the attacked action differs from a₁ (``flipped``), and the flip bound under valid clean bounds
+    (:func:`flip_probability_bound`).  With u = e^λ − 1, every step contributes 1/(1 + α·u) and a counted step
+    also e^{λX}/(1 + b·u); their product is a nonnegative supermartingale under valid certificates, whatever
+    the attacker does, and so is the mixture over :data:`VILLE_LAMBDAS`; by Ville's inequality
+    P[sup_t M_t ≥ 1/c] ≤ c, and the p-value is 1/sup_t M_t (at most 1)."""
+    if not len(t):
+        return 1.0
+    u = np.expm1(VILLE_LAMBDAS)[:, None]
+    x = (counted & flipped).astype(float)[None, :]
+    logs = -np.log1p(alpha * u) + np.where(counted[None, :], VILLE_LAMBDAS[:, None] * x
+                                           - np.log1p(np.minimum(bound, 1.0)[None, :] * u), 0.0)
+    times, at = np.unique(t, return_inverse=True)
+    per_time = np.zeros((len(VILLE_LAMBDAS), len(times)))
+    np.add.at(per_time, (slice(None), at), logs)
+    return float(min(1.0, math.exp(-max(0.0, _log_mixture(per_time).max()))))
+
+
+def ville_min_p(steps: int, alpha: float) -> float:
+    """The smallest p-value :func:`ville_flip_p` can give over ``steps`` planned attacked steps (every one
+    certified beyond ε, flipped, with flip bound 0): fixed before the attack ran."""
+    if steps <= 0:
+        return 1.0
+    per_step = VILLE_LAMBDAS - np.log1p(alpha * np.expm1(VILLE_LAMBDAS))
+    return float(min(1.0, math.exp(-_log_mixture(per_step[:, None] * np.ones((1, steps))).max())))
+
+
+def lore_path_bound(c: dict, sigma: float, eps: float, tree_until: float,
+                    path: pd.DataFrame) -> tuple[float, str]:
+    """(A, note): the sum, along the attacked episode ``path`` (its rows of attack_local_steps.csv, in step
+    order) up to and including the step where it leaves LoRe's tree of every ε'' < ``tree_until``, of the bound
+    b_t on the chance that the m-sample action leaves there — at the LoRe state of the step's observation
+    (lore_states.csv), b_t = Σ over the actions a the tree excludes (r(a) ≥ ``tree_until``) of
+    exp(−m·Δ_a²/(2w²)), Δ_a = w·(Φ(z_L − ε/σ) − Φ(z_L − (2r(a) − ε)/σ)), z_L = Φ⁻¹(p_L) (Lemma 3 and
+    Hoeffding, as :func:`flip_probability_bound`, with U(a) from r(a)).  b_t depends on the path up to step t
+    only (predictable), so P[the episode leaves and A ≤ a] ≤ a under valid LoRe certificates (docs/audit.md).
+    inf where a step's state is not among LoRe's certified states before the episode left (pruned, never
+    reached, an open node of a truncated search, or another environment)."""
+    states = c["lore_states"].drop_duplicates("obs_digest")
+    path = path.sort_values(cols.STEP)
+    if states.empty and len(path):
+        return math.inf, "LoRe recorded no certified state"
+    at = pd.Index(states["obs_digest"]).get_indexer(path["obs_digest"])
+    missing = at < 0
+    b, out = _leave_bounds(c, sigma, eps, tree_until, states.iloc[np.where(missing, 0, at)])
+    out &= ~missing[:, None]
+    b = np.where(missing, 0.0, b)
+    n_actions = int(c["n_actions"])
+    action = path["action"].to_numpy(int)
+    left = out[np.arange(len(path)), np.clip(action, 0, n_actions - 1)]
+    stop = np.flatnonzero(missing | left)
+    steps = path[cols.STEP].to_numpy(int)
+    if not len(stop):
+        return float(b.sum()), "stayed in LoRe's tree"
+    k = int(stop[0])
+    if missing[k]:
+        return math.inf, f"attacked step {steps[k]}'s state is not among LoRe's certified states"
+    return float(b[: k + 1].sum()), f"left LoRe's tree at attacked step {steps[k]}"
+
+
+def _leave_bounds(c: dict, sigma: float, eps: float, tree_until: float,
+                  states: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per LoRe state (rows of lore_states.csv): the bound b on the chance that the m-sample action at an
+    ε-perturbation of it is one the tree of every ε'' < ``tree_until`` excludes, and which actions it excludes
+    (:func:`lore_path_bound`)."""
+    n_actions = int(c["n_actions"])
+    radii = states[[f"{cols.RADIUS}_{a}" for a in range(n_actions)]].to_numpy(float)
+    z_l = Phi_inv(normalise(states[cols.Q_TOP_LOWER].to_numpy(float), c["v_min"], c["v_max"]))[:, None]
+    w, m = float(c["v_max"] - c["v_min"]), int(c["m"])
+    out = radii >= tree_until
+    with np.errstate(invalid="ignore"):
+        gap = w * (Phi(z_l - eps / sigma) - Phi(z_l - (2 * radii - eps) / sigma))
+    gap = np.where(np.isnan(gap), 0.0, np.maximum(gap, 0.0))
+    return np.minimum(1.0, np.where(out, np.exp(-m * gap ** 2 / (2 * w ** 2)), 0.0).sum(axis=1)), out
+
+
+def lore_root_bound(c: dict, sigma: float, eps: float, tree_until: float) -> float:
+    """The leave bound b at LoRe's initial state s₀ (its state of depth 0): every attacked episode from s₀
+    starts there, so its sum A is at least this, and a LoRe check's smallest p-value is α_spent + this — fixed
+    by the certifiers' outputs and the attack's settings before the attack ran."""
+    root = c["lore_states"][c["lore_states"][cols.STEP] == 0]
+    return float(_leave_bounds(c, sigma, eps, tree_until, root.head(1))[0][0]) if len(root) else 0.0
+
+
+def _path_ok(c: dict, horizon: int | None) -> str:
+    """Why the attacked path cannot be checked against LoRe's states ('' when it can)."""
+    if c.get("attack_steps") is None or c.get("lore_states") is None:
+        return "no attack_local_steps.csv or lore_states.csv: the attacked path's states are not recorded"
+    why = _margins_ok({**c, "steps": c["attack_steps"]})
+    if why:
+        return why
+    if horizon is None or (c.get("lore_horizon") is not None and horizon < int(c["lore_horizon"])):
+        return f"the attacked horizon {horizon} is shorter than LoRe's {c.get('lore_horizon')}"
+    return ""
 
 
 def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int,
@@ -303,57 +420,74 @@ def lore_alpha_exhausted(alpha_spent: float) -> bool:
 
 def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.DataFrame, chance: dict,
                                sigma: float, j_min: float | None = None) -> list[dict]:
-    """LoRe's bound J̲ (Theorem 4) against the local PGD return from LoRe's own initial state at each ε
-    (see the module docstring), against J̲(ε') of the piece :func:`choose_lore_interval` picks; p-value
-    α_spent + P[leave that piece's tree] when the return is below that bound.  A bound at
-    ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``."""
+    """LoRe's bound J̲ (Theorem 4) against the local PGD return from LoRe's own initial state at each ε, against
+    J̲(ε') of the piece :func:`choose_lore_interval` picks (from the certifiers' outputs alone).  p-value
+    α_spent + A when the return is below that bound, A the sum of the leave bounds along the attacked path up to
+    where it left (:func:`lore_path_bound`); 1 otherwise.  Its smallest value (``min_p``) is α_spent plus the
+    leave bound at s₀ (:func:`lore_root_bound`).  A bound
+    at ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``."""
     valid_until = lore_valid_until({"lore_meta": lore_meta})
     a_lore = _lore_alpha(lore_meta)
+    steps = chance.get("attack_steps")
     rows_out = []
     for _, r in attack[attack[cols.SAME_START_AS_LORE].astype(bool)].iterrows():
         eps = float(r[cols.EPS])
         pieces = lore_intervals(lore, eps, valid_until)
         if not pieces:
             continue
-        # The piece and P[leave] over the planned horizon (a setting), never the realised length (an outcome): an
-        # episode that left the tree may end early (CartPole), and a chance over its shorter length would shrink
-        # with the very outcome it judges.
+        # The piece from the certifiers' outputs and the planned horizon (a setting), never the attacked outcome.
         horizon = _planned_horizon(r, chance)
-        if horizon is None:
-            (eps_b, b, until), (leave, note) = pieces[0], (1.0, "unassessed (no planned horizon recorded)")
+        eps_b, b, until = (pieces[0] if horizon is None else
+                           choose_lore_interval(pieces, chance, sigma, eps, horizon, a_lore, j_min))
+        why = _path_ok(chance, horizon)
+        if why:
+            bound_sum, note, least = math.inf, f"unassessed ({why})", 1.0
         else:
-            eps_b, b, until = choose_lore_interval(pieces, chance, sigma, eps, horizon, a_lore, j_min)
-            leave, note = lore_leave_chance(chance, sigma, eps, horizon, until)
+            path = steps[np.isclose(steps[cols.EPS], eps) & (steps[cols.EPISODE] == r[cols.EPISODE])]
+            bound_sum, note = lore_path_bound(chance, sigma, eps, until, path)
+            least = min(1.0, a_lore + lore_root_bound(chance, sigma, eps, until))
         below = float(r[cols.RETURN]) < b - TOL
         tree = f"ε < {until:.4g}" if math.isfinite(until) else "every ε (the whole search)"
-        allowed = min(1.0, a_lore + leave)
+        p = min(1.0, a_lore + bound_sum) if below else 1.0
         rows_out.append(_row("lore_vs_pgd_local", eps, b, float(r[cols.RETURN]), empirical_below=below,
-                             episode=int(r[cols.EPISODE]), p_value=allowed if below else 1.0, chance=allowed,
-                             alpha_spent=a_lore, p_leave=leave, eps_bound=eps_b,
+                             episode=int(r[cols.EPISODE]), p_value=p, alpha_spent=a_lore,
+                             p_leave=min(1.0, bound_sum), eps_bound=eps_b,
                              tree_until=until if math.isfinite(until) else None,
-                             note=f"{note}; J̲(ε' = {eps_b:.4g}) over LoRe's tree for {tree}", min_p=allowed,
+                             note=f"{note}; J̲(ε' = {eps_b:.4g}) over LoRe's tree for {tree}",
+                             min_p=least,
                              vacuous=j_min is not None and not b > j_min + TOL))
     return rows_out
 
 
 def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma: float) -> list[dict]:
-    """LoAct's certificates (Theorem 1) against the local PGD attack: the certified steps whose action the
-    attack flipped at each ε, counted over all attacked steps and tested against Bin(N, per-step chance)
-    (:func:`loact_flip_chance`)."""
+    """The attack's own certificates (Theorem 1, at every attacked step's clean state) against its attacked
+    actions at each ε: the steps certified beyond ε whose action the attack flipped, tested sequentially
+    against each step's flip bound (:func:`ville_flip_p`, valid whatever the attacker does).  ``min_p`` is
+    fixed by the planned steps (horizon × episodes); a row at an ε beyond which LoAct certified no step is
+    ``vacuous`` (the certificates claim nothing there; decided from LoAct's outputs, not the attack's)."""
     rows_out = []
-    for eps, g in attack.groupby("eps"):
-        # N: the planned steps (horizon × episodes), fixed before the attack ran; the realised count depends on
-        # the outcome (an attack that succeeds may end its episode early).
+    loact, steps = chance.get("steps"), chance.get("attack_steps")
+    for eps, g in attack.groupby(cols.EPS):
         horizons = [_planned_horizon(r, chance) for _, r in g.iterrows()]
         flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), sum(h or 0 for h in horizons)
-        per_step, note = (loact_flip_chance(chance, sigma, float(eps)) if None not in horizons
-                          else (1.0, "unassessed (no planned horizon recorded)"))
-        # No LoAct step certified beyond ε and no certified step flipped: the certificates claim nothing at ε.
-        empty = flips == 0 and note.startswith("unassessed (no LoAct step certified beyond")
+        why = _margins_ok({**chance, "steps": steps}) or ("no planned horizon recorded" if None in horizons else "")
+        alpha = float(chance.get("alpha") or 1.0)
+        if why:
+            p, counted, note = 1.0, 0, f"unassessed ({why})"
+        else:
+            s = steps[np.isclose(steps[cols.EPS], float(eps))]
+            count = (s[cols.CERTIFIED].astype(bool) & (s[cols.RADIUS] > float(eps))).to_numpy()
+            flip = (s["action"] != s["clean_action"]).to_numpy()
+            bound = np.asarray(_step_flip_bounds(chance, sigma, float(eps), s), float) if len(s) else np.zeros(0)
+            p = ville_flip_p(s[cols.STEP].to_numpy(), count, flip, bound, alpha)
+            counted = int(count.sum())
+            note = (f"{counted} attacked steps certified beyond eps, flip bounds summing to "
+                    f"{float(bound[count].sum()):.3g} (plus alpha per step)")
+        empty = loact is not None and cols.RADIUS in loact.columns and not (
+            loact[cols.CERTIFIED].astype(bool) & (loact[cols.RADIUS] > float(eps))).any()
         rows_out.append(_row("loact_certified_steps_not_flipped", float(eps), 0, flips, empirical_below=flips > 0,
-                             episodes=len(g), steps=n, chance=per_step, expected=n * per_step,
-                             p_value=_binom_p(flips, n, per_step), note=note,
-                             min_p=_binom_p(n, n, per_step) if n else 1.0, vacuous=empty))
+                             episodes=len(g), steps=n, counted=counted, p_value=p, note=note,
+                             min_p=1.0 if why else ville_min_p(n, alpha), vacuous=bool(empty)))
     return rows_out
 
 
@@ -409,16 +543,12 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
         return (f"LoRe's tree spent α = {item['alpha_spent']:.3g} ≥ 1: its bound has no joint meaning",
                 "alpha_mode: family (the whole tree at α)")
     if c == "lore_vs_pgd_local" and item["min_p"] >= 1.0:
-        return (f"the attacked (m-sample) policy may leave LoRe's tree with probability ≈ 1 at this ε: P[leave] = "
-                f"{item.get('p_leave', 1.0):.3g} ({item.get('note') or 'unassessed'}; near-tie steps certified "
-                "beyond ε, or steps whose margins are unknown)",
-                "a larger attack m (loact.m) for steps certified just beyond LoRe's critical ε (no piece of "
-                "LoRe's bound from this ε on has a testable tree), or this ε left out of "
-                "attack.local_eps_factors; for a many-action game, LoAct margins beyond ε along LoRe's initial "
-                "episode")
+        return (f"the attacked path cannot be bounded against LoRe's tree: {item.get('note') or 'unassessed'}",
+                "a local attack and a LoRe search that record their states (attack_local_steps.csv, "
+                "lore_states.csv) over LoRe's horizon")
     if c == "lore_vs_pgd_local":
-        return (f"a single attacked return: smallest p = α spent + P[leave] = {item['min_p']:.3g} > α/K = "
-                f"{level:.3g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")
+        return (f"a single attacked return: smallest p = α spent = {item['min_p']:.3g} > α/K = {level:.3g}",
+                "alpha_mode: family or a smaller alpha for LoRe")
     if c == "gre_expectation_vs_pgd_mean":
         if not item["shortfall_max"] > 0:
             return "the bound is at or below J_min: no attacked mean can fall below it", "a tighter bound"
@@ -433,10 +563,9 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
         return (f"{item['episodes']} attacked episodes: smallest p = p^n = {item['min_p']:.3g} > α/K = "
                 f"{level:.3g}", f"attack.global_episodes ≥ {need}")
     if c == "loact_certified_steps_not_flipped":
-        note = item.get("note") or ""
-        if item.get("chance", 1.0) >= 1.0:
-            return note or "the chance of a flip could not be estimated", "LoAct steps certified beyond this ε"
-        return (f"{item.get('steps')} attacked steps: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
+        if item["min_p"] >= 1.0:
+            return item.get("note") or "the flips could not be bounded", "a local attack that records its steps"
+        return (f"{item.get('steps')} planned attacked steps: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
                 "attack.local_episodes larger")
     return f"smallest p {item['min_p']:.3g} > α/K = {level:.3g}", ""
 
