@@ -9,35 +9,26 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
 * **GRe** percentile bound J̲_p above the attacked p-quantile, and expectation bound above the attacked mean:
   these bounds are about the *distribution* of returns; p-values P[Bin(n, p) ≥ #returns below J̲_p] and
   Hoeffding's exp(−2n·shortfall²/(J_max − J_min)²);
-* **LoAct: a certified step whose action a local attack flipped** (``flips_certified``).  The certificate
-  (Theorem 1) is for the exact smoothed policy and holds with probability ≥ 1 − α per state; the attacked
-  policy is its m-sample estimate, which may take another action inside a valid radius.  If the clean
-  state's bounds L(a₁) (``q_top_lower``) and max U(a) (``q_others_upper_max``) hold, Lemma 3 (σΦ⁻¹ of the
-  clipped smoothed Q is 1-Lipschitz) gives, for ‖δ‖ ≤ ε, Q̃(s+δ, a₁) − Q̃(s+δ, a) ≥
-  Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)) with p = (bound − V_min)/w, w = V_max − V_min; and by
-  Hoeffding (each sample of Q̃(·, a) − Q̃(·, a₁) lies in [−w, w]) the m-sample argmax is not a₁ with
-  probability ≤ (|A| − 1)·exp(−m·Δ²/(2w²)) (:func:`flip_probability_bound`).  A counted flip thus has
-  probability ≤ α + that bound per step.  attack_local.csv records only per-episode counts, not the attacked
-  steps' margins, so the per-step chance is *estimated* on LoAct's own steps certified beyond ε (the mean of
-  α + bound over them; 1 when LoAct has none: unassessed) and the count over the N planned steps at that ε
-  is tested against Bin(N, chance) — conservative in N (every attacked step counted, certified or not) and
-  in the tail (a Poisson-binomial count is no more spread above its mean than the binomial of the same mean,
-  Hoeffding 1956);
-* **LoRe bound above the local PGD return** from LoRe's own initial state.  LoRe's bound (Theorem 4) holds
-  for every trajectory of the exact smoothed policy under ‖δ‖ ≤ ε with probability ≥ 1 − α_spent (the α the
-  search spent, from LoRe's meta file); the attacked episode leaves that tree only where its m-sample action
-  is one LoRe excluded.  The chance of an attacked return below the bound is ≤ α_spent + P[leave], with
-  P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state) over the attacked
-  episode's planned horizon (never its realised length, which depends on the outcome): p_t the flip bound
-  above where step t is certified beyond ε; 0 where it is not and |A| = 2 (both actions are in the tree);
-  1 where it is not and |A| > 2 (the other actions' margins are not recorded), and for steps beyond LoAct
-  episode 0.  That chance is the row's p-value when the return is below the bound.  J̲ is a non-increasing
-  step function and T_ε ⊆ T_ε' for ε ≤ ε', so an ε-attack may be checked against J̲(ε') over the tree of a
-  whole piece [ε_j, ε_{j+1}) of it (:func:`lore_intervals`): a step keeps both actions of a two-action game
-  there when its radius is below ε_{j+1}, which removes the near-tie steps (radius just above ε) whose chance
-  of a flip is ≈ 1.  The piece — the first from ε's on whose leave chance is ≤ α_spent
-  (:func:`choose_lore_interval`) — is chosen from the certifiers' outputs alone, never the attacked return;
-  the row records ε' (``eps_bound``) and ε_{j+1} (``tree_until``).
+* **a flip at a certified attacked step** (``loact_certified_steps_not_flipped``, per run and ε).  The local
+  attack records every attacked step (attack_local_steps.csv): its clean state's certificate (Theorem 1, the
+  attack's own per-state α) and the attacked action.  If the clean bounds L(a₁) (``q_top_lower``) and max U(a)
+  (``q_others_upper_max``) hold, Lemma 3 (σΦ⁻¹ of the clipped smoothed Q is 1-Lipschitz) gives, for ‖δ‖ ≤ ε,
+  Q̃(s+δ, a₁) − Q̃(s+δ, a) ≥ Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)), p = (bound − V_min)/w, and by
+  Hoeffding the m-sample argmax is not a₁ with probability ≤ (|A| − 1)·exp(−m·Δ²/(2w²))
+  (:func:`flip_probability_bound`).  The flips at the steps certified beyond ε are tested against these
+  per-step bounds and α by a mixture of Ville supermartingales (:func:`ville_flip_p`), valid whatever the
+  attacker does;
+* **LoRe bound above the local PGD return** from LoRe's own initial state.  LoRe's bound (Theorem 4) holds for
+  every path of its tree; the exact smoothed policy stays in the tree when LoRe's certificates hold
+  (probability ≥ 1 − α_spent, from LoRe's meta file); the m-sample attacked policy leaves it at a node only by
+  taking an action the tree excludes, with probability ≤ b(node) from LoRe's own certificate there
+  (lore_states.csv).  The audit walks the attacked path (:func:`lore_path_bound`): A = Σ b over its steps up
+  to where it left, and the p-value α_spent + A is valid (a predictable compensator bound).  J̲ is a
+  non-increasing step function and T_ε ⊆ T_ε' for ε ≤ ε', so an ε-attack may be checked against J̲(ε') over the
+  tree of a whole piece [ε_j, ε_{j+1}) of it (:func:`lore_intervals`), where an action is excluded only when
+  its radius is ≥ ε_{j+1}; the piece is chosen from the certifiers' outputs alone (:func:`choose_lore_interval`,
+  an estimate along LoAct's clean episode), never the attacked return; the row records ε' (``eps_bound``) and
+  ε_{j+1} (``tree_until``).
 
 A check's ``min_p`` is the smallest p-value its data could give (every attacked return at J_min, every
 attacked step flipped), fixed by the sample sizes and bounds before the attack ran; Tarone's restriction
@@ -61,7 +52,8 @@ from crop.report.metrics import lore_valid_until, parse_run, read_lore_meta
 from crop.stats import Phi, Phi_inv, normalise
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
-           "check_certified_steps_not_flipped", "flip_probability_bound", "loact_flip_chance",
+           "check_certified_steps_not_flipped", "flip_probability_bound", "ville_flip_p",
+           "ville_min_p", "lore_path_bound", "lore_root_bound",
            "lore_leave_chance", "lore_intervals", "choose_lore_interval", "lore_alpha_exhausted",
            "untestable_reason", "TOL"]
 
@@ -165,20 +157,6 @@ def _margins_ok(c: dict) -> str:
 def _step_flip_bounds(c: dict, sigma: float, eps: float, steps: pd.DataFrame) -> np.ndarray:
     return flip_probability_bound(steps[cols.Q_TOP_LOWER], steps[cols.Q_OTHERS_UPPER_MAX], c["v_min"],
                                   c["v_max"], sigma, eps, int(c["m"]), c["n_actions"])
-
-
-def loact_flip_chance(c: dict, sigma: float, eps: float) -> tuple[float, str]:
-    """(per-step chance of a counted flip at ε, note): the mean of α + :func:`flip_probability_bound` over
-    LoAct's steps certified beyond ε; 1 when it cannot be estimated."""
-    why = _margins_ok(c)
-    if why:
-        return 1.0, f"unassessed ({why})"
-    s = c["steps"]
-    beyond = s[s[cols.CERTIFIED].astype(bool) & (s[cols.RADIUS] > eps)]
-    if beyond.empty:
-        return 1.0, "unassessed (no LoAct step certified beyond this eps)"
-    p = np.minimum(1.0, float(c["alpha"]) + _step_flip_bounds(c, sigma, eps, beyond))
-    return float(p.mean()), f"estimated on {len(beyond)} LoAct steps certified beyond eps"
 
 
 #: The mixture of Ville supermartingales a flip count is tested with: λ with e^λ = 2, 4, …, 2²⁰, equal weights
@@ -470,7 +448,9 @@ def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma:
     for eps, g in attack.groupby(cols.EPS):
         horizons = [_planned_horizon(r, chance) for _, r in g.iterrows()]
         flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), sum(h or 0 for h in horizons)
-        why = _margins_ok({**chance, "steps": steps}) or ("no planned horizon recorded" if None in horizons else "")
+        why = ("no attack_local_steps.csv: the attacked steps are not recorded" if steps is None
+               else _margins_ok({**chance, "steps": steps})) or ("no planned horizon recorded" if None in horizons
+                                                                  else "")
         alpha = float(chance.get("alpha") or 1.0)
         if why:
             p, counted, note = 1.0, 0, f"unassessed ({why})"
