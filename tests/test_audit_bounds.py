@@ -190,3 +190,22 @@ def test_ville_p_is_one_without_flips_and_never_below_its_min_p():
     assert every == pytest.approx(ville_min_p(10, 1e-3)) and every < 1e-20
     assert ville_flip_p(t, counted, np.ones(10, bool), np.ones(10), 1e-3) == 1.0  # bound 1: a flip says nothing
     assert ville_flip_p(t, ~counted, np.ones(10, bool), bound, 1e-3) == 1.0       # uncounted steps say nothing
+
+
+def test_lore_piece_avoids_a_near_tie_at_the_initial_state():
+    """Every attacked path pays the leave bound at s₀; where s₀ excludes an action just beyond J̲(0)'s piece
+    (leave bound ≈ 1: the check could never fail there), the check moves to the next piece whose tree keeps that
+    action — chosen from LoRe's states, never the attacked return — and can fail again (min_p = α spent)."""
+    lore = pd.DataFrame({"eps": [0.0, TREE_UNTIL, 0.03], "lower_bound": [H - 0.5, H - 1.5, 0.0]})
+    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "q_top_lower": P_L, "radius_0": 0.0,
+                           "radius_1": [TREE_UNTIL]})
+    path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0], "obs_digest": ["s0"], "action": [1],
+                         "clean_action": 0, "certified": True, "radius": 0.0, "q_top_lower": P_L,
+                         "q_others_upper_max": 0.5})
+    attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": H - 2.0, "steps": 1, "flips_certified": 0,
+                           "same_start_as_lore": True, "horizon": H})
+    assert _leave_bound(TREE_UNTIL) > 0.9
+    row, = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": A_SPENT}}, attack,
+                                      _lore_chance(states, path), SIGMA, j_min=0.0)
+    assert row["eps_bound"] == TREE_UNTIL and row["bound"] == H - 1.5 and row["tree_until"] == 0.03
+    assert row["min_p"] == A_SPENT and row["p_value"] == A_SPENT and "stayed in LoRe's tree" in row["note"]

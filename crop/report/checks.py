@@ -324,18 +324,22 @@ def lore_intervals(lore: pd.DataFrame, eps: float, valid_until: float = math.inf
 
 def choose_lore_interval(pieces: list[tuple], c: dict, sigma: float, eps: float, horizon: int, alpha_spent: float,
                          j_min: float | None = None) -> tuple:
-    """The piece of LoRe's step function an ε-attack is checked against: the first (the tightest bound, from
-    the one holding ε on) whose tree the m-sample attacked policy leaves within LoRe's ``horizon`` with
-    estimated chance ≤ ``alpha_spent`` (and, beyond the first, whose bound claims something); the first when
-    none does.  J̲ is non-increasing and T_ε ⊆ T_ε', so under valid certificates the ε-attacked smoothed
-    policy's return is ≥ J̲(ε) ≥ J̲(ε'); the choice reads the certifiers' outputs only (LoRe's table and α,
-    LoAct's margins, the attack's settings), never the attacked returns, so the check stays valid."""
-    for k, (_, b, until) in enumerate(pieces):
-        if k and j_min is not None and not b > j_min + TOL:
-            break
-        if lore_leave_chance(c, sigma, eps, horizon, until)[0] <= alpha_spent:
+    """The piece of LoRe's step function an ε-attack is checked against, among the first (the tightest bound,
+    from the one holding ε on) and those beyond it whose bound claims something: the first whose tree the
+    m-sample attacked policy leaves within LoRe's ``horizon`` with estimated chance (along LoAct's episode 0)
+    ≤ ``alpha_spent`` and whose leave bound at s₀ (:func:`lore_root_bound`, which every attacked path pays) is
+    ≤ ``alpha_spent``; else the first whose leave bound at s₀ is; else the first.  J̲ is non-increasing and
+    T_ε ⊆ T_ε', so under valid certificates the ε-attacked smoothed policy's return is ≥ J̲(ε) ≥ J̲(ε'); the
+    choice reads the certifiers' outputs only (LoRe's table, α and states, LoAct's margins, the attack's
+    settings), never the attacked returns, so the check stays valid."""
+    ok = [k for k in range(len(pieces)) if k == 0 or j_min is None or pieces[k][1] > j_min + TOL]
+    ok = ok[:next((i for i, k in enumerate(ok) if k != i), len(ok))]   # up to the first bound that claims nothing
+    root = (lambda until: 0.0) if _path_ok(c, horizon) else (lambda until: lore_root_bound(c, sigma, eps, until))
+    for k in ok:
+        until = pieces[k][2]
+        if root(until) <= alpha_spent and lore_leave_chance(c, sigma, eps, horizon, until)[0] <= alpha_spent:
             return pieces[k]
-    return pieces[0]
+    return next((pieces[k] for k in ok if root(pieces[k][2]) <= alpha_spent), pieces[0])
 
 
 def _lore_alpha(lmeta: dict) -> float:
