@@ -209,3 +209,20 @@ def test_lore_piece_avoids_a_near_tie_at_the_initial_state():
                                       _lore_chance(states, path), SIGMA, j_min=0.0)
     assert row["eps_bound"] == TREE_UNTIL and row["bound"] == H - 1.5 and row["tree_until"] == 0.03
     assert row["min_p"] == A_SPENT and row["p_value"] == A_SPENT and "stayed in LoRe's tree" in row["note"]
+
+
+def test_lore_check_is_unassessed_when_the_attack_does_not_start_at_s0():
+    """The attacked episode from another initial state (another seed, profile or environment) walks nothing of
+    LoRe's tree: untestable (min_p 1), with why — never an 'ok' that could not have failed."""
+    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "q_top_lower": P_L, "radius_0": 0.0,
+                           "radius_1": [0.05]})
+    path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0], "obs_digest": ["other"], "action": [1],
+                         "clean_action": 0, "certified": True, "radius": 0.0, "q_top_lower": P_L,
+                         "q_others_upper_max": 0.5})
+    attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": 0.0, "steps": 1, "flips_certified": 0,
+                           "same_start_as_lore": True, "horizon": H})
+    row, = check_lore_vs_local_attack(LORE, {"search": {"alpha_spent": A_SPENT}}, attack,
+                                      _lore_chance(states, path), SIGMA, j_min=0.0)
+    assert row["min_p"] == row["p_value"] == 1.0 and "does not start at LoRe's s₀" in row["note"]
+    out, _, _ = classify([{**row, "env": "CartPole-v0", "algo": "A", "sigma": SIGMA}], ALPHA)
+    assert out[0]["status"] == "untestable" and "not start" in out[0]["reason"]

@@ -78,7 +78,7 @@ __all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone
            "poisson_binomial_sf", "verdict_of", "exit_status", "verdict_line", "plain_verdict", "STATUSES",
            "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:

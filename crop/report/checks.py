@@ -260,6 +260,13 @@ def lore_root_bound(c: dict, sigma: float, eps: float, tree_until: float) -> flo
     return float(_leave_bounds(c, sigma, eps, tree_until, root.head(1))[0][0]) if len(root) else 0.0
 
 
+def _starts_at_s0(c: dict, path: pd.DataFrame) -> bool:
+    """The attacked episode's first state is LoRe's initial state (the same observation digest)."""
+    root = c["lore_states"][c["lore_states"][cols.STEP] == 0]["obs_digest"]
+    first = path[path[cols.STEP] == 0]["obs_digest"]
+    return len(root) == 1 and len(first) == 1 and root.iloc[0] == first.iloc[0]
+
+
 def _path_ok(c: dict, horizon: int | None) -> str:
     """Why the attacked path cannot be checked against LoRe's states ('' when it can)."""
     if c.get("attack_steps") is None or c.get("lore_states") is None:
@@ -422,10 +429,13 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
         eps_b, b, until = (pieces[0] if horizon is None else
                            choose_lore_interval(pieces, chance, sigma, eps, horizon, a_lore, j_min))
         why = _path_ok(chance, horizon)
+        path = None if why else steps[np.isclose(steps[cols.EPS], eps) & (steps[cols.EPISODE] == r[cols.EPISODE])]
+        if not why and not _starts_at_s0(chance, path):
+            # s₀ is the seeded reset's, free of any noise: a mismatch is a fact of the setup, not an outcome
+            why = "the attacked episode does not start at LoRe's s₀ (another environment, seed or profile)"
         if why:
             bound_sum, note, least = math.inf, f"unassessed ({why})", 1.0
         else:
-            path = steps[np.isclose(steps[cols.EPS], eps) & (steps[cols.EPISODE] == r[cols.EPISODE])]
             bound_sum, note = lore_path_bound(chance, sigma, eps, until, path)
             least = min(1.0, a_lore + lore_root_bound(chance, sigma, eps, until))
         below = float(r[cols.RETURN]) < b - TOL
