@@ -193,7 +193,7 @@ def _step_record(runs: _Runs, i: int, t: int, action: int, cert, upper) -> dict:
     from crop.lore import obs_digest
 
     return {cols.EPS: runs.runs[i][0], cols.EPISODE: runs.runs[i][1], cols.STEP: t,
-            "obs_digest": obs_digest(runs.obs[i]), "clean_action": int(cert.action), "action": int(action),
+            cols.OBS_DIGEST: obs_digest(runs.obs[i]), cols.CLEAN_ACTION: int(cert.action), cols.ACTION: int(action),
             cols.CERTIFIED: bool(cert.certified), cols.RADIUS: float(cert.radius),
             cols.Q_TOP_LOWER: float(cert.estimate.lower[cert.action]),
             cols.Q_OTHERS_UPPER_MAX: float(np.max(np.delete(upper, cert.action)))}

@@ -557,9 +557,9 @@ class LoRe:
         U(a) = V_min + w·Φ(Φ⁻¹(p_L) − 2r(a)/σ) for every a with r(a) > 0)."""
         certs = list(self.memo.values())
         out = pd.DataFrame({
-            "obs_digest": [hashlib.blake2b(k, digest_size=16).hexdigest() for k in self.memo],
+            cols.OBS_DIGEST: [hashlib.blake2b(k, digest_size=16).hexdigest() for k in self.memo],
             cols.STEP: [t for t, _, _ in self.smoothed], cols.EPS: [e for _, e, _ in self.smoothed],
-            "action": [c.action for c in certs], cols.CERTIFIED: [c.certified for c in certs],
+            cols.ACTION: [c.action for c in certs], cols.CERTIFIED: [c.certified for c in certs],
             cols.Q_TOP_LOWER: [low for _, _, low in self.smoothed], cols.ALPHA: self.alphas})
         radii = np.array([c.radii for c in certs], np.float64).reshape(len(certs), self.smoother.n_actions)
         for a in range(self.smoother.n_actions):

@@ -214,17 +214,17 @@ def lore_path_bound(c: dict, sigma: float, eps: float, tree_until: float,
     only (predictable), so P[the episode leaves and A ≤ a] ≤ a under valid LoRe certificates (docs/audit.md).
     inf where a step's state is not among LoRe's certified states before the episode left (pruned, never
     reached, an open node of a truncated search, or another environment)."""
-    states = c["lore_states"].drop_duplicates("obs_digest")
+    states = c["lore_states"].drop_duplicates(cols.OBS_DIGEST)
     path = path.sort_values(cols.STEP)
     if states.empty and len(path):
         return math.inf, "LoRe recorded no certified state"
-    at = pd.Index(states["obs_digest"]).get_indexer(path["obs_digest"])
+    at = pd.Index(states[cols.OBS_DIGEST]).get_indexer(path[cols.OBS_DIGEST])
     missing = at < 0
     b, out = _leave_bounds(c, sigma, eps, tree_until, states.iloc[np.where(missing, 0, at)])
     out &= ~missing[:, None]
     b = np.where(missing, 0.0, b)
     n_actions = int(c["n_actions"])
-    action = path["action"].to_numpy(int)
+    action = path[cols.ACTION].to_numpy(int)
     left = out[np.arange(len(path)), np.clip(action, 0, n_actions - 1)]
     stop = np.flatnonzero(missing | left)
     steps = path[cols.STEP].to_numpy(int)
@@ -262,8 +262,8 @@ def lore_root_bound(c: dict, sigma: float, eps: float, tree_until: float) -> flo
 
 def _starts_at_s0(c: dict, path: pd.DataFrame) -> bool:
     """The attacked episode's first state is LoRe's initial state (the same observation digest)."""
-    root = c["lore_states"][c["lore_states"][cols.STEP] == 0]["obs_digest"]
-    first = path[path[cols.STEP] == 0]["obs_digest"]
+    root = c["lore_states"][c["lore_states"][cols.STEP] == 0][cols.OBS_DIGEST]
+    first = path[path[cols.STEP] == 0][cols.OBS_DIGEST]
     return len(root) == 1 and len(first) == 1 and root.iloc[0] == first.iloc[0]
 
 
@@ -471,7 +471,7 @@ def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma:
         else:
             s = steps[np.isclose(steps[cols.EPS], float(eps))]
             count = (s[cols.CERTIFIED].astype(bool) & (s[cols.RADIUS] > float(eps))).to_numpy()
-            flip = (s["action"] != s["clean_action"]).to_numpy()
+            flip = (s[cols.ACTION] != s[cols.CLEAN_ACTION]).to_numpy()
             bound = np.asarray(_step_flip_bounds(chance, sigma, float(eps), s), float) if len(s) else np.zeros(0)
             p = ville_flip_p(s[cols.STEP].to_numpy(), count, flip, bound, alpha)
             counted = int(count.sum())
