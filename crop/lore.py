@@ -46,10 +46,15 @@ run killed at any point and restarted with the same arguments continues from it 
 result, byte for byte.  The file holds data only (an ``.npz`` read with ``allow_pickle=False``: numbers, the
 memoised certificates and, instead of environment snapshots, each open node's action path from s₀, which a
 resumed search re-simulates from the seeded reset as the search built it, checking each node's return and
-observation digest).  It is keyed by the run's arguments, the network's parameters (a digest), the profile
-and the reward modification, and deleted on success (by the caller, once it has written the result, when it
+observation digest).  It is keyed by every field of the search's settings (:class:`LoReSettings`, whose key
+is derived from all its fields), the smoother's settings and the network's parameters (a digest), and deleted
+on success (by the caller, once it has written the result, when it
 asks to); a file of another run, or one that cannot be read, is inconsistent or does not replay, is ignored
 with a line on stderr before anything of it is used, and the search starts afresh.
+
+For the audit the search also returns every state it smoothed (:meth:`LoRe.states_table`, ``lore_states.csv``):
+its observation's digest, depth, critical ε, certificate (a₁, L(a₁), every action's radius) and α — what is
+needed to bound, at each state an attacked episode visits, the chance of leaving the certified tree.
 """
 from __future__ import annotations
 
