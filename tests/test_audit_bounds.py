@@ -70,6 +70,21 @@ def _lore_units(rng, units: int, planted: np.ndarray) -> tuple[pd.DataFrame, pd.
     return pd.concat(states).drop_duplicates("obs_digest"), pd.concat(steps), pd.DataFrame(attack)
 
 
+def _one_step(radius: float, state: str, action: int, ret: float, lore: pd.DataFrame = LORE) -> dict:
+    """The LoRe row of a one-step attacked episode from s₀ (LoRe's state ``s0``, the other action's radius
+    ``radius``) that starts at ``state``, takes ``action`` and returns ``ret``."""
+    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "q_top_lower": P_L, "radius_0": 0.0,
+                           "radius_1": [radius]})
+    path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0], "obs_digest": [state], "action": [action],
+                         "clean_action": 0, "certified": True, "radius": 0.0, "q_top_lower": P_L,
+                         "q_others_upper_max": 0.5})
+    attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": ret, "steps": 1, "flips_certified": 0,
+                           "same_start_as_lore": True, "horizon": H})
+    row, = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": A_SPENT}}, attack,
+                                      _lore_chance(states, path), SIGMA, j_min=0.0)
+    return row
+
+
 def _audit_fails(rows: list[dict]) -> bool:
     items = [{**r, "env": "CartPole-v0", "algo": f"A{u}", "sigma": SIGMA, "attack_seed": u}
              for u, r in enumerate(rows)]
@@ -117,15 +132,7 @@ def test_lore_check_flags_a_broken_bound_where_the_path_stays_in_the_tree():
                                           _lore_chance(states, steps), SIGMA, j_min=0.0)
         caught += _audit_fails(rows)
     assert caught >= (1 - ALPHA) * draws, caught
-    states = pd.DataFrame({"obs_digest": ["a"], "step": 0, "q_top_lower": P_L, "radius_0": 0.0,
-                           "radius_1": [TREE_UNTIL]})
-    path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0], "obs_digest": ["a"], "action": [0],
-                         "clean_action": 0, "certified": True, "radius": 0.0, "q_top_lower": P_L,
-                         "q_others_upper_max": 0.5})
-    attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": 0.0, "steps": 1, "flips_certified": 0,
-                           "same_start_as_lore": True, "horizon": H})
-    row, = check_lore_vs_local_attack(LORE, {"search": {"alpha_spent": A_SPENT}}, attack,
-                                      _lore_chance(states, path), SIGMA, j_min=0.0)
+    row = _one_step(TREE_UNTIL, "s0", 0, 0.0)
     assert row["empirical_below"] and row["p_value"] > 0.9 and row["min_p"] > 0.9   # it could not have failed
 
 
@@ -197,16 +204,8 @@ def test_lore_piece_avoids_a_near_tie_at_the_initial_state():
     (leave bound ≈ 1: the check could never fail there), the check moves to the next piece whose tree keeps that
     action — chosen from LoRe's states, never the attacked return — and can fail again (min_p = α spent)."""
     lore = pd.DataFrame({"eps": [0.0, TREE_UNTIL, 0.03], "lower_bound": [H - 0.5, H - 1.5, 0.0]})
-    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "q_top_lower": P_L, "radius_0": 0.0,
-                           "radius_1": [TREE_UNTIL]})
-    path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0], "obs_digest": ["s0"], "action": [1],
-                         "clean_action": 0, "certified": True, "radius": 0.0, "q_top_lower": P_L,
-                         "q_others_upper_max": 0.5})
-    attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": H - 2.0, "steps": 1, "flips_certified": 0,
-                           "same_start_as_lore": True, "horizon": H})
     assert _leave_bound(TREE_UNTIL) > 0.9
-    row, = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": A_SPENT}}, attack,
-                                      _lore_chance(states, path), SIGMA, j_min=0.0)
+    row = _one_step(TREE_UNTIL, "s0", 1, H - 2.0, lore)
     assert row["eps_bound"] == TREE_UNTIL and row["bound"] == H - 1.5 and row["tree_until"] == 0.03
     assert row["min_p"] == A_SPENT and row["p_value"] == A_SPENT and "stayed in LoRe's tree" in row["note"]
 
@@ -214,15 +213,7 @@ def test_lore_piece_avoids_a_near_tie_at_the_initial_state():
 def test_lore_check_is_unassessed_when_the_attack_does_not_start_at_s0():
     """The attacked episode from another initial state (another seed, profile or environment) walks nothing of
     LoRe's tree: untestable (min_p 1), with why — never an 'ok' that could not have failed."""
-    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "q_top_lower": P_L, "radius_0": 0.0,
-                           "radius_1": [0.05]})
-    path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0], "obs_digest": ["other"], "action": [1],
-                         "clean_action": 0, "certified": True, "radius": 0.0, "q_top_lower": P_L,
-                         "q_others_upper_max": 0.5})
-    attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": 0.0, "steps": 1, "flips_certified": 0,
-                           "same_start_as_lore": True, "horizon": H})
-    row, = check_lore_vs_local_attack(LORE, {"search": {"alpha_spent": A_SPENT}}, attack,
-                                      _lore_chance(states, path), SIGMA, j_min=0.0)
+    row = _one_step(0.05, "other", 1, 0.0)
     assert row["min_p"] == row["p_value"] == 1.0 and "does not start at LoRe's s₀" in row["note"]
     out, _, _ = classify([{**row, "env": "CartPole-v0", "algo": "A", "sigma": SIGMA}], ALPHA)
     assert out[0]["status"] == "untestable" and "not start" in out[0]["reason"]
