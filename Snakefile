@@ -58,11 +58,7 @@ onstart:
 
 
 include: "rules/checkpoint.smk"
-include: "rules/qrange.smk"
-include: "rules/loact.smk"
-include: "rules/gre.smk"
-include: "rules/lore.smk"
-include: "rules/attack.smk"
+include: "rules/stages.smk"
 include: "rules/aggregate.smk"
 include: "rules/audit.smk"
 

@@ -27,7 +27,7 @@ from crop.loact import certify_estimate
 from crop.progress import pbar
 from crop.smoothing import NonFiniteQError, SmoothedQ
 
-__all__ = ["pgd_l2", "project_l2", "run_local_attack", "run_global_attack"]
+__all__ = ["pgd_l2", "project_l2", "run_local_attack", "run_global_attack", "global_pgd"]
 
 
 def pgd_l2(loss_fn, x: torch.Tensor, eps: torch.Tensor, steps: int = 10, step_scale: float = 2.5) -> torch.Tensor:
@@ -201,40 +201,99 @@ def _step_record(runs: _Runs, i: int, t: int, action: int, cert, upper) -> dict:
 
 def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, seeds_per_eps,
                       horizon: int, *, steps: int = 10, n_eot: int = 32, gamma: float = 1.0, seed: int = 0,
-                      device="cpu", profile: str | None = None, progress: bool | None = None) -> pd.DataFrame:
+                      device="cpu", profile: str | None = None, progress: bool | None = None,
+                      reward_fn=None) -> pd.DataFrame:
     """PGD (expectation over the smoothing noise) against the σ-randomized policy π′.  ``seeds_per_eps``: the
     initial-state seeds of each ε's episodes (one list per ε of ``eps_grid``) — GRe's bounds are about a return
     from a *random* initial state, so the audit's count over runs needs each run's and ε's episodes drawn
-    afresh (:func:`crop.stages.global_attack_seeds`)."""
+    afresh (:func:`crop.stages.global_attack_seeds`).  A continuous-action actor is attacked by
+    :func:`_run_global_attack_actor`.  ``reward_fn`` maps each step's reward before it is
+    added (GRe's reward clipping, so that both returns are the same quantity)."""
+    if getattr(q_net, "continuous", False):
+        return _run_global_attack_actor(env_id, q_net, sigma, eps_grid, seeds_per_eps, horizon, steps=steps,
+                                        n_eot=n_eot, gamma=gamma, seed=seed, device=device, profile=profile,
+                                        progress=progress, reward_fn=reward_fn)
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
-    g = torch.Generator(device=dev)
+
+    def make_loss(x, noise, t):
+        n = len(x)
+        with torch.no_grad():
+            q0 = q_net((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
+            _check(q0, f"step {t}")
+            target = q0.mean(1).argmax(1)
+
+        def loss(z):
+            q = q_net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
+            # EOT: expected cross-entropy of the single-sample policy over the noise
+            return F.cross_entropy(q.flatten(0, 1), target.repeat_interleave(n_eot),
+                                   reduction="none").reshape(n, n_eot).mean(1)
+        return loss
+
+    def act(z, t):
+        q = q_net(z)
+        _check(q, f"step {t}")
+        return [int(a) for a in q.argmax(1).cpu().numpy()]
+
+    return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
+                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress, reward_fn=reward_fn)
+
+
+def _run_global_attack_actor(env_id: str, net, sigma: float, eps_grid, seeds_per_eps, horizon: int, *,
+                             steps: int = 10, n_eot: int = 32, gamma: float = 1.0, seed: int = 0, device="cpu",
+                             profile: str | None = None, progress: bool | None = None, reward_fn=None):
+    """PGD (expectation over the smoothing noise, EOT) against the σ-randomized policy π′(s) = π(s + Δ) of a
+    continuous-action actor.  The loss: with a critic, −Q(s, π(s + δ + Δ)) (the agent's own objective, on the clean
+    state s it is really in); without one, ‖π(s + δ + Δ) − ā‖², ā the clean action averaged over the same Δ.
+    The action taken is π(s + δ + Δ_t) with one fresh Δ_t, as GRe's trajectories take it."""
+    dev = resolve_device(device)
+    net = net.to(dev).eval()
+
+    def make_loss(x, noise, t):
+        n = len(x)
+        with torch.no_grad():
+            a0 = net.raw((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
+            _check(a0, f"step {t}")
+            clean = a0.mean(1, keepdim=True)
+        states = x.unsqueeze(1).expand(-1, n_eot, -1).flatten(0, 1)
+
+        def loss(z):
+            a = net.raw((z.unsqueeze(1) + noise).flatten(0, 1))
+            if net.has_critic:
+                return -net.q(states, a).reshape(n, n_eot).mean(1)
+            return (a.reshape(n, n_eot, -1) - clean).pow(2).sum(-1).mean(1)
+        return loss
+
+    def act(z, t):
+        a = net(z)
+        _check(a, f"step {t}")
+        return list(a.cpu().numpy())
+
+    return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
+                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress, reward_fn=reward_fn)
+
+
+def global_pgd(env_id: str, sigma: float, eps_grid, seeds_per_eps, horizon: int, make_loss, act, *, steps: int,
+               n_eot: int, gamma: float, seed: int, device, profile: str | None, progress: bool | None,
+               reward_fn=None) -> pd.DataFrame:
+    """The global attack's loop, whatever the action: per step the EOT noise (n_eot draws per live run),
+    ``make_loss(x, noise, t)``'s per-run loss maximised by PGD, then the action ``act(x + δ + Δ_t, t)`` (one
+    list entry per run) with one fresh Δ_t, played in every live run."""
+    g = torch.Generator(device=device)
     g.manual_seed(int(seed))
     runs = _Runs(env_id, eps_grid, seeds_per_eps, profile)
     for t in pbar(range(horizon), desc=f"global PGD σ={sigma:g}", progress=progress):
         idx = runs.live()
         if idx.size == 0:
             break
-        x = torch.as_tensor(np.stack([runs.obs[i] for i in idx]), device=dev)
-        eps = runs.eps(idx, dev)
-        noise = torch.randn((len(idx), n_eot, *x.shape[1:]), generator=g, device=dev) * sigma
-        with torch.no_grad():
-            q0 = q_net((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), n_eot, -1)
-            _check(q0, f"step {t}")
-            target = q0.mean(1).argmax(1)
-
-        def loss(z):
-            q = q_net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), n_eot, -1)
-            # EOT: expected cross-entropy of the single-sample policy over the noise
-            return F.cross_entropy(q.flatten(0, 1), target.repeat_interleave(n_eot),
-                                   reduction="none").reshape(len(idx), n_eot).mean(1)
-
+        x = torch.as_tensor(np.stack([runs.obs[i] for i in idx]), device=device)
+        eps = runs.eps(idx, device)
+        noise = torch.randn((len(idx), n_eot, *x.shape[1:]), generator=g, device=device) * sigma
+        loss = make_loss(x, noise, t)
         delta = pgd_l2(loss, x, eps, steps)
         with torch.no_grad():
-            act_noise = torch.randn(x.shape, generator=g, device=dev) * sigma
-            q = q_net(x + delta + act_noise)
-            _check(q, f"step {t}")
-            actions = q.argmax(1).cpu().numpy()
+            act_noise = torch.randn(x.shape, generator=g, device=device) * sigma
+            actions = act(x + delta + act_noise, t)
         for j, i in enumerate(idx):
-            runs.step(i, int(actions[j]), t, gamma)
+            runs.step(i, actions[j], t, gamma, reward_fn)
     return runs.table(horizon)

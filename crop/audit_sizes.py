@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+from crop.names import smoothing_targets
+
 __all__ = ["planned_chance_checks", "global_episodes_needed"]
 
 
@@ -28,8 +30,6 @@ def _checks_per_run(ec: dict) -> int:
 def planned_chance_checks(cfg: dict) -> int:
     """T: the chance-based tests the audit of ``cfg``'s runs will have at most — every run's checks and one
     pooled count per kind (expectation, each percentile, LoRe, flips)."""
-    from crop.config import smoothing_targets
-
     per_runs = sum(len(ec["algorithms"]) * len(ec["sigmas"]) * len(smoothing_targets(ec)) * _checks_per_run(ec)
                    for ec in cfg["environments"].values())
     kinds = 3 + len({p for ec in cfg["environments"].values() for p in ec["gre"]["percentiles"]})

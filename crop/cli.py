@@ -13,8 +13,7 @@ import copy
 import math
 import sys
 
-from crop import policies, stages
-from crop.io import InputError
+from crop.io import InputError, json_object
 from crop.names import ALPHA_MODES, BOUND_NAMES, DEVICES, TARGET_NAMES
 from crop.stage_table import STAGES, StageRow
 
@@ -82,6 +81,8 @@ def _flag(p, option: str, node: dict, **kw) -> None:
         kw["type"] = _schema_type(node["items"])
     elif {"integer", "number"} & set(_types(node)):
         kw["type"] = _schema_type(node)
+    elif _types(node) == ["boolean"]:
+        kw["action"] = argparse.BooleanOptionalAction
     p.add_argument("--" + option.replace("_", "-"), **kw)
 
 
@@ -248,7 +249,8 @@ def cmd_plan(args) -> None:
 
 # -------------------------------------------------------------------------------------------------- parser
 
-# subcommand: (one-line help, description)
+# subcommand: (one-line help, description); a per-run stage's are its row's, in the stage table's order after
+# the checkpoint's subcommands (crop.stage_table)
 COMMANDS = {
     "train": ("train a policy locally (Double DQN and its variants)",
               "Train a policy with the recipe of its algorithm (crop/train), seeded; the greedy policy must pass "
@@ -269,25 +271,9 @@ COMMANDS = {
                "trained elsewhere — a PyTorch state dict, a CleanRL checkpoint or a Stable-Baselines3 .zip — into "
                "model.pt and its record model.json (sha256 of the file and of the result, architecture, network "
                "q or policy, preprocessing profile, clean greedy return), so that every certifier accepts it. A "
-               "policy network is smoothed through its probabilities (target probs, its default) or votes."),
-    "qrange": ("estimate V_min, V_max (Appendix B.1)",
-               "Estimate the range [V_min, V_max] of the network's outputs under σ-noise by rolling the smoothed "
-               "policy (Appendix B.1); the certifiers clip to it."),
-    "loact": ("LoAct: per-state certified radii (Algorithm 1)",
-              "LoAct (Algorithm 1, Theorem 1): the certified radius of the smoothed policy's action at every step "
-              "of clean episodes, the benign returns and the certified ratio."),
-    "gre": ("GRe: expectation and percentile bounds (Algorithm 2)",
-            "GRe (Algorithm 2, Theorems 2-3): lower bounds of the expected return and of its percentiles under "
-            "any ℓ2 attack of budget ε, from m σ-randomized trajectories."),
-    "lore": ("LoRe: adaptive search for the absolute reward bound (Algorithm 3)",
-             "LoRe (Algorithm 3, Theorem 4): the smallest return of the smoothed policy under any ℓ2 attack of "
-             "budget ε, by an adaptive search over the tree of actions the attack can force; resumable."),
-    "attack-local": ("PGD against the locally smoothed policy",
-                     "ℓ2 PGD at every step against the smoothed policy (LoAct/LoRe's), over LoRe's horizon: how "
-                     "tight the certified radii and LoRe's bound are."),
-    "attack-global": ("PGD against the σ-randomized policy",
-                      "ℓ2 PGD at every step against the σ-randomized policy (expectation over transformation): "
-                      "how tight GRe's bounds are."),
+               "policy network is smoothed through its probabilities (target probs, its default) or votes. A "
+               "continuous-action agent (SB3 SAC, TD3, PPO/A2C on a Box action space; CleanRL TD3) is imported as "
+               "its deterministic actor (network actor), its squashing and bounds read from the file."),
     "aggregate": ("tables and figures named as in the paper",
                   "Tables (CSV, Markdown, LaTeX) and the paper's figures (PDF, PNG) from the runs of a results "
                   "folder."),
@@ -314,13 +300,31 @@ COMMANDS = {
 }
 
 
-# What each subcommand runs.
-HANDLERS = {"train": policies.cmd_train, "derive": policies.cmd_derive, "fetch": policies.cmd_fetch,
-            "checkpoint": policies.cmd_checkpoint, "import": policies.cmd_import,
-            "qrange": stages.cmd_qrange, "loact": stages.cmd_loact, "gre": stages.cmd_gre, "lore": stages.cmd_lore,
-            "attack-local": stages.cmd_attack_local, "attack-global": stages.cmd_attack_global,
-            "aggregate": stages.cmd_aggregate, "audit": stages.cmd_audit, "validate-config": cmd_validate_config,
-            "calibrate": cmd_calibrate, "plan": cmd_plan}
+# What each subcommand runs (``module:function``, imported when it runs: the parser needs none of them); a
+# per-run stage's handler is its row's.
+HANDLERS = {"train": "crop.policies:cmd_train", "derive": "crop.policies:cmd_derive",
+            "fetch": "crop.policies:cmd_fetch", "checkpoint": "crop.policies:cmd_checkpoint",
+            "import": "crop.policies:cmd_import", "aggregate": "crop.stages:cmd_aggregate",
+            "audit": "crop.stages:cmd_audit", "validate-config": "crop.cli:cmd_validate_config",
+            "calibrate": "crop.cli:cmd_calibrate", "plan": "crop.cli:cmd_plan"}
+
+
+def _subcommands() -> dict[str, tuple[str, str, str]]:
+    """``{subcommand: (help, description, handler)}`` in ``crop --help``'s order: the checkpoint's, the stage
+    table's rows, then the report's and the tools'."""
+    first = ("train", "derive", "fetch", "checkpoint", "import")
+    rows = {name: (row.help, row.description, row.handler) for name, row in STAGES.items()}
+    rest = {name: (*COMMANDS[name], HANDLERS[name]) for name in COMMANDS}
+    return {**{name: rest.pop(name) for name in first}, **rows, **rest}
+
+
+def handler(name: str):
+    """The function a ``module:function`` handler names."""
+    import importlib
+
+    module, function = name.split(":")
+    return getattr(importlib.import_module(module), function)
+
 
 _METAVARS = {"frames_window": ("START", "END"), "reward_range": ("LOW", "HIGH"), "return_range": ("LOW", "HIGH")}
 
@@ -334,18 +338,14 @@ def _stage_parser(p, row: StageRow) -> None:
         p.add_argument("--qrange", help="qrange.json of the same env/algo/sigma (the q target only)")
     p.add_argument("--settings", help="the stage's settings block as JSON (option: value; what the workflow "
                                       "passes, crop.stage_table.stage_settings); flags given as well take precedence")
-    for option, (key, node) in row.settings.items():
+    for option, (key, node) in row.options.items():
         default = f" (default: {node['default']})" if node.get("default") is not None else ""
         _flag(p, option, node, default=argparse.SUPPRESS, metavar=_METAVARS.get(option),
               help=f"{_help(node)}{default} [config: {key.lstrip('/')}]".lstrip())
     for out in row.outputs:
         p.add_argument("--" + out.option.replace("_", "-"), required=out.required, help=out.help)
-    if row.command == "gre":
-        p.add_argument("--workers", type=_schema_type(POS_INT),
-                       help="processes stepping the environments (default: --threads)")
-    elif row.command == "lore":
-        p.add_argument("--checkpoint-every", type=_schema_type({"exclusiveMinimum": 0}),
-                       help="seconds between saves of the resumable search state (OUT.resume; default: LoRe's)")
+    for flag in row.flags:
+        p.add_argument("--" + flag.option.replace("_", "-"), type=_schema_type(flag.node), help=flag.help)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -356,8 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = _subcommands()
     parsers = {name: sub.add_parser(name, help=h, description=d, formatter_class=fmt)
-               for name, (h, d) in COMMANDS.items()}
+               for name, (h, d, _) in commands.items()}
     for name in ("train", "derive", "fetch", "checkpoint", "import"):
         _common(parsers[name], sigma=False, checkpoint=False)
     parsers["checkpoint"].add_argument("--source", choices=["auto", "train", "published", "file"], default="auto",
@@ -379,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["validate-config"].add_argument("config", help="the workflow config file (YAML)")
     _plan_args(parsers["plan"], parsers["calibrate"])
     for name, p in parsers.items():
-        p.set_defaults(func=HANDLERS[name])
+        p.set_defaults(handler=commands[name][2])
     return ap
 
 
@@ -452,6 +453,10 @@ def _setting(option: str, node: dict, value):
             if not isinstance(value, list) or not value or (n and n == node.get("maxItems") and len(value) != n):
                 raise argparse.ArgumentTypeError(f"must be a list of {n or 'one or more'} numbers, got {value!r}")
             return [_setting(option, node["items"], v) for v in value]
+        if _types(node) == ["boolean"]:
+            if not isinstance(value, bool):
+                raise argparse.ArgumentTypeError(f"must be true or false, got {value!r}")
+            return value
         integer = "integer" in _types(node)
         if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
             raise argparse.ArgumentTypeError(f"must be {'an integer' if integer else 'a number'}, got {value!r}")
@@ -466,12 +471,12 @@ def stage_params(args) -> argparse.Namespace:
     if args.command not in STAGES:
         return args
     row = STAGES[args.command]
-    given = policies.json_object(args.settings, "option: value")
-    unknown = sorted(set(given) - set(row.settings))
+    given = json_object(args.settings, "option: value")
+    unknown = sorted(set(given) - set(row.options))
     if unknown:
-        raise InputError(f"--settings: unknown setting(s) {unknown}; known: {sorted(row.settings)}")
+        raise InputError(f"--settings: unknown setting(s) {unknown}; known: {sorted(row.options)}")
     params = vars(args).copy()
-    for option, (_, node) in row.settings.items():
+    for option, (_, node) in row.options.items():
         if option in params:
             continue
         value = given.get(option)
@@ -485,7 +490,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         args = stage_params(args)
-        args.func(args)
+        handler(args.handler)(args)
     except InputError as exc:
         print(f"crop {args.command}: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -17,10 +17,10 @@ import jsonschema
 import yaml
 
 from crop.io import CappedError
-from crop.names import MAX_PARAMETERS
+from crop.names import MAX_PARAMETERS, smoothing_targets
 from crop.registry import resolve_source
 
-__all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "targets",
+__all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "certifications",
            "run_targets", "smoothing_targets", "sigma_label",
            "ALGORITHMS", "train_defaults", "train_settings", "target_return", "schema"]
 
@@ -368,6 +368,11 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
         lo_hi = rewards.get(key)
         if lo_hi is not None and not lo_hi[0] < lo_hi[1]:
             raise ConfigError(f"{where}.rewards.{key}: {lo_hi} must be [low, high] with low < high")
+    if rewards.get("clip"):   # one return per workflow: LoRe, the local attack and benign returns never clip
+        raise ConfigError(f"{where}.rewards.clip: the workflow's LoRe, local attack and benign returns use the "
+                          "environment's own rewards, so clipping GRe's and the global attack's would compare "
+                          "returns of two different rewards; leave it out (crop gre / crop attack-global "
+                          "--clip-rewards clip by hand)")
     try:
         spec = env_spec(env, rewards)
         for f in ec.get("files", {}).values():
@@ -390,6 +395,13 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
         return
     if spec.reward_range is None:
         raise ConfigError(f"{source}: {missing_reward_range(env)}")
+    from crop.envs import action_bounds
+
+    if action_bounds(env) is not None:
+        raise ConfigError(f"{where}: its actions are continuous (a Box), and the workflow runs LoRe, the V range "
+                          "and the local attack, which need a finite set of actions; certify a continuous agent by "
+                          "hand: crop import, crop gre, crop attack-global, crop loact (docs/own-policy.md, "
+                          "Continuous-action agents)")
     problem = snapshot_problem(env)
     if problem:
         raise ConfigError(f"{where}: {problem}; the workflow runs LoRe on every environment (crop loact and "
@@ -474,17 +486,12 @@ def sigma_label(sigma: float) -> str:
     return repr(float(sigma))
 
 
-def targets(cfg: dict) -> list[tuple[str, str, str]]:
+def certifications(cfg: dict) -> list[tuple[str, str, str]]:
     """(env, algo, sigma label) for every certification the config asks for."""
     return [(env, algo, sigma_label(s))
             for env, ec in cfg["environments"].items()
             for algo in ec["algorithms"]
             for s in ec["sigmas"]]
-
-
-def smoothing_targets(env_cfg: dict) -> list[str]:
-    """An environment's smoothing targets: ``targets`` when given, else [``target``] (default q)."""
-    return list(env_cfg.get("targets") or [env_cfg.get("target", "q")])
 
 
 def run_targets(cfg: dict) -> list[tuple[str, str, str, str]]:

@@ -243,11 +243,11 @@ def runtime_minutes(seconds: float, cap: int | None = None) -> int:
 # ----------------------------------------------------------------------------------------------- the DAG
 
 def stage_device(cfg: dict, rule: str, env: str) -> str:
-    """The ``--device`` of a stage's jobs: the config's, except GRe, which runs on the job's CPU cores
-    (``cpu``): its time is stepping m environments (Atari, highway: a millisecond and more per step and
-    core), beside which the batched forward is small even on a core (docs/speed.md), so a GPU would idle
-    through nearly all of such a job while the stages that need it wait."""
-    return "cpu" if rule.removesuffix("_replicate") == "gre" else cfg["device"]
+    """The ``--device`` of a stage's jobs: the config's, except a stage whose row is ``cpu_only`` (GRe), which
+    runs on the job's CPU cores: its time is stepping m environments (Atari, highway: a millisecond and more
+    per step and core), beside which the batched forward is small even on a core (docs/speed.md), so a GPU
+    would idle through nearly all of such a job while the stages that need it wait."""
+    return "cpu" if STAGES[rule.removesuffix("_replicate").replace("_", "-")].cpu_only else cfg["device"]
 
 
 def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:

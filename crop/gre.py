@@ -1,7 +1,10 @@
 """GRe — global smoothing for certifying the cumulative reward (Algorithm 2, Theorems 2 and 3).
 
 Step 1 samples m σ-randomized trajectories (Definition 3: at every step the policy acts on s_t + Δ_t with
-one fresh Δ_t ∼ N(0, σ²I)).  All m trajectories advance in lockstep, one batched forward per time step.
+one fresh Δ_t ∼ N(0, σ²I)); the policy is a Q-network's greedy action or, for a continuous (Box) action
+space, the actor's deterministic action (:mod:`crop.models.actor`) — the bounds below need only the return to
+lie in [J_min, J_max], whatever the actions are.  All m trajectories advance in lockstep, one batched
+forward per time step.
 Step 2 turns the m returns into
   * the expectation bound J̲_E = F̃ − Δ_conf − (J_max − J_min)/σ·√(2/π)·ε√H            (Theorem 2;
     column ``expectation_bound``, Δ_conf = (J_max − J_min)·sqrt(ln(1/α)/(2m)), Hoeffding),
@@ -43,14 +46,18 @@ __all__ = ["sample_randomized_returns", "gre_bounds", "TrajectoryNoise"]
 def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, horizon: int,
                               gamma: float, seed: int, env_seed: int, *, chunk: int = 10000, device="cpu",
                               profile: str | None = None, progress: bool | None = None,
-                              workers: int = 1, batch: int | None = None) -> np.ndarray:
+                              workers: int = 1, batch: int | None = None,
+                              reward_clip: tuple[float, float] | None = None) -> np.ndarray:
     """Returns of m σ-randomized trajectories of length ≤ ``horizon``, stepped in lockstep blocks of
     ``batch`` trajectories (all m when None) with the environments spread over ``workers`` processes.
 
     Trajectory i starts from the environment reset with seed ``env_seed + i`` (CartPole: from
     :func:`crop.envs.vector.cartpole_initial_states` of that seed) and draws its noise Δ_t from
     its own stream (:class:`TrajectoryNoise`), so its return depends on neither ``batch``, ``workers``,
-    ``chunk`` nor the other trajectories (nor on m: the first m returns of a larger run are these)."""
+    ``chunk`` nor the other trajectories (nor on m: the first m returns of a larger run are these).  A
+    continuous actor's actions are floats: across block layouts its returns agree up to the rounding of a
+    batched forward (for a given layout they are byte-reproducible).  ``reward_clip`` = (low, high): every
+    step's reward is clipped to it before it is added (the returns are then those of the clipped rewards)."""
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
     returns = np.empty(m, dtype=np.float64)
@@ -58,7 +65,7 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float,
     for b0 in range(0, m, batch):
         # Trajectories in blocks of `batch` bound the memory of the environment copies (Atari: ~2.6 MB each).
         returns[b0:b0 + batch] = _lockstep(env_id, q_net, dev, seed, sigma, b0, min(batch, m - b0), horizon,
-                                           gamma, env_seed, chunk, profile, workers, progress)
+                                           gamma, env_seed, chunk, profile, workers, progress, reward_clip)
     return returns
 
 
@@ -109,7 +116,8 @@ class TrajectoryNoise:
 PIXELS_ON = ("cuda",)
 
 
-def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, chunk, profile, workers, progress):
+def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, chunk, profile, workers, progress,
+              reward_clip=None):
     """The m trajectories b0, …, b0 + m − 1 in lockstep: one batched forward per time step."""
     pool = make_env_pool(env_id, m, profile, workers=workers)
     # Atari on a GPU: the pool's stored pixels (uint8: a quarter of the bytes) go to the device and become the
@@ -121,6 +129,7 @@ def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, 
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
     discount = 1.0
+    out_shape = (int(q_net.low.numel()),) if getattr(q_net, "continuous", False) else None
     for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}", progress=progress):
         idx = np.nonzero(alive)[0]  # finished trajectories are not stepped again
         if pixels:
@@ -128,16 +137,19 @@ def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, 
         else:
             x = torch.as_tensor(np.asarray(obs[idx], dtype=np.float32), device=dev)
         noisy = noise.step(idx).mul_(sigma).add_(x)
-        actions = torch.empty(len(idx), dtype=torch.int64, device=dev)
+        # π(s + Δ): the greedy action of a Q-network (or a policy network's logits), a continuous actor's output
+        actions = torch.empty((len(idx), *(out_shape or ())), dtype=torch.float32 if out_shape else torch.int64,
+                              device=dev)
         for s in range(0, len(idx), chunk):
             q = q_net(noisy[s:s + chunk])
             if not torch.isfinite(q).all():
                 raise NonFiniteQError(f"the Q-network returned NaN or inf at step {t} (trajectories {s}…)")
-            actions[s:s + chunk] = q.argmax(1)
+            actions[s:s + chunk] = q if out_shape else q.argmax(1)
         a = actions.cpu().numpy()
         o, reward, terminated, truncated = pool.step(idx, a, pixels=True) if pixels else pool.step(idx, a)
         obs[idx] = o
-        returns[idx] += discount * np.asarray(reward, dtype=np.float64)
+        reward = np.asarray(reward, dtype=np.float64)
+        returns[idx] += discount * (reward if reward_clip is None else np.clip(reward, *reward_clip))
         alive[idx] &= ~(np.asarray(terminated) | np.asarray(truncated))
         discount *= gamma
         if not alive.any():

@@ -21,8 +21,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from crop.stage_table import meta_name
-
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
@@ -33,7 +31,10 @@ __all__ = [
     "sha256_bytes",
     "derive_seed",
     "provenance",
+    "META_SUFFIX",
+    "meta_name",
     "meta_path",
+    "json_object",
     "write_with_meta",
     "InputError",
     "write_frames",
@@ -194,8 +195,33 @@ def write_csv(path: str | Path, df) -> None:
     atomic_write_text(path, df.to_csv(index=False, lineterminator="\n", float_format="%.10g"))
 
 
+#: The provenance file beside every result: ``loact.csv`` → ``loact.meta.json`` (:func:`meta_path`).
+META_SUFFIX = ".meta.json"
+
+
+def meta_name(file: str) -> str:
+    """The provenance file's name beside a result file."""
+    return file.rsplit(".", 1)[0] + META_SUFFIX
+
+
+def json_object(text: str | None, what: str) -> dict:
+    """A command line's ``--settings`` JSON object (``what`` it holds, for the error); {} when not given."""
+    if not text:
+        return {}
+    def refuse(constant):  # NaN, Infinity: JSON has no such numbers, Python's json reads them anyway
+        raise InputError(f"--settings: {constant} is not a finite number")
+
+    try:
+        given = json.loads(text, parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--settings is not valid JSON: {exc}") from None
+    if not isinstance(given, dict):
+        raise InputError(f"--settings must be a JSON object ({what})")
+    return given
+
+
 def meta_path(path: str | Path) -> Path:
-    """The provenance file beside a result (:func:`crop.stage_table.meta_name`)."""
+    """The provenance file beside a result (:func:`meta_name`)."""
     path = Path(path)
     return path.with_name(meta_name(path.name))
 

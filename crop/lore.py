@@ -30,7 +30,7 @@ per-state α (``alpha_mode: state``) the whole tree holds with prob ≥ 1 − N�
 α_i = α·6/(π² i²) for the i-th state (``alpha_mode: family``, :func:`crop.stats.lore_state_alpha`) it holds
 with prob ≥ 1 − Σ_{i≤N} α_i ≥ 1 − α whatever N turns out to be.  The i-th state's α depends only on i, and
 its noise is fresh, so the bound holds although which state comes i-th depends on earlier certificates.
-Reported as ``confidence_tree`` (= ``confidence_union``) with the α actually spent.
+Reported as ``confidence_union`` with the α actually spent.
 
 Bounded search (``max_nodes``): the search stops expanding once the tree holds ``max_nodes`` nodes and still
 returns a sound bound.  A node n it leaves unexpanded (on the stack, or waiting in the queue for an ε it has
@@ -597,7 +597,6 @@ class LoRe:
             "per_state_alpha_first": alphas[0] if alphas else None,
             "per_state_alpha_last": alphas[-1] if alphas else None,
             "alpha_spent": float(sum(alphas)),
-            "confidence_tree": stats.union_confidence(alphas),
             "confidence_union": stats.union_confidence(alphas),
             "runtime_s": round(time.time() - started, 3),
             "nodes_per_s": round(self.transitions / max(time.time() - started, 1e-9), 2),

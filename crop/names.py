@@ -8,11 +8,12 @@ config schema's checks use them; the implementations key their tables by them).
 * ``DEVICES``: where networks run, :func:`crop.engine.resolve_device`.
 * ``TARGET_NAMES``: what is smoothed, :data:`crop.smoothing.TARGETS` (``q``: clipped Q-values; ``probs``:
   a policy network's action probabilities; ``vote``: the one-hot of the greedy action).
+* :func:`smoothing_targets`: the targets an environment's config block asks for.
 * ``MAX_PARAMETERS``: the most parameters a network may declare, :func:`crop.models.build_q_network` (and the
   config's ``train.hidden``, checked at validation).
 """
 
-__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "MAX_PARAMETERS"]
+__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "MAX_PARAMETERS", "smoothing_targets"]
 
 #: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.checkpoints
 #: MAX_MEMBER_BYTES), so no accepted file can fill a larger network.
@@ -28,3 +29,9 @@ ALPHA_MODES = ("state", "family")
 DEVICES = ("cpu", "cuda", "auto")
 
 TARGET_NAMES = ("q", "probs", "vote")
+
+
+def smoothing_targets(env_cfg: dict) -> list[str]:
+    """An environment's smoothing targets (each one of :data:`TARGET_NAMES`): its config's ``targets`` when
+    given, else [``target``] (default q)."""
+    return list(env_cfg.get("targets") or [env_cfg.get("target", "q")])

@@ -4,11 +4,10 @@ source, clean greedy return, provenance).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from crop.io import InputError
+from crop.io import InputError, json_object
 from crop.stages import recorded_settings, setup
 
 __all__ = ["cmd_train", "cmd_derive", "cmd_fetch", "cmd_import", "cmd_checkpoint"]
@@ -41,21 +40,6 @@ def _train_settings(args) -> dict:
     else:
         settings["target_return"] = target_return(args.env, settings.get("target_return"))
     return settings
-
-
-def json_object(text: str | None, what: str) -> dict:
-    if not text:
-        return {}
-    def refuse(constant):  # NaN, Infinity: JSON has no such numbers, Python's json reads them anyway
-        raise InputError(f"--settings: {constant} is not a finite number")
-
-    try:
-        given = json.loads(text, parse_constant=refuse)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--settings is not valid JSON: {exc}") from None
-    if not isinstance(given, dict):
-        raise InputError(f"--settings must be a JSON object ({what})")
-    return given
 
 
 def _save_policy(args, net, record: dict, stage: str, device: str, started: float, inputs=None) -> None:

@@ -1,26 +1,35 @@
-"""The workflow's per-run stages, one row each: what a stage writes, whether it reads the V range, its memory on a
-cluster and which config settings it takes.
+"""The workflow's per-run stages, one row each: everything about a stage — what it writes, whether it reads the
+V range, the config settings it takes, the function its ``crop`` subcommand runs, its help, its extra flags,
+what its jobs ask of a cluster, whether it is replicated, what the report's captions quote of its settings.
 
-Every other statement of these facts is derived from this table: the file names of :mod:`crop.layout`, the
-rules' outputs, logs, inputs and command lines (``rules/common.smk``), the ``crop`` subcommands' ``--out*``
-flags and settings (:mod:`crop.cli`), :class:`crop.stages.Stage`, and the stages a run folder may hold
-(:mod:`crop.report.integrity`).  Renaming an output is one edit here.  No torch and no environments: the
-Snakefile and ``crop --help`` import it.
+Every other statement of these facts is derived from this table: the per-run rules (one rule per row, and a
+replicate rule where the row says so: ``rules/stages.smk``, with the blocks of ``rules/common.smk``), the file
+names of :mod:`crop.layout`, the ``crop`` subcommands with their ``--out*`` flags and settings
+(:mod:`crop.cli`), :class:`crop.stages.StageRun`, the stages a run folder may hold
+(:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.cost`), the report's captions
+(:mod:`crop.report.captions`) and the rules/flags table of
+docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler
+and its algorithm module.  No torch and no environments: the Snakefile and ``crop --help`` import it.
 
-A stage's settings are the schema's ``x-stages`` row (``crop/schemas/config.schema.yaml``): ``option: config
-key``, where ``/key`` is a top-level key and ``block.key`` a key of an environment's block; the option's type,
-bounds, default and help are the schema node of that key.
+A stage's settings are ``option: config key``, where ``/key`` is a top-level key and ``block.key`` a key of
+an environment's block; the option's type, bounds, default and help are the config schema's node of that key
+(``crop/schemas/config.schema.yaml``).  A key of another stage's block is a borrowing, stated here and nowhere
+else: the local attack attacks the smoothed policy LoAct certifies (``loact.m`` noise samples) over LoRe's tree
+(``lore.horizon``, ``lore.gamma``), so its returns compare with LoRe's bound; the global attack plays GRe's
+trajectories (``gre.horizon``, ``gre.gamma``).  The ``rewards`` block (an environment's reward facts) has no
+default: its keys are left out of ``--settings`` when the config has no such block.
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import string
+from dataclasses import dataclass, field
 
-__all__ = ["Output", "StageRow", "STAGES", "stage", "RUN_FILES", "META_SUFFIX", "meta_name", "stage_options",
-           "stage_settings"]
+from crop.io import META_SUFFIX, meta_name
 
-#: The provenance file beside every result: ``loact.csv`` → ``loact.meta.json`` (:func:`crop.io.meta_path`).
-META_SUFFIX = ".meta.json"
+__all__ = ["Output", "Flag", "StageRow", "STAGES", "stage", "add_stage", "RUN_FILES", "META_SUFFIX", "meta_name",
+           "stage_options", "stage_settings", "caption", "layout_table",
+           "with_layout_table"]
 
 
 @dataclass(frozen=True)
@@ -36,15 +45,32 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Flag:
+    """A flag of a stage's subcommand that is no config setting: the rule does not pass it, a user may."""
+
+    option: str             # ``checkpoint_every`` → ``--checkpoint-every``
+    node: dict              # its type and bounds, as a schema node
+    help: str
+
+
+@dataclass(frozen=True, eq=False)
 class StageRow:
-    """One stage: the ``crop`` subcommand of one rule, run once per (env, algo, σ) run folder."""
+    """One stage: the ``crop`` subcommand of one rule, run once per (env, algo, σ, target) run folder."""
 
     command: str                    # the subcommand ("attack-local"); its rule is :attr:`rule`
+    title: str                      # what it computes, with the paper's result (the rule's heading)
+    help: str                       # ``crop --help``'s line
+    description: str                # ``crop COMMAND --help``'s paragraph
+    handler: str                    # ``module:function`` the subcommand runs (with the parsed arguments)
     outputs: tuple[Output, ...]     # the first is the stage's main result
+    settings: dict[str, str]        # ``{option: config key}`` (the module docstring)
     v_range: bool                   # the q target reads its run's qrange.json (and the stage takes --target)
     replicate: bool                 # repeated in each replicate folder (config ``replicates``)
     mem_mb: int | None              # memory of a job; None: the environment's GRe block (EnvSpec.gre_mem_mb);
     #                                 its minutes come from the cost model (crop/cost.py)
+    cpu_only: bool = False          # runs on the job's CPU cores whatever the config's device (crop.cost)
+    flags: tuple[Flag, ...] = field(default=())
+    caption: str | None = None      # what the report's captions quote of its settings (:func:`caption`)
 
     @property
     def rule(self) -> str:
@@ -56,8 +82,8 @@ class StageRow:
         return {o.key: o.file for o in self.outputs}
 
     @property
-    def settings(self) -> dict[str, tuple[str, dict]]:
-        """``{option: (config key, schema node)}`` (:func:`stage_options`)."""
+    def options(self) -> dict[str, tuple[str, dict]]:
+        """``{option: (config key, schema node)}`` of its settings (:func:`stage_options`)."""
         return stage_options(self.command)
 
 
@@ -65,48 +91,129 @@ def _out(key: str, file: str, help: str, option: str = "out", required: bool = T
     return Output(key, file, option, help, required, meta=not file.endswith(".json"))
 
 
+def _cmd(rule: str) -> str:
+    return f"crop.stages:cmd_{rule}"
+
+
+_POS_INT = {"type": "integer", "minimum": 1}
+
 #: The per-run stages in the order a run folder's files are listed.
 STAGES: dict[str, StageRow] = {row.command: row for row in (
-    StageRow("qrange", (_out("qrange", "qrange.json", "qrange.json: the V range [V_min, V_max]"),),
-             v_range=False, replicate=True, mem_mb=1000),
-    StageRow("loact", (
-        _out("loact", "loact.csv", "loact.csv: the certified radius of every step"),
-        _out("loact_episodes", "loact_episodes.csv", "loact_episodes.csv: per-episode benign returns (optional)",
-             "out_episodes", False),
-        _out("certified_ratio", "certified_ratio.csv", "certified_ratio.csv: certified ratio per radius (optional)",
-             "out_ratio", False),
-        _out("frames", "frames.npz", "frames.npz: raw game frames of episode 0 (Atari; optional)", "out_frames",
-             False),
-    ), v_range=True, replicate=True, mem_mb=1000),
-    StageRow("gre", (
-        _out("gre", "gre.csv", "gre.csv: the expectation and percentile bounds per ε"),
-        _out("gre_returns", "gre_returns.csv", "gre_returns.csv: the m randomized returns", "out_returns"),
-    ), v_range=False, replicate=False, mem_mb=None),
-    StageRow("lore", (_out("lore", "lore.csv", "lore.csv: the bound at every critical radius"),
-                      _out("lore_states", "lore_states.csv", "lore_states.csv: the certificate of every state "
-                           "LoRe smoothed (optional)", "out_states", False)),
-             v_range=True, replicate=False, mem_mb=1000),
-    StageRow("attack-local", (_out("attack_local", "attack_local.csv", "attack_local.csv: returns under PGD per ε"),
-                              _out("attack_local_steps", "attack_local_steps.csv", "attack_local_steps.csv: every "
-                                   "attacked step's clean certificate and action (optional)", "out_steps", False)),
-             v_range=True, replicate=False, mem_mb=1000),
-    StageRow("attack-global", (_out("attack_global", "attack_global.csv",
-                                    "attack_global.csv: returns under PGD per ε"),),
-             v_range=False, replicate=False, mem_mb=1000),
+    StageRow(
+        "qrange", "estimate V_min, V_max of the network under σ-noise (Appendix B.1)",
+        "estimate V_min, V_max (Appendix B.1)",
+        "Estimate the range [V_min, V_max] of the network's outputs under σ-noise by rolling the smoothed policy "
+        "(Appendix B.1); the certifiers clip to it.",
+        _cmd("qrange"),
+        (_out("qrange", "qrange.json", "qrange.json: the V range [V_min, V_max]"),),
+        {"m": "qrange.m", "episodes": "qrange.episodes", "horizon": "qrange.horizon", "method": "qrange.method",
+         "quantile": "qrange.quantile"},
+        v_range=False, replicate=True, mem_mb=1000),
+    StageRow(
+        "loact", "LoAct: certified radius of every step of clean episodes (Algorithm 1, Theorem 1)",
+        "LoAct: per-state certified radii (Algorithm 1)",
+        "LoAct (Algorithm 1, Theorem 1): the certified radius of the smoothed policy's action at every step of "
+        "clean episodes, the benign returns and the certified ratio. For a continuous-action agent: per step and "
+        "action dimension, the certified interval of its median-smoothed action (Chiang et al. 2020) and the "
+        "largest ε keeping it within --action-tolerance.",
+        _cmd("loact"),
+        (_out("loact", "loact.csv", "loact.csv: the certified radius of every step"),
+         _out("loact_episodes", "loact_episodes.csv", "loact_episodes.csv: per-episode benign returns (optional)",
+              "out_episodes", False),
+         _out("certified_ratio", "certified_ratio.csv", "certified_ratio.csv: certified ratio per radius (optional)",
+              "out_ratio", False),
+         _out("frames", "frames.npz", "frames.npz: raw game frames of episode 0 (Atari; optional)", "out_frames",
+              False)),
+        {"m": "loact.m", "episodes": "loact.episodes", "horizon": "loact.horizon", "frames_window": "loact.frames",
+         "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode",
+         "action_tolerance": "loact.action_tolerance"},
+        v_range=True, replicate=True, mem_mb=1000,
+        caption="m = {m} noise samples per state, {episodes} clean episodes of at most {horizon} steps"),
+    StageRow(
+        "gre", "GRe: expectation and percentile bounds from m σ-randomized trajectories (Algorithm 2)",
+        "GRe: expectation and percentile bounds (Algorithm 2)",
+        "GRe (Algorithm 2, Theorems 2-3): lower bounds of the expected return and of its percentiles under any ℓ2 "
+        "attack of budget ε, from m σ-randomized trajectories.",
+        _cmd("gre"),
+        (_out("gre", "gre.csv", "gre.csv: the expectation and percentile bounds per ε"),
+         _out("gre_returns", "gre_returns.csv", "gre_returns.csv: the m randomized returns", "out_returns")),
+        {"m": "gre.m", "horizon": "gre.horizon", "gamma": "gre.gamma", "percentiles": "gre.percentiles",
+         "eps_factors": "gre.eps_factors", "batch": "gre.batch", "alpha": "/alpha", "reward_range": "rewards.range",
+         "return_range": "rewards.return_range", "clip_rewards": "rewards.clip"},
+        v_range=False, replicate=False, mem_mb=None,
+        # its time is stepping m environments, beside which the batched forward is small even on a core
+        # (docs/speed.md): a GPU would idle through nearly all of such a job while the stages that need it wait
+        cpu_only=True,
+        flags=(Flag("workers", _POS_INT, "processes stepping the environments (default: --threads)"),),
+        caption="m = {m} randomized trajectories of H = {horizon} steps, γ = {gamma}, ε/σ ∈ {{{eps_factors:eps}}}"),
+    StageRow(
+        "lore", "LoRe: absolute lower bound of the return by adaptive tree search (Algorithm 3, Theorem 4)",
+        "LoRe: adaptive search for the absolute reward bound (Algorithm 3)",
+        "LoRe (Algorithm 3, Theorem 4): the smallest return of the smoothed policy under any ℓ2 attack of budget "
+        "ε, by an adaptive search over the tree of actions the attack can force; resumable.",
+        _cmd("lore"),
+        (_out("lore", "lore.csv", "lore.csv: the bound at every critical radius"),
+         _out("lore_states", "lore_states.csv", "lore_states.csv: the certificate of every state LoRe smoothed "
+              "(optional)", "out_states", False)),
+        {"m": "lore.m", "horizon": "lore.horizon", "gamma": "lore.gamma", "eps_max_factor": "lore.eps_max_factor",
+         "alpha": "/alpha", "bound": "/bound", "alpha_mode": "lore.alpha_mode", "reward_range": "rewards.range",
+         "max_nodes": "lore.max_nodes"},
+        v_range=True, replicate=False, mem_mb=1000,
+        flags=(Flag("checkpoint_every", {"exclusiveMinimum": 0},
+                    "seconds between saves of the resumable search state (OUT.resume; default: LoRe's)"),),
+        caption="m = {m} noise samples per state, horizon H = {horizon}, γ = {gamma}"),
+    StageRow(
+        "attack-local", "ℓ2 PGD at every step against the smoothed policy (LoAct/LoRe tightness, §5)",
+        "PGD against the locally smoothed policy",
+        "ℓ2 PGD at every step against the smoothed policy (LoAct/LoRe's), over LoRe's horizon: how tight the "
+        "certified radii and LoRe's bound are.",
+        _cmd("attack_local"),
+        (_out("attack_local", "attack_local.csv", "attack_local.csv: returns under PGD per ε"),
+         _out("attack_local_steps", "attack_local_steps.csv", "attack_local_steps.csv: every attacked step's clean "
+              "certificate and action (optional)", "out_steps", False)),
+        {"m": "loact.m", "horizon": "lore.horizon", "gamma": "lore.gamma", "episodes": "attack.local_episodes",
+         "m_grad": "attack.local_m_grad", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.local_eps_factors",
+         "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode"},
+        v_range=True, replicate=False, mem_mb=1000,
+        caption="local (from LoRe's initial state and others): {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}"),
+    StageRow(
+        "attack-global", "ℓ2 PGD at every step against the σ-randomized policy (GRe tightness, §5)",
+        "PGD against the σ-randomized policy",
+        "ℓ2 PGD at every step against the σ-randomized policy (expectation over transformation): how tight GRe's "
+        "bounds are.",
+        _cmd("attack_global"),
+        (_out("attack_global", "attack_global.csv", "attack_global.csv: returns under PGD per ε"),),
+        {"horizon": "gre.horizon", "gamma": "gre.gamma", "episodes": "attack.global_episodes",
+         "n_eot": "attack.global_n_eot", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.global_eps_factors",
+         "reward_range": "rewards.range", "clip_rewards": "rewards.clip"},
+        v_range=False, replicate=False, mem_mb=1000,
+        caption="{pgd_steps}-step ℓ2 PGD; global: {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}"),
 )}
 
 #: ``{key: file name}`` of every file a complete run folder holds.
 RUN_FILES: dict[str, str] = {k: f for row in STAGES.values() for k, f in row.files.items()}
 
 
+def add_stage(row: StageRow) -> None:
+    """Add a per-run stage after the others: its rule, its subcommand and its files follow from the row.  Call
+    it before the Snakefile is read and before :mod:`crop.layout` or the report is imported (they keep what
+    they derive from the table); refuses then, and refuses a name or a file another stage has."""
+    import sys
+
+    early = [m for m in ("crop.layout", "crop.report.integrity") if m in sys.modules]
+    if early:
+        raise RuntimeError(f"stage {row.command}: add it before importing {', '.join(early)}")
+    clash = ({row.command} & set(STAGES)) | (set(row.files) & set(RUN_FILES)) | \
+        (set(row.files.values()) & set(RUN_FILES.values()))
+    if clash:
+        raise ValueError(f"stage {row.command}: {sorted(clash)} already in the stage table")
+    STAGES[row.command] = row
+    RUN_FILES.update(row.files)
+
+
 def stage(name: str) -> StageRow:
     """The row of a subcommand ("attack-local") or of its rule ("attack_local")."""
     return STAGES[name.replace("_", "-")]
-
-
-def meta_name(file: str) -> str:
-    """The provenance file's name beside a result file."""
-    return file.rsplit(".", 1)[0] + META_SUFFIX
 
 
 # ----------------------------------------------------------------------------------- settings (the schema's)
@@ -122,15 +229,13 @@ def _resolve(node: dict, schema: dict) -> dict:
 
 
 @functools.cache
-def stage_options(command: str) -> dict[str, tuple[str, dict]]:
-    """``{option: (config key, schema node)}`` of a stage, from the schema's ``x-stages`` row, read once: what
-    ``crop COMMAND`` takes, its type, bounds, default and description.  Callers must not change the nodes."""
+def _options(command: str, keys: tuple[tuple[str, str], ...]) -> dict[str, tuple[str, dict]]:
     from crop.config import schema
 
     s = schema()
     env_props = s["$defs"]["environment"]["properties"]
     out = {}
-    for option, key in s["x-stages"][command].items():
+    for option, key in keys:
         if key.startswith("/"):
             node = s["properties"][key[1:]]
         else:
@@ -140,11 +245,18 @@ def stage_options(command: str) -> dict[str, tuple[str, dict]]:
     return out
 
 
+def stage_options(command: str) -> dict[str, tuple[str, dict]]:
+    """``{option: (config key, schema node)}`` of a stage, from its row's settings and the schema, read once:
+    what ``crop COMMAND`` takes, its type, bounds, default and description.  Callers must not change the
+    nodes."""
+    return _options(command, tuple(STAGES[command].settings.items()))
+
+
 def stage_settings(cfg: dict, env: str, command: str) -> dict:
     """The settings of one stage for one environment of a validated config, keyed by the stage's options (what
     a rule passes as ``--settings``)."""
     out = {}
-    for option, (key, _) in stage_options(command).items():
+    for option, key in STAGES[command].settings.items():
         if key.startswith("/"):
             out[option] = cfg[key[1:]]
         else:
@@ -153,3 +265,61 @@ def stage_settings(cfg: dict, env: str, command: str) -> dict:
                 continue
             out[option] = cfg["environments"][env][block].get(name)
     return out
+
+
+class _CaptionFormatter(string.Formatter):
+    """``{option}`` as ``str`` would print it; ``{option:eps}``: a list of budgets as ``0, 0.5, 1``."""
+
+    def format_field(self, value, spec):
+        if spec == "eps":
+            return ", ".join(f"{x:g}" for x in value)
+        return super().format_field(value, spec)
+
+
+def caption(command: str, settings: dict) -> str:
+    """A stage's caption (its row's template) with the settings it ran with (:func:`stage_settings`)."""
+    return _CaptionFormatter().format(STAGES[command].caption, **settings)
+
+
+# ------------------------------------------------------------------------------------- docs/layout.md's table
+
+#: The lines around the generated table in docs/layout.md.
+TABLE_BEGIN = "<!-- the stage table (crop/stage_table.py); regenerate: python -m crop.stage_table docs/layout.md -->"
+TABLE_END = "<!-- end of the stage table -->"
+
+
+def layout_table() -> str:
+    """The rules/flags table of docs/layout.md, one line per row: its rule(s), what it computes, subcommand,
+    files, inputs, settings (flag: config key), the flags a user may add, its memory and device."""
+    def code(xs):
+        return ", ".join(f"`{x}`" for x in xs) or "—"
+
+    lines = ["| rule | what it computes | `crop` subcommand (handler) | writes (flag: file) | reads | "
+             "settings (flag: config key) | flags the rule leaves out | a job's memory, device |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in STAGES.values():
+        rules = [row.rule, *([f"{row.rule}_replicate"] if row.replicate else [])]
+        writes = [f"--{o.option.replace('_', '-')}: {o.file}" + ("" if o.required else " (optional)")
+                  for o in row.outputs]
+        reads = ["--checkpoint", *(["--target", "--qrange: qrange.json (q target)"] if row.v_range else [])]
+        settings = [f"--{o.replace('_', '-')}: {k.lstrip('/')}" for o, k in row.settings.items()]
+        flags = [f"--{f.option.replace('_', '-')}" for f in row.flags]
+        memory = f"{row.mem_mb} MB" if row.mem_mb else "from the GRe block (EnvSpec.gre_mem_mb)"
+        lines.append(f"| {code(rules)} | {row.title} | `crop {row.command}` (`{row.handler}`) | {code(writes)} | "
+                     f"{code(reads)} | {code(settings)} | {code(flags)} | {memory}, "
+                     f"{'CPU' if row.cpu_only else 'config device'} |")
+    return "\n".join([TABLE_BEGIN, *lines, TABLE_END])
+
+
+def with_layout_table(text: str) -> str:
+    """``text`` (docs/layout.md) with its generated table replaced by :func:`layout_table`'s."""
+    head, rest = text.split(TABLE_BEGIN, 1)
+    return head + layout_table() + rest.split(TABLE_END, 1)[1]
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    doc = Path(sys.argv[1])
+    doc.write_text(with_layout_table(doc.read_text()))

@@ -1,6 +1,6 @@
 """The workflow's stages after the checkpoint, one function per `crop` subcommand.
 
-Certification and attacks run the same sequence (:class:`Stage`): verify and load the checkpoint and the V
+Certification and attacks run the same sequence (:class:`StageRun`): verify and load the checkpoint and the V
 range, build the smoothed Q-values with the stage's own noise stream, run one certifier or attack, then write
 each output atomically with its provenance (settings, seed, input hashes, confidence accounting) in
 ``.meta.json``.  The report stages (aggregate, audit) read a results folder's runs.
@@ -16,7 +16,7 @@ from crop import columns as cols
 from crop.io import InputError, write_frames
 from crop.stage_table import STAGES
 
-__all__ = ["Stage", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global",
+__all__ = ["StageRun", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global",
            "cmd_aggregate", "cmd_audit"]
 
 
@@ -30,7 +30,7 @@ def setup(args) -> float:
 def recorded_settings(args, **resolved) -> dict:
     """The settings a result records: every option as it ran (a stage's --settings spelled out, and what the
     stage ``resolved`` itself, such as the target or GRe's block)."""
-    skip = {"func", "progress"} | ({"settings"} if args.command in STAGES else set())
+    skip = {"handler", "progress"} | ({"settings"} if args.command in STAGES else set())
     return {**{k: v for k, v in vars(args).items() if k not in skip}, **resolved}
 
 
@@ -66,6 +66,8 @@ def resolve_target(args, meta: dict) -> str:
     network, ``q`` for a Q-network); ``q`` of a policy network is refused (it has no Q-values), and so is
     ``probs`` of a Q-network (softmax(Q) depends on the Q-values' scale: not a policy's probabilities)."""
     network = meta.get("network", "q")
+    if network == "actor":
+        return _actor_target(args)
     target = getattr(args, "target", None) or ("probs" if network == "policy" else "q")
     if network == "policy" and target == "q":
         raise InputError(f"{args.checkpoint}: a policy network (model.json network: policy) has no Q-values to "
@@ -76,8 +78,32 @@ def resolve_target(args, meta: dict) -> str:
     return target
 
 
-class Stage:
-    """What every certification stage shares: verify and load the checkpoint (and the V range where its row of
+#: What the stages that smooth over a finite set of actions are, for the one-line refusal of a continuous agent.
+_DISCRETE_ONLY = {"qrange": "the V range bounds Q-values over a finite set of actions",
+                  "lore": "LoRe searches a tree that branches over a finite set of actions",
+                  "attack-local": "the local attack targets LoAct's smoothed argmax over a finite set of actions"}
+
+
+def _actor_target(args) -> str:
+    """The target of a continuous-action actor (model.json network: actor): its action itself, certified per
+    dimension by percentile smoothing (crop loact); q, probs and vote, and the stages built on a finite set of
+    actions, are refused in one line."""
+    if args.command in _DISCRETE_ONLY:
+        raise InputError(f"{args.checkpoint}: a continuous-action agent (model.json network: actor): "
+                         f"{_DISCRETE_ONLY[args.command]}, which a Box action space does not have; crop gre, "
+                         "crop attack-global and crop loact (per action dimension) certify it")
+    target = getattr(args, "target", None)
+    if target:
+        what = {"q": "Q-values", "probs": "action probabilities", "vote": "greedy-action votes"}.get(target, target)
+        raise InputError(f"{args.checkpoint}: a continuous-action agent (model.json network: actor) has no {what} "
+                         f"over a finite set of actions (--target {target}); leave the target out (config: target): "
+                         "LoAct certifies its action per dimension by percentile smoothing")
+    return "action"
+
+
+class StageRun:
+    """One run of a certification or attack stage (its row of the stage table: :class:`crop.stage_table.StageRow`),
+    what every such run shares: verify and load the checkpoint (and the V range where its row of
     the stage table reads one), build the smoother, then record provenance and write each output atomically
     beside its ``.meta.json``.  ``resolved``: parameters the stage settled itself, recorded as they ran."""
 
@@ -145,7 +171,7 @@ def cmd_qrange(args) -> None:
     from crop.io import write_json
     from crop.qrange import estimate_qrange
 
-    st = Stage(args)
+    st = StageRun(args)
     if st.target != "q":
         raise InputError(f"{args.checkpoint}: a policy network has no V range to estimate (its targets probs and "
                          "vote lie in [0, 1])")
@@ -165,7 +191,9 @@ def cmd_loact(args) -> None:
     from crop.loact import certified_ratio, run_loact
     from crop.stats import episode_confidence, loact_state_alpha
 
-    st = Stage(args)
+    st = StageRun(args)
+    if st.target == "action":   # a continuous-action agent: percentile smoothing per action dimension
+        return _loact_continuous(st, args)
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     frames: list = []
     steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
@@ -184,6 +212,54 @@ def cmd_loact(args) -> None:
     print(f"LoAct {args.env}/{args.algo} σ={args.sigma} target {st.target}: {steps['certified'].mean():.1%} of "
           f"{len(steps)} steps certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
           f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
+
+
+#: The confidence bound of a continuous agent's LoAct, as its results record it (``bound``).
+CONTINUOUS_BOUND = "exact binomial order statistics"
+
+
+def _loact_continuous(st: StageRun, args) -> None:
+    """LoAct of a continuous-action agent (:mod:`crop.percentile`): one row per step and action dimension.
+    Its bounds are exact binomial order statistics (no --bound to choose), and it plays no game frames."""
+    import numpy as np
+
+    from crop.config import schema
+    from crop.loact import certified_ratio
+    from crop.percentile import run_loact_continuous, step_ratio
+    from crop.stats import episode_confidence, loact_state_alpha
+
+    if args.bound != schema()["properties"]["bound"]["default"]:
+        raise InputError(f"--bound {args.bound}: a continuous-action agent's LoAct bounds percentiles of the action "
+                         "by exact binomial order statistics, not smoothed Q-values by a bound to choose; leave "
+                         "--bound out")
+    if args.out_frames:
+        raise InputError(f"--out-frames: {STAGES['loact'].files['frames']} holds an Atari game's frames, and a "
+                         "continuous-action agent's LoAct plays none; leave --out-frames out")
+    st.resolved["bound"] = CONTINUOUS_BOUND
+    alpha_state = loact_state_alpha(args.alpha, args.alpha_mode, args.horizon)
+    st.device = "cpu"   # the percentile certificate runs on the CPU (an actor's forward is small)
+    steps, episodes, info = run_loact_continuous(
+        args.env, st.net, args.sigma, args.m, args.episodes, args.horizon,
+        _episode_seeds(args.seed, args.env, args.episodes), alpha_state=alpha_state,
+        tolerance=getattr(args, "action_tolerance", None), seed=st.seed, chunk=args.chunk, profile=st.profile,
+        progress=args.progress)
+    longest = int(episodes["steps"].max())
+    per_step = step_ratio(steps)
+    st.write({"target": st.target, "certificate": "percentile smoothing per action dimension (Chiang et al. 2020, "
+              "Theorem 1)", **info, "alpha_mode": args.alpha_mode, "per_state_alpha": alpha_state,
+              "states_certified": int(len(per_step)),
+              "confidence": {"per_state": 1 - alpha_state, "per_episode": episode_confidence(alpha_state, longest),
+                             "rule": "union bound: the 2·d·G one-sided bounds of a state (two ends, d dimensions, G "
+                                     "grid points) each at per_bound_alpha; an episode of <= "
+                                     f"{longest} states at per_state_alpha each"},
+              "note": "radius is 0 at uncertified steps and counts in every mean; certified_ratio counts a step "
+                      "when every dimension is certified, at the smallest radius over the dimensions"},
+             loact=steps, loact_episodes=episodes,
+             certified_ratio=certified_ratio(per_step, args.sigma * np.linspace(0, 4, 81)))
+    print(f"LoAct {args.env}/{args.algo} σ={args.sigma} (percentile smoothing, {len(info['tolerance'])} action "
+          f"dimension(s)): {per_step['certified'].mean():.1%} of {len(per_step)} steps certified, mean radius "
+          f"{per_step['radius'].mean():.4g} (uncertified = 0), benign return {episodes['return'].mean():.1f} ± "
+          f"{episodes['return'].std(ddof=0):.1f}")
 
 
 def _spec_with_facts(args):
@@ -230,24 +306,46 @@ def cmd_gre(args) -> None:
 
     spec = _spec_with_facts(args)
     j_min, j_max = _return_range(spec, args)   # before any work: GRe needs the reward range
+    clip = _reward_clip(spec, args)
     batch = spec.gre_block(args.m, args.batch)
-    st = Stage(args, batch=batch)
+    st = StageRun(args, batch=batch)
     returns = sample_randomized_returns(args.env, st.net, args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
                                         env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
                                         chunk=args.chunk, device=args.device, profile=st.profile,
-                                        progress=args.progress, workers=args.workers or args.threads, batch=batch)
+                                        progress=args.progress, workers=args.workers or args.threads, batch=batch,
+                                        reward_clip=clip)
     if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:   # the declared facts are false: no bound
         raise InputError(f"{args.env}: randomized returns in [{returns.min():g}, {returns.max():g}] leave [J_min, "
                          f"J_max] = [{j_min:g}, {j_max:g}] of the declared reward range; give the true one "
                          f"(rewards.range{', rewards.return_range' if spec.game_return_range else ''})")
     table = gre_bounds(returns, sigma=args.sigma, horizon=args.horizon, alpha=args.alpha, j_min=j_min, j_max=j_max,
                        eps_grid=[f * args.sigma for f in args.eps_factors], percentiles=args.percentiles)
-    st.write({"j_min": j_min, "j_max": j_max,
+    st.write({"j_min": j_min, "j_max": j_max, **_clip_record(clip),
               "note": "each bound (expectation_bound, cdf_expectation_bound, percentile_bound) holds with "
                       "probability >= 1 - alpha; empty percentile_bound = no k qualifies"},
              gre=table, gre_returns=pd.DataFrame({cols.RETURN: returns}))
     print(f"GRe {args.env}/{args.algo} σ={args.sigma}: {args.m} randomized returns, mean {returns.mean():.2f}, "
           f"median {np.median(returns):.1f}")
+
+
+def _reward_clip(spec, args) -> tuple[float, float] | None:
+    """The per-step reward range every reward is clipped to (``--clip-rewards``, config ``rewards.clip``), or
+    None; one line, before any work, where the range is not declared."""
+    if not getattr(args, "clip_rewards", False):
+        return None
+    if spec.reward_range is None:
+        raise InputError(f"--clip-rewards clips to the declared reward range, and {args.env} has none: give "
+                         "--reward-range LOW HIGH (config: rewards.range)")
+    return (float(spec.reward_range[0]), float(spec.reward_range[1]))
+
+
+def _clip_record(clip) -> dict:
+    """What an output's metadata says of clipped rewards: the range, and that its returns are the clipped ones."""
+    if clip is None:
+        return {}
+    return {"reward_clip": list(clip),
+            "reward_clip_note": f"every step's reward was clipped to [{clip[0]:g}, {clip[1]:g}] before it entered a "
+                                "return: returns and bounds are of the clipped rewards, not the environment's own"}
 
 
 def cmd_lore(args) -> None:
@@ -258,7 +356,7 @@ def cmd_lore(args) -> None:
     spec = _spec_with_facts(args)
     _lore_checks(spec, args)
     every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
-    st = Stage(args, checkpoint_every=every)
+    st = StageRun(args, checkpoint_every=every)
     sm = st.smoother(args.alpha)
     resume = Path(args.out).with_name(Path(args.out).name + ".resume")
     # Appendix E: negative rewards count as 0 in LoRe (named in the output); pruning needs rewards ≥ 0.
@@ -285,7 +383,7 @@ def cmd_lore(args) -> None:
               "target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
               "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
               "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
-                             "tree": info["confidence_tree"],
+                             "tree": info["confidence_union"],
                              "rule": "union bound over the distinct states smoothed (search.alpha_spent = sum of "
                                      "their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
               "initial_state": "the initial state of LoAct episode 0"}, lore=table, lore_states=states)
@@ -303,7 +401,7 @@ def cmd_attack_local(args) -> None:
     from crop.envs import env_spec
     from crop.stats import episode_confidence, loact_state_alpha
 
-    st, spec = Stage(args), env_spec(args.env)
+    st, spec = StageRun(args), env_spec(args.env)
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     # Returns over LoRe's horizon with LoRe's reward modification, so the two compare like for like.
     steps: list = []
@@ -324,13 +422,15 @@ def cmd_attack_local(args) -> None:
 def cmd_attack_global(args) -> None:
     from crop.attack import run_global_attack
 
-    st = Stage(args)
+    clip = _reward_clip(_spec_with_facts(args), args) if getattr(args, "clip_rewards", False) else None
+    st = StageRun(args)
     grid = [f * args.sigma for f in args.eps_factors]
     table = run_global_attack(args.env, st.net, args.sigma, grid,
                               global_attack_seeds(args.seed, args.env, args.algo, args.sigma, grid, args.episodes),
                               args.horizon, steps=args.pgd_steps, n_eot=args.n_eot, gamma=args.gamma, seed=st.seed,
-                              device=args.device, profile=st.profile, progress=args.progress)
-    st.write({}, attack_global=table)
+                              device=args.device, profile=st.profile, progress=args.progress,
+                              reward_fn=None if clip is None else (lambda r: min(max(float(r), clip[0]), clip[1])))
+    st.write(_clip_record(clip), attack_global=table)
     print(f"global PGD {args.env}/{args.algo} σ={args.sigma}: median return per ε "
           f"{_per_eps(table.groupby('eps')['return'].median())}")
 

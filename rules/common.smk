@@ -1,5 +1,5 @@
 # Shared set-up: validate the config (before any job is scheduled), input functions, and the per-run rules'
-# blocks built from the stage table (crop/stage_table.py); every path comes from crop/layout.py.
+# blocks (rules/stages.smk) built from the stage table (crop/stage_table.py); every path comes from crop/layout.py.
 import json
 import os
 import re
@@ -7,19 +7,20 @@ import shlex
 
 from crop import layout
 from crop.cost import job_resources, stage_device
+from crop.envs import env_spec
 from crop.config import (
     ConfigError,
+    certifications,
     check_policy_files,
     run_targets,
     sigma_label,
     smoothing_targets,
-    targets,
     train_settings,
     validate_config,
 )
 from crop.registry import checkpoint_source
 from crop.report.provenance import config_hash
-from crop.stage_table import meta_name, stage, stage_settings
+from crop.stage_table import STAGES, meta_name, stage, stage_settings
 
 # Every policy file is opened and checked here too (crop validate-config's checks), before any job; a policy
 # network's default target (probs) is filled in from its file.
@@ -53,7 +54,6 @@ ALGOS = sorted(
         if policy_source(e, a)["kind"] == "derive"
     }
 )
-SIGMAS = sorted({t[2] for t in targets(CFG)}, key=float)
 
 
 # {algo} of a run folder is ALGO, or ALGO@TARGET for a smoothing target other than q (crop/layout.py).
@@ -119,10 +119,6 @@ def stage_resources(name):
         "mem_mb": predicted(r, "mem_mb", gpus),
         "runtime": predicted(r, "runtime", gpus),
     }
-
-
-def stage_shell(name):
-    return f"crop {stage(name).command} {{params.args}} > {{log:q}} 2>&1"
 
 
 def stage_inputs(name):
@@ -217,7 +213,7 @@ def all_run_files():
 
 
 def checkpoint_records():
-    return sorted({str(layout.checkpoint_record(R, env, algo)) for env, algo, _ in targets(CFG)})
+    return sorted({str(layout.checkpoint_record(R, env, algo)) for env, algo, _ in certifications(CFG)})
 
 
 # GPUs a certification or attack job asks for, as Snakemake's standard resource `gpu` (the SLURM plugin
@@ -232,8 +228,6 @@ GPUS = 0 if CFG["device"] == "cpu" else 1
 def checkpoint_mem_mb(w):
     """Memory of a checkpoint job (MB): 1.5 GB, plus an image policy's replay buffer when it is trained here
     (EnvSpec.replay_mb)."""
-    from crop.envs import env_spec
-
     if policy_source(w.env, w.algo)["kind"] != "train":
         return 1500
     return 1500 + env_spec(w.env).replay_mb(env_cfg(w)["train"].get("dqn", {}).get("buffer_size", 100_000))

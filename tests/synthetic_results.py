@@ -16,7 +16,7 @@ from scipy.stats import norm
 
 from crop.envs import env_spec
 from crop.io import provenance, read_json, write_csv, write_json, write_with_meta
-from crop.layout import FRAMES_FILE, checkpoint_path, needs_frames, run_dir
+from crop.layout import FRAMES_FILE, RUN_FILES, checkpoint_path, needs_frames, run_dir
 
 EPISODES = 3
 HORIZON = 30
@@ -64,7 +64,7 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     lab = repr(float(sigma))
     d = run_dir(root, env, algo, lab)
     d.mkdir(parents=True, exist_ok=True)
-    write_json(d / "qrange.json", {"env": env, "algo": algo, "sigma": sigma, "v_min": V_MIN, "v_max": V_MAX,
+    write_json(d / RUN_FILES["qrange"], {"env": env, "algo": algo, "sigma": sigma, "v_min": V_MIN, "v_max": V_MAX,
                                    "checkpoint_sha256": sha,
                                    "provenance": _meta("qrange", sha, seed, 0.1)})
     # LoAct: a periodic radius pattern, some steps uncertified; episodes of different lengths.
@@ -79,18 +79,18 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
                          **margins(radius if certified else 0.0, sigma)})
     steps = pd.DataFrame(rows)
     m = _meta("loact", sha, seed + 1)
-    q_sha = hashlib.sha256((d / "qrange.json").read_bytes()).hexdigest()
-    m["inputs"]["qrange"] = {"path": "qrange.json", "sha256": q_sha}   # as the stage records what it read
+    q_sha = hashlib.sha256((d / RUN_FILES["qrange"]).read_bytes()).hexdigest()
+    m["inputs"]["qrange"] = {"path": RUN_FILES["qrange"], "sha256": q_sha}   # as the stage records what it read
     m.update(v_min=V_MIN, v_max=V_MAX, per_state_alpha=ALPHA_STATE)
-    write_with_meta(d / "loact.csv", lambda p: write_csv(p, steps), m, rows=len(steps))
+    write_with_meta(d / RUN_FILES["loact"], lambda p: write_csv(p, steps), m, rows=len(steps))
     ep = steps.groupby("episode").agg(**{"return": ("reward", "sum"), "steps": ("step", "size"),
                                          "mean_radius": ("radius", "mean"),
                                          "certified_fraction": ("certified", "mean")}).reset_index()
-    write_with_meta(d / "loact_episodes.csv", lambda p: write_csv(p, ep), m, rows=len(ep))
+    write_with_meta(d / RUN_FILES["loact_episodes"], lambda p: write_csv(p, ep), m, rows=len(ep))
     r_grid = sigma * np.linspace(0.0, 4.0, 21)
     ratio = pd.DataFrame([{"r": r, "episode": e, "eta": float(((g["radius"] >= r) & g["certified"]).mean())}
                           for r in r_grid for e, g in steps.groupby("episode")])
-    write_with_meta(d / "certified_ratio.csv", lambda p: write_csv(p, ratio), m, rows=len(ratio))
+    write_with_meta(d / RUN_FILES["certified_ratio"], lambda p: write_csv(p, ratio), m, rows=len(ratio))
     # GRe: bounds falling with ε; returns of the randomized policy.
     j_min, j_max = spec.return_range(HORIZON)
     returns = rng.uniform(0.7, 1.0, 200) * (j_max - j_min) + j_min
@@ -104,22 +104,22 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
                     "j_min": j_min, "j_max": j_max})
     gre = pd.DataFrame(gre)
     m = _meta("gre", sha, seed + 2)
-    write_with_meta(d / "gre.csv", lambda p: write_csv(p, gre), m, rows=len(gre))
-    write_with_meta(d / "gre_returns.csv", lambda p: write_csv(p, pd.DataFrame({"return": returns})), m,
+    write_with_meta(d / RUN_FILES["gre"], lambda p: write_csv(p, gre), m, rows=len(gre))
+    write_with_meta(d / RUN_FILES["gre_returns"], lambda p: write_csv(p, pd.DataFrame({"return": returns})), m,
                     rows=len(returns))
     # LoRe: a falling step function of ε.
     lore = pd.DataFrame({"eps": [0.0, 0.5 * sigma, 1.5 * sigma], "lower_bound": [6.0, 4.0, 1.0]})
     m = _meta("lore", sha, seed + 3)
     m["search"] = {"valid_until_eps": None, "distinct_states_smoothed": 10, "alpha_spent": LORE_ALPHA_SPENT,
                    "per_state_alpha_first": LORE_ALPHA_SPENT * 6 / np.pi ** 2}   # alpha_mode family
-    write_with_meta(d / "lore.csv", lambda p: write_csv(p, lore), m, rows=len(lore))
+    write_with_meta(d / RUN_FILES["lore"], lambda p: write_csv(p, lore), m, rows=len(lore))
     # LoRe's smoothed states: those the local attack from s₀ visits, every other action far out of the tree.
     path = [digest(d, t) for t in range(LOCAL_HORIZON)]
     states = pd.DataFrame({"obs_digest": path, "step": range(LOCAL_HORIZON), "eps": 0.0, "action": 0,
                            "certified": True, "q_top_lower": V_MIN + (V_MAX - V_MIN) * P_TOP_LOWER,
                            "alpha": LORE_ALPHA_SPENT / LOCAL_HORIZON,
                            **{f"radius_{a}": 0.0 if a == 0 else LORE_FAR * sigma for a in range(spec.n_actions)}})
-    write_with_meta(d / "lore_states.csv", lambda p: write_csv(p, states), m, rows=len(states))
+    write_with_meta(d / RUN_FILES["lore_states"], lambda p: write_csv(p, states), m, rows=len(states))
     # Attacks: every return at or above its bound, no certified step flipped.
     loc, att = [], []
     for f in LOCAL_FACTORS:
@@ -137,8 +137,8 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     loc, att = pd.DataFrame(loc), pd.DataFrame(att)
     am = _meta("attack_local", sha, seed + 4, m=M_ATTACK, alpha=ALPHA_STATE)
     am["per_state_alpha"] = ALPHA_STATE
-    write_with_meta(d / "attack_local.csv", lambda p: write_csv(p, loc), am, rows=len(loc))
-    write_with_meta(d / "attack_local_steps.csv", lambda p: write_csv(p, att), am, rows=len(att))
+    write_with_meta(d / RUN_FILES["attack_local"], lambda p: write_csv(p, loc), am, rows=len(loc))
+    write_with_meta(d / RUN_FILES["attack_local_steps"], lambda p: write_csv(p, att), am, rows=len(att))
     glob = []
     for f, g in zip(GLOBAL_FACTORS, gre.itertuples()):
         top = max(g.expectation_bound, g.percentile_bound)
@@ -146,7 +146,7 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
             ret = min(j_max, top + rng.uniform(0, 0.1) * (j_max - j_min))
             glob.append({"eps": f * sigma, "episode": e, "return": ret, "horizon": HORIZON})
     glob = pd.DataFrame(glob)
-    write_with_meta(d / "attack_global.csv", lambda p: write_csv(p, glob), _meta("attack_global", sha, seed + 5),
+    write_with_meta(d / RUN_FILES["attack_global"], lambda p: write_csv(p, glob), _meta("attack_global", sha, seed + 5),
                     rows=len(glob))
     frames = []  # (step, RGB frame): Atari runs only, as the LoAct stage writes them
     if needs_frames(env):

@@ -13,6 +13,8 @@ from scipy import stats
 
 from crop import layout
 from crop.config import load_config
+from crop.io import meta_name
+from crop.layout import RUN_FILES
 from crop.report.audit import audit
 from crop.report.provenance import config_hash
 from crop.report.reference import DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances, tolerance_for
@@ -61,6 +63,7 @@ def _verdicts(rep):
     return [c["verdict"] for c in rep["reference"]["comparisons"] if c["verdict"] != "not_in_reference"]
 
 
+@pytest.mark.slow
 def test_sound_results_pass(results):
     rep = audit(results, results / "audit", config_hash="abc123")
     assert set(rep) == AUDIT_KEYS
@@ -88,19 +91,19 @@ def test_sound_results_pass(results):
 def test_planted_violations_are_listed_with_their_place(results):
     # LoRe: the local PGD from LoRe's own initial state ends below the certified bound at ε = σ.
     d = _run(results)
-    al = pd.read_csv(d / "attack_local.csv")
+    al = pd.read_csv(d / RUN_FILES["attack_local"])
     at = np.isclose(al["eps"], 0.1) & al["same_start_as_lore"]
-    lore = pd.read_csv(d / "lore.csv")
+    lore = pd.read_csv(d / RUN_FILES["lore"])
     bound = float(lore[lore["eps"] <= 0.1]["lower_bound"].iloc[-1])
     al.loc[at, "return"] = bound - 1
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
     # LoAct: the actions of certified steps flipped under attack, at every attacked step of every episode.
     _plant_flips(d, 0.05)
     # GRe: the expectation bound rises with ε in another run.
     d2 = _run(results, "CartPole-v0", "GaussAug", "0.1")
-    gre = pd.read_csv(d2 / "gre.csv")
+    gre = pd.read_csv(d2 / RUN_FILES["gre"])
     gre.loc[gre.index[-1], "expectation_bound"] = gre["expectation_bound"].iloc[-2] + 1.0
-    rewrite_csv(d2 / "gre.csv", gre)
+    rewrite_csv(d2 / RUN_FILES["gre"], gre)
 
     rep = audit(results, results / "audit")
     assert not rep["passed"] and rep["violations"] == 2 and rep["verdict"] == "FAIL"
@@ -122,8 +125,8 @@ def test_planted_violations_are_listed_with_their_place(results):
 
 def test_gre_needs_significance_before_a_violation(results):
     d = _run(results, "CartPole-v0", "StdTrain", "0.05")
-    gre = pd.read_csv(d / "gre.csv")
-    ag = pd.read_csv(d / "attack_global.csv")
+    gre = pd.read_csv(d / RUN_FILES["gre"])
+    ag = pd.read_csv(d / RUN_FILES["attack_global"])
     e1, e2 = sorted(ag["eps"].unique())[1:3]
     pb1 = float(gre.loc[np.isclose(gre["eps"], e1), "percentile_bound"].iloc[0])
     pb2 = float(gre.loc[np.isclose(gre["eps"], e2), "percentile_bound"].iloc[0])
@@ -131,7 +134,7 @@ def test_gre_needs_significance_before_a_violation(results):
     ag.loc[ag.index[np.isclose(ag["eps"], e1)][0], "return"] = pb1 - 5
     # At e2 every attacked episode falls below J_p: P[Bin(12, 0.5) >= 12] = 2^-12, a violation.
     ag.loc[np.isclose(ag["eps"], e2), "return"] = pb2 - 5
-    rewrite_csv(d / "attack_global.csv", ag)
+    rewrite_csv(d / RUN_FILES["attack_global"], ag)
     rep = audit(results, results / "audit", alpha=0.05)
     rows = {round(c["eps"], 9): c for c in rep["checks"] if c["check"] == "gre_percentile_p0.5_vs_pgd"
             and c["algo"] == "StdTrain" and c["sigma"] == 0.05}
@@ -145,11 +148,11 @@ def test_gre_needs_significance_before_a_violation(results):
 def _reference_rows(results):
     """Reference values computed here from the raw files (not by the code under test)."""
     d = _run(results)
-    st = pd.read_csv(d / "loact.csv")
-    ep = pd.read_csv(d / "loact_episodes.csv")
-    gre = pd.read_csv(d / "gre.csv")
-    lore = pd.read_csv(d / "lore.csv")
-    ag = pd.read_csv(d / "attack_global.csv")
+    st = pd.read_csv(d / RUN_FILES["loact"])
+    ep = pd.read_csv(d / RUN_FILES["loact_episodes"])
+    gre = pd.read_csv(d / RUN_FILES["gre"])
+    lore = pd.read_csv(d / RUN_FILES["lore"])
+    ag = pd.read_csv(d / RUN_FILES["attack_global"])
     e = float(gre["eps"].iloc[1])
     return {
         "radius": dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="mean_radius", eps=None,
@@ -171,6 +174,7 @@ def _reference_rows(results):
     }
 
 
+@pytest.mark.slow
 def test_planted_reference_mismatch_is_reported(results):
     rows = _reference_rows(results)
     ref = write_reference(results.parent / "ref.csv", list(rows.values()))
@@ -199,6 +203,7 @@ def test_planted_reference_mismatch_is_reported(results):
     assert rep3["reproduction"]["differ"] == 0
 
 
+@pytest.mark.slow
 def test_tolerances_file_and_flags(results, tmp_path):
     rows = _reference_rows(results)
     ref = write_reference(tmp_path / "ref.csv", [rows["benign"], rows["mismatch"]])
@@ -222,10 +227,10 @@ def test_tolerances_file_and_flags(results, tmp_path):
 
 def test_empty_reference_value_means_no_bound(results, tmp_path):
     d = _run(results)
-    gre = pd.read_csv(d / "gre.csv")
+    gre = pd.read_csv(d / RUN_FILES["gre"])
     e = float(gre["eps"].iloc[-1])
     gre.loc[gre.index[-1], ["percentile_bound", "percentile_certified"]] = [np.nan, False]
-    rewrite_csv(d / "gre.csv", gre)
+    rewrite_csv(d / RUN_FILES["gre"], gre)
     base = dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="percentile_bound", eps=e)
     ref = write_reference(tmp_path / "ref.csv", [{**base, "value": None},
                                                  {**base, "metric": "percentile_bound_p0.5", "value": 3.0}])
@@ -235,26 +240,26 @@ def test_empty_reference_value_means_no_bound(results, tmp_path):
 
 def test_integrity_problems(results):
     # A result file edited after it was written.
-    with open(_run(results) / "lore.csv", "a") as f:
+    with open(_run(results) / RUN_FILES["lore"], "a") as f:
         f.write("9,100\n")
     # A checkpoint that is not the one the results were computed from.
     ck = layout.checkpoint_path(results, "FreewayNoFrameskip-v4", "RadialRL")
     ck.write_bytes(b"other weights")
     # A stage computed from another checkpoint.
     d = _run(results, "CartPole-v0", "GaussAug", "0.1")
-    meta = json.loads((d / "gre.meta.json").read_text())
+    meta = json.loads((d / meta_name(RUN_FILES["gre"])).read_text())
     meta["inputs"]["checkpoint"]["sha256"] = "f" * 64
-    (d / "gre.meta.json").write_text(json.dumps(meta))
+    (d / meta_name(RUN_FILES["gre"])).write_text(json.dumps(meta))
     # An incomplete run folder.
     (results / "CartPole-v0" / "StdTrain" / "sigma-0.3").mkdir()
     rep = audit(results, results / "audit")
     problems = {(p["file"].split("/results/")[-1], p["problem"].split(" (")[0]) for p in rep["integrity"]}
-    assert ("CartPole-v0/StdTrain/sigma-0.1/lore.csv",
+    assert (f"CartPole-v0/StdTrain/sigma-0.1/{RUN_FILES['lore']}",
             "sha256 differs from the one recorded at write time") in problems
     assert ("FreewayNoFrameskip-v4/RadialRL/checkpoint/model.pt",
             "checkpoint sha256 differs from the one recorded in model.json") in problems
-    assert any(f == "CartPole-v0/GaussAug/sigma-0.1/gre.csv" and "computed from checkpoint ffffffffffff" in p
-               for f, p in problems)
+    assert any(f == f"CartPole-v0/GaussAug/sigma-0.1/{RUN_FILES['gre']}"
+               and "computed from checkpoint ffffffffffff" in p for f, p in problems)
     assert any(f == "CartPole-v0/StdTrain/sigma-0.3" and p.startswith("incomplete run") for f, p in problems)
     assert rep["integrity_problems"] == 4 and not rep["passed"] and rep["violations"] == 0
     assert rep["verdict"] == "FAIL"
@@ -384,37 +389,37 @@ def _statuses(rep, **where):
 
 def _plant_global(d, eps_index, value_of):
     """Set every global-attack return at the eps_index-th ε to value_of(gre row at that ε)."""
-    ag, gre = pd.read_csv(d / "attack_global.csv"), pd.read_csv(d / "gre.csv")
+    ag, gre = pd.read_csv(d / RUN_FILES["attack_global"]), pd.read_csv(d / RUN_FILES["gre"])
     e = sorted(ag["eps"].unique())[eps_index]
     row = gre[np.isclose(gre["eps"], e)].iloc[0]
     ag.loc[np.isclose(ag["eps"], e), "return"] = value_of(row)
-    rewrite_csv(d / "attack_global.csv", ag)
+    rewrite_csv(d / RUN_FILES["attack_global"], ag)
     return float(e)
 
 
 def _plant_lore(d, every_eps: bool):
     """LoRe's attacked return 1,000 below its certified bound (at ε = σ/2, or at every ε)."""
-    al, lore = pd.read_csv(d / "attack_local.csv"), pd.read_csv(d / "lore.csv")
+    al, lore = pd.read_csv(d / RUN_FILES["attack_local"]), pd.read_csv(d / RUN_FILES["lore"])
     rows = al["same_start_as_lore"].astype(bool) & (al["eps"] > 0)
     if not every_eps:
         rows &= np.isclose(al["eps"], sorted(al["eps"].unique())[1])
     for i in al.index[rows]:
         al.loc[i, "return"] = float(lore[lore["eps"] <= al.loc[i, "eps"]]["lower_bound"].iloc[-1]) - 1000
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
 
 
 def _plant_flips(d, eps: float) -> None:
     """Every attacked step at ``eps`` takes another action than its clean state's a₁ (the synthetic steps are
     all certified beyond ε), and attack_local.csv counts them."""
-    al, steps = pd.read_csv(d / "attack_local.csv"), pd.read_csv(d / "attack_local_steps.csv")
+    al, steps = pd.read_csv(d / RUN_FILES["attack_local"]), pd.read_csv(d / RUN_FILES["attack_local_steps"])
     at = np.isclose(steps["eps"], eps)
     steps.loc[at, "action"] = 1 - steps.loc[at, "clean_action"]
     counted = at & steps["certified"] & (steps["radius"] > eps)
     per_episode = steps[counted].groupby("episode").size()
     rows = np.isclose(al["eps"], eps)
     al.loc[rows, "flips_certified"] = al.loc[rows, "episode"].map(per_episode).fillna(0).astype(int)
-    rewrite_csv(d / "attack_local_steps.csv", steps)
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local_steps"], steps)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
 
 
 def _plant_every_run(root, plant):
@@ -422,6 +427,7 @@ def _plant_every_run(root, plant):
         plant(d)
 
 
+@pytest.mark.slow
 def test_planted_violations_in_27_runs(pristine27, tmp_path):
     """The sound 27-run folder PASSes with no untestable check; each gross violation the released audit passed
     (issue 19) comes out violation or suspicious; a fault planted in *every* run, which no single check can
@@ -487,9 +493,9 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     # 4. the same under alpha_mode: state, where a real LoRe tree spends α >= 1: untestable, with the fix
     root, d = fresh("lore_state")
     _plant_lore(d, True)
-    meta = json.loads((d / "lore.meta.json").read_text())
+    meta = json.loads((d / meta_name(RUN_FILES["lore"])).read_text())
     meta["search"]["alpha_spent"] = 3.2
-    (d / "lore.meta.json").write_text(json.dumps(meta))  # the meta is not hashed: no integrity problem
+    (d / meta_name(RUN_FILES["lore"])).write_text(json.dumps(meta))  # the meta is not hashed: no integrity problem
     rep = audit(root, root / "audit")
     lore_c = _statuses(rep, algo="StdTrain", sigma=0.05, check="lore_vs_pgd_local")
     assert lore_c and all(c["status"] == "untestable" and "alpha_mode: family" in c["testable_with"]
@@ -497,12 +503,13 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
 
     # 5. every certified attacked step flipped at one ε: the sequential test against each step's flip bound
     root, d = fresh("flipped")
-    _plant_flips(d, sorted(pd.read_csv(d / "attack_local.csv")["eps"].unique())[1])
+    _plant_flips(d, sorted(pd.read_csv(d / RUN_FILES["attack_local"])["eps"].unique())[1])
     rep = audit(root, root / "audit")
     flipped = [c for c in rep["checks"] if c["check"] == "loact_certified_steps_not_flipped" and c["empirical_below"]]
     assert rep["verdict"] == "FAIL" and len(flipped) == 1 and flipped[0]["status"] == "violation"
 
 
+@pytest.mark.slow
 def test_auto_sizes_make_every_percentile_check_testable(pristine27, tmp_path):
     """attack.global_episodes: auto counts the chance-based tests the audit of the config will have (here
     exactly those of the 27-run folder, pooled counts included) and picks the fewest episodes whose percentile
@@ -548,6 +555,7 @@ def _null_pvalue(check: dict, rng) -> float:
     raise AssertionError(c)
 
 
+@pytest.mark.slow
 def test_sound_27_runs_fail_at_most_alpha_over_repeated_draws(pristine27, tmp_path):
     """False FAILs over repeated sound draws: every chance-based check of the 27-run folder redrawn at its
     bound (the attacked data as bad as a valid certificate allows, independently across checks), then the
@@ -585,9 +593,9 @@ def test_sound_27_runs_fail_at_most_alpha_over_repeated_draws(pristine27, tmp_pa
 def test_status_and_exit_codes(results, tmp_path):
     """Exit 0 on PASS/WARN, 1 on FAIL; --strict also 1 on WARN and on a differing reproduction row."""
     d = _run(results)
-    gre = pd.read_csv(d / "gre.csv")
+    gre = pd.read_csv(d / RUN_FILES["gre"])
     gre.loc[gre.index[-1], "expectation_bound"] = gre["expectation_bound"].iloc[-2] + 1.0  # deterministic
-    rewrite_csv(d / "gre.csv", gre)
+    rewrite_csv(d / RUN_FILES["gre"], gre)
     assert audit_cli(results, "--out-dir", tmp_path / "a") == 1
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert rep["verdict"] == "FAIL" and {c["status"] for c in rep["checks"]} <= {"ok", "violation", "suspicious",
@@ -658,7 +666,7 @@ def test_untestable_checks_say_why_even_at_the_edges():
 def test_edited_qrange_is_an_integrity_problem(results):
     """qrange.json carries no hash of its own, but LoAct recorded the sha256 of the one it read: an edit after
     use (a wider V range would loosen every bound) is caught."""
-    q = _run(results) / "qrange.json"
+    q = _run(results) / RUN_FILES["qrange"]
     data = json.loads(q.read_text())
     data["v_max"] = data["v_max"] + 5.0
     q.write_text(json.dumps(data))
@@ -719,7 +727,7 @@ def test_nothing_tested_is_not_pass_and_vote_runs_are_complete(pristine, tmp_pat
     src = _run(pristine)
     d = root / "CartPole-v0" / "StdTrain" / "sigma-0.1"
     d.mkdir(parents=True)
-    for f in ("loact.csv", "loact_episodes.csv", "certified_ratio.csv", "frames.npz"):
+    for f in (RUN_FILES["loact"], RUN_FILES["loact_episodes"], RUN_FILES["certified_ratio"], RUN_FILES["frames"]):
         for g in (src / f, src / f.replace(".csv", ".meta.json").replace(".npz", ".meta.json")):
             if g.is_file():
                 shutil.copy(g, d / g.name)
@@ -729,7 +737,7 @@ def test_nothing_tested_is_not_pass_and_vote_runs_are_complete(pristine, tmp_pat
 
     root = tmp_path / "vote"
     shutil.copytree(src, root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1")
-    (root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1" / "qrange.json").unlink()
+    (root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1" / RUN_FILES["qrange"]).unlink()
     rep = audit(root, root / "audit")
     assert rep["incomplete_runs"] == [] and rep["partial_runs"] == [] and rep["integrity_problems"] == 0
 
@@ -793,17 +801,18 @@ def _tiny_real_run(results: Path) -> Path:
     base = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--seed", "3", "--device", "cpu",
             "--checkpoint", str(ck), "--no-progress"]
     main(["qrange", *base, "--settings", json.dumps({"m": 100, "episodes": 1, "horizon": 5}),
-          "--out", str(d / "qrange.json")])
-    main(["loact", *base, "--qrange", str(d / "qrange.json"), "--settings",
-          json.dumps({"m": 100, "episodes": 1, "horizon": 5}), "--out", str(d / "loact.csv"),
-          "--out-episodes", str(d / "loact_episodes.csv"), "--out-ratio", str(d / "certified_ratio.csv"),
-          "--out-frames", str(d / "frames.npz")])
+          "--out", str(d / RUN_FILES["qrange"])])
+    main(["loact", *base, "--qrange", str(d / RUN_FILES["qrange"]), "--settings",
+          json.dumps({"m": 100, "episodes": 1, "horizon": 5}), "--out", str(d / RUN_FILES["loact"]),
+          "--out-episodes", str(d / RUN_FILES["loact_episodes"]), "--out-ratio", str(d / RUN_FILES["certified_ratio"]),
+          "--out-frames", str(d / RUN_FILES["frames"])])
     main(["attack-global", *base, "--settings", json.dumps({"episodes": 2, "eps_factors": [0.0, 0.5], "horizon": 5,
                                                             "n_eot": 2, "pgd_steps": 2}),
-          "--out", str(d / "attack_global.csv")])
+          "--out", str(d / RUN_FILES["attack_global"])])
     return d
 
 
+@pytest.mark.slow
 def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
     """`--rerun K` re-runs stage jobs from their recorded provenance: a sound folder re-runs byte-identical on
     the CPU; an attacked return changed after the run — with its recorded sha256 forged to match, so no
@@ -816,12 +825,12 @@ def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
     rr = rep["rerun"]
     assert (rr["checked"], rr["identical"], rr["differ"]) == (3, 3, 0) and rep["verdict"] != "FAIL"
     assert {j["stage"] for j in rr["jobs"]} == {"qrange", "loact", "attack_global"}
-    ag = pd.read_csv(d / "attack_global.csv")
+    ag = pd.read_csv(d / RUN_FILES["attack_global"])
     ag.loc[0, "return"] += 1.0
-    ag.to_csv(d / "attack_global.csv", index=False)
-    meta = read_json(d / "attack_global.meta.json")
-    meta["output"]["sha256"] = sha256_file(d / "attack_global.csv")
-    write_json(d / "attack_global.meta.json", meta)
+    ag.to_csv(d / RUN_FILES["attack_global"], index=False)
+    meta = read_json(d / meta_name(RUN_FILES["attack_global"]))
+    meta["output"]["sha256"] = sha256_file(d / RUN_FILES["attack_global"])
+    write_json(d / meta_name(RUN_FILES["attack_global"]), meta)
     assert audit(results, tmp_path / "b")["integrity_problems"] == 0      # invisible to the hashes
     assert audit_cli(results, "--rerun", "5", "--out-dir", tmp_path / "c") == 1
     rep = json.loads((tmp_path / "c" / "audit.json").read_text())
@@ -837,6 +846,7 @@ def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow
 def test_rerun_imports_no_module_the_folder_names(tmp_path, monkeypatch):
     """A received folder whose meta file records another env than its path (``evilmod:Evil-v0`` in a CartPole
     run) re-runs nothing: the job counts as differ, and the planted module — on the current directory, where
@@ -852,17 +862,18 @@ def test_rerun_imports_no_module_the_folder_names(tmp_path, monkeypatch):
     ck = layout.checkpoint_path(results, "CartPole-v1", "StdTrain")
     ck.parent.mkdir(parents=True)
     ck.write_bytes(b"x")
-    (d / "attack_global.csv").write_text("eps,episode,return\n0,0,1\n")
+    (d / RUN_FILES["attack_global"]).write_text("eps,episode,return\n0,0,1\n")
     settings = {"command": "attack-global", "env": "evilmod:Evil-v0", "algo": "StdTrain", "sigma": 0.2,
                 "checkpoint": "x", "out": "x.csv", "episodes": 1, "horizon": 1}
-    write_json(d / "attack_global.meta.json", {"settings": settings, "git_commit": _git_commit(), "device": "cpu"})
+    write_json(d / meta_name(RUN_FILES["attack_global"]),
+               {"settings": settings, "git_commit": _git_commit(), "device": "cpu"})
     rep = audit(results, tmp_path / "a", rerun=1)
     assert not marker.exists()
     job, = rep["rerun"]["jobs"]
     assert job["result"] == "differ" and "recorded env ('evilmod:Evil-v0')" in job["note"]
     assert rep["verdict"] == "FAIL"
     # the same record with the run's own env: the child starts isolated, so the module on the cwd stays unread
-    write_json(d / "attack_global.meta.json", {"settings": {**settings, "env": "CartPole-v1"},
+    write_json(d / meta_name(RUN_FILES["attack_global"]), {"settings": {**settings, "env": "CartPole-v1"},
                                                "git_commit": _git_commit(), "device": "cpu"})
     audit(results, tmp_path / "b", rerun=1)
     assert not marker.exists()
@@ -877,9 +888,9 @@ def test_rerun_counts_what_it_cannot_rerun(tmp_path):
     for env in ("CartPole-v1", "evilmod:Evil-v0"):
         d = layout.run_dir(results, env, "StdTrain", "0.2")
         d.mkdir(parents=True)
-        (d / "attack_global.csv").write_text("eps,episode,return\n0,0,1\n")
-    write_json(layout.run_dir(results, "CartPole-v1", "StdTrain", "0.2") / "attack_global.meta.json", {})
-    write_json(layout.run_dir(results, "evilmod:Evil-v0", "StdTrain", "0.2") / "attack_global.meta.json",
+        (d / RUN_FILES["attack_global"]).write_text("eps,episode,return\n0,0,1\n")
+    write_json(layout.run_dir(results, "CartPole-v1", "StdTrain", "0.2") / meta_name(RUN_FILES["attack_global"]), {})
+    write_json(layout.run_dir(results, "evilmod:Evil-v0", "StdTrain", "0.2") / meta_name(RUN_FILES["attack_global"]),
                {"settings": {"command": "attack-global", "env": "evilmod:Evil-v0", "algo": "StdTrain", "sigma": 0.2},
                 "git_commit": _git_commit(), "device": "cpu"})
     from crop.report.audit import verdict_of
@@ -935,22 +946,23 @@ def _near_tie(d, sigma: float) -> None:
     action there)."""
     from synthetic_results import margins
 
-    steps = pd.read_csv(d / "loact.csv")
+    steps = pd.read_csv(d / RUN_FILES["loact"])
     first = (steps["episode"] == steps["episode"].min()) & (steps["step"] == 0)
     steps.loc[first, "certified"], steps.loc[first, "radius"] = True, 1e-6 * sigma
     for k, v in margins(1e-6 * sigma, sigma).items():
         steps.loc[first, k] = v
-    rewrite_csv(d / "loact.csv", steps)
+    rewrite_csv(d / RUN_FILES["loact"], steps)
 
 
 def _plant_lore_at_zero(d, value: float) -> None:
     """The local attack's return from LoRe's initial state at ε = 0 set to ``value``."""
-    al = pd.read_csv(d / "attack_local.csv")
+    al = pd.read_csv(d / RUN_FILES["attack_local"])
     al["return"] = al["return"].astype(float)
     al.loc[al["same_start_as_lore"].astype(bool) & (al["eps"] == 0), "return"] = value
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
 
 
+@pytest.mark.slow
 def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_path):
     """A near-tie step on LoRe's initial episode made the ε = 0 LoRe check untestable (P[leave T_0] ≈ 1); J̲ is a
     step function, so the check is made over the tree of J̲(0)'s whole piece, where that step keeps both actions:
@@ -987,9 +999,9 @@ def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_pa
     # leave bound of about 0.84 that every attacked path pays there, so the check moves to the whole search's
     # piece J(1.5 sigma) = 1, whose tree excludes nothing (A = 0): decisive again, against a weaker bound.
     for d in runs:
-        meta = json.loads((d / "attack_local.meta.json").read_text())
+        meta = json.loads((d / meta_name(RUN_FILES["attack_local"])).read_text())
         meta["settings"]["m"] = 1
-        (d / "attack_local.meta.json").write_text(json.dumps(meta))  # the meta is not hashed
+        (d / meta_name(RUN_FILES["attack_local"])).write_text(json.dumps(meta))  # the meta is not hashed
         _plant_lore_at_zero(d, 4.5)  # below J(0) but not below J(1.5 sigma): not counted
     rep = audit(root, root / "audit")
     at0 = [c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["eps"] == 0]

@@ -6,6 +6,7 @@ import torch
 
 from crop.cli import main
 from crop.io import sha256_file, write_json
+from crop.layout import RUN_FILES
 from crop.models import CheckpointError, load_q_network, save_q_network
 
 from conftest import SHARED
@@ -28,7 +29,7 @@ def _qrange_args(model, out):
 
 def test_wrong_sha256_is_refused_and_nothing_written(tmp_path, mlp_factory, capsys):
     model = _policy(tmp_path, mlp_factory(hidden=(16,)), sha="0" * 64)
-    out = tmp_path / "qrange.json"
+    out = tmp_path / RUN_FILES["qrange"]
     with pytest.raises(SystemExit) as e:
         main(_qrange_args(model, out))
     assert e.value.code == 2
@@ -39,7 +40,7 @@ def test_wrong_sha256_is_refused_and_nothing_written(tmp_path, mlp_factory, caps
 
 def test_wrong_architecture_names_the_keys(tmp_path, mlp_factory, capsys):
     model = _policy(tmp_path, mlp_factory(hidden=(16, 16)))  # file has two hidden layers, spec one
-    out = tmp_path / "qrange.json"
+    out = tmp_path / RUN_FILES["qrange"]
     with pytest.raises(SystemExit):
         main(_qrange_args(model, out))
     err = capsys.readouterr().err
@@ -66,7 +67,7 @@ def test_nan_q_values_abort_with_the_state(tmp_path, mlp_factory, capsys):
     with torch.no_grad():
         net[0].bias.fill_(float("nan"))
     model = _policy(tmp_path, net)
-    out = tmp_path / "qrange.json"
+    out = tmp_path / RUN_FILES["qrange"]
     with pytest.raises(SystemExit) as e:
         main(_qrange_args(model, out))
     assert e.value.code == 1

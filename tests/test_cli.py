@@ -12,7 +12,8 @@ import pytest
 import crop
 from crop.cli import build_parser, main
 from crop.config import ALGORITHMS, load_config, load_schema
-from crop.io import sha256_file, write_json
+from crop.io import meta_name, sha256_file, write_json
+from crop.layout import RUN_FILES
 from crop.models import save_q_network
 from crop.stage_table import STAGES, stage_options, stage_settings
 
@@ -105,10 +106,10 @@ def _policy(d: Path):
     write_json(d / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
                                   "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
                                   "sha256": sha256_file(d / "model.pt")})
-    write_json(d / "qrange.json", {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.1, "v_min": -4.0,
+    write_json(d / RUN_FILES["qrange"], {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.1, "v_min": -4.0,
                                    "v_max": 4.0})
     return ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", str(d / "model.pt"),
-            "--qrange", str(d / "qrange.json"), "--no-progress"]
+            "--qrange", str(d / RUN_FILES["qrange"]), "--no-progress"]
 
 
 def test_settings_block_equals_the_flags_and_a_flag_wins(tmp_path):
@@ -129,9 +130,10 @@ def test_settings_block_equals_the_flags_and_a_flag_wins(tmp_path):
 
 def test_loact_writes_only_the_outputs_asked_for(tmp_path):
     base = _policy(tmp_path)
-    main(["loact", *base, "--m", "100", "--episodes", "1", "--horizon", "3", "--out", str(tmp_path / "loact.csv")])
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("loact")) == ["loact.csv",
-                                                                                         "loact.meta.json"]
+    main(["loact", *base, "--m", "100", "--episodes", "1", "--horizon", "3", "--out",
+          str(tmp_path / RUN_FILES["loact"])])
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("loact")) == [RUN_FILES["loact"],
+                                                                                         meta_name(RUN_FILES["loact"])]
     assert not list(tmp_path.glob("*.npz"))
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crop.config import ConfigError, load_config, targets, validate_config
+from crop.config import ConfigError, certifications, load_config, validate_config
+from crop.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -66,7 +67,7 @@ def test_probs_is_left_to_the_stage_for_a_file_whose_kind_is_not_known_yet():
 def test_defaults_are_filled_and_targets_listed():
     cfg = validate_config({"environments": {"CartPole-v0": {"algorithms": ["StdTrain"], "sigmas": [0.1, 1]}}})
     assert cfg["alpha"] == 0.05 and cfg["environments"]["CartPole-v0"]["gre"]["m"] == 10000
-    assert targets(cfg) == [("CartPole-v0", "StdTrain", "0.1"), ("CartPole-v0", "StdTrain", "1.0")]
+    assert certifications(cfg) == [("CartPole-v0", "StdTrain", "0.1"), ("CartPole-v0", "StdTrain", "1.0")]
 
 
 def test_default_and_shipped_configs_are_valid():
@@ -78,6 +79,7 @@ def test_default_and_shipped_configs_are_valid():
         load_config(REPO / f)
 
 
+@pytest.mark.slow
 def test_snakemake_refuses_bad_config_before_any_job(tmp_path):
     cfg = _bad(lambda c: c["environments"]["CartPole-v0"].update(sigmas=[-0.5]))
     cfg["results"] = str(tmp_path / "results")
@@ -169,6 +171,7 @@ def test_validate_config_refuses_hostile_values_in_one_line(text, message, tmp_p
     assert p.stderr.count("\n") == 1 and message in p.stderr, p.stderr
 
 
+@pytest.mark.slow
 def test_snakemake_refuses_nan_before_any_job(tmp_path):
     f = tmp_path / "nan.yaml"
     f.write_text(f"results: {tmp_path / 'results'}\n" + SMALL.replace("sigmas: [0.1]", "sigmas: [.nan]"))
@@ -181,6 +184,7 @@ def test_snakemake_refuses_nan_before_any_job(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_shell_metacharacters_in_paths_are_data(tmp_path, mlp_factory):
     """A real Snakemake run (the checkpoint and qrange jobs) with `$(…)`, backquotes, `;`, quotes and spaces in
     `results:` and in a policy file's path: nothing is executed, and every output lands at the path as written."""
@@ -197,13 +201,13 @@ def test_shell_metacharacters_in_paths_are_data(tmp_path, mlp_factory):
     assert validate_config(cfg)["results"] == results
     f = tmp_path / "hostile.yaml"
     f.write_text(yaml.safe_dump(cfg))
-    target = f"{results}/CartPole-v0/StdTrain/sigma-0.1/qrange.json"
+    target = f"{results}/CartPole-v0/StdTrain/sigma-0.1/{RUN_FILES['qrange']}"
     p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
                         "--configfile", str(f), "--directory", str(tmp_path), target],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     made = tmp_path / results / "CartPole-v0" / "StdTrain"
-    for out in ("checkpoint/model.pt", "checkpoint/model.json", "sigma-0.1/qrange.json"):
+    for out in ("checkpoint/model.pt", "checkpoint/model.json", f"sigma-0.1/{RUN_FILES['qrange']}"):
         assert (made / out).is_file(), out
     assert (tmp_path / results / "logs" / "CartPole-v0" / "StdTrain" / "checkpoint.log").is_file()
     assert json.loads((made / "checkpoint/model.json").read_text())["imported_from"]["path"] == str(policy)

@@ -4,6 +4,7 @@ import copy
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -73,9 +74,21 @@ def _dry_run(cfg, tmp_path):
         dag.execute_workflow(executor="dryrun")
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_configs())
 def test_every_config_is_accepted_or_refused_naming_a_field(cfg):
+    _accepted_or_refused_naming_a_field(cfg)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_configs())
+def test_a_few_configs_are_accepted_or_refused_naming_a_field(cfg):
+    """The fast run's counterpart of the test above, on fewer configs."""
+    _accepted_or_refused_naming_a_field(cfg)
+
+
+def _accepted_or_refused_naming_a_field(cfg):
     try:
         out = validate_config(cfg)
     except ConfigError as exc:
@@ -89,6 +102,7 @@ def test_every_config_is_accepted_or_refused_naming_a_field(cfg):
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
 @given(mutated_configs())
 def test_accepted_configs_build_their_dag(tmp_path, cfg):
     try:

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import yaml
 from crop import cost
 from crop.cli import main
 from crop.config import load_config, validate_config
+from crop.layout import RUN_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs" / "quickstart.yaml"
@@ -247,6 +249,23 @@ def test_paper_dry_run_asks_at_least_the_plan(tmp_path):
         assert runtime * 60 >= jobs[r, tuple(sorted(w.items()))].seconds, (r, w)
 
 
+def test_calibration_records_the_machine_and_times_after_a_warm_up():
+    """The fast counterpart of the calibration run below: the machine record, and a unit's time taken over
+    calls after the first (which pays for imports and caches)."""
+    from crop.calibrate import _best, machine
+
+    m = machine("cpu")
+    assert m["cores"] == os.cpu_count() and m["cpu"] and m["gpu"] is None
+    calls = []
+
+    def unit():
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.3)
+
+    assert _best(unit, repeats=3) < 0.3 and len(calls) == 4
+
+
 @pytest.mark.slow
 def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
     path = tmp_path / "calibration.json"
@@ -270,7 +289,7 @@ def test_a_finished_loact_narrows_lore_s_tree_only_with_a_largest_eps(tmp_path):
     cfg = _config(QUICK, results=str(tmp_path))
     full = lore_job(cfg)
     assert full.note == "1023 nodes"
-    loact = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.01" / "loact.csv"
+    loact = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.01" / RUN_FILES["loact"]
     loact.parent.mkdir(parents=True)
     loact.write_text("episode,step,certified,radius\n" + "".join(f"0,{i},1,{r}\n" for i, r in
                                                                    enumerate([0.0, 0.001, 0.05, 0.05])))
@@ -281,6 +300,7 @@ def test_a_finished_loact_narrows_lore_s_tree_only_with_a_largest_eps(tmp_path):
     assert narrowed.seconds < full.seconds
 
 
+@pytest.mark.slow
 def test_plan_imports_no_torch(tmp_path):
     """A planning command on a login node: no torch (seconds of imports) to price a config."""
     code = ("import sys; from crop.cli import main; main(['plan', '--configfile', sys.argv[1], '--json']); "

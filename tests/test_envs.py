@@ -69,6 +69,7 @@ def test_vector_cartpole_pool_matches_single_env():
             assert sr == r[i] and st == term[i]
 
 
+@pytest.mark.slow
 def test_spec_and_unknown_env():
     s = env_spec("CartPole-v0")
     assert s.n_actions == 2 and s.return_range(200) == (0.0, 200.0) and s.nonnegative_rewards
@@ -83,6 +84,7 @@ def test_spec_and_unknown_env():
     ("FreewayNoFrameskip-v4", "sa_dqn_freeway", (1, 84, 84), 3),
     ("FreewayNoFrameskip-v4", "cleanrl", (4, 84, 84), 3),
 ])
+@pytest.mark.slow
 def test_atari_profiles_and_faithful_snapshots(env_id, profile, shape, n):
     env = make_env(env_id, profile)
     obs, _ = env.reset(seed=2)
@@ -134,6 +136,7 @@ def _roms_present():
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _roms_present(), reason="ale-py's Pong ROM is not installed")
 @pytest.mark.parametrize("profile", ["cleanrl", "sa_dqn_pong", "radial"])
 def test_atari_pool_observations_equal_the_wrapper_stack(profile):

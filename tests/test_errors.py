@@ -34,6 +34,7 @@ def test_validate_config_as_a_command_has_no_traceback(tmp_path):
     assert p.returncode == 2 and "Traceback" not in p.stderr and "no such config file" in p.stderr
 
 
+@pytest.mark.slow
 def test_a_misspelt_key_is_named_with_its_close_match(tmp_path):
     cfg = yaml.safe_load(SMOKE.read_text())
     ec = cfg["environments"]["CartPole-v0"]

@@ -7,6 +7,7 @@ import pytest
 
 from crop.cli import main
 from crop.io import atomic_write_bytes
+from crop.layout import RUN_FILES
 
 from synthetic_results import make_results
 
@@ -17,23 +18,25 @@ def results(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_truncated_intermediate_is_refused_before_aggregation(results, capsys):
-    f = results / "CartPole-v0/StdTrain/sigma-0.1/loact.csv"
+    f = results / f"CartPole-v0/StdTrain/sigma-0.1/{RUN_FILES['loact']}"
     data = f.read_bytes()
     f.write_bytes(data[: len(data) // 2])  # half a loact.csv, as a crash of a careless writer would leave
     with pytest.raises(SystemExit) as e:
         main(["aggregate", str(results)])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "loact.csv" in err and "truncated or modified" in err
+    assert RUN_FILES["loact"] in err and "truncated or modified" in err
     # the fix, since Snakemake will not recompute a file that exists and is newer than its inputs
     assert "delete it and rerun the workflow (or `snakemake --forcerun loact`)" in err
     assert err.count("\n") == 1, err
     assert not list((results / "figures").glob("*.png")) if (results / "figures").exists() else True
 
 
-@pytest.mark.parametrize("name, rule", [("gre_returns.csv", "gre"), ("certified_ratio.csv", "loact"),
-                                        ("attack_global.csv", "attack_global"), ("lore.csv", "lore")])
+@pytest.mark.parametrize("name, rule", [(RUN_FILES["gre_returns"], "gre"), (RUN_FILES["certified_ratio"], "loact"),
+                                        (RUN_FILES["attack_global"], "attack_global"), (RUN_FILES["lore"], "lore")])
+@pytest.mark.slow
 def test_a_modified_file_names_the_rule_that_recomputes_it(results, name, rule):
     from crop.report.integrity import check_integrity
 
@@ -47,7 +50,7 @@ def test_a_modified_file_names_the_rule_that_recomputes_it(results, name, rule):
 def test_a_full_disk_leaves_no_partial_file(tmp_path, monkeypatch):
     import crop.io as cio
 
-    target = tmp_path / "out" / "loact.csv"
+    target = tmp_path / "out" / RUN_FILES["loact"]
     monkeypatch.setattr(cio.os, "fdopen", lambda fd, mode: _Full(fd))  # the disk fills up on write
     with pytest.raises(OSError, match="No space left"):
         atomic_write_bytes(target, b"x" * 1000)
@@ -64,13 +67,13 @@ def test_cli_reports_a_full_disk_in_one_line(tmp_path, monkeypatch, capsys, mlp_
                                          "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
                                          "sha256": sha256_file(tmp_path / "model.pt")})
     monkeypatch.setattr(cio.os, "fdopen", lambda fd, mode: _Full(fd))
-    out = tmp_path / "qrange.json"
+    out = tmp_path / RUN_FILES["qrange"]
     with pytest.raises(SystemExit) as e:
         main(["qrange", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint",
               str(tmp_path / "model.pt"), "--m", "20", "--episodes", "1", "--horizon", "3", "--out", str(out)])
     assert e.value.code == 1
     err = capsys.readouterr().err
-    assert "cannot write" in err and "qrange.json" in err and "No space left on device" in err
+    assert "cannot write" in err and RUN_FILES["qrange"] in err and "No space left on device" in err
     assert "Traceback" not in err and not out.exists()
 
 
@@ -103,6 +106,7 @@ def _immutable(path, on: bool) -> bool:
     return subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_read_only_results_folder_is_one_clear_error(tmp_path):
     """An unwritable results folder stops the workflow before any job, naming the folder."""
     import subprocess
@@ -126,6 +130,7 @@ def test_read_only_results_folder_is_one_clear_error(tmp_path):
     assert not any(res.iterdir())
 
 
+@pytest.mark.slow
 def test_second_workflow_on_the_same_folder_is_stopped_by_the_lock(tmp_path):
     import subprocess
     import sys

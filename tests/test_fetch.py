@@ -50,6 +50,7 @@ def serve():
         s.server_close()
 
 
+@pytest.mark.slow
 @needs_shared
 def test_fetch_through_the_cli_from_a_mirror(tmp_path, serve):
     mirror = serve(CKPTS)
@@ -80,6 +81,7 @@ def test_wrong_sha256_is_refused_and_leaves_no_file(tmp_path, serve, monkeypatch
     assert not any((tmp_path / "cache").glob("*")), "a file with the wrong hash stayed in the cache"
 
 
+@pytest.mark.slow
 @needs_shared
 def test_every_published_highway_checkpoint_loads_and_plays(tmp_path, serve):
     mirror = serve(CKPTS)
@@ -244,6 +246,7 @@ def test_offline_fetch_says_to_use_a_mirror(tmp_path, capsys, monkeypatch):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @needs_shared
 def test_fetched_model_json_records_the_clean_greedy_return(tmp_path):
     out = tmp_path / "ck" / "model.pt"

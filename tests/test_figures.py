@@ -14,6 +14,8 @@ from matplotlib.colors import to_hex
 from crop import layout
 from crop.config import ALGORITHMS
 from crop.gre import gre_bounds
+from crop.io import meta_name
+from crop.layout import RUN_FILES
 from crop.report import aggregate as agg
 from crop.report import figures, style, tables
 from crop.report.metrics import load_runs, mean_radius, metric_value, per_step_mean_radius
@@ -49,6 +51,7 @@ def _text_outside_math(label: str) -> str:
     return re.sub(r"\$[^$]*\$", "", label)
 
 
+@pytest.mark.slow
 def test_axis_labels_are_math_text(nine):
     *_, figs = nine
     seen = set()
@@ -72,6 +75,7 @@ def test_axis_labels_are_math_text(nine):
                 assert label.get_math_fontfamily() == "cm", (stem, label.get_text())
 
 
+@pytest.mark.slow
 def test_one_colour_and_marker_per_algorithm_all_distinct(nine):
     *_, figs = nine
     assert list(style.ALGO_COLORS) == ALGORITHMS
@@ -130,6 +134,7 @@ def test_colours_stay_distinct_under_colour_vision_deficiencies():
     assert _lab(style.ALGO_COLORS["StdTrain"])[0] == min(_lab(c)[0] for c in style.ALGO_COLORS.values())
 
 
+@pytest.mark.slow
 def test_attack_lines_dashed_above_the_bounds_and_in_the_legend(nine):
     *_, figs = nine
     checked = 0
@@ -162,20 +167,21 @@ def _flat_results(root):
     algorithm that certifies no step (radius 0 everywhere)."""
     runs = make_results(root, {CART: {"StdTrain": [0.1], "CARRL": [0.1]}})
     for (_, algo, _), d in runs.items():
-        ep = pd.read_csv(d / "loact_episodes.csv")
+        ep = pd.read_csv(d / RUN_FILES["loact_episodes"])
         ep["return"] = 40.0
-        rewrite_csv(d / "loact_episodes.csv", ep)
-        rewrite_csv(d / "lore.csv", pd.DataFrame({"eps": [0.0], "lower_bound": [6.0]}))
-        al = pd.read_csv(d / "attack_local.csv")
+        rewrite_csv(d / RUN_FILES["loact_episodes"], ep)
+        rewrite_csv(d / RUN_FILES["lore"], pd.DataFrame({"eps": [0.0], "lower_bound": [6.0]}))
+        al = pd.read_csv(d / RUN_FILES["attack_local"])
         al["return"] = 6.0
-        rewrite_csv(d / "attack_local.csv", al)
+        rewrite_csv(d / RUN_FILES["attack_local"], al)
         if algo == "CARRL":
-            st = pd.read_csv(d / "loact.csv")
+            st = pd.read_csv(d / RUN_FILES["loact"])
             st["radius"], st["certified"] = 0.0, False
-            rewrite_csv(d / "loact.csv", st)
+            rewrite_csv(d / RUN_FILES["loact"], st)
     return runs
 
 
+@pytest.mark.slow
 def test_flat_series_get_sensible_y_limits(tmp_path):
     runs = _flat_results(tmp_path)
     data = load_runs(tmp_path, runs_of(runs))
@@ -196,6 +202,7 @@ def test_flat_series_get_sensible_y_limits(tmp_path):
         _close_all(figs)
 
 
+@pytest.mark.slow
 def test_sigma_ticks_are_horizontal_and_do_not_overlap(tmp_path):
     sigmas = [0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1]
     runs = make_results(tmp_path, {CART: {"StdTrain": sigmas}})
@@ -215,19 +222,20 @@ def test_sigma_ticks_are_horizontal_and_do_not_overlap(tmp_path):
         matplotlib.pyplot.close(fig)
 
 
+@pytest.mark.slow
 def test_gre_curves_span_the_attack_range(tmp_path):
     """GRe computed up to 0.05σ, the global attack up to 0.4σ: the bound is drawn to 0.4σ, equal to the
     certifier's own formulas (crop.gre.gre_bounds) on the whole grid, and the vacuous median as J_min."""
     sigma = 0.1
     runs = make_results(tmp_path, {CART: {"StdTrain": [sigma]}})
     d = runs[(CART, "StdTrain", repr(sigma))]
-    returns = pd.read_csv(d / "gre_returns.csv")["return"].to_numpy()
+    returns = pd.read_csv(d / RUN_FILES["gre_returns"])["return"].to_numpy()
     j_min, j_max = 0.0, 40.0
     kw = dict(sigma=sigma, horizon=30, alpha=0.05, percentiles=[0.5], j_min=j_min, j_max=j_max)
-    rewrite_csv(d / "gre.csv", gre_bounds(returns, eps_grid=[0.0, 0.002, 0.005], **kw))
-    ag = pd.read_csv(d / "attack_global.csv")
+    rewrite_csv(d / RUN_FILES["gre"], gre_bounds(returns, eps_grid=[0.0, 0.002, 0.005], **kw))
+    ag = pd.read_csv(d / RUN_FILES["attack_global"])
     ag["eps"] = ag["eps"] * 2.0  # the attack's grid now reaches 0.4σ
-    rewrite_csv(d / "attack_global.csv", ag)
+    rewrite_csv(d / RUN_FILES["attack_global"], ag)
     data = load_runs(tmp_path, runs_of(runs))
     run = data[(CART, "StdTrain", repr(sigma))]
     for kind, col in (("mean", "expectation_bound"), ("median", "percentile_bound")):
@@ -286,16 +294,17 @@ def test_per_step_mean_over_the_episodes_still_running():
     assert list(c["averaged"]) == [1, 1, 1] and list(z["averaged"]) == [2, 2, 1]
 
 
+@pytest.mark.slow
 def test_tables_give_both_conventions(tmp_path):
     runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "CARRL": [0.1]}})
     std = runs[(CART, "StdTrain", "0.1")]
-    base = pd.read_csv(std / "loact.csv").iloc[:0]
+    base = pd.read_csv(std / RUN_FILES["loact"]).iloc[:0]
     planted = _planted_steps()
-    rewrite_csv(std / "loact.csv", pd.concat([base, planted], ignore_index=True)
+    rewrite_csv(std / RUN_FILES["loact"], pd.concat([base, planted], ignore_index=True)
                 .assign(action=0, reward=1.0, q_top=1.0, q_runner_up=0.5, q_top_lower=0.9, q_others_upper_max=0.6))
     carrl = runs[(CART, "CARRL", "0.1")]
-    st = pd.read_csv(carrl / "loact.csv")
-    rewrite_csv(carrl / "loact.csv", st.assign(certified=False, radius=0.0))
+    st = pd.read_csv(carrl / RUN_FILES["loact"])
+    rewrite_csv(carrl / RUN_FILES["loact"], st.assign(certified=False, radius=0.0))
     data = load_runs(tmp_path, runs_of(runs))
     assert metric_value(data[(CART, "StdTrain", "0.1")], "mean_radius") == pytest.approx(0.24)
     assert metric_value(data[(CART, "StdTrain", "0.1")], "mean_radius_certified") == pytest.approx(0.4)
@@ -323,6 +332,7 @@ def test_tables_give_both_conventions(tmp_path):
 
 # ------------------------------------------------------------------ vacuous bounds (issue 17 item 5)
 
+@pytest.mark.slow
 def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
     """Theorem 2's linear bound falls below J_min at large ε: the tables report J_min, marked † (Markdown)
     or a dagger (LaTeX), keep the raw value in the CSV's expectation_bound_raw, and the tightness against the
@@ -330,13 +340,13 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
     sigma = 0.1
     runs = make_results(tmp_path, {CART: {"StdTrain": [sigma]}})
     d = runs[(CART, "StdTrain", repr(sigma))]
-    returns = pd.read_csv(d / "gre_returns.csv")["return"].to_numpy()
+    returns = pd.read_csv(d / RUN_FILES["gre_returns"])["return"].to_numpy()
     j_min = 0.0
     kw = dict(sigma=sigma, horizon=30, alpha=0.02, percentiles=[0.5], j_min=j_min, j_max=40.0)
     gre = gre_bounds(returns, eps_grid=[0.0, 0.005, 0.02], **kw)
     raw = gre.drop_duplicates("eps").set_index("eps")["expectation_bound"]
     assert raw.loc[0.02] < j_min < raw.loc[0.0]  # the precondition: one vacuous ε, one not
-    rewrite_csv(d / "gre.csv", gre)
+    rewrite_csv(d / RUN_FILES["gre"], gre)
     data = load_runs(tmp_path, runs_of(runs))
     by_name = tables.env_tables(CART, data, [0.0, 0.2])
     rb, _ = by_name["reward_bounds"]
@@ -370,6 +380,7 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
         _close_all(figs)
 
 
+@pytest.mark.slow
 def test_a_truncated_lore_bound_is_marked(tmp_path):
     """A bounded LoRe search that spent its node budget (lore.meta.json truncated: true): the reward-bounds
     table gets a lore_truncated column true on its rows only, the caption says what it means, and the
@@ -379,7 +390,7 @@ def test_a_truncated_lore_bound_is_marked(tmp_path):
     runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "SA-DQN": [0.1]}})
     clean, _ = tables.env_tables(CART, load_runs(tmp_path, runs_of(runs)), [0.0])["reward_bounds"]
     assert "lore_truncated" not in clean
-    meta = runs[(CART, "SA-DQN", "0.1")] / "lore.meta.json"
+    meta = runs[(CART, "SA-DQN", "0.1")] / meta_name(RUN_FILES["lore"])
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "nodes": 40, "truncated": True}))
     data = load_runs(tmp_path, runs_of(runs))
     rb, caption = tables.env_tables(CART, data, [0.0])["reward_bounds"]
@@ -409,6 +420,7 @@ def two_targets(tmp_path_factory):
     _close_all(figs)
 
 
+@pytest.mark.slow
 def test_targets_of_one_label_have_distinct_colour_blind_safe_styles(two_targets):
     _, figs = two_targets
     probs, vote = style.series_color("MyPPO@probs"), style.series_color("MyPPO@vote")
@@ -434,6 +446,7 @@ def test_identical_curves_are_drawn_once_and_named(two_targets):
     assert "bound:MyPPO@probs" in gids and "bound:MyPPO@vote" in gids
 
 
+@pytest.mark.slow
 def test_the_certified_ratio_axis_fits_the_data(nine):
     _, _, data, figs = nine
     ax = figs["CartPole_certified_ratio_sigma-0.1"].axes[0]
@@ -446,13 +459,14 @@ def test_the_certified_ratio_axis_fits_the_data(nine):
     assert shown > 0
 
 
+@pytest.mark.slow
 def test_only_rows_at_or_above_the_stopping_eps_are_marked_truncated(tmp_path):
     """lore.meta.json's exact_below_eps: the pairs below it are the full search's, so a row at a smaller ε is
     not marked; a run that records no such ε is marked at every ε."""
     import json
 
     runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "SA-DQN": [0.1]}})
-    meta = runs[(CART, "SA-DQN", "0.1")] / "lore.meta.json"
+    meta = runs[(CART, "SA-DQN", "0.1")] / meta_name(RUN_FILES["lore"])
     base = json.loads(meta.read_text())
     for exact_below, marked in ((0.05, [False, True, True]), (None, [True, True, True]), (0.0, [True, True, True])):
         meta.write_text(json.dumps({**base, "nodes": 40, "truncated": True, "exact_below_eps": exact_below}))

@@ -35,6 +35,7 @@ def test_lockstep_returns_equal_single_trajectories(mlp_factory):
     assert len(set(expected)) > 1, "trajectories of different lengths make the test bite"
 
 
+@pytest.mark.slow
 def test_cartpole_initial_states_per_seed_and_reset_distribution():
     """A seed's start does not depend on the other seeds asked for (also across a group's edge), and the
     starts have CartPole's reset distribution: uniform on [-0.05, 0.05]^4 (Kolmogorov-Smirnov per coordinate)."""
@@ -82,6 +83,7 @@ def test_returns_outside_the_declared_range_are_refused():
                    percentiles=[0.5], j_min=0.0, j_max=200.0)
 
 
+@pytest.mark.slow
 def test_sharded_environments_give_the_same_returns(mlp_factory):
     """Spreading GRe's environments over worker processes changes nothing but the speed."""
     net = mlp_factory(n_in=25, n_out=5, hidden=(16,), seed=2)
@@ -91,6 +93,7 @@ def test_sharded_environments_give_the_same_returns(mlp_factory):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_blocks_of_trajectories_change_nothing_on_the_env_pool(mlp_factory):
     """Stepping the trajectories in blocks (bounded memory) changes nothing: each keeps its environment
     seed and its own noise (σ large enough for the noise to decide actions)."""
@@ -142,6 +145,7 @@ def test_trajectory_noise_is_per_trajectory_and_standard_normal():
     assert not torch.equal(full[0][0], full[1][0]) and not torch.equal(full[0][0], full[0][1])
 
 
+@pytest.mark.slow
 def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
     """GRe's Atari copies run in AtariPool (pixels through shared memory): for the same seeds its trajectories
     are EnvPool's, observation for observation and return for return (Pong, cleanrl profile), also when the

@@ -39,7 +39,8 @@ import pytest
 import yaml
 
 from crop import layout
-from crop.io import sha256_file
+from crop.io import meta_name, sha256_file
+from crop.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
@@ -207,7 +208,8 @@ def _planned_resources(cfg_path: Path, cfg: dict, tmp_path: Path) -> dict[str, s
     return dict(rules)
 
 
-@pytest.mark.parametrize("device, gpus", [("cpu", 0), ("auto", 1), ("cuda", 1)])
+@pytest.mark.parametrize("device, gpus", [("cpu", 0), pytest.param("auto", 1, marks=pytest.mark.slow),
+                                          pytest.param("cuda", 1, marks=pytest.mark.slow)])
 def test_certification_rules_ask_for_a_gpu_only_where_they_may_use_one(device, gpus, tmp_path):
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["device"] = device
@@ -231,13 +233,13 @@ def test_comparison_sees_results_and_settings_not_run_provenance(tmp_path):
         run = work / "r" / ENV / ALGO / f"sigma-{SIGMA}"
         run.mkdir(parents=True)
         q = {"v_min": 0.0, "provenance": {"finished_utc": when, "argv": [argv]}}
-        (run / "qrange.json").write_text(json.dumps(q))
-        (run / "loact.csv").write_text(f"eps,radius\n0,{value}\n")
+        (run / RUN_FILES["qrange"]).write_text(json.dumps(q))
+        (run / RUN_FILES["loact"]).write_text(f"eps,radius\n0,{value}\n")
         meta = {"settings": {"m": m}, "runtime_s": 1.0, "finished_utc": when, "argv": [argv],
-                "inputs": {"qrange": {"path": f"r/{ENV}/{ALGO}/sigma-{SIGMA}/qrange.json",
-                                      "sha256": sha256_file(run / "qrange.json")}},
-                "output": {"file": "loact.csv", "sha256": sha256_file(run / "loact.csv")}}
-        (run / "loact.meta.json").write_text(json.dumps(meta))
+                "inputs": {"qrange": {"path": f"r/{ENV}/{ALGO}/sigma-{SIGMA}/{RUN_FILES['qrange']}",
+                                      "sha256": sha256_file(run / RUN_FILES["qrange"])}},
+                "output": {"file": RUN_FILES["loact"], "sha256": sha256_file(run / RUN_FILES["loact"])}}
+        (run / meta_name(RUN_FILES["loact"])).write_text(json.dumps(meta))
         return result_digests(work, cfg)
 
     base = write(tmp_path / "a")
@@ -339,5 +341,6 @@ def test_container_runs_the_target_via_sdm_apptainer_with_local_results(containe
     image_python = subprocess.run(["podman", "run", "--rm", "--network=none", IMAGE, "python", "-c",
                                    "import platform; print(platform.python_version())"], capture_output=True,
                                   text=True, check=True, env=container_image).stdout.strip()
-    meta = json.loads((work / cfg["results"] / ENV / ALGO / f"sigma-{SIGMA}" / "loact.meta.json").read_text())
+    run = work / cfg["results"] / ENV / ALGO / f"sigma-{SIGMA}"
+    meta = json.loads((run / meta_name(RUN_FILES["loact"])).read_text())
     assert meta["versions"]["python"] == image_python

@@ -18,6 +18,7 @@ from crop.cli import main
 from crop.config import ConfigError, validate_config
 from crop.importing import PolicyImportError, import_policy
 from crop.io import derive_seed, sha256_file
+from crop.layout import RUN_FILES
 from crop.models import load_q_network
 from crop.train import greedy_returns
 
@@ -140,7 +141,7 @@ def test_imported_checkpoint_is_certified_by_the_certifiers(tmp_path):
     src_net = _mlp([4, 16, 2], seed=5)
     torch.save(src_net.state_dict(), tmp_path / "mine.pt")
     out, _ = _import(tmp_path, tmp_path / "mine.pt", episodes="1")
-    q = tmp_path / "qrange.json"
+    q = tmp_path / RUN_FILES["qrange"]
     main(["qrange", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", str(out),
           "--m", "20", "--episodes", "1", "--horizon", "5", "--out", str(q)])
     assert json.loads(q.read_text())["checkpoint_sha256"] == sha256_file(out)
@@ -224,6 +225,7 @@ def test_config_source_file_is_validated(tmp_path):
         validate_config(_file_config(tmp_path, arch="mlp"))
 
 
+@pytest.mark.slow
 def test_snakemake_dry_run_plans_the_import(tmp_path):
     _sb3_zip(tmp_path / "dqn_cartpole.zip", _mlp([4, 64, 64, 2], 0), _mlp([4, 64, 64, 2], 1))
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(_file_config(tmp_path, format="sb3")))

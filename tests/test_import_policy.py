@@ -90,6 +90,7 @@ def test_sb3_a2c_with_relu_from_its_policy_kwargs(tmp_path):
         import_policy(_sb3_zip(tmp_path / "elu.zip", state, kwargs), "mlp")
 
 
+@pytest.mark.slow
 def test_sb3_ppo_cnn_policy_maps_onto_nature_cnn(tmp_path):
     """CnnPolicy: the NatureCNN features extractor (shared: also under pi_/vf_features_extractor), no policy
     layers in mlp_extractor, action_net on its 512 features; the value head is dropped."""
@@ -158,6 +159,7 @@ def _import_ppo(tmp_path):
     return out, logits
 
 
+@pytest.mark.slow
 def test_certifiers_smooth_a_policy_networks_probabilities_and_refuse_q(tmp_path, capsys):
     out, logits = _import_ppo(tmp_path)
     rec = json.loads(out.with_suffix(".json").read_text())
@@ -232,6 +234,7 @@ def test_an_actor_critic_whose_activation_the_file_does_not_tell_needs_it_given(
     _same_logits(net, actor)
 
 
+@pytest.mark.slow
 def test_sb3_layouts_crop_cannot_smooth_as_they_were_trained_are_refused(tmp_path):
     """SB3 < 1.8's shared_net, a continuous-action policy (log_std) and a CnnPolicy trained on raw pixels
     (normalize_images False) are each refused in one line."""

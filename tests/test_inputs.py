@@ -16,6 +16,7 @@ from test_import_policy import _sb3_mlp_policy, _sb3_zip
 
 from crop.cli import main
 from crop.config import ConfigError, check_policy_files, load_config, validate_config
+from crop.layout import RUN_FILES
 from crop.models import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +86,7 @@ def test_validate_config_opens_every_policy_file(tmp_path, capsys):
     assert "valid (1 certification targets)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_snakemake_refuses_a_missing_policy_file_before_any_job(tmp_path):
     f = _config(tmp_path, {"Mine": tmp_path / "absent.zip"})
     p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1", "-n",
@@ -201,6 +203,7 @@ def test_a_target_that_does_not_fit_the_network_is_refused_at_validation(tmp_pat
     assert "valid" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_workflow_plans_probs_for_a_policy_network(tmp_path):
     """No qrange job for a policy network with no target: its runs smooth probs (ENV/ALGO@probs)."""
     f = _config(tmp_path, {"MyPPO": _ppo(tmp_path / "ppo.zip", 6, 3)})
@@ -209,14 +212,16 @@ def test_the_workflow_plans_probs_for_a_policy_network(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "crop qrange" not in p.stdout and "rule qrange" not in p.stdout
-    assert "MyPPO@probs/sigma-0.1/loact.csv" in p.stdout and "--target probs" in p.stdout
+    assert f"MyPPO@probs/sigma-0.1/{RUN_FILES['loact']}" in p.stdout and "--target probs" in p.stdout
 
 
+@pytest.mark.slow
 def test_gre_by_hand_refuses_a_reward_range_whose_returns_overflow(tmp_path, capsys):
     big = "9" * 308   # 1e308 written as argparse takes a negative number
     err = _one_line(["gre", "--env", "Acrobot-v1", "--algo", "Mine", "--sigma", "0.1", "--checkpoint",
                      str(tmp_path / "model.pt"), "--reward-range", "-" + big, big, "--out",
-                     str(tmp_path / "out" / "gre.csv"), "--out-returns", str(tmp_path / "out" / "r.csv")], capsys)
+                     str(tmp_path / "out" / RUN_FILES["gre"]), "--out-returns", str(tmp_path / "out" / "r.csv")],
+                    capsys)
     assert "--reward-range: [-1e+308, 1e+308] over 200 steps gives [J_min, J_max] = [-inf, inf], not finite" in err, err
     assert not (tmp_path / "out").exists()
 
@@ -238,6 +243,7 @@ def test_results_follow_the_umask(umask, mode, tmp_path):
         assert (tmp_path / f).stat().st_mode & 0o777 == mode, f
 
 
+@pytest.mark.slow
 def test_an_imported_checkpoint_follows_the_umask(tmp_path):
     src = _dqn(tmp_path / "dqn.pt", (4, 16, 2))
     p = subprocess.run(f"umask 022 && {sys.executable} -m crop.cli import --env CartPole-v0 --algo Mine --file "
@@ -307,6 +313,7 @@ def test_report_params_are_words_and_the_captions_still_read_them():
     assert "α = 0.05" in text and "``paper``" in text
 
 
+@pytest.mark.slow
 def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
     """A policy network's run (ENV/ALGO@probs/sigma-S) has no qrange stage: the audit takes it as complete."""
     import shutil
@@ -321,7 +328,7 @@ def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
     probs = tmp_path / run.replace("MyPPO", "MyPPO@probs")
     probs.parent.mkdir(parents=True)
     shutil.move(tmp_path / run, probs)
-    (probs / "qrange.json").unlink(missing_ok=True)
+    (probs / RUN_FILES["qrange"]).unlink(missing_ok=True)
     full, absent, half = stages_present(probs)
     assert "qrange" not in full + absent and not half
     rep = audit(tmp_path, tmp_path / "audit")

@@ -10,20 +10,23 @@ from pathlib import Path
 
 import pytest
 
+from crop import stage_table
+from crop.io import meta_name
+from crop.layout import RUN_FILES
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "tests" / "configs" / "kill.yaml"
-STAGES = ["checkpoint", "qrange", "loact", "gre", "lore", "attack-local", "attack-global"]
+STAGES = ["checkpoint", *stage_table.STAGES]
 # Files whose bytes are results; provenance (.meta.json, qrange.json/model.json/audit: runtimes, paths,
 # timestamps), logs and benchmarks legitimately differ between runs.
-VOLATILE = (".meta.json", "qrange.json", "model.json", "audit.json", "audit.md")
+VOLATILE = (".meta.json", RUN_FILES["qrange"], "model.json", "audit.json", "audit.md")
 
 
 # What each stage writes: the target of the run that is killed during that stage, so that the stage runs
 # (after its inputs) whatever order the scheduler picks among independent jobs.
 RUN = "results-kill/CartPole-v0/StdTrain/sigma-0.05"
-TARGETS = {"checkpoint": "results-kill/CartPole-v0/StdTrain/checkpoint/model.pt", "qrange": f"{RUN}/qrange.json",
-           "loact": f"{RUN}/loact.csv", "gre": f"{RUN}/gre.csv", "lore": f"{RUN}/lore.csv",
-           "attack-local": f"{RUN}/attack_local.csv", "attack-global": f"{RUN}/attack_global.csv"}
+TARGETS = {"checkpoint": "results-kill/CartPole-v0/StdTrain/checkpoint/model.pt",
+           **{name: f"{RUN}/{row.outputs[0].file}" for name, row in stage_table.STAGES.items()}}
 
 
 def _cmd(work, *targets):
@@ -84,6 +87,24 @@ def run_and_kill_during(work, stage: str, after: float = 2.5) -> bool:
             p.wait()
 
 
+def test_the_comparison_sees_a_result_byte_and_skips_provenance_and_logs(tmp_path):
+    """What the kill tests compare (the fast counterpart of the slow runs below): every result byte, not the
+    provenance, logs or benchmarks that legitimately differ between runs."""
+    run = tmp_path / "CartPole-v0" / "StdTrain" / "sigma-0.05"
+    run.mkdir(parents=True)
+    for name in (RUN_FILES["loact"], meta_name(RUN_FILES["loact"]), RUN_FILES["qrange"]):
+        (run / name).write_text("1\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "loact.log").write_text("took 3 s\n")
+    before = result_hashes(tmp_path)
+    assert list(before) == [f"CartPole-v0/StdTrain/sigma-0.05/{RUN_FILES['loact']}"]
+    (run / meta_name(RUN_FILES["loact"])).write_text("2\n")
+    (tmp_path / "logs" / "loact.log").write_text("took 4 s\n")
+    assert result_hashes(tmp_path) == before
+    (run / RUN_FILES["loact"]).write_text("2\n")
+    assert result_hashes(tmp_path) != before
+
+
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
     work = tmp_path_factory.mktemp("clean")
@@ -141,5 +162,5 @@ def test_a_retry_after_a_wall_time_kill_resumes_lore(clean, tmp_path):
     assert "attempt 2" in out.lower() or "restart" in out.lower(), out[-3000:]  # the retry ran the job again
     lore = Path(TARGETS["lore"])
     assert (tmp_path / lore).read_bytes() == (clean / lore).read_bytes()
-    meta = json.loads((tmp_path / lore.with_name("lore.meta.json")).read_text())
+    meta = json.loads((tmp_path / lore.with_name(meta_name(RUN_FILES["lore"]))).read_text())
     assert meta["search"]["resumed"] is True and not (tmp_path / f"{lore}.resume").exists()

@@ -38,6 +38,7 @@ def _q_right(steps):
     return np.where(right, steps["q_top"].to_numpy(), steps["q_runner_up"].to_numpy())
 
 
+@pytest.mark.slow
 def test_lockstep_smooths_every_live_episode_in_one_call_and_is_deterministic():
     steps, eps, calls = _run(1, True)
     assert len(calls) == eps["steps"].max() and sum(calls) == len(steps) == eps["steps"].sum()
@@ -60,6 +61,7 @@ def test_pipelined_halves_alternate_and_are_deterministic():
     assert calls == calls2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_lockstep_equals_episode_by_episode_in_distribution(pipeline):
     """Same episode seeds: while the two runs take the same actions they visit the same states, and their

@@ -92,6 +92,7 @@ def brute_force(make, sm, horizon, eps, gamma=1.0, seed=0):
 
 @pytest.mark.parametrize("signed,prune,repeat", [(False, True, False), (False, False, False),
                                                  (True, False, False), (False, True, True)])
+@pytest.mark.slow
 def test_lore_equals_brute_force(mlp_factory, signed, prune, repeat):
     horizon = 6
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
@@ -117,6 +118,7 @@ def test_lore_bound_at_respects_search_limit():
     assert math.isnan(lore_bound_at(t, 0.8, valid_until=0.8))
 
 
+@pytest.mark.slow
 def test_lore_on_cartpole_equals_brute_force(mlp_factory):
     """CartPole: the real environment, deepcopy snapshots of the wrapped env, terminal rewards kept."""
     from crop.envs import make_env
@@ -131,6 +133,7 @@ def test_lore_on_cartpole_equals_brute_force(mlp_factory):
         assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, horizon, eps, seed=3)), eps
 
 
+@pytest.mark.slow
 def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
     """alpha_mode family: the i-th distinct state smoothed gets α·6/(π² i²); the outputs report what was
     spent, and the tree's joint confidence is ≥ 1 − α however many states were smoothed.  The search itself
@@ -147,7 +150,7 @@ def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
     schedule = [alpha * 6 / (math.pi ** 2 * i * i) for i in range(1, n + 1)]
     assert n > 3 and sm.alphas == pytest.approx(schedule)
     assert info["alpha_spent"] == pytest.approx(sum(schedule)) and info["alpha_spent"] <= alpha
-    assert info["confidence_tree"] == pytest.approx(1 - sum(schedule)) and info["confidence_tree"] >= 1 - alpha
+    assert info["confidence_union"] == pytest.approx(1 - sum(schedule)) and info["confidence_union"] >= 1 - alpha
     assert info["per_state_alpha_first"] == pytest.approx(schedule[0])
     assert info["per_state_alpha_last"] == pytest.approx(schedule[-1])
     for eps in (0.0, 0.05, 0.2, 10.0):
@@ -156,7 +159,7 @@ def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
     sm2 = CachedSmoother(net, 0.3, 2000, -6.0, 6.0, alpha, 3, seed=0)
     _, info2 = run_lore("toy", sm2, horizon, 0, make=make, progress=False)
     assert set(sm2.alphas) == {alpha} and info2["per_state_alpha"] == alpha
-    assert info2["confidence_tree"] == pytest.approx(max(0.0, 1 - alpha * info2["distinct_states_smoothed"]))
+    assert info2["confidence_union"] == pytest.approx(max(0.0, 1 - alpha * info2["distinct_states_smoothed"]))
 
 
 class _SaturatedQ(torch.nn.Module):
@@ -171,6 +174,7 @@ class _SaturatedQ(torch.nn.Module):
         return torch.cat([big, torch.ones_like(big), late], 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prune", [True, False])
 def test_batched_search_equals_one_state_at_a_time(prune):
     """Smoothing the pending nodes together changes only which noise each state draws: with certificates
@@ -188,7 +192,7 @@ def test_batched_search_equals_one_state_at_a_time(prune):
     assert i1["smoothing_calls"] == i1["distinct_states_smoothed"]
     assert i64["smoothing_calls"] < i64["distinct_states_smoothed"], "batches of several pending nodes"
     volatile = ("runtime_s", "nodes_per_s", "smoothing_calls", "batch", "distinct_states_smoothed",
-                "alpha_spent", "confidence_tree", "confidence_union", "per_state_alpha_last")
+                "alpha_spent", "confidence_union", "per_state_alpha_last")
     assert {k: v for k, v in i1.items() if k not in volatile} == {k: v for k, v in i64.items() if k not in volatile}
     for key in set(sm1.cache) & set(sm64.cache):
         a = certify_estimate(sm1.cache[key], sm1.sigma, sm1.v_min, sm1.v_max)
@@ -198,6 +202,7 @@ def test_batched_search_equals_one_state_at_a_time(prune):
         assert lore_bound_at(t64, eps) == pytest.approx(brute_force(make, sm64, 7, eps)), eps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signed,prune", [(False, True), (True, False)])
 def test_batched_lore_equals_brute_force_with_family_alphas(mlp_factory, signed, prune):
     """Batching on, per-node α from the family schedule passed per state in each batch: the bound table is
@@ -225,6 +230,7 @@ def _bounds(table, valid_until, grid):
     return [lore_bound_at(table, e, valid_until) for e in grid]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signed,prune,gamma", [(False, True, 1.0), (True, False, 0.9), (True, False, 1.0)])
 def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suffices(mlp_factory, signed, prune,
                                                                                      gamma):
@@ -286,6 +292,7 @@ class FloorWalk(gym.Env):
         return np.array([self.t / 10, a], np.float32), r, False, False, {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma,horizon", [(1.0, 3), (0.9, 5), (1.0, 6)])
 def test_bounded_search_stays_below_the_unbounded_one_where_the_lowest_reward_is_reached(mlp_factory, gamma,
                                                                                          horizon):

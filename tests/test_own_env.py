@@ -21,6 +21,8 @@ from test_import import _mlp, _sb3_zip
 
 from crop.config import ConfigError, validate_config
 from crop.envs import env_family, env_spec, make_env, profiles, restore, snapshot, snapshot_problem
+from crop.io import meta_name
+from crop.layout import RUN_FILES
 from crop.models import build_q_network
 from crop.report.audit import discover_run_folders
 from crop.report.metrics import parse_run
@@ -71,6 +73,7 @@ def _sb3_cnn_zip(path: Path, n_actions: int, fire: int | None = 1) -> Path:
 
 # ---------------------------------------------------------------------------------------- environments
 
+@pytest.mark.slow
 def test_families_and_facts_from_the_environment():
     assert env_family("CartPole-v0") == "paper" and env_family("Acrobot-v1") == "vector"
     assert env_family("ALE/Breakout-v5") == "atari" and env_family("BreakoutNoFrameskip-v4") == "atari"
@@ -90,6 +93,7 @@ def test_families_and_facts_from_the_environment():
     assert env_spec("CartPole-v0").paper_name == "CartPole"
 
 
+@pytest.mark.slow
 def test_atari_v5_frameskip_and_sticky_actions_as_configured():
     e = make_env("ALE/Breakout-v5")
     ale = e.unwrapped.ale
@@ -103,6 +107,7 @@ def test_atari_v5_frameskip_and_sticky_actions_as_configured():
         make_env("ALE/Breakout-v5", "cleanrl:sticky=1.5")
 
 
+@pytest.mark.slow
 def test_sticky_atari_snapshots_replay_exactly():
     """A snapshot holds the emulator's generator of sticky actions: two restores replay the same frames."""
     env = make_env("ALE/Breakout-v5")
@@ -183,7 +188,7 @@ REFUSALS = [
     ("unknown profile", lambda ec, c: ec["files"]["MyDQN"].update(profile="cleanrl"),
      "unknown preprocessing profile 'cleanrl'"),
     ("continuous actions", lambda ec, c: c["environments"].update({"Pendulum-v1": c["environments"].pop("Acrobot-v1")}),
-     "Pendulum-v1: its action space Box"),
+     "Pendulum-v1: its actions are continuous (a Box), and the workflow runs LoRe"),
     ("unregistered id", lambda ec, c: c["environments"].update({"Acrobat-v1": c["environments"].pop("Acrobot-v1")}),
      "unknown environment 'Acrobat-v1' (did you mean 'Acrobot-v1'?)"),
     ("facts of a paper environment", lambda ec, c: c["environments"].update(
@@ -213,6 +218,7 @@ def test_own_config_valid_with_any_label_and_atari_without_reward_facts():
         "algorithms": ["Mine"], "sigmas": [0.01]}}})
 
 
+@pytest.mark.slow
 def test_import_sizes_checked_against_the_environment(tmp_path):
     acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 64, 64, 3], 0), _mlp([6, 64, 64, 3], 1))
     three = _sb3_zip(tmp_path / "three.zip", _mlp([4, 64, 64, 3], 0), _mlp([4, 64, 64, 3], 1))
@@ -232,6 +238,7 @@ def test_import_sizes_checked_against_the_environment(tmp_path):
         assert not out.parent.exists()   # nothing written
 
 
+@pytest.mark.slow
 def test_checkpoint_used_on_another_environment_is_one_line(tmp_path):
     """A model.json edited to name another environment is refused when the checkpoint is used."""
     acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 16, 3], 0), _mlp([6, 16, 3], 1))
@@ -249,42 +256,45 @@ def test_checkpoint_used_on_another_environment_is_one_line(tmp_path):
     assert not (tmp_path / "q.json").exists()
 
 
+@pytest.mark.slow
 def test_gre_and_lore_need_the_reward_range_loact_does_not(tmp_path):
     acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 16, 3], 0), _mlp([6, 16, 3], 1))
     ck = tmp_path / "Acrobot-v1" / "Mine" / "checkpoint" / "model.pt"
     assert _cli("import", "--env", "Acrobot-v1", "--algo", "Mine", "--file", acro, "--eval-episodes", "1",
                 "--out", ck)[0] == 0
     common = ["--env", "Acrobot-v1", "--algo", "Mine", "--sigma", "0.05", "--checkpoint", ck]
-    q = tmp_path / "qrange.json"
+    q = tmp_path / RUN_FILES["qrange"]
     assert _cli("qrange", *common, "--m", "16", "--episodes", "1", "--horizon", "3", "--out", q)[0] == 0
     rc, _, err = _cli("loact", *common, "--qrange", q, "--m", "32", "--episodes", "1", "--horizon", "4",
-                      "--out", tmp_path / "loact.csv")
+                      "--out", tmp_path / RUN_FILES["loact"])
     assert rc == 0, err
-    assert set(pd.read_csv(tmp_path / "loact.csv")["action"]) <= {0, 1, 2}
-    rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--out", tmp_path / "gre.csv",
+    assert set(pd.read_csv(tmp_path / RUN_FILES["loact"])["action"]) <= {0, 1, 2}
+    rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--out", tmp_path / RUN_FILES["gre"],
                       "--out-returns", tmp_path / "r.csv")
     _one_line_refusal(rc, err, "environments.Acrobot-v1.rewards.range", "--reward-range LOW HIGH")
-    rc, _, err = _cli("lore", *common, "--qrange", q, "--m", "16", "--horizon", "1", "--out", tmp_path / "lore.csv")
+    rc, _, err = _cli("lore", *common, "--qrange", q, "--m", "16", "--horizon", "1", "--out",
+                      tmp_path / RUN_FILES["lore"])
     _one_line_refusal(rc, err, "environments.Acrobot-v1.rewards.range")
-    assert not (tmp_path / "gre.csv").exists() and not (tmp_path / "lore.csv").exists()
+    assert not (tmp_path / RUN_FILES["gre"]).exists() and not (tmp_path / RUN_FILES["lore"]).exists()
     # a declared range that the rewards break stops the search that prunes on it (never an unsound bound)
     rc, _, err = _cli("lore", *common, "--qrange", q, "--m", "16", "--horizon", "2", "--reward-range", "0", "1",
-                      "--no-progress", "--out", tmp_path / "lore.csv")
+                      "--no-progress", "--out", tmp_path / RUN_FILES["lore"])
     _one_line_refusal(rc, err, "reward -1.0 < 0 in a search that prunes")
-    assert not (tmp_path / "lore.csv").exists()
+    assert not (tmp_path / RUN_FILES["lore"]).exists()
     rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--reward-range", "0", "1", "--no-progress",
-                      "--out", tmp_path / "gre.csv", "--out-returns", tmp_path / "r.csv")
+                      "--out", tmp_path / RUN_FILES["gre"], "--out-returns", tmp_path / "r.csv")
     _one_line_refusal(rc, err, "leave [J_min, J_max] = [0, 3] of the declared reward range")
-    assert not (tmp_path / "gre.csv").exists()
+    assert not (tmp_path / RUN_FILES["gre"]).exists()
     rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "3", "--reward-range", "-1", "0", "--eps-factors", "0",
-                      "0.1", "--out", tmp_path / "gre.csv", "--out-returns", tmp_path / "r.csv")
+                      "0.1", "--out", tmp_path / RUN_FILES["gre"], "--out-returns", tmp_path / "r.csv")
     assert rc == 0, err
-    g = pd.read_csv(tmp_path / "gre.csv")
+    g = pd.read_csv(tmp_path / RUN_FILES["gre"])
     assert (g["j_min"] == -3.0).all() and (g["j_max"] == 0.0).all()
 
 
 # ------------------------------------------------------------------------------------ Atari: Breakout v5
 
+@pytest.mark.slow
 def test_breakout_v5_loact_and_gre_at_tiny_m(tmp_path):
     src = _sb3_cnn_zip(tmp_path / "breakout.zip", 4)
     d = tmp_path / "ALE" / "Breakout-v5" / "MyCNN"
@@ -296,19 +306,20 @@ def test_breakout_v5_loact_and_gre_at_tiny_m(tmp_path):
     assert rec["profile"] == "cleanrl" and rec["net_spec"]["out"] == 4 and rec["imported_from"]["format"] == "sb3"
     run = d / "sigma-0.01"
     common = ["--env", "ALE/Breakout-v5", "--algo", "MyCNN", "--sigma", "0.01", "--checkpoint", ck]
-    rc, _, err = _cli("qrange", *common, "--m", "8", "--episodes", "1", "--horizon", "3", "--out", run / "qrange.json")
+    q = run / RUN_FILES["qrange"]
+    rc, _, err = _cli("qrange", *common, "--m", "8", "--episodes", "1", "--horizon", "3", "--out", q)
     assert rc == 0, err
-    rc, _, err = _cli("loact", *common, "--qrange", run / "qrange.json", "--m", "16", "--episodes", "1", "--horizon",
-                      "4", "--out", run / "loact.csv")
+    rc, _, err = _cli("loact", *common, "--qrange", q, "--m", "16", "--episodes", "1", "--horizon", "4", "--out",
+                      run / RUN_FILES["loact"])
     assert rc == 0, err
-    st = pd.read_csv(run / "loact.csv")
+    st = pd.read_csv(run / RUN_FILES["loact"])
     assert len(st) == 4 and set(st["action"]) <= {0, 1, 2, 3} and (st["radius"] >= 0).all()
     rc, _, err = _cli("gre", *common, "--m", "4", "--horizon", "4", "--eps-factors", "0", "0.1",
-                      "--out", run / "gre.csv", "--out-returns", run / "gre_returns.csv")
+                      "--out", run / RUN_FILES["gre"], "--out-returns", run / RUN_FILES["gre_returns"])
     assert rc == 0, err
-    g = pd.read_csv(run / "gre.csv")
+    g = pd.read_csv(run / RUN_FILES["gre"])
     assert (g["j_min"] == -4.0).all() and (g["j_max"] == 4.0).all() and (g["m"] == 4).all()
-    r = pd.read_csv(run / "gre_returns.csv")["return"]
+    r = pd.read_csv(run / RUN_FILES["gre_returns"])["return"]
     assert len(r) == 4 and r.between(-4, 4).all()
     assert (g["expectation_bound"] <= g["mean_return"] + 1e-9).all()
     # the report reads this folder as one run of the namespaced environment
@@ -338,9 +349,9 @@ def test_acrobot_whole_workflow_with_a_label_of_its_own(tmp_path):
     rec = json.loads((res / "Acrobot-v1/MyDQN/checkpoint/model.json").read_text())
     assert rec["source"] == "file" and rec["profile"] == "vector" and rec["net_spec"]["in"] == 6
     run = res / "Acrobot-v1/MyDQN/sigma-0.05"
-    g = pd.read_csv(run / "gre.csv")
+    g = pd.read_csv(run / RUN_FILES["gre"])
     assert (g["j_min"] == -10.0).all() and (g["j_max"] == 0.0).all()   # H = 10 steps of reward in [-1, 0]
-    lore_meta = json.loads((run / "lore.meta.json").read_text())
+    lore_meta = json.loads((run / meta_name(RUN_FILES["lore"])).read_text())
     assert lore_meta["search"]["pruning"] is False   # Acrobot's rewards are negative: no pruning
     assert "MyDQN" in (res / "tables/Acrobot-v1_mean_radius.md").read_text()
     for stem in ("Acrobot-v1_legend", "Acrobot-v1_stepwise", "Acrobot-v1_all_bounds"):
@@ -349,6 +360,7 @@ def test_acrobot_whole_workflow_with_a_label_of_its_own(tmp_path):
 
 # ------------------------------------------------------------------------------ labels in the report
 
+@pytest.mark.slow
 def test_own_labels_get_their_own_colour_marker_rows_and_not_in_the_paper(tmp_path):
     import matplotlib
     from matplotlib.colors import to_hex
@@ -400,7 +412,8 @@ def test_breakout_whole_workflow_in_namespaced_folders(tmp_path):
     audit = json.loads((res / "audit/audit.json").read_text())
     assert audit["passed"] and audit["violations"] == 0 and audit["integrity_problems"] == 0
     run = res / "ALE/Breakout-v5/MyCNN/sigma-0.01"
-    assert json.loads((run / "lore.meta.json").read_text())["search"]["pruning"] is True   # rewards.range [0, 1]
+    # rewards.range [0, 1]
+    assert json.loads((run / meta_name(RUN_FILES["lore"])).read_text())["search"]["pruning"] is True
     assert (res / "figures/ALE-Breakout-v5_stepwise.png").is_file()
     assert "MyCNN" in (res / "tables/ALE-Breakout-v5_benign_return.md").read_text()
 

@@ -67,6 +67,7 @@ def _imports_of(package_dir: Path) -> set[str]:
     return names - set(sys.stdlib_module_names)
 
 
+@pytest.mark.slow
 def test_the_workflow_extra_provides_what_snakemake_report_imports():
     """Each module snakemake's report code imports (pygments, jinja2, docutils, …) must come from a
     distribution that `pip install -e '.[workflow]'` installs: the README's quick start, then its --report."""
@@ -108,6 +109,7 @@ def _checks_per_run(global_eps, gre_eps, percentiles, local_eps) -> int:
     return len(common) * (1 + len(percentiles)) + 2 * len(local_eps)
 
 
+@pytest.mark.slow
 def test_the_checks_formula_is_the_audits():
     """The formula above against the audit itself, on a synthetic results folder (two runs)."""
     import tempfile

@@ -12,6 +12,8 @@ from matplotlib.colors import to_hex
 
 from crop import layout
 from crop.cli import main
+from crop.io import meta_name
+from crop.layout import RUN_FILES
 from crop.report import aggregate as agg
 from crop.report import figures, style, tables
 from crop.report.metrics import load_runs
@@ -41,6 +43,7 @@ def synthetic(tmp_path_factory):
     return root, runs, written
 
 
+@pytest.mark.slow
 def test_aggregate_writes_exactly_the_declared_files(synthetic):
     root, _, written = synthetic
     expected = set(layout.aggregate_files(root / "figures", root / "tables", _layout_plan(PLAN)))
@@ -85,6 +88,7 @@ def data(synthetic):
     return load_runs(root, runs_of(runs))
 
 
+@pytest.mark.slow
 def test_one_colour_per_algorithm_in_every_figure(data):
     seen = {}
     for env in PLAN:
@@ -106,6 +110,7 @@ def test_one_colour_per_algorithm_in_every_figure(data):
     assert len(set(style.ALGO_COLORS.values())) == len(style.ALGO_COLORS)
 
 
+@pytest.mark.slow
 def test_multipanel_and_large_sigma_figures(data):
     figs = _figs("FreewayNoFrameskip-v4", data, ["Freeway_stepwise", "Freeway_large_sigma", "Freeway_all_bounds",
                                                  "Freeway_stepwise_sigma-1.5", "Freeway_legend"])
@@ -139,6 +144,7 @@ def test_multipanel_and_large_sigma_figures(data):
             matplotlib.pyplot.close(f)
 
 
+@pytest.mark.slow
 def test_pong_periodic_figure_shows_the_recorded_frames(data):
     figs = _figs("PongNoFrameskip-v4", data, ["Pong_periodic_sigma-0.01_StdTrain"])
     try:
@@ -159,16 +165,18 @@ def test_pong_periodic_figure_shows_the_recorded_frames(data):
             matplotlib.pyplot.close(f)
 
 
+@pytest.mark.slow
 def test_missing_frames_for_pong_is_an_error(tmp_path, capsys):
     runs = make_results(tmp_path, {"PongNoFrameskip-v4": {"StdTrain": [0.01]}})
     (runs[("PongNoFrameskip-v4", "StdTrain", "0.01")] / layout.FRAMES_FILE).unlink()
     with pytest.raises(SystemExit) as e:
         main(["aggregate", str(tmp_path)])
     assert e.value.code == 2
-    assert "frames.npz: missing" in capsys.readouterr().err
+    assert f"{RUN_FILES['frames']}: missing" in capsys.readouterr().err
     assert not (tmp_path / "figures").exists()  # refused before drawing anything
 
 
+@pytest.mark.slow
 def test_tables_agree_with_the_result_files(synthetic):
     root, runs, _ = synthetic
     mr = pd.read_csv(root / "tables" / "CartPole_mean_radius.csv").set_index("algo")
@@ -177,23 +185,23 @@ def test_tables_agree_with_the_result_files(synthetic):
     for (env, algo, lab), d in runs.items():
         if env != "CartPole-v0":
             continue
-        st = pd.read_csv(d / "loact.csv")
+        st = pd.read_csv(d / RUN_FILES["loact"])
         assert math.isclose(mr.loc[algo, f"sigma={float(lab)}"], st["radius"].mean(), rel_tol=1e-9)
         # the paper's convention: per step the mean over the episodes certified there (0 where none is), then
         # the mean over the steps any episode reached
         cert = st["certified"].astype(bool)
         per_step = st["radius"].where(cert).groupby(st["step"]).mean().fillna(0.0)
         assert math.isclose(mc.loc[algo, f"sigma={float(lab)}"], per_step.mean(), rel_tol=1e-9)
-        ep = pd.read_csv(d / "loact_episodes.csv")
+        ep = pd.read_csv(d / RUN_FILES["loact_episodes"])
         assert math.isclose(br.loc[algo, f"sigma={float(lab)}"], ep["return"].mean(), rel_tol=1e-9)
     rb = pd.read_csv(root / "tables" / "Freeway_reward_bounds.csv")
     tight = pd.read_csv(root / "tables" / "Freeway_tightness.csv")
     assert len(rb) == len(tight) == 4 * len(EPS_FACTORS)
     for r, t in zip(rb.itertuples(), tight.itertuples()):
         d = runs[("FreewayNoFrameskip-v4", r.algo, repr(r.sigma))]
-        ag = pd.read_csv(d / "attack_global.csv")
+        ag = pd.read_csv(d / RUN_FILES["attack_global"])
         ret = ag[np.isclose(ag["eps"], r.eps)]["return"]
-        gre = pd.read_csv(d / "gre.csv")
+        gre = pd.read_csv(d / RUN_FILES["gre"])
         eb = gre[np.isclose(gre["eps"], r.eps)]["expectation_bound"].iloc[0]
         assert math.isclose(r.expectation_bound_raw, eb, rel_tol=1e-9)
         eb = max(eb, gre["j_min"].iloc[0])  # reported: a vacuous bound as J_min
@@ -211,6 +219,7 @@ def test_tables_agree_with_the_result_files(synthetic):
             assert not math.isnan(r.lore_bound)
 
 
+@pytest.mark.slow
 def test_latex_tables_use_booktabs(synthetic):
     root, _, _ = synthetic
     for name in layout.TABLES:
@@ -256,6 +265,7 @@ def test_markdown_tables_of_the_report_share_one_writer():
     assert md.startswith("cap\n\n") and "SA-MDP (PGD)" in md and "σ = 0.1" in md and md.endswith("— |\n")  # empty cell
 
 
+@pytest.mark.slow
 def test_load_runs_complete_or_partial(tmp_path):
     """The figures read complete, intact runs only (a missing or edited file is an error, a replicate needs
     its run); the audit (partial) reads what each run has and leaves out a replicate it cannot use."""
@@ -267,25 +277,26 @@ def test_load_runs_complete_or_partial(tmp_path):
     std, gauss = (tmp_path / r for r in runs)
     rep = std / "rep-1"
     rep.mkdir()
-    for f in ("loact.csv", "loact.meta.json", "loact_episodes.csv", "loact_episodes.meta.json"):
+    for f in (RUN_FILES[k] for k in ("loact", "loact_episodes")):
+        shutil.copy(std / meta_name(f), rep / meta_name(f))
         shutil.copy(std / f, rep / f)
     data = load_runs(tmp_path, [f"{runs[0]}/rep-1", *runs])
     key = ("CartPole-v0", "StdTrain", "0.1")
     assert list(data) == [key, ("CartPole-v0", "GaussAug", "0.1")] and len(data[key]["replicates"]) == 1
     assert data[key]["replicates"][0]["loact"].equals(data[key]["loact"])
-    (gauss / "lore.csv").unlink()
-    with pytest.raises(IntegrityError, match="lore.csv: missing"):
+    (gauss / RUN_FILES["lore"]).unlink()
+    with pytest.raises(IntegrityError, match=f"{RUN_FILES['lore']}: missing"):
         load_runs(tmp_path, runs)
     partial = load_runs(tmp_path, runs, partial=True)
     assert "lore" not in partial[("CartPole-v0", "GaussAug", "0.1")] and "lore" in partial[key]
     with pytest.raises(FileNotFoundError, match="without the run itself"):
         load_runs(tmp_path, [f"{runs[0]}/rep-1"])
     assert load_runs(tmp_path, [f"{runs[0]}/rep-1"], partial=True) == {}
-    (rep / "loact_episodes.csv").unlink()
+    (rep / RUN_FILES["loact_episodes"]).unlink()
     assert load_runs(tmp_path, [runs[0], f"{runs[0]}/rep-1"], partial=True)[key]["replicates"] == []
-    with (std / "gre.csv").open("a") as f:
+    with (std / RUN_FILES["gre"]).open("a") as f:
         f.write("1,2,3\n")
-    with pytest.raises(IntegrityError, match="gre.csv"):
+    with pytest.raises(IntegrityError, match=RUN_FILES["gre"]):
         load_runs(tmp_path, [runs[0]])
 
 

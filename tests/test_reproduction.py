@@ -17,16 +17,14 @@ from crop.reference import PAPER_REFERENCE
 from crop.report.audit import audit
 from crop.report.checks import flip_probability_bound
 from crop.report.reference import load_reference
+from crop.stage_table import STAGES
 
 from conftest import SHARED
 from synthetic_results import LORE_ALPHA_SPENT, M_ATTACK, audit_cli, make_results, margins, rewrite_csv, write_reference
 
 TARBALL = SHARED / "reference" / "crop-leaderboard-csv.tar.gz"
 ENVS = {"CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4"}
-STAGE_FILES = {"loact": ["loact.csv", "loact_episodes.csv", "certified_ratio.csv", "frames.npz"],
-               "gre": ["gre.csv", "gre_returns.csv"], "lore": ["lore.csv", "lore_states.csv"],
-               "attack_local": ["attack_local.csv", "attack_local_steps.csv"], "attack_global": ["attack_global.csv"],
-               "qrange": ["qrange.json"]}
+STAGE_FILES = {row.rule: list(row.files.values()) for row in STAGES.values()}
 
 
 def _keep_only(run_dir, stages):
@@ -50,6 +48,22 @@ def _certified_only_mean(steps: pd.DataFrame) -> float:
 
 # ------------------------------------------------------------------------------------------- the builder
 
+def test_reference_builder_refuses_a_link_in_the_tarball_and_writes_nothing(tmp_path, capsys):
+    """The fast counterpart of the builder's run on the real tarball: an untrusted archive holding a link (or
+    no archive at all) is one error line, exit status 2, and no table."""
+    from crop.reference.build import main as build
+
+    tarball, out = tmp_path / "lb.tar.gz", tmp_path / "ref.csv"
+    with tarfile.open(tarball, "w:gz") as tar:
+        link = tarfile.TarInfo("lb/cartpole.csv")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    assert build(["--tarball", str(tarball), "--out", str(out)]) == 2
+    assert build(["--tarball", str(tmp_path / "absent.tar.gz"), "--out", str(out)]) == 2
+    assert not out.exists() and capsys.readouterr().err.count("error: ") == 2
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not TARBALL.is_file(), reason="needs ../shared/reference (the leaderboard's data)")
 def test_reference_builder_on_the_real_tarball(tmp_path):
     from crop.reference.build import main as build
@@ -97,10 +111,11 @@ def results(tmp_path):
     return root
 
 
+@pytest.mark.slow
 def test_loact_only_run_is_compared_row_by_row(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _keep_only(d, {"qrange", "loact"})
-    steps, eps = pd.read_csv(d / "loact.csv"), pd.read_csv(d / "loact_episodes.csv")
+    steps, eps = pd.read_csv(d / RUN_FILES["loact"]), pd.read_csv(d / RUN_FILES["loact_episodes"])
     certified_only = _certified_only_mean(steps)
     assert not math.isclose(certified_only, steps["radius"].mean())  # the two conventions differ here
     base = dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, eps=None)
@@ -136,10 +151,11 @@ def test_loact_only_run_is_compared_row_by_row(results, tmp_path):
     assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "b") == 1
 
 
+@pytest.mark.slow
 def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "GaussAug", "0.1")
     _keep_only(d, {"gre", "attack_global"})  # no qrange.json either
-    gre = pd.read_csv(d / "gre.csv")
+    gre = pd.read_csv(d / RUN_FILES["gre"])
     e = float(gre["eps"].iloc[1])
     base = dict(env="CartPole-v0", algo="GaussAug", sigma=0.1, eps=e)
     rows = [{**base, "metric": "expectation_bound", "value": float(gre["expectation_bound"].iloc[1]) + 0.5},
@@ -160,14 +176,16 @@ def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
     assert audit_cli(results, "--reference", ref, "--strict", "--out-dir", tmp_path / "c") == 1
 
 
+@pytest.mark.slow
 def test_half_written_stage_is_an_integrity_problem(results, tmp_path):
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
-    (d / "loact_episodes.csv").unlink()
+    (d / RUN_FILES["loact_episodes"]).unlink()
     rep = audit(results, tmp_path / "a")
-    assert any("stage loact lacks loact_episodes.csv" in p["problem"] for p in rep["integrity"])
+    assert any(f"stage loact lacks {RUN_FILES['loact_episodes']}" in p["problem"] for p in rep["integrity"])
     assert not rep["passed"]
 
 
+@pytest.mark.slow
 def test_audit_against_the_paper(results, tmp_path):
     assert audit_cli(results, "--reference", "paper", "--out-dir", tmp_path / "a") == 0
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
@@ -202,7 +220,7 @@ def test_flip_probability_bound_covers_the_monte_carlo_flip_rate():
 def _set_attack_steps(d, sigma, eps, radius, flipped):
     """The local attack's steps at ``eps`` all certified at ``radius``, the first ``flipped`` of them (in table
     order) taking the other action; attack_local.csv counts the flips beyond ε."""
-    steps, al = pd.read_csv(d / "attack_local_steps.csv"), pd.read_csv(d / "attack_local.csv")
+    steps, al = pd.read_csv(d / RUN_FILES["attack_local_steps"]), pd.read_csv(d / RUN_FILES["attack_local"])
     at = np.isclose(steps["eps"], eps)
     steps.loc[at, "certified"], steps.loc[at, "radius"] = True, radius
     for k, v in margins(radius, sigma).items():
@@ -213,8 +231,8 @@ def _set_attack_steps(d, sigma, eps, radius, flipped):
     per_episode = steps.loc[flip].groupby("episode").size() if radius > eps else pd.Series(dtype=int)
     rows = np.isclose(al["eps"], eps)
     al.loc[rows, "flips_certified"] = al.loc[rows, "episode"].map(per_episode).fillna(0).astype(int)
-    rewrite_csv(d / "attack_local_steps.csv", steps)
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local_steps"], steps)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
 
 
 def _flip_row(rep, eps):
@@ -222,6 +240,7 @@ def _flip_row(rep, eps):
                 and c["algo"] == "StdTrain" and math.isclose(c["eps"], eps))
 
 
+@pytest.mark.slow
 def test_flips_within_chance_are_not_violations(results, tmp_path):
     """A flip at a step certified just beyond ε (its flip bound ≈ 1: the m-sample policy may take either
     action) is within chance: a raw failure, listed, not a violation."""
@@ -235,6 +254,7 @@ def test_flips_within_chance_are_not_violations(results, tmp_path):
     assert "Raw failures within chance" in (tmp_path / "a" / "audit.md").read_text()
 
 
+@pytest.mark.slow
 def test_flips_far_beyond_their_bounds_are_violations(results, tmp_path):
     """Wide margins (radius 3σ at ε = σ/2: each step's flip bound ≈ 0, α = 10⁻³ per state): 6 flips in 12
     attacked steps are a violation; one flip is not."""
@@ -254,21 +274,22 @@ def test_flips_far_beyond_their_bounds_are_violations(results, tmp_path):
 
 
 def _plant_lore_shortfall(d, eps):
-    al = pd.read_csv(d / "attack_local.csv")
-    lore = pd.read_csv(d / "lore.csv")
+    al = pd.read_csv(d / RUN_FILES["attack_local"])
+    lore = pd.read_csv(d / RUN_FILES["lore"])
     bound = float(lore[lore["eps"] <= eps]["lower_bound"].iloc[-1])
     al.loc[np.isclose(al["eps"], eps) & al["same_start_as_lore"], "return"] = bound - 1
-    rewrite_csv(d / "attack_local.csv", al)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha_spent, violation", [(0.2, False), (1e-4, True)])
 def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation):
     eps = 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _plant_lore_shortfall(d, eps)
-    m = read_json(meta_path(d / "lore.csv"))
+    m = read_json(meta_path(d / RUN_FILES["lore"]))
     m["search"]["alpha_spent"] = alpha_spent  # the α LoRe's own certificates spent
-    write_json(meta_path(d / "lore.csv"), m)
+    write_json(meta_path(d / RUN_FILES["lore"]), m)
     rep = audit(results, tmp_path / "a")
     row = next(c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["algo"] == "StdTrain"
                and math.isclose(c["eps"], eps))
@@ -277,6 +298,7 @@ def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation
     assert rep["passed"] != violation
 
 
+@pytest.mark.slow
 def test_lore_shortfall_is_bounded_without_loact(results, tmp_path):
     """The LoRe check bounds the attacked path through LoRe's own recorded states: without LoAct (a partial
     run) a shortfall along a path that stayed in LoRe's tree is still judged, at p = α spent."""
@@ -290,7 +312,7 @@ def test_lore_shortfall_is_bounded_without_loact(results, tmp_path):
                and math.isclose(c["eps"], 0.05))
     assert row["empirical_below"] and row["p_value"] == pytest.approx(LORE_ALPHA_SPENT)
     assert "stayed in LoRe's tree" in row["note"]
-    assert set(RUN_FILES.values()) - set(STAGE_FILES["loact"]) - {"qrange.json"}  # the run is partial
+    assert set(RUN_FILES.values()) - set(STAGE_FILES["loact"]) - {RUN_FILES["qrange"]}  # the run is partial
 
 
 REPLICATES_CONFIG = """# replicates through the workflow, smoke size: CROP's published highway StdTrain network
@@ -344,9 +366,9 @@ def test_replicates_through_the_workflow(tmp_path):
     d1 = layout.run_dir(tmp_path / "results", "highway-fast-v0", "StdTrain", "0.5", replicate=1)
     assert sorted(p.name for p in d1.iterdir() if not p.name.endswith(".meta.json")) == \
         sorted(RUN_FILES[k] for k in layout.REPLICATE_FILES)
-    seeds = [read_json(meta_path(d / "loact.csv"))["seed"] for d in (d0, d1)]
+    seeds = [read_json(meta_path(d / RUN_FILES["loact"]))["seed"] for d in (d0, d1)]
     assert seeds[0] != seeds[1]
-    radius = [pd.read_csv(d / "loact.csv")["radius"].to_numpy() for d in (d0, d1)]
+    radius = [pd.read_csv(d / RUN_FILES["loact"])["radius"].to_numpy() for d in (d0, d1)]
     tab = pd.read_csv(tmp_path / "results" / "tables" / "highway-fast_mean_radius.csv").set_index("algo")
     row = tab.loc["StdTrain"]
     assert math.isclose(row["sigma=0.5"], np.mean([r.mean() for r in radius]), rel_tol=1e-6, abs_tol=1e-12)

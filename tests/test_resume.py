@@ -13,7 +13,8 @@ import pytest
 from test_lore import ToyWalk
 
 from crop import stats
-from crop.io import sha256_file, write_json
+from crop.io import meta_name, sha256_file, write_json
+from crop.layout import RUN_FILES
 from crop.lore import LoRe, lore_bound_at, run_lore
 from crop.models import save_q_network
 from crop.smoothing import SmoothedQ
@@ -59,6 +60,7 @@ def _case(env):
     ("toy", "clopper_pearson", "state", 9), ("toy", "clopper_pearson", "family", 6),
     ("toy", "hoeffding", "state", 9), ("toy", "hoeffding", "family", 5),
     ("CartPole-v0", "clopper_pearson", "state", 30), ("CartPole-v0", "hoeffding", "family", 30)])
+@pytest.mark.slow
 def test_resumed_search_is_byte_identical(tmp_path, env, bound, mode, lives):
     net_kw, sm_args, kw = _case(env)
     if mode == "family":
@@ -120,12 +122,12 @@ def _setup(d: Path, bound: str):
     write_json(d / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
                                   "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
                                   "sha256": sha256_file(d / "model.pt")})
-    write_json(d / "qrange.json", {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.05,
+    write_json(d / RUN_FILES["qrange"], {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.05,
                                    "v_min": -4.0, "v_max": 4.0})
     return [sys.executable, "-m", "crop.cli", "lore", "--env", "CartPole-v0", "--algo", "StdTrain",
-            "--sigma", "0.05", "--checkpoint", str(d / "model.pt"), "--qrange", str(d / "qrange.json"),
+            "--sigma", "0.05", "--checkpoint", str(d / "model.pt"), "--qrange", str(d / RUN_FILES["qrange"]),
             "--m", "300", "--horizon", "13", "--seed", "5", "--checkpoint-every", "0.3", "--out",
-            str(d / "lore.csv"), "--no-progress", "--bound", bound]
+            str(d / RUN_FILES["lore"]), "--no-progress", "--bound", bound]
 
 
 @pytest.mark.slow
@@ -138,7 +140,7 @@ def test_lore_survives_sigkill_and_sigterm(tmp_path, bound, sig):
     clean = _setup(tmp_path / "clean", bound)
     subprocess.run(clean, check=True, capture_output=True, timeout=600)
     killed = _setup(tmp_path / "killed", bound)
-    resume = tmp_path / "killed" / "lore.csv.resume"
+    resume = tmp_path / "killed" / f"{RUN_FILES['lore']}.resume"
     p = subprocess.Popen(killed, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     saves = 0
@@ -156,14 +158,15 @@ def test_lore_survives_sigkill_and_sigterm(tmp_path, bound, sig):
     if sig == signal.SIGTERM:
         assert p.returncode == 143 and "SIGTERM: search state saved" in err, err[-2000:]
         assert resume.stat().st_mtime_ns != last, "SIGTERM must save the state it stops at"
-    assert resume.exists() and not (tmp_path / "killed" / "lore.csv").exists()
+    assert resume.exists() and not (tmp_path / "killed" / RUN_FILES["lore"]).exists()
     subprocess.run(killed, check=True, capture_output=True, timeout=600)
-    a, b = tmp_path / "clean" / "lore.csv", tmp_path / "killed" / "lore.csv"
+    a, b = tmp_path / "clean" / RUN_FILES["lore"], tmp_path / "killed" / RUN_FILES["lore"]
     assert a.read_bytes() == b.read_bytes()
-    assert json.loads((tmp_path / "killed" / "lore.meta.json").read_text())["search"]["resumed"] is True
+    assert json.loads((tmp_path / "killed" / meta_name(RUN_FILES["lore"])).read_text())["search"]["resumed"] is True
     assert not resume.exists()
 
 
+@pytest.mark.slow
 def test_the_stage_records_a_truncated_bounded_search(tmp_path):
     """crop lore --max-nodes: lore.meta.json records the nodes and truncated at its top; the bound is below
     the unbounded one's."""
@@ -174,8 +177,8 @@ def test_the_stage_records_a_truncated_bounded_search(tmp_path):
         cmd = _setup(tmp_path / name, "hoeffding")
         cmd[cmd.index("--horizon") + 1] = "8"
         subprocess.run(cmd + extra, check=True, capture_output=True, timeout=600)
-        runs[name] = (pd.read_csv(tmp_path / name / "lore.csv"),
-                      json.loads((tmp_path / name / "lore.meta.json").read_text()))
+        runs[name] = (pd.read_csv(tmp_path / name / RUN_FILES["lore"]),
+                      json.loads((tmp_path / name / meta_name(RUN_FILES["lore"])).read_text()))
     (bounded, meta), (full, full_meta) = runs["bounded"], runs["full"]
     assert meta["nodes"] == 40 and meta["truncated"] is True and meta["settings"]["max_nodes"] == 40
     assert meta["exact_below_eps"] == meta["search"]["exact_below_eps"] >= 0.0
@@ -455,6 +458,7 @@ def test_a_small_file_cannot_take_more_memory_than_its_size(tmp_path, capsys):
     assert capsys.readouterr().err.count("ignoring the resume file") == 2
 
 
+@pytest.mark.slow
 def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkeypatch):
     """The stage deletes the resume file only once lore.csv and its meta are written: a failure (or a kill)
     between the end of the search and the outputs leaves it for the rerun, which resumes and then removes it."""
@@ -466,19 +470,19 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
     argv = _setup(d, "hoeffding")[3:]
     argv[argv.index("--horizon") + 1] = "6"
     argv[argv.index("--checkpoint-every") + 1] = "1e-9"
-    resume = d / "lore.csv.resume"
+    resume = d / f"{RUN_FILES['lore']}.resume"
 
     def full_disk(self, info, **outputs):
-        raise OutputError(28, f"cannot write {d / 'lore.csv'}: No space left on device")
+        raise OutputError(28, f"cannot write {d / RUN_FILES['lore']}: No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(crop.stages.Stage, "write", full_disk)
+        m.setattr(crop.stages.StageRun, "write", full_disk)
         with pytest.raises(SystemExit):
             main(argv)
-    assert resume.exists() and not (d / "lore.csv").exists()
+    assert resume.exists() and not (d / RUN_FILES["lore"]).exists()
     main(argv)
-    meta = json.loads((d / "lore.meta.json").read_text())
-    assert (d / "lore.csv").exists() and meta["search"]["resumed"] is True and not resume.exists()
+    meta = json.loads((d / meta_name(RUN_FILES["lore"])).read_text())
+    assert (d / RUN_FILES["lore"]).exists() and meta["search"]["resumed"] is True and not resume.exists()
 
 
 def test_every_setting_is_in_the_resume_key(tmp_path):
@@ -536,3 +540,4 @@ def test_lore_functions_take_at_most_eight_parameters():
         elif isinstance(node, ast.ClassDef):
             n = sum(isinstance(s, ast.AnnAssign) for s in node.body)
             assert n <= 8, (node.name, n)
+

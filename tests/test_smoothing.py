@@ -73,6 +73,7 @@ def _project(perturbation, radius):
     return perturbation * torch.clamp(radius.reshape(-1, 1) / norm, max=1.0)
 
 
+@pytest.mark.slow
 def test_radius_cannot_be_beaten_by_pgd(mlp_factory):
     """Soundness of Theorem 1 with every bound: PGD with 16 restarts at 0.99 × the certified radius never
     changes the smoothed action, judged (for the 2 restarts per bound that a fresh noise bank rates most
@@ -137,6 +138,7 @@ class _HalfSpaces(torch.nn.Module):
         return torch.sigmoid(self.k * (x @ self.w.T - self.b))
 
 
+@pytest.mark.slow
 def test_nearly_tight_radius_is_not_beaten_and_is_close_to_the_boundary():
     """For every bound: the radius lies below the true distance to the smoothed decision boundary (and not
     far below it), and PGD at 0.99 × the radius fails while PGD at 1.25 × the distance succeeds."""

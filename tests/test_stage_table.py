@@ -1,7 +1,9 @@
 """The stage table (crop/stage_table.py) is the one statement of each stage's outputs, V-range input and
 settings: the workflow's rules, the `crop` subcommands, the integrity check and the file layout all agree
 with it, so renaming an output is an edit of the table alone."""
+import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ import yaml
 from crop import layout
 from crop.cli import build_parser
 from crop.report import integrity
-from crop.stage_table import RUN_FILES, STAGES, meta_name, stage
+from crop.stage_table import RUN_FILES, STAGES, layout_table, meta_name, stage, with_layout_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,6 +47,7 @@ def jobs(tmp_path_factory):
     return _dry_run_jobs(tmp_path_factory.mktemp("dry"), cfg)
 
 
+@pytest.mark.slow
 def test_every_rule_writes_exactly_its_rows_outputs_and_names_each_on_the_command_line(jobs):
     seen = set()
     for job in jobs:
@@ -77,6 +80,7 @@ def test_each_subcommand_takes_the_rows_outputs_and_settings():
         assert {a for a in actions if a.startswith("out")} == {o.option for o in row.outputs}, name
         assert ("qrange" in actions) == ("target" in actions) == row.v_range, name
         assert set(row.settings) <= set(actions), name
+        assert {f.option for f in row.flags} <= set(actions), name
 
 
 def test_layout_and_integrity_read_the_table(tmp_path):
@@ -100,3 +104,85 @@ def test_the_table_needs_no_torch():
            "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+TOY = '''
+from crop.io import write_json
+from crop.stage_table import Flag, Output, StageRow, add_stage
+
+add_stage(StageRow(
+    "toy", "a toy stage", "a toy stage's help", "A toy stage: writes its settings.", "toy_stage:cmd_toy",
+    (Output("toy", "toy.json", "out", "toy.json: its settings", meta=False),),
+    {"m": "loact.m", "alpha": "/alpha"}, v_range=True, replicate=True, mem_mb=500,
+    flags=(Flag("knob", {"type": "integer", "minimum": 1}, "a flag the rule leaves out"),)))
+
+
+def cmd_toy(args):
+    write_json(args.out, {"m": args.m, "alpha": args.alpha, "knob": args.knob, "target": args.target})
+'''
+
+
+@pytest.mark.slow
+def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_and_run_files(tmp_path):
+    """Adding a per-run stage is its row and its handler: the dry run, the CLI and the layout take it up."""
+    (tmp_path / "toy_stage.py").write_text(TOY)
+    # the workflow: the repository's Snakefile read after the row is added
+    (tmp_path / "Snakefile").write_text(f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport toy_stage\n\n"
+                                        f"include: {str(REPO / 'Snakefile')!r}\n")
+    cfg = yaml.safe_load((REPO / "tests/configs/smoke.yaml").read_text())
+    cfg["replicates"] = 2
+    cfg["environments"]["CartPole-v0"].update(algorithms=["StdTrain"], sigmas=[0.1])
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"), "--directory",
+                          str(tmp_path / "run"), "--configfile", str(tmp_path / "c.yaml"), "-n", "-p", "--cores",
+                          "1", "all"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout + out.stderr
+    for rule, folder in (("toy", "sigma-0.1"), ("toy_replicate", "rep-1")):
+        block = text.split(f"rule {rule}:\n", 1)[1].split("\n\n", 1)[0]
+        assert f"{folder}/toy.json" in block and "toy.meta.json" not in block, block
+        shell = next(line for line in block.splitlines() if line.startswith("Shell command: "))
+        words = shlex.split(shell.removeprefix("Shell command: "))
+        assert words[:2] == ["crop", "toy"] and json.loads(words[words.index("--settings") + 1]) == \
+            {"m": cfg["environments"]["CartPole-v0"]["loact"]["m"], "alpha": 0.05}
+        assert "--knob" not in words and "--qrange" in words
+    # the aggregate and the audit wait for it
+    assert re.search(r"rule audit:\n(?:.*\n)*?\s+input: .*sigma-0.1/toy.json", text)
+    # the CLI (its settings from the schema and --settings, its own flag) and the layout
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import toy_stage\n"
+            "from crop import layout; from crop.report import integrity; from crop.cli import main\n"
+            "assert layout.RUN_FILES['toy'] == 'toy.json' and 'toy' in layout.REPLICATE_FILES\n"
+            "assert integrity.STAGE_FILES['toy'] == ('toy',)\n"
+            "main(['toy', '--env', 'CartPole-v0', '--algo', 'StdTrain', '--sigma', '0.1', '--checkpoint', 'c',"
+            " '--target', 'vote', '--settings', '{\"m\": 7}', '--knob', '3', '--out', sys.argv[2]])\n")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), str(tmp_path / "toy.json")], check=True)
+    assert json.loads((tmp_path / "toy.json").read_text()) == {"m": 7, "alpha": 0.05, "knob": 3, "target": "vote"}
+
+
+def test_a_stage_is_refused_once_the_layout_has_read_the_table():
+    code = "import crop.layout\nfrom crop.stage_table import STAGES, add_stage\nadd_stage(STAGES['lore'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "add it before importing crop.layout" in out.stderr
+
+
+def test_the_layout_page_holds_the_current_table():
+    doc = (REPO / "docs/layout.md").read_text()
+    assert with_layout_table(doc) == doc, "regenerate: python -m crop.stage_table docs/layout.md"
+    assert layout_table() in doc
+
+
+def test_captions_quote_each_stage_with_the_settings_it_ran_with():
+    import string
+
+    from crop.config import validate_config
+    from crop.report.captions import caption_settings
+
+    for row in STAGES.values():  # a caption names only its own stage's settings
+        fields = {f for _, f, _, _ in string.Formatter().parse(row.caption or "") if f}
+        assert fields <= set(row.settings), row.command
+    cfg = yaml.safe_load((REPO / "tests/configs/smoke.yaml").read_text())
+    env = cfg["environments"]["CartPole-v0"]
+    env["loact"]["m"], env["attack"]["local_eps_factors"] = 4321, [0.0, 0.75]
+    words = caption_settings(validate_config(cfg))["CartPole-v0"]
+    assert words["loact"].startswith("m = 4321 noise samples per state")
+    assert words["attack"].endswith("ε/σ ∈ {0, 0.75}") and "-step ℓ2 PGD; global: " in words["attack"]

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +29,7 @@ def test_workflow_parse_imports_neither_torch_nor_pandas():
     assert _loaded("\n".join(imports), heavy) == []
 
 
+@pytest.mark.slow
 def test_a_stage_job_does_not_load_scipy_stats():
     """Φ and Φ⁻¹ come from scipy.special; scipy.stats (about 0.5 s per job) loads only for GRe's order
     statistic."""
@@ -35,6 +38,7 @@ def test_a_stage_job_does_not_load_scipy_stats():
     assert _loaded(code + "\ncrop.stats.percentile_order_index(100, 0.5, 0.05)", ["scipy.stats"]) == ["scipy.stats"]
 
 
+@pytest.mark.slow
 def test_a_run_folder_is_looked_up_without_highway_env():
     """The report's run discovery asks whether ENV/ALGO is a namespaced gymnasium id; highway-env registers
     none, so that question loads no highway-env (0.65 s per aggregate and audit job), while a highway id

@@ -5,7 +5,9 @@ import os
 import time
 
 import pandas as pd
+import pytest
 
+from crop.layout import RUN_FILES
 from crop.report.audit import audit
 from crop.report.summary import run_summary
 
@@ -31,6 +33,7 @@ def test_summary_without_audit_says_there_is_none(tmp_path, monkeypatch):
     assert got["report"].startswith("snakemake --report report.html --configfile configs/quick.yaml ")
 
 
+@pytest.mark.slow
 def test_summary_states_the_audits_verdict_and_counts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runs = make_results(tmp_path / "res", PLAN)
@@ -52,7 +55,7 @@ def test_summary_states_the_audits_verdict_and_counts(tmp_path, monkeypatch):
     assert got["report"].startswith("snakemake --report report.html ") and "--configfile" not in got["report"]
 
     # a planted soundness violation: the audit says FAIL, and so does the summary, with its count
-    lore = next(iter(runs.values())) / "lore.csv"
+    lore = next(iter(runs.values())) / RUN_FILES["lore"]
     df = pd.read_csv(lore)
     df["lower_bound"] = df["lower_bound"] + 1e6
     rewrite_csv(lore, df)
@@ -68,7 +71,7 @@ def test_summary_flags_an_audit_older_than_the_results(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runs = make_results(tmp_path / "res", PLAN)
     audit(tmp_path / "res", tmp_path / "res" / "audit")
-    loact = next(iter(runs.values())) / "loact.csv"
+    loact = next(iter(runs.values())) / RUN_FILES["loact"]
     later = time.time() + 5
     os.utime(loact, (later, later))
     text = run_summary(tmp_path / "res")

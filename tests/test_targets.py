@@ -31,6 +31,7 @@ def test_samples_lie_in_zero_one_and_sum_to_one(mlp_factory, target):
         assert set(np.unique(samples)) <= {0.0, 1.0} and total.sum() == 777
 
 
+@pytest.mark.slow
 def test_vote_counts_the_greedy_action_at_the_noisy_states():
     """The vote of a half-space network is Bernoulli(Φ(d/σ)), d the signed distance to the boundary."""
     net = Linear2([[1.0, 0.0], [-1.0, 0.0]], [0.0, 0.0])   # action 0 iff x₁ > 0
@@ -74,6 +75,7 @@ def _truth(net, x, target, sigma, n=2_000_000, seed=99):
         return f.double().mean(0).numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS01)
 @pytest.mark.parametrize("bound", sorted(BOUNDS))
 def test_bounds_cover_at_rate_1_minus_alpha(target, bound):
@@ -121,6 +123,7 @@ def _brute_force_distance(f, n, s, action, r_max, rings=16, angles=36):
     return np.inf
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS01)
 def test_radius_never_beyond_a_brute_force_search_on_a_small_network(mlp_factory, target):
     """On random 2-D → 3 networks: for every certified state, a dense polar grid search finds no
@@ -186,6 +189,7 @@ def test_ties_are_never_certified(bound):
 
 # ------------------------------------------------------------------------- LoRe and GRe on a policy network
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS01)
 @pytest.mark.parametrize("signed,prune", [(False, True), (True, False)])
 def test_lore_on_a_policy_network_equals_brute_force(mlp_factory, target, signed, prune):
@@ -236,6 +240,7 @@ def test_gre_on_a_policy_network_acts_by_the_greedy_action_at_the_noisy_state(ml
     assert len(set(expected)) > 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS01)
 def test_local_attack_on_a_policy_network_never_flips_a_certified_step(target):
     """PGD on the smoothed probabilities against π̃ of a Tanh actor: no attacked step whose certified radius

@@ -15,6 +15,8 @@ from test_import_policy import CleanRLAgent, _sb3_mlp_policy, _sb3_zip
 
 from crop import layout
 from crop.config import ConfigError, run_targets, validate_config
+from crop.io import meta_name
+from crop.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = "CartPole-v0"
@@ -45,15 +47,15 @@ def _check_runs(results: Path, expected: dict) -> None:
     """Every run of ``expected`` {(algo, target): network} is complete for its target, has no qrange.json
     (probs, vote), certifies with its own target, and is audited with its checkpoint found; the tables name
     it "ALGO (TARGET)"; nothing ran a qrange job."""
-    assert not list(results.rglob("qrange.json")) and not list((results / "logs").rglob("qrange.log"))
+    assert not list(results.rglob(RUN_FILES["qrange"])) and not list((results / "logs").rglob("qrange.log"))
     for (algo, target), network in expected.items():
         d = layout.run_dir(results, ENV, algo, "0.2", target)
         assert d == results / ENV / f"{algo}@{target}" / "sigma-0.2"
         assert all((d / f).is_file() for f in layout.run_files(target).values())
-        meta = json.loads((d / "loact.meta.json").read_text())
+        meta = json.loads((d / meta_name(RUN_FILES["loact"])).read_text())
         assert meta["target"] == target and (meta["v_min"], meta["v_max"]) == (0.0, 1.0)
         assert set(meta["inputs"]) == {"checkpoint"}
-        lore_meta = json.loads((d / "lore.meta.json").read_text())
+        lore_meta = json.loads((d / meta_name(RUN_FILES["lore"])).read_text())
         assert lore_meta["settings"]["target"] == target
         rec = json.loads(layout.checkpoint_record(results, ENV, algo).read_text())
         assert rec["network"] == network
@@ -90,6 +92,7 @@ def test_target_vote_runs_every_stage_without_qrange_for_a_q_network_and_a_clean
     _check_runs(tmp_path / "results", {("StdTrain", "vote"): "q", ("GaussAug", "vote"): "policy"})
 
 
+@pytest.mark.slow
 def test_q_and_vote_side_by_side_plan_qrange_for_q_only(tmp_path):
     torch.save(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).state_dict(),
                tmp_path / "q.pt")
@@ -103,7 +106,7 @@ def test_q_and_vote_side_by_side_plan_qrange_for_q_only(tmp_path):
     assert "--qrange" in q_cmd and "--qrange" not in vote_cmd and "StdTrain@vote/sigma-0.2" in vote_cmd
     assert "--algo StdTrain " in vote_cmd   # the run folder's @vote is not part of the algorithm
     qrange = [ln for ln in p.stdout.splitlines() if "crop qrange " in ln]
-    assert len(qrange) == 1 and "StdTrain/sigma-0.2/qrange.json" in qrange[0]
+    assert len(qrange) == 1 and f"StdTrain/sigma-0.2/{RUN_FILES['qrange']}" in qrange[0]
 
 
 def test_config_targets_and_layout():

@@ -186,6 +186,7 @@ def test_sa_mdp_cvx_bounds_the_pgd_inner_maximum_from_above():
         assert (bound >= found - 1e-5).all()
 
 
+@pytest.mark.slow
 def test_radial_worst_case_loss_is_at_least_the_nominal_loss():
     net = _net(5)
     recipe, ctx = _ctx(net, "RadialRL", eps=0.05)
@@ -284,6 +285,7 @@ def test_prioritized_replay_samples_in_proportion_to_priority():
 
 # ---------------------------------------------------------------------------------------------- end to end
 
+@pytest.mark.slow
 def test_training_is_deterministic_and_records_the_clean_return():
     settings = {"total_steps": 1200, "target_return": None, "eval_episodes": 2, "hidden": [16],
                 "dqn": {"learning_starts": 200, "eps_decay_steps": 500},
@@ -467,6 +469,7 @@ def _tiny_atari(env, algo, seed=0):
     return train_policy(env, algo, seed, settings, progress=False)
 
 
+@pytest.mark.slow
 def test_tiny_atari_training_is_a_deterministic_cnn_that_loads_back(tmp_path):
     a, info = _tiny_atari("PongNoFrameskip-v4", "StdTrain")
     spec = info["net_spec"]
@@ -486,6 +489,7 @@ def test_tiny_atari_training_is_a_deterministic_cnn_that_loads_back(tmp_path):
         assert torch.equal(loaded(x), a(x))
 
 
+@pytest.mark.slow
 def test_tiny_atari_gaussaug_on_freeway():
     net, info = _tiny_atari("FreewayNoFrameskip-v4", "GaussAug")
     assert info["net_spec"]["out"] == 3 and info["hyperparameters"] == {"sigma": 0.005}

@@ -12,6 +12,7 @@ import yaml
 
 from crop import layout
 from crop.config import load_config, sigma_label
+from crop.layout import RUN_FILES
 from crop.lore import lore_bound_at
 from crop.report.provenance import config_hash
 
@@ -52,26 +53,26 @@ def test_every_output_exists_and_is_sane(smoke_run):
             assert rec["clean_greedy_return"]["mean"] >= 195 and rec["clean_greedy_return"]["episodes"] == 100
             for lab in labels:
                 d = layout.run_dir(results, env, algo, lab)
-                q = json.loads((d / "qrange.json").read_text())
+                q = json.loads((d / RUN_FILES["qrange"]).read_text())
                 assert q["v_min"] < q["v_max"] and q["checkpoint_sha256"] == rec["sha256"]
-                st = pd.read_csv(d / "loact.csv")
+                st = pd.read_csv(d / RUN_FILES["loact"])
                 assert {"episode", "step", "action", "certified", "radius"} <= set(st.columns)
                 assert len(st) == ec["loact"]["episodes"] * ec["loact"]["horizon"]  # CartPole survives
                 assert (st["radius"] >= 0).all()
                 assert (st.loc[~st["certified"], "radius"] == 0).all()
                 assert (st.loc[st["certified"], "radius"] > 0).all()
                 assert (st.loc[st["certified"], "q_top_lower"] > st.loc[st["certified"], "q_others_upper_max"]).all()
-                gre = pd.read_csv(d / "gre.csv")
+                gre = pd.read_csv(d / RUN_FILES["gre"])
                 assert {"eps", "expectation_bound", "percentile_bound", "p"} <= set(gre.columns)
                 assert len(gre) == len(ec["gre"]["eps_factors"]) * len(ec["gre"]["percentiles"])
                 assert gre["expectation_bound"].is_monotonic_decreasing
-                lore = pd.read_csv(d / "lore.csv")
+                lore = pd.read_csv(d / RUN_FILES["lore"])
                 assert list(lore.columns) == ["eps", "lower_bound"] and lore["eps"].iloc[0] == 0
                 assert lore["lower_bound"].is_monotonic_decreasing
                 for name in ("attack_local", "attack_global"):
                     a = pd.read_csv(d / f"{name}.csv")
                     assert {"eps", "episode", "return"} <= set(a.columns) and len(a) > 0
-                assert len(pd.read_csv(d / "gre_returns.csv")) == ec["gre"]["m"]
+                assert len(pd.read_csv(d / RUN_FILES["gre_returns"])) == ec["gre"]["m"]
     audit = json.loads((results / "audit" / "audit.json").read_text())
     assert audit["checked"] > 0 and audit["integrity_problems"] == 0
     # The workflow passes the hash of the validated config; every run's checkpoint record is found.
@@ -89,15 +90,15 @@ def test_no_attack_beats_a_certificate(smoke_run):
     for env, algo, lab in [(e, a, sigma_label(s)) for e, ec in cfg["environments"].items()
                            for a in ec["algorithms"] for s in ec["sigmas"]]:
         d = layout.run_dir(results, env, algo, lab)
-        gre = pd.read_csv(d / "gre.csv")
-        ag = pd.read_csv(d / "attack_global.csv")
+        gre = pd.read_csv(d / RUN_FILES["gre"])
+        ag = pd.read_csv(d / RUN_FILES["attack_global"])
         for eps, g in ag.groupby("eps"):
             row = gre[np.isclose(gre["eps"], eps) & np.isclose(gre["p"], 0.5)]
             if len(row) and row["percentile_certified"].iloc[0]:
                 assert g["return"].median() >= row["percentile_bound"].iloc[0], (lab, eps)
                 checked += 1
-        lore = pd.read_csv(d / "lore.csv")
-        al = pd.read_csv(d / "attack_local.csv")
+        lore = pd.read_csv(d / RUN_FILES["lore"])
+        al = pd.read_csv(d / RUN_FILES["attack_local"])
         for _, r in al[al["same_start_as_lore"]].iterrows():
             assert r["return"] >= lore_bound_at(lore, r["eps"]), (lab, r["eps"])
             checked += 1
@@ -169,6 +170,7 @@ def test_standalone_audit_against_a_reference(smoke_run, tmp_path):
     assert subprocess.run(args, capture_output=True, text=True, timeout=300).returncode == 0
 
 
+@pytest.mark.slow
 def test_audit_rule_takes_the_config_audit_block(tmp_path):
     """audit.reference / strict / alpha reach `crop audit`, with the hash of the validated config; the
     reference is an input of the rule (a missing one stops the workflow before it runs)."""
@@ -192,6 +194,7 @@ def test_lint_is_clean(tmp_path):
     assert "Congratulations, your workflow is in a good condition!" in p.stdout + p.stderr, p.stdout + p.stderr
 
 
+@pytest.mark.slow
 def test_paper_config_builds_the_full_dag(tmp_path):
     """configs/paper.yaml: every env × algo × σ × stage is planned, by the rule that owns it, and so are
     every policy's checkpoint and the paper's figures and tables; certification jobs ask for a GPU."""

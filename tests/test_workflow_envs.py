@@ -3,6 +3,7 @@ fetched through a mirror, and CROP's published highway checkpoints through a mir
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -13,8 +14,10 @@ import pandas as pd
 import pytest
 import torch
 
-from crop.layout import run_dir
+from crop.io import meta_name
+from crop.layout import RUN_FILES, run_dir
 from crop.models import build_q_network
+from crop.stage_table import STAGES
 
 from conftest import SHARED
 from test_fetch import serve  # noqa: F401  (fixture)
@@ -28,6 +31,18 @@ def run_smoke(config: Path, work: Path, mirror: str):
                         str(work), "--cores", "2", "--configfile", str(config)],
                        capture_output=True, text=True, timeout=1200, env=env)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+
+
+@pytest.mark.parametrize("config", ["atari_smoke.yaml", "highway_smoke.yaml"])
+def test_the_smoke_configs_plan_every_stage(tmp_path, config):
+    """The fast counterpart of the end-to-end runs below: each smoke config's DAG holds every stage's rule
+    (a dry run; nothing is fetched)."""
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                        str(tmp_path), "--cores", "1", "--configfile", str(REPO / "tests/configs" / config), "-n"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    planned = set(re.findall(r"^(?:local)?rule (\w+):$", p.stdout + p.stderr, re.M))
+    assert planned >= {"checkpoint", *(row.rule for row in STAGES.values()), "aggregate", "audit"}, planned
 
 
 @pytest.mark.slow
@@ -45,15 +60,15 @@ def test_atari_policy_end_to_end(tmp_path, serve):  # noqa: F811
     work = tmp_path / "work"
     run_smoke(REPO / "tests/configs/atari_smoke.yaml", work, serve(site))
     d = run_dir(work / "results-atari", "PongNoFrameskip-v4", "StdTrain", "0.01")
-    st = pd.read_csv(d / "loact.csv")
+    st = pd.read_csv(d / RUN_FILES["loact"])
     assert len(st) >= 1 and (st["radius"] >= 0).all() and set(st["action"]) <= {0, 1, 2, 3}
-    with np.load(d / "frames.npz") as z:
+    with np.load(d / RUN_FILES["frames"]) as z:
         assert z["frames"].shape[1:] == (210, 160, 3) and len(z["frames"]) == len(st[st.episode == 0])
     rec = json.loads((work / "results-atari/PongNoFrameskip-v4/StdTrain/checkpoint/model.json").read_text())
     assert rec["source"] == "published" and rec["pinned_by"] == "lock file"
     assert "http://download.huan-zhang.com" in (work / "checkpoints.lock.json").read_text()
     assert json.loads((work / "results-atari/audit/audit.json").read_text())["violations"] == 0
-    assert json.loads((d / "lore.meta.json").read_text())["search"]["reward_modification"] == "max(r, 0)"
+    assert json.loads((d / meta_name(RUN_FILES["lore"])).read_text())["search"]["reward_modification"] == "max(r, 0)"
 
 
 @pytest.mark.slow
@@ -63,7 +78,7 @@ def test_highway_published_checkpoints_end_to_end(tmp_path, serve):  # noqa: F81
     run_smoke(REPO / "tests/configs/highway_smoke.yaml", work, serve(SHARED / "checkpoints"))
     for algo in ("StdTrain", "RadialRL"):
         d = run_dir(work / "results-highway", "highway-fast-v0", algo, "0.05")
-        for f in ("loact.csv", "gre.csv", "lore.csv", "attack_local.csv", "attack_global.csv"):
+        for f in (RUN_FILES[k] for k in ("loact", "gre", "lore", "attack_local", "attack_global")):
             assert len(pd.read_csv(d / f)) > 0, f
     audit = json.loads((work / "results-highway/audit/audit.json").read_text())
     assert audit["violations"] == 0 and audit["integrity_problems"] == 0

@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = ["EnvSpec", "ENV_SPECS", "env_spec", "env_family", "profiles", "check_profile", "make_env",
            "make_env_pool", "untrusted_env_ids", "snapshot", "restore", "to_obs", "UnknownEnvError", "MissingFactError",
-           "snapshot_problem", "env_shapes", "default_profile", "sticky_probability"]
+           "snapshot_problem", "env_shapes", "default_profile", "sticky_probability", "action_bounds"]
 
 
 class UnknownEnvError(KeyError):
@@ -249,7 +249,25 @@ def env_shapes(env_id: str, profile: str | None = None) -> tuple[int, tuple]:
     the environment itself."""
     env = make_env(env_id, profile)
     try:
-        return int(env.action_space.n), tuple(int(d) for d in env.observation_space.shape)
+        a = env.action_space
+        n = int(a.shape[0]) if isinstance(a, gym.spaces.Box) else int(a.n)
+        return n, tuple(int(d) for d in env.observation_space.shape)
+    finally:
+        env.close()
+
+
+@functools.cache
+def action_bounds(env_id: str, profile: str | None = None) -> tuple[tuple, tuple] | None:
+    """(low, high) of a continuous (Box) action space, one float per action dimension; None for a Discrete
+    one.  For a Box environment :func:`env_shapes`' action count is the number of dimensions."""
+    if env_id in ENV_SPECS:
+        return None
+    env = make_env(env_id, profile)
+    try:
+        a = env.action_space
+        if not isinstance(a, gym.spaces.Box):
+            return None
+        return tuple(float(x) for x in a.low), tuple(float(x) for x in a.high)
     finally:
         env.close()
 
@@ -318,9 +336,15 @@ def _make_gym(env_id: str, family: str) -> gym.Env:
             raise UnknownEnvError(f"{env_id}: cannot be made: {' '.join(str(exc).split())}") from None
     a, o = env.action_space, env.observation_space
     problem = None
-    if not isinstance(a, gym.spaces.Discrete) or int(a.start) != 0:
-        problem = (f"its action space {a} is not Discrete(n) from 0; crop certifies Q-networks over a finite set "
-                   "of actions (policy-gradient and continuous-action agents: docs/own-policy.md)")
+    if isinstance(a, gym.spaces.Box):
+        if len(a.shape) != 1 or not np.issubdtype(a.dtype, np.floating) or \
+                not (np.isfinite(a.low).all() and np.isfinite(a.high).all()):
+            problem = (f"its action space {a} is a Box crop cannot certify: continuous actions must be one vector "
+                       "of floats with finite bounds")
+    elif not isinstance(a, gym.spaces.Discrete) or int(a.start) != 0:
+        problem = (f"its action space {a} is neither Discrete(n) from 0 nor a Box of finite bounds; crop "
+                   "certifies a finite set of actions or a vector of bounded continuous actions "
+                   "(docs/own-policy.md)")
     elif not isinstance(o, gym.spaces.Box):
         problem = f"its observation space {o} is not a Box (a vector or an image)"
     elif family == "highway" and env.unwrapped.config.get("observation", {}).get("type") != "Kinematics":
@@ -375,6 +399,9 @@ def snapshot_problem(env_id: str, profile: str | None = None) -> str | None:
     world, a simulator process — or drawing from a global RNG fails this)."""
     if env_id in ENV_SPECS or env_family(env_id) in ("atari", "highway"):
         return None
+    if action_bounds(env_id, profile) is not None:
+        return (f"LoRe searches a tree that branches over a finite set of actions; {env_id}'s actions are "
+                "continuous (a Box), so LoRe does not apply")
     try:
         env = make_env(env_id, profile)
         env.reset(seed=12345)

@@ -30,7 +30,7 @@ def _reset(envs, seed0: int):
 def _step(envs, local_idx, actions):
     obs, rew, term, trunc = [], [], [], []
     for k, a in zip(local_idx, actions):
-        o, r, te, tr, _ = envs[int(k)].step(int(a))
+        o, r, te, tr, _ = envs[int(k)].step(a if np.ndim(a) else int(a))   # a Box action: its vector
         obs.append(np.asarray(o, dtype=np.float32))
         rew.append(float(r))
         term.append(bool(te))

@@ -95,6 +95,16 @@ from crop.models.noisy import noisy_mlp as _noisy_mlp  # noqa: E402
 _BUILDERS.update(noisy_mlp=_noisy_mlp, carrl=_carrl)
 
 
+def _actor(spec: dict) -> nn.Module:
+    """A continuous-action agent's deterministic actor (and its critics): :mod:`crop.models.actor`."""
+    from crop.models.actor import build_actor
+
+    return build_actor(spec)
+
+
+_BUILDERS["actor"] = _actor
+
+
 def n_actions(spec: dict) -> int:
     """The number of Q-values (actions) a spec's network outputs; a wrapping spec (CARRL) has its base's."""
     if "out" in spec:
@@ -108,7 +118,7 @@ def input_shape(spec: dict) -> tuple:
     """The observation shape a spec's network takes: (in,) for an MLP, (c, n, n) for a Nature-CNN; a
     wrapping spec (CARRL) takes its base's."""
     arch = spec.get("arch")
-    if arch in ("mlp", "noisy_mlp") and "in" in spec:
+    if arch in ("mlp", "noisy_mlp", "actor") and "in" in spec:
         return (int(spec["in"]),)
     if arch in ("nature_cnn", "dueling_cnn"):
         n = int(spec.get("in_size", 84))
@@ -122,11 +132,25 @@ def fit_problem(spec: dict, env_id: str, profile: str | None = None) -> str | No
     """Why a spec's network cannot be the Q-network of ``env_id`` under ``profile`` (its input is not the
     environment's observation, or it gives not one Q-value per action), in one line naming both shapes; or
     None."""
-    from crop.envs import default_profile, env_shapes
+    from crop.envs import action_bounds, default_profile, env_shapes
 
     profile = profile or default_profile(env_id)
     n, shape = env_shapes(env_id, profile)
     net_in, net_out = input_shape(spec), n_actions(spec)
+    bounds, actor = action_bounds(env_id, profile), spec.get("arch") == "actor"
+    if actor and bounds is None:
+        return (f"the network ({spec_summary(spec)}) is a continuous-action actor, but {env_id} has a Discrete "
+                "action space")
+    if bounds is not None and not actor:
+        return (f"{env_id} has a continuous (Box) action space, and the network ({spec_summary(spec)}) is not a "
+                "continuous-action actor (crop imports SB3 SAC, TD3, PPO and A2C agents for Box actions)")
+    if actor and net_in == shape and net_out == n:
+        import numpy as np
+
+        if not (np.allclose(spec["low"], bounds[0], rtol=1e-6, atol=0) and
+                np.allclose(spec["high"], bounds[1], rtol=1e-6, atol=0)):
+            return (f"the action bounds in the file, {list(spec['low'])}..{list(spec['high'])}, disagree with "
+                    f"{env_id}'s, {list(bounds[0])}..{list(bounds[1])}")
     if net_in == shape and net_out == n:
         return None
     return (f"the network ({spec_summary(spec)}) takes input {net_in} and gives {net_out} outputs, but {env_id} "
@@ -139,6 +163,10 @@ def spec_summary(spec: dict) -> str:
                 f"over {spec_summary(spec['base'])}")
     if spec.get("arch") == "noisy_mlp":
         return "NoisyNet " + spec_summary({**spec, "arch": "mlp"})
+    if spec.get("arch") == "actor":
+        from crop.models.actor import actor_summary
+
+        return actor_summary(spec)
     if spec.get("arch") == "mlp":
         dims = [spec["in"], *spec.get("hidden", []), spec["out"]]
         return "MLP " + "→".join(str(d) for d in dims) + (f" ({spec['activation']})" if "activation" in spec else "")

@@ -3,6 +3,7 @@ the protocol that drew it."""
 from __future__ import annotations
 
 from crop.config import sigma_label
+from crop.stage_table import caption, stage_settings
 
 __all__ = ["caption_settings", "audit_settings", "Words"]
 
@@ -30,31 +31,18 @@ def audit_settings(audit: dict) -> Words:
 
 
 def caption_settings(cfg: dict) -> Words:
-    """Per environment of a validated config, the settings the captions quote (as text)."""
-
-    def eps(xs):
-        return ", ".join(f"{x:g}" for x in xs)
+    """Per environment of a validated config, the settings the captions quote (as text): each stage's caption
+    (its row of the stage table) with the settings the stage runs with; the two attacks in one."""
+    def quoted(env, command):
+        return caption(command, stage_settings(cfg, env, command))
 
     out = {}
     for env, ec in cfg["environments"].items():
-        lo, gr, lr, at = ec["loact"], ec["gre"], ec["lore"], ec["attack"]
         out[env] = {
             "algorithms": ", ".join(ec["algorithms"]),
             "sigmas": ", ".join(sigma_label(x) for x in ec["sigmas"]),
-            "loact": (
-                f"m = {lo['m']} noise samples per state, {lo['episodes']} clean episodes of at most "
-                f"{lo['horizon']} steps"
-            ),
-            "gre": (
-                f"m = {gr['m']} randomized trajectories of H = {gr['horizon']} steps, γ = {gr['gamma']}, "
-                f"ε/σ ∈ {{{eps(gr['eps_factors'])}}}"
-            ),
-            "lore": f"m = {lr['m']} noise samples per state, horizon H = {lr['horizon']}, γ = {lr['gamma']}",
-            "attack": (
-                f"{at['pgd_steps']}-step ℓ2 PGD; global: {at['global_episodes']} episodes, ε/σ ∈ "
-                f"{{{eps(at['global_eps_factors'])}}}; local (from LoRe's initial state and others): "
-                f"{at['local_episodes']} episodes, ε/σ ∈ {{{eps(at['local_eps_factors'])}}}"
-            ),
+            **{name: quoted(env, name) for name in ("loact", "gre", "lore")},
+            "attack": f"{quoted(env, 'attack-global')}; {quoted(env, 'attack-local')}",
         }
     text = "; ".join(f"{env}: {v['algorithms']} at σ ∈ {{{v['sigmas']}}}; LoAct {v['loact']}; GRe {v['gre']}; "
                      f"LoRe {v['lore']}; attacks {v['attack']}" for env, v in out.items())

@@ -152,15 +152,6 @@ def _agrees(r, published: float, tolerances: dict) -> tuple[bool, float]:
     return ok, outside
 
 
-def _ratio_range(g: pd.DataFrame) -> str:
-    r = g["ratio"].dropna()
-    r = r[r > 0]
-    if r.empty:
-        return ""
-    lo, hi = r.min(), r.max()
-    return f" (reproduced/published {_fmt(lo, 2)}" + (f"–{_fmt(hi, 2)})" if not math.isclose(lo, hi) else ")")
-
-
 def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str, tolerances: dict) -> list[str]:
     lines = [f"## {env}", ""]
     ran = df[df["verdict"].isin(["match", "differs"]) | (df["verdict"] == "not_in_reference")

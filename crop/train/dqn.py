@@ -199,7 +199,9 @@ def greedy_returns(net: torch.nn.Module, env_id: str, seeds, profile: str | None
             obs, _ = env.reset(seed=int(s))
             total, done, t = 0.0, False, 0
             while not done:
-                a = int(net(torch.as_tensor(to_obs(obs), device=dev).unsqueeze(0)).argmax(1))
+                y = net(torch.as_tensor(to_obs(obs), device=dev).unsqueeze(0))
+                # a continuous-action actor's output is its action (in the env's bounds), a Q-network's the values
+                a = y[0].cpu().numpy() if getattr(net, "continuous", False) else int(y.argmax(1))
                 obs, r, term, trunc, _ = env.step(a)
                 total += float(r)
                 t += 1

@@ -172,6 +172,16 @@ def _regular_file(path: Path) -> os.stat_result:
     return st
 
 
+def check_file(path: Path, fmt: str, max_bytes: int) -> None:
+    """What every reader checks before it reads a byte: a known format, a regular readable file, within the size
+    limit (one line each)."""
+    if fmt not in FORMATS:
+        raise PolicyImportError(f"unknown format {fmt!r}; known: {list(FORMATS)}")
+    size = _regular_file(path).st_size
+    if size > max_bytes:
+        raise PolicyImportError(f"{path}: {size} bytes, over the limit of {max_bytes}; refusing it")
+
+
 def read_state_dict(path: str | Path, fmt: str = "auto",
                     max_bytes: int = MAX_MEMBER_BYTES) -> tuple[dict, str, str | None, str | None, str]:
     """(state dict, format, archive member, activation, untold) of a policy file; nothing is extracted to
@@ -179,11 +189,7 @@ def read_state_dict(path: str | Path, fmt: str = "auto",
     keys, the value branch dropped): activation = its MLP's as the file tells it, or None with ``untold``
     saying why the file does not tell it (then the architecture must give it)."""
     path = Path(path)
-    if fmt not in FORMATS:
-        raise PolicyImportError(f"unknown format {fmt!r}; known: {list(FORMATS)}")
-    size = _regular_file(path).st_size
-    if size > max_bytes:
-        raise PolicyImportError(f"{path}: {size} bytes, over the limit of {max_bytes}; refusing it")
+    check_file(path, fmt, max_bytes)
     # A torch.save file is itself a zip archive: an SB3 archive is told apart by its policy.pth member.
     member = None
     if fmt in ("auto", "sb3") and zipfile.is_zipfile(path):
@@ -248,8 +254,6 @@ MAX_DATA_BYTES = 1 << 22
 def _sb3_policy_kwargs(path: Path) -> tuple[dict | None, str]:
     """``policy_kwargs`` of an SB3 archive's ``data`` member ({} when not given), or None and why ``data``
     cannot be read (missing, over the limit)."""
-    import json
-
     try:
         with zipfile.ZipFile(path) as zf:
             info = next((i for i in zf.infolist() if i.filename == "data"), None)
@@ -261,10 +265,21 @@ def _sb3_policy_kwargs(path: Path) -> tuple[dict | None, str]:
     except _ZIP_ERRORS as exc:
         raise _corrupt_zip(path, exc) from None
     try:
-        kwargs = json.loads(raw).get("policy_kwargs") or {}
+        kwargs = sb3_json(raw).get("policy_kwargs") or {}
     except (ValueError, AttributeError):
         raise PolicyImportError(f"{path}: member 'data' is not SB3's JSON; refusing it") from None
     return (kwargs if isinstance(kwargs, dict) else {}), ""
+
+
+def sb3_json(raw: bytes):
+    """SB3's ``data`` member parsed as JSON; ValueError where it is not JSON, nested too deeply included (the
+    parser's recursion limit is the stack's, so a hostile file's depth must not end the process's work)."""
+    import json
+
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _sb3_activation(path: Path, kwargs: dict) -> str:
@@ -406,14 +421,24 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     mode) and the import record: source path, sha256, format, member, net_spec."""
     path = Path(path)
     spec = parse_architecture(arch)
-    _regular_file(path)
+    check_file(path, fmt, max_bytes)
     digest = sha256_file(path)
     if sha256 is not None and digest != sha256.lower():
         raise PolicyImportError(f"{path}: sha256 {digest} differs from the pinned {sha256}; refusing it")
-    state, fmt, member, activation, untold = read_state_dict(path, fmt, max_bytes)
+    from crop.importing.continuous import read_continuous
+
+    continuous = read_continuous(path, fmt, max_bytes)
+    if continuous is not None:   # a Box-action agent: its actor, squashing and bounds all come from the file
+        state, fmt, member, file_spec = continuous
+        if set(spec) - {"arch"} or spec.get("arch") not in ("mlp", "actor"):
+            raise PolicyImportError(f"{path}: a continuous-action agent, whose actor, squashing and bounds are read "
+                                    f"from the file; give architecture mlp (the default), not {spec}")
+        spec, network = file_spec, "actor"
+    else:
+        state, fmt, member, activation, untold = read_state_dict(path, fmt, max_bytes)
+        network = "q" if activation is None and not untold else "policy"
     if sha256_file(path) != digest:  # the file changed while it was read
         raise PolicyImportError(f"{path}: changed while it was read; refusing it")
-    network = "q" if activation is None and not untold else "policy"
     if spec.get("arch") == "mlp":
         spec = _mlp_spec(spec, state, activation, untold, path)
     bad = sorted(k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all())
@@ -432,7 +457,8 @@ def check_fits_env(net: torch.nn.Module, spec: dict, env_id: str, profile: str |
     env = make_env(env_id, profile)
     try:
         obs, _ = env.reset(seed=0)
-        n = int(env.action_space.n)
+        box = env.action_space.shape if spec.get("arch") == "actor" else None
+        n = int(box[0]) if box else int(env.action_space.n)
     finally:
         env.close()
     x = torch.as_tensor(to_obs(obs)).unsqueeze(0)
@@ -444,7 +470,7 @@ def check_fits_env(net: torch.nn.Module, spec: dict, env_id: str, profile: str |
                                 f"of shape {tuple(x.shape[1:])}: its input or layers do not fit; refusing it") from None
     if tuple(q.shape) != (1, n):
         raise PolicyImportError(f"{what}: the network ({spec_summary(spec)}) gives {tuple(q.shape[1:])} values per "
-                                f"state; {env_id} has {n} actions; refusing it")
+                                f"state; {env_id} has {n} {'action dimensions' if box else 'actions'}; refusing it")
 
 
 def check_policy_file(path: str | Path, arch, fmt: str, sha256: str | None, env_id: str,

@@ -1,0 +1,603 @@
+"""Continuous-action agents: SB3 SAC / TD3 / PPO zips (made here as SB3 writes them) import as actors whose
+actions are SB3's deterministic ones in the environment's bounds; GRe and the global attack run on them; the
+percentile (median) certificate of crop.percentile covers brute force at rate >= 1 - alpha; what crop cannot
+certify of them is refused in one line."""
+import io
+import json
+import math
+import zipfile
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from scipy.stats import binom, norm
+from torch import nn
+
+from crop.cli import main
+from crop.importing import PolicyImportError, check_policy_file, import_policy
+from crop.io import meta_name
+from crop.layout import FRAMES_FILE, RUN_FILES
+
+OBS = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
+#: Pendulum-v1's smallest reward, −(θ² + 0.1 θ̇² + 0.001 u²) at |θ| = π, |θ̇| = 8, |u| = 2, rounded outwards to
+#: the 7 decimals the docs give (a range that is too narrow by a rounding would make GRe's bound unsound).
+PENDULUM_MIN = -math.ceil((math.pi ** 2 + 0.1 * 8 ** 2 + 0.001 * 2 ** 2) * 1e7) / 1e7
+
+
+def _mlp(sizes, seed, act=nn.ReLU, last=None):
+    torch.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers += [nn.Linear(a, b)] + ([act()] if i < len(sizes) - 2 else [])
+    return nn.Sequential(*layers, *([last()] if last else [])).eval()
+
+
+def _space(low, high, kind="gymnasium.spaces.box.Box"):
+    return {":type:": f"<class '{kind}'>", ":serialized:": "gAWV…", "dtype": "float32", "_shape": [len(low)],
+            "low": str(np.array(low, dtype=np.float32)), "high": str(np.array(high, dtype=np.float32))}
+
+
+def _zip(path, state, data):
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    with zipfile.ZipFile(path, "w") as zf:
+        if data is not None:
+            zf.writestr("data", json.dumps(data))
+        zf.writestr("policy.pth", buf.getvalue())
+        zf.writestr("_stable_baselines3_version", "2.9.2")
+    return path
+
+
+def _sac(path, low=(-2.0,), high=(2.0,), data_extra=None, with_data=True):
+    latent, mu, log_std = _mlp([3, 16, 16], 1), nn.Linear(16, 1), nn.Linear(16, 1)
+    latent = nn.Sequential(*latent, nn.ReLU())
+    q0, q1 = _mlp([4, 16, 16, 1], 2), _mlp([4, 16, 16, 1], 3)
+    state = {**{f"actor.latent_pi.{k}": v for k, v in latent.state_dict().items()},
+             **{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
+             **{f"actor.log_std.{k}": v for k, v in log_std.state_dict().items()},
+             **{f"critic.qf0.{k}": v for k, v in q0.state_dict().items()},
+             **{f"critic.qf1.{k}": v for k, v in q1.state_dict().items()},
+             **{f"critic_target.qf0.{k}": v for k, v in q0.state_dict().items()}}
+    data = {"action_space": _space(low, high), "policy_kwargs": {"net_arch": [16, 16]}, "use_sde": False,
+            **(data_extra or {})}
+    lo, hi = torch.tensor(low), torch.tensor(high)
+
+    def action(x):
+        return lo + 0.5 * (torch.tanh(mu(latent(x))) + 1) * (hi - lo)
+
+    def q(x):
+        a = torch.tanh(mu(latent(x)))
+        return torch.minimum(q0(torch.cat([x, a], 1)), q1(torch.cat([x, a], 1)))[:, 0]
+
+    return _zip(path, state, data if with_data else None), action, q
+
+
+def _td3(path):
+    mu = _mlp([3, 16, 16, 1], 4, last=nn.Tanh)
+    q0 = _mlp([4, 16, 16, 1], 5)
+    state = {**{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
+             **{f"actor_target.mu.{k}": v for k, v in mu.state_dict().items()},
+             **{f"critic.qf0.{k}": v for k, v in q0.state_dict().items()},
+             **{f"critic.qf1.{k}": v for k, v in _mlp([4, 16, 16, 1], 6).state_dict().items()}}
+    return _zip(path, state, {"action_space": _space([-2.0], [2.0])}), (lambda x: 2.0 * mu(x)), \
+        (lambda x: q0(torch.cat([x, mu(x)], 1))[:, 0])
+
+
+def _ppo(path, space=None, kwargs=None):
+    pi = nn.Sequential(*_mlp([3, 16, 16], 7, nn.Tanh), nn.Tanh())
+    action_net = nn.Linear(16, 1)
+    vf = _mlp([3, 16, 16], 8, nn.Tanh)
+    state = {"log_std": torch.zeros(1), **{f"mlp_extractor.policy_net.{k}": v for k, v in pi.state_dict().items()},
+             **{f"mlp_extractor.value_net.{k}": v for k, v in vf.state_dict().items()},
+             **{f"action_net.{k}": v for k, v in action_net.state_dict().items()},
+             "value_net.weight": torch.zeros(1, 16), "value_net.bias": torch.zeros(1)}
+    data = {"action_space": space or _space([-2.0], [2.0]), "policy_kwargs": kwargs or {}}
+    return _zip(path, state, data), (lambda x: torch.clamp(action_net(pi(x)), -2, 2))
+
+
+def test_sb3_sac_td3_ppo_import_as_actors_with_their_squashing_and_bounds(tmp_path):
+    """SAC: tanh then the rescaling to [low, high]; TD3: its Tanh rescaled; PPO: the mean clipped to the
+    bounds; the critics the attack uses (SAC: min of two; TD3: the first); the bounds recorded in the spec."""
+    src, action, q = _sac(tmp_path / "sac.zip")
+    net, info = check_policy_file(src, "mlp", "auto", None, "Pendulum-v1", "vector")
+    assert info["network"] == "actor" and info["net_spec"]["squash"] == "tanh"
+    assert info["net_spec"]["low"] == [-2.0] and info["net_spec"]["high"] == [2.0]
+    assert info["net_spec"]["critic"]["count"] == 2
+    with torch.no_grad():
+        assert torch.allclose(net(OBS), action(OBS), atol=1e-6)
+        assert torch.allclose(net.q(OBS, net.raw(OBS)), q(OBS), atol=1e-6)
+    src, action, q = _td3(tmp_path / "td3.zip")
+    net, info = check_policy_file(src, "mlp", "auto", None, "Pendulum-v1", "vector")
+    assert info["net_spec"]["critic"]["count"] == 1
+    with torch.no_grad():
+        assert torch.allclose(net(OBS), action(OBS), atol=1e-6)
+        assert torch.allclose(net.q(OBS, net.raw(OBS)), q(OBS), atol=1e-6)
+    # PPO: the mean, clipped to the bounds (a larger action_net makes some of the 64 outputs leave [-2, 2])
+    src, action = _ppo(tmp_path / "ppo.zip")
+    with torch.no_grad():
+        assert torch.allclose(import_policy(src, "mlp")[0](OBS), action(OBS), atol=1e-6)
+    state = torch.load(io.BytesIO(zipfile.ZipFile(src).read("policy.pth")), weights_only=True)
+    state["action_net.weight"] *= 40
+    src = _zip(tmp_path / "ppo_big.zip", state, {"action_space": _space([-2.0], [2.0])})
+    net, info = import_policy(src, "mlp")
+    assert info["net_spec"]["squash"] == "clip" and info["net_spec"]["activation"] == "tanh"
+    out = net(OBS).detach()
+    assert out.min() == -2.0 or out.max() == 2.0
+    assert bool(((out >= -2) & (out <= 2)).all())
+
+
+class _CleanRLActor(nn.Module):
+    """td3_continuous_action.py's Actor (sac_continuous_action.py's alike with fc_mean, fc_logstd)."""
+
+    def __init__(self, head="fc_mu", low=-2.0, high=2.0):
+        super().__init__()
+        torch.manual_seed(9)
+        self.fc1, self.fc2 = nn.Linear(3, 32), nn.Linear(32, 32)
+        setattr(self, head, nn.Linear(32, 1))
+        if head == "fc_mean":
+            self.fc_logstd = nn.Linear(32, 1)
+        self.head = head
+        self.register_buffer("action_scale", torch.tensor([(high - low) / 2]))
+        self.register_buffer("action_bias", torch.tensor([(high + low) / 2]))
+
+    def forward(self, x):
+        x = torch.relu(self.fc2(torch.relu(self.fc1(x))))
+        return torch.tanh(getattr(self, self.head)(x)) * self.action_scale + self.action_bias
+
+
+def _sac_layout(path, latent_sizes, n_critics, module="stable_baselines3.sac.policies"):
+    """An SB3 SAC zip with net_arch ``latent_sizes`` (possibly []) and ``n_critics`` critics, its actions and its
+    actor loss's value min_k Q_k(s, tanh(μ(s)))."""
+    latent = nn.Sequential(*_mlp([3, *latent_sizes], 1), nn.ReLU()) if latent_sizes else nn.Identity()
+    mu = nn.Linear(latent_sizes[-1] if latent_sizes else 3, 1)
+    qs = [_mlp([4, 16, 1], 20 + k) for k in range(n_critics)]
+    state = {**{f"actor.latent_pi.{k}": v for k, v in latent.state_dict().items()},
+             **{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
+             **{f"actor.log_std.{k}": v for k, v in nn.Linear(mu.in_features, 1).state_dict().items()},
+             **{f"critic.qf{j}.{k}": v for j, q in enumerate(qs) for k, v in q.state_dict().items()}}
+    data = {"action_space": _space([-2.0], [2.0]), "policy_kwargs": {"net_arch": latent_sizes,
+                                                                     "n_critics": n_critics},
+            "policy_class": {":type:": "<class 'abc.ABCMeta'>", "__module__": module}}
+
+    def q(x):
+        a = torch.tanh(mu(latent(x)))
+        return torch.stack([c(torch.cat([x, a], 1))[:, 0] for c in qs]).min(0).values
+
+    return _zip(path, state, data), (lambda x: 2.0 * torch.tanh(mu(latent(x)))), q
+
+
+def test_sb3_sac_keeps_all_its_critics_and_imports_without_hidden_layers(tmp_path):
+    """SAC's actor loss is the minimum over all n_critics critics (3 here); a SAC with net_arch [] (no
+    latent_pi) is SAC, not TD3; a file whose declared policy class contradicts its layout is refused."""
+    for sizes, n in [([16, 16], 3), ([], 2)]:
+        src, action, q = _sac_layout(tmp_path / f"sac{n}.zip", sizes, n)
+        net, info = check_policy_file(src, "mlp", "auto", None, "Pendulum-v1", "vector")
+        assert info["net_spec"]["algorithm"] == "SAC" and info["net_spec"]["critic"]["count"] == n
+        assert info["net_spec"]["hidden"] == sizes
+        with torch.no_grad():
+            assert torch.allclose(net(OBS), action(OBS), atol=1e-6)
+            assert torch.allclose(net.q(OBS, net.raw(OBS)), q(OBS), atol=1e-5)
+    odd = _sac_layout(tmp_path / "odd.zip", [16], 2, module="stable_baselines3.td3.policies")[0]
+    _one_line(lambda: import_policy(odd, "mlp"), "declares a TD3 policy")
+
+
+def _cleanrl_q(seed):
+    torch.manual_seed(seed)
+    q = nn.Module()
+    q.fc1, q.fc2, q.fc3 = nn.Linear(4, 32), nn.Linear(32, 32), nn.Linear(32, 1)
+    return q, (lambda x, a: q.fc3(torch.relu(q.fc2(torch.relu(q.fc1(torch.cat([x, a], 1)))))))
+
+
+def test_cleanrl_td3_and_sac_import_with_their_buffers_bounds_and_env_scale_critics(tmp_path):
+    actor = _CleanRLActor().eval()
+    (q1, f1), (q2, _) = _cleanrl_q(10), _cleanrl_q(11)
+    torch.save((actor.state_dict(), q1.state_dict(), q2.state_dict()), tmp_path / "td3.cleanrl_model")
+    net, info = check_policy_file(tmp_path / "td3.cleanrl_model", "mlp", "auto", None, "Pendulum-v1", "vector")
+    assert info["network"] == "actor" and info["format"] == "cleanrl" and info["net_spec"]["critic"]["count"] == 1
+    assert info["net_spec"]["low"] == [-2.0] and info["net_spec"]["high"] == [2.0]
+    with torch.no_grad():
+        assert torch.allclose(net(OBS), actor(OBS), atol=1e-6)
+        assert torch.allclose(net.q(OBS, net.raw(OBS)), f1(OBS, actor(OBS))[:, 0], atol=1e-5)
+    sac = _CleanRLActor("fc_mean").eval()
+    torch.save(sac.state_dict(), tmp_path / "sac.pt")
+    net, info = import_policy(tmp_path / "sac.pt", "mlp")
+    assert "critic" not in info["net_spec"]
+    with torch.no_grad():
+        assert torch.allclose(net(OBS), sac(OBS), atol=1e-6)
+    wide = _CleanRLActor(low=-1.0, high=3.0)
+    torch.save(wide.state_dict(), tmp_path / "wide.pt")
+    _one_line(lambda: check_policy_file(tmp_path / "wide.pt", "mlp", "auto", None, "Pendulum-v1", "vector"),
+              "disagree with Pendulum-v1's")
+    ppo = {"actor_mean.0.weight": torch.zeros(8, 3), "actor_mean.0.bias": torch.zeros(8),
+           "actor_logstd": torch.zeros(1, 1)}
+    torch.save(ppo, tmp_path / "ppo.cleanrl_model")
+    _one_line(lambda: import_policy(tmp_path / "ppo.cleanrl_model", "mlp"), "NormalizeObservation")
+
+
+def test_an_over_limit_or_unknown_format_continuous_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """The format and the size limit are checked before any byte is read, for a CleanRL file as for any."""
+    import crop.models
+
+    actor = _CleanRLActor().eval()
+    torch.save(actor.state_dict(), tmp_path / "td3.cleanrl_model")
+    size = (tmp_path / "td3.cleanrl_model").stat().st_size
+
+    def no_read(*a, **k):
+        raise AssertionError("the file was read")
+    monkeypatch.setattr(crop.models, "load_tensors", no_read)
+    monkeypatch.setattr("pathlib.Path.read_bytes", no_read)
+    for fmt in ("auto", "cleanrl", "torch"):
+        _one_line(lambda: import_policy(tmp_path / "td3.cleanrl_model", "mlp", fmt, max_bytes=size - 1),
+                  "over the limit")
+    _one_line(lambda: import_policy(tmp_path / "td3.cleanrl_model", "mlp", "bogus"), "unknown format 'bogus'")
+    _one_line(lambda: import_policy(_sac(tmp_path / "s.zip")[0], "mlp", "bogus"), "unknown format 'bogus'")
+
+
+def test_a_deeply_nested_data_member_is_one_line(tmp_path):
+    """A ``data`` member nested deeper than the JSON parser's recursion limit is refused in one line, for a
+    continuous agent (SAC) and for a discrete actor-critic (whose activation data would tell)."""
+    def nested(path):
+        with zipfile.ZipFile(path) as zf:
+            members = {n: zf.read(n) for n in zf.namelist()}
+        members["data"] = b"[" * 200000
+        with zipfile.ZipFile(path, "w") as zf:
+            for n, b in members.items():
+                zf.writestr(n, b)
+        return path
+
+    _one_line(lambda: import_policy(nested(_sac(tmp_path / "s.zip")[0]), "mlp"), "not SB3's JSON")
+    ppo = _ppo(tmp_path / "p.zip")[0]
+    with zipfile.ZipFile(ppo) as zf:
+        state = torch.load(io.BytesIO(zf.read("policy.pth")), weights_only=True)
+    del state["log_std"]     # a Categorical policy's actor-critic: read as a discrete policy
+    _one_line(lambda: import_policy(nested(_zip(tmp_path / "d.zip", state, {})), "mlp"), "not SB3's JSON")
+
+
+def _one_line(fn, needle):
+    with pytest.raises(PolicyImportError) as e:
+        fn()
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg, msg
+
+
+def test_continuous_files_crop_cannot_tell_are_refused_in_one_line(tmp_path):
+    """No data member (bounds unknown), a Dict action space, bounds that disagree with the env's, a
+    continuous agent on a Discrete env, an actor's size another env's."""
+    check = lambda p, env="Pendulum-v1": check_policy_file(p, "mlp", "auto", None, env, "vector")  # noqa: E731
+    _one_line(lambda: check(_sac(tmp_path / "a.zip", with_data=False)[0]), "cannot be told")
+    bad = _ppo(tmp_path / "b.zip", space={":type:": "<class 'gymnasium.spaces.dict.Dict'>"})[0]
+    _one_line(lambda: check(bad), "not a Box")
+    _one_line(lambda: check(_sac(tmp_path / "c.zip", low=(-1.0,), high=(1.0,))[0]), "disagree with Pendulum-v1's")
+    _one_line(lambda: check(_sac(tmp_path / "d.zip")[0], "CartPole-v1"), "Discrete action space")
+    _one_line(lambda: check(_sac(tmp_path / "e.zip", data_extra={"use_sde": True})[0]), "gSDE")
+    _one_line(lambda: import_policy(_sac(tmp_path / "f.zip")[0], {"arch": "mlp", "hidden": [8]}), "read from the file")
+
+
+class _MultiBinaryEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.MultiBinary(3)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, a):
+        return np.zeros(2, np.float32), 0.0, True, False, {}
+
+
+def test_an_action_space_crop_cannot_certify_is_one_line():
+    from crop.envs import UnknownEnvError, make_env
+
+    gym.register("CropTestMultiBinary-v0", entry_point=_MultiBinaryEnv)
+    with pytest.raises(UnknownEnvError) as e:
+        make_env("CropTestMultiBinary-v0")
+    assert "neither Discrete(n) from 0 nor a Box" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cont")
+    src, _, _ = _sac(d / "sac.zip")
+    assert main(["import", "--env", "Pendulum-v1", "--algo", "SAC", "--file", str(src), "--eval-episodes", "1",
+                 "--out", str(d / "model.pt")]) in (None, 0)
+    return d / "model.pt"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["loact", "--target", "q", "--out", "x.csv"], "has no Q-values"),
+    (["loact", "--target", "vote", "--out", "x.csv"], "greedy-action votes"),
+    (["qrange", "--out", "x.json"], "V range"),
+    (["attack-local", "--out", "x.csv"], "local attack"),
+    (["lore", "--reward-range", "-16.3", "0", "--out", "x.csv"], "LoRe"),
+    (["loact", "--bound", "betting", "--out", "x.csv"], "--bound betting: a continuous-action agent's LoAct"),
+    (["loact", "--out", "x.csv", "--out-frames", "x.npz"], f"--out-frames: {FRAMES_FILE} holds an Atari game's"),
+])
+def test_discrete_stages_on_a_continuous_agent_are_one_line(imported, tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit):
+        main([argv[0], "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported),
+              *[str(tmp_path / a) if a.startswith("x.") else a for a in argv[1:]]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not list(tmp_path.iterdir())
+
+
+def test_gre_and_global_attack_run_on_a_continuous_agent(imported):
+    from crop.attack import pgd_l2, run_global_attack
+    from crop.gre import sample_randomized_returns
+    from crop.models import load_checkpoint
+
+    net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
+    a = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2)
+    b = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2, batch=4)
+    again = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2)
+    # the same noise whatever the block: equal up to the float rounding of a batched forward (actions are floats)
+    assert np.array_equal(a, again) and np.allclose(a, b, rtol=1e-6, atol=0)
+    assert (a <= 0).all() and (a >= PENDULUM_MIN * 30).all()
+    table = run_global_attack("Pendulum-v1", net, 0.1, [0.0, 0.2], [[5, 6], [5, 6]], 20, steps=5, n_eot=8)
+    assert len(table) == 4 and np.isfinite(table["return"]).all()
+    # the attack's objective: PGD lowers the critic's value of the action taken under the perturbation
+    x = torch.randn(16, 3, generator=torch.Generator().manual_seed(4))
+    loss = lambda z: -net.q(x, net.raw(z))  # noqa: E731
+    delta = pgd_l2(loss, x, torch.full((16,), 0.3), steps=10)
+    with torch.no_grad():
+        assert (loss(x + delta) >= loss(x) - 1e-6).all() and (loss(x + delta) > loss(x) + 1e-4).any()
+
+
+def test_order_indices_are_the_exact_binomial_ones():
+    from crop.percentile import order_indices
+
+    m, alpha = 200, 0.01
+    for f in (0.0, 0.3, 1.0):
+        k, k2 = order_indices(m, 0.5, f, alpha)
+        p_lo, p_hi = norm.cdf(-f), norm.cdf(f)
+        ok_lo = [j for j in range(1, m + 1) if binom.cdf(j - 1, m, p_lo) <= alpha]
+        ok_hi = [j for j in range(1, m + 1) if binom.sf(j - 1, m, p_hi) <= alpha]
+        assert k == max(ok_lo) and k2 == min(ok_hi)
+
+
+def test_the_played_action_is_the_empirical_h_p_the_intervals_certify():
+    """π̃ plays sup{y : F_m(y) ≤ p} of the m samples' empirical CDF (the sup definition of h_p the certificate
+    is for), per dimension, for m·p whole or not."""
+    from crop.percentile import smoothed_action
+
+    rng = np.random.default_rng(0)
+    for m, p in [(200, 0.5), (201, 0.5), (100, 0.25), (10, 0.9), (7, 0.99), (1, 0.5)]:
+        x = rng.standard_normal((m, 3))
+        brute = [min(y for y in x[:, k] if np.mean(x[:, k] <= y) > p) for k in range(3)]
+        np.testing.assert_array_equal(smoothed_action(x, p), brute)
+
+
+def test_each_one_sided_percentile_bound_misses_at_most_alpha_each():
+    """Every one-sided bound of every ε of the grid, on its own, misses at rate <= α_each (the union bound adds
+    them up, so each must hold at its own level).  A 1-D toy actor f(s) = s + 0.3 tanh(s), increasing and never
+    saturating, so h_q(s) = f(s + σΦ⁻¹(q)) for every q: the lower end must be <= h_p̲(s) = h_p(s − ε) and the
+    upper >= h_p̄(s) = h_p(s + ε) (Theorem 1's ends for a monotone f).  20,000 repetitions at m = 100 (one
+    vectorised call: the repetitions are the columns) resolve the miss rate to ±0.0015, so an order statistic
+    one index too far inward (miss rates 0.053–0.092 here, against 0.032–0.044 of the right ones) fails."""
+    from crop.percentile import EPS_FACTORS, action_intervals
+
+    f = lambda s: s + 0.3 * np.tanh(s)  # noqa: E731
+    sigma, p, m, alpha_each, reps = 0.5, 0.5, 100, 0.05, 20000
+    rng = np.random.default_rng(0)
+    s = rng.uniform(-1, 1, reps)
+    lower, upper = action_intervals(f(s + sigma * rng.standard_normal((m, reps))), np.full(reps, -1e9),
+                                    np.full(reps, 1e9), EPS_FACTORS, p, alpha_each)
+    z = norm.ppf(p)
+    slack = 4 * np.sqrt(alpha_each * (1 - alpha_each) / reps)
+    for g, e in enumerate(EPS_FACTORS):
+        miss_lo = np.mean(lower[:, g] > f(s + sigma * (z - e)))
+        miss_hi = np.mean(upper[:, g] < f(s + sigma * (z + e)))
+        assert miss_lo <= alpha_each + slack and miss_hi <= alpha_each + slack, (e, miss_lo, miss_hi)
+    # and the intervals are not vacuous: at ε = 0 they are narrow in most repetitions
+    assert np.median(upper[:, 0] - lower[:, 0]) < 0.5
+
+
+class _DriftEnv(gym.Env):
+    """A 1-D state drawn afresh each step from the env's own generator (whatever the action), two action
+    dimensions; every instance keeps the observations it gave, in order."""
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+    made: list = []
+
+    def __init__(self):
+        self.seen = []
+        _DriftEnv.made.append(self)
+
+    def _obs(self):
+        self.seen.append(self.np_random.uniform(-1, 1, 1).astype(np.float32))
+        return self.seen[-1]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, a):
+        return self._obs(), 0.0, False, False, {}
+
+
+@pytest.mark.slow
+def test_loact_of_a_two_dimensional_actor_covers_the_true_median_action_at_its_states():
+    """run_loact_continuous on a toy env with a linear actor of d = 2 (one dimension increasing, one
+    decreasing, never clipped), so the true median action h_0.5(s) is f(s) itself: at the states the episodes
+    visit, the ε = 0 interval of both dimensions holds it at rate >= 1 − 2d·α_each (the four one-sided bounds
+    at ε = 0 of the 2·d·G the union bound counts), and each bound is at α_state / (2·2·7)."""
+    from crop.models.actor import ContinuousActor
+    from crop.percentile import EPS_FACTORS, run_loact_continuous
+
+    gym.register("CropTestDrift-v0", entry_point=_DriftEnv, max_episode_steps=1000)
+    net = ContinuousActor({"arch": "actor", "in": 1, "hidden": [], "out": 2, "squash": "clip", "low": [-10, -10],
+                           "high": [10, 10]})
+    with torch.no_grad():
+        net.actor[0].weight.copy_(torch.tensor([[1.0], [-2.0]]))
+        net.actor[0].bias.copy_(torch.tensor([0.0, 0.5]))
+    alpha_state, episodes, horizon = 0.35, 20, 100
+    _DriftEnv.made.clear()
+    table, _, info = run_loact_continuous("CropTestDrift-v0", net, 0.5, 100, episodes, horizon, range(episodes),
+                                          alpha_state=alpha_state, seed=0, progress=False)
+    assert info["per_bound_alpha"] == alpha_state / (2 * 2 * len(EPS_FACTORS))
+    obs = np.stack([np.concatenate(e.seen[:horizon]) for e in _DriftEnv.made])          # (episode, step)
+    truth = np.stack([obs, -2 * obs + 0.5], -1)                                           # (episode, step, dim)
+    t = table.sort_values(["episode", "step", "dim"])
+    held = ((t["lower_e0"].to_numpy() <= truth.ravel()) & (truth.ravel() <= t["upper_e0"].to_numpy()))
+    missed = (~held.reshape(episodes * horizon, 2)).any(1).sum()
+    level = 2 * 2 * info["per_bound_alpha"]
+    assert missed <= binom.ppf(0.999, episodes * horizon, level), (missed, level)
+    assert np.median(t["upper_e0"] - t["lower_e0"]) < 1.0     # and not vacuous
+
+
+def test_crop_loact_on_a_continuous_agent_writes_one_row_per_step_and_dimension(imported, tmp_path):
+    import pandas as pd
+
+    f = {k: tmp_path / RUN_FILES[k] for k in ("loact", "loact_episodes", "certified_ratio")}
+    main(["loact", "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported),
+          "--m", "200", "--episodes", "2", "--horizon", "5", "--action-tolerance", "0.5", "--out", str(f["loact"]),
+          "--out-episodes", str(f["loact_episodes"]), "--out-ratio", str(f["certified_ratio"])])
+    table = pd.read_csv(f["loact"])
+    assert len(table) == 2 * 5 and set(table["dim"]) == {0}
+    assert len(pd.read_csv(f["loact_episodes"])) == 2
+    assert (tmp_path / meta_name(RUN_FILES["certified_ratio"])).is_file()
+    meta = json.loads((tmp_path / meta_name(RUN_FILES["loact"])).read_text())
+    assert "exact binomial order statistics" in json.dumps(meta) and "hoeffding" not in json.dumps(meta)
+
+
+# ------------------------------------------------------------------------- the real agents (tests/data/continuous)
+
+DATA = __import__("pathlib").Path(__file__).parent / "data" / "continuous"
+REAL = [("sac_pendulum", "Pendulum-v1", [PENDULUM_MIN, 0.0]),
+        ("ppo_mountaincar", "MountainCarContinuous-v0", [-0.1, 100.0])]
+
+
+def test_pendulum_reward_range_is_the_documented_one_and_holds_every_reward():
+    """The docs' range is the formula's, rounded outwards; the environment's own rewards at the extremes and at
+    random states stay within it."""
+    docs = __import__("pathlib").Path(__file__).parents[1] / "docs"
+    for name in ("statistics.md", "own-policy.md"):
+        assert f"{PENDULUM_MIN:.7f}".lstrip("-") in (docs / name).read_text()
+    assert PENDULUM_MIN < -(math.pi ** 2 + 6.4 + 0.004)
+    env = gym.make("Pendulum-v1").unwrapped
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for th, thdot, u in [(np.pi, 8.0, 2.0), (-np.pi, -8.0, -2.0), *rng.uniform([-4, -8, -2], [4, 8, 2], (200, 3))]:
+        env.state = np.array([th, thdot])
+        r = env.step(np.array([u], dtype=np.float32))[1]
+        assert PENDULUM_MIN <= r <= 0.0
+
+
+@pytest.mark.parametrize("name,env,_", REAL, ids=[r[0] for r in REAL])
+def test_real_sb3_agents_act_as_sb3_predicts(name, env, _):
+    """The trained zips import with SB3's own deterministic actions (and SAC's critic values), recorded by
+    make_agents.py with SB3 installed; here SB3 is not needed."""
+    ref = np.load(DATA / "reference.npz")
+    net, info = check_policy_file(DATA / f"{name}.zip", "mlp", "auto", None, env, "vector")
+    obs = torch.as_tensor(ref[f"{name}_obs"])
+    with torch.no_grad():
+        np.testing.assert_allclose(net(obs).numpy(), ref[f"{name}_action"], rtol=0, atol=1e-5)
+        if f"{name}_q" in ref:
+            np.testing.assert_allclose(net.q(obs, net.raw(obs)).numpy(), ref[f"{name}_q"], rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,env,rewards", REAL, ids=[r[0] for r in REAL])
+def test_real_sb3_agents_certified_end_to_end(name, env, rewards, tmp_path):
+    """import → GRe → global attack → LoAct (percentile) on the trained agents, by the CLI as the docs run it
+    (docs/own-policy.md, "Continuous-action agents"): every output written with its provenance, GRe's
+    bounds below the mean randomized return, the intervals holding the action played."""
+    import pandas as pd
+
+    ck, common = tmp_path / "model.pt", ["--env", env, "--algo", "Mine", "--no-progress"]
+    main(["import", *common, "--file", str(DATA / f"{name}.zip"), "--eval-episodes", "2", "--out", str(ck)])
+    stage = [*common, "--sigma", "0.05", "--checkpoint", str(ck)]
+    written = ("gre", "gre_returns", "attack_global", "loact", "loact_episodes", "certified_ratio")
+    f = {k: str(tmp_path / RUN_FILES[k]) for k in written}
+    main(["gre", *stage, "--m", "200", "--horizon", "100", "--reward-range", *map(str, rewards),
+          "--out", f["gre"], "--out-returns", f["gre_returns"]])
+    main(["attack-global", *stage, "--episodes", "2", "--horizon", "50", "--eps-factors", "0", "1",
+          "--out", f["attack_global"]])
+    main(["loact", *stage, "--m", "500", "--episodes", "2", "--horizon", "50", "--out", f["loact"],
+          "--out-episodes", f["loact_episodes"], "--out-ratio", f["certified_ratio"]])
+    gre = pd.read_csv(f["gre"])
+    returns = pd.read_csv(f["gre_returns"])["return"]
+    assert gre["eps"].is_monotonic_increasing and len(returns) == 200
+    assert len(pd.read_csv(f["attack_global"])) == 4
+    assert len(pd.read_csv(f["loact"])) == 2 * 50
+    for k in written:   # a JSON result carries its provenance inside; every CSV has its .meta.json
+        assert (tmp_path / meta_name(RUN_FILES[k])).is_file()
+
+
+def test_clipped_rewards_are_what_gre_and_the_attack_certify(imported, tmp_path, capsys):
+    """Pendulum's rewards reach −16.3: with a declared range of [−1, 0] GRe stops in one line; with
+    --clip-rewards the returns are those of the clipped rewards (each step ≥ −1), the metadata say so, and a
+    clip range wider than the rewards changes nothing (the same bytes)."""
+    import pandas as pd
+
+    from crop.gre import sample_randomized_returns
+    from crop.models import load_checkpoint
+
+    base = ["--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported), "--no-progress"]
+    gre = ["gre", *base, "--m", "20", "--horizon", "30", "--reward-range", "-1", "0",
+           "--out", str(tmp_path / RUN_FILES["gre"]), "--out-returns", str(tmp_path / RUN_FILES["gre_returns"])]
+    with pytest.raises(SystemExit):
+        main(gre)
+    assert "leave [J_min, J_max]" in capsys.readouterr().err
+    main([*gre, "--clip-rewards"])
+    returns = pd.read_csv(tmp_path / RUN_FILES["gre_returns"])["return"]
+    assert (returns >= -30).all() and (returns < 0).all()
+    assert "clipped" in json.loads((tmp_path / meta_name(RUN_FILES["gre"])).read_text())["reward_clip_note"]
+    main(["attack-global", *base, "--episodes", "1", "--horizon", "30", "--eps-factors", "0", "--reward-range", "-1",
+          "0", "--clip-rewards", "--out", str(tmp_path / RUN_FILES["attack_global"])])
+    assert (pd.read_csv(tmp_path / RUN_FILES["attack_global"])["return"] >= -30).all()
+    net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
+    plain = sample_randomized_returns("Pendulum-v1", net, 0.1, 4, 20, 1.0, seed=3, env_seed=4)
+    wide = sample_randomized_returns("Pendulum-v1", net, 0.1, 4, 20, 1.0, seed=3, env_seed=4, reward_clip=(-100, 0))
+    assert np.array_equal(plain, wide)
+
+
+def test_mujoco_environments_are_box_environments_gre_runs_on_with_clipped_rewards():
+    """The optional `mujoco` extra: HalfCheetah-v5 (6 action dimensions in [−1, 1], unbounded rewards) takes an
+    actor of its sizes; GRe's returns with --clip-rewards' range stay in [J_min, J_max]."""
+    pytest.importorskip("mujoco")
+    from crop.envs import action_bounds, env_shapes
+    from crop.gre import sample_randomized_returns
+    from crop.models import fit_problem
+    from crop.models.actor import ContinuousActor
+
+    assert env_shapes("HalfCheetah-v5") == (6, (17,))
+    assert action_bounds("HalfCheetah-v5") == ((-1.0,) * 6, (1.0,) * 6)
+    spec = {"arch": "actor", "in": 17, "hidden": [16], "out": 6, "activation": "relu", "squash": "tanh",
+            "low": [-1.0] * 6, "high": [1.0] * 6}
+    assert fit_problem(spec, "HalfCheetah-v5") is None
+    assert "disagree" in fit_problem({**spec, "high": [2.0] * 6}, "HalfCheetah-v5")
+    torch.manual_seed(0)
+    returns = sample_randomized_returns("HalfCheetah-v5", ContinuousActor(spec).eval(), 0.1, 4, 20, 1.0, seed=0,
+                                        env_seed=0, reward_clip=(-0.05, 0.05))
+    assert (np.abs(returns) <= 20 * 0.05 + 1e-12).all()
+
+
+def test_actions_stay_within_asymmetric_bounds_at_the_ends_of_tanh():
+    """float32 rounding of low + (raw + 1)/2 · (high − low) can exceed high (or fall below low) by one ulp for
+    asymmetric bounds; every action the actor gives lies in [low, high] all the same."""
+    from crop.models.actor import ContinuousActor
+
+    g = torch.Generator().manual_seed(0)
+    bounds = [([-2.8487583], [0.58279073])] + [((-3 * torch.rand(4, generator=g)).tolist(),
+                                                (3 * torch.rand(4, generator=g) + 1e-3).tolist()) for _ in range(200)]
+    for low, high in bounds:
+        d = len(low)
+        actor = ContinuousActor({"arch": "actor", "in": 2, "hidden": [], "out": d, "squash": "tanh", "low": low,
+                                 "high": high})
+        raw = torch.cat([torch.ones(1, d), -torch.ones(1, d), 2 * torch.rand(64, d, generator=g) - 1])
+        out = actor.to_env(raw)
+        assert ((out >= actor.low) & (out <= actor.high)).all(), (low, high)
+
+
+def test_a_workflow_config_that_clips_rewards_is_refused_in_one_line():
+    """The workflow's LoRe, local attack and benign returns never clip: a config clipping GRe's and the global
+    attack's returns alone is refused (the CLI's --clip-rewards stays, for continuous agents certified by hand)."""
+    from crop.config import ConfigError, validate_config
+
+    ec = {"source": "file", "files": {"Mine": {"path": "a.pt"}}, "algorithms": ["Mine"], "sigmas": [0.1],
+          "rewards": {"range": [-1.0, 0.0]}}
+    validate_config({"environments": {"Acrobot-v1": ec}})
+    with pytest.raises(ConfigError) as e:
+        validate_config({"environments": {"Acrobot-v1": {**ec, "rewards": {"range": [-1.0, 0.0], "clip": True}}}})
+    assert "environments.Acrobot-v1.rewards.clip: the workflow's LoRe" in str(e.value) and "\n" not in str(e.value)
