@@ -108,6 +108,7 @@ def test_lore_path_bound_sums_the_leave_bounds_up_to_where_the_path_left():
     assert a == math.inf and "not among LoRe's" in note
 
 
+@pytest.mark.slow
 def test_lore_check_holds_its_level_on_sound_paths():
     """200 sound folders of 108 runs drawn at the bounds: the audit FAILs at most α of them (binomial slack)."""
     rng, draws, units, fails = np.random.default_rng(3), 200, 108, 0
@@ -120,6 +121,7 @@ def test_lore_check_holds_its_level_on_sound_paths():
     assert fails <= sst.binom.ppf(0.999, draws, ALPHA), fails
 
 
+@pytest.mark.slow
 def test_lore_check_flags_a_broken_bound_where_the_path_stays_in_the_tree():
     """A LoRe bound broken in a random quarter of 108 runs (their attacked returns below J̲ along paths that
     never leave the tree) FAILs through the pooled count in at least 1 − α of 100 draws; on a path through
@@ -166,6 +168,7 @@ def _flip_rows(rng, units: int, planted: int | None = None, rate: float = 0.5) -
     return rows
 
 
+@pytest.mark.slow
 def test_flip_test_holds_its_level_when_the_attack_seeks_near_ties():
     """Each counted step flipping at its own bound, 10 % of them near ties the attack steers into: over 200
     folders of 81 runs the audit FAILs at most α of them (the estimate over LoAct's clean steps this replaces
@@ -176,6 +179,7 @@ def test_flip_test_holds_its_level_when_the_attack_seeks_near_ties():
     assert fails <= sst.binom.ppf(0.999, draws, ALPHA), fails
 
 
+@pytest.mark.slow
 def test_flip_test_flags_a_broken_certificate_in_one_run():
     """80 % of the certified steps of one run of 81 flipped (far beyond α + the flip bound): a violation of that
     run's check in at least 1 − α of 100 draws; a run whose steps all flip at their bound is not."""
