@@ -221,3 +221,48 @@ def test_lore_check_is_unassessed_when_the_attack_does_not_start_at_s0():
     assert row["min_p"] == row["p_value"] == 1.0 and "does not start at LoRe's s₀" in row["note"]
     out, _, _ = classify([{**row, "env": "CartPole-v0", "algo": "A", "sigma": SIGMA}], ALPHA)
     assert out[0]["status"] == "untestable" and "not start" in out[0]["reason"]
+
+
+def test_flip_row_whose_attack_counted_no_step_is_vacuous_yet_in_the_family():
+    """LoAct certified steps beyond ε (the row is in the family), but the attack's own clean certificates put
+    none of its attacked steps beyond ε: nothing is counted, p = 1 whatever flips — reported ``vacuous``, never
+    ``ok``, and still counted in the family (K) since its membership was fixed before the attack."""
+    rng = np.random.default_rng(7)
+    rows = _flip_rows(rng, 3)
+    steps, attack = _flip_unit(rng, 0.05, 2, None)
+    steps = steps.assign(radius=np.where(steps["certified"], 0.05, 0.0), action=1)   # every step flipped, none beyond ε
+    loact = pd.DataFrame({"certified": [True], "radius": [0.2]})
+    chance = {"steps": loact, "attack_steps": steps, "v_min": 0.0, "v_max": 1.0, "m": M, "alpha": 1e-3,
+              "n_actions": 2, "horizon": H}
+    row, = check_certified_steps_not_flipped(attack, chance, SIGMA)
+    assert row["counted"] == 0 and row["p_value"] == 1.0 and row["nothing_counted"] and not row["vacuous"]
+    items = [{**r, "env": "CartPole-v0", "algo": f"A{u}", "sigma": SIGMA, "attack_seed": u}
+             for u, r in enumerate([*rows, row])]
+    out, _, block = classify(items, ALPHA)
+    assert out[-1]["status"] == "vacuous" and out[-1]["in_audit_family"]
+    assert block["K"] == len(items) + 1 and {o["status"] for o in out[:-1]} == {"ok"}   # + the pooled count
+
+
+def test_lore_path_off_lore_states_is_untestable_with_why():
+    """An attacked path from s₀ whose next state is not among LoRe's certified states while it is still in the
+    tree (a pruned or unexpanded node, a replay that differs) gets p = 1 whatever its return: untestable with
+    why, never an 'ok' that could not fail — yet still in the family (K); the same path on LoRe's states is
+    ``ok``."""
+    states = pd.DataFrame({"obs_digest": ["s0", "s1"], "step": [0, 1], "q_top_lower": P_L, "radius_0": 0.0,
+                           "radius_1": 0.05})
+    attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": 0.0, "steps": 2, "flips_certified": 0,
+                           "same_start_as_lore": True, "horizon": H})
+
+    def row_of(second: str) -> dict:
+        path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0, 1], "obs_digest": ["s0", second],
+                             "action": 0, "clean_action": 0, "certified": True, "radius": 0.0, "q_top_lower": P_L,
+                             "q_others_upper_max": 0.5})
+        row, = check_lore_vs_local_attack(LORE, {"search": {"alpha_spent": A_SPENT}}, attack,
+                                          _lore_chance(states, path), SIGMA, j_min=0.0)
+        out, _, block = classify([{**row, "env": "CartPole-v0", "algo": "A", "sigma": SIGMA}], ALPHA)
+        return out[0] | {"K": block["K"]}
+
+    off, on = row_of("elsewhere"), row_of("s1")
+    assert off["p_value"] == 1.0 and off["min_p"] < ALPHA and off["off_lore_states"] and off["K"] == 2
+    assert off["status"] == "untestable" and "not among LoRe's certified states" in off["reason"]
+    assert not on["off_lore_states"] and on["p_value"] < ALPHA and on["status"] == "violation"

@@ -290,7 +290,10 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     (:func:`pooled_tests`) with theirs, and the ``multiple_testing`` block of audit.json.
 
     * deterministic checks (a bound rising with ε): ``violation`` or ``ok``;
-    * a bound that claims nothing (J̲ at J_min; no step certified beyond ε) → ``vacuous``, not tested;
+    * a bound that claims nothing (J̲ at J_min; no step certified beyond ε) → ``vacuous``, not tested; a flip
+      count whose attack counted no step (``nothing_counted``) → ``vacuous`` too, though left in the family;
+    * a LoRe check whose attacked path reached a state LoRe did not certify (``off_lore_states``: p = 1 whatever
+      its return) → ``untestable`` with why, left in the family;
     * the audit's family (:func:`tarone_holm` over every non-vacuous chance-based check *and* the pooled
       tests): Holm-adjusted p < α → ``violation`` (FAIL; family-wise error ≤ α for valid certificates);
     * the check's own run (the same procedure over that run's checks): significant there but not over the
@@ -324,6 +327,12 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
             i["status"] = "violation" if i["violation"] else "ok"
         elif i.get("vacuous"):
             i.update(status="vacuous", violation=False)
+        elif i.get("nothing_counted") and not i["violation"]:
+            # in the family at p = 1 (its membership was fixed before the attack), yet nothing could fail
+            i["status"] = "vacuous"
+        elif i.get("off_lore_states") and not i["violation"]:
+            i["status"] = "untestable"
+            i["reason"], i["testable_with"] = untestable_reason(i, alpha, k)
         elif i["violation"]:
             i["status"] = "violation"
         elif i["p_run"] is not None and i["p_run"] < alpha:

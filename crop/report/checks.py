@@ -413,7 +413,9 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
     J̲(ε') of the piece :func:`choose_lore_interval` picks (from the certifiers' outputs alone).  p-value
     α_spent + A when the return is below that bound, A the sum of the leave bounds along the attacked path up to
     where it left (:func:`lore_path_bound`); 1 otherwise.  Its smallest value (``min_p``) is α_spent plus the
-    leave bound at s₀ (:func:`lore_root_bound`).  A bound
+    leave bound at s₀ (:func:`lore_root_bound`).  A path that reaches a state not among LoRe's certified states
+    before it leaves (a pruned or unexpanded node, a replay that differs) has p = 1 whatever its return:
+    ``off_lore_states``, reported untestable with why (it stays in the family, fixed before the attack).  A bound
     at ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``."""
     valid_until = lore_valid_until({"lore_meta": lore_meta})
     a_lore = _lore_alpha(lore_meta)
@@ -433,11 +435,14 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
         if not why and not _starts_at_s0(chance, path):
             # s₀ is the seeded reset's, free of any noise: a mismatch is a fact of the setup, not an outcome
             why = "the attacked episode does not start at LoRe's s₀ (another environment, seed or profile)"
+        off_tree = False
         if why:
             bound_sum, note, least = math.inf, f"unassessed ({why})", 1.0
         else:
             bound_sum, note = lore_path_bound(chance, sigma, eps, until, path)
             least = min(1.0, a_lore + lore_root_bound(chance, sigma, eps, until))
+            # The path reached a state LoRe did not certify while still in its tree: p = 1 whatever the return.
+            off_tree = math.isinf(bound_sum)
         below = float(r[cols.RETURN]) < b - TOL
         tree = f"ε < {until:.4g}" if math.isfinite(until) else "every ε (the whole search)"
         p = min(1.0, a_lore + bound_sum) if below else 1.0
@@ -446,7 +451,7 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
                              p_leave=min(1.0, bound_sum), eps_bound=eps_b,
                              tree_until=until if math.isfinite(until) else None,
                              note=f"{note}; J̲(ε' = {eps_b:.4g}) over LoRe's tree for {tree}",
-                             min_p=least,
+                             min_p=least, off_lore_states=off_tree,
                              vacuous=j_min is not None and not b > j_min + TOL))
     return rows_out
 
@@ -456,7 +461,10 @@ def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma:
     actions at each ε: the steps certified beyond ε whose action the attack flipped, tested sequentially
     against each step's flip bound (:func:`ville_flip_p`, valid whatever the attacker does).  ``min_p`` is
     fixed by the planned steps (horizon × episodes); a row at an ε beyond which LoAct certified no step is
-    ``vacuous`` (the certificates claim nothing there; decided from LoAct's outputs, not the attack's)."""
+    ``vacuous`` (the certificates claim nothing there; decided from LoAct's outputs, not the attack's).  A row
+    whose attack certified no attacked step beyond ε (its own per-step records: nothing counted, so p = 1 and it
+    cannot fail) is marked ``nothing_counted``: it stays in the family (its membership was fixed before the
+    attack) and is reported ``vacuous``, never ``ok``."""
     rows_out = []
     loact, steps = chance.get("steps"), chance.get("attack_steps")
     for eps, g in attack.groupby(cols.EPS):
@@ -481,7 +489,8 @@ def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma:
             loact[cols.CERTIFIED].astype(bool) & (loact[cols.RADIUS] > float(eps))).any()
         rows_out.append(_row("loact_certified_steps_not_flipped", float(eps), 0, flips, empirical_below=flips > 0,
                              episodes=len(g), steps=n, counted=counted, p_value=p, note=note,
-                             min_p=1.0 if why else ville_min_p(n, alpha), vacuous=bool(empty)))
+                             min_p=1.0 if why else ville_min_p(n, alpha), vacuous=bool(empty),
+                             nothing_counted=not why and counted == 0))
     return rows_out
 
 
@@ -536,6 +545,10 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
     if c == "lore_vs_pgd_local" and lore_alpha_exhausted(item.get("alpha_spent", 0.0)):
         return (f"LoRe's tree spent α = {item['alpha_spent']:.3g} ≥ 1: its bound has no joint meaning",
                 "alpha_mode: family (the whole tree at α)")
+    if c == "lore_vs_pgd_local" and item.get("off_lore_states"):
+        return (f"the attacked path could not fail (p = 1 whatever its return): {item.get('note')}",
+                "a LoRe search that expands the attacked path's states (no pruning there, a larger lore.max_nodes) "
+                "and a local attack that replays LoRe's environment")
     if c == "lore_vs_pgd_local" and item["min_p"] >= 1.0:
         return (f"the attacked path cannot be bounded against LoRe's tree: {item.get('note') or 'unassessed'}",
                 "a local attack and a LoRe search that record their states (attack_local_steps.csv, "
