@@ -132,8 +132,14 @@ class _Runs:
 
 def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, horizon: int, *,
                      steps: int = 10, m_grad: int = 256, seed: int = 0, gamma: float = 1.0,
-                     profile: str | None = None, progress: bool | None = None, reward_fn=None) -> pd.DataFrame:
-    """PGD against π̃ at every step for every ε in ``eps_grid`` and every episode; all in lockstep."""
+                     profile: str | None = None, progress: bool | None = None, reward_fn=None,
+                     steps_out: list | None = None) -> pd.DataFrame:
+    """PGD against π̃ at every step for every ε in ``eps_grid`` and every episode; all in lockstep.
+
+    ``steps_out`` (a list): one row per attacked step is appended (``attack_local_steps.csv``): the run's ε,
+    episode and step, the clean state's digest (:func:`crop.lore.obs_digest`), its certificate (top action
+    a₁ = ``clean_action``, certified, radius, L(a₁), max U(a)) and the attacked action — what the audit needs to
+    bound, step by step, the chance of a flip (and of leaving LoRe's tree) under valid certificates."""
     dev = smoother.device
     q_net, target = smoother.q_net, getattr(smoother, "target", "q")
     g = torch.Generator(device=dev)
@@ -171,6 +177,8 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
         attacked = smoother.estimate_batch(adv, [f"attacked run {i} step {t}" for i in idx])
         for j, i in enumerate(idx):
             a = attacked[j].action
+            if steps_out is not None:
+                steps_out.append(_step_record(runs, i, t, a, certs[j], clean[j].upper))
             if a != certs[j].action:
                 flips[i] += 1
                 if certs[j].certified and certs[j].radius > runs.runs[i][0]:
@@ -178,6 +186,17 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
             runs.step(i, a, t, gamma, reward_fn)
             n_steps[i] += 1
     return runs.table(horizon, **{cols.STEPS: n_steps, "flips": flips, cols.FLIPS_CERTIFIED: flips_cert})
+
+
+def _step_record(runs: _Runs, i: int, t: int, action: int, cert, upper) -> dict:
+    """One row of ``attack_local_steps.csv``: run ``i``'s clean state at step ``t`` (before it moves)."""
+    from crop.lore import obs_digest
+
+    return {cols.EPS: runs.runs[i][0], cols.EPISODE: runs.runs[i][1], cols.STEP: t,
+            cols.OBS_DIGEST: obs_digest(runs.obs[i]), cols.CLEAN_ACTION: int(cert.action), cols.ACTION: int(action),
+            cols.CERTIFIED: bool(cert.certified), cols.RADIUS: float(cert.radius),
+            cols.Q_TOP_LOWER: float(cert.estimate.lower[cert.action]),
+            cols.Q_OTHERS_UPPER_MAX: float(np.max(np.delete(upper, cert.action)))}
 
 
 def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, seeds_per_eps,

@@ -6,8 +6,9 @@ step-down at ``audit.alpha``: a check is in the audit's family — can be signif
 smallest achievable p-value is at most α/K, with K at most the number T of chance-based tests.  So a check
 whose smallest p is ≤ α/T is testable whatever K turns out to be.  A GRe percentile check of n attacked
 episodes has smallest p = pⁿ (every attacked return below J̲_p), hence n ≥ log(α/T)/log(p).  The other
-checks need nothing from the config here: a single LoRe return (smallest p = α_spent + P[leave]) is judged by
-its pooled count over runs, and LoAct's flip counts are reported outside the audit's families (not counted)."""
+checks need nothing from the config here: a single LoRe return (smallest p = α_spent) is judged by its pooled
+count over runs, and a flip count's sequential test (smallest p far below α/T) is in the family by itself; both
+are counted in T."""
 from __future__ import annotations
 
 import math
@@ -19,19 +20,19 @@ __all__ = ["planned_chance_checks", "global_episodes_needed"]
 
 def _checks_per_run(ec: dict) -> int:
     """Chance-based checks of one complete run: at each ε both the global attack and GRe have, the
-    expectation bound and each percentile bound; at each ε of the local attack, LoRe's bound (LoAct's flip
-    counts are reported outside the audit's families)."""
+    expectation bound and each percentile bound; at each ε of the local attack, LoRe's bound and the flip
+    count of the attack's certified steps."""
     common = ({round(float(e), 12) for e in ec["attack"]["global_eps_factors"]}
               & {round(float(e), 12) for e in ec["gre"]["eps_factors"]})
-    return len(common) * (1 + len(ec["gre"]["percentiles"])) + len(ec["attack"]["local_eps_factors"])
+    return len(common) * (1 + len(ec["gre"]["percentiles"])) + 2 * len(ec["attack"]["local_eps_factors"])
 
 
 def planned_chance_checks(cfg: dict) -> int:
     """T: the chance-based tests the audit of ``cfg``'s runs will have at most — every run's checks and one
-    pooled count per kind (expectation, each percentile, LoRe)."""
+    pooled count per kind (expectation, each percentile, LoRe, flips)."""
     per_runs = sum(len(ec["algorithms"]) * len(ec["sigmas"]) * len(smoothing_targets(ec)) * _checks_per_run(ec)
                    for ec in cfg["environments"].values())
-    kinds = 2 + len({p for ec in cfg["environments"].values() for p in ec["gre"]["percentiles"]})
+    kinds = 3 + len({p for ec in cfg["environments"].values() for p in ec["gre"]["percentiles"]})
     return per_runs + kinds
 
 

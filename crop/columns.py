@@ -14,6 +14,10 @@ gre.csv                EPS, P, EXPECTATION_BOUND (J̲_E, Theorem 2), PERCENTILE_
 gre_returns.csv        RETURN — one row per σ-randomized trajectory
 lore.csv               EPS, LOWER_BOUND (J̲, Theorem 4) — the step function (ε_i, J̲_i)
 attack_local.csv       EPS, EPISODE, RETURN, STEPS, FLIPS_CERTIFIED, SAME_START_AS_LORE, HORIZON
+attack_local_steps.csv EPS, EPISODE, STEP, OBS_DIGEST, CLEAN_ACTION (a₁), ACTION (attacked), CERTIFIED, RADIUS,
+                       Q_TOP_LOWER, Q_OTHERS_UPPER_MAX — one row per attacked step
+lore_states.csv        OBS_DIGEST, STEP (depth), EPS, ACTION (a₁), CERTIFIED, Q_TOP_LOWER, ALPHA, RADIUS_a
+                       (``radius_0``, …: r(a) of every action) — one row per state LoRe smoothed
 attack_global.csv      EPS, EPISODE, RETURN, HORIZON
 =====================  ====================================================================================
 """
@@ -41,3 +45,6 @@ J_MAX = "j_max"
 LOWER_BOUND = "lower_bound"
 FLIPS_CERTIFIED = "flips_certified"
 SAME_START_AS_LORE = "same_start_as_lore"
+OBS_DIGEST = "obs_digest"
+ACTION = "action"
+CLEAN_ACTION = "clean_action"

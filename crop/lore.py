@@ -46,10 +46,15 @@ run killed at any point and restarted with the same arguments continues from it 
 result, byte for byte.  The file holds data only (an ``.npz`` read with ``allow_pickle=False``: numbers, the
 memoised certificates and, instead of environment snapshots, each open node's action path from s₀, which a
 resumed search re-simulates from the seeded reset as the search built it, checking each node's return and
-observation digest).  It is keyed by the run's arguments, the network's parameters (a digest), the profile
-and the reward modification, and deleted on success (by the caller, once it has written the result, when it
+observation digest).  It is keyed by every field of the search's settings (:class:`LoReSettings`, whose key
+is derived from all its fields), the smoother's settings and the network's parameters (a digest), and deleted
+on success (by the caller, once it has written the result, when it
 asks to); a file of another run, or one that cannot be read, is inconsistent or does not replay, is ignored
 with a line on stderr before anything of it is used, and the search starts afresh.
+
+For the audit the search also returns every state it smoothed (:meth:`LoRe.states_table`, ``lore_states.csv``):
+its observation's digest, depth, critical ε, certificate (a₁, L(a₁), every action's radius) and α — what is
+needed to bound, at each state an attacked episode visits, the chance of leaving the certified tree.
 """
 from __future__ import annotations
 
@@ -64,8 +69,9 @@ import sys
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pandas as pd
@@ -77,7 +83,7 @@ from crop.loact import Certificate, certify_estimate
 from crop.progress import pbar
 from crop.smoothing import SmoothedQ
 
-__all__ = ["LoRe", "run_lore", "lore_bound_at", "CHECKPOINT_EVERY"]
+__all__ = ["LoRe", "LoReSettings", "Problem", "Search", "run_lore", "obs_digest", "lore_bound_at", "CHECKPOINT_EVERY"]
 
 #: Seconds between saves of the resumable search state.
 CHECKPOINT_EVERY = 60.0
@@ -109,12 +115,19 @@ def _digest(obs: np.ndarray) -> bytes:
     return hashlib.blake2b(obs.tobytes(), digest_size=16).digest()
 
 
+def obs_digest(obs: np.ndarray) -> str:
+    """The hex digest that names an observation in ``lore_states.csv`` and ``attack_local_steps.csv`` (the
+    audit matches an attacked step's clean state to the LoRe state of the same observation by it)."""
+    return _digest(np.asarray(obs)).hex()
+
+
 #: The resume file's members: name -> (dtype, dimensions); the file holds exactly these, stored uncompressed.
 _MEMBERS = {"header": ("u1", 1), "generator": ("u1", 1), "stack": ("i8", 1), "queue_r": ("f8", 1),
             "queue_tie": ("i8", 1), "queue_node": ("i8", 1), "queue_a": ("i8", 1), "path_actions": ("i8", 1),
             "path_ends": ("i8", 1), "node_J": ("f8", 1), "node_leaf": ("?", 1), "node_digest": ("u1", 2),
             "memo_keys": ("u1", 1), "memo_ends": ("i8", 1), "memo_action": ("i8", 1), "memo_certified": ("?", 1),
-            "memo_radius": ("f8", 1), "memo_radii": ("f8", 2)}
+            "memo_radius": ("f8", 1), "memo_radii": ("f8", 2), "memo_lower": ("f8", 1), "memo_t": ("i8", 1),
+            "memo_eps": ("f8", 1)}
 
 
 def _members(z: zipfile.ZipFile, file_size: int) -> dict:
@@ -193,6 +206,111 @@ def _fn_digest(fn) -> str | None:
     return hashlib.sha256(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode()).hexdigest()
 
 
+def _schedule_key(alpha_of) -> list | None:
+    """A per-state α schedule keyed by its first values (two schedules that agree there are the same rule)."""
+    return None if alpha_of is None else [float(alpha_of(i)) for i in (1, 2, 3)]
+
+
+def _key_of(obj) -> dict:
+    """Every field of a settings dataclass by name: as it is, a nested settings dataclass by its own key, a
+    function through its field's ``key`` metadata (a code digest, or a schedule's first values) — a callable
+    without one by its code digest.  So a field added to a settings class is in the key without a word more."""
+    out = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if hasattr(value, "__dataclass_fields__"):
+            out[f.name] = _key_of(value)
+            continue
+        rule = f.metadata.get("key", _fn_digest if callable(value) else None)
+        out[f.name] = rule(value) if rule is not None else value
+    return out
+
+
+def _coerce(obj, **kinds) -> None:
+    """The fields ``kinds`` names converted (int, float) in place, None left as it is (a frozen dataclass)."""
+    for name, kind in kinds.items():
+        value = getattr(obj, name)
+        if value is not None:
+            object.__setattr__(obj, name, kind(value))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What LoRe certifies: the return of the episode from ``env_seed``'s reset (s₀) of ``env_id`` (built by
+    ``make`` when given, else ``make_env(env_id, profile)``) over ``horizon`` steps, discounted by ``gamma``,
+    each reward counted through ``reward_fn`` (a reward modification, named by ``reward_key``)."""
+
+    env_id: str
+    horizon: int
+    env_seed: int
+    gamma: float = 1.0
+    profile: str | None = None
+    make: Callable | None = field(default=None, metadata={"key": _fn_digest})
+    reward_fn: Callable | None = field(default=None, metadata={"key": _fn_digest})
+    reward_key: str | None = None
+
+    def __post_init__(self):
+        _coerce(self, horizon=int, env_seed=int)
+
+
+@dataclass(frozen=True)
+class Search:
+    """How Algorithm 3 searches: up to ``eps_max``; ``prune`` (only when every reward is ≥ 0: the caller checks
+    the env); ``alpha_of`` (i ↦ the per-state α of the i-th distinct state smoothed, e.g.
+    ``lambda i: stats.lore_state_alpha(alpha, "family", i)``; None: the smoother's α for every state);
+    ``batch`` (at most this many pending nodes smoothed in one call); ``max_nodes`` (the node budget, the root
+    included, with ``reward_min``: the lowest reward per step as the search counts it, which the open
+    subtrees' worst case needs)."""
+
+    eps_max: float = math.inf
+    prune: bool = True
+    alpha_of: Callable | None = field(default=None, metadata={"key": _schedule_key})
+    batch: int = 64
+    max_nodes: int | None = None
+    reward_min: float | None = None
+
+    def __post_init__(self):
+        if int(self.batch) < 1:
+            raise ValueError(f"batch must be >= 1, got {self.batch}")
+        if self.max_nodes is not None and (int(self.max_nodes) < 1 or self.reward_min is None):
+            raise ValueError(f"max_nodes must be >= 1 and comes with reward_min, got {self.max_nodes}, "
+                             f"{self.reward_min}")
+        _coerce(self, batch=int, max_nodes=int, reward_min=float)
+
+
+@dataclass(frozen=True)
+class LoReSettings:
+    """Every setting LoRe's search reads, in one frozen value: the :class:`Problem`, the :class:`Search` and
+    ``run_key`` (what else names the run, e.g. the checkpoint's sha256).  :meth:`key`, the resume file's key,
+    is derived from all their fields (:func:`_key_of`), so an option added to any of them cannot be forgotten
+    there.  :meth:`of` builds it from the fields' names, flat."""
+
+    problem: Problem
+    search: Search = Search()
+    run_key: dict | None = None
+
+    @classmethod
+    def of(cls, env_id: str, horizon: int, env_seed: int, **options) -> LoReSettings:
+        """From flat options (each the name of a field of :class:`Problem`, :class:`Search` or ``run_key``); an
+        unknown one raises TypeError naming it."""
+        parts = {part: {k: options.pop(k) for k in list(options) if k in part.__dataclass_fields__}
+                 for part in (Problem, Search)}
+        run_key = options.pop("run_key", None)
+        if options:
+            raise TypeError(f"unknown LoRe settings: {sorted(options)}")
+        return cls(Problem(env_id, horizon, env_seed, **parts[Problem]), Search(**parts[Search]), run_key)
+
+    def key(self) -> dict:
+        return _key_of(self)
+
+    def __getattr__(self, name: str):
+        """A field of the problem or the search read as the settings' own (``settings.horizon``)."""
+        for part in (self.__dict__.get("problem"), self.__dict__.get("search")):
+            if part is not None and name in part.__dataclass_fields__:
+                return getattr(part, name)
+        raise AttributeError(name)
+
+
 class LoRe:
     """Algorithm 3 from one initial state: the bound J̲ of Theorem 4 at every critical ε, by adaptive search.
 
@@ -206,42 +324,27 @@ class LoRe:
     smoother's random state) so that a killed search resumes where it stopped; the search itself knows
     nothing about files.
 
-    ``prune`` must only be true when every reward is ≥ 0 (the caller checks the env).  ``make`` (optional)
-    builds the environment instead of ``make_env(env_id, profile)``.  ``alpha_of`` (optional) maps
-    i = 1, 2, … to the per-state α of the i-th distinct state smoothed (e.g.
-    ``lambda i: stats.lore_state_alpha(alpha, "family", i)``); by default every state uses the smoother's α.
-    ``batch`` (default 64): at most this many pending nodes smoothed in one call (module docstring).
-    ``max_nodes`` (optional): the budget of tree nodes (the root included); past it an open subtree counts
-    its worst case from ``reward_min``, the lowest reward per step as the search counts it (after
-    ``reward_fn``), which a bounded search needs.  ``reward_key`` (the reward modification's name) and
-    ``run_key`` (e.g. the checkpoint's sha256) go into the resume file's key (:meth:`key`).  One object runs
-    one search.
+    Build it with its settings (a :class:`LoReSettings`, or the flat options of :meth:`LoReSettings.of`) and
+    the smoother; a setting reads as the search's own attribute (``self.horizon``).  :meth:`key`, the resume
+    file's key, is the settings' whole key with the smoother's settings and the network's digest.  One object
+    runs one search.
     """
 
     #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
-    RESUME_FORMAT = 5
+    RESUME_FORMAT = 6
 
-    def __init__(self, env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
-                 eps_max: float = math.inf, prune: bool = True, profile: str | None = None, reward_fn=None,
-                 make=None, alpha_of=None, batch: int = 64, max_nodes: int | None = None,
-                 reward_min: float | None = None, reward_key: str | None = None, run_key: dict | None = None):
-        if int(batch) < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
-        if max_nodes is not None and (int(max_nodes) < 1 or reward_min is None):
-            raise ValueError(f"max_nodes must be >= 1 and comes with reward_min, got {max_nodes}, {reward_min}")
-        self.batch = int(batch)
-        self.max_nodes = None if max_nodes is None else int(max_nodes)
-        self.reward_min = None if reward_min is None else float(reward_min)
-        self.env_id, self.smoother, self.horizon, self.env_seed = env_id, smoother, horizon, int(env_seed)
-        self.gamma, self.eps_max, self.prune, self.profile = gamma, eps_max, prune, profile
-        self.reward_fn, self.make, self.alpha_of = reward_fn, make, alpha_of
-        self.reward_key, self.run_key = reward_key, run_key  # the resume file's key (:meth:`key`)
+    def __init__(self, settings: LoReSettings | None = None, smoother: SmoothedQ | None = None, **options):
+        self.settings = settings if settings is not None else LoReSettings.of(**options)
+        if settings is not None and options:
+            raise TypeError(f"LoRe takes its settings or options, not both: {sorted(options)}")
+        self.smoother = smoother
         self._network = None                                   # its network digest, once computed
         # Algorithm 3's state (everything save/load carries)
         self.queue: list = []                      # heap of (r(a), tie, node, a)
         self.stack: list[_Node] = []               # nodes to expand depth-first at ε = eps
         self.memo: dict[bytes, Certificate] = {}   # observation bytes -> its certificate
         self.alphas: list[float] = []              # per-state α actually used, in smoothing order
+        self.smoothed: list[tuple[int, float, float]] = []  # per state, in smoothing order: (t, ε, L(a₁))
         self.pairs: list[tuple[float, float]] = []  # the output (ε_i, J̲_i)
         self.eps = 0.0                             # the current critical ε
         self.J = math.inf                          # min return over the leaves reached so far
@@ -419,8 +522,10 @@ class LoRe:
                                  alpha=None if self.alpha_of is None else alphas)
         self.smoothing_calls += 1
         for n, a, est in zip(nodes, alphas, ests):
-            self.memo[n.obs.tobytes()] = certify_estimate(est, sm.sigma, sm.v_min, sm.v_max)
+            cert = certify_estimate(est, sm.sigma, sm.v_min, sm.v_max)
+            self.memo[n.obs.tobytes()] = cert
             self.alphas.append(a)
+            self.smoothed.append((n.t, self.eps, float(est.lower[cert.action])))
 
     def expand(self, node: _Node, a: int) -> _Node:
         """The child reached by taking action ``a`` at ``node`` (from the node's snapshot, never in place)."""
@@ -446,6 +551,25 @@ class LoRe:
         from crop.io import InputError
 
         raise InputError(f"{self.env_id}: {what}; give the environment's true reward range (rewards.range)")
+
+    def states_table(self) -> pd.DataFrame:
+        """Every state the search smoothed, in smoothing order (``lore_states.csv``): its observation's digest
+        (:func:`obs_digest`), the depth ``t`` and critical ε at which the search first needed it, its
+        certificate's top action a₁, whether certified, L(a₁) (``q_top_lower``), the radius r(a) of every action
+        (``radius_a``: Theorem 4's; 0 for a₁ and for actions the bounds cannot separate from it) and its
+        per-state α.  With the V range and σ this is what the audit needs to bound, at each state an attacked
+        episode visits, the chance that the m-sample policy takes an action LoRe's tree excludes (Lemma 3:
+        U(a) = V_min + w·Φ(Φ⁻¹(p_L) − 2r(a)/σ) for every a with r(a) > 0)."""
+        certs = list(self.memo.values())
+        out = pd.DataFrame({
+            cols.OBS_DIGEST: [hashlib.blake2b(k, digest_size=16).hexdigest() for k in self.memo],
+            cols.STEP: [t for t, _, _ in self.smoothed], cols.EPS: [e for _, e, _ in self.smoothed],
+            cols.ACTION: [c.action for c in certs], cols.CERTIFIED: [c.certified for c in certs],
+            cols.Q_TOP_LOWER: [low for _, _, low in self.smoothed], cols.ALPHA: self.alphas})
+        radii = np.array([c.radii for c in certs], np.float64).reshape(len(certs), self.smoother.n_actions)
+        for a in range(self.smoother.n_actions):
+            out[f"{cols.RADIUS}_{a}"] = radii[:, a]
+        return out
 
     def bound_table(self) -> pd.DataFrame:
         """The step function (ε_i, J̲_i): for every ε ∈ [ε_i, ε_{i+1}), J_ε(π̃) ≥ J̲_i (Theorem 4)."""
@@ -481,18 +605,21 @@ class LoRe:
     # ---- resume: kept apart from the search ------------------------------------------------------------------
 
     def key(self) -> dict:
-        """What identifies this run: a resume file written under another key is ignored.  The smoothed
-        network's parameters (a digest), the preprocessing profile, the reward modification and every
-        setting the search reads are in it: a file left by another network or checkpoint never resumes."""
-        sm, alpha_of = self.smoother, self.alpha_of
-        return {"format": self.RESUME_FORMAT, "env": self.env_id, "profile": self.profile, "horizon": self.horizon,
-                "env_seed": self.env_seed, "batch": self.batch, "gamma": self.gamma, "eps_max": self.eps_max,
-                "prune": self.prune, "max_nodes": self.max_nodes, "reward_min": self.reward_min,
+        """What identifies this run: a resume file written under another key is ignored.  Every field of
+        :class:`LoReSettings` (:meth:`LoReSettings.key`: a setting added there is in the key without a word
+        here), the smoother's settings, the smoothed network's parameters (a digest) and the file's layout: a
+        file left by another network, checkpoint or option never resumes."""
+        sm = self.smoother
+        return {"format": self.RESUME_FORMAT, **self.settings.key(),
                 "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
-                "n_actions": sm.n_actions, "target": getattr(sm, "target", "q"), "network": self._network_digest(),
-                "reward": self.reward_key if self.reward_key is not None else _fn_digest(self.reward_fn),
-                "alpha_of": [alpha_of(i) for i in (1, 2, 3)] if alpha_of is not None else None,
-                **({"run": self.run_key} if self.run_key is not None else {})}
+                "n_actions": sm.n_actions, "target": getattr(sm, "target", "q"), "network": self._network_digest()}
+
+    def __getattr__(self, name: str):
+        """A setting (:class:`LoReSettings`) read as the search's own attribute (``self.horizon``)."""
+        settings = self.__dict__.get("settings")
+        if settings is None:
+            raise AttributeError(name)
+        return getattr(settings, name)
 
     def _network_digest(self) -> str:
         """sha256 of the smoothed network's parameters, computed once (the key is built at every save)."""
@@ -539,6 +666,9 @@ class LoRe:
             "memo_certified": np.array([c.certified for c in certs], bool),
             "memo_radius": np.array([c.radius for c in certs], np.float64),
             "memo_radii": np.array([c.radii for c in certs], np.float64).reshape(len(certs), self.smoother.n_actions),
+            "memo_t": np.array([t for t, _, _ in self.smoothed], np.int64),
+            "memo_eps": np.array([e for _, e, _ in self.smoothed], np.float64),
+            "memo_lower": np.array([low for _, _, low in self.smoothed], np.float64),
         }
         buf = io.BytesIO()
         np.savez(buf, **arrays)
@@ -612,7 +742,8 @@ class LoRe:
             raise ValueError("a memoised observation of another size")
         radii = f["memo_radii"]
         if radii.shape[1:] != (n_actions,) or not len(keys) == len(radii) == len(f["memo_action"]) == \
-                len(f["memo_certified"]) == len(f["memo_radius"]) == len(alphas):
+                len(f["memo_certified"]) == len(f["memo_radius"]) == len(alphas) == len(f["memo_t"]) == \
+                len(f["memo_eps"]) == len(f["memo_lower"]):
             raise ValueError("certificates of another action count, or not one per memoised state and alpha")
         if len(f["memo_action"]) and (f["memo_action"].min() < 0 or f["memo_action"].max() >= n_actions):
             raise ValueError("a certified action outside the search's actions")
@@ -637,7 +768,12 @@ class LoRe:
             if cert is None or float(cert.radii[a]) != r:
                 raise ValueError(f"a queued radius that is not its node's certificate's (t={node.t})")
         heapq.heapify(queue)  # a no-op on the saved heap; the pop order is fixed by the unique ties anyway
+        if len(f["memo_t"]) and (f["memo_t"].min() < 0 or f["memo_t"].max() >= max(self.horizon, 1)
+                                 or np.any(f["memo_eps"] > eps)):
+            raise ValueError("a smoothed state's depth outside the horizon, or its eps beyond the current eps")
+        smoothed = [(int(t), float(e), float(low)) for t, e, low in zip(f["memo_t"], f["memo_eps"], f["memo_lower"])]
         state = {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo, "alphas": alphas,
+                 "smoothed": smoothed,
                  "pairs": pairs, "eps": eps, "J": J, "truncated": header["truncated"], "exact_below": exact_below,
                  **{k: scalars[k] for k in ("transitions", "leaves", "tie", "smoothing_calls")}}
         return state, {"generator": torch.from_numpy(f["generator"].copy()), "rounding": header["rounding"],
@@ -695,18 +831,15 @@ class LoRe:
             raise SystemExit(128 + self._signal)
 
 
-def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, *, gamma: float = 1.0,
-             eps_max: float = math.inf, prune: bool = True, profile: str | None = None,
-             progress: bool | None = None, reward_fn=None, make=None, resume_file=None,
-             checkpoint_every: float = CHECKPOINT_EVERY, alpha_of=None, batch: int = 64,
-             max_nodes: int | None = None, reward_min: float | None = None, reward_key: str | None = None,
-             run_key: dict | None = None, remove_resume: bool = True) -> tuple[pd.DataFrame, dict]:
-    """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record."""
-    search = LoRe(env_id, smoother, horizon, env_seed, gamma=gamma, eps_max=eps_max, prune=prune,
-                  profile=profile, reward_fn=reward_fn, make=make, alpha_of=alpha_of, batch=batch,
-                  max_nodes=max_nodes, reward_min=reward_min, reward_key=reward_key, run_key=run_key)
-    return search.certify(resume_file=resume_file, checkpoint_every=checkpoint_every, progress=progress,
-                          remove_resume=remove_resume)
+def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, **options):
+    """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record, and with
+    ``states=True`` also :meth:`LoRe.states_table`.  ``options``: the fields of :class:`LoReSettings`, and
+    ``resume_file``, ``checkpoint_every``, ``progress``, ``remove_resume`` of :meth:`LoRe.certify`."""
+    run = {k: options.pop(k) for k in ("resume_file", "checkpoint_every", "progress", "remove_resume") if k in options}
+    states = options.pop("states", False)
+    search = LoRe(LoReSettings.of(env_id, horizon, env_seed, **options), smoother)
+    table, info = search.certify(**run)
+    return (table, info, search.states_table()) if states else (table, info)
 
 
 def lore_bound_at(table: pd.DataFrame, eps: float, valid_until: float = math.inf) -> float:

@@ -155,7 +155,9 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         "LoRe (Algorithm 3, Theorem 4): the smallest return of the smoothed policy under any ℓ2 attack of budget "
         "ε, by an adaptive search over the tree of actions the attack can force; resumable.",
         _cmd("lore"),
-        (_out("lore", "lore.csv", "lore.csv: the bound at every critical radius"),),
+        (_out("lore", "lore.csv", "lore.csv: the bound at every critical radius"),
+         _out("lore_states", "lore_states.csv", "lore_states.csv: the certificate of every state LoRe smoothed "
+              "(optional)", "out_states", False)),
         {"m": "lore.m", "horizon": "lore.horizon", "gamma": "lore.gamma", "eps_max_factor": "lore.eps_max_factor",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "lore.alpha_mode", "reward_range": "rewards.range",
          "max_nodes": "lore.max_nodes"},
@@ -170,7 +172,9 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         "ℓ2 PGD at every step against the smoothed policy (LoAct/LoRe's), over LoRe's horizon: how tight the "
         "certified radii and LoRe's bound are.",
         _cmd("attack_local"),
-        (_out("attack_local", "attack_local.csv", "attack_local.csv: returns under PGD per ε"),),
+        (_out("attack_local", "attack_local.csv", "attack_local.csv: returns under PGD per ε"),
+         _out("attack_local_steps", "attack_local_steps.csv", "attack_local_steps.csv: every attacked step's clean "
+              "certificate and action (optional)", "out_steps", False)),
         {"m": "loact.m", "horizon": "lore.horizon", "gamma": "lore.gamma", "episodes": "attack.local_episodes",
          "m_grad": "attack.local_m_grad", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.local_eps_factors",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode"},

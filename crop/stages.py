@@ -367,13 +367,15 @@ def cmd_lore(args) -> None:
     if args.max_nodes is not None:
         _return_range(spec, args)  # one line where the reward range is missing
         reward_min = spec.reward_range[0] if reward_fn is None else reward_fn(spec.reward_range[0])
-    table, info = run_lore(args.env, sm, args.horizon, _episode_seeds(args.seed, args.env, 1)[0], gamma=args.gamma,
+    s0_seed = _episode_seeds(args.seed, args.env, 1)[0]
+    table, info, states = run_lore(args.env, sm, args.horizon, s0_seed, gamma=args.gamma,
                            eps_max=math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma,
                            prune=spec.nonnegative_rewards or reward_fn is not None, profile=st.profile,
                            progress=args.progress, reward_fn=reward_fn, alpha_of=alpha_of,
                            resume_file=resume, remove_resume=False,
                            checkpoint_every=every, max_nodes=args.max_nodes, reward_min=reward_min,
-                           reward_key=spec.lore_reward, run_key={"checkpoint_sha256": sha256_file(args.checkpoint)})
+                           reward_key=spec.lore_reward, run_key={"checkpoint_sha256": sha256_file(args.checkpoint)},
+                           states=True)
     info["reward_modification"] = spec.lore_reward
     # nodes and truncated also at the top: a truncated bound is marked in the figures and tables
     st.write({"nodes": info["nodes"], "truncated": info["truncated"], "exact_below_eps": info["exact_below_eps"],
@@ -383,7 +385,7 @@ def cmd_lore(args) -> None:
                              "tree": info["confidence_union"],
                              "rule": "union bound over the distinct states smoothed (search.alpha_spent = sum of "
                                      "their per-state alphas; each state's 2|A| bounds at alpha_i/(2|A|))"},
-              "initial_state": "the initial state of LoAct episode 0"}, lore=table)
+              "initial_state": "the initial state of LoAct episode 0"}, lore=table, lore_states=states)
     resume.unlink(missing_ok=True)  # only now: a kill before lore.csv and its meta are written resumes from it
     print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
           f"{info['nodes']} nodes{' (budget spent: truncated)' if info['truncated'] else ''}, "
@@ -392,6 +394,8 @@ def cmd_lore(args) -> None:
 
 
 def cmd_attack_local(args) -> None:
+    import pandas as pd
+
     from crop.attack import run_local_attack
     from crop.envs import env_spec
     from crop.stats import episode_confidence, loact_state_alpha
@@ -399,14 +403,17 @@ def cmd_attack_local(args) -> None:
     st, spec = StageRun(args), env_spec(args.env)
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     # Returns over LoRe's horizon with LoRe's reward modification, so the two compare like for like.
+    steps: list = []
     table = run_local_attack(args.env, sm, [f * args.sigma for f in args.eps_factors],
                              _episode_seeds(args.seed, args.env, args.episodes), args.horizon, steps=args.pgd_steps,
                              m_grad=args.m_grad, seed=_stage_seed(args, "attack-local-pgd"), gamma=args.gamma,
-                             profile=st.profile, progress=args.progress, reward_fn=spec.lore_reward_fn())
+                             profile=st.profile, progress=args.progress, reward_fn=spec.lore_reward_fn(),
+                             steps_out=steps)
     table[cols.SAME_START_AS_LORE] = table[cols.EPISODE] == 0
     st.write({"reward_modification": spec.lore_reward, "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha,
               "confidence": {"per_state": 1 - sm.alpha,
-                             "per_episode": episode_confidence(sm.alpha, args.horizon)}}, attack_local=table)
+                             "per_episode": episode_confidence(sm.alpha, args.horizon)}},
+             attack_local=table, attack_local_steps=pd.DataFrame(steps))
     print(f"local PGD {args.env}/{args.algo} σ={args.sigma}: min return per ε "
           f"{_per_eps(table.groupby('eps')['return'].min())}")
 

@@ -29,6 +29,13 @@ M_ATTACK = 10_000       # the local attack's Monte-Carlo samples per state (reco
 ALPHA_STATE = 1e-3      # per-state miscoverage of LoAct's and the local attack's certificates
 LORE_ALPHA_SPENT = 1e-3  # the α LoRe's search spent
 P_TOP_LOWER = 0.6       # normalised L(a1) of every synthetic LoAct step
+LOCAL_HORIZON = 6       # the local attack's planned horizon
+LORE_FAR = 10.0         # LoRe's radius (in σ) of every action other than a₁ at the states the attack visits
+
+
+def digest(d: Path, t: int, episode: int = 0) -> str:
+    """A stand-in for the digest of the observation at step t of a local-attack episode of run folder d."""
+    return hashlib.blake2b(f"{d}/{episode}/{t}".encode(), digest_size=16).hexdigest()
 
 
 def _meta(stage, sha, seed, runtime=0.5, **settings):
@@ -106,19 +113,32 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     m["search"] = {"valid_until_eps": None, "distinct_states_smoothed": 10, "alpha_spent": LORE_ALPHA_SPENT,
                    "per_state_alpha_first": LORE_ALPHA_SPENT * 6 / np.pi ** 2}   # alpha_mode family
     write_with_meta(d / RUN_FILES["lore"], lambda p: write_csv(p, lore), m, rows=len(lore))
-    # Attacks: every return at or above its bound.
-    loc = []
+    # LoRe's smoothed states: those the local attack from s₀ visits, every other action far out of the tree.
+    path = [digest(d, t) for t in range(LOCAL_HORIZON)]
+    states = pd.DataFrame({"obs_digest": path, "step": range(LOCAL_HORIZON), "eps": 0.0, "action": 0,
+                           "certified": True, "q_top_lower": V_MIN + (V_MAX - V_MIN) * P_TOP_LOWER,
+                           "alpha": LORE_ALPHA_SPENT / LOCAL_HORIZON,
+                           **{f"radius_{a}": 0.0 if a == 0 else LORE_FAR * sigma for a in range(spec.n_actions)}})
+    write_with_meta(d / RUN_FILES["lore_states"], lambda p: write_csv(p, states), m, rows=len(states))
+    # Attacks: every return at or above its bound, no certified step flipped.
+    loc, att = [], []
     for f in LOCAL_FACTORS:
         eps = f * sigma
         bound = float(lore[lore["eps"] <= eps]["lower_bound"].iloc[-1])
         for e in range(2):
-            loc.append({"eps": eps, "episode": e, "return": bound + float(rng.integers(0, 3)), "steps": 6,
-                        "flips": int(rng.integers(0, 2)), "flips_certified": 0, "horizon": 6,
+            loc.append({"eps": eps, "episode": e, "return": bound + float(rng.integers(0, 3)), "steps": LOCAL_HORIZON,
+                        "flips": int(rng.integers(0, 2)), "flips_certified": 0, "horizon": LOCAL_HORIZON,
                         "same_start_as_lore": e == 0})
-    loc = pd.DataFrame(loc)
+            for t in range(LOCAL_HORIZON):
+                radius = sigma * (0.5 + 0.5 * np.sin(t + e)) + 1e-3 * sigma
+                att.append({"eps": eps, "episode": e, "step": t,
+                            "obs_digest": path[t] if e == 0 else digest(d, t, e), "clean_action": 0, "action": 0,
+                            "certified": True, "radius": radius, **margins(radius, sigma)})
+    loc, att = pd.DataFrame(loc), pd.DataFrame(att)
     am = _meta("attack_local", sha, seed + 4, m=M_ATTACK, alpha=ALPHA_STATE)
     am["per_state_alpha"] = ALPHA_STATE
     write_with_meta(d / RUN_FILES["attack_local"], lambda p: write_csv(p, loc), am, rows=len(loc))
+    write_with_meta(d / RUN_FILES["attack_local_steps"], lambda p: write_csv(p, att), am, rows=len(att))
     glob = []
     for f, g in zip(GLOBAL_FACTORS, gre.itertuples()):
         top = max(g.expectation_bound, g.percentile_bound)
@@ -180,7 +200,8 @@ def write_reference(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-__all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "runs_of", "write_reference", "margins"]
+__all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "runs_of", "write_reference", "margins",
+           "digest"]
 
 
 def audit_cli(*args) -> int:

@@ -1,6 +1,7 @@
 """ℓ2 PGD (Appendix E) stays inside its budget exactly: ‖δ‖ ≤ ε as computed in float32, also for the
 perturbation (x + δ) − x that the network sees, and the projection is the nearest point up to rounding."""
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -95,3 +96,26 @@ def test_local_attack_smooths_each_step_in_two_batched_calls(mlp_factory):
     assert tables[0].equals(tables[1])
     assert (table["flips_certified"] == 0).all()
     assert table.loc[table["eps"] == 0.3, "flips"].sum() > 0, "the attack must flip some actions to bite"
+
+
+def test_local_attack_records_every_attacked_step(mlp_factory):
+    """``steps_out`` gets one row per attacked step, whose flips beyond ε are the table's ``flips_certified`` and
+    whose first state, for every ε, is the same initial state (LoRe's s₀ for episode 0); recording changes
+    nothing of the attack."""
+    eps_grid, seeds, horizon = [0.0, 0.3], [1, 2], 8
+    net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
+    plain = run_local_attack("CartPole-v0", SmoothedQ(net, 0.1, 400, -4.0, 4.0, 0.01, 2, seed=5), eps_grid, seeds,
+                             horizon, m_grad=32, seed=3, progress=False)
+    rows: list = []
+    table = run_local_attack("CartPole-v0", SmoothedQ(net, 0.1, 400, -4.0, 4.0, 0.01, 2, seed=5), eps_grid, seeds,
+                             horizon, m_grad=32, seed=3, progress=False, steps_out=rows)
+    steps = pd.DataFrame(rows)
+    assert table.equals(plain) and len(steps) == table["steps"].sum()
+    beyond = steps["certified"] & (steps["radius"] > steps["eps"]) & (steps["action"] != steps["clean_action"])
+    per_run = beyond.groupby([steps["eps"], steps["episode"]]).sum()
+    assert [int(per_run[(e, ep)]) for e, ep in zip(table["eps"], table["episode"])] == table["flips_certified"].tolist()
+    flips = (steps["action"] != steps["clean_action"]).groupby([steps["eps"], steps["episode"]]).sum()
+    assert [int(flips[(e, ep)]) for e, ep in zip(table["eps"], table["episode"])] == table["flips"].tolist()
+    first = steps[(steps["step"] == 0) & (steps["episode"] == 0)]["obs_digest"]
+    assert len(first) == len(eps_grid) and first.nunique() == 1
+    assert (steps["q_top_lower"] > steps["q_others_upper_max"])[steps["certified"]].all()

@@ -20,7 +20,7 @@ from crop.report.reference import load_reference
 from crop.stage_table import STAGES
 
 from conftest import SHARED
-from synthetic_results import ALPHA_STATE, M_ATTACK, audit_cli, make_results, margins, rewrite_csv, write_reference
+from synthetic_results import LORE_ALPHA_SPENT, M_ATTACK, audit_cli, make_results, margins, rewrite_csv, write_reference
 
 TARBALL = SHARED / "reference" / "crop-leaderboard-csv.tar.gz"
 ENVS = {"CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4"}
@@ -217,14 +217,22 @@ def test_flip_probability_bound_covers_the_monte_carlo_flip_rate():
     assert b == sorted(b) and math.isclose(b[0], math.exp(-m * 0.2 ** 2 / 2)) and b[-2] > 0.999 and b[-1] == 1.0
 
 
-def _set_margins(d, sigma, radius_of):
-    steps = pd.read_csv(d / RUN_FILES["loact"])
-    steps["certified"] = True
-    steps["radius"] = [radius_of(t) for t in steps["step"]]
-    mg = [margins(r, sigma) for r in steps["radius"]]
-    steps["q_top_lower"] = [x["q_top_lower"] for x in mg]
-    steps["q_others_upper_max"] = [x["q_others_upper_max"] for x in mg]
-    rewrite_csv(d / RUN_FILES["loact"], steps)
+def _set_attack_steps(d, sigma, eps, radius, flipped):
+    """The local attack's steps at ``eps`` all certified at ``radius``, the first ``flipped`` of them (in table
+    order) taking the other action; attack_local.csv counts the flips beyond ε."""
+    steps, al = pd.read_csv(d / RUN_FILES["attack_local_steps"]), pd.read_csv(d / RUN_FILES["attack_local"])
+    at = np.isclose(steps["eps"], eps)
+    steps.loc[at, "certified"], steps.loc[at, "radius"] = True, radius
+    for k, v in margins(radius, sigma).items():
+        steps.loc[at, k] = v
+    steps.loc[at, "action"] = steps.loc[at, "clean_action"]
+    flip = steps.index[at][:flipped]
+    steps.loc[flip, "action"] = 1 - steps.loc[flip, "clean_action"]
+    per_episode = steps.loc[flip].groupby("episode").size() if radius > eps else pd.Series(dtype=int)
+    rows = np.isclose(al["eps"], eps)
+    al.loc[rows, "flips_certified"] = al.loc[rows, "episode"].map(per_episode).fillna(0).astype(int)
+    rewrite_csv(d / RUN_FILES["attack_local_steps"], steps)
+    rewrite_csv(d / RUN_FILES["attack_local"], al)
 
 
 def _flip_row(rep, eps):
@@ -234,43 +242,35 @@ def _flip_row(rep, eps):
 
 @pytest.mark.slow
 def test_flips_within_chance_are_not_violations(results, tmp_path):
+    """A flip at a step certified just beyond ε (its flip bound ≈ 1: the m-sample policy may take either
+    action) is within chance: a raw failure, listed, not a violation."""
     sigma, eps = 0.1, 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
-    _set_margins(d, sigma, lambda t: eps * 1.001)  # certified just beyond ε: the estimate may well flip
-    al = pd.read_csv(d / RUN_FILES["attack_local"])
-    al.loc[np.isclose(al["eps"], eps) & (al["episode"] == 0), "flips_certified"] = 1
-    rewrite_csv(d / RUN_FILES["attack_local"], al)
+    _set_attack_steps(d, sigma, eps, eps * 1.001, flipped=1)
     rep = audit(results, tmp_path / "a")
     row = _flip_row(rep, eps)
     assert row["observed"] == 1 and row["empirical_below"] and not row["violation"]
-    assert row["chance"] > 0.5 and row["p_value"] > 0.05 and rep["passed"]
+    assert row["p_value"] == 1.0 and rep["passed"]
     assert "Raw failures within chance" in (tmp_path / "a" / "audit.md").read_text()
 
 
 @pytest.mark.slow
-def test_flips_far_beyond_chance_are_reported(results, tmp_path):
+def test_flips_far_beyond_their_bounds_are_violations(results, tmp_path):
+    """Wide margins (radius 3σ at ε = σ/2: each step's flip bound ≈ 0, α = 10⁻³ per state): 6 flips in 12
+    attacked steps are a violation; one flip is not."""
     sigma, eps = 0.1, 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
-    _set_margins(d, sigma, lambda t: 3 * sigma)  # wide margins: a flip within ε has tiny probability
-    al = pd.read_csv(d / RUN_FILES["attack_local"])
-    at = np.isclose(al["eps"], eps)
-    al.loc[at, "flips_certified"] = 3  # 6 flips in 12 attacked steps
-    rewrite_csv(d / RUN_FILES["attack_local"], al)
+    bound = float(flip_probability_bound(margins(3 * sigma, sigma)["q_top_lower"],
+                                         margins(3 * sigma, sigma)["q_others_upper_max"], 0.0, 10.0, sigma, eps,
+                                         M_ATTACK, 2))
+    assert bound < 1e-12
+    _set_attack_steps(d, sigma, eps, 3 * sigma, flipped=6)
     rep = audit(results, tmp_path / "a")
     row = _flip_row(rep, eps)
-    expected_chance = ALPHA_STATE + float(flip_probability_bound(
-        margins(3 * sigma, sigma)["q_top_lower"], margins(3 * sigma, sigma)["q_others_upper_max"], 0.0, 10.0, sigma,
-        eps, M_ATTACK, 2))
-    assert math.isclose(row["chance"], expected_chance, rel_tol=1e-9)
-    # far beyond the estimated chance, yet reported only: the estimate is no bound at the attacked steps
-    assert row["status"] == "reported" and not row["violation"] and row["p_value"] < 1e-12 and rep["passed"]
-    # One flip there is still far beyond chance (α = 1e-4 per step, 12 steps): a violation too.
-    al.loc[at, "flips_certified"] = 0
-    al.loc[at & (al["episode"] == 0), "flips_certified"] = 1
-    rewrite_csv(d / RUN_FILES["attack_local"], al)
+    assert row["observed"] == 6 and row["status"] == "violation" and row["p_value"] < 1e-6 and not rep["passed"]
+    _set_attack_steps(d, sigma, eps, 3 * sigma, flipped=1)
     row = _flip_row(audit(results, tmp_path / "b"), eps)
-    assert row["status"] == "reported" and math.isclose(row["p_value"], 1 - (1 - expected_chance) ** 12,
-                                                        rel_tol=1e-6)
+    assert row["observed"] == 1 and row["status"] != "violation" and row["p_value"] > 1e-3
 
 
 def _plant_lore_shortfall(d, eps):
@@ -284,9 +284,8 @@ def _plant_lore_shortfall(d, eps):
 @pytest.mark.slow
 @pytest.mark.parametrize("alpha_spent, violation", [(0.2, False), (1e-4, True)])
 def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation):
-    sigma, eps = 0.1, 0.05
+    eps = 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
-    _set_margins(d, sigma, lambda t: 3 * sigma)
     _plant_lore_shortfall(d, eps)
     m = read_json(meta_path(d / RUN_FILES["lore"]))
     m["search"]["alpha_spent"] = alpha_spent  # the α LoRe's own certificates spent
@@ -295,21 +294,24 @@ def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation
     row = next(c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["algo"] == "StdTrain"
                and math.isclose(c["eps"], eps))
     assert row["empirical_below"] and row["violation"] == violation
-    assert row["p_leave"] < 1e-6 and math.isclose(row["chance"], alpha_spent + row["p_leave"])
+    assert row["p_leave"] < 1e-6 and math.isclose(row["p_value"], alpha_spent + row["p_leave"])
     assert rep["passed"] != violation
 
 
 @pytest.mark.slow
-def test_lore_shortfall_unassessed_without_margins(results, tmp_path):
+def test_lore_shortfall_is_bounded_without_loact(results, tmp_path):
+    """The LoRe check bounds the attacked path through LoRe's own recorded states: without LoAct (a partial
+    run) a shortfall along a path that stayed in LoRe's tree is still judged, at p = α spent."""
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _plant_lore_shortfall(d, 0.05)
-    for f in STAGE_FILES["loact"]:  # no LoAct: no recorded margins, the chance cannot be bounded
+    for f in STAGE_FILES["loact"]:
         (d / f).unlink()
         meta_path(d / f).unlink(missing_ok=True)
     rep = audit(results, tmp_path / "a")
     row = next(c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["algo"] == "StdTrain"
                and math.isclose(c["eps"], 0.05))
-    assert row["empirical_below"] and not row["violation"] and row["note"].startswith("unassessed")
+    assert row["empirical_below"] and row["p_value"] == pytest.approx(LORE_ALPHA_SPENT)
+    assert "stayed in LoRe's tree" in row["note"]
     assert set(RUN_FILES.values()) - set(STAGE_FILES["loact"]) - {RUN_FILES["qrange"]}  # the run is partial
 
 

@@ -101,6 +101,7 @@ def test_every_certificate_after_the_resume_is_the_uninterrupted_one(tmp_path):
     assert list(again.memo) == list(clean.memo) and len(clean.memo) > 10
     for key, c in clean.memo.items():
         assert again.memo[key].radii.tobytes() == c.radii.tobytes()
+    assert again.states_table().equals(clean.states_table())   # lore_states.csv: depth, ε and L(a₁) restored too
 
 
 def test_a_resume_file_of_another_run_is_ignored(tmp_path):
@@ -482,3 +483,61 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
     main(argv)
     meta = json.loads((d / meta_name(RUN_FILES["lore"])).read_text())
     assert (d / RUN_FILES["lore"]).exists() and meta["search"]["resumed"] is True and not resume.exists()
+
+
+def test_every_setting_is_in_the_resume_key(tmp_path):
+    """The resume key is derived from every field of LoRe's settings (crop.lore.LoReSettings): changing any one
+    changes it and a resume file written under the other settings is refused before anything of it is used; a
+    field added to the settings joins the key without a word more; the unchanged settings resume."""
+    from dataclasses import field, fields, make_dataclass, replace
+
+    from crop.lore import LoReSettings, Problem, Search
+
+    net_kw, sm_args, kw = _case("toy")
+    resume = tmp_path / "lore.resume"
+    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_kw), *sm_args, seed=2, lives=5), **kw)
+    with pytest.raises(Killed):
+        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
+    base = dying.settings
+    other = {"env_id": "toy2", "horizon": 9, "env_seed": 1, "gamma": 0.8, "profile": "vector",
+             "make": lambda: ToyWalk(signed=True), "reward_fn": lambda r: max(r, 0.0), "reward_key": "clip",
+             "eps_max": 1.0, "prune": False, "alpha_of": lambda i: 0.01 / i ** 2, "batch": 3,
+             "max_nodes": 50, "reward_min": -1.0, "run_key": {"checkpoint_sha256": "0" * 64}}
+    names = {f.name for f in fields(Problem)} | {f.name for f in fields(Search)} | {"run_key"}
+    assert set(other) == names, "a new setting needs a changed value here"
+    for name, value in other.items():
+        if name == "run_key":
+            changed = replace(base, run_key=value)
+        elif name in Problem.__dataclass_fields__:
+            changed = replace(base, problem=replace(base.problem, **{name: value}))
+        else:
+            extra = {"reward_min": -1.0} if name == "max_nodes" else {}
+            changed = replace(base, search=replace(base.search, **{name: value}, **extra))
+        search = LoRe(changed, SmoothedQ(random_mlp(**net_kw), *sm_args, seed=2))
+        assert search.key() != dying.key() and search.load(resume, None) is False, name
+    # a field added to the settings is in the key
+    Wider = make_dataclass("Wider", [("new_option", int, field(default=0))], bases=(Search,), frozen=True)
+    wide = LoReSettings(base.problem, Wider(**{f.name: getattr(base.search, f.name) for f in fields(Search)}))
+    assert wide.key()["search"]["new_option"] == 0 and wide.key() != base.key()
+    assert replace(wide, search=replace(wide.search, new_option=1)).key() != wide.key()
+    again = LoRe(base, SmoothedQ(random_mlp(**net_kw), *sm_args, seed=2))
+    assert again.certify(resume_file=resume, checkpoint_every=1e9, progress=False)[1]["resumed"] is True
+
+
+def test_lore_functions_take_at_most_eight_parameters():
+    """crop/lore.py: every function at most 8 parameters (self, *args and **options counted), every class at
+    most 8 fields — settings are grouped (Problem, Search), not passed one by one."""
+    import ast
+
+    import crop.lore
+
+    tree = ast.parse(Path(crop.lore.__file__).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+            assert n <= 8, (node.name, n)
+        elif isinstance(node, ast.ClassDef):
+            n = sum(isinstance(s, ast.AnnAssign) for s in node.body)
+            assert n <= 8, (node.name, n)
+

@@ -47,8 +47,7 @@ def test_summary_states_the_audits_verdict_and_counts(tmp_path, monkeypatch):
     got = _lines(run_summary(tmp_path / "res"))
     st = rep["statuses"]
     assert got["audit"] == (f"soundness {rep['verdict']}: {rep['checked']} checks ({st['ok']} ok, 0 violation, "
-                            f"0 suspicious, {st['untestable']} untestable, {st['vacuous']} vacuous"
-                            + (f", {st['reported']} reported outside the guarantee" if st["reported"] else "") + "), "
+                            f"0 suspicious, {st['untestable']} untestable, {st['vacuous']} vacuous), "
                             f"{len(rep['pooled'])} pooled counts (0 violation), 0 integrity problem(s) "
                             "(res/audit/audit.md)")
     assert got["figures"] == "2 PNG, 2 PDF in res/figures/"

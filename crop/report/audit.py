@@ -78,7 +78,7 @@ __all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone
            "poisson_binomial_sf", "verdict_of", "exit_status", "verdict_line", "plain_verdict", "STATUSES",
            "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
@@ -199,12 +199,8 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     return report
 
 
-STATUSES = ("ok", "violation", "suspicious", "untestable", "vacuous", "reported")
+STATUSES = ("ok", "violation", "suspicious", "untestable", "vacuous")
 POOLED = "pooled:"   # a pooled test's ``check`` is this prefix and the kind it counts
-# Checks whose p-value is not valid under every certificate's validity, hence outside the guarantee: reported
-# (status ``reported``), never a violation nor a cause of WARN.  LoAct's flip chance is a mean over LoAct's own
-# clean steps, not a bound at the attacked steps, which PGD chooses (it may steer into near-tie states).
-REPORTED_ONLY = ("loact_certified_steps_not_flipped",)
 
 
 def tarone_holm(tested: list[dict], alpha: float, p_key: str = "p_value") -> tuple[int, list[dict], dict]:
@@ -231,14 +227,10 @@ def tarone_holm(tested: list[dict], alpha: float, p_key: str = "p_value") -> tup
 def unit_level(item: dict, alpha: float) -> float:
     """The level at which one chance-based check counts as a failure in its pooled test, and (the value
     returned) an upper bound on the chance of that failure under valid certificates: the largest p-value the
-    check can attain at or below max(min_p, α) — the chance α_spent + P[leave] itself for a LoRe check (its
-    p-value is that chance or 1), an exact binomial tail for a count."""
+    check can attain at or below max(min_p, α) — an exact binomial tail for a percentile count; the level itself
+    for the checks whose p-value is continuous (Hoeffding's, LoRe's α_spent + A, a flip count's Ville test)."""
     level = max(float(item["min_p"]), alpha)
-    c = item["check"]
-    if c == "lore_vs_pgd_local":
-        return float(item["min_p"])
-    n, p = (item.get("episodes"), item.get("p")) if c.startswith("gre_percentile") else \
-        (item.get("steps"), item.get("chance")) if c == "loact_certified_steps_not_flipped" else (None, None)
+    n, p = (item.get("episodes"), item.get("p")) if item["check"].startswith("gre_percentile") else (None, None)
     if n and p is not None and 0 < p < 1:   # the smallest count whose tail is ≤ level, and that tail
         tails = st.binom.sf(np.arange(n + 1) - 1, n, p)
         return float(tails[np.argmax(tails <= level + 1e-15)]) if (tails <= level + 1e-15).any() else 1.0
@@ -298,7 +290,10 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     (:func:`pooled_tests`) with theirs, and the ``multiple_testing`` block of audit.json.
 
     * deterministic checks (a bound rising with ε): ``violation`` or ``ok``;
-    * a bound that claims nothing (J̲ at J_min; no step certified beyond ε) → ``vacuous``, not tested;
+    * a bound that claims nothing (J̲ at J_min; no step certified beyond ε) → ``vacuous``, not tested; a flip
+      count whose attack counted no step (``nothing_counted``) → ``vacuous`` too, though left in the family;
+    * a LoRe check whose attacked path reached a state LoRe did not certify (``off_lore_states``: p = 1 whatever
+      its return) → ``untestable`` with why, left in the family;
     * the audit's family (:func:`tarone_holm` over every non-vacuous chance-based check *and* the pooled
       tests): Holm-adjusted p < α → ``violation`` (FAIL; family-wise error ≤ α for valid certificates);
     * the check's own run (the same procedure over that run's checks): significant there but not over the
@@ -306,16 +301,12 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     * outside the audit's family: ``ok`` when its kind's pooled test is in the family (``tested_by``:
       ``pooled`` — it could have caught a fault shared by the runs, not one broken certificate alone), else
       ``untestable`` with ``reason`` and ``testable_with`` (WARN, never counted as passed);
-    * every other check: ``ok`` (``tested_by``: ``alone``);
-    * a check of a kind in :data:`REPORTED_ONLY` (LoAct's flip counts, whose chance is an estimate, not a bound
-      at the attacked steps): ``reported`` — outside every family and pooled count, never a violation, no
-      cause of WARN.  Its p-value is shown, not decided on."""
+    * every other check: ``ok`` (``tested_by``: ``alone``)."""
     rows = [dict(i) for i in items]
     for i in rows:
         if i["check"] == "lore_vs_pgd_local" and lore_alpha_exhausted(i.get("alpha_spent", 0.0)):
             i["min_p"] = 1.0  # no joint certificate: nothing to test
-    tested = [i for i in rows if i.get("p_value") is not None and not i.get("vacuous")
-              and i["check"] not in REPORTED_ONLY]
+    tested = [i for i in rows if i.get("p_value") is not None and not i.get("vacuous")]
     pooled = pooled_tests(tested, alpha)
     k, family, adjusted = tarone_holm(tested + pooled, alpha)
     in_family = {id(i) for i in family}
@@ -336,8 +327,12 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
             i["status"] = "violation" if i["violation"] else "ok"
         elif i.get("vacuous"):
             i.update(status="vacuous", violation=False)
-        elif i["check"] in REPORTED_ONLY:
-            i.update(status="reported", violation=False, in_audit_family=False, p_adjusted=None, p_run=None)
+        elif i.get("nothing_counted") and not i["violation"]:
+            # in the family at p = 1 (its membership was fixed before the attack), yet nothing could fail
+            i["status"] = "vacuous"
+        elif i.get("off_lore_states") and not i["violation"]:
+            i["status"] = "untestable"
+            i["reason"], i["testable_with"] = untestable_reason(i, alpha, k)
         elif i["violation"]:
             i["status"] = "violation"
         elif i["p_run"] is not None and i["p_run"] < alpha:
@@ -395,7 +390,7 @@ def verdict_line(rep: dict) -> str:
     pooled = rep.get("pooled") or []
     line = (f"soundness {rep['verdict']}: {rep['checked']} checks ({st_['ok']} ok, {st_['violation']} violation, "
             f"{st_['suspicious']} suspicious, {st_['untestable']} untestable, {st_.get('vacuous', 0)} vacuous"
-            + (f", {st_['reported']} reported outside the guarantee" if st_.get("reported") else "") + ")"
+            + ")"
             + (f", {len(pooled)} pooled counts ({sum(p['violation'] for p in pooled)} violation)" if pooled else "")
             + f", {rep['integrity_problems']} integrity problem(s)")
     rr = rep.get("rerun")
@@ -422,9 +417,6 @@ def plain_verdict(rep: dict) -> str:
                 if i["status"] == "ok")
     vac = (f" {st_['vacuous']} bound(s) claim nothing (vacuous: J̲ at J_min, or no step certified beyond ε) "
            "and were not tested." if st_.get("vacuous") else "")
-    if st_.get("reported"):
-        vac += (f" {st_['reported']} LoAct flip count(s) are reported outside the guarantee (their chance is an "
-                "estimate, not a bound at the attacked steps): shown, not decided on.")
     if rep["verdict"] == "FAIL":
         parts = []
         if rep["violation_list"]:
@@ -462,7 +454,7 @@ def plain_verdict(rep: dict) -> str:
 
 def _raw_failures(rep: dict) -> list[dict]:
     """The checks whose attack went below the bound by less than chance allows (not violations)."""
-    return [i for i in rep["checks"] if i.get("empirical_below") and i["status"] in ("ok", "untestable", "reported")]
+    return [i for i in rep["checks"] if i.get("empirical_below") and i["status"] in ("ok", "untestable")]
 
 
 def _md_summary(rep: dict) -> list[str]:
@@ -487,9 +479,6 @@ def _md_summary(rep: dict) -> list[str]:
              f"| untestable (could not reach significance whatever the attack did; not counted as passed) | "
              f"{rep['untestable']} |",
              f"| vacuous (the bound claims nothing: not tested, no cause of WARN) | {rep['vacuous']} |",
-             "| reported outside the guarantee (LoAct flip counts: their chance is estimated on LoAct's clean steps, "
-             f"not bounded at the attacked ones; never a violation, no cause of WARN) | {rep['statuses']['reported']}"
-             " |",
              f"| pooled counts over runs (violations) | {len(rep['pooled'])} "
              f"({sum(p['violation'] for p in rep['pooled'])}) |",
              f"| raw failures within what chance allows (not violations) | {len(_raw_failures(rep))} |",
@@ -538,10 +527,10 @@ def _md_soundness(rep: dict) -> list[str]:
         lines += ["## LoRe bounds compared", "",
                   "Each local attack at ε is checked against LoRe's bound J̲(ε') (ε' ≥ ε, J̲ non-increasing) over "
                   "LoRe's tree for every ε below `tree_until` (—: the whole search), chosen from the "
-                  "certificates alone; `p_leave`: the estimated chance that the m-sample attacked policy leaves "
-                  "that tree (docs/audit.md, \u201cWhat chance allows\u201d).", "",
+                  "certificates alone; `p_leave`: the sum of the bounds on leaving that tree along the attacked "
+                  "path, up to where it left (docs/audit.md, \u201cWhat chance allows\u201d).", "",
                   pipe_table(lore, ["env", "algo", "sigma", "eps", "eps_bound", "tree_until", "bound", "observed",
-                                    "p_leave", "chance", "status"], limit=50, rest="all in audit.json"), ""]
+                                    "p_leave", "p_value", "status"], limit=50, rest="all in audit.json"), ""]
     if rep["vacuous_list"]:
         df = pd.DataFrame(rep["vacuous_list"])
         lines += ["## Vacuous bounds", "", "These bounds claim nothing (J̲ at J_min, or no step certified beyond ε), "

@@ -9,35 +9,26 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
 * **GRe** percentile bound J̲_p above the attacked p-quantile, and expectation bound above the attacked mean:
   these bounds are about the *distribution* of returns; p-values P[Bin(n, p) ≥ #returns below J̲_p] and
   Hoeffding's exp(−2n·shortfall²/(J_max − J_min)²);
-* **LoAct: a certified step whose action a local attack flipped** (``flips_certified``).  The certificate
-  (Theorem 1) is for the exact smoothed policy and holds with probability ≥ 1 − α per state; the attacked
-  policy is its m-sample estimate, which may take another action inside a valid radius.  If the clean
-  state's bounds L(a₁) (``q_top_lower``) and max U(a) (``q_others_upper_max``) hold, Lemma 3 (σΦ⁻¹ of the
-  clipped smoothed Q is 1-Lipschitz) gives, for ‖δ‖ ≤ ε, Q̃(s+δ, a₁) − Q̃(s+δ, a) ≥
-  Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)) with p = (bound − V_min)/w, w = V_max − V_min; and by
-  Hoeffding (each sample of Q̃(·, a) − Q̃(·, a₁) lies in [−w, w]) the m-sample argmax is not a₁ with
-  probability ≤ (|A| − 1)·exp(−m·Δ²/(2w²)) (:func:`flip_probability_bound`).  A counted flip thus has
-  probability ≤ α + that bound per step.  attack_local.csv records only per-episode counts, not the attacked
-  steps' margins, so the per-step chance is *estimated* on LoAct's own steps certified beyond ε (the mean of
-  α + bound over them; 1 when LoAct has none: unassessed) and the count over the N planned steps at that ε
-  is tested against Bin(N, chance) — conservative in N (every attacked step counted, certified or not) and
-  in the tail (a Poisson-binomial count is no more spread above its mean than the binomial of the same mean,
-  Hoeffding 1956);
-* **LoRe bound above the local PGD return** from LoRe's own initial state.  LoRe's bound (Theorem 4) holds
-  for every trajectory of the exact smoothed policy under ‖δ‖ ≤ ε with probability ≥ 1 − α_spent (the α the
-  search spent, from LoRe's meta file); the attacked episode leaves that tree only where its m-sample action
-  is one LoRe excluded.  The chance of an attacked return below the bound is ≤ α_spent + P[leave], with
-  P[leave] = 1 − Π_t(1 − p_t) estimated along LoAct episode 0 (the same initial state) over the attacked
-  episode's planned horizon (never its realised length, which depends on the outcome): p_t the flip bound
-  above where step t is certified beyond ε; 0 where it is not and |A| = 2 (both actions are in the tree);
-  1 where it is not and |A| > 2 (the other actions' margins are not recorded), and for steps beyond LoAct
-  episode 0.  That chance is the row's p-value when the return is below the bound.  J̲ is a non-increasing
-  step function and T_ε ⊆ T_ε' for ε ≤ ε', so an ε-attack may be checked against J̲(ε') over the tree of a
-  whole piece [ε_j, ε_{j+1}) of it (:func:`lore_intervals`): a step keeps both actions of a two-action game
-  there when its radius is below ε_{j+1}, which removes the near-tie steps (radius just above ε) whose chance
-  of a flip is ≈ 1.  The piece — the first from ε's on whose leave chance is ≤ α_spent
-  (:func:`choose_lore_interval`) — is chosen from the certifiers' outputs alone, never the attacked return;
-  the row records ε' (``eps_bound``) and ε_{j+1} (``tree_until``).
+* **a flip at a certified attacked step** (``loact_certified_steps_not_flipped``, per run and ε).  The local
+  attack records every attacked step (attack_local_steps.csv): its clean state's certificate (Theorem 1, the
+  attack's own per-state α) and the attacked action.  If the clean bounds L(a₁) (``q_top_lower``) and max U(a)
+  (``q_others_upper_max``) hold, Lemma 3 (σΦ⁻¹ of the clipped smoothed Q is 1-Lipschitz) gives, for ‖δ‖ ≤ ε,
+  Q̃(s+δ, a₁) − Q̃(s+δ, a) ≥ Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)), p = (bound − V_min)/w, and by
+  Hoeffding the m-sample argmax is not a₁ with probability ≤ (|A| − 1)·exp(−m·Δ²/(2w²))
+  (:func:`flip_probability_bound`).  The flips at the steps certified beyond ε are tested against these
+  per-step bounds and α by a mixture of Ville supermartingales (:func:`ville_flip_p`), valid whatever the
+  attacker does;
+* **LoRe bound above the local PGD return** from LoRe's own initial state.  LoRe's bound (Theorem 4) holds for
+  every path of its tree; the exact smoothed policy stays in the tree when LoRe's certificates hold
+  (probability ≥ 1 − α_spent, from LoRe's meta file); the m-sample attacked policy leaves it at a node only by
+  taking an action the tree excludes, with probability ≤ b(node) from LoRe's own certificate there
+  (lore_states.csv).  The audit walks the attacked path (:func:`lore_path_bound`): A = Σ b over its steps up
+  to where it left, and the p-value α_spent + A is valid (a predictable compensator bound).  J̲ is a
+  non-increasing step function and T_ε ⊆ T_ε' for ε ≤ ε', so an ε-attack may be checked against J̲(ε') over the
+  tree of a whole piece [ε_j, ε_{j+1}) of it (:func:`lore_intervals`), where an action is excluded only when
+  its radius is ≥ ε_{j+1}; the piece is chosen from the certifiers' outputs alone (:func:`choose_lore_interval`,
+  an estimate along LoAct's clean episode), never the attacked return; the row records ε' (``eps_bound``) and
+  ε_{j+1} (``tree_until``).
 
 A check's ``min_p`` is the smallest p-value its data could give (every attacked return at J_min, every
 attacked step flipped), fixed by the sample sizes and bounds before the attack ran; Tarone's restriction
@@ -61,7 +52,8 @@ from crop.report.metrics import lore_valid_until, parse_run, read_lore_meta
 from crop.stats import Phi, Phi_inv, normalise
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
-           "check_certified_steps_not_flipped", "flip_probability_bound", "loact_flip_chance",
+           "check_certified_steps_not_flipped", "flip_probability_bound", "ville_flip_p",
+           "ville_min_p", "lore_path_bound", "lore_root_bound",
            "lore_leave_chance", "lore_intervals", "choose_lore_interval", "lore_alpha_exhausted",
            "untestable_reason", "TOL"]
 
@@ -116,7 +108,11 @@ def _chance_inputs(d: Path, env: str) -> dict:
     v_min = lm.get("v_min", q.get("v_min"))
     v_max = lm.get("v_max", q.get("v_max"))
     a_set = am.get("settings") or {}
-    return {"steps": pd.read_csv(d / RUN_FILES["loact"]) if (d / RUN_FILES["loact"]).is_file() else None,
+    def table(key):
+        return pd.read_csv(d / RUN_FILES[key]) if (d / RUN_FILES[key]).is_file() else None
+
+    return {"steps": table("loact"), "attack_steps": table("attack_local_steps"), "lore_states": table("lore_states"),
+            "lore_horizon": (lo.get("settings") or {}).get("horizon"),
             "v_min": v_min, "v_max": v_max, "m": a_set.get("m"), "horizon": a_set.get("horizon"),
             "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": _spec_fact(env, "n_actions"),
             "loact_alpha": lm.get("per_state_alpha"), "lore_alpha": _lore_largest_state_alpha(lo)}
@@ -163,18 +159,124 @@ def _step_flip_bounds(c: dict, sigma: float, eps: float, steps: pd.DataFrame) ->
                                   c["v_max"], sigma, eps, int(c["m"]), c["n_actions"])
 
 
-def loact_flip_chance(c: dict, sigma: float, eps: float) -> tuple[float, str]:
-    """(per-step chance of a counted flip at ε, note): the mean of α + :func:`flip_probability_bound` over
-    LoAct's steps certified beyond ε; 1 when it cannot be estimated."""
-    why = _margins_ok(c)
+#: The mixture of Ville supermartingales a flip count is tested with: λ with e^λ = 2, 4, …, 2²⁰, equal weights
+#: (fixed in advance, so the mixture is itself a supermartingale).
+VILLE_LAMBDAS = math.log(2.0) * np.arange(1, 21)
+
+
+def _log_mixture(log_factors: np.ndarray) -> np.ndarray:
+    """log of the equal-weight mixture over λ of the products of ``log_factors`` (shape (λ, time)), at every
+    time: log Σ_k w_k Π_{s ≤ t} φ_s(λ_k)."""
+    cum = np.cumsum(log_factors, axis=1)
+    top = cum.max(axis=0)
+    return top + np.log(np.exp(cum - top).mean(axis=0))
+
+
+def ville_flip_p(t: np.ndarray, counted: np.ndarray, flipped: np.ndarray, bound: np.ndarray,
+                 alpha: float) -> float:
+    """p-value of the flips at attacked steps (docs/audit.md, "A sequential test of the flips"): one row per
+    attacked step — its time ``t`` (the lockstep step: every row of step t is decided after the certificates of
+    step t and before step t + 1), whether it counts (certified beyond ε by the attack's own clean certificate),
+    whether the attacked action differs from a₁ (``flipped``), and the flip bound under valid clean bounds
+    (:func:`flip_probability_bound`).  With u = e^λ − 1, every step contributes 1/(1 + α·u) and a counted step
+    also e^{λX}/(1 + b·u); their product is a nonnegative supermartingale under valid certificates, whatever
+    the attacker does, and so is the mixture over :data:`VILLE_LAMBDAS`; by Ville's inequality
+    P[sup_t M_t ≥ 1/c] ≤ c, and the p-value is 1/sup_t M_t (at most 1)."""
+    if not len(t):
+        return 1.0
+    u = np.expm1(VILLE_LAMBDAS)[:, None]
+    x = (counted & flipped).astype(float)[None, :]
+    logs = -np.log1p(alpha * u) + np.where(counted[None, :], VILLE_LAMBDAS[:, None] * x
+                                           - np.log1p(np.minimum(bound, 1.0)[None, :] * u), 0.0)
+    times, at = np.unique(t, return_inverse=True)
+    per_time = np.zeros((len(VILLE_LAMBDAS), len(times)))
+    np.add.at(per_time, (slice(None), at), logs)
+    return float(min(1.0, math.exp(-max(0.0, _log_mixture(per_time).max()))))
+
+
+def ville_min_p(steps: int, alpha: float) -> float:
+    """The smallest p-value :func:`ville_flip_p` can give over ``steps`` planned attacked steps (every one
+    certified beyond ε, flipped, with flip bound 0): fixed before the attack ran."""
+    if steps <= 0:
+        return 1.0
+    per_step = VILLE_LAMBDAS - np.log1p(alpha * np.expm1(VILLE_LAMBDAS))
+    return float(min(1.0, math.exp(-_log_mixture(per_step[:, None] * np.ones((1, steps))).max())))
+
+
+def lore_path_bound(c: dict, sigma: float, eps: float, tree_until: float,
+                    path: pd.DataFrame) -> tuple[float, str]:
+    """(A, note): the sum, along the attacked episode ``path`` (its rows of attack_local_steps.csv, in step
+    order) up to and including the step where it leaves LoRe's tree of every ε'' < ``tree_until``, of the bound
+    b_t on the chance that the m-sample action leaves there — at the LoRe state of the step's observation
+    (lore_states.csv), b_t = Σ over the actions a the tree excludes (r(a) ≥ ``tree_until``) of
+    exp(−m·Δ_a²/(2w²)), Δ_a = w·(Φ(z_L − ε/σ) − Φ(z_L − (2r(a) − ε)/σ)), z_L = Φ⁻¹(p_L) (Lemma 3 and
+    Hoeffding, as :func:`flip_probability_bound`, with U(a) from r(a)).  b_t depends on the path up to step t
+    only (predictable), so P[the episode leaves and A ≤ a] ≤ a under valid LoRe certificates (docs/audit.md).
+    inf where a step's state is not among LoRe's certified states before the episode left (pruned, never
+    reached, an open node of a truncated search, or another environment)."""
+    states = c["lore_states"].drop_duplicates(cols.OBS_DIGEST)
+    path = path.sort_values(cols.STEP)
+    if states.empty and len(path):
+        return math.inf, "LoRe recorded no certified state"
+    at = pd.Index(states[cols.OBS_DIGEST]).get_indexer(path[cols.OBS_DIGEST])
+    missing = at < 0
+    b, out = _leave_bounds(c, sigma, eps, tree_until, states.iloc[np.where(missing, 0, at)])
+    out &= ~missing[:, None]
+    b = np.where(missing, 0.0, b)
+    n_actions = int(c["n_actions"])
+    action = path[cols.ACTION].to_numpy(int)
+    left = out[np.arange(len(path)), np.clip(action, 0, n_actions - 1)]
+    stop = np.flatnonzero(missing | left)
+    steps = path[cols.STEP].to_numpy(int)
+    if not len(stop):
+        return float(b.sum()), "stayed in LoRe's tree"
+    k = int(stop[0])
+    if missing[k]:
+        return math.inf, f"attacked step {steps[k]}'s state is not among LoRe's certified states"
+    return float(b[: k + 1].sum()), f"left LoRe's tree at attacked step {steps[k]}"
+
+
+def _leave_bounds(c: dict, sigma: float, eps: float, tree_until: float,
+                  states: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per LoRe state (rows of lore_states.csv): the bound b on the chance that the m-sample action at an
+    ε-perturbation of it is one the tree of every ε'' < ``tree_until`` excludes, and which actions it excludes
+    (:func:`lore_path_bound`)."""
+    n_actions = int(c["n_actions"])
+    radii = states[[f"{cols.RADIUS}_{a}" for a in range(n_actions)]].to_numpy(float)
+    z_l = Phi_inv(normalise(states[cols.Q_TOP_LOWER].to_numpy(float), c["v_min"], c["v_max"]))[:, None]
+    w, m = float(c["v_max"] - c["v_min"]), int(c["m"])
+    out = radii >= tree_until
+    with np.errstate(invalid="ignore"):
+        gap = w * (Phi(z_l - eps / sigma) - Phi(z_l - (2 * radii - eps) / sigma))
+    gap = np.where(np.isnan(gap), 0.0, np.maximum(gap, 0.0))
+    return np.minimum(1.0, np.where(out, np.exp(-m * gap ** 2 / (2 * w ** 2)), 0.0).sum(axis=1)), out
+
+
+def lore_root_bound(c: dict, sigma: float, eps: float, tree_until: float) -> float:
+    """The leave bound b at LoRe's initial state s₀ (its state of depth 0): every attacked episode from s₀
+    starts there, so its sum A is at least this, and a LoRe check's smallest p-value is α_spent + this — fixed
+    by the certifiers' outputs and the attack's settings before the attack ran."""
+    root = c["lore_states"][c["lore_states"][cols.STEP] == 0]
+    return float(_leave_bounds(c, sigma, eps, tree_until, root.head(1))[0][0]) if len(root) else 0.0
+
+
+def _starts_at_s0(c: dict, path: pd.DataFrame) -> bool:
+    """The attacked episode's first state is LoRe's initial state (the same observation digest)."""
+    root = c["lore_states"][c["lore_states"][cols.STEP] == 0][cols.OBS_DIGEST]
+    first = path[path[cols.STEP] == 0][cols.OBS_DIGEST]
+    return len(root) == 1 and len(first) == 1 and root.iloc[0] == first.iloc[0]
+
+
+def _path_ok(c: dict, horizon: int | None) -> str:
+    """Why the attacked path cannot be checked against LoRe's states ('' when it can)."""
+    if c.get("attack_steps") is None or c.get("lore_states") is None:
+        return "no attack_local_steps.csv or lore_states.csv: the attacked path's states are not recorded"
+    why = _margins_ok({**c, "steps": c["attack_steps"]})
     if why:
-        return 1.0, f"unassessed ({why})"
-    s = c["steps"]
-    beyond = s[s[cols.CERTIFIED].astype(bool) & (s[cols.RADIUS] > eps)]
-    if beyond.empty:
-        return 1.0, "unassessed (no LoAct step certified beyond this eps)"
-    p = np.minimum(1.0, float(c["alpha"]) + _step_flip_bounds(c, sigma, eps, beyond))
-    return float(p.mean()), f"estimated on {len(beyond)} LoAct steps certified beyond eps"
+        return why
+    if horizon is None or (c.get("lore_horizon") is not None and horizon < int(c["lore_horizon"])):
+        return f"the attacked horizon {horizon} is shorter than LoRe's {c.get('lore_horizon')}"
+    return ""
 
 
 def lore_leave_chance(c: dict, sigma: float, eps: float, horizon: int,
@@ -229,18 +331,22 @@ def lore_intervals(lore: pd.DataFrame, eps: float, valid_until: float = math.inf
 
 def choose_lore_interval(pieces: list[tuple], c: dict, sigma: float, eps: float, horizon: int, alpha_spent: float,
                          j_min: float | None = None) -> tuple:
-    """The piece of LoRe's step function an ε-attack is checked against: the first (the tightest bound, from
-    the one holding ε on) whose tree the m-sample attacked policy leaves within LoRe's ``horizon`` with
-    estimated chance ≤ ``alpha_spent`` (and, beyond the first, whose bound claims something); the first when
-    none does.  J̲ is non-increasing and T_ε ⊆ T_ε', so under valid certificates the ε-attacked smoothed
-    policy's return is ≥ J̲(ε) ≥ J̲(ε'); the choice reads the certifiers' outputs only (LoRe's table and α,
-    LoAct's margins, the attack's settings), never the attacked returns, so the check stays valid."""
-    for k, (_, b, until) in enumerate(pieces):
-        if k and j_min is not None and not b > j_min + TOL:
-            break
-        if lore_leave_chance(c, sigma, eps, horizon, until)[0] <= alpha_spent:
+    """The piece of LoRe's step function an ε-attack is checked against, among the first (the tightest bound,
+    from the one holding ε on) and those beyond it whose bound claims something: the first whose tree the
+    m-sample attacked policy leaves within LoRe's ``horizon`` with estimated chance (along LoAct's episode 0)
+    ≤ ``alpha_spent`` and whose leave bound at s₀ (:func:`lore_root_bound`, which every attacked path pays) is
+    ≤ ``alpha_spent``; else the first whose leave bound at s₀ is; else the first.  J̲ is non-increasing and
+    T_ε ⊆ T_ε', so under valid certificates the ε-attacked smoothed policy's return is ≥ J̲(ε) ≥ J̲(ε'); the
+    choice reads the certifiers' outputs only (LoRe's table, α and states, LoAct's margins, the attack's
+    settings), never the attacked returns, so the check stays valid."""
+    ok = [k for k in range(len(pieces)) if k == 0 or j_min is None or pieces[k][1] > j_min + TOL]
+    ok = ok[:next((i for i, k in enumerate(ok) if k != i), len(ok))]   # up to the first bound that claims nothing
+    root = (lambda until: 0.0) if _path_ok(c, horizon) else (lambda until: lore_root_bound(c, sigma, eps, until))
+    for k in ok:
+        until = pieces[k][2]
+        if root(until) <= alpha_spent and lore_leave_chance(c, sigma, eps, horizon, until)[0] <= alpha_spent:
             return pieces[k]
-    return pieces[0]
+    return next((pieces[k] for k in ok if root(pieces[k][2]) <= alpha_spent), pieces[0])
 
 
 def _lore_alpha(lmeta: dict) -> float:
@@ -303,57 +409,88 @@ def lore_alpha_exhausted(alpha_spent: float) -> bool:
 
 def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.DataFrame, chance: dict,
                                sigma: float, j_min: float | None = None) -> list[dict]:
-    """LoRe's bound J̲ (Theorem 4) against the local PGD return from LoRe's own initial state at each ε
-    (see the module docstring), against J̲(ε') of the piece :func:`choose_lore_interval` picks; p-value
-    α_spent + P[leave that piece's tree] when the return is below that bound.  A bound at
-    ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``."""
+    """LoRe's bound J̲ (Theorem 4) against the local PGD return from LoRe's own initial state at each ε, against
+    J̲(ε') of the piece :func:`choose_lore_interval` picks (from the certifiers' outputs alone).  p-value
+    α_spent + A when the return is below that bound, A the sum of the leave bounds along the attacked path up to
+    where it left (:func:`lore_path_bound`); 1 otherwise.  Its smallest value (``min_p``) is α_spent plus the
+    leave bound at s₀ (:func:`lore_root_bound`).  A path that reaches a state not among LoRe's certified states
+    before it leaves (a pruned or unexpanded node, a replay that differs) has p = 1 whatever its return:
+    ``off_lore_states``, reported untestable with why (it stays in the family, fixed before the attack).  A bound
+    at ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``."""
     valid_until = lore_valid_until({"lore_meta": lore_meta})
     a_lore = _lore_alpha(lore_meta)
+    steps = chance.get("attack_steps")
     rows_out = []
     for _, r in attack[attack[cols.SAME_START_AS_LORE].astype(bool)].iterrows():
         eps = float(r[cols.EPS])
         pieces = lore_intervals(lore, eps, valid_until)
         if not pieces:
             continue
-        # The piece and P[leave] over the planned horizon (a setting), never the realised length (an outcome): an
-        # episode that left the tree may end early (CartPole), and a chance over its shorter length would shrink
-        # with the very outcome it judges.
+        # The piece from the certifiers' outputs and the planned horizon (a setting), never the attacked outcome.
         horizon = _planned_horizon(r, chance)
-        if horizon is None:
-            (eps_b, b, until), (leave, note) = pieces[0], (1.0, "unassessed (no planned horizon recorded)")
+        eps_b, b, until = (pieces[0] if horizon is None else
+                           choose_lore_interval(pieces, chance, sigma, eps, horizon, a_lore, j_min))
+        why = _path_ok(chance, horizon)
+        path = None if why else steps[np.isclose(steps[cols.EPS], eps) & (steps[cols.EPISODE] == r[cols.EPISODE])]
+        if not why and not _starts_at_s0(chance, path):
+            # s₀ is the seeded reset's, free of any noise: a mismatch is a fact of the setup, not an outcome
+            why = "the attacked episode does not start at LoRe's s₀ (another environment, seed or profile)"
+        off_tree = False
+        if why:
+            bound_sum, note, least = math.inf, f"unassessed ({why})", 1.0
         else:
-            eps_b, b, until = choose_lore_interval(pieces, chance, sigma, eps, horizon, a_lore, j_min)
-            leave, note = lore_leave_chance(chance, sigma, eps, horizon, until)
+            bound_sum, note = lore_path_bound(chance, sigma, eps, until, path)
+            least = min(1.0, a_lore + lore_root_bound(chance, sigma, eps, until))
+            # The path reached a state LoRe did not certify while still in its tree: p = 1 whatever the return.
+            off_tree = math.isinf(bound_sum)
         below = float(r[cols.RETURN]) < b - TOL
         tree = f"ε < {until:.4g}" if math.isfinite(until) else "every ε (the whole search)"
-        allowed = min(1.0, a_lore + leave)
+        p = min(1.0, a_lore + bound_sum) if below else 1.0
         rows_out.append(_row("lore_vs_pgd_local", eps, b, float(r[cols.RETURN]), empirical_below=below,
-                             episode=int(r[cols.EPISODE]), p_value=allowed if below else 1.0, chance=allowed,
-                             alpha_spent=a_lore, p_leave=leave, eps_bound=eps_b,
+                             episode=int(r[cols.EPISODE]), p_value=p, alpha_spent=a_lore,
+                             p_leave=min(1.0, bound_sum), eps_bound=eps_b,
                              tree_until=until if math.isfinite(until) else None,
-                             note=f"{note}; J̲(ε' = {eps_b:.4g}) over LoRe's tree for {tree}", min_p=allowed,
+                             note=f"{note}; J̲(ε' = {eps_b:.4g}) over LoRe's tree for {tree}",
+                             min_p=least, off_lore_states=off_tree,
                              vacuous=j_min is not None and not b > j_min + TOL))
     return rows_out
 
 
 def check_certified_steps_not_flipped(attack: pd.DataFrame, chance: dict, sigma: float) -> list[dict]:
-    """LoAct's certificates (Theorem 1) against the local PGD attack: the certified steps whose action the
-    attack flipped at each ε, counted over all attacked steps and tested against Bin(N, per-step chance)
-    (:func:`loact_flip_chance`)."""
+    """The attack's own certificates (Theorem 1, at every attacked step's clean state) against its attacked
+    actions at each ε: the steps certified beyond ε whose action the attack flipped, tested sequentially
+    against each step's flip bound (:func:`ville_flip_p`, valid whatever the attacker does).  ``min_p`` is
+    fixed by the planned steps (horizon × episodes); a row at an ε beyond which LoAct certified no step is
+    ``vacuous`` (the certificates claim nothing there; decided from LoAct's outputs, not the attack's).  A row
+    whose attack certified no attacked step beyond ε (its own per-step records: nothing counted, so p = 1 and it
+    cannot fail) is marked ``nothing_counted``: it stays in the family (its membership was fixed before the
+    attack) and is reported ``vacuous``, never ``ok``."""
     rows_out = []
-    for eps, g in attack.groupby("eps"):
-        # N: the planned steps (horizon × episodes), fixed before the attack ran; the realised count depends on
-        # the outcome (an attack that succeeds may end its episode early).
+    loact, steps = chance.get("steps"), chance.get("attack_steps")
+    for eps, g in attack.groupby(cols.EPS):
         horizons = [_planned_horizon(r, chance) for _, r in g.iterrows()]
         flips, n = int(g[cols.FLIPS_CERTIFIED].sum()), sum(h or 0 for h in horizons)
-        per_step, note = (loact_flip_chance(chance, sigma, float(eps)) if None not in horizons
-                          else (1.0, "unassessed (no planned horizon recorded)"))
-        # No LoAct step certified beyond ε and no certified step flipped: the certificates claim nothing at ε.
-        empty = flips == 0 and note.startswith("unassessed (no LoAct step certified beyond")
+        why = ("no attack_local_steps.csv: the attacked steps are not recorded" if steps is None
+               else _margins_ok({**chance, "steps": steps})) or ("no planned horizon recorded" if None in horizons
+                                                                  else "")
+        alpha = float(chance.get("alpha") or 1.0)
+        if why:
+            p, counted, note = 1.0, 0, f"unassessed ({why})"
+        else:
+            s = steps[np.isclose(steps[cols.EPS], float(eps))]
+            count = (s[cols.CERTIFIED].astype(bool) & (s[cols.RADIUS] > float(eps))).to_numpy()
+            flip = (s[cols.ACTION] != s[cols.CLEAN_ACTION]).to_numpy()
+            bound = np.asarray(_step_flip_bounds(chance, sigma, float(eps), s), float) if len(s) else np.zeros(0)
+            p = ville_flip_p(s[cols.STEP].to_numpy(), count, flip, bound, alpha)
+            counted = int(count.sum())
+            note = (f"{counted} attacked steps certified beyond eps, flip bounds summing to "
+                    f"{float(bound[count].sum()):.3g} (plus alpha per step)")
+        empty = loact is not None and cols.RADIUS in loact.columns and not (
+            loact[cols.CERTIFIED].astype(bool) & (loact[cols.RADIUS] > float(eps))).any()
         rows_out.append(_row("loact_certified_steps_not_flipped", float(eps), 0, flips, empirical_below=flips > 0,
-                             episodes=len(g), steps=n, chance=per_step, expected=n * per_step,
-                             p_value=_binom_p(flips, n, per_step), note=note,
-                             min_p=_binom_p(n, n, per_step) if n else 1.0, vacuous=empty))
+                             episodes=len(g), steps=n, counted=counted, p_value=p, note=note,
+                             min_p=1.0 if why else ville_min_p(n, alpha), vacuous=bool(empty),
+                             nothing_counted=not why and counted == 0))
     return rows_out
 
 
@@ -408,17 +545,17 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
     if c == "lore_vs_pgd_local" and lore_alpha_exhausted(item.get("alpha_spent", 0.0)):
         return (f"LoRe's tree spent α = {item['alpha_spent']:.3g} ≥ 1: its bound has no joint meaning",
                 "alpha_mode: family (the whole tree at α)")
+    if c == "lore_vs_pgd_local" and item.get("off_lore_states"):
+        return (f"the attacked path could not fail (p = 1 whatever its return): {item.get('note')}",
+                "a LoRe search that expands the attacked path's states (no pruning there, a larger lore.max_nodes) "
+                "and a local attack that replays LoRe's environment")
     if c == "lore_vs_pgd_local" and item["min_p"] >= 1.0:
-        return (f"the attacked (m-sample) policy may leave LoRe's tree with probability ≈ 1 at this ε: P[leave] = "
-                f"{item.get('p_leave', 1.0):.3g} ({item.get('note') or 'unassessed'}; near-tie steps certified "
-                "beyond ε, or steps whose margins are unknown)",
-                "a larger attack m (loact.m) for steps certified just beyond LoRe's critical ε (no piece of "
-                "LoRe's bound from this ε on has a testable tree), or this ε left out of "
-                "attack.local_eps_factors; for a many-action game, LoAct margins beyond ε along LoRe's initial "
-                "episode")
+        return (f"the attacked path cannot be bounded against LoRe's tree: {item.get('note') or 'unassessed'}",
+                "a local attack and a LoRe search that record their states (attack_local_steps.csv, "
+                "lore_states.csv) over LoRe's horizon")
     if c == "lore_vs_pgd_local":
-        return (f"a single attacked return: smallest p = α spent + P[leave] = {item['min_p']:.3g} > α/K = "
-                f"{level:.3g}", "alpha_mode: family or a smaller alpha for LoRe; more LoAct margins beyond ε")
+        return (f"a single attacked return: smallest p = α spent = {item['min_p']:.3g} > α/K = {level:.3g}",
+                "alpha_mode: family or a smaller alpha for LoRe")
     if c == "gre_expectation_vs_pgd_mean":
         if not item["shortfall_max"] > 0:
             return "the bound is at or below J_min: no attacked mean can fall below it", "a tighter bound"
@@ -433,10 +570,9 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
         return (f"{item['episodes']} attacked episodes: smallest p = p^n = {item['min_p']:.3g} > α/K = "
                 f"{level:.3g}", f"attack.global_episodes ≥ {need}")
     if c == "loact_certified_steps_not_flipped":
-        note = item.get("note") or ""
-        if item.get("chance", 1.0) >= 1.0:
-            return note or "the chance of a flip could not be estimated", "LoAct steps certified beyond this ε"
-        return (f"{item.get('steps')} attacked steps: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
+        if item["min_p"] >= 1.0:
+            return item.get("note") or "the flips could not be bounded", "a local attack that records its steps"
+        return (f"{item.get('steps')} planned attacked steps: smallest p {item['min_p']:.3g} > α/K = {level:.3g}",
                 "attack.local_episodes larger")
     return f"smallest p {item['min_p']:.3g} > α/K = {level:.3g}", ""
 
