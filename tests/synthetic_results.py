@@ -109,8 +109,9 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
                     rows=len(returns))
     # LoRe: a falling step function of ε.
     lore = pd.DataFrame({"eps": [0.0, 0.5 * sigma, 1.5 * sigma], "lower_bound": [6.0, 4.0, 1.0]})
-    m = _meta("lore", sha, seed + 3)
+    m = _meta("lore", sha, seed + 3, horizon=LOCAL_HORIZON, gamma=1.0)
     m["search"] = {"valid_until_eps": None, "distinct_states_smoothed": 10, "alpha_spent": LORE_ALPHA_SPENT,
+                   "reward_modification": spec.lore_reward,
                    "per_state_alpha_first": LORE_ALPHA_SPENT * 6 / np.pi ** 2}   # alpha_mode family
     write_with_meta(d / RUN_FILES["lore"], lambda p: write_csv(p, lore), m, rows=len(lore))
     # LoRe's smoothed states: those the local attack from s₀ visits, every other action far out of the tree.
@@ -135,8 +136,8 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
                             "obs_digest": path[t] if e == 0 else digest(d, t, e), "clean_action": 0, "action": 0,
                             "certified": True, "radius": radius, **margins(radius, sigma)})
     loc, att = pd.DataFrame(loc), pd.DataFrame(att)
-    am = _meta("attack_local", sha, seed + 4, m=M_ATTACK, alpha=ALPHA_STATE)
-    am["per_state_alpha"] = ALPHA_STATE
+    am = _meta("attack_local", sha, seed + 4, m=M_ATTACK, alpha=ALPHA_STATE, horizon=LOCAL_HORIZON, gamma=1.0)
+    am["per_state_alpha"], am["reward_modification"] = ALPHA_STATE, spec.lore_reward
     write_with_meta(d / RUN_FILES["attack_local"], lambda p: write_csv(p, loc), am, rows=len(loc))
     write_with_meta(d / RUN_FILES["attack_local_steps"], lambda p: write_csv(p, att), am, rows=len(att))
     glob = []

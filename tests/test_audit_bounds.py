@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sst
 
-from crop.report.audit import classify
+from crop.report.audit import classify, verdict_of
 from crop.report.checks import (
     check_certified_steps_not_flipped,
     check_lore_vs_local_attack,
@@ -46,17 +46,20 @@ LORE = pd.DataFrame({"eps": [0.0, TREE_UNTIL], "lower_bound": [H - 0.5, 0.0]})  
 def _lore_units(rng, units: int, planted: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """``units`` attacked episodes from s₀ (one per run), each through its own LoRe states.  Sound units are
     drawn at the worst a valid LoRe allows: the episode leaves the tree at step t with probability exactly its
-    leave bound b_t and then ends below J̲; with probability α_spent LoRe's certificates failed and it ends
-    below J̲ while staying in the tree.  A planted unit (a broken bound) ends below J̲ staying in the tree,
-    through far states."""
+    leave bound b_t and then ends below J̲; with probability α_spent LoRe's certificates failed and it leaves
+    at a random step, whatever b_t, and ends below J̲ (a path that stays in the tree is one of the tree's: its
+    return is at least J̲ whatever the certificates).  A planted unit (a broken bound) ends below J̲ staying in the
+    tree, through far states."""
     states, steps, attack = [], [], []
     for u in range(units):
         radii = RADII[rng.integers(0, 3, H)] if not planted[u] else np.full(H, RADII[-1])
         radii[0] = RADII[-1]   # s₀, the same state for every unit (LoRe's initial state)
         b = np.array([_leave_bound(r) for r in radii])
         leave = rng.random(H) < b
+        if rng.random() < A_SPENT:
+            leave[rng.integers(0, H)] = True
         t_out = int(np.argmax(leave)) if leave.any() and not planted[u] else H
-        below = planted[u] or t_out < H or rng.random() < A_SPENT
+        below = planted[u] or t_out < H
         digests = ["s0"] + [f"u{u}s{t}" for t in range(1, H)]
         states.append(pd.DataFrame({"obs_digest": digests, "step": range(H), "q_top_lower": P_L, "radius_0": 0.0,
                                     "radius_1": radii}))
@@ -134,8 +137,9 @@ def test_lore_check_flags_a_broken_bound_where_the_path_stays_in_the_tree():
                                           _lore_chance(states, steps), SIGMA, j_min=0.0)
         caught += _audit_fails(rows)
     assert caught >= (1 - ALPHA) * draws, caught
-    row = _one_step(TREE_UNTIL, "s0", 0, 0.0)
+    row = _one_step(TREE_UNTIL, "s0", 1, 0.0)   # leaves at s₀'s near tie
     assert row["empirical_below"] and row["p_value"] > 0.9 and row["min_p"] > 0.9   # it could not have failed
+    assert not row["impossible"]
 
 
 def _flip_unit(rng, eps: float, episodes: int, rate_planted: float | None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -243,26 +247,77 @@ def test_flip_row_whose_attack_counted_no_step_is_vacuous_yet_in_the_family():
     assert block["K"] == len(items) + 1 and {o["status"] for o in out[:-1]} == {"ok"}   # + the pooled count
 
 
-def test_lore_path_off_lore_states_is_untestable_with_why():
-    """An attacked path from s₀ whose next state is not among LoRe's certified states while it is still in the
-    tree (a pruned or unexpanded node, a replay that differs) gets p = 1 whatever its return: untestable with
-    why, never an 'ok' that could not fail — yet still in the family (K); the same path on LoRe's states is
-    ``ok``."""
+def _two_steps(second: str, action: int, ret: float, chance: dict | None = None) -> dict:
+    """The classified LoRe row (with the family's K) of a two-step attacked episode from s₀ through ``second``,
+    taking action 0 then ``action``, returning ``ret`` against J̲ = H − 0.5."""
     states = pd.DataFrame({"obs_digest": ["s0", "s1"], "step": [0, 1], "q_top_lower": P_L, "radius_0": 0.0,
                            "radius_1": 0.05})
-    attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": 0.0, "steps": 2, "flips_certified": 0,
+    attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": ret, "steps": 2, "flips_certified": 0,
                            "same_start_as_lore": True, "horizon": H})
+    path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0, 1], "obs_digest": ["s0", second],
+                         "action": [0, action], "clean_action": 0, "certified": True, "radius": 0.0,
+                         "q_top_lower": P_L, "q_others_upper_max": 0.5})
+    row, = check_lore_vs_local_attack(LORE, {"search": {"alpha_spent": A_SPENT}}, attack,
+                                      {**_lore_chance(states, path), **(chance or {})}, SIGMA, j_min=0.0)
+    out, _, block = classify([{**row, "env": "CartPole-v0", "algo": "A", "sigma": SIGMA}], ALPHA)
+    return out[0] | {"K": block["K"]}
 
-    def row_of(second: str) -> dict:
-        path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0, 1], "obs_digest": ["s0", second],
-                             "action": 0, "clean_action": 0, "certified": True, "radius": 0.0, "q_top_lower": P_L,
-                             "q_others_upper_max": 0.5})
-        row, = check_lore_vs_local_attack(LORE, {"search": {"alpha_spent": A_SPENT}}, attack,
-                                          _lore_chance(states, path), SIGMA, j_min=0.0)
-        out, _, block = classify([{**row, "env": "CartPole-v0", "algo": "A", "sigma": SIGMA}], ALPHA)
-        return out[0] | {"K": block["K"]}
 
-    off, on = row_of("elsewhere"), row_of("s1")
+def test_lore_path_off_lore_states_is_untestable_with_why():
+    """An attacked path from s₀ whose next state is not among LoRe's certified states while it is still in the
+    tree gets p = 1 whatever its return.  Where it returns at least J̲ it is untestable with why, never an 'ok'
+    that could not fail — yet still in the family (K).  Where it returns below J̲ no noise explains it (that
+    state is a pruned node, every continuation ≥ J̲, or an open one counted at its worst): a violation (a faulty
+    search or a replay that differs).  The same path leaving the tree on LoRe's states is tested by chance."""
+    off = _two_steps("elsewhere", 0, H)
     assert off["p_value"] == 1.0 and off["min_p"] < ALPHA and off["off_lore_states"] and off["K"] == 2
     assert off["status"] == "untestable" and "not among LoRe's certified states" in off["reason"]
-    assert not on["off_lore_states"] and on["p_value"] < ALPHA and on["status"] == "violation"
+    bad = _two_steps("elsewhere", 0, 0.0)
+    assert bad["status"] == "violation" and "neither certified" in bad["impossible"] and not bad["off_lore_states"]
+    on = _two_steps("s1", 1, 0.0)
+    assert not on["off_lore_states"] and not on["impossible"] and "left LoRe's tree at attacked step 1" in on["note"]
+    assert on["p_value"] < ALPHA and on["status"] == "violation"
+
+
+def test_lore_path_that_stayed_in_the_tree_below_its_bound_fails_whatever_alpha():
+    """J̲ is the least return over every path of LoRe's tree: a 10-step attacked path that never left it and
+    returned 3.0 against J̲ = 9.5 is impossible for a correct search whatever the noise — a violation even where
+    α_spent (0.045) leaves the chance-based p-value above α; the same return after leaving is judged by chance."""
+    states = pd.DataFrame({"obs_digest": [f"s{t}" for t in range(H)], "step": range(H), "q_top_lower": P_L,
+                           "radius_0": 0.0, "radius_1": 0.05})
+
+    def row_of(last_action: int, steps: int = H, chance: dict | None = None) -> dict:
+        path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": range(H), "obs_digest": states["obs_digest"],
+                             "action": [0] * (H - 1) + [last_action], "clean_action": 0, "certified": True,
+                             "radius": 0.0, "q_top_lower": P_L, "q_others_upper_max": 0.5})
+        attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": 3.0, "steps": steps, "flips_certified": 0,
+                               "same_start_as_lore": True, "horizon": H})
+        row, = check_lore_vs_local_attack(LORE, {"search": {"alpha_spent": 0.045}}, attack,
+                                          {**_lore_chance(states, path), **(chance or {})}, SIGMA, j_min=0.0)
+        out, pooled, _ = classify([{**row, "env": "CartPole-v0", "algo": "A", "sigma": SIGMA}], ALPHA)
+        return out[0] | {"verdict": verdict_of({"violation": sum(i["status"] == "violation" for i in out)}, 0)}
+
+    stayed = row_of(0)
+    assert stayed["p_value"] > ALPHA and "stayed in LoRe's tree to LoRe's horizon" in stayed["impossible"]
+    assert stayed["status"] == "violation" and stayed["verdict"] == "FAIL"
+    left = row_of(1)
+    assert not left["impossible"] and left["status"] != "violation" and "left LoRe's tree" in left["note"]
+    # a step record missing (9 of 10 planned steps recorded): nothing shows the path stayed throughout
+    assert not row_of(0, steps=H + 1)["impossible"]
+    # not a replay of LoRe's game: untestable, never a violation
+    other = row_of(0, chance={"attack_gamma": 0.99, "lore_gamma": 1.0})
+    assert not other["impossible"] and other["status"] == "untestable" and "gamma" in other["reason"]
+
+
+@pytest.mark.parametrize("change, named", [({"lore_horizon": H // 2}, "horizon"), ({"lore_horizon": 2 * H}, "horizon"),
+                                           ({"attack_gamma": 0.99, "lore_gamma": 1.0}, "gamma"),
+                                           ({"attack_reward_modification": None,
+                                             "lore_reward_modification": "max(r, 0)"}, "reward_modification"),
+                                           ({"attack_reward_modification": "not recorded",
+                                             "lore_reward_modification": "not recorded"}, "reward_modification")])
+def test_lore_check_needs_a_replay_of_lores_game(change, named):
+    """The attacked return compares with J̲ only over LoRe's game: the same horizon (a longer one adds rewards, a
+    shorter one drops them), γ and reward modification, each recorded; else untestable, saying which differs."""
+    row = _two_steps("s1", 1, 0.0, change)
+    assert row["p_value"] == row["min_p"] == 1.0 and row["status"] == "untestable"
+    assert named in row["reason"] and not row["impossible"]

@@ -12,7 +12,9 @@ a certificate holds with probability ≥ 1 − α for the exact smoothed policy,
 its observation under sound certificates, and a raw failure (``empirical_below``) is not by itself a
 violation.
 
-Statuses (``status`` of every check; :func:`classify`).  A deterministic check is ``violation`` or ``ok``.
+Statuses (``status`` of every check; :func:`classify`).  A deterministic check is ``violation`` or ``ok``; so
+is a LoRe return below J̲ that no noise explains (``impossible``: its path stayed in LoRe's tree throughout, or
+reached a state LoRe did not certify while in it), whatever its p-value.
 The chance-based checks are judged by one procedure (:func:`tarone_holm`: Tarone's restriction to the checks
 whose smallest achievable p-value ``min_p`` can reach significance, then Holm's step-down at ``alpha``) in
 two families:
@@ -29,8 +31,9 @@ two families:
 
 Besides each check, one pooled count per kind of check over every run and ε (:func:`pooled_tests`) joins the
 audit's family, so a fault shared by the runs is a violation even where no single check could be; a bound that
-claims nothing is ``vacuous`` (not tested).  The audit-wide guarantee, P[violation | every certificate valid]
-≤ ``alpha``, and its independence assumption: docs/audit.md, "Pooled counts over runs".
+claims nothing is ``vacuous`` (not tested).  The audit-wide guarantee, P[violation | V′] ≤ ``alpha`` (V′: the
+certifiers' statements the tests lean on — GRe's bounds, LoRe's certificates, the V range — never the attacks'
+own certificates), and its independence assumption: docs/audit.md, "Pooled counts over runs".
 
 ``verdict`` (:func:`verdict_of`): FAIL on a violation, an integrity problem or a differing re-run, WARN on a
 suspicious or untestable check or when nothing was tested, else PASS — soundness and integrity only; the
@@ -289,7 +292,10 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     """The checks with their ``status`` (new rows; ``items`` is not changed), the pooled tests
     (:func:`pooled_tests`) with theirs, and the ``multiple_testing`` block of audit.json.
 
-    * deterministic checks (a bound rising with ε): ``violation`` or ``ok``;
+    * deterministic checks (a bound rising with ε): ``violation`` or ``ok``; so is a LoRe check whose attacked
+      return lies below J̲ where no noise explains it (``impossible``: the path stayed in LoRe's tree to its
+      horizon or a terminal state, or reached a state LoRe did not certify while in it) — ``violation`` whatever
+      its p-value;
     * a bound that claims nothing (J̲ at J_min; no step certified beyond ε) → ``vacuous``, not tested; a flip
       count whose attack counted no step (``nothing_counted``) → ``vacuous`` too, though left in the family;
     * a LoRe check whose attacked path reached a state LoRe did not certify (``off_lore_states``: p = 1 whatever
@@ -323,7 +329,10 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
             i["p_run"] = adj.get(id(i))
     pooled_on = {p["kind"] for p in pooled if p["in_audit_family"]}
     for i in rows:
-        if i.get("p_value") is None:
+        if i.get("impossible"):
+            # a return no noise explains (a faulty search or a replay that differs): no chance, no adjustment
+            i.update(status="violation", violation=True, tested_by="deterministic")
+        elif i.get("p_value") is None:
             i["status"] = "violation" if i["violation"] else "ok"
         elif i.get("vacuous"):
             i.update(status="vacuous", violation=False)

@@ -97,6 +97,9 @@ def flip_probability_bound(q_top_lower, q_others_upper_max, v_min: float, v_max:
     return np.minimum(1.0, (n_actions - 1) * np.exp(-m * gap ** 2 / (2.0 * w ** 2)))
 
 
+NOT_RECORDED = "not recorded"
+
+
 def _chance_inputs(d: Path, env: str) -> dict:
     """What the chance estimates need, from the run's files; missing entries are None."""
     def meta(key):
@@ -113,6 +116,10 @@ def _chance_inputs(d: Path, env: str) -> dict:
 
     return {"steps": table("loact"), "attack_steps": table("attack_local_steps"), "lore_states": table("lore_states"),
             "lore_horizon": (lo.get("settings") or {}).get("horizon"),
+            # what makes the attacked return and LoRe's bound compare like for like (a replay of one game)
+            "attack_gamma": a_set.get("gamma", NOT_RECORDED), "lore_gamma": (lo.get("settings") or {}).get(
+                "gamma", NOT_RECORDED), "attack_reward_modification": am.get("reward_modification", NOT_RECORDED),
+            "lore_reward_modification": (lo.get("search") or {}).get("reward_modification", NOT_RECORDED),
             "v_min": v_min, "v_max": v_max, "m": a_set.get("m"), "horizon": a_set.get("horizon"),
             "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": _spec_fact(env, "n_actions"),
             "loact_alpha": lm.get("per_state_alpha"), "lore_alpha": _lore_largest_state_alpha(lo)}
@@ -229,11 +236,33 @@ def lore_path_bound(c: dict, sigma: float, eps: float, tree_until: float,
     stop = np.flatnonzero(missing | left)
     steps = path[cols.STEP].to_numpy(int)
     if not len(stop):
-        return float(b.sum()), "stayed in LoRe's tree"
+        return float(b.sum()), STAYED
     k = int(stop[0])
     if missing[k]:
-        return math.inf, f"attacked step {steps[k]}'s state is not among LoRe's certified states"
+        return math.inf, f"attacked step {steps[k]}'s state is {OFF_STATES}"
     return float(b[: k + 1].sum()), f"left LoRe's tree at attacked step {steps[k]}"
+
+
+STAYED, OFF_STATES = "stayed in LoRe's tree", "not among LoRe's certified states"
+
+
+def lore_path_impossible(path: pd.DataFrame, note: str, planned_steps: int, horizon: int) -> str:
+    """Why a return below J̲ along this attacked path is impossible for a correct search whatever the noise ('' when
+    it is not): J̲ is the least return over every path of LoRe's tree (Theorem 4, Algorithm 3), so a path that
+    stayed in the tree over all its ``planned_steps`` (recorded step by step, to LoRe's ``horizon`` or a terminal
+    state) returns at least J̲; and a path that reached, still in the tree, a state LoRe did not certify reached a
+    pruned node (rewards ≥ 0 as LoRe counts them: every continuation returns at least J̲) or an open node of a
+    truncated search (counted at its worst continuation).  Either way only a faulty search or a replay that
+    differs explains it, not a certificate's chance.  Valid only where the attack replays LoRe's game (the same
+    horizon, γ and reward modification: :func:`_path_ok`)."""
+    if OFF_STATES in note:
+        return f"the attacked path reached a state LoRe neither certified nor left open to a lower return ({note})"
+    whole = (len(path) == planned_steps <= horizon
+             and np.array_equal(np.sort(path[cols.STEP].to_numpy(int)), np.arange(planned_steps)))
+    if note == STAYED and whole:
+        end = "LoRe's horizon" if planned_steps == horizon else "a terminal state"
+        return f"the attacked path stayed in LoRe's tree to {end}"
+    return ""
 
 
 def _leave_bounds(c: dict, sigma: float, eps: float, tree_until: float,
@@ -274,8 +303,12 @@ def _path_ok(c: dict, horizon: int | None) -> str:
     why = _margins_ok({**c, "steps": c["attack_steps"]})
     if why:
         return why
-    if horizon is None or (c.get("lore_horizon") is not None and horizon < int(c["lore_horizon"])):
-        return f"the attacked horizon {horizon} is shorter than LoRe's {c.get('lore_horizon')}"
+    if horizon is None or (c.get("lore_horizon") is not None and horizon != int(c["lore_horizon"])):
+        return f"the attacked horizon {horizon} differs from LoRe's {c.get('lore_horizon')}"
+    for name in ("gamma", "reward_modification"):
+        attack, lore = c.get(f"attack_{name}"), c.get(f"lore_{name}")
+        if NOT_RECORDED in (attack, lore) or attack != lore:
+            return f"the attack's {name} ({attack}) differs from LoRe's ({lore}): not a replay of LoRe's game"
     return ""
 
 
@@ -416,7 +449,10 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
     leave bound at s₀ (:func:`lore_root_bound`).  A path that reaches a state not among LoRe's certified states
     before it leaves (a pruned or unexpanded node, a replay that differs) has p = 1 whatever its return:
     ``off_lore_states``, reported untestable with why (it stays in the family, fixed before the attack).  A bound
-    at ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``."""
+    at ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``.  A return below J̲ that no
+    noise explains (:func:`lore_path_impossible`: the path stayed in the tree throughout, or reached a state LoRe
+    did not certify while in it) is named in ``impossible``: a violation with no chance involved, outside Tarone's
+    family's arithmetic (as :func:`check_monotone`)."""
     valid_until = lore_valid_until({"lore_meta": lore_meta})
     a_lore = _lore_alpha(lore_meta)
     steps = chance.get("attack_steps")
@@ -435,7 +471,7 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
         if not why and not _starts_at_s0(chance, path):
             # s₀ is the seeded reset's, free of any noise: a mismatch is a fact of the setup, not an outcome
             why = "the attacked episode does not start at LoRe's s₀ (another environment, seed or profile)"
-        off_tree = False
+        off_tree, impossible = False, ""
         if why:
             bound_sum, note, least = math.inf, f"unassessed ({why})", 1.0
         else:
@@ -444,6 +480,10 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
             # The path reached a state LoRe did not certify while still in its tree: p = 1 whatever the return.
             off_tree = math.isinf(bound_sum)
         below = float(r[cols.RETURN]) < b - TOL
+        if below and not why:
+            planned = int(r[cols.STEPS]) if cols.STEPS in r.index and not pd.isna(r[cols.STEPS]) else -1
+            impossible = lore_path_impossible(path, note, planned, horizon)
+            off_tree = off_tree and not impossible
         tree = f"ε < {until:.4g}" if math.isfinite(until) else "every ε (the whole search)"
         p = min(1.0, a_lore + bound_sum) if below else 1.0
         rows_out.append(_row("lore_vs_pgd_local", eps, b, float(r[cols.RETURN]), empirical_below=below,
@@ -451,7 +491,7 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
                              p_leave=min(1.0, bound_sum), eps_bound=eps_b,
                              tree_until=until if math.isfinite(until) else None,
                              note=f"{note}; J̲(ε' = {eps_b:.4g}) over LoRe's tree for {tree}",
-                             min_p=least, off_lore_states=off_tree,
+                             min_p=least, off_lore_states=off_tree, impossible=impossible,
                              vacuous=j_min is not None and not b > j_min + TOL))
     return rows_out
 
