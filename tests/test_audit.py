@@ -493,9 +493,9 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     assert rep["verdict"] == "FAIL" and lore_pool["status"] == "violation" and lore_pool["observed"] == 27 * 3
     assert (root / "audit" / "audit.md").read_text().startswith("# CROP audit\n\n**FAIL**: ")
 
-    # 4. the same under alpha_mode: state, where a real LoRe tree spends α >= 1: untestable, with the fix
+    # 4. under alpha_mode: state, where a real LoRe tree spends α >= 1: untestable, with the fix — except a
+    # return below J̲ along a path that stayed in the tree, which no certificate's chance explains
     root, d = fresh("lore_state")
-    _plant_lore(d, True)
     meta = json.loads((d / meta_name(RUN_FILES["lore"])).read_text())
     meta["search"]["alpha_spent"] = 3.2
     (d / meta_name(RUN_FILES["lore"])).write_text(json.dumps(meta))  # the meta is not hashed: no integrity problem
@@ -503,6 +503,12 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     lore_c = _statuses(rep, algo="StdTrain", sigma=0.05, check="lore_vs_pgd_local")
     assert lore_c and all(c["status"] == "untestable" and "alpha_mode: family" in c["testable_with"]
                           and "no joint meaning" in c["reason"] for c in lore_c)
+    _plant_lore(d, True)
+    rep = audit(root, root / "audit")
+    lore_c = _statuses(rep, algo="StdTrain", sigma=0.05, check="lore_vs_pgd_local")
+    assert {c["status"] for c in lore_c if c["empirical_below"]} == {"violation"} and rep["verdict"] == "FAIL"
+    assert all("stayed in LoRe's tree" in c["impossible"] for c in lore_c if c["empirical_below"])
+    assert {c["status"] for c in lore_c if not c["empirical_below"]} == {"untestable"}
 
     # 5. every certified attacked step flipped at one ε: the sequential test against each step's flip bound
     root, d = fresh("flipped")
