@@ -302,7 +302,7 @@ def test_lore_path_that_stayed_in_the_tree_below_its_bound_fails_whatever_alpha(
     assert stayed["status"] == "violation" and stayed["verdict"] == "FAIL"
     left = row_of(1)
     assert not left["impossible"] and left["status"] != "violation" and "left LoRe's tree" in left["note"]
-    # a step record missing (9 of 10 planned steps recorded): nothing shows the path stayed throughout
+    # the episode took 11 steps, 10 recorded: nothing shows the path stayed throughout
     assert not row_of(0, steps=H + 1)["impossible"]
     # not a replay of LoRe's game: untestable, never a violation
     other = row_of(0, chance={"attack_gamma": 0.99, "lore_gamma": 1.0})

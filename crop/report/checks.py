@@ -246,21 +246,21 @@ def lore_path_bound(c: dict, sigma: float, eps: float, tree_until: float,
 STAYED, OFF_STATES = "stayed in LoRe's tree", "not among LoRe's certified states"
 
 
-def lore_path_impossible(path: pd.DataFrame, note: str, planned_steps: int, horizon: int) -> str:
+def lore_path_impossible(path: pd.DataFrame, note: str, length: int, horizon: int) -> str:
     """Why a return below J̲ along this attacked path is impossible for a correct search whatever the noise ('' when
     it is not): J̲ is the least return over every path of LoRe's tree (Theorem 4, Algorithm 3), so a path that
-    stayed in the tree over all its ``planned_steps`` (recorded step by step, to LoRe's ``horizon`` or a terminal
-    state) returns at least J̲; and a path that reached, still in the tree, a state LoRe did not certify reached a
-    pruned node (rewards ≥ 0 as LoRe counts them: every continuation returns at least J̲) or an open node of a
-    truncated search (counted at its worst continuation).  Either way only a faulty search or a replay that
+    stayed in the tree over all the ``length`` steps its episode took (each recorded, to LoRe's ``horizon`` or a
+    terminal state) returns at least J̲; and a path that reached, still in the tree, a state LoRe did not certify
+    reached a pruned node (rewards ≥ 0 as LoRe counts them: every continuation returns at least J̲) or an open
+    node of a truncated search (counted at its worst continuation).  Either way only a faulty search or a replay that
     differs explains it, not a certificate's chance.  Valid only where the attack replays LoRe's game (the same
     horizon, γ and reward modification: :func:`_path_ok`)."""
     if OFF_STATES in note:
         return f"the attacked path reached a state LoRe neither certified nor left open to a lower return ({note})"
-    whole = (len(path) == planned_steps <= horizon
-             and np.array_equal(np.sort(path[cols.STEP].to_numpy(int)), np.arange(planned_steps)))
+    whole = (len(path) == length <= horizon
+             and np.array_equal(np.sort(path[cols.STEP].to_numpy(int)), np.arange(length)))
     if note == STAYED and whole:
-        end = "LoRe's horizon" if planned_steps == horizon else "a terminal state"
+        end = "LoRe's horizon" if length == horizon else "a terminal state"
         return f"the attacked path stayed in LoRe's tree to {end}"
     return ""
 
@@ -481,8 +481,8 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
             off_tree = math.isinf(bound_sum)
         below = float(r[cols.RETURN]) < b - TOL
         if below and not why:
-            planned = int(r[cols.STEPS]) if cols.STEPS in r.index and not pd.isna(r[cols.STEPS]) else -1
-            impossible = lore_path_impossible(path, note, planned, horizon)
+            length = int(r[cols.STEPS]) if cols.STEPS in r.index and not pd.isna(r[cols.STEPS]) else -1
+            impossible = lore_path_impossible(path, note, length, horizon)
             off_tree = off_tree and not impossible
         tree = f"ε < {until:.4g}" if math.isfinite(until) else "every ε (the whole search)"
         p = min(1.0, a_lore + bound_sum) if below else 1.0
