@@ -141,9 +141,16 @@ def _with_defaults(validator_class):
 
 
 def _path(parts) -> str:
+    """A config field's path as the errors name it: ``environments.CartPole-v0.sigmas[2]``; a key that is not
+    a plain name (quotes, colons, spaces, empty) in brackets as JSON, so the path stays one unambiguous word."""
     out = ""
     for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif isinstance(p, str) and re.fullmatch(r"[\w\-/]+(?:\.[\w\-/]+)*", p):
+            out += f".{p}" if out else p
+        else:
+            out += f"[{json.dumps(p) if isinstance(p, str) else json.dumps(str(p))}]"
     return out or "(top level)"
 
 

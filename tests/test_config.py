@@ -1,6 +1,7 @@
 """Bad configuration is refused before any work, with a message naming the field."""
 import copy
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -230,3 +231,13 @@ def test_shell_metacharacters_in_paths_are_data(tmp_path, mlp_factory):
         words = shlex.split(c)
         hostile = [w for w in words if "PWNED" in w]
         assert hostile and all(w.startswith((results, str(policy))) for w in hostile), (c, hostile)
+
+
+def test_a_key_that_is_not_a_plain_name_is_named_as_json_in_the_error():
+    """A mapping where a string belongs, keyed by a quote and holding inf: the error names the field
+    unambiguously (the quote written as JSON in brackets), not a path a reader cannot parse."""
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["results"] = {"'": float("inf")}
+    message = """invalid configuration: results["'"]: inf is not a finite number"""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_config(cfg)

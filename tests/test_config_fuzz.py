@@ -95,7 +95,9 @@ def _accepted_or_refused_naming_a_field(cfg):
         msg = str(exc)
         assert msg.startswith("config: "), msg
         # names a field path (or the top level) after "invalid configuration:" / before a colon
-        assert re.search(r"(invalid configuration: [\w.\[\]()\- ]+:|environments\.[^:]+:)", msg), msg
+        # (a key that is not a plain name is written as JSON in brackets: results["'"])
+        assert re.search(r'(invalid configuration: (?:[\w.\[\]()\-/ ]|\["(?:[^"\\]|\\.)*"\])+:|environments\.[^:]+:)',
+                         msg), msg
         return
     assert out["environments"] and all(e["sigmas"] for e in out["environments"].values())
 

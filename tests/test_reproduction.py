@@ -282,8 +282,12 @@ def _plant_lore_shortfall(d, eps):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("alpha_spent, violation", [(0.2, False), (1e-4, True)])
-def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation):
+@pytest.mark.parametrize("alpha_spent", [0.2, 1e-4])
+def test_lore_shortfall_along_a_path_inside_the_tree_fails_whatever_alpha(results, tmp_path, alpha_spent):
+    """A return below J̲ along an attacked path that stayed in LoRe's tree to its horizon is impossible for a
+    correct search whatever the noise (checks.lore_path_impossible): a violation even where LoRe spent so much α
+    that its p-value (still α spent + the leave bound) could not be significant."""
+    violation = True
     eps = 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     _plant_lore_shortfall(d, eps)
@@ -293,7 +297,7 @@ def test_lore_shortfall_against_chance(results, tmp_path, alpha_spent, violation
     rep = audit(results, tmp_path / "a")
     row = next(c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["algo"] == "StdTrain"
                and math.isclose(c["eps"], eps))
-    assert row["empirical_below"] and row["violation"] == violation
+    assert row["empirical_below"] and row["violation"] == violation and row["impossible"]
     assert row["p_leave"] < 1e-6 and math.isclose(row["p_value"], alpha_spent + row["p_leave"])
     assert rep["passed"] != violation
 

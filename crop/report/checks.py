@@ -38,6 +38,7 @@ attacked step flipped), fixed by the sample sizes and bounds before the attack r
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -230,9 +231,8 @@ def lore_path_bound(c: dict, sigma: float, eps: float, tree_until: float,
     b, out = _leave_bounds(c, sigma, eps, tree_until, states.iloc[np.where(missing, 0, at)])
     out &= ~missing[:, None]
     b = np.where(missing, 0.0, b)
-    n_actions = int(c["n_actions"])
     action = path[cols.ACTION].to_numpy(int)
-    left = out[np.arange(len(path)), np.clip(action, 0, n_actions - 1)]
+    left = out[np.arange(len(path)), np.clip(action, 0, out.shape[1] - 1)]
     stop = np.flatnonzero(missing | left)
     steps = path[cols.STEP].to_numpy(int)
     if not len(stop):
@@ -265,13 +265,19 @@ def lore_path_impossible(path: pd.DataFrame, note: str, length: int, horizon: in
     return ""
 
 
+def _radius_columns(states: pd.DataFrame) -> list[str]:
+    """lore_states.csv's ``radius_a`` columns in action order: one per output of the smoothed network, which
+    may be fewer than the environment's actions (a policy trained on a reduced action set)."""
+    n = sum(1 for name in states.columns if re.fullmatch(rf"{cols.RADIUS}_\d+", str(name)))
+    return [f"{cols.RADIUS}_{a}" for a in range(n)]
+
+
 def _leave_bounds(c: dict, sigma: float, eps: float, tree_until: float,
                   states: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per LoRe state (rows of lore_states.csv): the bound b on the chance that the m-sample action at an
     ε-perturbation of it is one the tree of every ε'' < ``tree_until`` excludes, and which actions it excludes
     (:func:`lore_path_bound`)."""
-    n_actions = int(c["n_actions"])
-    radii = states[[f"{cols.RADIUS}_{a}" for a in range(n_actions)]].to_numpy(float)
+    radii = states[_radius_columns(states)].to_numpy(float)
     z_l = Phi_inv(normalise(states[cols.Q_TOP_LOWER].to_numpy(float), c["v_min"], c["v_max"]))[:, None]
     w, m = float(c["v_max"] - c["v_min"]), int(c["m"])
     out = radii >= tree_until
