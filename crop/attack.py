@@ -138,8 +138,9 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
 
     ``steps_out`` (a list): one row per attacked step is appended (``attack_local_steps.csv``): the run's ε,
     episode and step, the clean state's digest (:func:`crop.lore.obs_digest`), its certificate (top action
-    a₁ = ``clean_action``, certified, radius, L(a₁), max U(a)) and the attacked action — what the audit needs to
-    bound, step by step, the chance of a flip (and of leaving LoRe's tree) under valid certificates."""
+    a₁ = ``clean_action``, certified, radius, L(a₁), max U(a)), the attacked action and the discounted return
+    before the step — what the audit needs to bound, step by step, the chance of a flip (and of leaving LoRe's
+    tree) under valid certificates, and to tell when the return so far already secures LoRe's bound."""
     dev = smoother.device
     q_net, target = smoother.q_net, getattr(smoother, "target", "q")
     g = torch.Generator(device=dev)
@@ -196,7 +197,8 @@ def _step_record(runs: _Runs, i: int, t: int, action: int, cert, upper) -> dict:
             cols.OBS_DIGEST: obs_digest(runs.obs[i]), cols.CLEAN_ACTION: int(cert.action), cols.ACTION: int(action),
             cols.CERTIFIED: bool(cert.certified), cols.RADIUS: float(cert.radius),
             cols.Q_TOP_LOWER: float(cert.estimate.lower[cert.action]),
-            cols.Q_OTHERS_UPPER_MAX: float(np.max(np.delete(upper, cert.action)))}
+            cols.Q_OTHERS_UPPER_MAX: float(np.max(np.delete(upper, cert.action))),
+            cols.RETURN_SO_FAR: float(runs.ret[i])}
 
 
 def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, seeds_per_eps,

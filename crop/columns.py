@@ -15,7 +15,8 @@ gre_returns.csv        RETURN — one row per σ-randomized trajectory
 lore.csv               EPS, LOWER_BOUND (J̲, Theorem 4) — the step function (ε_i, J̲_i)
 attack_local.csv       EPS, EPISODE, RETURN, STEPS, FLIPS_CERTIFIED, SAME_START_AS_LORE, HORIZON
 attack_local_steps.csv EPS, EPISODE, STEP, OBS_DIGEST, CLEAN_ACTION (a₁), ACTION (attacked), CERTIFIED, RADIUS,
-                       Q_TOP_LOWER, Q_OTHERS_UPPER_MAX — one row per attacked step
+                       Q_TOP_LOWER, Q_OTHERS_UPPER_MAX, RETURN_SO_FAR (the discounted return before the
+                       step, as LoRe counts a node's) — one row per attacked step
 lore_states.csv        OBS_DIGEST, STEP (depth), EPS, ACTION (a₁), CERTIFIED, Q_TOP_LOWER, ALPHA, RADIUS_a
                        (``radius_0``, …: r(a) of every action) — one row per state LoRe smoothed
 attack_global.csv      EPS, EPISODE, RETURN, HORIZON
@@ -30,6 +31,7 @@ RADIUS = "radius"
 Q_TOP_LOWER = "q_top_lower"
 Q_OTHERS_UPPER_MAX = "q_others_upper_max"
 RETURN = "return"
+RETURN_SO_FAR = "return_so_far"
 R = "r"
 ETA = "eta"
 EPS = "eps"

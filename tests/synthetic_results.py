@@ -54,7 +54,8 @@ def make_checkpoint(root: Path, env: str, algo: str) -> str:
     sha = hashlib.sha256(payload).hexdigest()
     write_json(ck.with_suffix(".json"), {"env": env, "algo": algo, "sha256": sha, "source": "train",
                                          "recipe": "dqn", "profile": env_spec(env).profile,
-                                         "net_spec": {"arch": "mlp"}, "provenance": {"git_commit": "abc"}})
+                                         "net_spec": {"arch": "mlp", "out": env_spec(env).n_actions},
+                                         "provenance": {"git_commit": "abc"}})
     return sha
 
 

@@ -464,8 +464,9 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     rep = audit(root, root / "audit")
     pct_c = next(c for c in _statuses(rep, algo="StdTrain", sigma=0.05)
                  if c["check"] == "gre_percentile_p0.5_vs_pgd" and math.isclose(c["eps"], e))
-    assert pct_c["status"] in ("violation", "suspicious") and rep["verdict"] in ("WARN", "FAIL")
-    assert pct_c in rep["suspicious_list"] + rep["violation_list"]
+    assert pct_c["status"] in ("violation", "suspicious") and pct_c in rep["suspicious_list"] + rep["violation_list"]
+    # significant within its run only is listed, not a verdict: the audit-wide family alone controls the error
+    assert rep["verdict"] == ("FAIL" if rep["violations"] else "PASS")
 
     # 2b. the same fault in every run, at every ε: a pooled violation
     root, _ = fresh("just_below_everywhere")
@@ -475,7 +476,7 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
     assert rep["verdict"] == "FAIL" and pooled["gre_percentile_p0.5_vs_pgd"]["status"] == "violation"
     assert pooled["gre_percentile_p0.5_vs_pgd"]["observed"] == 27 * 4
 
-    # 3. LoRe's attacked return 1,000 below its bound, at one ε and at every ε: suspicious, not the clean PASS
+    # 3. LoRe's attacked return 1,000 below its bound, at one ε and at every ε: flagged, FAIL where a violation
     for every in (False, True):
         root, d = fresh(f"lore_{every}")
         _plant_lore(d, every)
@@ -483,7 +484,8 @@ def test_planted_violations_in_27_runs(pristine27, tmp_path):
         flagged = [c for c in _statuses(rep, algo="StdTrain", sigma=0.05, check="lore_vs_pgd_local")
                    if c["empirical_below"]]
         assert flagged and all(c["status"] in ("violation", "suspicious") for c in flagged)
-        assert rep["verdict"] in ("WARN", "FAIL") and rep["suspicious"] + rep["violations"] >= len(flagged)
+        assert rep["suspicious"] + rep["violations"] >= len(flagged)
+        assert rep["verdict"] == ("FAIL" if rep["violations"] else "PASS")
 
     # 3b. every run's LoRe bound beaten: no single check can prove it, the pooled count does
     root, _ = fresh("lore_everywhere")
@@ -941,7 +943,7 @@ def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(result
     step then counts 1."""
     from crop.report.checks import _chance_inputs, lore_leave_chance
 
-    c = _chance_inputs(_run(results), "CartPole-v0")
+    c = _chance_inputs(_run(results), "CartPole-v0", 2)
     steps = c["steps"]
     horizon = int((steps["episode"] == steps["episode"].min()).sum())
     nested, note = lore_leave_chance(c, 0.1, 0.0, horizon)
@@ -988,7 +990,7 @@ def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_pa
     for d in runs:
         _near_tie(d, sigmas[d])
     d0 = runs[0]
-    assert lore_leave_chance(_chance_inputs(d0, "CartPole-v0"), sigmas[d0], 0.0, 6)[0] > 0.99  # T_0: untestable
+    assert lore_leave_chance(_chance_inputs(d0, "CartPole-v0", 2), sigmas[d0], 0.0, 6)[0] > 0.99  # T_0: untestable
     rep = audit(root, root / "audit")
     at0 = [c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["eps"] == 0]
     assert len(at0) == 27 and rep["untestable"] == 0 and rep["verdict"] == "PASS"
@@ -1021,3 +1023,23 @@ def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_pa
     rep = audit(root, root / "audit")
     lore_pool = next(p for p in rep["pooled"] if p["kind"] == "lore_vs_pgd_local")
     assert rep["verdict"] == "FAIL" and lore_pool["status"] == "violation" and lore_pool["observed"] == 27
+
+
+def test_flip_bounds_count_the_networks_actions_not_the_envs(results):
+    """A flip bound sums over every action but the top one: the count comes from the smoothed network's outputs
+    (model.json's net_spec), which may exceed the game's action count; a record that names no output size
+    leaves the flip check unassessed with why, never priced with the environment's smaller count."""
+    from crop.report.checks import _network_actions
+
+    run = str(_run(results).relative_to(results))
+    record = layout.checkpoint_record(results, "CartPole-v0", "StdTrain")
+    meta = json.loads(record.read_text())
+    assert _network_actions(results, run) == 2
+    record.write_text(json.dumps({**meta, "net_spec": {**meta["net_spec"], "out": 18}}))
+    assert _network_actions(results, run) == 18
+    record.write_text(json.dumps({**meta, "net_spec": {"arch": "mlp"}}))
+    assert _network_actions(results, run) is None
+    rep = audit(results, results / "audit")
+    flips = [c for c in rep["checks"] if c["check"] == "loact_certified_steps_not_flipped"
+             and c["algo"] == "StdTrain" and c["sigma"] == 0.1]
+    assert flips and all("net_spec" in c["note"] and c["status"] != "ok" for c in flips)

@@ -279,6 +279,40 @@ def test_lore_path_off_lore_states_is_untestable_with_why():
     assert on["p_value"] < ALPHA and on["status"] == "violation"
 
 
+def test_lore_path_whose_return_secured_the_bound_is_tested_not_untestable():
+    """LoRe never smooths a pruned node (its return so far already reaches the bound) nor an open node of a
+    truncated search: an attacked path reaching one has a return so far that secures J̲ (rewards ≥ 0 where LoRe
+    prunes).  From that step on the check cannot fail, so the path is judged by the leave bounds before it (a
+    tested 'ok', not 'untestable'); a return below J̲ after it is a reward below the declared range: a
+    violation.  Before the return secures J̲, an unknown state stays untestable."""
+    lore = pd.DataFrame({"eps": [0.0, TREE_UNTIL], "lower_bound": [1.0, 0.0]})
+    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "q_top_lower": P_L, "radius_0": 0.0,
+                           "radius_1": 0.05})
+
+    def row_of(so_far: float, ret: float, pruning: bool = True) -> dict:
+        path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0, 1], "obs_digest": ["s0", "pruned"],
+                             "action": [0, 0], "clean_action": 0, "certified": True, "radius": 0.0,
+                             "q_top_lower": P_L, "q_others_upper_max": 0.5, "return_so_far": [0.0, so_far]})
+        attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": ret, "steps": 2, "flips_certified": 0,
+                               "same_start_as_lore": True, "horizon": H})
+        chance = {**_lore_chance(states, path), "lore_pruning": pruning, "lore_gamma": 1.0, "attack_gamma": 1.0,
+                  "reward_min": -1.0}
+        row, = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": A_SPENT}}, attack, chance, SIGMA,
+                                          j_min=0.0)
+        out, _, block = classify([{**row, "env": "CartPole-v0", "algo": "A", "sigma": SIGMA}], ALPHA)
+        return out[0]
+
+    secured = row_of(1.0, float(H))
+    assert secured["status"] == "ok" and not secured["off_lore_states"] and "secured" in secured["note"]
+    assert secured["p_leave"] == pytest.approx(_leave_bound(0.05))   # the step before it counts, not after
+    fell = row_of(1.0, 0.5)
+    assert fell["status"] == "violation" and "below the declared range" in fell["impossible"]
+    short = row_of(0.9, float(H))   # 0.9 < J̲ = 1: the unknown state is reached before the bound is secured
+    assert short["status"] == "untestable" and short["off_lore_states"]
+    # Without pruning the remaining steps may still lose up to r_min = −1 each: 1.0 − 8 < J̲, not secured.
+    assert row_of(1.0, float(H), pruning=False)["status"] == "untestable"
+
+
 def test_lore_path_that_stayed_in_the_tree_below_its_bound_fails_whatever_alpha():
     """J̲ is the least return over every path of LoRe's tree: a 10-step attacked path that never left it and
     returned 3.0 against J̲ = 9.5 is impossible for a correct search whatever the noise — a violation even where

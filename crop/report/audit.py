@@ -22,7 +22,9 @@ two families:
 * the whole audit (every non-vacuous chance-based check of every run and every pooled count): adjusted
   p < ``alpha`` is a ``violation`` — this decides FAIL, with a family-wise error ≤ ``alpha`` for sound results;
 * the check's own run (its env, algo and σ): adjusted p < ``alpha`` there, but not over the audit, is
-  ``suspicious`` — this decides WARN;
+  ``suspicious`` — listed first, worth a rerun, but no cause of WARN: a family per run has no audit-wide
+  error control (over R runs, sound certificates leave some run suspicious with chance up to 1 − (1 − α)^R),
+  and a verdict must not depend on how the checks are grouped;
 * a check left out of the audit's family by Tarone (it could not have been significant there whatever the
   attack did), not suspicious, and whose kind's pooled count is not in the family either, is ``untestable``,
   with ``reason`` and ``testable_with``, as is every LoRe check whose tree spent α ≥ 1 (its ``min_p`` is set
@@ -35,8 +37,8 @@ claims nothing is ``vacuous`` (not tested).  The audit-wide guarantee, P[violati
 certifiers' statements the tests lean on — GRe's bounds, LoRe's certificates, the V range — never the attacks'
 own certificates), and its independence assumption: docs/audit.md, "Pooled counts over runs".
 
-``verdict`` (:func:`verdict_of`): FAIL on a violation, an integrity problem or a differing re-run, WARN on a
-suspicious or untestable check or when nothing was tested, else PASS — soundness and integrity only; the
+``verdict`` (:func:`verdict_of`): FAIL on a violation, an integrity problem or a differing re-run, WARN on an
+untestable check or when nothing was tested, else PASS — soundness and integrity only; the
 reference comparison is counted apart (``reproduction``: agree, differ, not_in_run, not_in_reference).
 Integrity: every result file's sha256 must match the one recorded in its ``.meta.json`` (a truncated
 or edited file is reported, not silently used); every stage must have used the checkpoint recorded in
@@ -303,7 +305,7 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     * the audit's family (:func:`tarone_holm` over every non-vacuous chance-based check *and* the pooled
       tests): Holm-adjusted p < α → ``violation`` (FAIL; family-wise error ≤ α for valid certificates);
     * the check's own run (the same procedure over that run's checks): significant there but not over the
-      audit → ``suspicious`` (WARN);
+      audit → ``suspicious`` (listed, no cause of WARN);
     * outside the audit's family: ``ok`` when its kind's pooled test is in the family (``tested_by``:
       ``pooled`` — it could have caught a fault shared by the runs, not one broken certificate alone), else
       ``untestable`` with ``reason`` and ``testable_with`` (WARN, never counted as passed);
@@ -367,13 +369,13 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
 
 def verdict_of(statuses: dict, integrity_problems: int, rerun_differ: int = 0, rerun_not_run: int = 0) -> str:
     """FAIL on a violation (a check or a pooled count), an integrity problem or a re-run that differs; WARN
-    on a suspicious or untestable check, a drawn re-run job that could not be re-run, or when nothing was
-    tested at all; else PASS."""
+    on an untestable check, a drawn re-run job that could not be re-run, or when nothing was tested at all;
+    else PASS.  A suspicious check (significant within its run only) is tested and listed, not a cause of
+    WARN: only the audit's family controls the error over the whole audit."""
     if statuses.get("violation") or integrity_problems or rerun_differ:
         return "FAIL"
     tested = statuses.get("ok", 0) + statuses.get("suspicious", 0)
-    return ("WARN" if statuses.get("suspicious") or statuses.get("untestable") or not tested or rerun_not_run
-            else "PASS")
+    return "WARN" if statuses.get("untestable") or not tested or rerun_not_run else "PASS"
 
 
 def exit_status(rep: dict, strict: bool = False, report_only: bool = False) -> int:
@@ -426,6 +428,9 @@ def plain_verdict(rep: dict) -> str:
                 if i["status"] == "ok")
     vac = (f" {st_['vacuous']} bound(s) claim nothing (vacuous: J̲ at J_min, or no step certified beyond ε) "
            "and were not tested." if st_.get("vacuous") else "")
+    sus = (f" {st_['suspicious']} of the tested check(s) are significant within their own run but within chance "
+           "over the audit (listed first below; a rerun with more attack episodes tells)."
+           if st_["suspicious"] else "")
     if rep["verdict"] == "FAIL":
         parts = []
         if rep["violation_list"]:
@@ -449,16 +454,13 @@ def plain_verdict(rep: dict) -> str:
         if st_["untestable"]:
             text += (f"{st_['untestable']} check(s) could not fail"
                      + (f"; to decide: {'; '.join(fixes)}" if fixes else "") + ". ")
-        if st_["suspicious"]:
-            text += (f"{st_['suspicious']} check(s) are suspicious within their run but not significant over the "
-                     "audit (listed first below); rerun with more attack episodes. ")
         if (rep.get("rerun") or {}).get("not_run"):
             text += (f"{rep['rerun']['not_run']} drawn re-run job(s) could not be re-run (a module:Id environment "
                      "read from the folder; to decide, --trust-env it if it is yours). ")
-        return text + f"{tested} other check(s) could have caught a broken certificate and none did." + vac
+        return text + f"{tested} other check(s) could have caught a broken certificate and none did." + vac + sus
     return (f"**Sound as far as tested**: {tested} checks could have caught a broken certificate and none did "
             f"({alone} on their own, {tested - alone} only as part of a count over runs, which catches a fault "
-            "shared by the runs)." + vac)
+            "shared by the runs)." + vac + sus)
 
 
 def _raw_failures(rep: dict) -> list[dict]:

@@ -48,7 +48,7 @@ from scipy import stats as st
 from crop import columns as cols
 from crop.envs import env_spec
 from crop.io import meta_path, read_json
-from crop.layout import RUN_FILES, replicate_of
+from crop.layout import RUN_FILES, base_run, checkpoint_record, replicate_of, split_run_algo
 from crop.report.metrics import lore_valid_until, parse_run, read_lore_meta
 from crop.stats import Phi, Phi_inv, normalise
 
@@ -101,8 +101,9 @@ def flip_probability_bound(q_top_lower, q_others_upper_max, v_min: float, v_max:
 NOT_RECORDED = "not recorded"
 
 
-def _chance_inputs(d: Path, env: str) -> dict:
-    """What the chance estimates need, from the run's files; missing entries are None."""
+def _chance_inputs(d: Path, env: str, n_actions: int | None = None) -> dict:
+    """What the chance estimates need, from the run's files; missing entries are None.  ``n_actions``: the
+    smoothed network's outputs (:func:`_network_actions`), the actions a flip can go to."""
     def meta(key):
         f = meta_path(d / RUN_FILES[key])
         return read_json(f) if f.is_file() else {}
@@ -121,9 +122,19 @@ def _chance_inputs(d: Path, env: str) -> dict:
             "attack_gamma": a_set.get("gamma", NOT_RECORDED), "lore_gamma": (lo.get("settings") or {}).get(
                 "gamma", NOT_RECORDED), "attack_reward_modification": am.get("reward_modification", NOT_RECORDED),
             "lore_reward_modification": (lo.get("search") or {}).get("reward_modification", NOT_RECORDED),
+            "lore_pruning": (lo.get("search") or {}).get("pruning"), "reward_min": _reward_min(env, lo),
             "v_min": v_min, "v_max": v_max, "m": a_set.get("m"), "horizon": a_set.get("horizon"),
-            "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": _spec_fact(env, "n_actions"),
+            "alpha": am.get("per_state_alpha", a_set.get("alpha")), "n_actions": n_actions,
             "loact_alpha": lm.get("per_state_alpha"), "lore_alpha": _lore_largest_state_alpha(lo)}
+
+
+def _reward_min(env: str, lmeta: dict) -> float | None:
+    """The lowest reward per step LoRe counted: the declared range's lower end for unmodified rewards (None
+    where unknown or modified)."""
+    if (lmeta.get("search") or {}).get("reward_modification") is not None:
+        return None
+    rr = _spec_fact(env, "reward_range")
+    return float(rr[0]) if rr is not None else None
 
 
 def _lore_largest_state_alpha(lmeta: dict):
@@ -154,7 +165,7 @@ def _margins_ok(c: dict) -> str:
     if not {cols.Q_TOP_LOWER, cols.Q_OTHERS_UPPER_MAX} <= set(c["steps"].columns):
         return "loact.csv lacks q_top_lower / q_others_upper_max"
     if c["n_actions"] is None:
-        return "the action count of this env id is unknown here (an id from a results folder imports nothing)"
+        return "the checkpoint's model.json records no network output size (net_spec)"
     if c["v_min"] is None or c["v_max"] is None or not c["v_max"] > c["v_min"]:
         return "no V range recorded"
     if c["m"] is None or c["alpha"] is None:
@@ -211,19 +222,42 @@ def ville_min_p(steps: int, alpha: float) -> float:
     return float(min(1.0, math.exp(-_log_mixture(per_step[:, None] * np.ones((1, steps))).max())))
 
 
+def lore_secured(c: dict, path: pd.DataFrame, bound: float) -> np.ndarray:
+    """Per step of the attacked episode ``path`` (in step order): whether its return before the step, J_t
+    (``return_so_far``), already secures LoRe's bound J̲ = ``bound`` whatever follows — J_t plus the lowest
+    return of the remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k), is ≥ J̲.  r_min is 0 where LoRe pruned
+    (it does so only with every reward ≥ 0 declared, and checks each reward it sees), else the declared reward
+    range's lower end (unmodified rewards only).  From there on the return cannot fall below J̲ unless a reward
+    leaves the declared range, so the check cannot fail there: it is where a pruned node or an open node of a
+    truncated search lies, which LoRe never smoothed (both have J_t ≥ J̲ by construction)."""
+    n = len(path)
+    if cols.RETURN_SO_FAR not in path.columns or c.get("lore_horizon") is None:
+        return np.zeros(n, bool)
+    r_min = 0.0 if c.get("lore_pruning") is True else c.get("reward_min")
+    gamma = c.get("lore_gamma")
+    if r_min is None or not isinstance(gamma, (int, float)):
+        return np.zeros(n, bool)
+    horizon, t = int(c["lore_horizon"]), path[cols.STEP].to_numpy(int)
+    weight = np.array([sum(float(gamma) ** k for k in range(int(s), horizon)) for s in t], np.float64)
+    return path[cols.RETURN_SO_FAR].to_numpy(float) + np.minimum(0.0, float(r_min) * weight) >= bound
+
+
 def lore_path_bound(c: dict, sigma: float, eps: float, tree_until: float,
-                    path: pd.DataFrame) -> tuple[float, str]:
+                    path: pd.DataFrame, bound: float = math.inf) -> tuple[float, str]:
     """(A, note): the sum, along the attacked episode ``path`` (its rows of attack_local_steps.csv, in step
-    order) up to and including the step where it leaves LoRe's tree of every ε'' < ``tree_until``, of the bound
+    order) up to the step where its return so far secures J̲ = ``bound`` (:func:`lore_secured`; that step
+    excluded) or up to and including the step where it leaves LoRe's tree of every ε'' < ``tree_until``, of the bound
     b_t on the chance that the m-sample action leaves there — at the LoRe state of the step's observation
     (lore_states.csv), b_t = Σ over the actions a the tree excludes (r(a) ≥ ``tree_until``) of
     exp(−m·Δ_a²/(2w²)), Δ_a = w·(Φ(z_L − ε/σ) − Φ(z_L − (2r(a) − ε)/σ)), z_L = Φ⁻¹(p_L) (Lemma 3 and
     Hoeffding, as :func:`flip_probability_bound`, with U(a) from r(a)).  b_t depends on the path up to step t
     only (predictable), so P[the episode leaves and A ≤ a] ≤ a under valid LoRe certificates (docs/audit.md).
-    inf where a step's state is not among LoRe's certified states before the episode left (pruned, never
-    reached, an open node of a truncated search, or another environment)."""
+    A return below J̲ needs an episode that left the tree before its return so far secured J̲, so only those
+    steps count.  inf where a step's state is not among LoRe's certified states before the episode left or
+    secured J̲ (a node LoRe never reached: a faulty search or another environment)."""
     states = c["lore_states"].drop_duplicates(cols.OBS_DIGEST)
     path = path.sort_values(cols.STEP)
+    secured = lore_secured(c, path, bound)
     if states.empty and len(path):
         return math.inf, "LoRe recorded no certified state"
     at = pd.Index(states[cols.OBS_DIGEST]).get_indexer(path[cols.OBS_DIGEST])
@@ -233,17 +267,20 @@ def lore_path_bound(c: dict, sigma: float, eps: float, tree_until: float,
     b = np.where(missing, 0.0, b)
     action = path[cols.ACTION].to_numpy(int)
     left = out[np.arange(len(path)), np.clip(action, 0, out.shape[1] - 1)]
-    stop = np.flatnonzero(missing | left)
+    stop = np.flatnonzero(missing | left | secured)
     steps = path[cols.STEP].to_numpy(int)
     if not len(stop):
         return float(b.sum()), STAYED
     k = int(stop[0])
+    if secured[k]:
+        return float(b[:k].sum()), f"{SECURED} at attacked step {steps[k]}"
     if missing[k]:
         return math.inf, f"attacked step {steps[k]}'s state is {OFF_STATES}"
     return float(b[: k + 1].sum()), f"left LoRe's tree at attacked step {steps[k]}"
 
 
 STAYED, OFF_STATES = "stayed in LoRe's tree", "not among LoRe's certified states"
+SECURED = "its return so far secured J̲"
 
 
 def lore_path_impossible(path: pd.DataFrame, note: str, length: int, horizon: int) -> str:
@@ -257,6 +294,8 @@ def lore_path_impossible(path: pd.DataFrame, note: str, length: int, horizon: in
     horizon, γ and reward modification: :func:`_path_ok`)."""
     if OFF_STATES in note:
         return f"the attacked path reached a state LoRe neither certified nor left open to a lower return ({note})"
+    if SECURED in note:
+        return f"{note} in LoRe's tree, yet the return fell below it: a reward below the declared range"
     whole = (len(path) == length <= horizon
              and np.array_equal(np.sort(path[cols.STEP].to_numpy(int)), np.arange(length)))
     if note == STAYED and whole:
@@ -481,7 +520,7 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
         if why:
             bound_sum, note, least = math.inf, f"unassessed ({why})", 1.0
         else:
-            bound_sum, note = lore_path_bound(chance, sigma, eps, until, path)
+            bound_sum, note = lore_path_bound(chance, sigma, eps, until, path, b)
             least = min(1.0, a_lore + lore_root_bound(chance, sigma, eps, until))
             # The path reached a state LoRe did not certify while still in its tree: p = 1 whatever the return.
             off_tree = math.isinf(bound_sum)
@@ -562,7 +601,7 @@ def run_checks(results: Path, run: str, stages: list[str]) -> list[dict]:
             rows += check_monotone(f"gre_percentile_p{p:g}_monotone", g[cols.EPS],
                                    g[cols.PERCENTILE_BOUND].astype(float))
         rows += check_monotone("gre_expectation_monotone", gre[cols.EPS], gre[cols.EXPECTATION_BOUND])
-    chance = _chance_inputs(d, env) if attack_local is not None else None
+    chance = _chance_inputs(d, env, _network_actions(results, run)) if attack_local is not None else None
     if lore is not None:
         if attack_local is not None:
             lmeta = read_lore_meta(d)
@@ -576,6 +615,21 @@ def run_checks(results: Path, run: str, stages: list[str]) -> list[dict]:
     seeds = {s: _stage_seed(d, s) for s in ("attack_global", "attack_local")}
     return [{**key, **r, "attack_seed": seeds["attack_global" if r["check"].startswith("gre_") else "attack_local"]}
             for r in rows]
+
+
+def _network_actions(results: Path, run: str) -> int | None:
+    """The number of outputs of the run's smoothed network (its checkpoint's ``model.json``), the actions the
+    smoothed policy can take: a flip bound sums over all of them but one, so it is read from the network, never
+    from the environment's action count (a network may have more outputs than the game's minimal set).  None
+    where the record is missing or names no output size."""
+    from crop.models import CheckpointError, n_actions
+
+    env, algo, _ = parse_run(base_run(run))
+    f = checkpoint_record(results, env, split_run_algo(algo)[0])
+    try:
+        return n_actions(read_json(f)["net_spec"]) if f.is_file() else None
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _stage_seed(d: Path, key: str):
