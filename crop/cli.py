@@ -279,8 +279,8 @@ COMMANDS = {
                   "folder."),
     "audit": ("soundness, integrity, provenance and reference audit of a results folder",
               "Audit a results folder; writes OUT_DIR/audit.md and OUT_DIR/audit.json. Exit status: 0 PASS or "
-              "WARN, 1 FAIL (a soundness violation or an integrity problem) and, with --strict, also WARN (a "
-              "suspicious or untestable check) or a reproduced value that differs from the reference, 2 bad "
+              "WARN, 1 FAIL (a soundness violation or an integrity problem) and, with --strict, also WARN (an "
+              "untestable check) or a reproduced value that differs from the reference, 2 bad "
               "input."),
     "calibrate": ("measure this machine's unit costs for crop plan",
                   "Measure the cost model's unit costs on this machine (per environment: the smoothed step per "

@@ -119,3 +119,22 @@ def test_local_attack_records_every_attacked_step(mlp_factory):
     first = steps[(steps["step"] == 0) & (steps["episode"] == 0)]["obs_digest"]
     assert len(first) == len(eps_grid) and first.nunique() == 1
     assert (steps["q_top_lower"] > steps["q_others_upper_max"])[steps["certified"]].all()
+
+
+def test_local_attack_records_the_return_before_each_step_as_lore_sums_it(mlp_factory):
+    """``return_so_far`` at step t is Σ_{k<t} γ^k r_k summed step by step as LoRe sums a node's return (J ← J +
+    γ^t·r), bit for bit, and the last step's plus its own reward is the episode's return: what lets the audit
+    stop a LoRe check where the return already secures the bound."""
+    net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
+    rows: list = []
+    gamma = 0.9
+    table = run_local_attack("CartPole-v0", SmoothedQ(net, 0.1, 200, -4.0, 4.0, 0.01, 2, seed=5), [0.0, 0.3], [1, 2],
+                             12, m_grad=16, seed=3, gamma=gamma, progress=False, steps_out=rows)
+    steps = pd.DataFrame(rows)
+    for (eps, ep), g in steps.groupby(["eps", "episode"]):
+        j, want = 0.0, []
+        for t in g["step"]:
+            want.append(j)
+            j = j + (gamma ** t) * 1.0   # CartPole's reward is 1 per step
+        assert g["return_so_far"].tolist() == want
+        assert j == table[(table["eps"] == eps) & (table["episode"] == ep)]["return"].item()

@@ -1027,19 +1027,22 @@ def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_pa
 
 def test_flip_bounds_count_the_networks_actions_not_the_envs(results):
     """A flip bound sums over every action but the top one: the count comes from the smoothed network's outputs
-    (model.json's net_spec), which may exceed the game's action count; a record that names no output size
-    leaves the flip check unassessed with why, never priced with the environment's smaller count."""
-    from crop.report.checks import _network_actions
+    (model.json's net_spec), which may exceed the game's action count, and never falls below the radius columns
+    LoRe wrote for the smoother it used (model.json is not hashed); with neither, the flip check is unassessed
+    with why, never priced with the environment's count."""
+    from crop.report.checks import _chance_inputs, _network_actions, check_certified_steps_not_flipped
 
-    run = str(_run(results).relative_to(results))
+    d = _run(results)
+    run = str(d.relative_to(results))
     record = layout.checkpoint_record(results, "CartPole-v0", "StdTrain")
     meta = json.loads(record.read_text())
     assert _network_actions(results, run) == 2
     record.write_text(json.dumps({**meta, "net_spec": {**meta["net_spec"], "out": 18}}))
-    assert _network_actions(results, run) == 18
+    assert _network_actions(results, run) == 18 and _chance_inputs(d, "CartPole-v0", 18)["n_actions"] == 18
     record.write_text(json.dumps({**meta, "net_spec": {"arch": "mlp"}}))
-    assert _network_actions(results, run) is None
-    rep = audit(results, results / "audit")
-    flips = [c for c in rep["checks"] if c["check"] == "loact_certified_steps_not_flipped"
-             and c["algo"] == "StdTrain" and c["sigma"] == 0.1]
-    assert flips and all("net_spec" in c["note"] and c["status"] != "ok" for c in flips)
+    assert _network_actions(results, run) is None and _chance_inputs(d, "CartPole-v0", None)["n_actions"] == 2
+    (d / RUN_FILES["lore_states"]).unlink()
+    chance = _chance_inputs(d, "CartPole-v0", None)
+    assert chance["n_actions"] is None
+    rows = check_certified_steps_not_flipped(pd.read_csv(d / RUN_FILES["attack_local"]), chance, 0.1)
+    assert rows and all("no network output size" in r["note"] and r["min_p"] == 1.0 for r in rows)

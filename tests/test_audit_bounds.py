@@ -355,3 +355,18 @@ def test_lore_check_needs_a_replay_of_lores_game(change, named):
     row = _two_steps("s1", 1, 0.0, change)
     assert row["p_value"] == row["min_p"] == 1.0 and row["status"] == "untestable"
     assert named in row["reason"] and not row["impossible"]
+
+
+def test_lore_secured_keeps_a_rounding_margin_where_rewards_can_be_negative():
+    """With r_min < 0 the worst continuation is one product in the audit and a sum of H products in LoRe, both
+    rounded to the CSV's digits: a return so far that secures J̲ only within that rounding is not secured (else a
+    later leave, a chance event, would be ruled impossible); a clear margin is."""
+    from crop.report.checks import lore_secured
+
+    gamma, t, j_t = 0.97, 3, 105.7027822
+    worst = sum(gamma ** k for k in range(t, H))
+    path = pd.DataFrame({"step": [t], "return_so_far": [j_t]})
+    c = {"lore_horizon": H, "lore_gamma": gamma, "lore_pruning": False, "reward_min": -1.0}
+    assert not lore_secured(c, path, j_t - worst - 1e-8)[0]
+    assert lore_secured(c, path, j_t - worst - 1e-3)[0]
+    assert lore_secured({**c, "lore_pruning": True}, path, j_t)[0]   # rewards ≥ 0: J_t ≥ J̲ is exact

@@ -23,8 +23,8 @@ two families:
   p < ``alpha`` is a ``violation`` — this decides FAIL, with a family-wise error ≤ ``alpha`` for sound results;
 * the check's own run (its env, algo and σ): adjusted p < ``alpha`` there, but not over the audit, is
   ``suspicious`` — listed first, worth a rerun, but no cause of WARN: a family per run has no audit-wide
-  error control (over R runs, sound certificates leave some run suspicious with chance up to 1 − (1 − α)^R),
-  and a verdict must not depend on how the checks are grouped;
+  error control (over R runs, sound certificates leave some run suspicious with chance up to R·α, about
+  1 − (1 − α)^R for independent runs), and a verdict must not depend on how the checks are grouped;
 * a check left out of the audit's family by Tarone (it could not have been significant there whatever the
   attack did), not suspicious, and whose kind's pooled count is not in the family either, is ``untestable``,
   with ``reason`` and ``testable_with``, as is every LoRe check whose tree spent α ≥ 1 (its ``min_p`` is set
@@ -424,12 +424,12 @@ def plain_verdict(rep: dict) -> str:
     """What the audit showed, in plain words (the first paragraph of audit.md)."""
     st_ = rep["statuses"]
     tested = st_["ok"] + st_["suspicious"]
-    alone = sum(i.get("tested_by") == "alone" or i.get("p_value") is None for i in rep["checks"]
-                if i["status"] == "ok")
+    alone = sum(i.get("tested_by") == "alone" or i.get("p_value") is None or i["status"] == "suspicious"
+                for i in rep["checks"] if i["status"] in ("ok", "suspicious"))
     vac = (f" {st_['vacuous']} bound(s) claim nothing (vacuous: J̲ at J_min, or no step certified beyond ε) "
            "and were not tested." if st_.get("vacuous") else "")
-    sus = (f" {st_['suspicious']} of the tested check(s) are significant within their own run but within chance "
-           "over the audit (listed first below; a rerun with more attack episodes tells)."
+    sus = (f" {st_['suspicious']} of them came out significant within their own run yet within chance over the "
+           "audit (suspicious, listed first below; a rerun with more attack episodes tells)."
            if st_["suspicious"] else "")
     if rep["verdict"] == "FAIL":
         parts = []

@@ -23,7 +23,8 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
   (probability ≥ 1 − α_spent, from LoRe's meta file); the m-sample attacked policy leaves it at a node only by
   taking an action the tree excludes, with probability ≤ b(node) from LoRe's own certificate there
   (lore_states.csv).  The audit walks the attacked path (:func:`lore_path_bound`): A = Σ b over its steps up
-  to where it left, and the p-value α_spent + A is valid (a predictable compensator bound).  J̲ is a
+  to where it left or its return so far secured J̲ (:func:`lore_secured`), and the p-value α_spent + A is valid
+  (a predictable compensator bound).  J̲ is a
   non-increasing step function and T_ε ⊆ T_ε' for ε ≤ ε', so an ε-attack may be checked against J̲(ε') over the
   tree of a whole piece [ε_j, ε_{j+1}) of it (:func:`lore_intervals`), where an action is excluded only when
   its radius is ≥ ε_{j+1}; the piece is chosen from the certifiers' outputs alone (:func:`choose_lore_interval`,
@@ -116,7 +117,12 @@ def _chance_inputs(d: Path, env: str, n_actions: int | None = None) -> dict:
     def table(key):
         return pd.read_csv(d / RUN_FILES[key]) if (d / RUN_FILES[key]).is_file() else None
 
-    return {"steps": table("loact"), "attack_steps": table("attack_local_steps"), "lore_states": table("lore_states"),
+    lore_states = table("lore_states")
+    if lore_states is not None:
+        # LoRe wrote one radius column per output of the smoother it used: never count fewer (model.json is not
+        # hashed; an edited or missing record must not shrink a flip bound).
+        n_actions = max(n_actions or 0, len(_radius_columns(lore_states))) or None
+    return {"steps": table("loact"), "attack_steps": table("attack_local_steps"), "lore_states": lore_states,
             "lore_horizon": (lo.get("settings") or {}).get("horizon"),
             # what makes the attacked return and LoRe's bound compare like for like (a replay of one game)
             "attack_gamma": a_set.get("gamma", NOT_RECORDED), "lore_gamma": (lo.get("settings") or {}).get(
@@ -129,12 +135,17 @@ def _chance_inputs(d: Path, env: str, n_actions: int | None = None) -> dict:
 
 
 def _reward_min(env: str, lmeta: dict) -> float | None:
-    """The lowest reward per step LoRe counted: the declared range's lower end for unmodified rewards (None
-    where unknown or modified)."""
+    """The lowest reward per step LoRe counted, for unmodified rewards: the lower end of the reward range its
+    run declared (``settings.reward_range``, the config's ``rewards.range``), else the environment's own; None
+    where unknown or where LoRe modified the rewards."""
     if (lmeta.get("search") or {}).get("reward_modification") is not None:
         return None
-    rr = _spec_fact(env, "reward_range")
-    return float(rr[0]) if rr is not None else None
+    declared = (lmeta.get("settings") or {}).get("reward_range")
+    rr = declared if isinstance(declared, (list, tuple)) and len(declared) == 2 else _spec_fact(env, "reward_range")
+    try:
+        return float(rr[0]) if rr is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _lore_largest_state_alpha(lmeta: dict):
@@ -165,7 +176,7 @@ def _margins_ok(c: dict) -> str:
     if not {cols.Q_TOP_LOWER, cols.Q_OTHERS_UPPER_MAX} <= set(c["steps"].columns):
         return "loact.csv lacks q_top_lower / q_others_upper_max"
     if c["n_actions"] is None:
-        return "the checkpoint's model.json records no network output size (net_spec)"
+        return "no network output size: the checkpoint's model.json (net_spec) is missing or names none"
     if c["v_min"] is None or c["v_max"] is None or not c["v_max"] > c["v_min"]:
         return "no V range recorded"
     if c["m"] is None or c["alpha"] is None:
@@ -225,11 +236,12 @@ def ville_min_p(steps: int, alpha: float) -> float:
 def lore_secured(c: dict, path: pd.DataFrame, bound: float) -> np.ndarray:
     """Per step of the attacked episode ``path`` (in step order): whether its return before the step, J_t
     (``return_so_far``), already secures LoRe's bound J̲ = ``bound`` whatever follows — J_t plus the lowest
-    return of the remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k), is ≥ J̲.  r_min is 0 where LoRe pruned
-    (it does so only with every reward ≥ 0 declared, and checks each reward it sees), else the declared reward
-    range's lower end (unmodified rewards only).  From there on the return cannot fall below J̲ unless a reward
-    leaves the declared range, so the check cannot fail there: it is where a pruned node or an open node of a
-    truncated search lies, which LoRe never smoothed (both have J_t ≥ J̲ by construction)."""
+    return of the remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k), is ≥ J̲ (with a rounding margin where
+    r_min < 0).  r_min is 0 where LoRe pruned (it does so only with every reward ≥ 0 declared, and checks each
+    reward it sees), else the lowest reward LoRe counted (:func:`_reward_min`).  From there on the return cannot
+    fall below J̲ unless a reward leaves the declared range, so the check cannot fail there.  LoRe smooths
+    neither a pruned node (J_t ≥ J̲) nor an open node of a truncated search (J_t plus its worst case ≥ J̲): an
+    attacked path that reaches one is secured there."""
     n = len(path)
     if cols.RETURN_SO_FAR not in path.columns or c.get("lore_horizon") is None:
         return np.zeros(n, bool)
@@ -238,8 +250,15 @@ def lore_secured(c: dict, path: pd.DataFrame, bound: float) -> np.ndarray:
     if r_min is None or not isinstance(gamma, (int, float)):
         return np.zeros(n, bool)
     horizon, t = int(c["lore_horizon"]), path[cols.STEP].to_numpy(int)
+    so_far = path[cols.RETURN_SO_FAR].to_numpy(float)
+    if float(r_min) >= 0.0:
+        # Rounding to the CSV's digits is monotone: J_t ≥ J̲ before it stays so after, and rewards ≥ 0 add.
+        return so_far >= bound
     weight = np.array([sum(float(gamma) ** k for k in range(int(s), horizon)) for s in t], np.float64)
-    return path[cols.RETURN_SO_FAR].to_numpy(float) + np.minimum(0.0, float(r_min) * weight) >= bound
+    # The worst case is one product here and a sum of H products in LoRe, both rounded to the CSV's digits:
+    # a margin of (H + 2)·1e-9 relative covers both, so a step is never called secured that is not.
+    slack = 1e-9 * (horizon + 2) * np.maximum(1.0, np.maximum(np.abs(so_far), abs(float(bound))))
+    return so_far + float(r_min) * weight >= bound + slack
 
 
 def lore_path_bound(c: dict, sigma: float, eps: float, tree_until: float,
@@ -287,15 +306,16 @@ def lore_path_impossible(path: pd.DataFrame, note: str, length: int, horizon: in
     """Why a return below J̲ along this attacked path is impossible for a correct search whatever the noise ('' when
     it is not): J̲ is the least return over every path of LoRe's tree (Theorem 4, Algorithm 3), so a path that
     stayed in the tree over all the ``length`` steps its episode took (each recorded, to LoRe's ``horizon`` or a
-    terminal state) returns at least J̲; and a path that reached, still in the tree, a state LoRe did not certify
-    reached a pruned node (rewards ≥ 0 as LoRe counts them: every continuation returns at least J̲) or an open
-    node of a truncated search (counted at its worst continuation).  Either way only a faulty search or a replay that
-    differs explains it, not a certificate's chance.  Valid only where the attack replays LoRe's game (the same
-    horizon, γ and reward modification: :func:`_path_ok`)."""
+    terminal state) returns at least J̲; a path that reached, still in the tree and before its return secured J̲
+    (:func:`lore_secured`), a state LoRe did not certify reached no node of a correct search (pruned and open
+    nodes are secured); only a faulty search or a replay that differs explains either, not a certificate's
+    chance.  A path whose return secured J̲ and still ended below it met a reward below the declared range.
+    Valid only where the attack replays LoRe's game (the same horizon, γ and reward modification:
+    :func:`_path_ok`)."""
     if OFF_STATES in note:
         return f"the attacked path reached a state LoRe neither certified nor left open to a lower return ({note})"
     if SECURED in note:
-        return f"{note} in LoRe's tree, yet the return fell below it: a reward below the declared range"
+        return f"{note}, yet the return fell below it: a reward below the declared range (rewards.range)"
     whole = (len(path) == length <= horizon
              and np.array_equal(np.sort(path[cols.STEP].to_numpy(int)), np.arange(length)))
     if note == STAYED and whole:
@@ -491,9 +511,11 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
     J̲(ε') of the piece :func:`choose_lore_interval` picks (from the certifiers' outputs alone).  p-value
     α_spent + A when the return is below that bound, A the sum of the leave bounds along the attacked path up to
     where it left (:func:`lore_path_bound`); 1 otherwise.  Its smallest value (``min_p``) is α_spent plus the
-    leave bound at s₀ (:func:`lore_root_bound`).  A path that reaches a state not among LoRe's certified states
-    before it leaves (a pruned or unexpanded node, a replay that differs) has p = 1 whatever its return:
-    ``off_lore_states``, reported untestable with why (it stays in the family, fixed before the attack).  A bound
+    leave bound at s₀ (:func:`lore_root_bound`).  The walk stops where the return so far secures J̲
+    (:func:`lore_secured`: the pruned and open nodes LoRe never smoothed lie there).  A path that reaches a state
+    not among LoRe's certified states before it leaves or secures J̲ (a replay that differs, or a path without
+    ``return_so_far``) has p = 1 whatever its return: ``off_lore_states``, reported untestable with why (it
+    stays in the family, fixed before the attack).  A bound
     at ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``.  A return below J̲ that no
     noise explains (:func:`lore_path_impossible`: the path stayed in the tree throughout, or reached a state LoRe
     did not certify while in it) is named in ``impossible``: a violation with no chance involved, outside Tarone's
@@ -647,8 +669,8 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
                 "alpha_mode: family (the whole tree at α)")
     if c == "lore_vs_pgd_local" and item.get("off_lore_states"):
         return (f"the attacked path could not fail (p = 1 whatever its return): {item.get('note')}",
-                "a LoRe search that expands the attacked path's states (no pruning there, a larger lore.max_nodes) "
-                "and a local attack that replays LoRe's environment")
+                "a local attack that replays LoRe's environment and records each step's return so far "
+                "(attack_local_steps.csv's return_so_far: rerun the attack)")
     if c == "lore_vs_pgd_local" and item["min_p"] >= 1.0:
         return (f"the attacked path cannot be bounded against LoRe's tree: {item.get('note') or 'unassessed'}",
                 "a local attack and a LoRe search that record their states (attack_local_steps.csv, "
