@@ -38,11 +38,15 @@ def caption_settings(cfg: dict) -> Words:
 
     out = {}
     for env, ec in cfg["environments"].items():
+        rewards = ec.get("rewards") or {}
+        # rewards.clip: the returns GRe bounds, the global attack and LoAct's benign episodes report are clipped
+        clip = (f"; return (rewards clipped to [{rewards['range'][0]:g}, {rewards['range'][1]:g}])"
+                if rewards.get("clip") else "")
         out[env] = {
             "algorithms": ", ".join(ec["algorithms"]),
             "sigmas": ", ".join(sigma_label(x) for x in ec["sigmas"]),
-            **{name: quoted(env, name) for name in ("loact", "gre", "lore")},
-            "attack": f"{quoted(env, 'attack-global')}; {quoted(env, 'attack-local')}",
+            **{name: quoted(env, name) + (clip if name != "lore" else "") for name in ("loact", "gre", "lore")},
+            "attack": f"{quoted(env, 'attack-global')}{clip}; {quoted(env, 'attack-local')}",
         }
     text = "; ".join(f"{env}: {v['algorithms']} at σ ∈ {{{v['sigmas']}}}; LoAct {v['loact']}; GRe {v['gre']}; "
                      f"LoRe {v['lore']}; attacks {v['attack']}" for env, v in out.items())

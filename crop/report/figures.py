@@ -24,7 +24,7 @@ from crop.envs import env_spec  # noqa: E402
 from crop.io import atomic_write_bytes  # noqa: E402
 from crop.layout import FIGURE_FORMATS, figure_families, large_sigma_labels, main_sigma_labels  # noqa: E402
 from crop.report.intervals import run_interval  # noqa: E402
-from crop.report.metrics import lore_valid_until, per_step_mean_radius  # noqa: E402
+from crop.report.metrics import clip_text, lore_valid_until, per_step_mean_radius  # noqa: E402
 from crop.report.style import (  # noqa: E402
     ATTACK_Z,
     BOUND_Z,
@@ -279,6 +279,15 @@ _PANELS = {
     "adasearch": (_panel_adasearch, LABELS["eps"], LABELS["J"]),
 }
 _STYLE_KEY = {"global_mean", "global_median", "adasearch"}
+#: The panels whose returns a run's reward clip applies to (GRe, the global attack; LoRe's never clip).
+_CLIPPED = {"global_mean", "global_median"}
+
+
+def _clip_label(label: str, runs) -> str:
+    """``label`` with "(rewards clipped to [a, b])" under it where a run among ``runs`` (dicts of
+    :func:`crop.report.metrics.load_runs`) clipped its rewards: its returns and bounds are of those."""
+    text = clip_text(d.get("reward_clip") for d in runs)
+    return f"{label}\n({text})" if text else label
 
 
 def _runs_at(data: dict, env: str, lab: str, algos) -> dict:
@@ -287,6 +296,8 @@ def _runs_at(data: dict, env: str, lab: str, algos) -> dict:
 
 def _single_panel_figure(kind: str, env: str, lab: str, runs: dict):
     draw, xlabel, ylabel = _PANELS[kind]
+    if kind in _CLIPPED:
+        ylabel = _clip_label(ylabel, runs.values())
     fig, ax = _single(f"{env_spec(env).paper_name}, σ={lab}", xlabel, ylabel)
     draw(ax, runs, float(lab))
     axes_legend(ax, algo_handles(runs) + (style_handles() if kind in _STYLE_KEY else []))
@@ -298,6 +309,8 @@ def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
     fig, axes = _grid(len(rows), len(labels))
     for i, kind in enumerate(rows):
         draw, xlabel, ylabel = _PANELS[kind]
+        if kind in _CLIPPED:
+            ylabel = _clip_label(ylabel, [d for lab in labels for d in _runs_at(data, env, lab, algos).values()])
         for j, lab in enumerate(labels):
             ax = axes[i][j]
             draw(ax, _runs_at(data, env, lab, algos), float(lab))
@@ -332,7 +345,8 @@ def _thin_tick_labels(ax) -> None:
 
 def _clean_figure(env: str, data: dict, algos, labels):
     fig, ax = _single(f"{env_spec(env).paper_name}: benign return of the smoothed policy", LABELS["sigma"],
-                      LABELS["return"])
+                      _clip_label(LABELS["return"], [d for lab in labels
+                                                     for d in _runs_at(data, env, lab, algos).values()]))
     lo, hi = np.inf, -np.inf
     clipped = set()   # the [J_min, J_max] a bar was clipped to (crop.report.intervals), said in the figure
     for i, a in enumerate(algos):
