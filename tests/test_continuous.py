@@ -711,6 +711,7 @@ def test_the_continuous_config_runs_end_to_end_and_its_audit_finishes(tmp_path):
         assert f"{algo} (action)" in (res / f"tables/{env}_benign_return.md").read_text()
         for stem in ("stepwise", "certified_ratio", "all_bounds", "global_median_sigma-0.05"):
             assert (res / "figures" / f"{env}_{stem}.png").is_file()
+        assert not list((res / "figures").glob(f"{env}_adasearch*"))   # no LoRe: no empty figure
         # the report's LoAct numbers are per step (every dimension certified), as certified_ratio.csv counts them
         from crop.percentile import step_ratio
 
@@ -719,16 +720,14 @@ def test_the_continuous_config_runs_end_to_end_and_its_audit_finishes(tmp_path):
         assert table["sigma=0.05"][0] == pytest.approx(step_ratio(steps)["certified"].mean(), abs=1e-9)
 
 
-def test_the_report_reads_a_continuous_run_per_step_and_says_it_has_no_lore():
+def test_the_report_reads_a_continuous_run_per_step_and_draws_no_lore_for_it():
     """LoAct's per-dimension table becomes one row per step (certified when every dimension is, at the
-    smallest radius); LoRe's metrics are absent, not errors; the LoRe panel names the agent and why."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    smallest radius); LoRe's metrics are absent, not errors; an environment whose runs are all continuous
+    agents' has no adasearch figure and no J̲ row in all_bounds, one with a discrete run keeps them."""
     import pandas as pd
 
-    from crop.report.figures import _panel_adasearch
+    from crop.layout import figure_families, has_lore
+    from crop.report.captions import caption_settings
     from crop.report.metrics import _per_step, metric_value
 
     dims = pd.DataFrame({"episode": [0, 0, 0, 0], "step": [0, 0, 1, 1], "dim": [0, 1, 0, 1],
@@ -738,11 +737,16 @@ def test_the_report_reads_a_continuous_run_per_step_and_says_it_has_no_lore():
     assert run["loact"]["certified"].tolist() == [True, False] and run["loact"]["radius"].tolist() == [0.1, 0.0]
     assert metric_value(run, "certified_fraction") == 0.5 and metric_value(run, "mean_radius") == 0.05
     assert metric_value(run, "lore_bound", 0.0) is None and metric_value(run, "pgd_local_return", 0.0) is None
-    fig, ax = plt.subplots()
-    _panel_adasearch(ax, {"MySAC@action": run}, 0.05)
-    notes = [t.get_text() for t in ax.texts if t.get_gid() == "lore-continuous"]
-    plt.close(fig)
-    assert len(notes) == 1 and "no LoRe" in notes[0] and "MySAC (action)" in notes[0]
+    assert not has_lore(["MySAC@action", "MyTD3@action"]) and has_lore(["StdTrain", "StdTrain@vote"])
+    assert has_lore([])   # algorithms not known: the full list
+    assert figure_families("Pendulum-v1", ["0.05", "0.1"], ["MySAC@action"])["adasearch"] == []
+    assert figure_families("CartPole-v0", ["0.05"], ["StdTrain@vote"])["adasearch"] == ["CartPole_adasearch_sigma-0.05"]
+    import yaml
+
+    from crop.config import validate_config
+
+    settings = caption_settings(validate_config(yaml.safe_load(CONTINUOUS.read_text())))
+    assert all("no adasearch figure" in s["no_lore"] for s in settings.values())
 
 
 # ---------------------------------------------------------------------- MuJoCo through the workflow, clipped
@@ -873,3 +877,6 @@ def test_a_mujoco_agent_runs_the_workflow_and_every_return_is_clipped_and_said_s
     for stem in ("Hopper-v5_global_mean_sigma-0.05", "Hopper-v5_global_median_sigma-0.05", "Hopper-v5_loact_clean"):
         assert labels[stem] and all("(rewards clipped to [-1, 3])" in y for y in labels[stem]), stem
     assert all("clipped" not in y for y in labels["Hopper-v5_stepwise_sigma-0.05"])
+    # no LoRe for a continuous agent: no adasearch figure, all_bounds has the two GRe rows only
+    assert not [s for s in labels if "adasearch" in s] and len(labels["Hopper-v5_all_bounds"]) == 2
+    assert all("(rewards clipped to [-1, 3])" in y for y in labels["Hopper-v5_all_bounds"])

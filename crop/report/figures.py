@@ -234,16 +234,8 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
 
 
 def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
-    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed).  A
-    continuous-action agent's run has neither (crop.layout.run_stages): the panel says so instead."""
-    actors = [algo_label(a) for a, d in runs.items() if "lore" not in d]
-    if actors:
-        note = "no LoRe or local attack:\ncontinuous actions are\nno finite set\n(" + ", ".join(actors) + ")"
-        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=6, color="0.3",
-                gid="lore-continuous")
-        runs = {a: d for a, d in runs.items() if "lore" in d}
-        if not runs:
-            return
+    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed).  Never
+    drawn for continuous-action agents, which have neither (crop.layout.has_lore)."""
     xmax = 0.0
     for d in runs.values():
         xmax = max(xmax, float(d["attack_local"][cols.EPS].max()), float(d["lore"][cols.EPS].max()))
@@ -438,15 +430,17 @@ def iter_env_figures(env: str, data: dict):
     fam = figure_families(env, labels, algos)
     main = main_sigma_labels(env, labels)
     spec = env_spec(env)
+    lore = bool(fam["adasearch"])   # none where every run is a continuous-action agent's (no LoRe)
     for kind in ("stepwise", "certified_ratio", "global_mean", "global_median", "adasearch"):
-        for lab in labels:
+        for lab in labels if fam[kind] else []:
             stem = f"{spec.paper_name}_{kind}_sigma-{lab}"
             assert stem in fam[kind], stem
             yield stem, _single_panel_figure(kind, env, lab, _runs_at(data, env, lab, algos))
     yield f"{spec.paper_name}_stepwise", _grid_figure(env, data, algos, ["stepwise"], main)
     yield f"{spec.paper_name}_certified_ratio", _grid_figure(env, data, algos, ["certified_ratio"], main)
-    yield fam["all_bounds"][0], _grid_figure(env, data, algos, ["global_mean", "global_median", "adasearch"],
-                                             main, row_names=["(Global)", "(Global)", "(Local)"])
+    yield fam["all_bounds"][0], _grid_figure(env, data, algos,
+                                             ["global_mean", "global_median", *(["adasearch"] if lore else [])],
+                                             main, row_names=["(Global)", "(Global)", *(["(Local)"] if lore else [])])
     yield fam["loact_clean"][0], _clean_figure(env, data, algos, labels)
     yield fam["legend"][0], legend_figure(algos, title=spec.paper_name)
     if fam["large_sigma"]:
