@@ -408,11 +408,15 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
         lo_hi = rewards.get(key)
         if lo_hi is not None and not lo_hi[0] < lo_hi[1]:
             raise ConfigError(f"{where}.rewards.{key}: {lo_hi} must be [low, high] with low < high")
-    if rewards.get("clip"):   # one return per workflow: LoRe, the local attack and benign returns never clip
-        raise ConfigError(f"{where}.rewards.clip: the workflow's LoRe, local attack and benign returns use the "
-                          "environment's own rewards, so clipping GRe's and the global attack's would compare "
-                          "returns of two different rewards; leave it out (crop gre / crop attack-global "
-                          "--clip-rewards clip by hand)")
+    if rewards.get("clip"):   # one return per run: every stage that reports a return must clip the same way
+        if ec.get("target") != ACTION_TARGET:
+            raise ConfigError(f"{where}.rewards.clip: a discrete-action environment's LoRe and local attack bound "
+                              "and attack the environment's own rewards, so clipping GRe's, the global attack's "
+                              "and the benign returns would compare returns of two different rewards; leave it "
+                              "out (crop gre / crop attack-global --clip-rewards clip by hand)")
+        if rewards.get("range") is None:
+            raise ConfigError(f"{where}.rewards.clip: clips every reward to rewards.range, which is not given; "
+                              "give rewards.range: [low, high]")
     try:
         spec = env_spec(env, rewards)
         for f in ec.get("files", {}).values():

@@ -28,9 +28,10 @@ Figure families (:func:`figure_families`; every file as PDF and PNG), per enviro
   certified_ratio  {Env}_certified_ratio_sigma-{σ} and {Env}_certified_ratio — App. F.1 (fig:cert-ratio)
   global_mean      {Env}_global_mean_sigma-{σ} — Fig. 3 (fig:all-bounds), row J̲_E, PGD dashed
   global_median    {Env}_global_median_sigma-{σ} — Fig. 3, row J̲_p (p = 50 %), PGD dashed
-  adasearch        {Env}_adasearch_sigma-{σ} — Fig. 3, row J̲ (LoRe), PGD dashed
+  adasearch        {Env}_adasearch_sigma-{σ} — Fig. 3, row J̲ (LoRe), PGD dashed; none for an environment
+                   whose runs are all continuous-action agents' (ALGO@action: no LoRe, :func:`has_lore`)
   all_bounds       {Env}_all_bounds: rows J̲_E, J̲_p, J̲ and a column per σ — Fig. 3 (and the CartPole /
-                   highway bound grids of App. F) as one file
+                   highway bound grids of App. F) as one file; without the J̲ row where adasearch has none
   loact_clean      {Clean}_loact_clean, every σ run — Fig. 2 (fig:statewise-clean); with Freeway's large σ
                    in the run it is App. F.2's fig:clean-full
   legend           {Clean}_legend: the environment's algorithms (colour and marker, the same in every
@@ -162,6 +163,15 @@ def needs_frames(env: str) -> bool:
     return env in PERIODIC_ENVS
 
 
+def has_lore(algos) -> bool:
+    """Whether an environment's runs ``algos`` (run folder names, ``ALGO`` or ``ALGO@TARGET``) include one with
+    LoRe and the local attack: not where every one is a continuous-action agent's (``ALGO@action``), whose
+    stages leave them out (:func:`run_stages`); its adasearch figures are then not drawn at all, and
+    all_bounds has no LoRe row.  Without ``algos`` (not known): True."""
+    algos = list(algos)
+    return not algos or any(split_run_algo(a)[1] != ACTION_TARGET for a in algos)
+
+
 def large_sigma_labels(env: str, sigma_labels) -> list[str]:
     """The run's σ labels that belong to the paper's large-σ study of ``env`` (in the paper's order)."""
     large = LARGE_SIGMAS.get(env, ())
@@ -178,7 +188,8 @@ def main_sigma_labels(env: str, sigma_labels) -> list[str]:
 
 def figure_families(env: str, sigma_labels, algos=()) -> dict[str, list[str]]:
     """Figure stems of one environment by family (see the module docstring); ``algos`` names the
-    algorithms run (only the periodic-pattern figure depends on them)."""
+    algorithms run (the periodic-pattern figure depends on them, and adasearch, which an environment whose runs
+    are all continuous-action agents' has none of: :func:`has_lore`)."""
     s = env_spec(env)
     p, c = s.paper_name, s.clean_name
     labs = sorted(sigma_labels, key=float)
@@ -187,7 +198,7 @@ def figure_families(env: str, sigma_labels, algos=()) -> dict[str, list[str]]:
         "certified_ratio": [f"{p}_certified_ratio_sigma-{lab}" for lab in labs] + [f"{p}_certified_ratio"],
         "global_mean": [f"{p}_global_mean_sigma-{lab}" for lab in labs],
         "global_median": [f"{p}_global_median_sigma-{lab}" for lab in labs],
-        "adasearch": [f"{p}_adasearch_sigma-{lab}" for lab in labs],
+        "adasearch": [f"{p}_adasearch_sigma-{lab}" for lab in labs] if has_lore(algos) else [],
         "all_bounds": [f"{p}_all_bounds"],
         "loact_clean": [f"{c}_loact_clean"],
         "legend": [f"{c}_legend"],

@@ -91,11 +91,13 @@ def _radius(lower: np.ndarray, upper: np.ndarray, eps_grid: np.ndarray, toleranc
 @torch.inference_mode()
 def run_loact_continuous(env_id: str, net, sigma: float, m: int, episodes: int, horizon: int, episode_seeds, *,
                          alpha_state: float, tolerance=None, p: float = 0.5, eps_factors=EPS_FACTORS, seed: int = 0,
-                         chunk: int = 10000, profile: str | None = None,
-                         progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+                         chunk: int = 10000, profile: str | None = None, progress: bool | None = None,
+                         reward_clip: tuple[float, float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Roll the percentile-smoothed policy π̃(s) = h_p(s) (per dimension, estimated by the sample percentile
     of m fresh draws) on clean observations and certify every step; episodes in lockstep, one forward of
-    B·m noisy states per step.  Returns (one row per step and action dimension, one row per episode, info)."""
+    B·m noisy states per step.  Returns (one row per step and action dimension, one row per episode, info).
+    With ``reward_clip`` = (low, high) every step's reward is clipped to it before it enters the benign return
+    (and the ``reward`` column), as GRe's returns are (:func:`crop.gre.sample_randomized_returns`)."""
     from crop.envs import make_env, to_obs
     from crop.progress import pbar
 
@@ -128,6 +130,8 @@ def run_loact_continuous(env_id: str, net, sigma: float, m: int, episodes: int, 
             radius = _radius(lower, upper, eps_grid, tol)
             action = smoothed_action(acts[j], p).astype(np.float32)
             o, r, term, trunc, _ = envs[ep].step(action)
+            if reward_clip is not None:
+                r = min(max(float(r), reward_clip[0]), reward_clip[1])
             for k in range(d):
                 row = {cols.EPISODE: ep, cols.STEP: t, "dim": k, "action": float(action[k]),
                        cols.CERTIFIED: bool(radius[k] >= 0), cols.RADIUS: float(max(radius[k], 0.0)),

@@ -129,7 +129,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
               False)),
         {"m": "loact.m", "episodes": "loact.episodes", "horizon": "loact.horizon", "frames_window": "loact.frames",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode",
-         "action_tolerance": "loact.action_tolerance"},
+         "action_tolerance": "loact.action_tolerance", "reward_range": "rewards.range",
+         "clip_rewards": "rewards.clip"},
         v_range=True, replicate=True, mem_mb=1000,
         caption="m = {m} noise samples per state, {episodes} clean episodes of at most {horizon} steps"),
     StageRow(

@@ -193,6 +193,9 @@ def cmd_loact(args) -> None:
     st = StageRun(args)
     if st.target == "action":   # a continuous-action agent: percentile smoothing per action dimension
         return _loact_continuous(st, args)
+    if getattr(args, "clip_rewards", False):
+        raise InputError("--clip-rewards: a discrete-action agent's benign returns are compared with LoRe's bound "
+                         "and the local attack's returns, of the environment's own rewards; leave it out")
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     frames: list = []
     steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
@@ -234,17 +237,19 @@ def _loact_continuous(st: StageRun, args) -> None:
                          "--bound out")
     st.resolved["bound"] = CONTINUOUS_BOUND
     alpha_state = loact_state_alpha(args.alpha, args.alpha_mode, args.horizon)
+    clip = _reward_clip(_spec_with_facts(args), args)
     st.device = "cpu"   # the percentile certificate runs on the CPU (an actor's forward is small)
     steps, episodes, info = run_loact_continuous(
         args.env, st.net, args.sigma, args.m, args.episodes, args.horizon,
         _episode_seeds(args.seed, args.env, args.episodes), alpha_state=alpha_state,
         tolerance=getattr(args, "action_tolerance", None), seed=st.seed, chunk=args.chunk, profile=st.profile,
-        progress=args.progress)
+        progress=args.progress, reward_clip=clip)
     longest = int(episodes["steps"].max())
     per_step = step_ratio(steps)
     st.write({"target": st.target, "certificate": "percentile smoothing per action dimension (Chiang et al. 2020, "
               "Theorem 1)", **info, "alpha_mode": args.alpha_mode, "per_state_alpha": alpha_state,
               "states_certified": int(len(per_step)),
+              **_clip_record(clip),
               "confidence": {"per_state": 1 - alpha_state, "per_episode": episode_confidence(alpha_state, longest),
                              "rule": "union bound: the 2·d·G one-sided bounds of a state (two ends, d dimensions, G "
                                      "grid points) each at per_bound_alpha; an episode of <= "

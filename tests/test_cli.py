@@ -202,3 +202,15 @@ def test_every_cli_number_is_finite(argv, words, capsys, tmp_path, monkeypatch):
     err = capsys.readouterr().err
     assert e.value.code == 2 and words in err, err
     assert not list(tmp_path.iterdir())
+
+
+def test_loact_of_a_discrete_agent_refuses_clipped_rewards_in_one_line(tmp_path, capsys):
+    """A discrete agent's benign returns sit beside LoRe's bound and the local attack's returns, of the
+    environment's own rewards: --clip-rewards is refused before any work, nothing written."""
+    base = _policy(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["loact", *base, "--m", "50", "--episodes", "1", "--horizon", "3", "--reward-range", "0", "1",
+              "--clip-rewards", "--out", str(tmp_path / "a.csv")])
+    err = capsys.readouterr().err.strip()
+    assert "--clip-rewards: a discrete-action agent's benign returns" in err and "\n" not in err
+    assert not (tmp_path / "a.csv").exists()

@@ -590,9 +590,9 @@ def test_actions_stay_within_asymmetric_bounds_at_the_ends_of_tanh():
         assert ((out >= actor.low) & (out <= actor.high)).all(), (low, high)
 
 
-def test_a_workflow_config_that_clips_rewards_is_refused_in_one_line():
-    """The workflow's LoRe, local attack and benign returns never clip: a config clipping GRe's and the global
-    attack's returns alone is refused (the CLI's --clip-rewards stays, for continuous agents certified by hand)."""
+def test_a_workflow_config_clips_rewards_of_a_box_environment_only_and_needs_its_range():
+    """A discrete environment's LoRe and local attack never clip: a config clipping its rewards is refused in
+    one line; a Box environment (no LoRe) may clip, to a declared rewards.range only."""
     from crop.config import ConfigError, validate_config
 
     ec = {"source": "file", "files": {"Mine": {"path": "a.pt"}}, "algorithms": ["Mine"], "sigmas": [0.1],
@@ -600,7 +600,13 @@ def test_a_workflow_config_that_clips_rewards_is_refused_in_one_line():
     validate_config({"environments": {"Acrobot-v1": ec}})
     with pytest.raises(ConfigError) as e:
         validate_config({"environments": {"Acrobot-v1": {**ec, "rewards": {"range": [-1.0, 0.0], "clip": True}}}})
-    assert "environments.Acrobot-v1.rewards.clip: the workflow's LoRe" in str(e.value) and "\n" not in str(e.value)
+    assert "environments.Acrobot-v1.rewards.clip: a discrete-action environment's LoRe" in str(e.value)
+    assert "\n" not in str(e.value)
+    box = {**ec, "rewards": {"range": [-16.3, 0.0], "clip": True}}
+    assert validate_config({"environments": {"Pendulum-v1": box}})["environments"]["Pendulum-v1"]["rewards"]["clip"]
+    with pytest.raises(ConfigError) as e:   # the range it clips to is the config's: none, no clip
+        validate_config({"environments": {"Pendulum-v1": {**ec, "rewards": {"clip": True}}}})
+    assert "environments.Pendulum-v1.rewards.clip: clips every reward to rewards.range" in str(e.value)
 
 
 # ---------------------------------------------------------------------------------------- through the workflow
@@ -609,13 +615,13 @@ CONTINUOUS = DATA.parents[1] / "configs" / "continuous.yaml"
 REPO = DATA.parents[2]
 
 
-def _snakemake(work, *args):
+def _snakemake(work, *args, config=CONTINUOUS):
     import os
     import subprocess
     import sys
 
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
-                           str(work), "--configfile", str(CONTINUOUS), *args], capture_output=True, text=True,
+                           str(work), "--configfile", str(config), *args], capture_output=True, text=True,
                           timeout=1200, env=dict(os.environ, PYTHONPATH=str(REPO)))
 
 
@@ -705,6 +711,7 @@ def test_the_continuous_config_runs_end_to_end_and_its_audit_finishes(tmp_path):
         assert f"{algo} (action)" in (res / f"tables/{env}_benign_return.md").read_text()
         for stem in ("stepwise", "certified_ratio", "all_bounds", "global_median_sigma-0.05"):
             assert (res / "figures" / f"{env}_{stem}.png").is_file()
+        assert not list((res / "figures").glob(f"{env}_adasearch*"))   # no LoRe: no empty figure
         # the report's LoAct numbers are per step (every dimension certified), as certified_ratio.csv counts them
         from crop.percentile import step_ratio
 
@@ -713,16 +720,14 @@ def test_the_continuous_config_runs_end_to_end_and_its_audit_finishes(tmp_path):
         assert table["sigma=0.05"][0] == pytest.approx(step_ratio(steps)["certified"].mean(), abs=1e-9)
 
 
-def test_the_report_reads_a_continuous_run_per_step_and_says_it_has_no_lore():
+def test_the_report_reads_a_continuous_run_per_step_and_draws_no_lore_for_it():
     """LoAct's per-dimension table becomes one row per step (certified when every dimension is, at the
-    smallest radius); LoRe's metrics are absent, not errors; the LoRe panel names the agent and why."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    smallest radius); LoRe's metrics are absent, not errors; an environment whose runs are all continuous
+    agents' has no adasearch figure and no J̲ row in all_bounds, one with a discrete run keeps them."""
     import pandas as pd
 
-    from crop.report.figures import _panel_adasearch
+    from crop.layout import figure_families, has_lore
+    from crop.report.captions import caption_settings
     from crop.report.metrics import _per_step, metric_value
 
     dims = pd.DataFrame({"episode": [0, 0, 0, 0], "step": [0, 0, 1, 1], "dim": [0, 1, 0, 1],
@@ -732,8 +737,146 @@ def test_the_report_reads_a_continuous_run_per_step_and_says_it_has_no_lore():
     assert run["loact"]["certified"].tolist() == [True, False] and run["loact"]["radius"].tolist() == [0.1, 0.0]
     assert metric_value(run, "certified_fraction") == 0.5 and metric_value(run, "mean_radius") == 0.05
     assert metric_value(run, "lore_bound", 0.0) is None and metric_value(run, "pgd_local_return", 0.0) is None
-    fig, ax = plt.subplots()
-    _panel_adasearch(ax, {"MySAC@action": run}, 0.05)
-    notes = [t.get_text() for t in ax.texts if t.get_gid() == "lore-continuous"]
-    plt.close(fig)
-    assert len(notes) == 1 and "no LoRe" in notes[0] and "MySAC (action)" in notes[0]
+    assert not has_lore(["MySAC@action", "MyTD3@action"]) and has_lore(["StdTrain", "StdTrain@vote"])
+    assert has_lore([])   # algorithms not known: the full list
+    assert figure_families("Pendulum-v1", ["0.05", "0.1"], ["MySAC@action"])["adasearch"] == []
+    assert figure_families("CartPole-v0", ["0.05"], ["StdTrain@vote"])["adasearch"] == ["CartPole_adasearch_sigma-0.05"]
+    import yaml
+
+    from crop.config import validate_config
+
+    settings = caption_settings(validate_config(yaml.safe_load(CONTINUOUS.read_text())))
+    assert all("no adasearch figure" in s["no_lore"] for s in settings.values())
+
+
+# ---------------------------------------------------------------------- MuJoCo through the workflow, clipped
+
+MUJOCO = DATA.parents[1] / "configs" / "mujoco.yaml"
+
+
+def _need_mujoco():
+    """MuJoCo's environments come with the optional `mujoco` extra (.ci/run installs it)."""
+    try:
+        import mujoco  # noqa: F401
+    except ImportError:
+        pytest.skip("mujoco is not importable: pip install -e '.[mujoco]' for the MuJoCo tests")
+
+
+def test_the_mujoco_fixture_acts_as_sb3_predicts_and_its_config_clips_every_return_stage():
+    """sac_hopper.zip (make_agents.py) imports with SB3's own deterministic actions and critic values; the
+    MuJoCo config is a Box environment whose rewards are clipped to its declared range, and the clip reaches
+    every stage that reports a return (LoAct's benign returns, GRe, the global attack)."""
+    _need_mujoco()
+    from crop.config import load_config, run_targets
+    from crop.stage_table import stage_settings
+
+    ref = np.load(DATA / "reference.npz")
+    net, _ = check_policy_file(DATA / "sac_hopper.zip", "mlp", "auto", None, "Hopper-v5", "vector")
+    obs = torch.as_tensor(ref["sac_hopper_obs"])
+    with torch.no_grad():
+        np.testing.assert_allclose(net(obs).numpy(), ref["sac_hopper_action"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(net.q(obs, net.raw(obs)).numpy(), ref["sac_hopper_q"], rtol=0, atol=1e-4)
+    assert (DATA / "sac_hopper.zip").stat().st_size < 1_000_000
+    cfg = load_config(MUJOCO)
+    assert run_targets(cfg) == [("Hopper-v5", "MySAC", "0.05", "action")]
+    for command in ("loact", "gre", "attack-global"):
+        s = stage_settings(cfg, "Hopper-v5", command)
+        assert s["clip_rewards"] is True and s["reward_range"] == [-1.0, 3.0], command
+
+
+def test_the_mujoco_config_plans_the_actor_stages(tmp_path):
+    _need_mujoco()
+    import shutil
+
+    shutil.copy(DATA / "sac_hopper.zip", tmp_path / "sac_hopper.zip")
+    p = _snakemake(tmp_path, "-n", "--quiet", "rules", config=MUJOCO)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    counts = {w[0]: int(w[1]) for w in map(str.split, p.stdout.splitlines()) if len(w) == 2 and w[1].isdigit()}
+    assert {k: v for k, v in counts.items() if k != "total"} == {
+        "checkpoint": 1, "loact": 1, "gre": 1, "attack_global": 1, "aggregate": 1, "audit": 1, "all": 1}, counts
+
+
+def test_a_gre_bound_and_attacked_returns_of_different_rewards_are_untestable_not_compared():
+    """Attacked returns far below GRe's bounds would be a violation of the same rewards; of different rewards
+    (GRe clipped, the attack not) they say nothing of the certificate: p = 1, untestable, with why."""
+    import pandas as pd
+
+    from crop.report.audit import classify
+    from crop.report.checks import _same_rewards, check_gre_vs_global_attack
+
+    gre = pd.DataFrame({"eps": [0.0], "p": [0.5], "expectation_bound": [8.0], "percentile_bound": [9.0],
+                        "percentile_certified": [True], "j_min": [-10.0], "j_max": [30.0]})
+    attack = pd.DataFrame({"eps": [0.0] * 400, "return": [-10.0] * 400})
+    key = {"env": "Hopper-v5", "algo": "MySAC@action", "sigma": 0.05, "attack_seed": 1}
+    same = [{**key, **r} for r in _same_rewards(check_gre_vs_global_attack(gre, attack),
+                                                 {"gre": (-1.0, 3.0), "attack_global": (-1.0, 3.0)})]
+    assert {r["status"] for r in classify(same, 0.05)[0]} == {"violation"}
+    mixed = [{**key, **r} for r in _same_rewards(check_gre_vs_global_attack(gre, attack),
+                                                  {"gre": (-1.0, 3.0), "attack_global": None})]
+    rows = classify(mixed, 0.05)[0]
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"untestable"}
+    assert all("different rewards" in r["reason"] and "rewards clipped to [-1, 3]" in r["reason"] for r in rows)
+
+
+def test_figures_and_tables_of_a_run_refuse_returns_of_different_rewards(tmp_path):
+    """A run whose stages clipped differently: the figures and tables (strict) refuse it in one line."""
+    from crop.io import write_json
+    from crop.report.integrity import IntegrityError
+    from crop.report.metrics import _one_clip
+
+    write_json(tmp_path / meta_name(RUN_FILES["gre"]), {"reward_clip": [-1.0, 3.0]})
+    write_json(tmp_path / meta_name(RUN_FILES["loact"]), {})
+    assert _one_clip(tmp_path, strict=False) == (-1.0, 3.0)
+    with pytest.raises(IntegrityError) as e:
+        _one_clip(tmp_path, strict=True)
+    assert "returns are of different rewards" in str(e.value) and "loact: unclipped" in str(e.value)
+    write_json(tmp_path / meta_name(RUN_FILES["loact"]), {"reward_clip": [-1.0, 3.0]})
+    assert _one_clip(tmp_path, strict=True) == (-1.0, 3.0)
+
+
+@pytest.mark.slow
+def test_a_mujoco_agent_runs_the_workflow_and_every_return_is_clipped_and_said_so(tmp_path):
+    """Hopper-v5's unbounded rewards clipped to [−1, 3]: LoAct's benign returns, GRe's randomized returns and
+    the global attack's all lie in the clipped range's returns and record the clip; the figures' return axes,
+    the tables' captions and audit.md say the certificates are for the clipped return."""
+    _need_mujoco()
+    import shutil
+
+    import pandas as pd
+
+    from crop.report.figures import iter_env_figures
+    from crop.report.metrics import load_runs
+
+    shutil.copy(DATA / "sac_hopper.zip", tmp_path / "sac_hopper.zip")
+    p = _snakemake(tmp_path, "--cores", "2", config=MUJOCO)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    res, run = tmp_path / "results-mujoco", "Hopper-v5/MySAC@action/sigma-0.05"
+    for key in ("loact", "gre", "attack_global"):
+        meta = json.loads((res / run / meta_name(RUN_FILES[key])).read_text())
+        assert meta["reward_clip"] == [-1.0, 3.0] and "clipped" in meta["reward_clip_note"], key
+    episodes = pd.read_csv(res / run / RUN_FILES["loact_episodes"])
+    steps = pd.read_csv(res / run / RUN_FILES["loact"])
+    assert steps["reward"].between(-1.0, 3.0).all() and steps["dim"].nunique() == 3
+    assert (episodes["return"] <= 3.0 * episodes["steps"] + 1e-9).all()
+    assert pd.read_csv(res / run / RUN_FILES["gre_returns"])["return"].between(-10.0, 30.0).all()
+    assert pd.read_csv(res / run / RUN_FILES["attack_global"])["return"].between(-10.0, 30.0).all()
+    audit = json.loads((res / "audit/audit.json").read_text())
+    assert audit["violations"] == 0 and audit["integrity_problems"] == 0
+    assert audit["clipped_runs"] == {run: {k: [-1.0, 3.0] for k in ("attack_global", "gre", "loact")}}
+    md = (res / "audit/audit.md").read_text()
+    assert f"Runs with clipped rewards: `{run}` (rewards clipped to [-1, 3]" in md
+    assert "certificates (GRe's bounds) are for the return of the clipped rewards" in md
+    for table in ("benign_return", "reward_bounds", "tightness"):
+        assert "rewards clipped to [-1, 3]" in (res / f"tables/Hopper-v5_{table}.md").read_text(), table
+    labels = {}
+    for stem, fig in iter_env_figures("Hopper-v5", load_runs(res, [run])):
+        labels[stem] = [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel()]
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    for stem in ("Hopper-v5_global_mean_sigma-0.05", "Hopper-v5_global_median_sigma-0.05", "Hopper-v5_loact_clean"):
+        assert labels[stem] and all("(rewards clipped to [-1, 3])" in y for y in labels[stem]), stem
+    assert all("clipped" not in y for y in labels["Hopper-v5_stepwise_sigma-0.05"])
+    # no LoRe for a continuous agent: no adasearch figure, all_bounds has the two GRe rows only
+    assert not [s for s in labels if "adasearch" in s] and len(labels["Hopper-v5_all_bounds"]) == 2
+    assert all("(rewards clipped to [-1, 3])" in y for y in labels["Hopper-v5_all_bounds"])

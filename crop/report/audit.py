@@ -77,7 +77,7 @@ from crop.layout import REPLICATE_PREFIX, replicate_of, run_files, run_target
 from crop.report.checks import lore_alpha_exhausted, run_checks, untestable_reason
 from crop.report.integrity import check_integrity, stages_present
 from crop.report.markdown import pipe_table
-from crop.report.metrics import load_runs, namespaced_env, parse_run
+from crop.report.metrics import clip_text, load_runs, namespaced_env, parse_run, reward_clips
 
 __all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone_holm", "pooled_tests", "unit_level",
            "poisson_binomial_sf", "verdict_of", "exit_status", "verdict_line", "plain_verdict", "STATUSES",
@@ -138,6 +138,7 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
 
         rerun_block = rerun_jobs(results, runs, rerun[0], rerun[1], rerun[2])
     items, provs, integrity, warnings, sound_runs = [], [], [], [], []
+    clipped: dict = {}   # run → {stage: [low, high]}: the stages whose returns are of clipped rewards
     incomplete, partial = [], []
     for run in runs:
         full, absent, half = stages_present(results / run)
@@ -161,6 +162,9 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
         warnings += prov_warnings
         items += run_checks(results, run, full)
         sound_runs.append(run)
+        clips = {k: v for k, v in reward_clips(results / run).items() if v is not None}
+        if clips:
+            clipped[run] = {k: list(v) for k, v in clips.items()}
     if config_hash is None:
         warnings.append("no config hash given (standalone audit): the config the results came from is not "
                         "identified; pass --config or --config-hash")
@@ -192,7 +196,7 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
               "empirical_below": sum(bool(i.get("empirical_below")) for i in items),
               "integrity_problems": len(integrity), "integrity": integrity, "incomplete_runs": incomplete,
               "partial_runs": partial, "violation_list": violations, "checks": items, "provenance": provs,
-              "warnings": warnings, "mismatches": mismatches,
+              "warnings": warnings, "mismatches": mismatches, "clipped_runs": clipped,
               "reference_missing": ref_block["counts"]["missing"] if ref_block else 0,
               "reference": ref_block, "reproduction_report": None}
     if ref_block is not None:
@@ -481,6 +485,7 @@ def _md_summary(rep: dict) -> list[str]:
              f"Results folder: `{rep['results']}`; runs audited: {len(rep['runs'])}"
              + (f" ({len(rep['partial_runs'])} partial)" if rep["partial_runs"] else "")
              + f"; config hash: `{rep['config_hash'] or 'not given'}`.", "",
+             *_md_clipped(rep),
              "| | |", "|---|---|",
              f"| soundness checks | {rep['checked']} |",
              f"| violations (statistically incompatible with sound certificates at α = {rep['alpha']} over the "
@@ -499,6 +504,19 @@ def _md_summary(rep: dict) -> list[str]:
         lines += [f"| reference values: agree / differ / not in the run / not in the reference | {c['match']} / "
                   f"{c['differs']} / {c['missing']} / {ref['not_in_reference']} |"]
     return lines
+
+
+def _md_clipped(rep: dict) -> list[str]:
+    """The runs whose rewards were clipped (rewards.clip), in a sentence: their certificates are for the return
+    of the clipped rewards, not the environment's own; nothing where no run clipped."""
+    clipped = rep.get("clipped_runs") or {}
+    if not clipped:
+        return []
+    runs = "; ".join(f"`{run}` ({clip_text(sorted({tuple(c) for c in stages.values()}))}: "
+                     f"{', '.join(sorted(stages))})" for run, stages in sorted(clipped.items()))
+    return [f"Runs with clipped rewards: {runs}. Their certificates (GRe's bounds) are for the return of the "
+            "clipped rewards, not the environment's own, and their benign and attacked returns are of the same "
+            "clipped rewards; a bound and a return of different rewards are not compared (untestable).", ""]
 
 
 def _md_soundness(rep: dict) -> list[str]:

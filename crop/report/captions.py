@@ -3,6 +3,7 @@ the protocol that drew it."""
 from __future__ import annotations
 
 from crop.config import sigma_label
+from crop.names import ACTION_TARGET
 from crop.stage_table import caption, stage_settings
 
 __all__ = ["caption_settings", "audit_settings", "Words"]
@@ -38,12 +39,19 @@ def caption_settings(cfg: dict) -> Words:
 
     out = {}
     for env, ec in cfg["environments"].items():
+        rewards = ec.get("rewards") or {}
+        # rewards.clip: the returns GRe bounds, the global attack and LoAct's benign episodes report are clipped
+        clip = (f"; return (rewards clipped to [{rewards['range'][0]:g}, {rewards['range'][1]:g}])"
+                if rewards.get("clip") else "")
         out[env] = {
             "algorithms": ", ".join(ec["algorithms"]),
             "sigmas": ", ".join(sigma_label(x) for x in ec["sigmas"]),
-            **{name: quoted(env, name) for name in ("loact", "gre", "lore")},
-            "attack": f"{quoted(env, 'attack-global')}; {quoted(env, 'attack-local')}",
+            **{name: quoted(env, name) + (clip if name != "lore" else "") for name in ("loact", "gre", "lore")},
+            "attack": f"{quoted(env, 'attack-global')}{clip}; {quoted(env, 'attack-local')}",
         }
+        if ec.get("target") == ACTION_TARGET:   # crop.layout.has_lore: no adasearch figures, no J̲ row
+            out[env]["no_lore"] = ("continuous actions (a Box): no LoRe or local attack, whose tree branches over a "
+                                   "finite set of actions, so no adasearch figure and no J̲ row")
     text = "; ".join(f"{env}: {v['algorithms']} at σ ∈ {{{v['sigmas']}}}; LoAct {v['loact']}; GRe {v['gre']}; "
                      f"LoRe {v['lore']}; attacks {v['attack']}" for env, v in out.items())
     return Words(out, text)

@@ -50,7 +50,7 @@ from crop import columns as cols
 from crop.envs import env_spec
 from crop.io import meta_path, read_json
 from crop.layout import RUN_FILES, base_run, checkpoint_record, replicate_of, split_run_algo
-from crop.report.metrics import lore_valid_until, parse_run, read_lore_meta
+from crop.report.metrics import clip_text, lore_valid_until, parse_run, read_lore_meta, reward_clips
 from crop.stats import Phi, Phi_inv, normalise
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
@@ -618,7 +618,7 @@ def run_checks(results: Path, run: str, stages: list[str]) -> list[dict]:
     rows = []
     if gre is not None:
         if attack_global is not None:
-            rows += check_gre_vs_global_attack(gre, attack_global)
+            rows += _same_rewards(check_gre_vs_global_attack(gre, attack_global), reward_clips(d))
         for p, g in gre.groupby(cols.P):
             rows += check_monotone(f"gre_percentile_p{p:g}_monotone", g[cols.EPS],
                                    g[cols.PERCENTILE_BOUND].astype(float))
@@ -654,6 +654,19 @@ def _network_actions(results: Path, run: str) -> int | None:
         return None
 
 
+def _same_rewards(rows: list[dict], clips: dict) -> list[dict]:
+    """GRe's rows as they are where GRe and the global attack ran on the same rewards (both the environment's
+    own, or both clipped to one range); otherwise untestable: a bound on the clipped return says nothing of an
+    unclipped one (nor the reverse), so neither a shortfall nor its absence is evidence (p = 1, with why)."""
+    gre, attack = clips.get("gre"), clips.get("attack_global")
+    if gre == attack:
+        return rows
+    own = "the environment's own rewards"
+    note = (f"GRe's bound is of {clip_text([gre]) or own}, the global attack's returns of "
+            f"{clip_text([attack]) or own}: returns of different rewards")
+    return [{**r, "p_value": 1.0, "min_p": 1.0, "empirical_below": False, "reward_mismatch": note} for r in rows]
+
+
 def _stage_seed(d: Path, key: str):
     """The seed a stage's file records (its meta file), or None."""
     f = meta_path(d / RUN_FILES[key])
@@ -664,6 +677,8 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
     """(why a check cannot reach significance in a family of k, what would make it testable)."""
     level = alpha / max(k, 1)
     c = item["check"]
+    if item.get("reward_mismatch"):
+        return item["reward_mismatch"], "rerun GRe and the global attack with one rewards.clip"
     if c == "lore_vs_pgd_local" and lore_alpha_exhausted(item.get("alpha_spent", 0.0)):
         return (f"LoRe's tree spent α = {item['alpha_spent']:.3g} ≥ 1: its bound has no joint meaning",
                 "alpha_mode: family (the whole tree at α)")

@@ -24,7 +24,7 @@ from crop.envs import env_spec  # noqa: E402
 from crop.io import atomic_write_bytes  # noqa: E402
 from crop.layout import FIGURE_FORMATS, figure_families, large_sigma_labels, main_sigma_labels  # noqa: E402
 from crop.report.intervals import run_interval  # noqa: E402
-from crop.report.metrics import lore_valid_until, per_step_mean_radius  # noqa: E402
+from crop.report.metrics import clip_text, lore_valid_until, per_step_mean_radius  # noqa: E402
 from crop.report.style import (  # noqa: E402
     ATTACK_Z,
     BOUND_Z,
@@ -234,16 +234,8 @@ def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
 
 
 def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
-    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed).  A
-    continuous-action agent's run has neither (crop.layout.run_stages): the panel says so instead."""
-    actors = [algo_label(a) for a, d in runs.items() if "lore" not in d]
-    if actors:
-        note = "no LoRe or local attack:\ncontinuous actions are\nno finite set\n(" + ", ".join(actors) + ")"
-        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=6, color="0.3",
-                gid="lore-continuous")
-        runs = {a: d for a, d in runs.items() if "lore" in d}
-        if not runs:
-            return
+    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed).  Never
+    drawn for continuous-action agents, which have neither (crop.layout.has_lore)."""
     xmax = 0.0
     for d in runs.values():
         xmax = max(xmax, float(d["attack_local"][cols.EPS].max()), float(d["lore"][cols.EPS].max()))
@@ -279,6 +271,15 @@ _PANELS = {
     "adasearch": (_panel_adasearch, LABELS["eps"], LABELS["J"]),
 }
 _STYLE_KEY = {"global_mean", "global_median", "adasearch"}
+#: The panels whose returns a run's reward clip applies to (GRe, the global attack; LoRe's never clip).
+_CLIPPED = {"global_mean", "global_median"}
+
+
+def _clip_label(label: str, runs) -> str:
+    """``label`` with "(rewards clipped to [a, b])" under it where a run among ``runs`` (dicts of
+    :func:`crop.report.metrics.load_runs`) clipped its rewards: its returns and bounds are of those."""
+    text = clip_text(d.get("reward_clip") for d in runs)
+    return f"{label}\n({text})" if text else label
 
 
 def _runs_at(data: dict, env: str, lab: str, algos) -> dict:
@@ -287,6 +288,8 @@ def _runs_at(data: dict, env: str, lab: str, algos) -> dict:
 
 def _single_panel_figure(kind: str, env: str, lab: str, runs: dict):
     draw, xlabel, ylabel = _PANELS[kind]
+    if kind in _CLIPPED:
+        ylabel = _clip_label(ylabel, runs.values())
     fig, ax = _single(f"{env_spec(env).paper_name}, σ={lab}", xlabel, ylabel)
     draw(ax, runs, float(lab))
     axes_legend(ax, algo_handles(runs) + (style_handles() if kind in _STYLE_KEY else []))
@@ -298,6 +301,8 @@ def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
     fig, axes = _grid(len(rows), len(labels))
     for i, kind in enumerate(rows):
         draw, xlabel, ylabel = _PANELS[kind]
+        if kind in _CLIPPED:
+            ylabel = _clip_label(ylabel, [d for lab in labels for d in _runs_at(data, env, lab, algos).values()])
         for j, lab in enumerate(labels):
             ax = axes[i][j]
             draw(ax, _runs_at(data, env, lab, algos), float(lab))
@@ -332,7 +337,8 @@ def _thin_tick_labels(ax) -> None:
 
 def _clean_figure(env: str, data: dict, algos, labels):
     fig, ax = _single(f"{env_spec(env).paper_name}: benign return of the smoothed policy", LABELS["sigma"],
-                      LABELS["return"])
+                      _clip_label(LABELS["return"], [d for lab in labels
+                                                     for d in _runs_at(data, env, lab, algos).values()]))
     lo, hi = np.inf, -np.inf
     clipped = set()   # the [J_min, J_max] a bar was clipped to (crop.report.intervals), said in the figure
     for i, a in enumerate(algos):
@@ -424,15 +430,17 @@ def iter_env_figures(env: str, data: dict):
     fam = figure_families(env, labels, algos)
     main = main_sigma_labels(env, labels)
     spec = env_spec(env)
+    lore = bool(fam["adasearch"])   # none where every run is a continuous-action agent's (no LoRe)
     for kind in ("stepwise", "certified_ratio", "global_mean", "global_median", "adasearch"):
-        for lab in labels:
+        for lab in labels if fam[kind] else []:
             stem = f"{spec.paper_name}_{kind}_sigma-{lab}"
             assert stem in fam[kind], stem
             yield stem, _single_panel_figure(kind, env, lab, _runs_at(data, env, lab, algos))
     yield f"{spec.paper_name}_stepwise", _grid_figure(env, data, algos, ["stepwise"], main)
     yield f"{spec.paper_name}_certified_ratio", _grid_figure(env, data, algos, ["certified_ratio"], main)
-    yield fam["all_bounds"][0], _grid_figure(env, data, algos, ["global_mean", "global_median", "adasearch"],
-                                             main, row_names=["(Global)", "(Global)", "(Local)"])
+    yield fam["all_bounds"][0], _grid_figure(env, data, algos,
+                                             ["global_mean", "global_median", *(["adasearch"] if lore else [])],
+                                             main, row_names=["(Global)", "(Global)", *(["(Local)"] if lore else [])])
     yield fam["loact_clean"][0], _clean_figure(env, data, algos, labels)
     yield fam["legend"][0], legend_figure(algos, title=spec.paper_name)
     if fam["large_sigma"]:

@@ -56,7 +56,8 @@ from crop.layout import (
 from crop.lore import lore_bound_at
 from crop.report.intervals import benign_return_range
 
-__all__ = ["load_runs", "read_lore_meta", "REPLICATE_TABLES", "parse_run", "METRICS", "EPS_METRICS", "metric_value",
+__all__ = ["load_runs", "read_lore_meta", "reward_clips", "clip_text", "RETURN_STAGES",
+           "REPLICATE_TABLES", "parse_run", "METRICS", "EPS_METRICS", "metric_value",
            "is_metric", "metric_has_eps", "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
 
 # The two averaging conventions of a mean certified radius: key -> what a reader is told.
@@ -112,6 +113,43 @@ def read_lore_meta(run_dir: Path) -> dict:
     """LoRe's meta file in a run folder (its settings and ``search`` record); {} when there is none."""
     meta = meta_path(Path(run_dir) / RUN_FILES["lore"])
     return read_json(meta) if meta.is_file() else {}
+
+
+#: The stages whose outputs are returns: their metadata record the reward clip they ran with (``reward_clip``,
+#: crop.stages._clip_record), absent where the rewards are the environment's own.
+RETURN_STAGES = ("loact", "gre", "attack_global")
+
+
+def reward_clips(run_dir: Path) -> dict[str, tuple[float, float] | None]:
+    """``{stage: (low, high) or None}``: the per-step reward clip each of :data:`RETURN_STAGES` that the run
+    folder holds ran with (None: the environment's own rewards)."""
+    out = {}
+    for key in RETURN_STAGES:
+        meta = meta_path(Path(run_dir) / RUN_FILES[key])
+        if meta.is_file():
+            clip = read_json(meta).get("reward_clip")
+            out[key] = None if clip is None else (float(clip[0]), float(clip[1]))
+    return out
+
+
+def clip_text(clips) -> str:
+    """"rewards clipped to [a, b]" for the clip ranges ``clips`` (several joined by "or"); "" for none."""
+    ranges = sorted({tuple(c) for c in clips if c})
+    return ("rewards clipped to " + " or ".join(f"[{a:g}, {b:g}]" for a, b in ranges)) if ranges else ""
+
+
+def _one_clip(run_dir: Path, strict: bool) -> tuple[float, float] | None:
+    """The reward clip all the run's return stages share; with ``strict`` (figures, tables) a run whose stages
+    differ is refused: its bounds and returns are of different rewards and no figure may set them side by side
+    (the audit, not strict, reports the comparisons untestable instead)."""
+    clips = reward_clips(run_dir)
+    if strict and len(set(clips.values())) > 1:
+        from crop.report.integrity import IntegrityError
+
+        raise IntegrityError(f"{run_dir}: its returns are of different rewards ("
+                             + ", ".join(f"{k}: {clip_text([c]) or 'unclipped'}" for k, c in clips.items())
+                             + "); rerun its stages with one rewards.clip")
+    return next((c for c in clips.values() if c is not None), None)
 
 
 #: The files of a replicate folder ``ENV/ALGO/sigma-S/rep-K`` that the report reads.
@@ -173,6 +211,7 @@ def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
         if run_target(run) == ACTION_TARGET:
             _per_step(data)
         data["lore_meta"] = read_lore_meta(d)
+        data["reward_clip"] = _one_clip(d, strict=not partial)
         data["frames_path"] = d / FRAMES_FILE
         gre_meta = meta_path(d / RUN_FILES["gre"])   # the reward facts GRe was given (an environment's own)
         data["gre_settings"] = (read_json(gre_meta).get("settings") or {}) if gre_meta.is_file() else {}

@@ -28,7 +28,7 @@ from crop.io import atomic_write_text
 from crop.layout import ACTION_TARGET, TABLES, series_label, split_run_algo, table_files
 from crop.report.intervals import INTERVAL_METRICS, METHOD_EPISODES, METHOD_REPLICATES, run_interval
 from crop.report.markdown import pipe_table
-from crop.report.metrics import CONVENTIONS, metric_value
+from crop.report.metrics import CONVENTIONS, clip_text, metric_value
 from crop.report.style import algo_label, series_key, series_order
 
 __all__ = ["env_tables", "write_env_tables", "latex_table", "markdown_table", "TIGHTNESS_COLUMNS",
@@ -262,6 +262,10 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
            "per action dimension (Chiang et al. 2020, Theorem 1), a step counted certified when every dimension "
            "stays within its tolerance, at the smallest radius over the dimensions (as its certified_ratio.csv)"
            if actors else "")
+    # Runs whose rewards were clipped (rewards.clip): their returns and bounds are of the clipped rewards.
+    clipped = clip_text(d.get("reward_clip") for (e, _, _), d in data.items() if e == env)
+    clip = (f"; every return and bound is a return ({clipped}: rewards.clip), not the environment's own"
+            if clipped else "")
     out = {
         "mean_radius": (_pivot_interval(df, "mean_radius", reps > 1),
                         f"{p}: mean certified radius of LoAct (Theorem 1) over all steps, {conv0} (this project's "
@@ -275,7 +279,7 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
         "benign_return": (_pivot_interval(df, "benign_return", reps > 1),
                           f"{p}: mean benign return of the smoothed policy over LoAct's clean episodes{ci}; "
                           "an interval is clipped to [J_min, J_max], the least and the most return possible over "
-                          "LoAct's episodes (where the reward range is known), which only adds coverage"),
+                          "LoAct's episodes (where the reward range is known), which only adds coverage" + clip),
         "reward_bounds": (bounds, f"{p}: certified reward bounds J̲ᴇ (Theorem 2), J̲ₚ (p = 50 %, Theorem 3), "
                                   "J̲ (LoRe, Theorem 4) and the PGD returns at ε = f·σ; empty: not computed at "
                                   "that ε; †: vacuous, J̲ᴇ fell below the trivial bound J_min (the least return "
@@ -285,9 +289,9 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                                      "so J̲ is ≤ the full search's (rows not marked: the full search's J̲)"
                                      if truncated else "")
                                   + ("; no J̲ or local PGD for a continuous-action agent (LoRe's tree branches "
-                                     "over a finite set of actions)" if actors else "")),
+                                     "over a finite set of actions)" if actors else "") + clip),
         "tightness": (tight, f"{p}: PGD return minus certified bound (≥ 0 when the bound holds, small when it is "
-                             "tight); empty: no attack or no bound at that ε"),
+                             "tight); empty: no attack or no bound at that ε" + clip),
     }
     assert tuple(out) == TABLES
     return out
