@@ -214,7 +214,7 @@ def _lore_node_s(env: str, net, k: int, smooth_sample_s: float, device: str) -> 
 
 def _start_s() -> float:
     """A stage job's fixed cost: a fresh interpreter importing what ``crop loact`` imports."""
-    code = "import crop.cli, crop.stages, crop.smoothing, crop.loact, crop.envs, pandas"
+    code = "import crop.cli, crop.handlers, crop.smoothing, crop.loact, crop.envs, pandas"
 
     def run():
         subprocess.run([sys.executable, "-c", code], check=True)

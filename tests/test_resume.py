@@ -471,7 +471,7 @@ def test_a_small_file_cannot_take_more_memory_than_its_size(tmp_path, capsys):
 def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkeypatch):
     """The stage deletes the resume file only once lore.csv and its meta are written: a failure (or a kill)
     between the end of the search and the outputs leaves it for the rerun, which resumes and then removes it."""
-    import crop.stages
+    import crop.handlers
     from crop.cli import main
     from crop.io import OutputError
 
@@ -485,7 +485,7 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
         raise OutputError(28, f"cannot write {d / RUN_FILES['lore']}: No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(crop.stages.StageRun, "write", full_disk)
+        m.setattr(crop.handlers.StageRun, "write", full_disk)
         with pytest.raises(SystemExit):
             main(argv)
     assert resume.exists() and not (d / RUN_FILES["lore"]).exists()

@@ -1,4 +1,5 @@
-"""The workflow's stages after the checkpoint, one function per `crop` subcommand.
+"""The handlers of the ``crop`` subcommands after the checkpoint: one ``cmd_*`` function per subcommand (the
+per-run stages of :data:`crop.stage_table.STAGES`, and aggregate and audit), called with the parsed arguments.
 
 Certification and attacks run the same sequence (:class:`StageRun`): verify and load the checkpoint and the V
 range, build the smoothed Q-values with the stage's own noise stream, run one certifier or attack, then write
