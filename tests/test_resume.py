@@ -42,9 +42,10 @@ class DyingSmoother(SmoothedQ):
 
 
 def _smoothed(net_kw, sm_args, lives=None, **settings):
-    """The smoother of a case (``sm_args``: σ, m, v_min, v_max, α, |A|); one that dies after ``lives`` calls."""
+    """The smoother of a case (``sm_args``: σ, m, v_min, v_max, α, |A|; ``settings`` override any field of its
+    :class:`SmoothingSettings`); one that dies after ``lives`` calls."""
     *head, n_actions = sm_args
-    made = SmoothingSettings(*head, **settings)
+    made = SmoothingSettings(**{**dict(zip(("sigma", "m", "v_min", "v_max", "alpha"), head)), **settings})
     if lives is None:
         return SmoothedQ(random_mlp(**net_kw), made, n_actions)
     return DyingSmoother(random_mlp(**net_kw), made, n_actions, lives=lives)
@@ -529,6 +530,17 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
     wide = LoReSettings(base.problem, Wider(**{f.name: getattr(base.search, f.name) for f in fields(Search)}))
     assert wide.key()["search"]["new_option"] == 0 and wide.key() != base.key()
     assert replace(wide, search=replace(wide.search, new_option=1)).key() != wide.key()
+    # so is every field of the smoother's settings (crop.smoothing.SmoothingSettings)
+    sm_other = {"sigma": 0.2, "m": 123, "v_min": -5.0, "v_max": 5.0, "alpha": 0.01, "bound": "betting",
+                "target": "vote", "chunk": 7, "seed": 3, "device": None}
+    assert set(sm_other) == {f.name for f in fields(SmoothingSettings)}, "a new setting needs a changed value here"
+    for name, value in sm_other.items():
+        if name == "device":   # no second device here: the key holds the device as the smoother resolved it
+            assert dying.key()["smoothing"]["device"] == "cpu"
+            continue
+        changed = {name: value, **({"v_min": 0.0, "v_max": 1.0} if name == "target" else {})}
+        search = LoRe(base, _smoothed(net_kw, sm_args, **{"seed": 2, **changed}))
+        assert search.key() != dying.key() and search.load(resume, None) is False, name
     again = LoRe(base, _smoothed(net_kw, sm_args, seed=2))
     assert again.certify(resume_file=resume, checkpoint_every=1e9, progress=False)[1]["resumed"] is True
 
