@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from crop.models import build_q_network  # noqa: E402
-from crop.smoothing import SmoothedQ  # noqa: E402
+from crop.smoothing import SmoothedQ, SmoothingSettings  # noqa: E402
 
 
 def _sync():
@@ -62,7 +62,7 @@ def timeit(fns: dict, reps: int) -> dict:
 def measure(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, chunk: int, reps: int):
     net = build_q_network(spec).eval()
     x = np.random.default_rng(0).random(obs_shape, dtype=np.float32)
-    sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, chunk=chunk, seed=0)
+    sm = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, chunk=chunk, seed=0), n_actions)
     g = torch.Generator().manual_seed(1)
     xt = torch.as_tensor(x)
     chunks = [torch.randn((min(chunk, m - s), *obs_shape), generator=g) * 0.1 + xt for s in range(0, m, chunk)]
@@ -100,7 +100,7 @@ def sequential_speedup(name: str, spec: dict, obs_shape: tuple, n_actions: int, 
             q = net(x + 0.1 * torch.randn((1, *obs_shape), generator=g, device=device))
             q.clamp(-10, 10)
 
-    sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, chunk=chunk, seed=0, device=device)
+    sm = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, chunk=chunk, seed=0, device=device), n_actions)
     xn = x.cpu().numpy()
     t = timeit({"seq": sequential, "step": lambda: sm.estimate(xn)}, 9)   # medians of 9: a shared machine drifts
     seq = t["seq"] * m / probe
@@ -112,11 +112,11 @@ def sequential_speedup(name: str, spec: dict, obs_shape: tuple, n_actions: int, 
 def gre_lockstep(name: str, env_id: str, spec: dict, m: int, horizon: int, single: int):
     """GRe's m trajectories in lockstep (one batched forward per step) vs one trajectory at a time."""
     from crop.envs import make_env, to_obs
-    from crop.gre import sample_randomized_returns
+    from crop.gre import GReSettings, sample_randomized_returns
 
     net = build_q_network(spec).eval()
     t0 = time.perf_counter()
-    sample_randomized_returns(env_id, net, 0.1, m, horizon, 1.0, seed=0, env_seed=0, progress=False)
+    sample_randomized_returns(env_id, net, GReSettings(0.1, m, horizon, 1.0, seed=0, env_seed=0), progress=False)
     t_lock = time.perf_counter() - t0
     g = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
@@ -141,7 +141,7 @@ def lore_rate(name: str, env_id: str, spec: dict, profile, m: int, horizon: int,
     from crop.lore import run_lore
 
     net = build_q_network(spec).eval()
-    sm = SmoothedQ(net, sigma, m, -1.0, 1.0, 0.05, spec["out"], seed=0, chunk=min(m, 1000))
+    sm = SmoothedQ(net, SmoothingSettings(sigma, m, -1.0, 1.0, 0.05, chunk=min(m, 1000), seed=0), spec["out"])
     t0 = time.perf_counter()
     _, info = run_lore(env_id, sm, horizon, 0, eps_max=4 * sigma, profile=profile, progress=False)
     dt = time.perf_counter() - t0
@@ -166,7 +166,7 @@ def measure_cuda_cnn(m: int, reps: int, device="cuda") -> None:
     net_contiguous = copy.deepcopy(net).to(dev)
     x = np.random.default_rng(0).random(shape, dtype=np.float32)
     xt = torch.as_tensor(x, device=dev)
-    sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, 6, seed=0, device=dev)
+    sm = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=0, device=dev), 6)
     g = torch.Generator(device=dev).manual_seed(1)
     buf = torch.empty((m, *shape), device=dev, memory_format=torch.channels_last)
     fixed = (torch.randn((m, *shape), generator=g, device=dev) * 0.1 + xt).contiguous(
@@ -237,11 +237,11 @@ def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int
     fns = {"bare": bare}
     sms = {}
     for b in (1, 8, 64):
-        sms[b] = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, seed=b, device=dev)
+        sms[b] = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=b, device=dev), n_actions)
         xs = rng.random((b, *obs_shape), dtype=np.float32)
         fns[b] = (lambda sm=sms[b], xs=xs: sm.estimate_batch(xs))
         fns[f"bare{b}"] = (lambda b=b: net(pre[:b * m]))
-    eager = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, n_actions, seed=8, device=dev)
+    eager = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=8, device=dev), n_actions)
     eager.engine.cuda_graphs = False
     x8 = rng.random((8, *obs_shape), dtype=np.float32)
     fns["eager8"] = lambda: eager.estimate_batch(x8)
@@ -260,17 +260,18 @@ def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int
 def loact_pong(m: int, episodes: int, horizon: int, device: str, paper_horizon: int = 0) -> None:
     """LoAct end to end on Pong (cleanrl profile, an untrained Nature CNN): seconds per certified state, at
     ``horizon`` with and without the pipeline, and (``paper_horizon``) as the paper runs it."""
-    from crop.loact import run_loact
+    from crop.loact import LoActSettings, run_loact
 
     torch.manual_seed(0)
     net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
-    sm = SmoothedQ(net, 0.1, m, -10.0, 10.0, 0.05, 6, seed=0, device=device)
-    run_loact("PongNoFrameskip-v4", sm, 2, 3, [0, 1], progress=False)   # warm-up: buffers, cuDNN selection
+    sm = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=0, device=device), 6)
+    # warm-up: buffers, cuDNN selection
+    run_loact("PongNoFrameskip-v4", sm, LoActSettings(2, 3, [0, 1]), progress=False)
     for pipeline in (False, True):
         _sync()
         t0 = time.perf_counter()
-        steps, _ = run_loact("PongNoFrameskip-v4", sm, episodes, horizon, list(range(episodes)), progress=False,
-                             pipeline=pipeline)
+        steps, _ = run_loact("PongNoFrameskip-v4", sm, LoActSettings(episodes, horizon, list(range(episodes)),
+                                                                     pipeline=pipeline), progress=False)
         _sync()
         dt = time.perf_counter() - t0
         how = "two halves pipelined with the environments" if pipeline else "one lockstep call per step"
@@ -288,7 +289,8 @@ def loact_pong(m: int, episodes: int, horizon: int, device: str, paper_horizon: 
     if paper_horizon:   # the paper's Atari protocol (Appendix E: 10 episodes, H = 500), pipelined
         _sync()
         t0 = time.perf_counter()
-        steps, _ = run_loact("PongNoFrameskip-v4", sm, episodes, paper_horizon, list(range(episodes)), progress=False)
+        steps, _ = run_loact("PongNoFrameskip-v4", sm, LoActSettings(episodes, paper_horizon, list(range(episodes))),
+                             progress=False)
         _sync()
         dt = time.perf_counter() - t0
         print(f"# LoAct Pong, paper protocol: {len(steps)} states ({episodes} episodes, H={paper_horizon}, m={m}) in "
@@ -299,13 +301,13 @@ def loact_pong(m: int, episodes: int, horizon: int, device: str, paper_horizon: 
 def gre_pong(m: int, horizon: int, device: str, workers: int) -> None:
     """GRe's sampler on Pong: env steps per second, as crop.gre runs it and with AtariPool feeding pixels."""
     from crop.envs.atari import AtariPool
-    from crop.gre import sample_randomized_returns
+    from crop.gre import GReSettings, sample_randomized_returns
 
     torch.manual_seed(0)
     net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval().to(device)
     t0 = time.perf_counter()
-    sample_randomized_returns("PongNoFrameskip-v4", net, 0.1, m, horizon, 1.0, seed=0, env_seed=0, device=device,
-                              workers=workers, progress=False)
+    sample_randomized_returns("PongNoFrameskip-v4", net, GReSettings(0.1, m, horizon, 1.0, seed=0, env_seed=0,
+                                                                     device=device, workers=workers), progress=False)
     dt = time.perf_counter() - t0
     print(f"# GRe Pong (crop.gre): m={m}, H={horizon}, {workers} workers: {dt:.1f} s, resets included", flush=True)
     print(f"gre_pong_env_steps_per_s: {m * horizon / dt:.0f}", flush=True)

@@ -15,6 +15,9 @@ and the attacked states in another (runs in (ε, episode) order; the noise layou
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import torch
@@ -27,7 +30,8 @@ from crop.loact import certify_estimate
 from crop.progress import pbar
 from crop.smoothing import NonFiniteQError, SmoothedQ
 
-__all__ = ["pgd_l2", "project_l2", "run_local_attack", "run_global_attack", "global_pgd"]
+__all__ = ["LocalAttackSettings", "GlobalAttackSettings", "pgd_l2", "project_l2", "run_local_attack",
+           "run_global_attack", "global_pgd"]
 
 
 def pgd_l2(loss_fn, x: torch.Tensor, eps: torch.Tensor, steps: int = 10, step_scale: float = 2.5) -> torch.Tensor:
@@ -130,11 +134,65 @@ class _Runs:
                              cols.RETURN: self.ret, **columns, cols.HORIZON: horizon})
 
 
-def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, horizon: int, *,
-                     steps: int = 10, m_grad: int = 256, seed: int = 0, gamma: float = 1.0,
-                     profile: str | None = None, progress: bool | None = None, reward_fn=None,
-                     steps_out: list | None = None) -> pd.DataFrame:
-    """PGD against π̃ at every step for every ε in ``eps_grid`` and every episode; all in lockstep.
+@dataclass(frozen=True)
+class LocalAttackSettings:
+    """The local attack (against π̃): ``steps``-step ℓ2 PGD at every step of episodes of at most ``horizon``
+    steps, for every ε of ``eps_grid`` from the same initial states (episode i reset with
+    ``episode_seeds[i]``); the gradient averages ``m_grad`` noisy copies drawn from the stream of ``seed``;
+    returns discounted by ``gamma``, each reward mapped by ``reward_fn`` (LoRe's reward modification)."""
+
+    eps_grid: tuple
+    episode_seeds: tuple
+    horizon: int
+    steps: int = 10
+    m_grad: int = 256
+    seed: int = 0
+    gamma: float = 1.0
+    reward_fn: Callable | None = None
+
+    def __post_init__(self):
+        _check_grid(self.eps_grid, self.steps)
+        object.__setattr__(self, "eps_grid", tuple(self.eps_grid))
+        object.__setattr__(self, "episode_seeds", tuple(self.episode_seeds))
+
+
+@dataclass(frozen=True)
+class GlobalAttackSettings:
+    """The global attack (against π′): ``steps``-step ℓ2 PGD with the expectation over ``n_eot`` draws of
+    N(0, σ²I) at every step of episodes of at most ``horizon`` steps, for every ε of ``eps_grid``, the k-th ε's
+    episodes reset with ``seeds_per_eps[k]``; noise from the stream of ``seed`` on ``device``; returns
+    discounted by ``gamma``, each reward mapped by ``reward_fn`` (GRe's reward clipping)."""
+
+    sigma: float
+    eps_grid: tuple
+    seeds_per_eps: tuple
+    horizon: int
+    steps: int = 10
+    n_eot: int = 32
+    gamma: float = 1.0
+    seed: int = 0
+    device: object = "cpu"
+    reward_fn: Callable | None = None
+
+    def __post_init__(self):
+        _check_grid(self.eps_grid, self.steps)
+        if not self.sigma > 0 or int(self.n_eot) < 1:
+            raise ValueError(f"need sigma > 0 and n_eot >= 1, got {self.sigma}, {self.n_eot}")
+        object.__setattr__(self, "eps_grid", tuple(self.eps_grid))
+        object.__setattr__(self, "seeds_per_eps", tuple(tuple(s) for s in self.seeds_per_eps))
+
+
+def _check_grid(eps_grid, steps) -> None:
+    if any(not float(e) >= 0 for e in eps_grid):
+        raise ValueError(f"every eps must be >= 0, got {list(eps_grid)}")
+    if int(steps) < 0:
+        raise ValueError(f"PGD steps must be >= 0, got {steps}")
+
+
+def run_local_attack(env_id: str, smoother: SmoothedQ, settings: LocalAttackSettings, *, profile: str | None = None,
+                     progress: bool | None = None, steps_out: list | None = None) -> pd.DataFrame:
+    """PGD against π̃ at every step for every ε in ``eps_grid`` and every episode (:class:`LocalAttackSettings`);
+    all in lockstep.
 
     ``steps_out`` (a list): one row per attacked step is appended (``attack_local_steps.csv``): the run's ε,
     episode and step, the clean state's digest (:func:`crop.lore.obs_digest`), its certificate (top action
@@ -143,9 +201,12 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, eps_grid, episode_seeds, 
     tree) under valid certificates, and to tell when the return so far already secures LoRe's bound."""
     dev = smoother.device
     q_net, target = smoother.q_net, getattr(smoother, "target", "q")
+    horizon, steps, m_grad, gamma, reward_fn = (settings.horizon, settings.steps, settings.m_grad, settings.gamma,
+                                                settings.reward_fn)
+    episode_seeds = list(settings.episode_seeds)
     g = torch.Generator(device=dev)
-    g.manual_seed(int(seed))
-    eps_grid = list(eps_grid)   # every ε from the same initial states (LoRe's first): one tree per ε to compare
+    g.manual_seed(int(settings.seed))
+    eps_grid = list(settings.eps_grid)   # every ε from the same initial states (LoRe's first): one tree per ε
     runs = _Runs(env_id, eps_grid, [episode_seeds] * len(eps_grid), profile)
     n_steps = np.zeros(len(runs.runs), dtype=int)
     flips = np.zeros(len(runs.runs), dtype=int)
@@ -201,22 +262,19 @@ def _step_record(runs: _Runs, i: int, t: int, action: int, cert, upper) -> dict:
             cols.RETURN_SO_FAR: float(runs.ret[i])}
 
 
-def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_grid, seeds_per_eps,
-                      horizon: int, *, steps: int = 10, n_eot: int = 32, gamma: float = 1.0, seed: int = 0,
-                      device="cpu", profile: str | None = None, progress: bool | None = None,
-                      reward_fn=None) -> pd.DataFrame:
-    """PGD (expectation over the smoothing noise) against the σ-randomized policy π′.  ``seeds_per_eps``: the
-    initial-state seeds of each ε's episodes (one list per ε of ``eps_grid``) — GRe's bounds are about a return
-    from a *random* initial state, so the audit's count over runs needs each run's and ε's episodes drawn
-    afresh (:func:`crop.stages.global_attack_seeds`).  A continuous-action actor is attacked by
-    :func:`_run_global_attack_actor`.  ``reward_fn`` maps each step's reward before it is
-    added (GRe's reward clipping, so that both returns are the same quantity)."""
+def run_global_attack(env_id: str, q_net: torch.nn.Module, settings: GlobalAttackSettings, *,
+                      profile: str | None = None, progress: bool | None = None) -> pd.DataFrame:
+    """PGD (expectation over the smoothing noise) against the σ-randomized policy π′
+    (:class:`GlobalAttackSettings`).  ``seeds_per_eps``: the initial-state seeds of each ε's episodes (one list
+    per ε of ``eps_grid``) — GRe's bounds are about a return from a *random* initial state, so the audit's count
+    over runs needs each run's and ε's episodes drawn afresh (:func:`crop.handlers.global_attack_seeds`).  A
+    continuous-action actor is attacked by :func:`_run_global_attack_actor`.  ``reward_fn`` maps each step's
+    reward before it is added (GRe's reward clipping, so that both returns are the same quantity)."""
     if getattr(q_net, "continuous", False):
-        return _run_global_attack_actor(env_id, q_net, sigma, eps_grid, seeds_per_eps, horizon, steps=steps,
-                                        n_eot=n_eot, gamma=gamma, seed=seed, device=device, profile=profile,
-                                        progress=progress, reward_fn=reward_fn)
-    dev = resolve_device(device)
+        return _run_global_attack_actor(env_id, q_net, settings, profile=profile, progress=progress)
+    dev = resolve_device(settings.device)
     q_net = q_net.to(dev).eval()
+    n_eot = settings.n_eot
 
     def make_loss(x, noise, t):
         n = len(x)
@@ -237,19 +295,18 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, sigma: float, eps_gri
         _check(q, f"step {t}")
         return [int(a) for a in q.argmax(1).cpu().numpy()]
 
-    return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
-                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress, reward_fn=reward_fn)
+    return global_pgd(env_id, settings, make_loss, act, device=dev, profile=profile, progress=progress)
 
 
-def _run_global_attack_actor(env_id: str, net, sigma: float, eps_grid, seeds_per_eps, horizon: int, *,
-                             steps: int = 10, n_eot: int = 32, gamma: float = 1.0, seed: int = 0, device="cpu",
-                             profile: str | None = None, progress: bool | None = None, reward_fn=None):
+def _run_global_attack_actor(env_id: str, net, settings: GlobalAttackSettings, *, profile: str | None = None,
+                             progress: bool | None = None):
     """PGD (expectation over the smoothing noise, EOT) against the σ-randomized policy π′(s) = π(s + Δ) of a
     continuous-action actor.  The loss: with a critic, −Q(s, π(s + δ + Δ)) (the agent's own objective, on the clean
     state s it is really in); without one, ‖π(s + δ + Δ) − ā‖², ā the clean action averaged over the same Δ.
     The action taken is π(s + δ + Δ_t) with one fresh Δ_t, as GRe's trajectories take it."""
-    dev = resolve_device(device)
+    dev = resolve_device(settings.device)
     net = net.to(dev).eval()
+    n_eot = settings.n_eot
 
     def make_loss(x, noise, t):
         n = len(x)
@@ -271,19 +328,20 @@ def _run_global_attack_actor(env_id: str, net, sigma: float, eps_grid, seeds_per
         _check(a, f"step {t}")
         return list(a.cpu().numpy())
 
-    return global_pgd(env_id, sigma, eps_grid, seeds_per_eps, horizon, make_loss, act, steps=steps, n_eot=n_eot,
-                      gamma=gamma, seed=seed, device=dev, profile=profile, progress=progress, reward_fn=reward_fn)
+    return global_pgd(env_id, settings, make_loss, act, device=dev, profile=profile, progress=progress)
 
 
-def global_pgd(env_id: str, sigma: float, eps_grid, seeds_per_eps, horizon: int, make_loss, act, *, steps: int,
-               n_eot: int, gamma: float, seed: int, device, profile: str | None, progress: bool | None,
-               reward_fn=None) -> pd.DataFrame:
+def global_pgd(env_id: str, settings: GlobalAttackSettings, make_loss, act, *, device, profile: str | None,
+               progress: bool | None) -> pd.DataFrame:
     """The global attack's loop, whatever the action: per step the EOT noise (n_eot draws per live run),
     ``make_loss(x, noise, t)``'s per-run loss maximised by PGD, then the action ``act(x + δ + Δ_t, t)`` (one
-    list entry per run) with one fresh Δ_t, played in every live run."""
+    list entry per run) with one fresh Δ_t, played in every live run; ``device``: the resolved
+    ``settings.device``."""
+    sigma, horizon, steps, n_eot, gamma, reward_fn = (settings.sigma, settings.horizon, settings.steps,
+                                                      settings.n_eot, settings.gamma, settings.reward_fn)
     g = torch.Generator(device=device)
-    g.manual_seed(int(seed))
-    runs = _Runs(env_id, eps_grid, seeds_per_eps, profile)
+    g.manual_seed(int(settings.seed))
+    runs = _Runs(env_id, settings.eps_grid, settings.seeds_per_eps, profile)
     for t in pbar(range(horizon), desc=f"global PGD σ={sigma:g}", progress=progress):
         idx = runs.live()
         if idx.size == 0:

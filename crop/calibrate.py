@@ -95,8 +95,9 @@ def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers
     gre.make_env_pool = timed
     try:
         t0 = time.perf_counter()
-        returns = gre.sample_randomized_returns(env, net, sigma, m, horizon, 1.0, seed=0, env_seed=0, chunk=1000,
-                                                device=device, workers=workers, progress=False)
+        returns = gre.sample_randomized_returns(env, net, gre.GReSettings(sigma, m, horizon, 1.0, seed=0, env_seed=0,
+                                                                          chunk=1000, device=device, workers=workers),
+                                                progress=False)
         total = time.perf_counter() - t0
     finally:
         gre.make_env_pool = make
@@ -126,7 +127,7 @@ def _env_costs(env: str, device: str, log) -> dict:
 
     from crop.envs import make_env, snapshot, to_obs
     from crop.models import build_q_network
-    from crop.smoothing import SmoothedQ
+    from crop.smoothing import SmoothedQ, SmoothingSettings
     from crop.train.dqn import DQNConfig, train_dqn
 
     e = make_env(env)
@@ -137,7 +138,7 @@ def _env_costs(env: str, device: str, log) -> dict:
     out = {}
 
     m = 2000 if image and device == "cpu" else 10000
-    sm = SmoothedQ(net, 0.01, m, -1.0, 1.0, 0.05, k, chunk=1000, device=device)
+    sm = SmoothedQ(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
     out["smooth_sample_s"] = _best(lambda: sm.estimate_batch(obs[None])) / m
     log(f"{env}: smoothed step {out['smooth_sample_s'] * m * 1e3:.1f} ms per state at m = {m}")
 
@@ -196,14 +197,14 @@ def _lore_node_s(env: str, net, k: int, smooth_sample_s: float, device: str) -> 
     """A LoRe node's cost besides its m smoothing samples: its |A| transitions (restore, step, snapshot) and
     the search's bookkeeping, from a full search (no pruning) of a small tree with 16 samples per state."""
     from crop.lore import run_lore
-    from crop.smoothing import SmoothedQ
+    from crop.smoothing import SmoothedQ, SmoothingSettings
 
     depth = {"CartPole-v0": 8, "FreewayNoFrameskip-v4": 4}.get(env, 3)
     m = 16
     info = {}
 
     def search():
-        sm = SmoothedQ(net, 0.01, m, -1.0, 1.0, 0.05, k, chunk=1000, device=device)
+        sm = SmoothedQ(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
         info.update(run_lore(env, sm, depth, 0, prune=False, progress=False)[1])
 
     seconds = _best(search, repeats=2)
@@ -213,7 +214,7 @@ def _lore_node_s(env: str, net, k: int, smooth_sample_s: float, device: str) -> 
 
 def _start_s() -> float:
     """A stage job's fixed cost: a fresh interpreter importing what ``crop loact`` imports."""
-    code = "import crop.cli, crop.stages, crop.smoothing, crop.loact, crop.envs, pandas"
+    code = "import crop.cli, crop.handlers, crop.smoothing, crop.loact, crop.envs, pandas"
 
     def run():
         subprocess.run([sys.executable, "-c", code], check=True)

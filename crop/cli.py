@@ -304,8 +304,8 @@ COMMANDS = {
 # per-run stage's handler is its row's.
 HANDLERS = {"train": "crop.policies:cmd_train", "derive": "crop.policies:cmd_derive",
             "fetch": "crop.policies:cmd_fetch", "checkpoint": "crop.policies:cmd_checkpoint",
-            "import": "crop.policies:cmd_import", "aggregate": "crop.stages:cmd_aggregate",
-            "audit": "crop.stages:cmd_audit", "validate-config": "crop.cli:cmd_validate_config",
+            "import": "crop.policies:cmd_import", "aggregate": "crop.handlers:cmd_aggregate",
+            "audit": "crop.handlers:cmd_audit", "validate-config": "crop.cli:cmd_validate_config",
             "calibrate": "crop.cli:cmd_calibrate", "plan": "crop.cli:cmd_plan"}
 
 

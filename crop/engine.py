@@ -31,7 +31,7 @@ import torch
 
 from crop.models.s2d import space_to_depth_input
 
-__all__ = ["Engine", "Launched", "block_plan", "resolve_device"]
+__all__ = ["Engine", "Launched", "Noise", "block_plan", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -52,6 +52,26 @@ def block_plan(n_states: int, m: int, rows: int):
         for s in range(n_states):
             for j0 in range(0, m, rows):
                 yield s, 1, j0, min(rows, m - j0)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The noise Eq. (2) averages over: ``m`` samples Δ ∼ N(0, σ²I) per state from one generator seeded with
+    ``seed`` on ``device``; ``chunk``: samples per forward on the CPU."""
+
+    sigma: float
+    m: int
+    chunk: int = 1000
+    seed: int = 0
+    device: str | torch.device | None = "cpu"
+
+    def __post_init__(self):
+        if not self.sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {self.sigma}")
+        if int(self.m) < 1:
+            raise ValueError(f"m must be >= 1, got {self.m}")
+        object.__setattr__(self, "sigma", float(self.sigma))
+        object.__setattr__(self, "m", int(self.m))
 
 
 @dataclass
@@ -113,9 +133,10 @@ class _GraphCall:
 class Engine:
     """Noise, forward and sums for m samples per state (see the module docstring for the stream layout).
 
-    ``net`` maps a batch of states to |A| outputs; ``target(q, inplace)`` turns outputs (rows, |A|) into the
-    target's samples (written into ``q`` when ``inplace``); ``keep_samples``: also return every state's
-    m × |A| target samples (for the bounds that need them).  ``chunk``: samples per forward on the CPU.
+    ``net`` maps a batch of states to |A| outputs; ``noise``: σ, m, chunk, seed and device (:class:`Noise`);
+    ``target(q, inplace)`` turns outputs (rows, |A|) into the target's samples (written into ``q`` when
+    ``inplace``); ``keep_samples``: also return every state's m × |A| target samples (for the bounds that need
+    them).
     """
 
     #: Noise is drawn for a whole block of samples at once (up to this many floats, ~16 MB): interleaving a
@@ -130,16 +151,14 @@ class Engine:
     #: more than the copies cost.
     S2D_INNER = True
 
-    def __init__(self, net: torch.nn.Module, sigma: float, m: int, n_actions: int, target, *,
-                 keep_samples: bool = False, chunk: int = 1000, seed: int = 0,
-                 device: str | torch.device | None = "cpu"):
-        self.device = resolve_device(device)
+    def __init__(self, net: torch.nn.Module, noise: Noise, n_actions: int, target, *, keep_samples: bool = False):
+        self.device = resolve_device(noise.device)
         self.net = net.to(self.device).eval()
-        self.sigma, self.m, self.n_actions = float(sigma), int(m), int(n_actions)
+        self.sigma, self.m, self.n_actions = noise.sigma, noise.m, int(n_actions)
         self.target, self.keep_samples = target, bool(keep_samples)
-        self.chunk = self._chunk = max(1, min(int(chunk), self.m))  # _chunk: the caller's, kept for a new shape
+        self.chunk = self._chunk = max(1, min(int(noise.chunk), self.m))  # _chunk: the caller's, kept for a new shape
         self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(int(seed))
+        self.generator.manual_seed(int(noise.seed))
         # Channels-last for convolutional networks on CUDA only: the GPU's convolution kernels are fastest in
         # it, while on the CPU normal_ into a strided buffer is slow.  Tests force it on the CPU, where the
         # noise is then drawn contiguous and copied, so both layouts see the same noise.

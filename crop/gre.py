@@ -26,6 +26,7 @@ bound also against adaptive attackers for their setting; we claim only what CROP
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -39,33 +40,57 @@ from crop.io import derive_seed
 from crop.progress import pbar
 from crop.smoothing import NonFiniteQError
 
-__all__ = ["sample_randomized_returns", "gre_bounds", "TrajectoryNoise"]
+__all__ = ["GReSettings", "sample_randomized_returns", "gre_bounds", "TrajectoryNoise"]
+
+
+@dataclass(frozen=True)
+class GReSettings:
+    """Step 1 of Algorithm 2: ``m`` σ-randomized trajectories of at most ``horizon`` steps, rewards discounted by
+    ``gamma``; trajectory i starts from the environment reset with seed ``env_seed + i`` and draws its noise
+    from its own stream of ``seed`` (:class:`TrajectoryNoise`).  ``batch`` trajectories (all m when None) are
+    stepped in lockstep at a time, their environments spread over ``workers`` processes, ``chunk`` states per
+    forward on ``device``; ``reward_clip`` = (low, high): every step's reward is clipped to it before it is added
+    (the returns are then those of the clipped rewards)."""
+
+    sigma: float
+    m: int
+    horizon: int
+    gamma: float
+    seed: int
+    env_seed: int
+    chunk: int = 10000
+    device: object = "cpu"
+    workers: int = 1
+    batch: int | None = None
+    reward_clip: tuple[float, float] | None = None
+
+    def __post_init__(self):
+        if not self.sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {self.sigma}")
+        if int(self.m) < 1:
+            raise ValueError(f"m must be >= 1, got {self.m}")
 
 
 @torch.inference_mode()
-def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, horizon: int,
-                              gamma: float, seed: int, env_seed: int, *, chunk: int = 10000, device="cpu",
-                              profile: str | None = None, progress: bool | None = None,
-                              workers: int = 1, batch: int | None = None,
-                              reward_clip: tuple[float, float] | None = None) -> np.ndarray:
-    """Returns of m σ-randomized trajectories of length ≤ ``horizon``, stepped in lockstep blocks of
-    ``batch`` trajectories (all m when None) with the environments spread over ``workers`` processes.
+def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, settings: GReSettings, *,
+                              profile: str | None = None, progress: bool | None = None) -> np.ndarray:
+    """Returns of m σ-randomized trajectories (:class:`GReSettings`) of length ≤ ``horizon``, stepped in lockstep
+    blocks of ``batch`` trajectories with the environments spread over ``workers`` processes.
 
     Trajectory i starts from the environment reset with seed ``env_seed + i`` (CartPole: from
     :func:`crop.envs.vector.cartpole_initial_states` of that seed) and draws its noise Δ_t from
     its own stream (:class:`TrajectoryNoise`), so its return depends on neither ``batch``, ``workers``,
     ``chunk`` nor the other trajectories (nor on m: the first m returns of a larger run are these).  A
     continuous actor's actions are floats: across block layouts its returns agree up to the rounding of a
-    batched forward (for a given layout they are byte-reproducible).  ``reward_clip`` = (low, high): every
-    step's reward is clipped to it before it is added (the returns are then those of the clipped rewards)."""
-    dev = resolve_device(device)
+    batched forward (for a given layout they are byte-reproducible)."""
+    dev = resolve_device(settings.device)
     q_net = q_net.to(dev).eval()
+    m = int(settings.m)
     returns = np.empty(m, dtype=np.float64)
-    batch = m if batch is None else max(1, min(int(batch), m))
+    batch = m if settings.batch is None else max(1, min(int(settings.batch), m))
     for b0 in range(0, m, batch):
         # Trajectories in blocks of `batch` bound the memory of the environment copies (Atari: ~2.6 MB each).
-        returns[b0:b0 + batch] = _lockstep(env_id, q_net, dev, seed, sigma, b0, min(batch, m - b0), horizon,
-                                           gamma, env_seed, chunk, profile, workers, progress, reward_clip)
+        returns[b0:b0 + batch] = _lockstep(env_id, q_net, dev, settings, b0, min(batch, m - b0), profile, progress)
     return returns
 
 
@@ -116,9 +141,10 @@ class TrajectoryNoise:
 PIXELS_ON = ("cuda",)
 
 
-def _lockstep(env_id, q_net, dev, seed, sigma, b0, m, horizon, gamma, env_seed, chunk, profile, workers, progress,
-              reward_clip=None):
-    """The m trajectories b0, …, b0 + m − 1 in lockstep: one batched forward per time step."""
+def _lockstep(env_id, q_net, dev, settings: GReSettings, b0, m, profile, progress):
+    """The m trajectories b0, …, b0 + m − 1 of ``settings`` in lockstep: one batched forward per time step."""
+    sigma, horizon, gamma, chunk = settings.sigma, settings.horizon, settings.gamma, settings.chunk
+    seed, env_seed, workers, reward_clip = settings.seed, settings.env_seed, settings.workers, settings.reward_clip
     pool = make_env_pool(env_id, m, profile, workers=workers)
     # Atari on a GPU: the pool's stored pixels (uint8: a quarter of the bytes) go to the device and become the
     # network's input there, by ToFloat's own expression (the same float32 product as the pool's to_float).

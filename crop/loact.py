@@ -25,7 +25,7 @@ from crop.envs import make_env, to_obs
 from crop.progress import pbar
 from crop.smoothing import Estimate, SmoothedQ
 
-__all__ = ["Certificate", "certify_estimate", "certify_state", "run_loact", "certified_ratio"]
+__all__ = ["Certificate", "LoActSettings", "certify_estimate", "certify_state", "run_loact", "certified_ratio"]
 
 
 @dataclass
@@ -59,35 +59,57 @@ def certify_state(smoother: SmoothedQ, obs, index=None, alpha: float | None = No
     return certify_estimate(est, smoother.sigma, smoother.v_min, smoother.v_max)
 
 
-def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, episode_seeds,
-              profile: str | None = None, progress: bool | None = None, frames: list | None = None,
-              frames_window: tuple[int, int] = (0, 200), lockstep: bool = True,
-              pipeline: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Roll the locally smoothed policy π̃ on clean observations and certify every step (Algorithm 1 per step).
+@dataclass(frozen=True)
+class LoActSettings:
+    """How LoAct rolls the smoothed policy: ``episodes`` episodes of at most ``horizon`` steps, episode i reset
+    with ``episode_seeds[i]``; for Atari the raw screens of episode 0 at steps start ≤ t < end
+    (``frames_window``) when frames are asked for.  ``lockstep`` (default): the episodes run side by side and
+    step t of every live episode is smoothed in one :meth:`SmoothedQ.estimate_batch` call (episodes in index
+    order), so B episodes cost one launch per step; ``lockstep=False`` smooths one state per call, episode
+    after episode.  ``pipeline`` (default: on a GPU): the episodes run as two halves, each in lockstep, whose
+    calls alternate — while the card smooths one half's states, the other half's environments step on the CPU.
+    All give every state m fresh draws; they consume the noise stream in different orders, so their numbers
+    differ draw by draw, not in distribution."""
+
+    episodes: int
+    horizon: int
+    episode_seeds: tuple
+    frames_window: tuple[int, int] = (0, 200)
+    lockstep: bool = True
+    pipeline: bool | None = None
+
+    def __post_init__(self):
+        if int(self.episodes) < 1 or int(self.horizon) < 0:
+            raise ValueError(f"need episodes >= 1 and horizon >= 0, got {self.episodes}, {self.horizon}")
+        if len(self.episode_seeds) < int(self.episodes):
+            raise ValueError(f"{len(self.episode_seeds)} episode seeds for {self.episodes} episodes")
+        for name, value in (("episodes", int(self.episodes)), ("horizon", int(self.horizon)),
+                            ("episode_seeds", tuple(self.episode_seeds)),
+                            ("frames_window", tuple(self.frames_window))):
+            object.__setattr__(self, name, value)
+
+
+def run_loact(env_id: str, smoother: SmoothedQ, settings: LoActSettings, *, profile: str | None = None,
+              progress: bool | None = None, frames: list | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Roll the locally smoothed policy π̃ on clean observations and certify every step (Algorithm 1 per step),
+    as ``settings`` (:class:`LoActSettings`) says.
 
     Returns (per-step table, per-episode table), rows ordered by (episode, step).  Uncertified steps have
     radius 0 and *count* in every mean radius (the published numbers skipped them).  For Atari, when
-    ``frames`` is a list, the raw RGB screen of episode 0 at each step t with start ≤ t < end
-    (``frames_window``) is appended as (step, frame).
-
-    ``lockstep`` (default): the episodes run side by side and step t of every live episode is smoothed in
-    one :meth:`SmoothedQ.estimate_batch` call (episodes in index order), so B episodes cost one launch per
-    step.  ``lockstep=False`` smooths one state per call, episode after episode.
-    ``pipeline`` (default: on a GPU): the episodes run as two halves, each in lockstep, whose calls
-    alternate — while the card smooths one half's states, the other half's environments step on the CPU.
-    All give every state m fresh draws; they consume the noise stream in different orders, so their
-    numbers differ draw by draw, not in distribution.
+    ``frames`` is a list, the raw RGB screen of episode 0 at each step t of ``settings.frames_window`` is
+    appended as (step, frame).
     """
+    episodes, horizon = settings.episodes, settings.horizon
     bar = pbar(total=episodes * horizon, desc=f"LoAct σ={smoother.sigma:g}", progress=progress)
-    groups = [list(range(episodes))] if lockstep else [[ep] for ep in range(episodes)]
+    groups = [list(range(episodes))] if settings.lockstep else [[ep] for ep in range(episodes)]
+    pipeline = settings.pipeline
     if pipeline is None:
         pipeline = smoother.device.type == "cuda"
     rows, eps_rows = [], []
     for group in groups:
         halves = [group[:(len(group) + 1) // 2], group[(len(group) + 1) // 2:]] if pipeline and len(group) > 1 \
             else [group]
-        r, e = _run_group(env_id, smoother, group, halves, horizon, episode_seeds, profile, bar, frames,
-                          frames_window)
+        r, e = _run_group(env_id, smoother, settings, group, halves, profile, bar, frames)
         rows += r
         eps_rows += e
     bar.close()
@@ -96,12 +118,13 @@ def run_loact(env_id: str, smoother: SmoothedQ, episodes: int, horizon: int, epi
     return pd.DataFrame(rows), pd.DataFrame(eps_rows)
 
 
-def _run_group(env_id, smoother, group, halves, horizon, episode_seeds, profile, bar, frames, frames_window):
+def _run_group(env_id, smoother, settings, group, halves, profile, bar, frames):
     """The episodes of ``group`` in lockstep: one batched smoothing call per time step for each of
     ``halves`` (one half: the whole group), the halves' calls alternating (submitted before the other
     half's environments step, so the device and the environments work at the same time)."""
+    horizon, frames_window = settings.horizon, settings.frames_window
     envs = {ep: make_env(env_id, profile) for ep in group}
-    obs = {ep: envs[ep].reset(seed=int(episode_seeds[ep]))[0] for ep in group}
+    obs = {ep: envs[ep].reset(seed=int(settings.episode_seeds[ep]))[0] for ep in group}
     ret = dict.fromkeys(group, 0.0)
     steps = dict.fromkeys(group, 0)
     rows = []

@@ -607,12 +607,13 @@ class LoRe:
     def key(self) -> dict:
         """What identifies this run: a resume file written under another key is ignored.  Every field of
         :class:`LoReSettings` (:meth:`LoReSettings.key`: a setting added there is in the key without a word
-        here), the smoother's settings, the smoothed network's parameters (a digest) and the file's layout: a
-        file left by another network, checkpoint or option never resumes."""
+        here), every field of the smoother's :class:`crop.smoothing.SmoothingSettings` (its device as resolved),
+        the smoothed network's parameters (a digest) and the file's layout: a file left by another network,
+        checkpoint or option never resumes."""
         sm = self.smoother
-        return {"format": self.RESUME_FORMAT, **self.settings.key(),
-                "sigma": sm.sigma, "m": sm.m, "alpha": sm.alpha, "v": (sm.v_min, sm.v_max), "bound": sm.bound,
-                "n_actions": sm.n_actions, "target": getattr(sm, "target", "q"), "network": self._network_digest()}
+        smoothing = {**_key_of(sm.settings), "device": str(sm.device)}
+        return {"format": self.RESUME_FORMAT, **self.settings.key(), "smoothing": smoothing,
+                "n_actions": sm.n_actions, "network": self._network_digest()}
 
     def __getattr__(self, name: str):
         """A setting (:class:`LoReSettings`) read as the search's own attribute (``self.horizon``)."""

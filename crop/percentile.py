@@ -29,6 +29,7 @@ most the tolerance under any ‖δ‖₂ ≤ ε (both h_p(s) and h_p(s + δ) lie
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -37,8 +38,8 @@ import torch
 from crop import columns as cols
 from crop import stats
 
-__all__ = ["EPS_FACTORS", "order_indices", "action_intervals", "smoothed_action", "run_loact_continuous",
-           "step_ratio"]
+__all__ = ["EPS_FACTORS", "PercentileSettings", "order_indices", "action_intervals", "smoothed_action",
+           "run_loact_continuous", "step_ratio"]
 
 #: The ε grid of the certified intervals, as multiples of σ (G = 7 points; ε = 0 is the clean action).
 EPS_FACTORS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
@@ -88,29 +89,55 @@ def _radius(lower: np.ndarray, upper: np.ndarray, eps_grid: np.ndarray, toleranc
     return np.where(n > 0, eps_grid[np.maximum(n - 1, 0)], -1.0)
 
 
+@dataclass(frozen=True)
+class PercentileSettings:
+    """LoAct of a continuous actor: ``episodes`` episodes of at most ``horizon`` steps (episode i reset with
+    ``episode_seeds[i]``), the ``p``-th percentile of ``m`` actions at s + Δ, Δ ∼ N(0, σ²I) from the stream of
+    ``seed`` (``chunk`` states per forward), certified over the ε grid ``eps_factors``·σ with all of a state's
+    bounds together at ``alpha_state``; a dimension counts as certified up to the largest ε whose interval is at
+    most ``tolerance`` wide (one value or one per dimension; default: :data:`DEFAULT_TOLERANCE` of its range)."""
+
+    sigma: float
+    m: int
+    episodes: int
+    horizon: int
+    episode_seeds: tuple
+    alpha_state: float
+    tolerance: object = None
+    p: float = 0.5
+    eps_factors: tuple = EPS_FACTORS
+    seed: int = 0
+    chunk: int = 10000
+    reward_clip: tuple | None = None
+
+    def __post_init__(self):
+        if not 0.0 < self.p < 1.0:
+            raise ValueError(f"percentile p must be in (0, 1), got {self.p}")
+        object.__setattr__(self, "episode_seeds", tuple(self.episode_seeds))
+        object.__setattr__(self, "eps_factors", tuple(self.eps_factors))
+
+
 @torch.inference_mode()
-def run_loact_continuous(env_id: str, net, sigma: float, m: int, episodes: int, horizon: int, episode_seeds, *,
-                         alpha_state: float, tolerance=None, p: float = 0.5, eps_factors=EPS_FACTORS, seed: int = 0,
-                         chunk: int = 10000, profile: str | None = None, progress: bool | None = None,
-                         reward_clip: tuple[float, float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def run_loact_continuous(env_id: str, net, settings: PercentileSettings, *, profile: str | None = None,
+                         progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Roll the percentile-smoothed policy π̃(s) = h_p(s) (per dimension, estimated by the sample percentile
-    of m fresh draws) on clean observations and certify every step; episodes in lockstep, one forward of
-    B·m noisy states per step.  Returns (one row per step and action dimension, one row per episode, info).
-    With ``reward_clip`` = (low, high) every step's reward is clipped to it before it enters the benign return
-    (and the ``reward`` column), as GRe's returns are (:func:`crop.gre.sample_randomized_returns`)."""
+    of m fresh draws) on clean observations and certify every step (:class:`PercentileSettings`); episodes in
+    lockstep, one forward of B·m noisy states per step.  Returns (one row per step and action dimension, one row
+    per episode, info).  With ``settings.reward_clip`` = (low, high) every step's reward is clipped to it before
+    it enters the benign return (and the ``reward`` column), as GRe's returns are."""
     from crop.envs import make_env, to_obs
     from crop.progress import pbar
 
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"percentile p must be in (0, 1), got {p}")
+    sigma, m, episodes, horizon, p = settings.sigma, settings.m, settings.episodes, settings.horizon, settings.p
+    episode_seeds, tolerance, chunk = settings.episode_seeds, settings.tolerance, settings.chunk
     low, high = net.low.cpu().numpy().astype(np.float64), net.high.cpu().numpy().astype(np.float64)
     d = low.size
     tol = (DEFAULT_TOLERANCE * (high - low) if tolerance is None
            else np.broadcast_to(np.asarray(tolerance, dtype=np.float64), (d,)).copy())
-    eps_factors = np.asarray(eps_factors, dtype=np.float64)
+    eps_factors = np.asarray(settings.eps_factors, dtype=np.float64)
     eps_grid = eps_factors * sigma
-    alpha_each = alpha_state / (2 * d * len(eps_factors))
-    gen = torch.Generator().manual_seed(int(seed))
+    alpha_each = settings.alpha_state / (2 * d * len(eps_factors))
+    gen = torch.Generator().manual_seed(int(settings.seed))
     envs = [make_env(env_id, profile) for _ in range(episodes)]
     obs = [to_obs(e.reset(seed=int(episode_seeds[i]))[0]) for i, e in enumerate(envs)]
     ret, steps, live = np.zeros(episodes), np.zeros(episodes, dtype=int), list(range(episodes))
@@ -130,8 +157,8 @@ def run_loact_continuous(env_id: str, net, sigma: float, m: int, episodes: int, 
             radius = _radius(lower, upper, eps_grid, tol)
             action = smoothed_action(acts[j], p).astype(np.float32)
             o, r, term, trunc, _ = envs[ep].step(action)
-            if reward_clip is not None:
-                r = min(max(float(r), reward_clip[0]), reward_clip[1])
+            if settings.reward_clip is not None:
+                r = min(max(float(r), settings.reward_clip[0]), settings.reward_clip[1])
             for k in range(d):
                 row = {cols.EPISODE: ep, cols.STEP: t, "dim": k, "action": float(action[k]),
                        cols.CERTIFIED: bool(radius[k] >= 0), cols.RADIUS: float(max(radius[k], 0.0)),

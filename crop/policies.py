@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from crop.handlers import recorded_settings, setup
 from crop.io import InputError, json_object
-from crop.stages import recorded_settings, setup
 
 __all__ = ["cmd_train", "cmd_derive", "cmd_fetch", "cmd_import", "cmd_checkpoint"]
 

@@ -23,6 +23,8 @@ certificate.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -31,7 +33,7 @@ from crop.envs import make_env, to_obs
 from crop.progress import pbar
 from crop.smoothing import NonFiniteQError
 
-__all__ = ["estimate_qrange", "load_qrange", "METHODS"]
+__all__ = ["QRangeSettings", "estimate_qrange", "load_qrange", "METHODS"]
 
 METHODS = ("smoothed", "samples", "quantile")
 
@@ -56,12 +58,37 @@ class _Extremes:
 NOISE_BLOCK_FLOATS = Engine.NOISE_BLOCK_FLOATS
 
 
+@dataclass(frozen=True)
+class QRangeSettings:
+    """How the V range is estimated: ``episodes`` rollouts of the unclipped smoothed policy (≤ ``horizon``
+    steps, episode i reset with ``episode_seeds[i]``), ``m`` samples of N(0, σ²I) noise per state from one
+    generator seeded with ``seed``, ``chunk`` states per forward on ``device``; ``method`` as in the module
+    docstring (``quantile``: its q, in (0, 0.5))."""
+
+    sigma: float
+    m: int
+    episodes: int
+    horizon: int
+    episode_seeds: tuple
+    seed: int
+    chunk: int = 1000
+    device: object = "cpu"
+    method: str = "smoothed"
+    quantile: float | None = None
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown V-range method {self.method!r}; known: {list(METHODS)}")
+        if self.method == "quantile" and not (self.quantile is not None and 0 < self.quantile < 0.5):
+            raise ValueError(f"the quantile method needs 0 < quantile < 0.5, got {self.quantile}")
+        object.__setattr__(self, "episode_seeds", tuple(self.episode_seeds))
+
+
 @torch.inference_mode()
-def estimate_qrange(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, episodes: int, horizon: int,
-                    episode_seeds, seed: int, chunk: int = 1000, device="cpu", profile: str | None = None,
-                    progress: bool | None = None, method: str = "smoothed", quantile: float | None = None) -> dict:
+def estimate_qrange(env_id: str, q_net: torch.nn.Module, settings: QRangeSettings, *, profile: str | None = None,
+                    progress: bool | None = None) -> dict:
     """V range of ``q_net`` under N(0, σ²I) noise along ``episodes`` rollouts of the unclipped smoothed
-    policy (≤ ``horizon`` steps, m noise samples per state); ``method`` as in the module docstring.
+    policy (≤ ``horizon`` steps, m noise samples per state); ``settings``: :class:`QRangeSettings`.
 
     The episodes run in lockstep: step t of every live episode (in episode order) is smoothed together, B
     states × m samples in as few launches as the block allows.  **Noise stream layout** (one generator
@@ -72,10 +99,9 @@ def estimate_qrange(env_id: str, q_net: torch.nn.Module, sigma: float, m: int, e
     (the whole block on CUDA).  The noise stream and the actions taken do not depend on ``method``: the three
     methods visit the same states.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown V-range method {method!r}; known: {list(METHODS)}")
-    if method == "quantile" and not (quantile is not None and 0 < quantile < 0.5):
-        raise ValueError(f"the quantile method needs 0 < quantile < 0.5, got {quantile}")
+    sigma, m, episodes, horizon = settings.sigma, settings.m, settings.episodes, settings.horizon
+    episode_seeds, seed, chunk = settings.episode_seeds, settings.seed, settings.chunk
+    method, quantile, device = settings.method, settings.quantile, settings.device
     dev = resolve_device(device)
     q_net = q_net.to(dev).eval()
     g = torch.Generator(device=dev)

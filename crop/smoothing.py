@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from crop import stats
-from crop.engine import Engine, Launched
+from crop.engine import Engine, Launched, Noise
 from crop.names import TARGET_NAMES
 
-__all__ = ["SmoothedQ", "Estimate", "NonFiniteQError", "BOUNDS", "TARGETS", "TARGET_RANGE"]
+__all__ = ["SmoothedQ", "SmoothingSettings", "Estimate", "NonFiniteQError", "BOUNDS", "TARGETS", "TARGET_RANGE"]
 
 #: The smoothing targets (see the module docstring).
 TARGETS = TARGET_NAMES
@@ -116,6 +116,55 @@ BOUNDS = {
 }
 
 
+@dataclass(frozen=True)
+class SmoothingSettings:
+    """Every setting of the smoothed Q-function, named as in the paper: ``sigma`` (noise std), ``m`` (samples
+    per state), ``v_min``/``v_max`` (clipping range, estimated beforehand from *independent* noise, Appendix
+    B.1; [0, 1] for the targets ``probs`` and ``vote``), ``alpha`` (per-state miscoverage, split over the 2·|A|
+    one-sided bounds, see :func:`crop.stats.per_bound_alpha`), ``bound`` (the confidence bound,
+    :data:`BOUNDS`), ``target`` (what is smoothed: ``q``, ``probs`` or ``vote``, see the module docstring; the
+    noise stream does not depend on it).  ``chunk``, ``seed`` and ``device`` go to the
+    :class:`crop.engine.Engine` that draws the noise (:attr:`noise`).  Checked when made: a bad value raises
+    ValueError naming it."""
+
+    sigma: float
+    m: int
+    v_min: float
+    v_max: float
+    alpha: float
+    bound: str = "hoeffding"
+    target: str = "q"
+    chunk: int = 1000
+    seed: int = 0
+    device: str | torch.device | None = "cpu"
+
+    def __post_init__(self):
+        sigma, m, alpha, v_min, v_max = self.sigma, self.m, self.alpha, self.v_min, self.v_max
+        if not sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {sigma}")
+        if m < 1:
+            raise ValueError(f"m must be >= 1, got {m}")
+        if not 0 < alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if not (np.isfinite(v_min) and np.isfinite(v_max) and v_max > v_min):
+            raise ValueError(f"need finite v_min < v_max, got [{v_min}, {v_max}]")
+        if self.bound not in BOUNDS:
+            raise ValueError(f"unknown bound {self.bound!r}; known: {sorted(BOUNDS)}")
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown smoothing target {self.target!r}; known: {list(TARGETS)}")
+        if self.target in TARGET_RANGE and (float(v_min), float(v_max)) != TARGET_RANGE[self.target]:
+            # Theorem 1 needs the range the samples lie in; for these targets it is [0, 1], not an estimate.
+            raise ValueError(f"target {self.target!r} lies in {list(TARGET_RANGE[self.target])}: give v_min, "
+                             f"v_max = {TARGET_RANGE[self.target]}, got [{v_min}, {v_max}]")
+        for name, kind in (("sigma", float), ("m", int), ("alpha", float), ("v_min", float), ("v_max", float)):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+
+    @property
+    def noise(self) -> Noise:
+        """What the engine draws: σ, m and the stream (chunk, seed, device)."""
+        return Noise(self.sigma, self.m, self.chunk, self.seed, self.device)
+
+
 class Submitted:
     """A call of :meth:`SmoothedQ.submit` whose device work is queued; :meth:`result` gives its estimates."""
 
@@ -137,48 +186,26 @@ class SmoothedQ:
     """Monte-Carlo estimate of the smoothed Q-function Q̃ of Eq. (2), in the style of Cohen et al.'s
     ``Smooth`` class; the smoothed policy is π̃(s) = argmax_a Q̃(s, a) (:attr:`Estimate.action`).
 
-    Parameters mirror the paper: ``sigma`` (noise std), ``m`` (samples per state), ``v_min``/``v_max``
-    (clipping range, estimated beforehand from *independent* noise, Appendix B.1; [0, 1] for the targets
-    ``probs`` and ``vote``), ``alpha`` (per-state miscoverage, split over the 2·|A| one-sided bounds, see
-    :func:`crop.stats.per_bound_alpha`), ``bound`` (the confidence bound, :data:`BOUNDS`), ``target`` (what
-    is smoothed: ``q``, ``probs`` or ``vote``, see the module docstring; the noise stream does not depend on
-    it).  ``chunk``, ``seed`` and ``device`` go to the :class:`crop.engine.Engine` that draws the noise.
+    ``settings`` (:class:`SmoothingSettings`): σ, m, the V range, α, the bound, the target and the noise
+    stream; ``n_actions``: |A|, the network's outputs.
 
     Several states at once (:meth:`estimate_batch`): B states cost B·m forward samples in as few launches as
     memory allows, and every state still gets its own m fresh draws.  :meth:`submit` queues a call and
     returns, so a caller can step environments while the card works.
     """
 
-    def __init__(self, q_net: torch.nn.Module, sigma: float, m: int, v_min: float, v_max: float,
-                 alpha: float, n_actions: int, *, bound: str = "hoeffding", chunk: int = 1000,
-                 seed: int = 0, device: str | torch.device | None = "cpu", target: str = "q"):
-        if not sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {sigma}")
-        if m < 1:
-            raise ValueError(f"m must be >= 1, got {m}")
-        if not 0 < alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-        if not (np.isfinite(v_min) and np.isfinite(v_max) and v_max > v_min):
-            raise ValueError(f"need finite v_min < v_max, got [{v_min}, {v_max}]")
-        if bound not in BOUNDS:
-            raise ValueError(f"unknown bound {bound!r}; known: {sorted(BOUNDS)}")
-        if target not in TARGETS:
-            raise ValueError(f"unknown smoothing target {target!r}; known: {list(TARGETS)}")
-        if target in TARGET_RANGE and (float(v_min), float(v_max)) != TARGET_RANGE[target]:
-            # Theorem 1 needs the range the samples lie in; for these targets it is [0, 1], not an estimate.
-            raise ValueError(f"target {target!r} lies in {list(TARGET_RANGE[target])}: give v_min, v_max = "
-                             f"{TARGET_RANGE[target]}, got [{v_min}, {v_max}]")
-        self.target = target
-        self.sigma, self.m, self.alpha = float(sigma), int(m), float(alpha)
-        self.v_min, self.v_max = float(v_min), float(v_max)
+    def __init__(self, q_net: torch.nn.Module, settings: SmoothingSettings, n_actions: int):
+        self.settings = settings
+        self.target, self.bound = settings.target, settings.bound
+        self.sigma, self.m, self.alpha = settings.sigma, settings.m, settings.alpha
+        self.v_min, self.v_max = settings.v_min, settings.v_max
         self.n_actions = int(n_actions)
-        self.bound = bound
         self.alpha_each = stats.per_bound_alpha(self.alpha, self.n_actions)
-        self.engine = Engine(q_net, self.sigma, self.m, self.n_actions, self._samples,
-                             keep_samples=BOUNDS[bound][1], chunk=chunk, seed=seed, device=device)
+        self.engine = Engine(q_net, settings.noise, self.n_actions, self._samples,
+                             keep_samples=BOUNDS[settings.bound][1])
         self.device, self.q_net = self.engine.device, self.engine.net
         # Randomised rounding (clopper_pearson) draws from its own stream, never from the noise generator.
-        self.rounding_rng = np.random.default_rng([int(seed) % 2**63, 0x524F554E44])
+        self.rounding_rng = np.random.default_rng([int(settings.seed) % 2**63, 0x524F554E44])
         self.calls = 0  # states smoothed so far
         self._submitted = self._collected = 0  # calls submitted / whose results were taken (in order)
 

@@ -5,7 +5,7 @@ what its jobs ask of a cluster, whether it is replicated, what the report's capt
 Every other statement of these facts is derived from this table: the per-run rules (one rule per row, and a
 replicate rule where the row says so: ``rules/stages.smk``, with the blocks of ``rules/common.smk``), the file
 names of :mod:`crop.layout`, the ``crop`` subcommands with their ``--out*`` flags and settings
-(:mod:`crop.cli`), :class:`crop.stages.StageRun`, the stages a run folder may hold
+(:mod:`crop.cli`), :class:`crop.handlers.StageRun`, the stages a run folder may hold
 (:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.cost`), the report's captions
 (:mod:`crop.report.captions`) and the rules/flags table of
 docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler
@@ -94,7 +94,7 @@ def _out(key: str, file: str, help: str, option: str = "out", required: bool = T
 
 
 def _cmd(rule: str) -> str:
-    return f"crop.stages:cmd_{rule}"
+    return f"crop.handlers:cmd_{rule}"
 
 
 _POS_INT = {"type": "integer", "minimum": 1}

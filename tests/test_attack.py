@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 import torch
 
-from crop.attack import pgd_l2, project_l2, run_local_attack
-from crop.smoothing import SmoothedQ
+from crop.attack import LocalAttackSettings, pgd_l2, project_l2, run_local_attack
+from crop.smoothing import SmoothedQ, SmoothingSettings
 
 
 def _norms(d):
@@ -87,8 +87,9 @@ def test_local_attack_smooths_each_step_in_two_batched_calls(mlp_factory):
     tables = []
     for _ in range(2):
         net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
-        sm = _SpySmoother(net, 0.1, 400, -4.0, 4.0, 0.01, 2, seed=5)
-        table = run_local_attack("CartPole-v0", sm, eps_grid, seeds, horizon, m_grad=32, seed=3, progress=False)
+        sm = _SpySmoother(net, SmoothingSettings(0.1, 400, -4.0, 4.0, 0.01, seed=5), 2)
+        table = run_local_attack("CartPole-v0", sm, LocalAttackSettings(eps_grid, seeds, horizon, m_grad=32, seed=3),
+                                 progress=False)
         tables.append(table)
     steps = table["steps"].to_numpy()
     live = [int((steps > t).sum()) for t in range(int(steps.max()))]
@@ -104,11 +105,12 @@ def test_local_attack_records_every_attacked_step(mlp_factory):
     nothing of the attack."""
     eps_grid, seeds, horizon = [0.0, 0.3], [1, 2], 8
     net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
-    plain = run_local_attack("CartPole-v0", SmoothedQ(net, 0.1, 400, -4.0, 4.0, 0.01, 2, seed=5), eps_grid, seeds,
-                             horizon, m_grad=32, seed=3, progress=False)
+    plain = run_local_attack("CartPole-v0", SmoothedQ(net, SmoothingSettings(0.1, 400, -4.0, 4.0, 0.01, seed=5), 2),
+                             LocalAttackSettings(eps_grid, seeds, horizon, m_grad=32, seed=3), progress=False)
     rows: list = []
-    table = run_local_attack("CartPole-v0", SmoothedQ(net, 0.1, 400, -4.0, 4.0, 0.01, 2, seed=5), eps_grid, seeds,
-                             horizon, m_grad=32, seed=3, progress=False, steps_out=rows)
+    table = run_local_attack("CartPole-v0", SmoothedQ(net, SmoothingSettings(0.1, 400, -4.0, 4.0, 0.01, seed=5), 2),
+                             LocalAttackSettings(eps_grid, seeds, horizon, m_grad=32, seed=3), progress=False,
+                             steps_out=rows)
     steps = pd.DataFrame(rows)
     assert table.equals(plain) and len(steps) == table["steps"].sum()
     beyond = steps["certified"] & (steps["radius"] > steps["eps"]) & (steps["action"] != steps["clean_action"])
@@ -128,8 +130,9 @@ def test_local_attack_records_the_return_before_each_step_as_lore_sums_it(mlp_fa
     net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
     rows: list = []
     gamma = 0.9
-    table = run_local_attack("CartPole-v0", SmoothedQ(net, 0.1, 200, -4.0, 4.0, 0.01, 2, seed=5), [0.0, 0.3], [1, 2],
-                             12, m_grad=16, seed=3, gamma=gamma, progress=False, steps_out=rows)
+    table = run_local_attack("CartPole-v0", SmoothedQ(net, SmoothingSettings(0.1, 200, -4.0, 4.0, 0.01, seed=5), 2),
+                             LocalAttackSettings([0.0, 0.3], [1, 2], 12, m_grad=16, seed=3, gamma=gamma),
+                             progress=False, steps_out=rows)
     steps = pd.DataFrame(rows)
     for (eps, ep), g in steps.groupby(["eps", "episode"]):
         j, want = 0.0, []

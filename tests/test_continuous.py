@@ -322,18 +322,19 @@ def test_discrete_stages_on_a_continuous_agent_are_one_line(imported, tmp_path, 
 
 
 def test_gre_and_global_attack_run_on_a_continuous_agent(imported):
-    from crop.attack import pgd_l2, run_global_attack
-    from crop.gre import sample_randomized_returns
+    from crop.attack import GlobalAttackSettings, pgd_l2, run_global_attack
+    from crop.gre import GReSettings, sample_randomized_returns
     from crop.models import load_checkpoint
 
     net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
-    a = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2)
-    b = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2, batch=4)
-    again = sample_randomized_returns("Pendulum-v1", net, 0.1, 6, 30, 1.0, seed=1, env_seed=2)
+    a = sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 6, 30, 1.0, seed=1, env_seed=2))
+    b = sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 6, 30, 1.0, seed=1, env_seed=2, batch=4))
+    again = sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 6, 30, 1.0, seed=1, env_seed=2))
     # the same noise whatever the block: equal up to the float rounding of a batched forward (actions are floats)
     assert np.array_equal(a, again) and np.allclose(a, b, rtol=1e-6, atol=0)
     assert (a <= 0).all() and (a >= PENDULUM_MIN * 30).all()
-    table = run_global_attack("Pendulum-v1", net, 0.1, [0.0, 0.2], [[5, 6], [5, 6]], 20, steps=5, n_eot=8)
+    table = run_global_attack("Pendulum-v1", net, GlobalAttackSettings(0.1, [0.0, 0.2], [[5, 6], [5, 6]], 20, steps=5,
+                                                                       n_eot=8))
     assert len(table) == 4 and np.isfinite(table["return"]).all()
     # the attack's objective: PGD lowers the critic's value of the action taken under the perturbation
     x = torch.randn(16, 3, generator=torch.Generator().manual_seed(4))
@@ -422,7 +423,7 @@ def test_loact_of_a_two_dimensional_actor_covers_the_true_median_action_at_its_s
     visit, the ε = 0 interval of both dimensions holds it at rate >= 1 − 2d·α_each (the four one-sided bounds
     at ε = 0 of the 2·d·G the union bound counts), and each bound is at α_state / (2·2·7)."""
     from crop.models.actor import ContinuousActor
-    from crop.percentile import EPS_FACTORS, run_loact_continuous
+    from crop.percentile import EPS_FACTORS, PercentileSettings, run_loact_continuous
 
     gym.register("CropTestDrift-v0", entry_point=_DriftEnv, max_episode_steps=1000)
     net = ContinuousActor({"arch": "actor", "in": 1, "hidden": [], "out": 2, "squash": "clip", "low": [-10, -10],
@@ -432,8 +433,8 @@ def test_loact_of_a_two_dimensional_actor_covers_the_true_median_action_at_its_s
         net.actor[0].bias.copy_(torch.tensor([0.0, 0.5]))
     alpha_state, episodes, horizon = 0.35, 20, 100
     _DriftEnv.made.clear()
-    table, _, info = run_loact_continuous("CropTestDrift-v0", net, 0.5, 100, episodes, horizon, range(episodes),
-                                          alpha_state=alpha_state, seed=0, progress=False)
+    settings = PercentileSettings(0.5, 100, episodes, horizon, range(episodes), alpha_state=alpha_state, seed=0)
+    table, _, info = run_loact_continuous("CropTestDrift-v0", net, settings, progress=False)
     assert info["per_bound_alpha"] == alpha_state / (2 * 2 * len(EPS_FACTORS))
     obs = np.stack([np.concatenate(e.seen[:horizon]) for e in _DriftEnv.made])          # (episode, step)
     truth = np.stack([obs, -2 * obs + 0.5], -1)                                           # (episode, step, dim)
@@ -530,7 +531,7 @@ def test_clipped_rewards_are_what_gre_and_the_attack_certify(imported, tmp_path,
     clip range wider than the rewards changes nothing (the same bytes)."""
     import pandas as pd
 
-    from crop.gre import sample_randomized_returns
+    from crop.gre import GReSettings, sample_randomized_returns
     from crop.models import load_checkpoint
 
     base = ["--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported), "--no-progress"]
@@ -547,8 +548,9 @@ def test_clipped_rewards_are_what_gre_and_the_attack_certify(imported, tmp_path,
           "0", "--clip-rewards", "--out", str(tmp_path / RUN_FILES["attack_global"])])
     assert (pd.read_csv(tmp_path / RUN_FILES["attack_global"])["return"] >= -30).all()
     net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
-    plain = sample_randomized_returns("Pendulum-v1", net, 0.1, 4, 20, 1.0, seed=3, env_seed=4)
-    wide = sample_randomized_returns("Pendulum-v1", net, 0.1, 4, 20, 1.0, seed=3, env_seed=4, reward_clip=(-100, 0))
+    plain = sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 4, 20, 1.0, seed=3, env_seed=4))
+    wide = sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 4, 20, 1.0, seed=3, env_seed=4,
+                                                                     reward_clip=(-100, 0)))
     assert np.array_equal(plain, wide)
 
 
@@ -557,7 +559,7 @@ def test_mujoco_environments_are_box_environments_gre_runs_on_with_clipped_rewar
     actor of its sizes; GRe's returns with --clip-rewards' range stay in [J_min, J_max]."""
     pytest.importorskip("mujoco")
     from crop.envs import action_bounds, env_shapes
-    from crop.gre import sample_randomized_returns
+    from crop.gre import GReSettings, sample_randomized_returns
     from crop.models import fit_problem
     from crop.models.actor import ContinuousActor
 
@@ -568,8 +570,8 @@ def test_mujoco_environments_are_box_environments_gre_runs_on_with_clipped_rewar
     assert fit_problem(spec, "HalfCheetah-v5") is None
     assert "disagree" in fit_problem({**spec, "high": [2.0] * 6}, "HalfCheetah-v5")
     torch.manual_seed(0)
-    returns = sample_randomized_returns("HalfCheetah-v5", ContinuousActor(spec).eval(), 0.1, 4, 20, 1.0, seed=0,
-                                        env_seed=0, reward_clip=(-0.05, 0.05))
+    settings = GReSettings(0.1, 4, 20, 1.0, seed=0, env_seed=0, reward_clip=(-0.05, 0.05))
+    returns = sample_randomized_returns("HalfCheetah-v5", ContinuousActor(spec).eval(), settings)
     assert (np.abs(returns) <= 20 * 0.05 + 1e-12).all()
 
 

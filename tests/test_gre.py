@@ -8,14 +8,14 @@ import torch
 from crop import stats
 from crop.envs import make_env
 from crop.envs.vector import CARTPOLE_GROUP, cartpole_initial_states
-from crop.gre import TrajectoryNoise, gre_bounds, sample_randomized_returns
+from crop.gre import GReSettings, TrajectoryNoise, gre_bounds, sample_randomized_returns
 
 
 def test_lockstep_returns_equal_single_trajectories(mlp_factory):
     net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=5, scale=2.0)
     m, H = 12, 60
     # σ so small that the randomized policy is the greedy one: every trajectory is then deterministic
-    R = sample_randomized_returns("CartPole-v0", net, 1e-9, m, H, 1.0, seed=0, env_seed=11, progress=False)
+    R = sample_randomized_returns("CartPole-v0", net, GReSettings(1e-9, m, H, 1.0, seed=0, env_seed=11), progress=False)
     expected = []
     for i in range(m):
         e = make_env("CartPole-v0")
@@ -87,9 +87,10 @@ def test_returns_outside_the_declared_range_are_refused():
 def test_sharded_environments_give_the_same_returns(mlp_factory):
     """Spreading GRe's environments over worker processes changes nothing but the speed."""
     net = mlp_factory(n_in=25, n_out=5, hidden=(16,), seed=2)
-    a = sample_randomized_returns("highway-fast-v0", net, 0.1, 6, 4, 1.0, seed=1, env_seed=9, progress=False)
-    b = sample_randomized_returns("highway-fast-v0", net, 0.1, 6, 4, 1.0, seed=1, env_seed=9, progress=False,
-                                  workers=2)
+    a = sample_randomized_returns("highway-fast-v0", net, GReSettings(0.1, 6, 4, 1.0, seed=1, env_seed=9),
+                                  progress=False)
+    b = sample_randomized_returns("highway-fast-v0", net, GReSettings(0.1, 6, 4, 1.0, seed=1, env_seed=9, workers=2),
+                                  progress=False)
     np.testing.assert_array_equal(a, b)
 
 
@@ -98,9 +99,10 @@ def test_blocks_of_trajectories_change_nothing_on_the_env_pool(mlp_factory):
     """Stepping the trajectories in blocks (bounded memory) changes nothing: each keeps its environment
     seed and its own noise (σ large enough for the noise to decide actions)."""
     net = mlp_factory(n_in=25, n_out=5, hidden=(16,), seed=3)
-    a = sample_randomized_returns("highway-fast-v0", net, 0.5, 5, 4, 1.0, seed=1, env_seed=7, progress=False)
-    b = sample_randomized_returns("highway-fast-v0", net, 0.5, 5, 4, 1.0, seed=1, env_seed=7, progress=False,
-                                  batch=2)
+    a = sample_randomized_returns("highway-fast-v0", net, GReSettings(0.5, 5, 4, 1.0, seed=1, env_seed=7),
+                                  progress=False)
+    b = sample_randomized_returns("highway-fast-v0", net, GReSettings(0.5, 5, 4, 1.0, seed=1, env_seed=7, batch=2),
+                                  progress=False)
     np.testing.assert_array_equal(a, b)
 
 
@@ -112,8 +114,8 @@ def test_cartpole_returns_depend_neither_on_the_blocks_nor_on_m(mlp_factory):
 
     def run(**kw):
         kw = {"m": m, **kw}
-        return sample_randomized_returns("CartPole-v0", net, 0.3, kw.pop("m"), H, 1.0, seed=3, env_seed=11,
-                                         progress=False, **kw)
+        return sample_randomized_returns("CartPole-v0", net, GReSettings(0.3, kw.pop("m"), H, 1.0, seed=3, env_seed=11,
+                                                                         **kw), progress=False)
 
     ref = run()
     assert len(set(ref)) > 3, "the noise and the initial states must matter for the test to bite"
@@ -122,7 +124,8 @@ def test_cartpole_returns_depend_neither_on_the_blocks_nor_on_m(mlp_factory):
     np.testing.assert_array_equal(run(m=9), ref[:9])
     np.testing.assert_array_equal(run(m=40, batch=13)[:m], ref)
     # the noise decides: another noise seed changes returns, the same initial states kept
-    other = sample_randomized_returns("CartPole-v0", net, 0.3, m, H, 1.0, seed=4, env_seed=11, progress=False)
+    other = sample_randomized_returns("CartPole-v0", net, GReSettings(0.3, m, H, 1.0, seed=4, env_seed=11),
+                                      progress=False)
     assert (other != ref).any()
 
 
@@ -178,13 +181,15 @@ def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
     returns = {}
     for kind, workers in (("env", 1), ("atari", 2)):
         monkeypatch.setattr(crop.gre, "make_env_pool", recording(kind))
-        returns[kind] = sample_randomized_returns("PongNoFrameskip-v4", net, 0.05, 3, 120, 1.0, seed=4,
-                                                  env_seed=9, workers=workers, progress=False)
+        returns[kind] = sample_randomized_returns("PongNoFrameskip-v4", net, GReSettings(0.05, 3, 120, 1.0, seed=4,
+                                                                                         env_seed=9, workers=workers),
+                                                  progress=False)
     # the GPU path (pixels moved to the device, converted there), run on the CPU
     monkeypatch.setattr(crop.gre, "make_env_pool", make_env_pool)
     monkeypatch.setattr(crop.gre, "PIXELS_ON", ("cuda", "cpu"))
-    returns["pixels"] = sample_randomized_returns("PongNoFrameskip-v4", net, 0.05, 3, 120, 1.0, seed=4,
-                                                  env_seed=9, workers=2, progress=False)
+    returns["pixels"] = sample_randomized_returns("PongNoFrameskip-v4", net, GReSettings(0.05, 3, 120, 1.0, seed=4,
+                                                                                         env_seed=9, workers=2),
+                                                  progress=False)
     np.testing.assert_array_equal(returns["atari"], returns["env"])
     np.testing.assert_array_equal(returns["pixels"], returns["env"])
     assert len(seen["atari"]) == len(seen["env"]) == 120 and seen["atari"] == seen["env"]

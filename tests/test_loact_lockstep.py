@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from crop.loact import run_loact
-from crop.smoothing import SmoothedQ
+from crop.loact import LoActSettings, run_loact
+from crop.smoothing import SmoothedQ, SmoothingSettings
 
 SIGMA, M = 0.01, 1000
 # Q = (−θ, 1 + θ): affine, so the smoothed Q is Q itself (no clipping inside [-5, 5]) and each sample's
@@ -23,12 +23,12 @@ class _Affine(torch.nn.Module):
 
 
 def _run(seed, lockstep, episodes=16, horizon=60, pipeline=False):
-    sm = SmoothedQ(_Affine(), SIGMA, M, -5, 5, 0.05, 2, seed=seed)
+    sm = SmoothedQ(_Affine(), SmoothingSettings(SIGMA, M, -5, 5, 0.05, seed=seed), 2)
     calls = []
     submit = sm.submit
     sm.submit = lambda obs, **kw: calls.append(len(obs)) or submit(obs, **kw)
-    steps, eps = run_loact("CartPole-v0", sm, episodes, horizon, list(range(100, 100 + episodes)),
-                           lockstep=lockstep, pipeline=pipeline, progress=False)
+    steps, eps = run_loact("CartPole-v0", sm, LoActSettings(episodes, horizon, list(range(100, 100 + episodes)),
+                                                            lockstep=lockstep, pipeline=pipeline), progress=False)
     return steps, eps, calls
 
 

@@ -10,7 +10,7 @@ import torch
 
 from crop.loact import certify_estimate
 from crop.lore import lore_bound_at, run_lore
-from crop.smoothing import SmoothedQ
+from crop.smoothing import SmoothedQ, SmoothingSettings
 
 
 class ToyWalk(gym.Env):
@@ -96,7 +96,7 @@ def brute_force(make, sm, horizon, eps, gamma=1.0, seed=0):
 def test_lore_equals_brute_force(mlp_factory, signed, prune, repeat):
     horizon = 6
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
-    sm = CachedSmoother(net, 0.3, 2000, -6.0, 6.0, 0.05, 3, seed=0)
+    sm = CachedSmoother(net, SmoothingSettings(0.3, 2000, -6.0, 6.0, 0.05, seed=0), 3)
     make = lambda: ToyWalk(signed=signed, repeat_states=repeat)  # noqa: E731
     table, info = run_lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False)
     assert table["eps"].is_monotonic_increasing
@@ -125,7 +125,7 @@ def test_lore_on_cartpole_equals_brute_force(mlp_factory):
 
     horizon = 12
     net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
-    sm = CachedSmoother(net, 0.05, 300, -4.0, 4.0, 0.05, 2, seed=0)
+    sm = CachedSmoother(net, SmoothingSettings(0.05, 300, -4.0, 4.0, 0.05, seed=0), 2)
     make = lambda: make_env("CartPole-v0")  # noqa: E731
     table, info = run_lore("CartPole-v0", sm, horizon, 3, progress=False)
     assert len(table) >= 3, "the pole must be able to fall within the horizon for the test to bite"
@@ -142,7 +142,7 @@ def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
 
     horizon, alpha = 6, 0.05
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
-    sm = CachedSmoother(net, 0.3, 2000, -6.0, 6.0, alpha, 3, seed=0)
+    sm = CachedSmoother(net, SmoothingSettings(0.3, 2000, -6.0, 6.0, alpha, seed=0), 3)
     make = lambda: ToyWalk()  # noqa: E731
     table, info = run_lore("toy", sm, horizon, 0, make=make, progress=False,
                            alpha_of=lambda i: stats.lore_state_alpha(alpha, "family", i))
@@ -156,7 +156,7 @@ def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
     for eps in (0.0, 0.05, 0.2, 10.0):
         assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, horizon, eps)), eps
     # state mode (the paper): every state at α, the union bound over N states
-    sm2 = CachedSmoother(net, 0.3, 2000, -6.0, 6.0, alpha, 3, seed=0)
+    sm2 = CachedSmoother(net, SmoothingSettings(0.3, 2000, -6.0, 6.0, alpha, seed=0), 3)
     _, info2 = run_lore("toy", sm2, horizon, 0, make=make, progress=False)
     assert set(sm2.alphas) == {alpha} and info2["per_state_alpha"] == alpha
     assert info2["confidence_union"] == pytest.approx(max(0.0, 1 - alpha * info2["distinct_states_smoothed"]))
@@ -184,7 +184,7 @@ def test_batched_search_equals_one_state_at_a_time(prune):
     make = lambda: ToyWalk()  # noqa: E731
     runs = {}
     for batch in (1, 64):
-        sm = CachedSmoother(_SaturatedQ(), 1e-3, 500, -6.0, 6.0, 0.05, 3, seed=batch)
+        sm = CachedSmoother(_SaturatedQ(), SmoothingSettings(1e-3, 500, -6.0, 6.0, 0.05, seed=batch), 3)
         table, info = run_lore("toy", sm, 7, 0, prune=prune, make=make, progress=False, batch=batch)
         runs[batch] = (sm, table, info)
     (sm1, t1, i1), (sm64, t64, i64) = runs[1], runs[64]
@@ -210,7 +210,7 @@ def test_batched_lore_equals_brute_force_with_family_alphas(mlp_factory, signed,
     from crop import stats
 
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
-    sm = CachedSmoother(net, 0.3, 2000, -6.0, 6.0, 0.05, 3, seed=0)
+    sm = CachedSmoother(net, SmoothingSettings(0.3, 2000, -6.0, 6.0, 0.05, seed=0), 3)
     make = lambda: ToyWalk(signed=signed)  # noqa: E731
     table, info = run_lore("toy", sm, 7, 0, prune=prune, make=make, progress=False, batch=8,
                            alpha_of=lambda i: stats.lore_state_alpha(0.05, "family", i))
@@ -242,8 +242,8 @@ def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suf
     reward_min = -1.0 if signed else 0.0  # ToyWalk's rewards are 1 − |pos| ≥ −0.35 (≥ 0 unsigned)
 
     def run(max_nodes):
-        sm = SmoothedQ(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0), 0.3, 2000, -6.0, 6.0, 0.05, 3,
-                       seed=0)
+        sm = SmoothedQ(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0),
+                       SmoothingSettings(0.3, 2000, -6.0, 6.0, 0.05, seed=0), 3)
         return run_lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False, gamma=gamma,
                         max_nodes=max_nodes, reward_min=reward_min)
 
@@ -299,7 +299,8 @@ def test_bounded_search_stays_below_the_unbounded_one_where_the_lowest_reward_is
     """Where every leaf collects the declared lowest reward, an open subtree's worst case equals its leaves'
     return in the reals; computed, it must not come out above the unbounded search's bound by rounding."""
     def run(max_nodes):
-        sm = SmoothedQ(mlp_factory(n_in=2, n_out=2, hidden=(8,), seed=0), 0.3, 500, -6.0, 6.0, 0.05, 2, seed=0)
+        sm = SmoothedQ(mlp_factory(n_in=2, n_out=2, hidden=(8,), seed=0), SmoothingSettings(0.3, 500, -6.0, 6.0, 0.05,
+                                                                                            seed=0), 2)
         return run_lore("toy", sm, horizon, 0, prune=False, make=FloorWalk, progress=False, gamma=gamma,
                         max_nodes=max_nodes, reward_min=-0.1)
 
@@ -316,7 +317,8 @@ def test_bounded_search_refuses_a_false_reward_range(mlp_factory):
     """The open subtrees' worst case rests on the declared lowest reward: a reward below it stops the search."""
     from crop.io import InputError
 
-    sm = SmoothedQ(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0), 0.3, 200, -6.0, 6.0, 0.05, 3)
+    sm = SmoothedQ(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0),
+                   SmoothingSettings(0.3, 200, -6.0, 6.0, 0.05), 3)
     with pytest.raises(InputError, match="lowest reward declared"):
         run_lore("toy", sm, 6, 0, prune=False, make=lambda: ToyWalk(signed=True), progress=False, max_nodes=500,
                  reward_min=0.5)

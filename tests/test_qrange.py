@@ -5,7 +5,7 @@ import torch
 from scipy.stats import norm
 
 from crop.envs import make_env, to_obs
-from crop.qrange import estimate_qrange
+from crop.qrange import QRangeSettings, estimate_qrange
 
 torch.set_num_threads(1)
 
@@ -41,8 +41,8 @@ def _visited_states():
 
 
 def _estimate(method, **kw):
-    return estimate_qrange("CartPole-v0", ReluProbe(), SIGMA, M, len(SEEDS), HORIZON, SEEDS, seed=7,
-                           chunk=5000, progress=False, method=method, **kw)
+    return estimate_qrange("CartPole-v0", ReluProbe(), QRangeSettings(SIGMA, M, len(SEEDS), HORIZON, SEEDS, seed=7,
+                                                                      chunk=5000, method=method, **kw), progress=False)
 
 
 def test_smoothed_range_is_the_closed_form_extremes():
@@ -116,8 +116,8 @@ def test_samples_method_follows_the_documented_lockstep_stream(monkeypatch, bloc
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     seeds, horizon, m = [3, 4, 5], 40, 300
-    res = estimate_qrange("CartPole-v0", net, 0.1, m, len(seeds), horizon, seeds, seed=1, chunk=50,
-                          progress=False, method="samples")
+    res = estimate_qrange("CartPole-v0", net, QRangeSettings(0.1, m, len(seeds), horizon, seeds, seed=1, chunk=50,
+                                                             method="samples"), progress=False)
     rows = max(50, crop.qrange.NOISE_BLOCK_FLOATS // 4)
     lo, hi, lengths = _reference_lockstep(net, 0.1, m, seeds, horizon, 1, rows)
     assert len(set(lengths)) > 1, "episodes must end at different steps for the test to bite"
@@ -126,12 +126,12 @@ def test_samples_method_follows_the_documented_lockstep_stream(monkeypatch, bloc
 
 
 def test_lockstep_is_deterministic_for_a_seed():
-    a = estimate_qrange("CartPole-v0", ReluProbe(), SIGMA, 500, 2, HORIZON, SEEDS, seed=3, progress=False,
-                        method="quantile", quantile=0.05)
-    b = estimate_qrange("CartPole-v0", ReluProbe(), SIGMA, 500, 2, HORIZON, SEEDS, seed=3, progress=False,
-                        method="quantile", quantile=0.05)
-    c = estimate_qrange("CartPole-v0", ReluProbe(), SIGMA, 500, 2, HORIZON, SEEDS, seed=4, progress=False,
-                        method="quantile", quantile=0.05)
+    a = estimate_qrange("CartPole-v0", ReluProbe(), QRangeSettings(SIGMA, 500, 2, HORIZON, SEEDS, seed=3,
+                                                                   method="quantile", quantile=0.05), progress=False)
+    b = estimate_qrange("CartPole-v0", ReluProbe(), QRangeSettings(SIGMA, 500, 2, HORIZON, SEEDS, seed=3,
+                                                                   method="quantile", quantile=0.05), progress=False)
+    c = estimate_qrange("CartPole-v0", ReluProbe(), QRangeSettings(SIGMA, 500, 2, HORIZON, SEEDS, seed=4,
+                                                                   method="quantile", quantile=0.05), progress=False)
     assert a == b and (a["v_min"], a["v_max"]) != (c["v_min"], c["v_max"])
 
 
@@ -139,4 +139,4 @@ def test_lockstep_is_deterministic_for_a_seed():
                                 {"method": "quantile", "quantile": None}])
 def test_bad_method_settings_are_refused(kw):
     with pytest.raises(ValueError):
-        estimate_qrange("CartPole-v0", ReluProbe(), SIGMA, 10, 1, 2, SEEDS, seed=0, progress=False, **kw)
+        QRangeSettings(SIGMA, 10, 1, 2, SEEDS, seed=0, **kw)

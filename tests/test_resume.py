@@ -17,7 +17,7 @@ from crop.io import meta_name, sha256_file, write_json
 from crop.layout import RUN_FILES
 from crop.lore import LoRe, lore_bound_at, run_lore
 from crop.models import save_q_network
-from crop.smoothing import SmoothedQ
+from crop.smoothing import SmoothedQ, SmoothingSettings
 
 from conftest import random_mlp
 
@@ -39,6 +39,16 @@ class DyingSmoother(SmoothedQ):
             raise Killed
         self.lives -= 1
         return super().estimate_batch(obs_batch, indices, alpha=alpha)
+
+
+def _smoothed(net_kw, sm_args, lives=None, **settings):
+    """The smoother of a case (``sm_args``: σ, m, v_min, v_max, α, |A|; ``settings`` override any field of its
+    :class:`SmoothingSettings`); one that dies after ``lives`` calls."""
+    *head, n_actions = sm_args
+    made = SmoothingSettings(**{**dict(zip(("sigma", "m", "v_min", "v_max", "alpha"), head)), **settings})
+    if lives is None:
+        return SmoothedQ(random_mlp(**net_kw), made, n_actions)
+    return DyingSmoother(random_mlp(**net_kw), made, n_actions, lives=lives)
 
 
 def _run(smoother, resume_file, every, **kw):
@@ -65,15 +75,15 @@ def test_resumed_search_is_byte_identical(tmp_path, env, bound, mode, lives):
     net_kw, sm_args, kw = _case(env)
     if mode == "family":
         kw["alpha_of"] = lambda i: stats.lore_state_alpha(0.05, "family", i)
-    clean_sm = SmoothedQ(random_mlp(**net_kw), *sm_args, bound=bound, seed=7)
+    clean_sm = _smoothed(net_kw, sm_args, bound=bound, seed=7)
     clean, clean_info = _run(clean_sm, None, 60.0, **kw)
 
     resume = tmp_path / "lore.resume"
-    dying = DyingSmoother(random_mlp(**net_kw), *sm_args, bound=bound, seed=7, lives=lives)
+    dying = _smoothed(net_kw, sm_args, bound=bound, seed=7, lives=lives)
     with pytest.raises(Killed):
         _run(dying, resume, 0.0, **kw)  # saves before every node
     assert resume.exists()
-    fresh = SmoothedQ(random_mlp(**net_kw), *sm_args, bound=bound, seed=7)  # a new process: a new smoother
+    fresh = _smoothed(net_kw, sm_args, bound=bound, seed=7)  # a new process: a new smoother
     resumed, info = _run(fresh, resume, 1e9, **kw)
     assert info["resumed"] is True and clean_info["resumed"] is False
     assert info["distinct_states_smoothed"] > lives + 3, "states must be smoothed after the resume to bite"
@@ -89,14 +99,14 @@ def test_every_certificate_after_the_resume_is_the_uninterrupted_one(tmp_path):
     """Stronger than equal outputs: the certificate of every state smoothed after the resume (Clopper–
     Pearson, whose bounds use the rounding stream) equals the uninterrupted run's, bit for bit."""
     net_kw, sm_args, kw = _case("toy")
-    clean = LoRe(smoother=SmoothedQ(random_mlp(**net_kw), *sm_args, bound="clopper_pearson", seed=2), **kw)
+    clean = LoRe(smoother=_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2), **kw)
     clean.certify(progress=False)
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_kw), *sm_args, bound="clopper_pearson", seed=2,
+    dying = LoRe(smoother=_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2,
                                         lives=5), **kw)
     with pytest.raises(Killed):
         dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
-    again = LoRe(smoother=SmoothedQ(random_mlp(**net_kw), *sm_args, bound="clopper_pearson", seed=2), **kw)
+    again = LoRe(smoother=_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2), **kw)
     again.certify(resume_file=resume, checkpoint_every=1e9, progress=False)
     assert list(again.memo) == list(clean.memo) and len(clean.memo) > 10
     for key, c in clean.memo.items():
@@ -107,10 +117,10 @@ def test_every_certificate_after_the_resume_is_the_uninterrupted_one(tmp_path):
 def test_a_resume_file_of_another_run_is_ignored(tmp_path):
     net_kw, sm_args, kw = _case("toy")
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_kw), *sm_args, seed=2, lives=5), **kw)
+    dying = LoRe(smoother=_smoothed(net_kw, sm_args, seed=2, lives=5), **kw)
     with pytest.raises(Killed):
         dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
-    other = LoRe(smoother=SmoothedQ(random_mlp(**net_kw), *sm_args, bound="clopper_pearson", seed=2), **kw)
+    other = LoRe(smoother=_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2), **kw)
     _, info = other.certify(resume_file=resume, checkpoint_every=1e9, progress=False)
     assert info["resumed"] is False  # another bound: another run, started afresh
 
@@ -201,10 +211,10 @@ def _kill_and_resume_file(tmp_path, lives=5):
     """A toy search killed after ``lives`` smoothing calls: its resume file and the run's arguments."""
     net_kw, sm_args, kw = _case("toy")
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_kw), *sm_args, seed=2, lives=lives), **kw)
+    dying = LoRe(smoother=_smoothed(net_kw, sm_args, seed=2, lives=lives), **kw)
     with pytest.raises(Killed):
         dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
-    return resume, lambda: LoRe(smoother=SmoothedQ(random_mlp(**net_kw), *sm_args, seed=2), **kw)
+    return resume, lambda: LoRe(smoother=_smoothed(net_kw, sm_args, seed=2), **kw)
 
 
 def test_a_planted_pickle_runs_nothing_and_is_ignored(tmp_path, capsys):
@@ -260,13 +270,13 @@ def test_a_bounded_search_resumes_byte_identically_and_its_budget_keys_the_file(
     file written under another budget belongs to another run and is ignored."""
     net_kw, sm_args, kw = _case("toy")
     kw = {**kw, "max_nodes": 20, "reward_min": 0.0}
-    clean, clean_info = _run(SmoothedQ(random_mlp(**net_kw), *sm_args, seed=7), None, 60.0, **kw)
+    clean, clean_info = _run(_smoothed(net_kw, sm_args, seed=7), None, 60.0, **kw)
     assert clean_info["truncated"] is True and clean_info["nodes"] == 20
     for budget, resumed in ((21, False), (20, True)):
         resume = tmp_path / f"lore-{budget}.resume"
         with pytest.raises(Killed):
-            _run(DyingSmoother(random_mlp(**net_kw), *sm_args, seed=7, lives=2), resume, 0.0, **kw)
-        table, info = _run(SmoothedQ(random_mlp(**net_kw), *sm_args, seed=7), resume, 1e9,
+            _run(_smoothed(net_kw, sm_args, seed=7, lives=2), resume, 0.0, **kw)
+        table, info = _run(_smoothed(net_kw, sm_args, seed=7), resume, 1e9,
                            **{**kw, "max_nodes": budget})
         assert info["resumed"] is resumed
         if resumed:
@@ -322,12 +332,12 @@ def test_a_resume_file_of_another_network_profile_or_reward_is_ignored(tmp_path,
              "reward": (net_a, {"reward_fn": lambda r: max(r, 0.1)}),
              "run_key": (net_a, {"run_key": {"checkpoint_sha256": "b"}})}[change]
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_a), *sm_args, seed=2, lives=6, target="probs"), **base)
+    dying = LoRe(smoother=_smoothed(net_a, sm_args, seed=2, lives=6, target="probs"), **base)
     with pytest.raises(Killed):
         dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
 
     def make():
-        return LoRe(smoother=SmoothedQ(random_mlp(**other[0]), *sm_args, seed=2, target="probs"),
+        return LoRe(smoother=_smoothed(other[0], sm_args, seed=2, target="probs"),
                     **{**base, **other[1]})
 
     clean, _ = make().certify(progress=False)
@@ -462,7 +472,7 @@ def test_a_small_file_cannot_take_more_memory_than_its_size(tmp_path, capsys):
 def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkeypatch):
     """The stage deletes the resume file only once lore.csv and its meta are written: a failure (or a kill)
     between the end of the search and the outputs leaves it for the rerun, which resumes and then removes it."""
-    import crop.stages
+    import crop.handlers
     from crop.cli import main
     from crop.io import OutputError
 
@@ -476,7 +486,7 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
         raise OutputError(28, f"cannot write {d / RUN_FILES['lore']}: No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(crop.stages.StageRun, "write", full_disk)
+        m.setattr(crop.handlers.StageRun, "write", full_disk)
         with pytest.raises(SystemExit):
             main(argv)
     assert resume.exists() and not (d / RUN_FILES["lore"]).exists()
@@ -495,7 +505,7 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
 
     net_kw, sm_args, kw = _case("toy")
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=DyingSmoother(random_mlp(**net_kw), *sm_args, seed=2, lives=5), **kw)
+    dying = LoRe(smoother=_smoothed(net_kw, sm_args, seed=2, lives=5), **kw)
     with pytest.raises(Killed):
         dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
     base = dying.settings
@@ -513,14 +523,25 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
         else:
             extra = {"reward_min": -1.0} if name == "max_nodes" else {}
             changed = replace(base, search=replace(base.search, **{name: value}, **extra))
-        search = LoRe(changed, SmoothedQ(random_mlp(**net_kw), *sm_args, seed=2))
+        search = LoRe(changed, _smoothed(net_kw, sm_args, seed=2))
         assert search.key() != dying.key() and search.load(resume, None) is False, name
     # a field added to the settings is in the key
     Wider = make_dataclass("Wider", [("new_option", int, field(default=0))], bases=(Search,), frozen=True)
     wide = LoReSettings(base.problem, Wider(**{f.name: getattr(base.search, f.name) for f in fields(Search)}))
     assert wide.key()["search"]["new_option"] == 0 and wide.key() != base.key()
     assert replace(wide, search=replace(wide.search, new_option=1)).key() != wide.key()
-    again = LoRe(base, SmoothedQ(random_mlp(**net_kw), *sm_args, seed=2))
+    # so is every field of the smoother's settings (crop.smoothing.SmoothingSettings)
+    sm_other = {"sigma": 0.2, "m": 123, "v_min": -5.0, "v_max": 5.0, "alpha": 0.01, "bound": "betting",
+                "target": "vote", "chunk": 7, "seed": 3, "device": None}
+    assert set(sm_other) == {f.name for f in fields(SmoothingSettings)}, "a new setting needs a changed value here"
+    for name, value in sm_other.items():
+        if name == "device":   # no second device here: the key holds the device as the smoother resolved it
+            assert dying.key()["smoothing"]["device"] == "cpu"
+            continue
+        changed = {name: value, **({"v_min": 0.0, "v_max": 1.0} if name == "target" else {})}
+        search = LoRe(base, _smoothed(net_kw, sm_args, **{"seed": 2, **changed}))
+        assert search.key() != dying.key() and search.load(resume, None) is False, name
+    again = LoRe(base, _smoothed(net_kw, sm_args, seed=2))
     assert again.certify(resume_file=resume, checkpoint_every=1e9, progress=False)[1]["resumed"] is True
 
 

@@ -8,15 +8,15 @@ import torch
 from scipy import stats as st
 from test_batch_smoothing import _Affine as Linear2  # logits z(x) = W x + b: smoothed values known in closed form
 
-from crop.gre import TrajectoryNoise, sample_randomized_returns
+from crop.gre import GReSettings, TrajectoryNoise, sample_randomized_returns
 from crop.loact import certify_estimate, certify_state
-from crop.smoothing import BOUNDS, TARGETS, SmoothedQ
+from crop.smoothing import BOUNDS, TARGETS, SmoothedQ, SmoothingSettings
 
 TARGETS01 = ("probs", "vote")
 
 
 def smoother(net, target, sigma=0.5, m=1000, alpha=0.05, n=3, **kw):
-    return SmoothedQ(net, sigma, m, 0.0, 1.0, alpha, n, target=target, **kw)
+    return SmoothedQ(net, SmoothingSettings(sigma, m, 0.0, 1.0, alpha, target=target, **kw), n)
 
 
 @pytest.mark.parametrize("target", TARGETS01)
@@ -47,11 +47,11 @@ def test_targets_draw_the_same_noise_and_q_is_unchanged(mlp_factory):
     for every target, and the default target is q."""
     net = mlp_factory(n_in=4, n_out=3, seed=5)
     x = np.full(4, 0.1, np.float32)
-    q = SmoothedQ(net, 0.4, 500, 0.0, 1.0, 0.05, 3, seed=3).estimate(x)
+    q = SmoothedQ(net, SmoothingSettings(0.4, 500, 0.0, 1.0, 0.05, seed=3), 3).estimate(x)
     for t in TARGETS:
-        e = SmoothedQ(net, 0.4, 500, 0.0, 1.0, 0.05, 3, seed=3, target=t).estimate(x)
+        e = SmoothedQ(net, SmoothingSettings(0.4, 500, 0.0, 1.0, 0.05, seed=3, target=t), 3).estimate(x)
         np.testing.assert_array_equal(e.raw_mean, q.raw_mean)
-    assert SmoothedQ(net, 0.4, 500, 0.0, 1.0, 0.05, 3).target == "q"
+    assert SmoothedQ(net, SmoothingSettings(0.4, 500, 0.0, 1.0, 0.05), 3).target == "q"
 
 
 @pytest.mark.parametrize("bad,match", [(dict(target="logits"), "unknown smoothing target"),
@@ -61,7 +61,7 @@ def test_bad_targets_and_ranges_are_refused(mlp_factory, bad, match):
     kw = dict(sigma=0.1, m=10, v_min=0.0, v_max=1.0, alpha=0.05)
     kw.update(bad)
     with pytest.raises(ValueError, match=match):
-        SmoothedQ(mlp_factory(), n_actions=2, **kw)
+        SmoothedQ(mlp_factory(), SmoothingSettings(**kw), n_actions=2)
 
 
 # ------------------------------------------------------------------------------------------------- coverage
@@ -201,7 +201,7 @@ def test_lore_on_a_policy_network_equals_brute_force(mlp_factory, target, signed
 
     horizon = 6
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
-    sm = CachedSmoother(net, 0.3, 2000, 0.0, 1.0, 0.05, 3, seed=0, target=target)
+    sm = CachedSmoother(net, SmoothingSettings(0.3, 2000, 0.0, 1.0, 0.05, seed=0, target=target), 3)
     make = lambda: ToyWalk(signed=signed)  # noqa: E731
     table, _ = run_lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False)
     radii = sorted({float(r) for e in sm.cache.values() for r in certify_estimate(e, sm.sigma, 0.0, 1.0).radii})
@@ -221,7 +221,8 @@ def test_gre_on_a_policy_network_acts_by_the_greedy_action_at_the_noisy_state(ml
     with torch.no_grad():
         actor[2].weight.mul_(20.0)
     m, H, sigma = 6, 40, 0.3
-    R = sample_randomized_returns("CartPole-v0", actor, sigma, m, H, 1.0, seed=4, env_seed=11, progress=False)
+    R = sample_randomized_returns("CartPole-v0", actor, GReSettings(sigma, m, H, 1.0, seed=4, env_seed=11),
+                                  progress=False)
     expected = []
     for i in range(m):
         noise = TrajectoryNoise(4, i, 1, (4,), torch.device("cpu"))
@@ -245,14 +246,14 @@ def test_gre_on_a_policy_network_acts_by_the_greedy_action_at_the_noisy_state(ml
 def test_local_attack_on_a_policy_network_never_flips_a_certified_step(target):
     """PGD on the smoothed probabilities against π̃ of a Tanh actor: no attacked step whose certified radius
     exceeds ε changes the smoothed action, and at a large ε the attack does change actions (it bites)."""
-    from crop.attack import run_local_attack
+    from crop.attack import LocalAttackSettings, run_local_attack
 
     torch.manual_seed(2)
     actor = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2)).eval()
     with torch.no_grad():
         actor[2].weight.mul_(30.0)
     sm = smoother(actor, target, sigma=0.1, m=1000, n=2, seed=1)
-    table = run_local_attack("CartPole-v0", sm, [0.0, 0.02, 0.5], [5, 6], 12, steps=5, m_grad=64, seed=3,
-                             progress=False)
+    table = run_local_attack("CartPole-v0", sm, LocalAttackSettings([0.0, 0.02, 0.5], [5, 6], 12, steps=5, m_grad=64,
+                                                                    seed=3), progress=False)
     assert (table["flips_certified"] == 0).all()
     assert table.loc[table["eps"] == 0.5, "flips"].sum() > 0

@@ -116,7 +116,7 @@ def read_lore_meta(run_dir: Path) -> dict:
 
 
 #: The stages whose outputs are returns: their metadata record the reward clip they ran with (``reward_clip``,
-#: crop.stages._clip_record), absent where the rewards are the environment's own.
+#: crop.handlers._clip_record), absent where the rewards are the environment's own.
 RETURN_STAGES = ("loact", "gre", "attack_global")
 
 

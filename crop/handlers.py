@@ -1,4 +1,5 @@
-"""The workflow's stages after the checkpoint, one function per `crop` subcommand.
+"""The handlers of the ``crop`` subcommands after the checkpoint: one ``cmd_*`` function per subcommand (the
+per-run stages of :data:`crop.stage_table.STAGES`, and aggregate and audit), called with the parsed arguments.
 
 Certification and attacks run the same sequence (:class:`StageRun`): verify and load the checkpoint and the V
 range, build the smoothed Q-values with the stage's own noise stream, run one certifier or attack, then write
@@ -133,12 +134,13 @@ class StageRun:
     def smoother(self, alpha: float):
         """Smoothed Q-values (Definition 1) of the checkpoint, with the stage's own noise stream."""
         from crop.models import n_actions
-        from crop.smoothing import SmoothedQ
+        from crop.smoothing import SmoothedQ, SmoothingSettings
 
         a = self.args
         # The action count is the checkpoint's (SA-DQN's Pong networks use 4 of the 6 actions).
-        sm = SmoothedQ(self.net, a.sigma, a.m, self.v_min, self.v_max, alpha, n_actions(self.meta["net_spec"]),
-                       bound=a.bound, chunk=a.chunk, seed=self.seed, device=a.device, target=self.target)
+        settings = SmoothingSettings(a.sigma, a.m, self.v_min, self.v_max, alpha, bound=a.bound, target=self.target,
+                                     chunk=a.chunk, seed=self.seed, device=a.device)
+        sm = SmoothedQ(self.net, settings, n_actions(self.meta["net_spec"]))
         self.device = str(sm.device)
         return sm
 
@@ -168,16 +170,16 @@ class StageRun:
 
 def cmd_qrange(args) -> None:
     from crop.io import write_json
-    from crop.qrange import estimate_qrange
+    from crop.qrange import QRangeSettings, estimate_qrange
 
     st = StageRun(args)
     if st.target != "q":
         raise InputError(f"{args.checkpoint}: a policy network has no V range to estimate (its targets probs and "
                          "vote lie in [0, 1])")
-    res = estimate_qrange(args.env, st.net, args.sigma, args.m, args.episodes, args.horizon,
-                          _episode_seeds(args.seed, args.env, args.episodes, "qrange-episode"), seed=st.seed,
-                          chunk=args.chunk, device=args.device, profile=st.profile, progress=args.progress,
-                          method=args.method, quantile=args.quantile)
+    settings = QRangeSettings(args.sigma, args.m, args.episodes, args.horizon,
+                              _episode_seeds(args.seed, args.env, args.episodes, "qrange-episode"), seed=st.seed,
+                              chunk=args.chunk, device=args.device, method=args.method, quantile=args.quantile)
+    res = estimate_qrange(args.env, st.net, settings, profile=st.profile, progress=args.progress)
     write_json(args.out, {"env": args.env, "algo": args.algo, "sigma": args.sigma, **res,
                           "checkpoint_sha256": st.meta["sha256"], "provenance": st.provenance()})
     print(f"qrange {args.env}/{args.algo} σ={args.sigma}: [{res['v_min']:.6g}, {res['v_max']:.6g}] "
@@ -187,7 +189,7 @@ def cmd_qrange(args) -> None:
 def cmd_loact(args) -> None:
     import numpy as np
 
-    from crop.loact import certified_ratio, run_loact
+    from crop.loact import LoActSettings, certified_ratio, run_loact
     from crop.stats import episode_confidence, loact_state_alpha
 
     st = StageRun(args)
@@ -198,9 +200,9 @@ def cmd_loact(args) -> None:
                          "and the local attack's returns, of the environment's own rewards; leave it out")
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     frames: list = []
-    steps, episodes = run_loact(args.env, sm, args.episodes, args.horizon,
-                                _episode_seeds(args.seed, args.env, args.episodes), profile=st.profile,
-                                progress=args.progress, frames=frames, frames_window=tuple(args.frames_window))
+    settings = LoActSettings(args.episodes, args.horizon, _episode_seeds(args.seed, args.env, args.episodes),
+                             frames_window=tuple(args.frames_window))
+    steps, episodes = run_loact(args.env, sm, settings, profile=st.profile, progress=args.progress, frames=frames)
     longest = int(episodes["steps"].max())
     st.write({"target": st.target, "v_min": st.v_min, "v_max": st.v_max, "states_certified": int(len(steps)),
               "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha, "per_bound_alpha": sm.alpha_each,
@@ -228,7 +230,7 @@ def _loact_continuous(st: StageRun, args) -> None:
 
     from crop.config import schema
     from crop.loact import certified_ratio
-    from crop.percentile import run_loact_continuous, step_ratio
+    from crop.percentile import PercentileSettings, run_loact_continuous, step_ratio
     from crop.stats import episode_confidence, loact_state_alpha
 
     if args.bound != schema()["properties"]["bound"]["default"]:
@@ -239,11 +241,11 @@ def _loact_continuous(st: StageRun, args) -> None:
     alpha_state = loact_state_alpha(args.alpha, args.alpha_mode, args.horizon)
     clip = _reward_clip(_spec_with_facts(args), args)
     st.device = "cpu"   # the percentile certificate runs on the CPU (an actor's forward is small)
-    steps, episodes, info = run_loact_continuous(
-        args.env, st.net, args.sigma, args.m, args.episodes, args.horizon,
-        _episode_seeds(args.seed, args.env, args.episodes), alpha_state=alpha_state,
-        tolerance=getattr(args, "action_tolerance", None), seed=st.seed, chunk=args.chunk, profile=st.profile,
-        progress=args.progress, reward_clip=clip)
+    settings = PercentileSettings(args.sigma, args.m, args.episodes, args.horizon,
+                                  _episode_seeds(args.seed, args.env, args.episodes), alpha_state=alpha_state,
+                                  tolerance=getattr(args, "action_tolerance", None), seed=st.seed, chunk=args.chunk,
+                                  reward_clip=clip)
+    steps, episodes, info = run_loact_continuous(args.env, st.net, settings, profile=st.profile, progress=args.progress)
     longest = int(episodes["steps"].max())
     per_step = step_ratio(steps)
     st.write({"target": st.target, "certificate": "percentile smoothing per action dimension (Chiang et al. 2020, "
@@ -305,7 +307,7 @@ def cmd_gre(args) -> None:
     import numpy as np
     import pandas as pd
 
-    from crop.gre import gre_bounds, sample_randomized_returns
+    from crop.gre import GReSettings, gre_bounds, sample_randomized_returns
     from crop.io import derive_seed
 
     spec = _spec_with_facts(args)
@@ -313,11 +315,10 @@ def cmd_gre(args) -> None:
     clip = _reward_clip(spec, args)
     batch = spec.gre_block(args.m, args.batch)
     st = StageRun(args, batch=batch)
-    returns = sample_randomized_returns(args.env, st.net, args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
-                                        env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31,
-                                        chunk=args.chunk, device=args.device, profile=st.profile,
-                                        progress=args.progress, workers=args.workers or args.threads, batch=batch,
-                                        reward_clip=clip)
+    settings = GReSettings(args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
+                           env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31, chunk=args.chunk,
+                           device=args.device, workers=args.workers or args.threads, batch=batch, reward_clip=clip)
+    returns = sample_randomized_returns(args.env, st.net, settings, profile=st.profile, progress=args.progress)
     if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:   # the declared facts are false: no bound
         raise InputError(f"{args.env}: randomized returns in [{returns.min():g}, {returns.max():g}] leave [J_min, "
                          f"J_max] = [{j_min:g}, {j_max:g}] of the declared reward range; give the true one "
@@ -401,7 +402,7 @@ def cmd_lore(args) -> None:
 def cmd_attack_local(args) -> None:
     import pandas as pd
 
-    from crop.attack import run_local_attack
+    from crop.attack import LocalAttackSettings, run_local_attack
     from crop.envs import env_spec
     from crop.stats import episode_confidence, loact_state_alpha
 
@@ -409,11 +410,11 @@ def cmd_attack_local(args) -> None:
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
     # Returns over LoRe's horizon with LoRe's reward modification, so the two compare like for like.
     steps: list = []
-    table = run_local_attack(args.env, sm, [f * args.sigma for f in args.eps_factors],
-                             _episode_seeds(args.seed, args.env, args.episodes), args.horizon, steps=args.pgd_steps,
-                             m_grad=args.m_grad, seed=_stage_seed(args, "attack-local-pgd"), gamma=args.gamma,
-                             profile=st.profile, progress=args.progress, reward_fn=spec.lore_reward_fn(),
-                             steps_out=steps)
+    settings = LocalAttackSettings([f * args.sigma for f in args.eps_factors],
+                                   _episode_seeds(args.seed, args.env, args.episodes), args.horizon,
+                                   steps=args.pgd_steps, m_grad=args.m_grad, seed=_stage_seed(args, "attack-local-pgd"),
+                                   gamma=args.gamma, reward_fn=spec.lore_reward_fn())
+    table = run_local_attack(args.env, sm, settings, profile=st.profile, progress=args.progress, steps_out=steps)
     table[cols.SAME_START_AS_LORE] = table[cols.EPISODE] == 0
     st.write({"reward_modification": spec.lore_reward, "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha,
               "confidence": {"per_state": 1 - sm.alpha,
@@ -424,16 +425,16 @@ def cmd_attack_local(args) -> None:
 
 
 def cmd_attack_global(args) -> None:
-    from crop.attack import run_global_attack
+    from crop.attack import GlobalAttackSettings, run_global_attack
 
     clip = _reward_clip(_spec_with_facts(args), args) if getattr(args, "clip_rewards", False) else None
     st = StageRun(args)
     grid = [f * args.sigma for f in args.eps_factors]
-    table = run_global_attack(args.env, st.net, args.sigma, grid,
-                              global_attack_seeds(args.seed, args.env, args.algo, args.sigma, grid, args.episodes),
-                              args.horizon, steps=args.pgd_steps, n_eot=args.n_eot, gamma=args.gamma, seed=st.seed,
-                              device=args.device, profile=st.profile, progress=args.progress,
-                              reward_fn=None if clip is None else (lambda r: min(max(float(r), clip[0]), clip[1])))
+    settings = GlobalAttackSettings(
+        args.sigma, grid, global_attack_seeds(args.seed, args.env, args.algo, args.sigma, grid, args.episodes),
+        args.horizon, steps=args.pgd_steps, n_eot=args.n_eot, gamma=args.gamma, seed=st.seed, device=args.device,
+        reward_fn=None if clip is None else (lambda r: min(max(float(r), clip[0]), clip[1])))
+    table = run_global_attack(args.env, st.net, settings, profile=st.profile, progress=args.progress)
     st.write(_clip_record(clip), attack_global=table)
     print(f"global PGD {args.env}/{args.algo} σ={args.sigma}: median return per ε "
           f"{_per_eps(table.groupby('eps')['return'].median())}")
