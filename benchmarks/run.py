@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -80,8 +81,14 @@ def measure(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, chu
 
     t = timeit({"step": lambda: sm.estimate(x), "fwd": bare, "noise": noise_only}, reps)
     t_step, t_fwd, t_noise = t["step"], t["fwd"], t["noise"]
+    # Minor page faults of a step: memory the C heap handed back and takes again (each costs a kernel entry
+    # and a zeroed page); the bare forward has none, so any here are step overhead.
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        sm.estimate(x)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 10
     print(f"# {name}: smoothed step {t_step:.4f} s, bare forward {t_fwd:.4f} s, noise alone {t_noise:.4f} s "
-          f"(m={m}, chunk={chunk}, threads={torch.get_num_threads()})", flush=True)
+          f"(m={m}, chunk={chunk}, threads={torch.get_num_threads()}; {faults:.0f} page faults per step)", flush=True)
     print(f"smoothing_{name}_vs_forward: {t_step / t_fwd:.3f}", flush=True)
     print(f"smoothing_{name}_vs_forward_plus_noise: {t_step / (t_fwd + t_noise):.3f}", flush=True)
 

@@ -2,8 +2,9 @@
 
 :class:`Engine` draws the m samples Δ ∼ N(0, σ²I) of each state, runs the network on s + Δ, turns the outputs
 into the smoothing target's samples (a function :class:`crop.smoothing.SmoothedQ` gives it) and returns per
-state the sums of those samples, the sums of the raw outputs (to break exact ties) and whether every output
-was finite.  What the sums mean — bounds, radii — is :mod:`crop.smoothing`'s and :mod:`crop.loact`'s.
+state the sums of those samples and the sums of the raw outputs (to break exact ties; they also tell whether
+every output was finite, see :meth:`Engine.collect`).  What the sums mean — bounds, radii — is
+:mod:`crop.smoothing`'s and :mod:`crop.loact`'s.
 
 **Noise stream layout** (what makes a CPU run byte-reproducible): one call — of one state or of B — draws
 its B·m noise samples from the one generator in *state-major order* (the m samples of the batch's first
@@ -78,7 +79,7 @@ class Noise:
 class Launched:
     """A call whose device work is queued."""
 
-    host: torch.Tensor         # (B, 2·|A| + 1) float64: target sums, raw-output sums, all-finite flag
+    host: torch.Tensor         # (B, 2·|A|) float64: target sums, raw-output sums
     done: object               # CUDA event recorded after the copy to ``host`` (None on the CPU)
     kept: list | None          # per state the m × |A| target samples, when the engine keeps them
     n: int
@@ -86,7 +87,7 @@ class Launched:
 
 class _GraphCall:
     """One CUDA graph for a whole call of n states in one block: noise σ·z drawn into the graph's own buffer,
-    the state added, forward, finiteness flags, raw and target sums — the eager path's kernels in its
+    the state added, forward, raw and target sums — the eager path's kernels in its
     order.  The engine's generator is registered with the graph, so each replay draws what the eager kernels
     would draw at that point of the stream and advances the generator alike (the capture itself leaves it
     where it was)."""
@@ -104,10 +105,9 @@ class _GraphCall:
             if q.shape != (n * m, a_n):
                 raise ValueError(f"network output shape {tuple(q.shape)} != (batch, {a_n})")
             q3 = q.view(n, m, a_n)
-            finite = torch.isfinite(q3).flatten(1).all(1)
             raw = q3.sum(1, dtype=torch.float64)
             total = eng.target(q3, inplace=False).sum(1, dtype=torch.float64)
-            return torch.cat([total, raw, finite.to(torch.float64).unsqueeze(1)], 1)
+            return torch.cat([total, raw], 1)
 
         # Warm-up on a side stream (cuBLAS workspaces) with a scratch generator: the stream is untouched.
         side = torch.cuda.Stream(dev)
@@ -170,16 +170,16 @@ class Engine:
         self._shape = None     # observation shape the buffers were made for
         self._in_shape = None  # the network input's shape for it (after space-to-depth)
         self._rows = 0         # samples per block for that shape (CUDA: what fits in memory)
-        self._buf = None       # (noise, q) buffers of ≥ the largest block used so far
+        self._buf = None       # (noise, q, q in float64) buffers of ≥ the largest block used so far
         # CUDA graphs for small calls (an MLP's call is a dozen launches of tiny kernels).
         self.cuda_graphs = self.device.type == "cuda"
         self._graphs, self._graph_pool = {}, None
 
     @torch.inference_mode()
     def launch(self, obs_batch) -> Launched:
-        """Queue one call's device work for the B states of ``obs_batch``: noise, forward, finiteness flags
-        and the sums of the target's and of the raw outputs, in one (B, 2·|A| + 1) float64 tensor whose copy
-        to the host is queued too."""
+        """Queue one call's device work for the B states of ``obs_batch``: noise, forward and the sums of the
+        target's and of the raw outputs, in one (B, 2·|A|) float64 tensor whose copy to the host is queued
+        too."""
         x = self._to_device(obs_batch)
         if x.dim() < 2:
             raise ValueError(f"a batch of states needs shape (B, *obs_shape), got {tuple(x.shape)}")
@@ -208,12 +208,17 @@ class Engine:
 
     def collect(self, job: Launched) -> tuple[np.ndarray, np.ndarray, np.ndarray, list | None]:
         """Wait for a launched call: per state the sums of the target's samples and of the raw outputs
-        (B × |A|, float64), whether all its outputs were finite (B,), and its samples (None unless kept)."""
+        (B × |A|, float64), whether all its outputs were finite (B,), and its samples (None unless kept).
+
+        Finiteness is read off the raw sums: a float64 sum of float32 outputs is finite exactly when every
+        output is (NaN and ±inf propagate through additions, and m·3.4e38 stays far below float64's 1.8e308),
+        so no pass over the samples is needed for it."""
         if job.done is not None:
             job.done.synchronize()
         res = job.host.numpy()
         a_n = self.n_actions
-        return res[:, :a_n].copy(), res[:, a_n:2 * a_n].copy(), res[:, 2 * a_n] == 1.0, job.kept
+        total, raw = res[:, :a_n].copy(), res[:, a_n:].copy()
+        return total, raw, np.isfinite(raw).all(1), job.kept
 
     # ---- layout and block plan ----------------------------------------------------------------------------
 
@@ -269,22 +274,26 @@ class Engine:
     # ---- the two ways a call runs -------------------------------------------------------------------------
 
     def _buffers(self, shape: tuple, rows_wanted: int):
-        """Noise and output buffers of at least ``rows_wanted`` samples (grown, never shrunk)."""
+        """Noise and output buffers of at least ``rows_wanted`` samples (grown, never shrunk).  Kept across
+        calls, so that a call allocates nothing of the block's size besides the network's own activations: a
+        large temporary freed at the top of the C heap is handed back to the kernel (glibc's trim), and the
+        next forward then pays a page fault per 4 KiB of fresh memory — on the CPU that cost more than
+        everything else the step adds to the forward."""
         if self._buf is None or len(self._buf[0]) < rows_wanted:
             # CPU: contiguous (normal_ into a strided buffer is slow there); CUDA + conv: channels-last.
             fmt = torch.channels_last if self._cl(len(shape) + 1) and self.device.type == "cuda" \
                 else torch.contiguous_format
             noise = torch.empty((rows_wanted, *shape), dtype=torch.float32, device=self.device, memory_format=fmt)
             q = torch.empty((rows_wanted, self.n_actions), dtype=torch.float32, device=self.device)
-            self._buf = (noise, q)
+            q64 = torch.empty((rows_wanted, self.n_actions), dtype=torch.float64, device=self.device)
+            self._buf = (noise, q, q64)
         return self._buf
 
     def _eager(self, x, shape, plan):
         n, a_n = len(x), self.n_actions
-        noise, qbuf = self._buffers(shape, max(k * c for _, k, _, c in plan))
+        noise, qbuf, q64buf = self._buffers(shape, max(k * c for _, k, _, c in plan))
         total = torch.zeros((n, a_n), dtype=torch.float64, device=self.device)
         raw = torch.zeros((n, a_n), dtype=torch.float64, device=self.device)
-        finite = torch.ones(n, dtype=torch.bool, device=self.device)
         kept = [[] for _ in range(n)] if self.keep_samples else None
         copy_cl = self._cl(x.dim()) and self.device.type != "cuda"  # forced on the CPU (tests)
         for s0, k, _, c in plan:
@@ -301,16 +310,18 @@ class Engine:
                 if out.shape != (min(self.chunk, rows - s), a_n):
                     raise ValueError(f"network output shape {tuple(out.shape)} != (batch, {a_n})")
                 q[s:s + self.chunk] = out
-            q3 = q.view(k, c, a_n)
-            # One flag per state, checked when the results are collected: no device→host sync in this loop.
-            finite[s0:s0 + k] &= torch.isfinite(q3).flatten(1).all(1)
-            raw[s0:s0 + k] += q3.sum(1, dtype=torch.float64)
+                del out  # freed before the next forward allocates (see _buffers)
+            q3, q64 = q.view(k, c, a_n), q64buf[:rows].view(k, c, a_n)
+            # The sums in float64: what q3.sum(1, dtype=torch.float64) computes (it converts, then reduces),
+            # converted into the kept buffer instead of a temporary.  Non-finite outputs show in the raw sums,
+            # checked when the results are collected (no device→host sync here).
+            raw[s0:s0 + k] += q64.copy_(q3).sum(1)
             self.target(q, inplace=True)
-            total[s0:s0 + k] += q3.sum(1, dtype=torch.float64)
+            total[s0:s0 + k] += q64.copy_(q3).sum(1)
             if kept is not None:
-                for j, part in enumerate(q3.to(torch.float64).cpu()):
+                for j, part in enumerate(q64.to("cpu", copy=True)):
                     kept[s0 + j].append(part)
-        res = torch.cat([total, raw, finite.to(torch.float64).unsqueeze(1)], 1)
+        res = torch.cat([total, raw], 1)
         return res, None if kept is None else [torch.cat(p).numpy() for p in kept]
 
     def _graph(self, n, shape, plan):
