@@ -37,7 +37,8 @@ AUDIT_KEYS = {"schema_version", "results", "runs", "alpha", "config_hash", "stri
               "violations", "empirical_below", "integrity_problems", "integrity", "incomplete_runs", "partial_runs",
               "violation_list", "checks", "provenance", "warnings", "mismatches", "reference_missing", "reference",
               "reproduction", "multiple_testing", "verdict", "statuses", "suspicious", "untestable",
-              "suspicious_list", "untestable_list", "reproduction_report", "vacuous", "vacuous_list", "pooled", "rerun"}
+              "suspicious_list", "untestable_list", "reproduction_report", "vacuous", "vacuous_list", "pooled", "rerun",
+              "clipped_runs"}
 
 
 @pytest.fixture(scope="module")

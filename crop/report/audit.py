@@ -59,7 +59,7 @@ audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``verdict
 ``statuses``, ``multiple_testing``, ``config_hash``, ``strict``, ``passed`` (verdict ≠ FAIL), ``checked``,
 ``violations``, ``suspicious``, ``untestable``, ``suspicious_list``, ``untestable_list``, ``empirical_below``,
 ``integrity_problems``, ``integrity``, ``incomplete_runs``, ``partial_runs``, ``violation_list``, ``checks``,
-``provenance``, ``warnings``, ``mismatches``, ``reference_missing``, ``reference`` (null, or ``file``,
+``provenance``, ``warnings``, ``mismatches``, ``clipped_runs``, ``reference_missing``, ``reference`` (null, or ``file``,
 ``name``, ``sha256``, ``tolerances_file``, ``tolerances``, ``counts`` {match, differs, missing},
 ``not_in_reference``, ``rows``, ``comparisons``), ``reproduction_report`` (null, or the files of the
 reproduction report).
@@ -83,7 +83,7 @@ __all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone
            "poisson_binomial_sf", "verdict_of", "exit_status", "verdict_line", "plain_verdict", "STATUSES",
            "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
