@@ -432,7 +432,7 @@ def plain_verdict(rep: dict) -> str:
                 for i in rep["checks"] if i["status"] in ("ok", "suspicious"))
     vac = (f" {st_['vacuous']} bound(s) claim nothing (vacuous: J̲ at J_min, or no step certified beyond ε) "
            "and were not tested." if st_.get("vacuous") else "")
-    sus = (f" {st_['suspicious']} of them came out significant within their own run yet within chance over the "
+    sus = (f" {st_['suspicious']} of these came out significant within their own run yet within chance over the "
            "audit (suspicious, listed first below; a rerun with more attack episodes tells)."
            if st_["suspicious"] else "")
     if rep["verdict"] == "FAIL":
@@ -461,10 +461,10 @@ def plain_verdict(rep: dict) -> str:
         if (rep.get("rerun") or {}).get("not_run"):
             text += (f"{rep['rerun']['not_run']} drawn re-run job(s) could not be re-run (a module:Id environment "
                      "read from the folder; to decide, --trust-env it if it is yours). ")
-        return text + f"{tested} other check(s) could have caught a broken certificate and none did." + vac + sus
+        return text + f"{tested} other check(s) could have caught a broken certificate and none did." + sus + vac
     return (f"**Sound as far as tested**: {tested} checks could have caught a broken certificate and none did "
             f"({alone} on their own, {tested - alone} only as part of a count over runs, which catches a fault "
-            "shared by the runs)." + vac + sus)
+            "shared by the runs)." + sus + vac)
 
 
 def _raw_failures(rep: dict) -> list[dict]:
