@@ -408,6 +408,13 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
         lo_hi = rewards.get(key)
         if lo_hi is not None and not lo_hi[0] < lo_hi[1]:
             raise ConfigError(f"{where}.rewards.{key}: {lo_hi} must be [low, high] with low < high")
+    try:
+        spec = env_spec(env, rewards)
+        for f in ec.get("files", {}).values():
+            if f.get("profile") is not None:
+                check_profile(env, f["profile"])
+    except (UnknownEnvError, MissingFactError, ValueError) as exc:
+        raise ConfigError(f"{where}: {str(exc).removeprefix(env + ': ')}") from None
     if rewards.get("clip"):   # one return per run: every stage that reports a return must clip the same way
         if ec.get("target") != ACTION_TARGET:
             raise ConfigError(f"{where}.rewards.clip: a discrete-action environment's LoRe and local attack bound "
@@ -417,13 +424,11 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
         if rewards.get("range") is None:
             raise ConfigError(f"{where}.rewards.clip: clips every reward to rewards.range, which is not given; "
                               "give rewards.range: [low, high]")
-    try:
-        spec = env_spec(env, rewards)
-        for f in ec.get("files", {}).values():
-            if f.get("profile") is not None:
-                check_profile(env, f["profile"])
-    except (UnknownEnvError, MissingFactError, ValueError) as exc:
-        raise ConfigError(f"{where}: {str(exc).removeprefix(env + ': ')}") from None
+        if rewards.get("return_range") is not None:
+            # The game's return range does not bound the clipped return (clipping lifts low rewards and cuts
+            # high ones), and GRe's bounds would rest on it.
+            raise ConfigError(f"{where}.rewards.return_range: bounds the game's own return, not the return of "
+                              "rewards clipped to rewards.range (rewards.clip); leave one of them out")
     if len(spec.obs_shape) == 1:   # a vector environment's trained policy is an MLP of train.hidden
         dims = [spec.obs_shape[0], *ec["train"]["hidden"], spec.n_actions]
         n = sum((a + 1) * b for a, b in zip(dims, dims[1:]))

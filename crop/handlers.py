@@ -341,6 +341,9 @@ def _reward_clip(spec, args) -> tuple[float, float] | None:
     if spec.reward_range is None:
         raise InputError(f"--clip-rewards clips to the declared reward range, and {args.env} has none: give "
                          "--reward-range LOW HIGH (config: rewards.range)")
+    if getattr(args, "return_range", None) is not None:
+        raise InputError("--return-range bounds the game's own return, not the return of clipped rewards "
+                         "(--clip-rewards); leave one of them out")
     return (float(spec.reward_range[0]), float(spec.reward_range[1]))
 
 

@@ -461,6 +461,25 @@ def test_crop_loact_on_a_continuous_agent_writes_one_row_per_step_and_dimension(
     assert "exact binomial order statistics" in json.dumps(meta) and "hoeffding" not in json.dumps(meta)
 
 
+def test_crop_loact_clips_the_benign_rewards_it_is_told_to(imported, tmp_path):
+    """Pendulum's rewards reach −16.3: with --clip-rewards to [−0.5, 0] every step's recorded reward is the
+    clipped one (some were below), and each benign return is the sum of its episode's clipped rewards."""
+    import pandas as pd
+
+    f = {k: tmp_path / RUN_FILES[k] for k in ("loact", "loact_episodes", "certified_ratio")}
+    args = ["loact", "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported),
+            "--m", "50", "--episodes", "2", "--horizon", "20", "--out", str(f["loact"]), "--out-episodes",
+            str(f["loact_episodes"]), "--out-ratio", str(f["certified_ratio"])]
+    main(args)
+    raw = pd.read_csv(f["loact"])
+    assert (raw["reward"] < -0.5).any()   # the clip below has something to do
+    main([*args, "--reward-range", "-0.5", "0", "--clip-rewards"])
+    table, episodes = pd.read_csv(f["loact"]), pd.read_csv(f["loact_episodes"])
+    np.testing.assert_array_equal(table["reward"], np.clip(raw["reward"], -0.5, 0.0))
+    per_episode = table.groupby("episode")["reward"].sum()
+    np.testing.assert_allclose(episodes.set_index("episode")["return"].sort_index(), per_episode, rtol=0, atol=1e-9)
+
+
 # ------------------------------------------------------------------------- the real agents (tests/data/continuous)
 
 DATA = __import__("pathlib").Path(__file__).parent / "data" / "continuous"
@@ -609,6 +628,10 @@ def test_a_workflow_config_clips_rewards_of_a_box_environment_only_and_needs_its
     with pytest.raises(ConfigError) as e:   # the range it clips to is the config's: none, no clip
         validate_config({"environments": {"Pendulum-v1": {**ec, "rewards": {"clip": True}}}})
     assert "environments.Pendulum-v1.rewards.clip: clips every reward to rewards.range" in str(e.value)
+    with pytest.raises(ConfigError) as e:   # the game's return range does not bound the clipped return
+        validate_config({"environments": {"Pendulum-v1": {**ec, "rewards": {**box["rewards"],
+                                                                            "return_range": [-100.0, 0.0]}}}})
+    assert "environments.Pendulum-v1.rewards.return_range: bounds the game's own return" in str(e.value)
 
 
 # ---------------------------------------------------------------------------------------- through the workflow
