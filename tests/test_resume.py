@@ -305,7 +305,8 @@ def test_highway_and_atari_replay_their_resumed_nodes(tmp_path, env, n_in, n_act
     reset exactly (each node's return and observation digest checked), so a search killed mid-way resumes to
     the uninterrupted result, byte for byte (bounded, so that it stays small)."""
     def smoother(cls=SmoothedQ, **kw):
-        return cls(_FlatLinear(n_in, n_actions, 4), sigma, 64, -2.0, 2.0, 0.05, n_actions, seed=3, **kw)
+        return cls(_FlatLinear(n_in, n_actions, 4), SmoothingSettings(sigma, 64, -2.0, 2.0, 0.05, seed=3), n_actions,
+                   **kw)
 
     kw = dict(env_id=env, horizon=6, env_seed=11, batch=4, max_nodes=60, reward_min=0.0,
               reward_fn=lambda r: max(float(r), 0.0))
