@@ -224,11 +224,11 @@ def cmd_plan(args) -> None:
     import json
 
     from crop.config import ConfigError, load_config
-    from crop.cost import CostError, plan, runtime_minutes
+    from crop.cost import CostError, plan, runtime_minutes, stage_gpus
 
     try:
         cfg = load_config(args.configfile)
-        gpus = args.gpus if args.gpus is not None else int(cfg["device"] != "cpu")
+        gpus = args.gpus if args.gpus is not None else stage_gpus(cfg)
         result, extra = plan(cfg, args.cores, gpus, args.nodes, args.calibration)
     except (ConfigError, CostError) as exc:
         raise InputError(str(exc)) from None

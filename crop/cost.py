@@ -12,7 +12,8 @@ checkpoint      trained: ``total_steps`` × ``train_step_s``; published, derived
 qrange, loact   S × (m × ``smooth_sample_s`` + ``env_step_s``)
 gre             m × (``gre_reset_s`` + H × ``gre_step_s``) / workers (the workflow's pool path per core: a
                 trajectory's environment made and reset, then its steps; one process for CartPole)
-lore            nodes (:func:`lore_nodes`) × (m × ``smooth_sample_s`` + ``lore_node_s``: transitions, search)
+lore            nodes (:func:`lore_nodes`) × m × ``smooth_sample_s`` + transitions (:func:`lore_transitions`)
+                × ``lore_transition_s`` (restore a node's snapshot, step, snapshot the child)
 attack_local    runs × H × (2m × ``smooth_sample_s`` + steps × m_grad × ``grad_sample_s`` + ``env_step_s``)
 attack_global   runs × H × ((steps + 1) × n_eot × ``grad_sample_s`` + ``env_step_s``)
 aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
@@ -25,7 +26,7 @@ the node's GPU to the stages that need it, and several GRe jobs share a node.
 Unit costs are per core (torch threads: 1); a job's threads shorten only GRe (its worker processes), so
 a job with more threads is predicted long.  Episodes are counted at their full horizon (an episode that
 ends sooner costs less), and LoRe's tree at its worst case for what can be known before the run
-(:func:`lore_nodes`), so a prediction errs long.  No torch is imported here (environments' facts only):
+(:func:`lore_nodes`, :func:`lore_transitions`), so a prediction errs long.  No torch is imported here (environments' facts only):
 ``crop plan`` on a login node and the Snakefile's resources read it.
 """
 from __future__ import annotations
@@ -46,9 +47,10 @@ from crop.config import run_targets, sigma_label, smoothing_targets, train_setti
 from crop.stage_table import STAGES
 
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
+           "lore_transitions",
            "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "JobResources",
            "makespan",
-           "stage_device"]
+           "stage_device", "stage_gpus"]
 
 #: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model aims at 0.5–2× of a job's
 #: measured time (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the
@@ -56,7 +58,8 @@ __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predic
 HEADROOM, HEADROOM_MIN = 2.0, 5
 
 #: Per-environment unit costs the model needs (seconds; ``node_mb`` in MB), and the global ones.
-UNITS = ("smooth_sample_s", "grad_sample_s", "env_step_s", "gre_step_s", "gre_reset_s", "lore_node_s", "node_mb",
+UNITS = ("smooth_sample_s", "grad_sample_s", "env_step_s", "gre_step_s", "gre_reset_s", "lore_transition_s",
+         "node_mb",
          "train_step_s")
 GLOBAL_UNITS = ("start_s", "fetch_s", "figure_s", "audit_run_s")
 
@@ -153,6 +156,15 @@ def lore_nodes(horizon: int, n_actions: int, certified: float = 0.0, max_nodes: 
     return float(min(n, max_nodes)) if max_nodes else n
 
 
+def lore_transitions(horizon: int, n_actions: int, certified: float = 0.0, max_nodes: int | None = None) -> float:
+    """Transitions LoRe makes (a child created: its parent's snapshot restored, one step, its own snapshot), at
+    worst: every node of the tree but the root, b·Σ_{d<H} b^d with :func:`lore_nodes`' branching b; with
+    ``lore.max_nodes`` at most max_nodes − 1 (the budget counts the root and every child created)."""
+    b = 1.0 + (1.0 - certified) * (n_actions - 1)
+    n = b * lore_nodes(horizon, n_actions, certified)
+    return float(min(n, max_nodes - 1)) if max_nodes else n
+
+
 def _loact_read(cfg: dict, env: str, algo: str, sigma: str) -> Path | None:
     """The ``loact.csv`` a LoRe job's price reads (:func:`_certified_fraction`), or None when it reads none
     (``lore.eps_max_factor: null``)."""
@@ -198,14 +210,15 @@ def _stage_seconds(cfg: dict, job: Job, t: dict) -> tuple[float, str]:
         return g["m"] * (u("gre_reset_s") + g["horizon"] * u("gre_step_s")) / workers, ""
     if rule == "lore":
         lo, k = ec["lore"], _n_actions(env)
-        nodes = lore_nodes(lo["horizon"], k, _certified_fraction(cfg, env, job.algo, job.sigma), lo.get("max_nodes"))
-        if nodes > MAX_PRICED_NODES:
+        tree = (lo["horizon"], k, _certified_fraction(cfg, env, job.algo, job.sigma), lo.get("max_nodes"))
+        nodes, transitions = lore_nodes(*tree), lore_transitions(*tree)
+        if transitions > MAX_PRICED_NODES:
             raise CostError(f"lore {env}/{job.algo} σ={job.sigma}: a tree of up to {k}^{lo['horizon']} nodes "
                             f"cannot finish; give environments.{env}.lore.max_nodes (a budget of nodes) or a "
                             "smaller lore.horizon")
-        per_node = lo["m"] * u("smooth_sample_s") + u("lore_node_s")
-        job.mem_mb += int(2 * nodes * u("node_mb"))   # its snapshots: twice their pickled size, for Python's objects
-        return nodes * per_node, f"{nodes:.0f} nodes"
+        # its snapshots, one a node of the tree: twice their pickled size, for Python's objects
+        job.mem_mb += int(2 * (transitions + 1) * u("node_mb"))
+        return nodes * lo["m"] * u("smooth_sample_s") + transitions * u("lore_transition_s"), f"{nodes:.0f} nodes"
     if rule == "attack_local":
         a, lo = ec["attack"], ec["lore"]
         runs = a["local_episodes"] * len(a["local_eps_factors"])
@@ -251,11 +264,20 @@ def runtime_minutes(seconds: float, cap: int | None = None) -> int:
 # ----------------------------------------------------------------------------------------------- the DAG
 
 def stage_device(cfg: dict, rule: str, env: str) -> str:
-    """The ``--device`` of a stage's jobs: the config's, except a stage whose row is ``cpu_only`` (GRe), which
-    runs on the job's CPU cores: its time is stepping m environments (Atari, highway: a millisecond and more
-    per step and core), beside which the batched forward is small even on a core (docs/speed.md), so a GPU
-    would idle through nearly all of such a job while the stages that need it wait."""
-    return "cpu" if STAGES[rule.removesuffix("_replicate").replace("_", "-")].cpu_only else cfg["device"]
+    """The ``--device`` of a stage's jobs: the environment's ``device`` (else the config's), except a stage
+    whose row is ``cpu_only`` (GRe), which runs on the job's CPU cores: its time is stepping m environments
+    (Atari, highway: a millisecond and more per step and core), beside which the batched forward is small even
+    on a core (docs/speed.md), so a GPU would idle through nearly all of such a job while the stages that need
+    it wait."""
+    if STAGES[rule.removesuffix("_replicate").replace("_", "-")].cpu_only:
+        return "cpu"
+    return cfg["environments"][env].get("device") or cfg["device"]
+
+
+def stage_gpus(cfg: dict) -> int:
+    """GPUs a certification or attack job asks for where it may use CUDA: one when any environment's stages
+    run on a device other than the CPU (:func:`stage_device`), none otherwise."""
+    return int(any((ec.get("device") or cfg["device"]) != "cpu" for ec in cfg["environments"].values()))
 
 
 def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
@@ -266,7 +288,7 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
     machine has (None: as the config's ``device`` asks; 0 runs everything on the CPU)."""
     from crop.registry import checkpoint_source
 
-    stage_gpus = 0 if cfg["device"] == "cpu" or gpus == 0 else 1
+    gpu_stages = 0 if gpus == 0 else stage_gpus(cfg)
     out: list[Job] = []
     ckpt: dict[tuple, int] = {}
 
@@ -299,7 +321,7 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
             for stage, row in STAGES.items():
                 if rep and not row.replicate or stage not in stages:
                     continue
-                gpu = stage_gpus and stage_device(cfg, row.rule, env) != "cpu"
+                gpu = gpu_stages and stage_device(cfg, row.rule, env) != "cpu"
                 job = Job(row.rule + ("_replicate" if rep else ""), env, name, sig, rep or None,
                           device="cuda" if gpu else "cpu", threads=cfg["threads"], gpus=int(gpu), needs=[base])
                 if row.v_range and q is not None:

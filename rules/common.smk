@@ -6,7 +6,7 @@ import re
 import shlex
 
 from crop import layout
-from crop.cost import JobResources, stage_device
+from crop.cost import JobResources, stage_device, stage_gpus
 from crop.envs import env_spec
 from crop.config import (
     ConfigError,
@@ -221,7 +221,7 @@ def checkpoint_records():
 # GPUs a certification or attack job asks for, as Snakemake's standard resource `gpu` (the SLURM plugin
 # turns gpu=1 into `sbatch --gpus=1`): one wherever the config lets the job use CUDA.  A local run does
 # not wait for it unless given `--resources gpu=N`, and `device: auto` runs on the CPU without a GPU.
-GPUS = 0 if CFG["device"] == "cpu" else 1
+GPUS = stage_gpus(CFG)
 
 
 # ---------------------------------------------------------------------------------- checkpoint rule

@@ -59,6 +59,33 @@ def test_lore_nodes_counts_the_internal_nodes_of_the_tree():
     assert cost.lore_nodes(3, 2, max_nodes=5000) == 7      # a budget the tree does not reach
 
 
+def test_lore_transitions_count_every_node_but_the_root():
+    assert cost.lore_transitions(10, 2) == 2 ** 11 - 2     # a full binary tree of depth 10: 2047 nodes
+    assert cost.lore_transitions(3, 5) == 5 + 25 + 125
+    assert cost.lore_transitions(10, 5, certified=1.0) == 10
+    assert cost.lore_transitions(500, 6) == math.inf
+    assert cost.lore_transitions(200, 6, max_nodes=5000) == 4999   # the budget counts the root too
+    assert cost.lore_transitions(3, 2, max_nodes=5000) == 14
+
+
+@pytest.mark.parametrize("max_nodes", [None, 40])
+def test_the_lore_model_bounds_a_real_search(max_nodes):
+    """The counts the model prices a LoRe job by are never below what a search does: an exhaustive search (no
+    pruning, every action possible) of CartPole at H = 6, unbounded and with a budget it hits."""
+    from conftest import random_mlp
+
+    from crop.lore import run_lore
+    from crop.smoothing import SmoothedQ, SmoothingSettings
+
+    sm = SmoothedQ(random_mlp(), SmoothingSettings(0.5, 16, -10.0, 10.0, 0.05, chunk=1000), 2)
+    info = run_lore("CartPole-v0", sm, 6, 0, prune=False, progress=False, max_nodes=max_nodes, reward_min=0.0)[1]
+    assert info["truncated"] == (max_nodes is not None)
+    assert info["transitions"] <= cost.lore_transitions(6, 2, 0.0, max_nodes)
+    assert info["distinct_states_smoothed"] <= cost.lore_nodes(6, 2, 0.0, max_nodes)
+    if max_nodes is None:   # nothing to prune and no ε limit: the whole tree, as the model counts it
+        assert info["transitions"] == cost.lore_transitions(6, 2)
+
+
 def test_runtime_is_the_prediction_with_headroom_and_the_cap():
     assert cost.runtime_minutes(600) == 2 * 10 + cost.HEADROOM_MIN
     assert cost.runtime_minutes(600, cap=12) == 12
@@ -189,11 +216,34 @@ def test_gre_runs_on_cpu_cores_and_leaves_the_gpu():
     jobs, _ = cost.predict(cfg, gpus=1)
     gre = [j for j in jobs if j.rule == "gre"]
     assert len(gre) == 216 and all(j.device == "cpu" and j.gpus == 0 for j in gre)
-    assert all(j.device == "cuda" and j.gpus == 1 for j in jobs if j.rule in ("loact", "lore", "attack_local"))
+    atari = [j for j in jobs if j.env and j.env.endswith("NoFrameskip-v4")]
+    assert all(j.device == "cuda" and j.gpus == 1 for j in atari if j.rule in ("loact", "lore", "attack_local"))
     assert cost.stage_device(cfg, "gre_replicate", "PongNoFrameskip-v4") == "cpu"
     assert cost.stage_device(cfg, "loact", "PongNoFrameskip-v4") == cfg["device"]
     atari = [dataclasses.replace(j, needs=[]) for j in gre if j.env.endswith("NoFrameskip-v4")][:4]
     assert cost.makespan(atari, cores=16, gpus=1) == max(j.seconds for j in atari)   # threads: 4 each, at once
+
+
+def test_an_environment_s_device_replaces_the_config_s_for_its_stages(tmp_path):
+    """environments.<id>.device: its certification and attack jobs run there and ask for no GPU when it is
+    cpu; the other environments keep the top-level device; a GPU is asked for while any environment may use
+    one, and the Snakefile passes the same --device."""
+    cfg = load_config(PAPER)
+    assert cfg["environments"]["CartPole-v0"]["device"] == "cpu" and cfg["device"] == "auto"
+    jobs, _ = cost.predict(cfg, gpus=1)
+    stages = [j for j in jobs if j.rule in ("qrange", "loact", "lore", "attack_local", "attack_global")]
+    for j in stages:
+        small = j.env in ("CartPole-v0", "highway-fast-v0")
+        assert (j.device, j.gpus) == (("cpu", 0) if small else ("cuda", 1)), j
+    assert cost.stage_gpus(cfg) == 1
+    every_env_on_cpu = _config(PAPER)
+    for ec in every_env_on_cpu["environments"].values():
+        ec["device"] = "cpu"
+    assert cost.stage_gpus(validate_config(every_env_on_cpu)) == 0
+    bad = _config(PAPER)
+    bad["environments"]["CartPole-v0"]["device"] = "tpu"
+    with pytest.raises(Exception, match="device"):
+        validate_config(bad)
 
 
 # --------------------------------------------------------------------------------------------- the DAG
