@@ -26,8 +26,8 @@ the node's GPU to the stages that need it, and several GRe jobs share a node.
 Unit costs are per core (torch threads: 1); a job's threads shorten only GRe (its worker processes), so
 a job with more threads is predicted long.  Episodes are counted at their full horizon (an episode that
 ends sooner costs less), and LoRe's tree at its worst case for what can be known before the run
-(:func:`lore_nodes`, :func:`lore_transitions`), so a prediction errs long.  No torch is imported here (environments' facts only):
-``crop plan`` on a login node and the Snakefile's resources read it.
+(:func:`lore_nodes`, :func:`lore_transitions`), so a prediction errs long.  No torch is imported here
+(environments' facts only): ``crop plan`` on a login node and the Snakefile's resources read it.
 """
 from __future__ import annotations
 

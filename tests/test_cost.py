@@ -72,10 +72,10 @@ def test_lore_transitions_count_every_node_but_the_root():
 def test_the_lore_model_bounds_a_real_search(max_nodes):
     """The counts the model prices a LoRe job by are never below what a search does: an exhaustive search (no
     pruning, every action possible) of CartPole at H = 6, unbounded and with a budget it hits."""
-    from conftest import random_mlp
-
     from crop.lore import run_lore
     from crop.smoothing import SmoothedQ, SmoothingSettings
+
+    from conftest import random_mlp
 
     sm = SmoothedQ(random_mlp(), SmoothingSettings(0.5, 16, -10.0, 10.0, 0.05, chunk=1000), 2)
     info = run_lore("CartPole-v0", sm, 6, 0, prune=False, progress=False, max_nodes=max_nodes, reward_min=0.0)[1]
