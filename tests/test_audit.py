@@ -667,12 +667,19 @@ def test_untestable_checks_say_why_even_at_the_edges():
              {**base, "check": "gre_percentile_p0.5_vs_pgd", "p_value": 1.0, "min_p": 1.0, "episodes": 10, "p": 0.5},
              {**base, "check": "lore_vs_pgd_local", "p_value": 0.5, "min_p": 1e-9, "alpha_spent": 2.5},
              {**base, "check": "loact_certified_steps_not_flipped", "p_value": 1.0, "min_p": 1.0, "steps": 20,
-              "note": "unassessed (no V range recorded)"}]
+              "note": "unassessed (no V range recorded)"},
+             {**base, "check": "lore_vs_pgd_local", "p_value": 1.0, "min_p": 1.0, "alpha_spent": 0.05,
+              "note": "its return so far secured J̲ at attacked step 1"},
+             {**base, "check": "lore_vs_pgd_local", "p_value": 1.0, "min_p": 1.0, "alpha_spent": 0.05,
+              "note": "unassessed (no attack_local_steps.csv or lore_states.csv)"}]
     items, pooled, block = classify(items, 0.05)
-    assert [i["status"] for i in items] == ["untestable"] * 4 and "V range" in items[3]["reason"]
+    assert [i["status"] for i in items] == ["untestable"] * 6 and "V range" in items[3]["reason"]
     assert "J_min" in items[0]["reason"] and "J_min" in items[1]["reason"]
     assert "no joint meaning" in items[2]["reason"] and items[2]["testable_with"].startswith("alpha_mode: family")
-    assert block["untestable"] == 4 and pooled == []
+    # a LoRe check whose smallest p is 1 by design says so; one whose path could not be read says why not
+    assert "smallest p-value is 1" in items[4]["reason"] and "lore.m" in items[4]["testable_with"]
+    assert "cannot be bounded" in items[5]["reason"] and "attack_local_steps.csv" in items[5]["reason"]
+    assert block["untestable"] == 6 and pooled == []
 
 
 def test_edited_qrange_is_an_integrity_problem(results):

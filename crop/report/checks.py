@@ -687,9 +687,16 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
                 "a local attack that replays LoRe's environment and records each step's return so far "
                 "(attack_local_steps.csv's return_so_far: rerun the attack)")
     if c == "lore_vs_pgd_local" and item["min_p"] >= 1.0:
-        return (f"the attacked path cannot be bounded against LoRe's tree: {item.get('note') or 'unassessed'}",
-                "a local attack and a LoRe search that record their states (attack_local_steps.csv, "
-                "lore_states.csv) over LoRe's horizon")
+        note = item.get("note") or "unassessed"
+        if note.startswith("unassessed"):
+            return (f"the attacked path cannot be bounded against LoRe's tree: {note}",
+                    "a local attack and a LoRe search that record their states (attack_local_steps.csv, "
+                    "lore_states.csv) over LoRe's horizon")
+        # Fixed by the certifiers' outputs before the attack: α spent plus the leave bound at s₀ reaches 1.
+        return (f"its smallest p-value is 1 at ε = {item['eps']:.4g}: α spent ({item['alpha_spent']:.3g}) plus "
+                "the chance that an attacked episode leaves LoRe's tree at its first state reaches 1, "
+                "whatever the attack",
+                "a tighter certificate at LoRe's first state: more noise samples (lore.m)")
     if c == "lore_vs_pgd_local":
         return (f"a single attacked return: smallest p = α spent = {item['min_p']:.3g} > α/K = {level:.3g}",
                 "alpha_mode: family or a smaller alpha for LoRe")
