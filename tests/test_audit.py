@@ -688,6 +688,62 @@ def test_edited_qrange_is_an_integrity_problem(results):
         == [(str(q), True)]
 
 
+def _set_clip(d, clip, keys=("loact",)):
+    """Record in the meta of ``keys``' files in run folder ``d`` that they ran with rewards clipped to ``clip``
+    (None: the environment's own rewards); a meta carries no hash of its own, as a rerun with another clip."""
+    for key in keys:
+        m = d / meta_name(RUN_FILES[key])
+        meta = json.loads(m.read_text())
+        meta.pop("reward_clip", None)
+        m.write_text(json.dumps(meta if clip is None else {**meta, "reward_clip": clip}))
+
+
+def test_a_replicate_of_other_rewards_than_its_run_is_an_integrity_problem(results):
+    """A replicate folder is pooled with its run (the tables' intervals, the reference comparison): one whose
+    LoAct ran with another reward clip than the run's is an integrity problem naming the folder, the stage and
+    both clips (the audit FAILs and leaves it out; the figures and tables refuse it); equal clips pass."""
+    from crop.report.integrity import IntegrityError, replicate_clip_problems
+    from crop.report.metrics import load_runs
+
+    run = _run(results)
+    rep_dir = run / "rep-1"
+    rep_dir.mkdir()
+    for key in layout.REPLICATE_FILES:
+        for name in (RUN_FILES[key], meta_name(RUN_FILES[key])):
+            if (run / name).is_file():
+                shutil.copy(run / name, rep_dir / name)
+    runs = [str(run.relative_to(results)), str(rep_dir.relative_to(results))]
+    key = ("CartPole-v0", "StdTrain", "0.1")
+    assert audit(results, results / "a0")["integrity_problems"] == 0   # a faithful replicate: pooled
+    assert len(load_runs(results, runs)[key]["replicates"]) == 1
+
+    _set_clip(rep_dir, [-1.0, 3.0])
+    rep = audit(results, results / "a1")
+    assert rep["verdict"] == "FAIL" and rep["integrity_problems"] == 1
+    (p,) = rep["integrity"]
+    assert p["file"] == str(rep_dir / meta_name(RUN_FILES["loact"])) and p["run"] == runs[1]
+    assert p["problem"].startswith(f"replicate stage loact ran with rewards clipped to [-1, 3], its run {run} with "
+                                   "the environment's own rewards (no clip) (reward_clip; config rewards.clip)")
+    assert runs[1] not in [q["run"] for q in rep["provenance"]]   # not audited, not pooled
+    with pytest.raises(IntegrityError, match=r"rep-1/loact\.meta\.json: replicate stage loact .*reward_clip"):
+        load_runs(results, runs)
+
+    all_stages = ("loact", "gre", "attack_global")
+    _set_clip(run, [-1.0, 3.0], all_stages)   # the run clipped alike: the replicate belongs with it
+    assert replicate_clip_problems(rep_dir) == [] and replicate_clip_problems(run) == []
+    rep = audit(results, results / "a2")
+    assert rep["integrity_problems"] == 0 and runs[1] in [q["run"] for q in rep["provenance"]]
+    assert len(load_runs(results, runs)[key]["replicates"]) == 1
+
+    _set_clip(rep_dir, [-1.0, 2.0])   # clipped, to another range
+    (p,) = replicate_clip_problems(rep_dir)
+    assert "rewards clipped to [-1, 2], its run" in p["problem"] and "with rewards clipped to [-1, 3]" in p["problem"]
+    (run / meta_name(RUN_FILES["loact"])).unlink()   # the run lacks the stage: its other return stages' clip
+    assert len(replicate_clip_problems(rep_dir)) == 1
+    _set_clip(rep_dir, [-1.0, 3.0])
+    assert replicate_clip_problems(rep_dir) == []
+
+
 def test_hostile_folder_names_import_nothing(pristine, tmp_path, monkeypatch):
     """A run folder named after a module:Id id would import that module; read from a results folder it imports
     nothing (only the user's own config may: trusted_envs, as `crop audit --config` passes them)."""
