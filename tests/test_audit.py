@@ -207,6 +207,57 @@ def test_planted_reference_mismatch_is_reported(results):
     assert rep3["reproduction"]["differ"] == 0
 
 
+def _set_clip(d, clip, keys=("loact",)):
+    """Record in the meta of ``keys``' files in run folder ``d`` that they ran with rewards clipped to ``clip``
+    (None: the environment's own rewards); a meta carries no hash of its own, as a rerun with another clip."""
+    for key in keys:
+        m = d / meta_name(RUN_FILES[key])
+        meta = json.loads(m.read_text())
+        meta.pop("reward_clip", None)
+        m.write_text(json.dumps(meta if clip is None else {**meta, "reward_clip": clip}))
+
+
+def test_reference_rows_of_clipped_returns_say_so_and_radii_do_not(results):
+    """A run whose returns are of clipped rewards (rewards.clip): every compared (or listed) value that is a
+    return or a bound on one carries the clip (``reward_clip``, its note, a sentence in audit.md's reference
+    section and in reproduction.md); its radii, LoRe's bound (never clipped) and the other runs' values are not
+    marked, and no verdict changes."""
+    from crop.report.metrics import RETURN_METRICS
+
+    rows = _reference_rows(results)
+    ref = write_reference(results.parent / "ref.csv", list(rows.values()))
+    before = audit(results, results / "a0", reference=ref)
+    assert "reward_clip" not in json.dumps(before["reference"]) and \
+        "Returns of clipped rewards" not in (results / "a0" / "audit.md").read_text()
+    run = _run(results)
+    _set_clip(run, [-1.0, 3.0], ("loact", "gre", "attack_global"))
+    rep = audit(results, results / "a1", reference=ref)
+    comps = rep["reference"]["comparisons"]
+    assert [c["verdict"] for c in comps] == [c["verdict"] for c in before["reference"]["comparisons"]]
+    named = dict(zip(rows, comps))
+    for name in ("benign", "mismatch", "median"):   # benign_return, expectation_bound, pgd_global_median
+        assert named[name]["reward_clip"] == [-1.0, 3.0], name
+        assert "reproduced from rewards clipped to [-1, 3] (rewards.clip)" in named[name]["note"], name
+    for name in ("radius", "lore", "off_grid", "no_run"):   # no return, never clipped, or no reproduced value
+        assert "reward_clip" not in named[name] and "clipped" not in named[name]["note"], name
+    listed = [c for c in comps if c["verdict"] == "not_in_reference"]
+    ours = [c for c in listed if (c["algo"], c["sigma"]) == ("StdTrain", 0.1)]
+    assert {c["metric"].split("_p0")[0] for c in ours if "reward_clip" in c} == \
+        {m for m in RETURN_METRICS if any(c["metric"].startswith(m) for c in ours)} != set()
+    assert not any("reward_clip" in c for c in listed if (c["algo"], c["sigma"]) != ("StdTrain", 0.1))
+    md = (results / "a1" / "audit.md").read_text()
+    section = md.split("## Reference comparison")[1]
+    sentence = next(line for line in section.splitlines() if line.startswith("**Returns of clipped rewards.**"))
+    assert "CartPole-v0 StdTrain σ = 0.1, rewards clipped to [-1, 3]: `benign_return`, `expectation_bound`" \
+        in sentence and "`pgd_global_median`" in sentence
+    assert "mean_radius" not in sentence and "lore_bound" not in sentence and "GaussAug" not in sentence
+    differs = section.split("### Differs (1)")[1].split("###")[0]
+    assert "| expectation_bound |" in differs and "reproduced from rewards clipped to [-1, 3]" in differs
+    repro = (results / "a1" / "reproduction.md").read_text().split("## CartPole-v0")[1].split("\n## ")[0]
+    assert "are reproduced from rewards clipped to [-1, 3] (`rewards.clip`)" in repro
+    assert "Returns of clipped rewards" not in (results / "a0" / "reproduction.md").read_text()
+
+
 @pytest.mark.slow
 def test_tolerances_file_and_flags(results, tmp_path):
     rows = _reference_rows(results)
@@ -686,16 +737,6 @@ def test_edited_qrange_is_an_integrity_problem(results):
     assert rep["verdict"] == "FAIL"
     assert [(p["file"], "edited after use" in p["problem"] and "loact" in p["problem"]) for p in rep["integrity"]] \
         == [(str(q), True)]
-
-
-def _set_clip(d, clip, keys=("loact",)):
-    """Record in the meta of ``keys``' files in run folder ``d`` that they ran with rewards clipped to ``clip``
-    (None: the environment's own rewards); a meta carries no hash of its own, as a rerun with another clip."""
-    for key in keys:
-        m = d / meta_name(RUN_FILES[key])
-        meta = json.loads(m.read_text())
-        meta.pop("reward_clip", None)
-        m.write_text(json.dumps(meta if clip is None else {**meta, "reward_clip": clip}))
 
 
 def test_a_replicate_of_other_rewards_than_its_run_is_an_integrity_problem(results):
