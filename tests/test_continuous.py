@@ -634,6 +634,34 @@ def test_a_workflow_config_clips_rewards_of_a_box_environment_only_and_needs_its
     assert "environments.Pendulum-v1.rewards.return_range: bounds the game's own return" in str(e.value)
 
 
+def test_report_captions_name_the_clip_exactly_on_the_figures_of_returns():
+    """The report's figure captions (report/{family}.rst, rendered as Snakemake's report does) of a run with
+    clipped rewards: those of the figures of returns or return bounds (LoAct's benign return, GRe against the
+    global attack, all bounds) say the rewards are clipped; those of radii and certified ratios (stepwise,
+    certified ratio, periodic, large σ), of LoRe and the local attack (adasearch, never clipped) and the legend
+    do not."""
+    import jinja2
+
+    from crop.config import validate_config
+    from crop.layout import FIGURE_FAMILIES
+    from crop.report.captions import caption_settings
+
+    ec = {"source": "file", "files": {"Mine": {"path": "a.pt"}}, "algorithms": ["Mine"], "sigmas": [0.1]}
+    returns = {"loact_clean", "global_mean", "global_median", "all_bounds"}
+    for rewards, note in (({"range": [-16.3, 0.0], "clip": True}, "rewards clipped to [-16.3, 0]"),
+                          ({"range": [-16.3, 0.0]}, None)):
+        cfg = validate_config({"environments": {"Pendulum-v1": {**ec, "rewards": rewards}}})
+        params = {"settings": caption_settings(cfg), "alpha": cfg["alpha"]}
+        for family in FIGURE_FAMILIES:
+            text = jinja2.Template((REPO / "report" / f"{family}.rst").read_text()).render(
+                snakemake={"params": params})
+            assert "Pendulum-v1" in text or family == "legend", family
+            assert ("rewards clipped" in text) == (note is not None and family in returns), (family, text)
+            if note and family in returns:
+                assert f"returns and bounds of {note} (rewards.clip)" in text, (family, text)
+        assert ("rewards clipped" in str(params["settings"])) == (note is not None)
+
+
 # ---------------------------------------------------------------------------------------- through the workflow
 
 CONTINUOUS = DATA.parents[1] / "configs" / "continuous.yaml"
