@@ -933,3 +933,40 @@ def test_a_mujoco_agent_runs_the_workflow_and_every_return_is_clipped_and_said_s
     # no LoRe for a continuous agent: no adasearch figure, all_bounds has the two GRe rows only
     assert not [s for s in labels if "adasearch" in s] and len(labels["Hopper-v5_all_bounds"]) == 2
     assert all("(rewards clipped to [-1, 3])" in y for y in labels["Hopper-v5_all_bounds"])
+
+
+@pytest.mark.slow
+def test_a_mujoco_replicate_is_pooled_only_with_its_runs_clip(tmp_path):
+    """With ``replicates: 2``, replicate 1's LoAct records the run's clip ([−1, 3]) and is pooled: the audit
+    passes and the benign-return table is over 2 replicates.  The same replicate as if run with the
+    environment's own rewards is one integrity problem naming its meta file, the stage and both clips (the
+    audit FAILs and leaves it out), and the figures and tables refuse it."""
+    _need_mujoco()
+    import shutil
+
+    from crop.report.audit import audit
+    from crop.report.integrity import IntegrityError
+    from crop.report.metrics import load_runs
+
+    shutil.copy(DATA / "sac_hopper.zip", tmp_path / "sac_hopper.zip")
+    config = tmp_path / "mujoco.yaml"
+    config.write_text(MUJOCO.read_text() + "replicates: 2\n")
+    p = _snakemake(tmp_path, "--cores", "2", config=config)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    res, run = tmp_path / "results-mujoco", "Hopper-v5/MySAC@action/sigma-0.05"
+    meta = res / run / "rep-1" / meta_name(RUN_FILES["loact"])
+    assert json.loads(meta.read_text())["reward_clip"] == [-1.0, 3.0]
+    report = json.loads((res / "audit/audit.json").read_text())
+    assert report["integrity_problems"] == 0 and f"{run}/rep-1" in report["runs"]
+    assert "(2 replicates" in (res / "tables/Hopper-v5_benign_return.md").read_text()
+    record = json.loads(meta.read_text())
+    meta.write_text(json.dumps({k: v for k, v in record.items() if not k.startswith("reward_clip")}))
+    report = audit(res, tmp_path / "audit")
+    assert report["verdict"] == "FAIL" and report["violations"] == 0
+    (problem,) = report["integrity"]
+    assert problem["file"] == str(meta) and problem["problem"].startswith(
+        "replicate stage loact ran with the environment's own rewards (no clip), its run "
+        f"{res / run} with rewards clipped to [-1, 3] (reward_clip; config rewards.clip)")
+    assert f"{run}/rep-1" not in [q["run"] for q in report["provenance"]]
+    with pytest.raises(IntegrityError, match="replicate stage loact ran with the environment's own rewards"):
+        load_runs(res, [run, f"{run}/rep-1"])
