@@ -207,6 +207,57 @@ def test_planted_reference_mismatch_is_reported(results):
     assert rep3["reproduction"]["differ"] == 0
 
 
+def _set_clip(d, clip, keys=("loact",)):
+    """Record in the meta of ``keys``' files in run folder ``d`` that they ran with rewards clipped to ``clip``
+    (None: the environment's own rewards); a meta carries no hash of its own, as a rerun with another clip."""
+    for key in keys:
+        m = d / meta_name(RUN_FILES[key])
+        meta = json.loads(m.read_text())
+        meta.pop("reward_clip", None)
+        m.write_text(json.dumps(meta if clip is None else {**meta, "reward_clip": clip}))
+
+
+def test_reference_rows_of_clipped_returns_say_so_and_radii_do_not(results):
+    """A run whose returns are of clipped rewards (rewards.clip): every compared (or listed) value that is a
+    return or a bound on one carries the clip (``reward_clip``, its note, a sentence in audit.md's reference
+    section and in reproduction.md); its radii, LoRe's bound (never clipped) and the other runs' values are not
+    marked, and no verdict changes."""
+    from crop.report.metrics import RETURN_METRICS
+
+    rows = _reference_rows(results)
+    ref = write_reference(results.parent / "ref.csv", list(rows.values()))
+    before = audit(results, results / "a0", reference=ref)
+    assert "reward_clip" not in json.dumps(before["reference"]) and \
+        "Returns of clipped rewards" not in (results / "a0" / "audit.md").read_text()
+    run = _run(results)
+    _set_clip(run, [-1.0, 3.0], ("loact", "gre", "attack_global"))
+    rep = audit(results, results / "a1", reference=ref)
+    comps = rep["reference"]["comparisons"]
+    assert [c["verdict"] for c in comps] == [c["verdict"] for c in before["reference"]["comparisons"]]
+    named = dict(zip(rows, comps))
+    for name in ("benign", "mismatch", "median"):   # benign_return, expectation_bound, pgd_global_median
+        assert named[name]["reward_clip"] == [-1.0, 3.0], name
+        assert "reproduced from rewards clipped to [-1, 3] (rewards.clip)" in named[name]["note"], name
+    for name in ("radius", "lore", "off_grid", "no_run"):   # no return, never clipped, or no reproduced value
+        assert "reward_clip" not in named[name] and "clipped" not in named[name]["note"], name
+    listed = [c for c in comps if c["verdict"] == "not_in_reference"]
+    ours = [c for c in listed if (c["algo"], c["sigma"]) == ("StdTrain", 0.1)]
+    assert {c["metric"].split("_p0")[0] for c in ours if "reward_clip" in c} == \
+        {m for m in RETURN_METRICS if any(c["metric"].startswith(m) for c in ours)} != set()
+    assert not any("reward_clip" in c for c in listed if (c["algo"], c["sigma"]) != ("StdTrain", 0.1))
+    md = (results / "a1" / "audit.md").read_text()
+    section = md.split("## Reference comparison")[1]
+    sentence = next(line for line in section.splitlines() if line.startswith("**Returns of clipped rewards.**"))
+    assert "CartPole-v0 StdTrain σ = 0.1, rewards clipped to [-1, 3]: `benign_return`, `expectation_bound`" \
+        in sentence and "`pgd_global_median`" in sentence
+    assert "mean_radius" not in sentence and "lore_bound" not in sentence and "GaussAug" not in sentence
+    differs = section.split("### Differs (1)")[1].split("###")[0]
+    assert "| expectation_bound |" in differs and "reproduced from rewards clipped to [-1, 3]" in differs
+    repro = (results / "a1" / "reproduction.md").read_text().split("## CartPole-v0")[1].split("\n## ")[0]
+    assert "are reproduced from rewards clipped to [-1, 3] (`rewards.clip`)" in repro
+    assert "Returns of clipped rewards" not in (results / "a0" / "reproduction.md").read_text()
+
+
 @pytest.mark.slow
 def test_tolerances_file_and_flags(results, tmp_path):
     rows = _reference_rows(results)
@@ -693,6 +744,52 @@ def test_edited_qrange_is_an_integrity_problem(results):
     assert rep["verdict"] == "FAIL"
     assert [(p["file"], "edited after use" in p["problem"] and "loact" in p["problem"]) for p in rep["integrity"]] \
         == [(str(q), True)]
+
+
+def test_a_replicate_of_other_rewards_than_its_run_is_an_integrity_problem(results):
+    """A replicate folder is pooled with its run (the tables' intervals, the reference comparison): one whose
+    LoAct ran with another reward clip than the run's is an integrity problem naming the folder, the stage and
+    both clips (the audit FAILs and leaves it out; the figures and tables refuse it); equal clips pass."""
+    from crop.report.integrity import IntegrityError, replicate_clip_problems
+    from crop.report.metrics import load_runs
+
+    run = _run(results)
+    rep_dir = run / "rep-1"
+    rep_dir.mkdir()
+    for key in layout.REPLICATE_FILES:
+        for name in (RUN_FILES[key], meta_name(RUN_FILES[key])):
+            if (run / name).is_file():
+                shutil.copy(run / name, rep_dir / name)
+    runs = [str(run.relative_to(results)), str(rep_dir.relative_to(results))]
+    key = ("CartPole-v0", "StdTrain", "0.1")
+    assert audit(results, results / "a0")["integrity_problems"] == 0   # a faithful replicate: pooled
+    assert len(load_runs(results, runs)[key]["replicates"]) == 1
+
+    _set_clip(rep_dir, [-1.0, 3.0])
+    rep = audit(results, results / "a1")
+    assert rep["verdict"] == "FAIL" and rep["integrity_problems"] == 1
+    (p,) = rep["integrity"]
+    assert p["file"] == str(rep_dir / meta_name(RUN_FILES["loact"])) and p["run"] == runs[1]
+    assert p["problem"].startswith(f"replicate stage loact ran with rewards clipped to [-1, 3], its run {run} with "
+                                   "the environment's own rewards (no clip) (reward_clip; config rewards.clip)")
+    assert runs[1] not in [q["run"] for q in rep["provenance"]]   # not audited, not pooled
+    with pytest.raises(IntegrityError, match=r"rep-1/loact\.meta\.json: replicate stage loact .*reward_clip"):
+        load_runs(results, runs)
+
+    all_stages = ("loact", "gre", "attack_global")
+    _set_clip(run, [-1.0, 3.0], all_stages)   # the run clipped alike: the replicate belongs with it
+    assert replicate_clip_problems(rep_dir) == [] and replicate_clip_problems(run) == []
+    rep = audit(results, results / "a2")
+    assert rep["integrity_problems"] == 0 and runs[1] in [q["run"] for q in rep["provenance"]]
+    assert len(load_runs(results, runs)[key]["replicates"]) == 1
+
+    _set_clip(rep_dir, [-1.0, 2.0])   # clipped, to another range
+    (p,) = replicate_clip_problems(rep_dir)
+    assert "rewards clipped to [-1, 2], its run" in p["problem"] and "with rewards clipped to [-1, 3]" in p["problem"]
+    (run / meta_name(RUN_FILES["loact"])).unlink()   # the run lacks the stage: its other return stages' clip
+    assert len(replicate_clip_problems(rep_dir)) == 1
+    _set_clip(rep_dir, [-1.0, 3.0])
+    assert replicate_clip_problems(rep_dir) == []
 
 
 def test_hostile_folder_names_import_nothing(pristine, tmp_path, monkeypatch):

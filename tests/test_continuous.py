@@ -634,6 +634,34 @@ def test_a_workflow_config_clips_rewards_of_a_box_environment_only_and_needs_its
     assert "environments.Pendulum-v1.rewards.return_range: bounds the game's own return" in str(e.value)
 
 
+def test_report_captions_name_the_clip_exactly_on_the_figures_of_returns():
+    """The report's figure captions (report/{family}.rst, rendered as Snakemake's report does) of a run with
+    clipped rewards: those of the figures of returns or return bounds (LoAct's benign return, GRe against the
+    global attack, all bounds) say the rewards are clipped; those of radii and certified ratios (stepwise,
+    certified ratio, periodic, large σ), of LoRe and the local attack (adasearch, never clipped) and the legend
+    do not."""
+    import jinja2
+
+    from crop.config import validate_config
+    from crop.layout import FIGURE_FAMILIES
+    from crop.report.captions import caption_settings
+
+    ec = {"source": "file", "files": {"Mine": {"path": "a.pt"}}, "algorithms": ["Mine"], "sigmas": [0.1]}
+    returns = {"loact_clean", "global_mean", "global_median", "all_bounds"}
+    for rewards, note in (({"range": [-16.3, 0.0], "clip": True}, "rewards clipped to [-16.3, 0]"),
+                          ({"range": [-16.3, 0.0]}, None)):
+        cfg = validate_config({"environments": {"Pendulum-v1": {**ec, "rewards": rewards}}})
+        params = {"settings": caption_settings(cfg), "alpha": cfg["alpha"]}
+        for family in FIGURE_FAMILIES:
+            text = jinja2.Template((REPO / "report" / f"{family}.rst").read_text()).render(
+                snakemake={"params": params})
+            assert "Pendulum-v1" in text or family == "legend", family
+            assert ("rewards clipped" in text) == (note is not None and family in returns), (family, text)
+            if note and family in returns:
+                assert f"returns and bounds of {note} (rewards.clip)" in text, (family, text)
+        assert ("rewards clipped" in str(params["settings"])) == (note is not None)
+
+
 # ---------------------------------------------------------------------------------------- through the workflow
 
 CONTINUOUS = DATA.parents[1] / "configs" / "continuous.yaml"
@@ -905,3 +933,40 @@ def test_a_mujoco_agent_runs_the_workflow_and_every_return_is_clipped_and_said_s
     # no LoRe for a continuous agent: no adasearch figure, all_bounds has the two GRe rows only
     assert not [s for s in labels if "adasearch" in s] and len(labels["Hopper-v5_all_bounds"]) == 2
     assert all("(rewards clipped to [-1, 3])" in y for y in labels["Hopper-v5_all_bounds"])
+
+
+@pytest.mark.slow
+def test_a_mujoco_replicate_is_pooled_only_with_its_runs_clip(tmp_path):
+    """With ``replicates: 2``, replicate 1's LoAct records the run's clip ([−1, 3]) and is pooled: the audit
+    passes and the benign-return table is over 2 replicates.  The same replicate as if run with the
+    environment's own rewards is one integrity problem naming its meta file, the stage and both clips (the
+    audit FAILs and leaves it out), and the figures and tables refuse it."""
+    _need_mujoco()
+    import shutil
+
+    from crop.report.audit import audit
+    from crop.report.integrity import IntegrityError
+    from crop.report.metrics import load_runs
+
+    shutil.copy(DATA / "sac_hopper.zip", tmp_path / "sac_hopper.zip")
+    config = tmp_path / "mujoco.yaml"
+    config.write_text(MUJOCO.read_text() + "replicates: 2\n")
+    p = _snakemake(tmp_path, "--cores", "2", config=config)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    res, run = tmp_path / "results-mujoco", "Hopper-v5/MySAC@action/sigma-0.05"
+    meta = res / run / "rep-1" / meta_name(RUN_FILES["loact"])
+    assert json.loads(meta.read_text())["reward_clip"] == [-1.0, 3.0]
+    report = json.loads((res / "audit/audit.json").read_text())
+    assert report["integrity_problems"] == 0 and f"{run}/rep-1" in report["runs"]
+    assert "(2 replicates" in (res / "tables/Hopper-v5_benign_return.md").read_text()
+    record = json.loads(meta.read_text())
+    meta.write_text(json.dumps({k: v for k, v in record.items() if not k.startswith("reward_clip")}))
+    report = audit(res, tmp_path / "audit")
+    assert report["verdict"] == "FAIL" and report["violations"] == 0
+    (problem,) = report["integrity"]
+    assert problem["file"] == str(meta) and problem["problem"].startswith(
+        "replicate stage loact ran with the environment's own rewards (no clip), its run "
+        f"{res / run} with rewards clipped to [-1, 3] (reward_clip; config rewards.clip)")
+    assert f"{run}/rep-1" not in [q["run"] for q in report["provenance"]]
+    with pytest.raises(IntegrityError, match="replicate stage loact ran with the environment's own rewards"):
+        load_runs(res, [run, f"{run}/rep-1"])

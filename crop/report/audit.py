@@ -625,6 +625,7 @@ def _md_reference(rep: dict) -> list[str]:
              + (" Plain-words summary and figures: `reproduction.md`." if rep.get("reproduction") else ""), ""]
     if ref["tolerances"]:
         lines += [pipe_table([{"metric": m, **t} for m, t in ref["tolerances"].items()]), ""]
+    lines += _md_reference_clipped(ref["comparisons"])
     cols = ["env", "algo", "sigma", "metric", "eps", "reference", "reproduced", "interval_lo", "interval_hi",
             "replicates", "ratio", "outside", "allowed", "verdict", "note"]
     for verdict_name, title in (("differs", "Differs"), ("match", "Match")):
@@ -649,6 +650,25 @@ def _md_reference(rep: dict) -> list[str]:
             lines += [pipe_table(summary[["env", "algo", "sigma", "metric", "note", "values"]]
                                  .to_dict("records"), limit=100, rest="all in audit.json"), ""]
     return lines
+
+
+def _md_reference_clipped(rows: list[dict]) -> list[str]:
+    """A sentence naming, per run, the reproduced values that are returns of clipped rewards (``reward_clip``
+    of a comparison, :func:`crop.report.reference.compare_reference`); nothing where none is."""
+    marked: dict = {}
+    for r in rows:
+        if r.get("reward_clip") and r["verdict"] != "missing":
+            marked.setdefault((r["env"], r["algo"], r["sigma"], tuple(r["reward_clip"])), set()).add(r["metric"])
+    if not marked:
+        return []
+    which = "; ".join(f"{env} {algo} σ = {sigma:g}, {clip_text([clip])}: "
+                      + ", ".join(f"`{m}`" for m in sorted(metrics))
+                      for (env, algo, sigma, clip), metrics in sorted(marked.items()))
+    return ["**Returns of clipped rewards.** These reproduced values are returns (or bounds on returns) of "
+            f"rewards clipped to a range (`rewards.clip`), not of the environment's own rewards — {which}. A "
+            "reference number for the game's own return is not the same quantity; each such row says so in its "
+            "note (and `reward_clip` in audit.json). Radii and certified fractions do not depend on the rewards.",
+            ""]
 
 
 def _md_chance(rep: dict) -> list[str]:

@@ -33,25 +33,29 @@ def audit_settings(audit: dict) -> Words:
 
 def caption_settings(cfg: dict) -> Words:
     """Per environment of a validated config, the settings the captions quote (as text): each stage's caption
-    (its row of the stage table) with the settings the stage runs with; the two attacks in one."""
+    (its row of the stage table) with the settings the stage runs with; the two attacks in one; ``clip``, what
+    the captions of the figures of returns (benign return, GRe and the global attack, all bounds) add where the
+    rewards are clipped (``rewards.clip``; absent otherwise, as ``no_lore`` where LoRe runs)."""
     def quoted(env, command):
         return caption(command, stage_settings(cfg, env, command))
 
     out = {}
     for env, ec in cfg["environments"].items():
         rewards = ec.get("rewards") or {}
-        # rewards.clip: the returns GRe bounds, the global attack and LoAct's benign episodes report are clipped
-        clip = (f"; return (rewards clipped to [{rewards['range'][0]:g}, {rewards['range'][1]:g}])"
-                if rewards.get("clip") else "")
         out[env] = {
             "algorithms": ", ".join(ec["algorithms"]),
             "sigmas": ", ".join(sigma_label(x) for x in ec["sigmas"]),
-            **{name: quoted(env, name) + (clip if name != "lore" else "") for name in ("loact", "gre", "lore")},
-            "attack": f"{quoted(env, 'attack-global')}{clip}; {quoted(env, 'attack-local')}",
+            **{name: quoted(env, name) for name in ("loact", "gre", "lore")},
+            "attack": f"{quoted(env, 'attack-global')}; {quoted(env, 'attack-local')}",
         }
+        if rewards.get("clip"):   # LoAct's benign returns, GRe's bounds and the global attack's returns: clipped
+            # quoted only by the captions of figures that show returns (radii never depend on the rewards)
+            out[env]["clip"] = (f"returns and bounds of rewards clipped to [{rewards['range'][0]:g}, "
+                                f"{rewards['range'][1]:g}] (rewards.clip), not the environment's own")
         if ec.get("target") == ACTION_TARGET:   # crop.layout.has_lore: no adasearch figures, no J̲ row
             out[env]["no_lore"] = ("continuous actions (a Box): no LoRe or local attack, whose tree branches over a "
                                    "finite set of actions, so no adasearch figure and no J̲ row")
     text = "; ".join(f"{env}: {v['algorithms']} at σ ∈ {{{v['sigmas']}}}; LoAct {v['loact']}; GRe {v['gre']}; "
-                     f"LoRe {v['lore']}; attacks {v['attack']}" for env, v in out.items())
+                     f"LoRe {v['lore']}; attacks {v['attack']}" + (f"; {v['clip']}" if v.get("clip") else "")
+                     for env, v in out.items())
     return Words(out, text)

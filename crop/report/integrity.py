@@ -3,7 +3,9 @@ written, so a truncated or edited intermediate (half a ``loact.csv``) is caught 
 
 A run folder may hold any subset of the workflow's *stages* (:data:`crop.stage_table.STAGES`): a LoAct-only
 or a GRe-only run is a partial run, audited for what it has.  A stage with some of its files but not all is
-half-written — an integrity problem."""
+half-written — an integrity problem.  A replicate folder (config ``replicates``) is pooled with its run, so each
+of its return stages must have run with the run's reward clip (``rewards.clip``): one that did not is a problem
+too, never pooled silently."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +14,7 @@ from crop.io import meta_path, read_json, sha256_file
 from crop.layout import RUN_FILES
 from crop.stage_table import STAGES
 
-__all__ = ["check_integrity", "IntegrityError", "STAGE_FILES", "stages_present"]
+__all__ = ["check_integrity", "IntegrityError", "STAGE_FILES", "stages_present", "replicate_clip_problems"]
 
 # The files each stage writes, by the stage's rule name (the stage table).
 STAGE_FILES = {row.rule: tuple(row.files) for row in STAGES.values()}
@@ -20,6 +22,7 @@ STAGE_FILES = {row.rule: tuple(row.files) for row in STAGES.values()}
 # JSON result carries its provenance inside).
 _RULE = {key: row.rule for row in STAGES.values() for key in row.files}
 _META = {o.key: o.meta for row in STAGES.values() for o in row.outputs}
+_REPLICATED = {key: row.replicate for row in STAGES.values() for key in row.files}
 
 
 class IntegrityError(ValueError):
@@ -49,8 +52,9 @@ def stages_present(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
 
 
 def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
-    """Files whose content no longer matches the hash recorded when they were written; with
-    ``only_present``, the files of a partial run's stages only (absent stages are not problems)."""
+    """Files whose content no longer matches the hash recorded when they were written, and (a replicate
+    folder) return stages that ran with another reward clip than the run's (:func:`replicate_clip_problems`);
+    with ``only_present``, the files of a partial run's stages only (absent stages are not problems)."""
     from crop.layout import run_files, run_target
 
     problems = []
@@ -79,7 +83,39 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
             problems.append({"file": str(f), "problem": "sha256 differs from the one recorded at write time "
                                                          "(truncated or modified); delete it and rerun the workflow "
                                                          f"(or `snakemake --forcerun {rule}`) to recompute it"})
-    return problems + _inputs_changed(Path(run_dir))
+    return problems + _inputs_changed(Path(run_dir)) + replicate_clip_problems(Path(run_dir))
+
+
+def replicate_clip_problems(run_dir: Path) -> list[dict]:
+    """For a replicate folder ``ENV/ALGO/sigma-S/rep-K``: each return stage whose recorded reward clip
+    (``reward_clip`` in its meta, none for the environment's own rewards) is not its run's for that stage (or,
+    where the run lacks the stage, the one clip its other return stages share).  The tables, intervals and the
+    reference comparison pool a replicate's returns with the run's; returns of different rewards must not be
+    averaged into one value.  [] for a run folder itself."""
+    from crop.layout import base_run, replicate_of
+    from crop.report.metrics import reward_clips
+
+    if not replicate_of(run_dir):
+        return []
+    run = Path(base_run(run_dir))
+    theirs = reward_clips(run)
+    shared = set(theirs.values())
+    problems = []
+    for stage, clip in reward_clips(run_dir).items():
+        if stage in theirs:
+            expected = theirs[stage]
+        elif len(shared) == 1:
+            expected = next(iter(shared))
+        else:   # the run has no return stage (nothing to pool with), or disagrees with itself (refused apart)
+            continue
+        if clip != expected:
+            rule = _RULE[stage] + ("_replicate" if _REPLICATED[stage] else "")
+            problems.append({"file": str(meta_path(run_dir / RUN_FILES[stage])),
+                             "problem": f"replicate stage {stage} ran with {_clip_words(clip)}, its run {run} "
+                                        f"with {_clip_words(expected)} (reward_clip; config rewards.clip): returns "
+                                        "of different rewards are not pooled; rerun the replicate with the run's "
+                                        f"rewards.clip (`snakemake --forcerun {rule}`)"})
+    return problems
 
 
 def _inputs_changed(run_dir: Path) -> list[dict]:
@@ -98,3 +134,9 @@ def _inputs_changed(run_dir: Path) -> list[dict]:
                                                         "when it read the file (edited after use); rerun the workflow "
                                                         f"(or `snakemake --forcerun {_RULE[key]}`)"})
     return problems
+
+
+def _clip_words(clip) -> str:
+    from crop.report.metrics import clip_text
+
+    return clip_text([clip]) or "the environment's own rewards (no clip)"

@@ -56,7 +56,8 @@ from crop.layout import (
 from crop.lore import lore_bound_at
 from crop.report.intervals import benign_return_range
 
-__all__ = ["load_runs", "read_lore_meta", "reward_clips", "clip_text", "RETURN_STAGES",
+__all__ = ["load_runs", "read_lore_meta", "reward_clips", "clip_text", "RETURN_STAGES", "RETURN_METRICS",
+           "metric_clip",
            "REPLICATE_TABLES", "parse_run", "METRICS", "EPS_METRICS", "metric_value",
            "is_metric", "metric_has_eps", "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
 
@@ -132,6 +133,20 @@ def reward_clips(run_dir: Path) -> dict[str, tuple[float, float] | None]:
     return out
 
 
+#: The metrics whose values are returns or bounds on returns, by the stage of :data:`RETURN_STAGES` whose reward
+#: clip they are of (``percentile_bound_p<P>`` as ``percentile_bound``).  LoAct's radii and certified fraction
+#: are not returns, and LoRe's bound and the local attack's return are of the environment's own rewards.
+RETURN_METRICS = {"benign_return": "loact", "expectation_bound": "gre", "percentile_bound": "gre",
+                  "pgd_global_mean": "attack_global", "pgd_global_median": "attack_global"}
+
+
+def metric_clip(run: dict, metric: str) -> tuple[float, float] | None:
+    """The reward clip ``metric``'s value of ``run`` (a dict of :func:`load_runs`) is a return of; None where
+    the rewards are the environment's own or the metric is no return (a radius, a fraction)."""
+    stage = RETURN_METRICS.get("percentile_bound" if metric.startswith("percentile_bound") else metric)
+    return (run.get("reward_clips") or {}).get(stage) if stage else None
+
+
 def clip_text(clips) -> str:
     """"rewards clipped to [a, b]" for the clip ranges ``clips`` (several joined by "or"); "" for none."""
     ranges = sorted({tuple(c) for c in clips if c})
@@ -183,7 +198,8 @@ def _per_step(data: dict) -> None:
 
 def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
     """Read the result files of ``runs``: {(env, algo, sigma_label): {name: DataFrame | dict}}, with
-    ``lore_meta`` (:func:`read_lore_meta`) and ``frames_path`` (``frames.npz``, not read here).  Replicate
+    ``lore_meta`` (:func:`read_lore_meta`), ``reward_clip`` (the clip its return stages share),
+    ``reward_clips`` (per stage, :func:`reward_clips`) and ``frames_path`` (``frames.npz``, not read here).  Replicate
     folders among ``runs`` (``ENV/ALGO/sigma-S/rep-K``, config ``replicates``) are read beside their run:
     ``replicates``, their :data:`REPLICATE_TABLES` in index order.
 
@@ -212,6 +228,7 @@ def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
             _per_step(data)
         data["lore_meta"] = read_lore_meta(d)
         data["reward_clip"] = _one_clip(d, strict=not partial)
+        data["reward_clips"] = reward_clips(d)
         data["frames_path"] = d / FRAMES_FILE
         gre_meta = meta_path(d / RUN_FILES["gre"])   # the reward facts GRe was given (an environment's own)
         data["gre_settings"] = (read_json(gre_meta).get("settings") or {}) if gre_meta.is_file() else {}

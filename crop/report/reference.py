@@ -69,8 +69,8 @@ from crop.envs import ENV_SPECS
 from crop.io import CappedError, sha256_file
 from crop.reference import resolve_reference
 from crop.report.intervals import INTERVAL_METRICS, run_interval
+from crop.report.metrics import clip_text, lore_valid_until, mean_radius, metric_clip, metric_has_eps, metric_value
 from crop.report.metrics import is_metric as _is_project_metric
-from crop.report.metrics import lore_valid_until, mean_radius, metric_has_eps, metric_value
 
 __all__ = ["ReferenceError", "DEFAULT_TOLERANCES", "REFERENCE_COLUMNS", "VERDICTS", "load_reference",
            "load_tolerances", "tolerance_for", "compare_reference", "reference_summary", "resolve_reference",
@@ -374,7 +374,7 @@ def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = Non
             row.update(delta=delta, allowed=allowed, verdict="match" if ok else "differs",
                        ratio=got / ref_v if ref_v != 0 else None, outside=outside,
                        outside_halfwidths=outside / half if half > 0 else None)
-        rows.append(row)
+        rows.append(_mark_clip(row, run))
     for (env, algo, lab), run in sorted(data.items()):
         for metric, eps in run_rows(run):
             if (id(run), _norm(metric), _eps_key(eps)) in seen:
@@ -390,8 +390,19 @@ def compare_reference(ref: pd.DataFrame, data: dict, file_tol: dict | None = Non
                            interval_lo=None if math.isnan(iv["lo"]) else iv["lo"],
                            interval_hi=None if math.isnan(iv["hi"]) else iv["hi"], interval_method=iv["method"],
                            replicates=iv["replicates"], sd_replicates=None if math.isnan(iv["sd"]) else iv["sd"])
-            rows.append(row)
+            rows.append(_mark_clip(row, run))
     return rows
+
+
+def _mark_clip(row: dict, run: dict) -> dict:
+    """A row whose reproduced value is a return (or a bound on one) of clipped rewards (``rewards.clip``) says
+    so, in ``reward_clip`` and its note: the reference's number is then set beside the return of the clipped
+    rewards, not the environment's own.  Radii and certified fractions are no returns and are never marked."""
+    clip = metric_clip(run, row["metric"])
+    if clip is not None:
+        text = f"reproduced from {clip_text([clip])} (rewards.clip), not the environment's own rewards"
+        row.update(reward_clip=list(clip), note=f"{row['note']}; {text}" if row["note"] else text)
+    return row
 
 
 def reference_summary(path, rows: list[dict], file_tol: dict | None, tol_path, abs_tol, rel_tol) -> dict:

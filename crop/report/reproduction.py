@@ -23,6 +23,7 @@ from scipy import stats as st
 from crop.envs import env_spec
 from crop.io import atomic_write_text
 from crop.report.markdown import pipe_table
+from crop.report.metrics import clip_text
 
 __all__ = ["write_reproduction", "figure_name", "KNOWN", "GENERAL_NOTES"]
 
@@ -168,6 +169,12 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str, tolerances: 
                   f"{'this environment is' if len(absent) == len(set(df['algo'])) else 'these labels are'} not in "
                   f"{where}; their values are listed, not compared.", ""]
     lines += [f"![{env}]({fig})", ""]
+    clipped = df[df["reward_clip"].notna() & (df["verdict"] != "missing")]
+    if len(clipped):   # returns of clipped rewards (rewards.clip): not the game's own return
+        lines += [f"Returns of clipped rewards: {', '.join(f'`{m}`' for m in sorted(set(clipped['metric'])))} of "
+                  f"{', '.join(f'`{a}`' for a in sorted(set(clipped['algo'])))} are reproduced from "
+                  f"{clip_text(clipped['reward_clip'])} (`rewards.clip`), not the environment's own rewards; a "
+                  "published return of the game is not the same quantity.", ""]
     if compared.empty:
         lines += [f"No value of this run could be compared: {len(ran)} values of the run, "
                   f"{len(absent_runs)} reference values for runs not in the results.", ""]
@@ -250,7 +257,8 @@ def write_reproduction(ref_block: dict, out_dir: Path, envs) -> dict:
     df = pd.DataFrame(ref_block["comparisons"], columns=["env", "algo", "sigma", "metric", "eps", "reference",
                                                          "reproduced", "ratio", "verdict", "note", "interval_lo",
                                                          "interval_hi", "replicates", "sd_replicates", "outside",
-                                                         "allowed", "abs_tol", "rel_tol", "interval_method"])
+                                                         "allowed", "abs_tol", "rel_tol", "interval_method",
+                                                         "reward_clip"])
     df["note"] = df["note"].fillna("").astype(str)
     for c in ("reference", "reproduced", "ratio", "sigma", "eps", "interval_lo", "interval_hi", "replicates",
               "sd_replicates", "outside", "allowed", "abs_tol", "rel_tol"):
