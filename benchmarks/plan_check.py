@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("results", help="the finished run's results folder")
     ap.add_argument("--configfile", required=True)
     ap.add_argument("--calibration", help="calibration file (default: crop plan's)")
-    ap.add_argument("--gpus", type=int, help="GPUs the run had (default: 1 unless the config's device is cpu)")
+    ap.add_argument("--gpus", type=int, help="GPUs the run had (default: 1 unless every environment's device, else the "
+                                               "config's, is cpu)")
     ap.add_argument("--goal", type=float, default=0.8, help="fraction of jobs that must be within 0.5-2x")
     ap.add_argument("--worst", type=int, default=5, help="how many of the worst jobs to list")
     args = ap.parse_args(argv)

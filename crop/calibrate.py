@@ -3,7 +3,7 @@
 Per environment, with a network of the architecture its policies have (random weights: the cost does not
 depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.SmoothedQ`, the
 engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
-LoRe node besides its smoothing (a small full search), GRe's workflow path per trajectory step and
+LoRe transition (small full searches of two depths, differenced), GRe's workflow path per trajectory step and
 per trajectory (:func:`crop.gre.sample_randomized_returns` with one worker, timed by phase), a training step
 (:func:`crop.train.dqn.train_dqn`, updates from the first step, no evaluation); and a job's fixed start
 cost (a fresh interpreter importing what a stage imports).  All on one core (torch threads: 1).  Each is
@@ -215,7 +215,10 @@ def _lore_transition_s(env: str, net, k: int, smooth_sample_s: float, device: st
 
     (t1, i1), (t2, i2) = search(depth), search(depth + 1)
     smoothed = i2["distinct_states_smoothed"] - i1["distinct_states_smoothed"]
-    return max(t2 - t1 - smoothed * m * smooth_sample_s, 0.0) / max(1, i2["transitions"] - i1["transitions"])
+    residual = (t2 - t1 - smoothed * m * smooth_sample_s) / max(1, i2["transitions"] - i1["transitions"])
+    # Timing noise can leave nothing after the smoothing is taken out: then the deeper search's whole time per
+    # transition (its start included), which errs long, never a free transition.
+    return residual if residual > 0 else t2 / max(1, i2["transitions"])
 
 
 def _start_s() -> float:
@@ -229,8 +232,9 @@ def _start_s() -> float:
 
 
 def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=print) -> dict:
-    """Measure every unit cost on ``device`` and store them under ``device`` in the calibration file (other
-    devices' tables in it are kept).  Returns the table written."""
+    """Measure every unit cost of ``envs`` on ``device`` and store them under ``device`` in the calibration file
+    (other devices' tables in it are kept, and so are the device's other environments, whose units this run
+    did not measure).  Returns the table written."""
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -255,6 +259,8 @@ def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=p
             tables = json.loads(path.read_text())
         except ValueError:
             tables = {}
+    old = tables.get(device) if isinstance(tables.get(device), dict) else {}
+    table["envs"] = {**(old.get("envs") or {}), **table["envs"]}
     tables[device] = table
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")

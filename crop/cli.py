@@ -429,7 +429,8 @@ def _plan_args(pl, cal) -> None:
     pl.add_argument("--configfile", required=True, help="the workflow config file (YAML)")
     pl.add_argument("--cores", type=_schema_type(POS_INT), default=os.cpu_count(), help="CPU cores per machine")
     pl.add_argument("--gpus", type=_schema_type({"type": "integer", "minimum": 0}),
-                    help="GPUs per machine (default: 1 when the config's device is not cpu, else 0)")
+                    help="GPUs per machine (default: 1 when any environment's device, else the "
+                         "config's, is not cpu; else 0)")
     pl.add_argument("--nodes", type=_schema_type(POS_INT), default=1, help="machines")
     pl.add_argument("--json", action="store_true", help="the plan as JSON: jobs, total, makespan_hours")
     for p in (pl, cal):

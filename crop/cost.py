@@ -132,6 +132,10 @@ def _unit(table: dict, env: str, name: str, device: str) -> float:
     """One unit cost; a missing one is an error naming the calibration that gives it (never a silent 0)."""
     value = table.get(name) if name in GLOBAL_UNITS else table.get("envs", {}).get(env, {}).get(name)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or not math.isfinite(value):
+        if name == "lore_transition_s" and "lore_node_s" in table.get("envs", {}).get(env, {}):
+            raise CostError(f"the calibration of {env} on {device} predates lore_transition_s (it has lore_node_s, "
+                            f"which the model no longer uses): run `crop calibrate --device {device} --env {env}` "
+                            "again")
         what = name + ("" if name in GLOBAL_UNITS else f" of {env}")
         raise CostError(f"no unit cost {what} on {device}: run `crop calibrate --device {device}"
                         f"{'' if name in GLOBAL_UNITS else f' --env {env}'}` on a machine like the one that runs it")

@@ -68,7 +68,7 @@ class StageRow:
     replicate: bool                 # repeated in each replicate folder (config ``replicates``)
     mem_mb: int | None              # memory of a job; None: the environment's GRe block (EnvSpec.gre_mem_mb);
     #                                 its minutes come from the cost model (crop/cost.py)
-    cpu_only: bool = False          # runs on the job's CPU cores whatever the config's device (crop.cost)
+    cpu_only: bool = False          # runs on the job's CPU cores whatever the device configured (crop.cost)
     flags: tuple[Flag, ...] = field(default=())
     caption: str | None = None      # what the report's captions quote of its settings (:func:`caption`)
     discrete: str | None = None     # why it needs a finite set of actions: a continuous-action agent's runs
@@ -313,7 +313,7 @@ def layout_table() -> str:
         memory = f"{row.mem_mb} MB" if row.mem_mb else "from the GRe block (EnvSpec.gre_mem_mb)"
         lines.append(f"| {code(rules)} | {row.title} | `crop {row.command}` (`{row.handler}`) | {code(writes)} | "
                      f"{code(reads)} | {code(settings)} | {code(flags)} | {memory}, "
-                     f"{'CPU' if row.cpu_only else 'config device'} |")
+                     f"{'CPU' if row.cpu_only else 'the environment device'} |")
     return "\n".join([TABLE_BEGIN, *lines, TABLE_END])
 
 

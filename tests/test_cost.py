@@ -172,6 +172,37 @@ def test_a_missing_unit_is_named_never_a_zero(tmp_path, capsys):
     assert "grad_sample_s of CartPole-v0" in capsys.readouterr().err
 
 
+def test_a_calibration_from_before_lore_transitions_says_so(tmp_path, capsys):
+    """A calibration file written when LoRe was priced per node (lore_node_s) is one line saying it predates
+    the unit the model now needs and what to run, never priced with a zero."""
+    table = cost.shipped_table("cpu")
+    for units in table["envs"].values():
+        units["lore_node_s"] = units.pop("lore_transition_s") * 100
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cpu": table}))
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--configfile", str(QUICK), "--calibration", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1
+    assert "predates lore_transition_s" in err and "crop calibrate --device cpu --env CartPole-v0" in err
+
+
+def test_calibrating_one_environment_keeps_the_others(tmp_path, monkeypatch):
+    """`crop calibrate --env ID` replaces that environment's units in the device's table and keeps the ones
+    measured before for the other environments (and the other devices' tables)."""
+    from crop import calibrate as cal
+
+    monkeypatch.setattr(cal, "_start_s", lambda: 1.0)
+    monkeypatch.setattr(cal, "_env_costs", lambda env, device, log: {"measured_now": 1.0})
+    path = tmp_path / "calibration.json"
+    before = {"cpu": {"envs": {"CartPole-v0": {"old": 1.0}, "highway-fast-v0": {"old": 2.0}}}, "cuda": {"x": 1}}
+    path.write_text(json.dumps(before))
+    cal.calibrate("cpu", envs=["CartPole-v0"], out=path, log=lambda *a: None)
+    tables = json.loads(path.read_text())
+    assert tables["cpu"]["envs"] == {"CartPole-v0": {"measured_now": 1.0}, "highway-fast-v0": {"old": 2.0}}
+    assert tables["cuda"] == {"x": 1} and tables["cpu"]["start_s"] == 1.0
+
+
 def test_an_unbounded_lore_tree_asks_for_max_nodes(tmp_path, capsys):
     cfg = _config(PAPER)
     del cfg["environments"]["PongNoFrameskip-v4"]["lore"]["max_nodes"]

@@ -320,6 +320,7 @@ def test_the_rehearsal_has_every_rule_environment_and_algorithm_of_the_papers_da
     for env, ec in rehearsal["environments"].items():
         p = paper["environments"][env]
         assert ec["algorithms"] == p["algorithms"] and len(ec["sigmas"]) == 1 and ec["sigmas"][0] in p["sigmas"]
+        assert ec.get("device") == p.get("device"), env   # the same devices, so the same GPU requests
         assert set(ec) >= set(p) - {"source"} and (ec["source"] == p["source"] or env.endswith("NoFrameskip-v4"))
         assert (ec["lore"]["max_nodes"] is None) == (p["lore"]["max_nodes"] is None), env
         if ec["lore"]["max_nodes"]:   # smaller than the tree: the rehearsal runs the truncated search
@@ -343,7 +344,7 @@ def test_the_paper_rehearsal_runs_every_rule_on_every_environment_through_sbatch
     mirror = (REPO / cfg["checkpoints"]["mirror"]).resolve()
     need(mirror.is_dir(), f"{mirror} (../shared/checkpoints: CROP's published highway checkpoints) is missing")
     cfg["checkpoints"]["mirror"] = str(mirror)   # relative to the working directory: the repository's
-    # One fake GPU on this node would queue the ~150 certification and attack jobs one by one (the smoke
+    # One fake GPU on this node would queue the ~60 Atari certification and attack jobs one by one (the smoke
     # test above checks that they ask for it); on the CPU they share the node's cores.
     cfg["device"] = "cpu"
     path = tmp_path / "rehearsal.yaml"

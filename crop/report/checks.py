@@ -696,9 +696,11 @@ def untestable_reason(item: dict, alpha: float, k: int) -> tuple[str, str]:
         return (f"its smallest p-value is 1 at ε = {item['eps']:.4g}: α spent ({item['alpha_spent']:.3g}) plus "
                 "the chance that an attacked episode leaves LoRe's tree at its first state reaches 1, "
                 "whatever the attack",
-                "a tighter certificate at LoRe's first state: more noise samples (lore.m)")
+                "a tighter certificate at LoRe's first state (more noise samples: lore.m) or less α spent "
+                "(alpha_mode: family)")
     if c == "lore_vs_pgd_local":
-        return (f"a single attacked return: smallest p = α spent = {item['min_p']:.3g} > α/K = {level:.3g}",
+        return (f"a single attacked return: smallest p = α spent + the leave bound at s₀ = {item['min_p']:.3g} > "
+                f"α/K = {level:.3g}",
                 "alpha_mode: family or a smaller alpha for LoRe")
     if c == "gre_expectation_vs_pgd_mean":
         if not item["shortfall_max"] > 0:
