@@ -233,12 +233,17 @@ def test_paper_config_builds_the_full_dag(tmp_path):
     for f in layout.aggregate_files(results / "figures", results / "tables", plan):
         assert planned.get(str(f)) == "aggregate", f
     # device: auto — each certification and attack job declares one GPU (SLURM: --gpus=1), except GRe, which
-    # steps its environments on CPU cores and runs there (gpu=0, --device cpu)
+    # steps its environments on CPU cores and runs there (gpu=0, --device cpu), and the jobs of an environment
+    # whose own device is cpu (CartPole's and highway's small MLPs)
     p = snakemake("--configfile", str(paper), "-n", "-p", cwd=tmp_path)
     jobs = p.stdout.split("\nrule ")[1:]
     gpu_rules = {"qrange", "loact", "gre", "lore", "attack_local", "attack_global"}
     certs = [j for j in jobs if j.split(":", 1)[0] in gpu_rules]
     assert len(certs) == 6 * runs
-    on_cpu = [j for j in certs if j.startswith("gre:")]
-    assert len(on_cpu) == runs and all("gpu=0" in j and "--device cpu" in j for j in on_cpu)
-    assert all("gpu=1" in j for j in certs if j not in on_cpu)
+    cpu_envs = {env for env, ec in cfg["environments"].items() if ec.get("device") == "cpu"}
+    assert cpu_envs == {"CartPole-v0", "highway-fast-v0"}
+    on_cpu = [j for j in certs if j.startswith("gre:") or any(f"env={e}," in j for e in cpu_envs)]
+    assert all("gpu=0" in j and "--device cpu" in j for j in on_cpu)
+    assert len(on_cpu) == runs + 5 * sum(len(cfg["environments"][e]["algorithms"]) *
+                                         len(cfg["environments"][e]["sigmas"]) for e in cpu_envs)
+    assert all("gpu=1" in j and "--device auto" in j for j in certs if j not in on_cpu)
