@@ -59,8 +59,7 @@ HEADROOM, HEADROOM_MIN = 2.0, 5
 
 #: Per-environment unit costs the model needs (seconds; ``node_mb`` in MB), and the global ones.
 UNITS = ("smooth_sample_s", "grad_sample_s", "env_step_s", "gre_step_s", "gre_reset_s", "lore_transition_s",
-         "node_mb",
-         "train_step_s")
+         "node_mb", "train_step_s")
 GLOBAL_UNITS = ("start_s", "fetch_s", "figure_s", "audit_run_s")
 
 #: Above this many nodes a LoRe tree cannot be priced: the config needs lore.max_nodes (or a smaller horizon).
@@ -220,7 +219,7 @@ def _stage_seconds(cfg: dict, job: Job, t: dict) -> tuple[float, str]:
             raise CostError(f"lore {env}/{job.algo} σ={job.sigma}: a tree of up to {k}^{lo['horizon']} nodes "
                             f"cannot finish; give environments.{env}.lore.max_nodes (a budget of nodes) or a "
                             "smaller lore.horizon")
-        # its snapshots, one a node of the tree: twice their pickled size, for Python's objects
+        # its snapshots, one per node of the tree: twice their pickled size, for Python's objects
         job.mem_mb += int(2 * (transitions + 1) * u("node_mb"))
         return nodes * lo["m"] * u("smooth_sample_s") + transitions * u("lore_transition_s"), f"{nodes:.0f} nodes"
     if rule == "attack_local":
@@ -289,7 +288,7 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
     per (env, algorithm) — the certified ones and the bases others are derived from —, the per-run stages of
     the stage table (qrange only for the q target), replicates 1 … N−1 of the replicated stages, then the
     aggregate and the audit.  ``needs`` holds each job's inputs (for the makespan).  ``gpus``: GPUs a
-    machine has (None: as the config's ``device`` asks; 0 runs everything on the CPU)."""
+    machine has (None: as the environments' devices ask, :func:`stage_device`; 0 runs everything on the CPU)."""
     from crop.registry import checkpoint_source
 
     gpu_stages = 0 if gpus == 0 else stage_gpus(cfg)
