@@ -153,11 +153,12 @@ def clip_text(clips) -> str:
     return ("rewards clipped to " + " or ".join(f"[{a:g}, {b:g}]" for a, b in ranges)) if ranges else ""
 
 
-def _one_clip(run_dir: Path, strict: bool) -> tuple[float, float] | None:
-    """The reward clip all the run's return stages share; with ``strict`` (figures, tables) a run whose stages
-    differ is refused: its bounds and returns are of different rewards and no figure may set them side by side
-    (the audit, not strict, reports the comparisons untestable instead)."""
-    clips = reward_clips(run_dir)
+def _one_clip(run_dir: Path, strict: bool, clips: dict | None = None) -> tuple[float, float] | None:
+    """The reward clip all the run's return stages share (``clips``: its :func:`reward_clips`, read when not
+    given); with ``strict`` (figures, tables) a run whose stages differ is refused: its bounds and returns are
+    of different rewards and no figure may set them side by side (the audit, not strict, reports the
+    comparisons untestable instead)."""
+    clips = reward_clips(run_dir) if clips is None else clips
     if strict and len(set(clips.values())) > 1:
         from crop.report.integrity import IntegrityError
 
@@ -227,8 +228,8 @@ def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
         if run_target(run) == ACTION_TARGET:
             _per_step(data)
         data["lore_meta"] = read_lore_meta(d)
-        data["reward_clip"] = _one_clip(d, strict=not partial)
         data["reward_clips"] = reward_clips(d)
+        data["reward_clip"] = _one_clip(d, strict=not partial, clips=data["reward_clips"])
         data["frames_path"] = d / FRAMES_FILE
         gre_meta = meta_path(d / RUN_FILES["gre"])   # the reward facts GRe was given (an environment's own)
         data["gre_settings"] = (read_json(gre_meta).get("settings") or {}) if gre_meta.is_file() else {}
