@@ -274,13 +274,18 @@ def stage_device(cfg: dict, rule: str, env: str) -> str:
     it wait."""
     if STAGES[rule.removesuffix("_replicate").replace("_", "-")].cpu_only:
         return "cpu"
+    return _env_device(cfg, env)
+
+
+def _env_device(cfg: dict, env: str) -> str:
+    """Where an environment's networks run: its own ``device``, else the config's."""
     return cfg["environments"][env].get("device") or cfg["device"]
 
 
 def stage_gpus(cfg: dict) -> int:
     """GPUs a certification or attack job asks for where it may use CUDA: one when any environment's stages
     run on a device other than the CPU (:func:`stage_device`), none otherwise."""
-    return int(any((ec.get("device") or cfg["device"]) != "cpu" for ec in cfg["environments"].values()))
+    return int(any(_env_device(cfg, env) != "cpu" for env in cfg["environments"]))
 
 
 def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
