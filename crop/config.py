@@ -25,7 +25,7 @@ from crop.names import ACTION_TARGET, MAX_PARAMETERS, smoothing_targets
 from crop.registry import resolve_source
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "certifications",
-           "run_targets", "smoothing_targets", "sigma_label",
+           "run_targets", "smoothing_targets", "sigma_label", "trusted_env_ids",
            "ALGORITHMS", "train_defaults", "train_settings", "target_return", "schema"]
 
 ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
@@ -261,10 +261,41 @@ def _check_strings(cfg: dict) -> str | None:
     return None
 
 
-def validate_config(config: dict, source: str = "config") -> dict:
+def trusted_env_ids(config: dict, trust=()) -> frozenset[str]:
+    """The environment ids of ``config`` (parsed YAML, validated or not) whose ``module:Id`` form may import
+    its module: those the config marks ``import_module: true``, and ``trust`` (``--trust-env``: ids the user
+    typed).  Importing a module runs its code, and a config may come from someone else, so an id imports only
+    when its reader says so for that id; this is the one place that decides."""
+    envs = config.get("environments") if isinstance(config, dict) else None
+    marked = [env for env, ec in envs.items() if isinstance(ec, dict) and ec.get("import_module") is True] \
+        if isinstance(envs, dict) else []
+    return frozenset([*marked, *trust])
+
+
+def _check_module_ids(cfg: dict, trusted: frozenset, source: str) -> None:
+    """Refuse, in one line and before anything imports it, a ``module:Id`` id that is not ``trusted``; and an
+    ``import_module`` on an id that imports nothing."""
+    for env, ec in cfg["environments"].items():
+        if ":" not in env:
+            if "import_module" in ec:
+                raise ConfigError(f"{source}: environments.{env}.import_module: only a module:Id id imports a "
+                                  "module; leave it out")
+        elif env not in trusted:
+            module, key = env.partition(":")[0], f'environments."{env}"'
+            raise ConfigError(f"{source}: {key}: module:Id imports module {module}, which runs its code; set "
+                              f"{key}.import_module: true if it is yours (crop validate-config, plan and audit "
+                              f"also take --trust-env {env})")
+
+
+def validate_config(config: dict, source: str = "config", trust=()) -> dict:
     """Validate ``config`` against the schema, fill in defaults, and check what the schema cannot: every
     number finite (before the schema's bounds, which NaN would pass or fail confusingly), no control
     character in any string, every path key a non-empty path.
+
+    A ``module:Id`` environment id imports its module only when :func:`trusted_env_ids` allows it (the
+    config's ``import_module: true``, or ``trust``: ``--trust-env``); any other is refused right after the
+    schema, before any environment is looked up, and the checks that look environments up run inside
+    :func:`crop.envs.untrusted_env_ids`, so validating a received config runs none of its code.
 
     Returns a new dict; raises :class:`ConfigError` naming the first bad field (in path order).
     """
@@ -293,12 +324,23 @@ def validate_config(config: dict, source: str = "config") -> dict:
         while err.context:
             err = sorted(err.context, key=lambda e: len(e.absolute_path))[-1]
         raise ConfigError(f"{source}: invalid configuration: {_message(err)}")
+    trusted = trusted_env_ids(cfg, trust)
+    _check_module_ids(cfg, trusted, source)
     # A second pass fills defaults inside objects that were themselves just defaulted.
     list(cls(schema).iter_errors(cfg))
     bad = _check_strings(cfg)
     if bad:
         raise ConfigError(f"{source}: invalid configuration: {bad}")
     _check_case(cfg, source)
+    from crop.envs import untrusted_env_ids
+
+    with untrusted_env_ids(trusted):
+        _check_environments(cfg, config, source)
+    return cfg
+
+
+def _check_environments(cfg: dict, config: dict, source: str) -> None:
+    """The checks of :func:`validate_config` that look the environments up (make them, read their spaces)."""
     for env, ec in cfg["environments"].items():
         given = (config["environments"].get(env) or {}).get("lore") or {}
         if "alpha_mode" not in given:   # LoRe follows the top-level alpha_mode unless it names its own
@@ -326,7 +368,6 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 key = "targets" if "targets" in ec else "target"
                 raise ConfigError(f"{source}: invalid configuration: environments.{env}.{key}: probs smooths a "
                                   f"policy network's probabilities; {algo} ({kind}) is a Q-network: use vote or q")
-    return cfg
 
 
 def _case_clash(names) -> tuple[str, str] | None:
@@ -582,7 +623,9 @@ def check_policy_files(cfg: dict, source: str = "config") -> dict:
     return out or cfg
 
 
-def load_config(path: str | Path) -> dict:
+def load_config(path: str | Path, trust=()) -> dict:
+    """The validated config of the file ``path``; ``trust``: the ``module:Id`` ids the command line allows to
+    import their module (:func:`validate_config`)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file; give the path of a workflow config (config.yaml or "
@@ -593,7 +636,7 @@ def load_config(path: str | Path) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the config: {exc}") from None
-    return validate_config(data or {}, str(path))
+    return validate_config(data or {}, str(path), trust)
 
 
 def sigma_label(sigma: float) -> str:

@@ -149,16 +149,20 @@ def _is_atari_id(env_id: str) -> bool:
 
 
 # A ``module:Id`` id imports ``module`` (which registers Id), so it runs that module's code: only an id the
-# user gave (a config, the command line) may do that.  Ids read from what someone else wrote — run-folder names,
-# a reference CSV, a results folder — are looked up inside :func:`untrusted_env_ids`, where they import nothing.
+# user vouched for may do that — one typed on the command line, or one a config marks ``import_module: true``
+# (crop.config.trusted_env_ids decides for a config and validates it inside this block).  Ids read from what
+# someone else wrote — run-folder names, a reference CSV, a results folder — are looked up inside
+# :func:`untrusted_env_ids`, where they import nothing.
 _UNTRUSTED: list[frozenset | None] = [None]
 
 
 @contextlib.contextmanager
 def untrusted_env_ids(trusted=()):
-    """Within this block a ``module:Id`` id imports its module only when it is one of ``trusted`` (the ids of
-    the user's own config); any other such id is unknown."""
-    before, _UNTRUSTED[0] = _UNTRUSTED[0], frozenset(trusted)
+    """Within this block a ``module:Id`` id imports its module only when it is one of ``trusted`` (the ids the
+    user vouched for); any other such id is unknown.  A block inside another only narrows: an id imports only
+    when both trust it, so code reading a received folder cannot widen the trust of the block around it."""
+    outer = _UNTRUSTED[0]
+    before, _UNTRUSTED[0] = outer, frozenset(trusted) if outer is None else outer & frozenset(trusted)
     try:
         yield
     finally:
