@@ -192,7 +192,7 @@ def cmd_validate_config(args) -> None:
     from crop.config import ConfigError, check_policy_files, load_config
 
     try:
-        cfg = check_policy_files(load_config(args.config), args.config)
+        cfg = check_policy_files(load_config(args.config, args.trust_env), args.config)
     except ConfigError as exc:
         raise InputError(str(exc)) from None
     n = sum(len(e["algorithms"]) * len(e["sigmas"]) for e in cfg["environments"].values())
@@ -227,7 +227,7 @@ def cmd_plan(args) -> None:
     from crop.cost import CostError, plan, runtime_minutes, stage_gpus
 
     try:
-        cfg = load_config(args.configfile)
+        cfg = load_config(args.configfile, args.trust_env)
         gpus = args.gpus if args.gpus is not None else stage_gpus(cfg)
         result, extra = plan(cfg, args.cores, gpus, args.nodes, args.calibration)
     except (ConfigError, CostError) as exc:
@@ -379,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     _report_args(parsers["aggregate"], parsers["audit"])
     parsers["validate-config"].add_argument("config", help="the workflow config file (YAML)")
     _plan_args(parsers["plan"], parsers["calibrate"])
+    for name in ("validate-config", "plan"):
+        _trust_env_arg(parsers[name], "a module:Id environment id of the config that may import its module, as "
+                                      "if the config set import_module: true for it (a received config imports "
+                                      "nothing unless you say so)")
     for name, p in parsers.items():
         p.set_defaults(handler=commands[name][2])
     return ap
@@ -414,13 +418,17 @@ def _report_args(agg, aud) -> None:
                           "byte-identical; a differing job makes the verdict FAIL; docs/audit.md)")
     aud.add_argument("--seed", type=_schema_type({"type": "integer", "minimum": 0}), default=0,
                      help="seed of the draw of --rerun's jobs")
-    aud.add_argument("--trust-env", action="append", default=[], metavar="ID",
-                     help="an environment id of your own config whose module:Id form may import its module (ids "
-                          "read from the results folder or a reference never import anything; --config trusts "
-                          "its own ids)")
+    _trust_env_arg(aud, "an environment id whose module:Id form may import its module (ids read from the results "
+                        "folder or a reference never import anything; --config trusts its ids that set "
+                        "import_module: true)")
     aud.add_argument("--report-only", action="store_true",
                      help="exit 0 whatever the verdict (bad input still exits 2): the workflow's audit job, whose "
                           "closing summary states the verdict")
+
+
+def _trust_env_arg(p, text: str) -> None:
+    """--trust-env ID (repeatable): the command line is the user's own, so an id named there may import."""
+    p.add_argument("--trust-env", action="append", default=[], metavar="ID", help=text)
 
 
 def _plan_args(pl, cal) -> None:

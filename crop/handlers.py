@@ -515,7 +515,7 @@ def _config_hash(args) -> str | None:
     from crop.report.provenance import config_hash
 
     try:
-        h = config_hash(load_config(args.config))
+        h = config_hash(load_config(args.config, args.trust_env))
     except ConfigError as exc:
         raise InputError(str(exc)) from None
     if args.config_hash and args.config_hash != h:
@@ -562,10 +562,15 @@ def cmd_audit(args) -> None:
 
 
 def _config_envs(args) -> list[str]:
-    """The environment ids of the user's own config (``--config``, ``--trust-env``): the only ids whose
-    ``module:Id`` form may import a module during an audit."""
+    """The environment ids the user vouched for (``--trust-env``, and ``--config``'s ids that set
+    ``import_module: true``: crop.config.trusted_env_ids): the only ids whose ``module:Id`` form may import a
+    module during an audit.  A config may be received with the folder, so its other ids import nothing."""
     if not args.config:
         return list(args.trust_env)
-    from crop.config import load_config
+    from crop.config import ConfigError, load_config, trusted_env_ids
 
-    return list(args.trust_env) + list(load_config(args.config)["environments"])
+    try:
+        trusted = trusted_env_ids(load_config(args.config, args.trust_env), args.trust_env)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    return sorted(trusted)

@@ -16,6 +16,7 @@ from crop.config import (
     sigma_label,
     smoothing_targets,
     train_settings,
+    trusted_env_ids,
     validate_config,
 )
 from crop.registry import checkpoint_source
@@ -23,7 +24,8 @@ from crop.report.provenance import config_hash
 from crop.stage_table import STAGES, meta_name, stage, stage_settings
 
 # Every policy file is opened and checked here too (crop validate-config's checks), before any job; a policy
-# network's default target (probs) is filled in from its file.
+# network's default target (probs) is filled in from its file.  A module:Id environment imports its module
+# (runs its code) only when the config sets import_module: true for it; the parse refuses any other in one line.
 try:
     VALID = validate_config(config, "config")
     CFG = check_policy_files(VALID, "config")
@@ -38,6 +40,7 @@ RESOURCES = JobResources(CFG)
 # `crop audit --config FILE` computes).
 CONFIG_HASH = config_hash(VALID)
 ENVS = list(CFG["environments"])
+TRUSTED_ENVS = trusted_env_ids(CFG)
 
 
 def policy_source(env, algo):
@@ -333,8 +336,9 @@ def audit_options():
         opts.append(f"--tolerances {shlex.quote(a['tolerances'])}")
     if a.get("strict"):
         opts.append("--strict")
-    # the config's own module:Id ids may import their module; ids read from the results folder never do
-    opts += [f"--trust-env {shlex.quote(e)}" for e in ENVS if ":" in e]
+    # the module:Id ids the config lets import their module (the parse refused the others); ids read from the
+    # results folder never import
+    opts += [f"--trust-env {shlex.quote(e)}" for e in ENVS if ":" in e and e in TRUSTED_ENVS]
     return " ".join(opts)
 
 
