@@ -87,11 +87,12 @@ def test_a_received_config_imports_nothing(tmp_path, command):
     _refusal(err)
 
 
-@pytest.mark.parametrize("command", ["validate-config", "plan"])
+@pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("how", ["import_module", "trust-env"])
 def test_an_id_the_user_vouches_for_imports_its_module(tmp_path, command, how):
     """The test can fail: the same config, allowed, runs the module (the marker appears) and passes."""
     cfg, marker, env = _setup(tmp_path, True if how == "import_module" else None)
+    (tmp_path / "results").mkdir()
     extra = ["--trust-env", ENV] if how == "trust-env" else []
     rc, out, err = _crop(*COMMANDS[command](cfg), *extra, env=env, cwd=tmp_path)
     assert rc == 0, err
