@@ -238,6 +238,10 @@ def cmd_plan(args) -> None:
         where = "/".join(str(x) for x in (j.env, j.algo, j.sigma) if x is not None)
         print(f"over slurm.max_runtime = {extra['cap']} min: {j.rule} {where} is predicted {j.minutes:.0f} min "
               f"(asks {runtime_minutes(j.seconds)} with headroom); SLURM will stop it at the cap", file=sys.stderr)
+    for j in extra["over_mem"]:
+        where = "/".join(str(x) for x in (j.env, j.algo, j.sigma) if x is not None)
+        print(f"over slurm.max_mem_mb = {extra['mem_cap']} MB: {j.rule} {where} is predicted {j.mem_mb} MB; it asks "
+              "for the cap, and SLURM will stop it if it needs more", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=1))
         return
