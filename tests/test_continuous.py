@@ -321,6 +321,34 @@ def test_discrete_stages_on_a_continuous_agent_are_one_line(imported, tmp_path, 
     assert not list(tmp_path.iterdir())
 
 
+def test_an_actor_that_returns_nan_is_called_an_actor(imported):
+    """The stages name the network as what it is: an actor's NaN is the actor's (GRe, the global attack), a
+    policy network's the policy network's, a Q-network's the Q-network's."""
+    from crop.attack import GlobalAttackSettings, run_global_attack
+    from crop.gre import GReSettings, sample_randomized_returns
+    from crop.models import load_checkpoint
+    from crop.smoothing import NonFiniteQError, SmoothedQ, SmoothingSettings
+
+    net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
+    with torch.no_grad():
+        for p in net.actor.parameters():
+            p.fill_(math.nan)
+    with pytest.raises(NonFiniteQError, match=r"^the actor returned NaN or inf at step 0"):
+        sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 4, 5, 1.0, seed=1, env_seed=2))
+    with pytest.raises(NonFiniteQError, match=r"^the actor returned NaN or inf during the attack"):
+        run_global_attack("Pendulum-v1", net, GlobalAttackSettings(0.1, [0.2], [[5]], 5, steps=2, n_eot=2))
+    policy = _mlp([3, 4, 2], 0)
+    policy.network_kind = "policy"
+    with torch.no_grad():
+        policy[0].weight.fill_(math.nan)
+    sm = SmoothedQ(policy, SmoothingSettings(0.1, 8, 0.0, 1.0, 0.05, target="probs"), 2)
+    with pytest.raises(NonFiniteQError, match=r"^the policy network returned NaN or inf at state 3"):
+        sm.estimate(np.zeros(3, np.float32), index=3)
+    from crop.names import network_name
+
+    assert network_name(_mlp([3, 2], 0)) == "Q-network"
+
+
 def test_gre_and_global_attack_run_on_a_continuous_agent(imported):
     from crop.attack import GlobalAttackSettings, pgd_l2, run_global_attack
     from crop.gre import GReSettings, sample_randomized_returns
