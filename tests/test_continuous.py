@@ -321,6 +321,29 @@ def test_discrete_stages_on_a_continuous_agent_are_one_line(imported, tmp_path, 
     assert not list(tmp_path.iterdir())
 
 
+def _scaled(src, dst, factor):
+    """A copy of the SB3 zip ``src`` with every weight multiplied by ``factor``."""
+    with zipfile.ZipFile(src) as zf:
+        data, state = zf.read("data"), torch.load(io.BytesIO(zf.read("policy.pth")))
+    return _zip(dst, {k: v * factor for k, v in state.items()}, json.loads(data))
+
+
+def test_an_import_whose_greedy_return_is_not_finite_is_refused_and_writes_nothing(tmp_path, capsys):
+    """Weights of 1e30 are finite, so the file's checks pass, but the actor's outputs overflow to NaN: the
+    import refuses it in one line naming the actor and its weights, before model.pt or model.json exist."""
+    big = _scaled(_sac(tmp_path / "sac.zip")[0], tmp_path / "big.zip", 1e30)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main(["import", "--env", "Pendulum-v1", "--algo", "SAC", "--file", str(big), "--eval-episodes", "2",
+              "--out", str(out / "model.pt")])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("crop import")]
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"crop import: error: {big}: the imported actor's greedy return is nan over 2 episodes: "
+                             "its outputs are not finite (weights of magnitude up to ")
+    assert "e+29)" in err[0] or "e+30)" in err[0]
+    assert not (out / "model.pt").exists() and not (out / "model.json").exists()
+
+
 def test_an_actor_that_returns_nan_is_called_an_actor(imported):
     """The stages name the network as what it is: an actor's NaN is the actor's (GRe, the global attack), a
     policy network's the policy network's, a Q-network's the Q-network's."""
