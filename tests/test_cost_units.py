@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import subprocess
 import sys
 from importlib import resources
@@ -175,3 +176,19 @@ def test_without_caps_a_job_asks_for_at_most_a_week_and_512_gb(tmp_path, capsys)
     cache.write_text(path.read_text())
     res = cost.job_resources(load_config(QUICK), "checkpoint", {"env": "CartPole-v0", "algo": "StdTrain"}, 1, 0)
     assert res == {"runtime": 10080, "mem_mb": 1500}
+
+
+@pytest.mark.slow
+def test_the_workflow_refuses_a_hostile_calibration_before_any_job(tmp_path):
+    """snakemake on a machine whose calibration overflows: the Snakefile's parse stops with the one line
+    naming the key (where a job's resources raised OverflowError before)."""
+    path = tmp_path / "cache" / "crop" / "calibration.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_table(**{"envs/CartPole-v0/env_step_s": 1e308})))
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "-s", str(ROOT / "Snakefile"),
+                          "--configfile", str(QUICK), "--directory", str(tmp_path / "wd")],
+                         capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    said = out.stdout + out.stderr
+    assert out.returncode != 0 and "OverflowError" not in said
+    assert f"calibration {path}: cpu.envs.CartPole-v0.env_step_s = 1e+308 is outside [1e-09, 60] s" in said
