@@ -295,7 +295,9 @@ COMMANDS = {
              "Before anything runs: every job of the DAG Snakemake would build for the config, its predicted "
              "minutes and device (unit costs: this machine's calibration file, else the shipped table), the "
              "totals in CPU- and GPU-hours and the makespan on NODES machines of CORES cores and GPUS GPUs; the "
-             "jobs whose prediction exceeds slurm.max_runtime are named."),
+             "jobs whose prediction exceeds slurm.max_runtime or slurm.max_mem_mb are named. A calibration file "
+             "(--calibration, else this machine's) is checked key by key first; a bad one is refused in one "
+             "line."),
     "validate-config": ("check a workflow config and its policy files, as the workflow does before any job",
                         "Validate a workflow config against crop/schemas/config.schema.yaml and the registry, and "
                         "open every files.<label> policy file as its checkpoint job will (a regular file, its "
