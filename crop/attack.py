@@ -27,6 +27,7 @@ from crop import columns as cols
 from crop.engine import resolve_device
 from crop.envs import make_env, to_obs
 from crop.loact import certify_estimate
+from crop.names import network_name
 from crop.progress import pbar
 from crop.smoothing import NonFiniteQError, SmoothedQ
 
@@ -88,9 +89,9 @@ def project_l2(delta: torch.Tensor, eps: torch.Tensor, x: torch.Tensor | None = 
     return out
 
 
-def _check(q: torch.Tensor, where: str) -> None:
+def _check(q: torch.Tensor, net, where: str) -> None:
     if not torch.isfinite(q).all():
-        raise NonFiniteQError(f"the Q-network returned NaN or inf during the attack ({where})")
+        raise NonFiniteQError(f"the {network_name(net)} returned NaN or inf during the attack ({where})")
 
 
 class _Runs:
@@ -227,11 +228,11 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, settings: LocalAttackSett
         def loss(z):  # cross-entropy of the smoothed Q (unclipped, so the gradient does not vanish)
             out = q_net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), m_grad, -1)
             if target != "q":  # probs and vote: the smoothed probabilities (the vote's differentiable surrogate)
-                _check(out, f"step {t}")
+                _check(out, q_net, f"step {t}")
                 return F.nll_loss(torch.log(torch.softmax(out, -1).mean(1).clamp_min(1e-30)), a_clean,
                                   reduction="none")
             q = out.mean(1)
-            _check(q, f"step {t}")
+            _check(q, q_net, f"step {t}")
             return F.cross_entropy(q, a_clean, reduction="none")
 
         delta = pgd_l2(loss, x, eps, steps)
@@ -280,7 +281,7 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, settings: GlobalAttac
         n = len(x)
         with torch.no_grad():
             q0 = q_net((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
-            _check(q0, f"step {t}")
+            _check(q0, q_net, f"step {t}")
             target = q0.mean(1).argmax(1)
 
         def loss(z):
@@ -292,7 +293,7 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, settings: GlobalAttac
 
     def act(z, t):
         q = q_net(z)
-        _check(q, f"step {t}")
+        _check(q, q_net, f"step {t}")
         return [int(a) for a in q.argmax(1).cpu().numpy()]
 
     return global_pgd(env_id, settings, make_loss, act, device=dev, profile=profile, progress=progress)
@@ -312,7 +313,7 @@ def _run_global_attack_actor(env_id: str, net, settings: GlobalAttackSettings, *
         n = len(x)
         with torch.no_grad():
             a0 = net.raw((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
-            _check(a0, f"step {t}")
+            _check(a0, net, f"step {t}")
             clean = a0.mean(1, keepdim=True)
         states = x.unsqueeze(1).expand(-1, n_eot, -1).flatten(0, 1)
 
@@ -325,7 +326,7 @@ def _run_global_attack_actor(env_id: str, net, settings: GlobalAttackSettings, *
 
     def act(z, t):
         a = net(z)
-        _check(a, f"step {t}")
+        _check(a, net, f"step {t}")
         return list(a.cpu().numpy())
 
     return global_pgd(env_id, settings, make_loss, act, device=dev, profile=profile, progress=progress)

@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from crop.cost import GLOBAL_UNITS, calibration_path, shipped_table
+from crop.cost_units import GLOBAL_UNITS, calibration_path, check_table, check_tables, shipped_table
 
 __all__ = ["calibrate", "machine", "PAPER_ENVS"]
 
@@ -188,7 +188,10 @@ def _env_costs(env: str, device: str, log) -> dict:
         train_dqn(env, 0, cfg, progress=False)
         return time.perf_counter() - t
 
-    out["train_step_s"] = max(train(3 * ts) - train(ts), 0.0) / (2 * ts)
+    long, short = train(3 * ts), train(ts)
+    # Timing noise can leave the difference at nothing: then the longer run's whole time per step (its start
+    # included), which errs long, never a free step (a calibration holds no zero: crop.cost_units).
+    out["train_step_s"] = (long - short) / (2 * ts) if long > short else long / (3 * ts)
     log(f"{env}: training {1 / out['train_step_s']:.0f} steps/s")
     return out
 
@@ -234,11 +237,23 @@ def _start_s() -> float:
 def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=print) -> dict:
     """Measure every unit cost of ``envs`` on ``device`` and store them under ``device`` in the calibration file
     (other devices' tables in it are kept, and so are the device's other environments, whose units this run
-    did not measure).  Returns the table written."""
+    did not measure).  Returns the table written.  A file there that is JSON but fails the checks every reader
+    makes (:func:`crop.cost_units.check_tables`) is refused before anything is measured, since what it would
+    keep of it would make the new file fail them too; one that is not JSON is replaced.  The new table is
+    checked before it is written."""
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device here")
+    path = Path(out) if out else calibration_path()
+    tables = {}
+    if path.is_file():
+        try:
+            tables = json.loads(path.read_text())
+        except ValueError:
+            tables = {}
+        else:
+            check_tables(tables, f"calibration {path} (fix or remove it)")
     torch.set_num_threads(1)   # the unit is one core: a job's threads divide what scales
     shipped = shipped_table(device)
     table = {"device": device, "machine": machine(device),
@@ -251,16 +266,10 @@ def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=p
             table[name] = shipped[name]
     for env in envs:
         table["envs"][env] = _env_costs(env, device, log)
-    path = Path(out) if out else calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tables = {}
-    if path.is_file():
-        try:
-            tables = json.loads(path.read_text())
-        except ValueError:
-            tables = {}
-    old = tables.get(device) if isinstance(tables.get(device), dict) else {}
+    old = tables.get(device) or {}
     table["envs"] = {**(old.get("envs") or {}), **table["envs"]}
+    check_table(table, device, f"calibrate --device {device} measured")
+    path.parent.mkdir(parents=True, exist_ok=True)
     tables[device] = table
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")

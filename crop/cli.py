@@ -238,6 +238,10 @@ def cmd_plan(args) -> None:
         where = "/".join(str(x) for x in (j.env, j.algo, j.sigma) if x is not None)
         print(f"over slurm.max_runtime = {extra['cap']} min: {j.rule} {where} is predicted {j.minutes:.0f} min "
               f"(asks {runtime_minutes(j.seconds)} with headroom); SLURM will stop it at the cap", file=sys.stderr)
+    for j in extra["over_mem"]:
+        where = "/".join(str(x) for x in (j.env, j.algo, j.sigma) if x is not None)
+        print(f"over slurm.max_mem_mb = {extra['mem_cap']} MB: {j.rule} {where} is predicted {j.mem_mb} MB; it asks "
+              "for the cap, and SLURM will stop it if it needs more", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=1))
         return
@@ -291,7 +295,9 @@ COMMANDS = {
              "Before anything runs: every job of the DAG Snakemake would build for the config, its predicted "
              "minutes and device (unit costs: this machine's calibration file, else the shipped table), the "
              "totals in CPU- and GPU-hours and the makespan on NODES machines of CORES cores and GPUS GPUs; the "
-             "jobs whose prediction exceeds slurm.max_runtime are named."),
+             "jobs whose prediction exceeds slurm.max_runtime or slurm.max_mem_mb are named. A calibration file "
+             "(--calibration, else this machine's) is checked key by key first; a bad one is refused in one "
+             "line."),
     "validate-config": ("check a workflow config and its policy files, as the workflow does before any job",
                         "Validate a workflow config against crop/schemas/config.schema.yaml and the registry, and "
                         "open every files.<label> policy file as its checkpoint job will (a regular file, its "

@@ -34,22 +34,20 @@ from __future__ import annotations
 import csv
 import functools
 import heapq
-import json
 import math
-import os
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from crop import columns as cols
 from crop import layout
 from crop.config import run_targets, sigma_label, smoothing_targets, train_settings
+from crop.cost_units import GLOBAL_UNITS, UNITS, CostError, calibration_path, shipped_table, unit_costs
 from crop.stage_table import STAGES
 
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
            "lore_transitions",
            "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "JobResources",
-           "makespan",
+           "makespan", "slurm_caps", "shipped_table", "GLOBAL_UNITS", "MAX_RUNTIME", "MAX_MEM_MB",
            "stage_device", "stage_gpus"]
 
 #: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model aims at 0.5–2× of a job's
@@ -57,17 +55,13 @@ __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predic
 #: queue's file system and a GPU's start.
 HEADROOM, HEADROOM_MIN = 2.0, 5
 
-#: Per-environment unit costs the model needs (seconds; ``node_mb`` in MB), and the global ones.
-UNITS = ("smooth_sample_s", "grad_sample_s", "env_step_s", "gre_step_s", "gre_reset_s", "lore_transition_s",
-         "node_mb", "train_step_s")
-GLOBAL_UNITS = ("start_s", "fetch_s", "figure_s", "audit_run_s")
+#: The most a job asks SLURM for where the config's ``slurm`` block gives no cap (null): a week of wall-time
+#: (minutes) and 512,000 MB, the memory of the largest nodes sites commonly have.  A prediction past either
+#: is a config too large for one job (``crop plan`` names it), not a request any queue would run.
+MAX_RUNTIME, MAX_MEM_MB = 7 * 24 * 60, 512_000
 
 #: Above this many nodes a LoRe tree cannot be priced: the config needs lore.max_nodes (or a smaller horizon).
 MAX_PRICED_NODES = 1e12
-
-
-class CostError(ValueError):
-    """A config the model cannot price; the message names what to calibrate or set."""
 
 
 @dataclass
@@ -99,42 +93,11 @@ class Job:
 
 # ----------------------------------------------------------------------------------------------- unit costs
 
-def calibration_path() -> Path:
-    """``$XDG_CACHE_HOME/crop/calibration.json`` (default ``~/.cache/crop/``): what ``crop calibrate`` wrote."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "crop" / "calibration.json"
-
-
-def shipped_table(device: str) -> dict:
-    text = resources.files("crop").joinpath(f"costs/{device}.json").read_text()
-    return json.loads(text)
-
-
-def unit_costs(device: str, calibration: str | Path | None = None) -> tuple[dict, str]:
-    """The unit-cost table for ``device`` (cpu or cuda) and where it came from: this machine's calibration
-    file when it holds one for the device, else the table shipped with the package."""
-    path = Path(calibration) if calibration else calibration_path()
-    if path.is_file():
-        try:
-            tables = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise CostError(f"{path}: not a calibration file ({exc}); rerun `crop calibrate --device {device}`") \
-                from None
-        if isinstance(tables, dict) and device in tables:
-            t = tables[device]
-            return t, f"{path} (crop calibrate --device {device}, {t.get('measured', '?')}, {t.get('machine', {})})"
-    t = shipped_table(device)
-    return t, f"the shipped {device} table (crop/costs/{device}.json: {t['source']}, {t['measured']})"
-
-
 def _unit(table: dict, env: str, name: str, device: str) -> float:
-    """One unit cost; a missing one is an error naming the calibration that gives it (never a silent 0)."""
+    """One unit cost; a missing one (in a checked table: an environment it has no units for) is an error
+    naming the calibration that gives it (never a silent 0)."""
     value = table.get(name) if name in GLOBAL_UNITS else table.get("envs", {}).get(env, {}).get(name)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or not math.isfinite(value):
-        if name == "lore_transition_s" and "lore_node_s" in table.get("envs", {}).get(env, {}):
-            raise CostError(f"the calibration of {env} on {device} predates lore_transition_s (it has lore_node_s, "
-                            f"which the model no longer uses): run `crop calibrate --device {device} --env {env}` "
-                            "again")
         what = name + ("" if name in GLOBAL_UNITS else f" of {env}")
         raise CostError(f"no unit cost {what} on {device}: run `crop calibrate --device {device}"
                         f"{'' if name in GLOBAL_UNITS else f' --env {env}'}` on a machine like the one that runs it")
@@ -259,9 +222,23 @@ def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
 
 def runtime_minutes(seconds: float, cap: int | None = None) -> int:
     """The wall-time (minutes) a job asks SLURM for: :data:`HEADROOM` × its prediction + :data:`HEADROOM_MIN`,
-    at most ``cap`` (config ``slurm.max_runtime``)."""
+    at most ``cap`` (:func:`slurm_caps`); a prediction past the cap (an infinite one too) asks for the cap."""
+    if cap and _over(seconds, cap):
+        return cap
     minutes = math.ceil(HEADROOM * seconds / 60) + HEADROOM_MIN
     return min(minutes, cap) if cap else minutes
+
+
+def _over(seconds: float, cap: int) -> bool:
+    """Whether :func:`runtime_minutes` of ``seconds`` without a cap exceeds ``cap`` minutes (NaN and inf do)."""
+    return not HEADROOM * seconds / 60 + HEADROOM_MIN <= cap
+
+
+def slurm_caps(cfg: dict) -> tuple[int, int]:
+    """The most any job asks SLURM for: ``(minutes, MB)`` from the config's ``slurm.max_runtime`` and
+    ``slurm.max_mem_mb``, else :data:`MAX_RUNTIME` and :data:`MAX_MEM_MB`."""
+    s = cfg.get("slurm") or {}
+    return s.get("max_runtime") or MAX_RUNTIME, s.get("max_mem_mb") or MAX_MEM_MB
 
 
 # ----------------------------------------------------------------------------------------------- the DAG
@@ -387,18 +364,20 @@ def predict(cfg: dict, gpus: int | None = None, calibration: str | Path | None =
 
 def job_resources(cfg: dict, rule: str, wildcards, threads: int, gpus: int) -> dict:
     """``{"runtime": minutes, "mem_mb": MB}`` a job asks SLURM for (rules/common.smk): its prediction with
-    headroom (:func:`runtime_minutes`), capped by ``slurm.max_runtime``.  A job the model cannot price asks
-    for the cap, or a week without one (``crop plan`` names it)."""
+    headroom (:func:`runtime_minutes`) and its predicted memory, each at most its cap (:func:`slurm_caps`).
+    A job the model cannot price asks for the wall-time cap (``crop plan`` names it); a calibration file that
+    cannot be read is :class:`CostError`."""
     w = dict(wildcards.items()) if hasattr(wildcards, "items") else dict(wildcards or {})
     rep = int(w["rep"]) if "rep" in w else None
     job = Job(rule, w.get("env"), w.get("algo"), w.get("sigma"), rep, threads=threads, gpus=gpus,
               device="cuda" if gpus else "cpu")
-    cap = cfg.get("slurm", {}).get("max_runtime")
+    cap, mem_cap = slurm_caps(cfg)
+    table = _tables(job.device, None)[0]
     try:
-        price(cfg, job, _tables(job.device, None)[0])
+        price(cfg, job, table)
     except CostError:
-        return {"runtime": cap or 7 * 24 * 60, "mem_mb": job.mem_mb}
-    return {"runtime": runtime_minutes(job.seconds, cap), "mem_mb": job.mem_mb}
+        return {"runtime": cap, "mem_mb": min(job.mem_mb, mem_cap)}
+    return {"runtime": runtime_minutes(job.seconds, cap), "mem_mb": min(job.mem_mb, mem_cap)}
 
 
 class JobResources:
@@ -411,6 +390,8 @@ class JobResources:
 
     def __init__(self, cfg: dict):
         self.cfg, self._memo = cfg, {}
+        for device in ("cpu", "cuda"):   # a bad calibration file is refused when the workflow is parsed
+            _tables(device, None)
 
     def __call__(self, rule: str, wildcards, threads: int, gpus: int) -> dict:
         w = dict(wildcards.items()) if hasattr(wildcards, "items") else dict(wildcards or {})
@@ -479,10 +460,9 @@ def makespan(plan_jobs: list[Job], cores: int, gpus: int, nodes: int = 1) -> flo
 def plan(cfg: dict, cores: int, gpus: int, nodes: int = 1, calibration: str | Path | None = None) -> dict:
     """The plan of ``crop plan --json``: every job's rule, wildcards, device and minutes, the totals in CPU-
     and GPU-hours (a job's threads × its hours; its GPUs × its hours) and the makespan on the machines; with
-    the tables used and the jobs whose wall-time the config's cap cuts (``slurm.max_runtime``) beside."""
+    the tables used and the jobs whose wall-time or memory the caps cut (:func:`slurm_caps`) beside."""
     out, sources = predict(cfg, gpus, calibration)
-    cap = cfg.get("slurm", {}).get("max_runtime")
-    over = [j for j in out if cap and runtime_minutes(j.seconds) > cap]
+    cap, mem_cap = slurm_caps(cfg)
     return {
         "jobs": [{"rule": j.rule, "env": j.env, "algo": j.algo, "sigma": j.sigma, "device": j.device,
                   "minutes": round(j.minutes, 3)} for j in out],
@@ -490,4 +470,5 @@ def plan(cfg: dict, cores: int, gpus: int, nodes: int = 1, calibration: str | Pa
                   "gpu_hours": round(sum(j.gpus * j.seconds for j in out) / 3600, 3),
                   "jobs": len(out)},
         "makespan_hours": round(makespan(out, cores, gpus, nodes) / 3600, 3),
-    }, {"sources": sources, "over_cap": over, "cap": cap, "jobs": out}
+    }, {"sources": sources, "over_cap": [j for j in out if _over(j.seconds, cap)], "cap": cap,
+        "over_mem": [j for j in out if j.mem_mb > mem_cap], "mem_cap": mem_cap, "jobs": out}

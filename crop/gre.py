@@ -37,6 +37,7 @@ from crop import stats
 from crop.engine import resolve_device
 from crop.envs import make_env_pool
 from crop.io import derive_seed
+from crop.names import network_name
 from crop.progress import pbar
 from crop.smoothing import NonFiniteQError
 
@@ -169,7 +170,7 @@ def _lockstep(env_id, q_net, dev, settings: GReSettings, b0, m, profile, progres
         for s in range(0, len(idx), chunk):
             q = q_net(noisy[s:s + chunk])
             if not torch.isfinite(q).all():
-                raise NonFiniteQError(f"the Q-network returned NaN or inf at step {t} (trajectories {s}…)")
+                raise NonFiniteQError(f"the {network_name(q_net)} returned NaN or inf at step {t} (trajectories {s}…)")
             actions[s:s + chunk] = q if out_shape else q.argmax(1)
         a = actions.cpu().numpy()
         o, reward, terminated, truncated = pool.step(idx, a, pixels=True) if pixels else pool.step(idx, a)

@@ -9,12 +9,14 @@ config schema's checks use them; the implementations key their tables by them).
 * ``TARGET_NAMES``: what is smoothed, :data:`crop.smoothing.TARGETS` (``q``: clipped Q-values; ``probs``:
   a policy network's action probabilities; ``vote``: the one-hot of the greedy action).
 * :func:`smoothing_targets`: the targets an environment's config block asks for.
+* ``NETWORK_NAMES``: what each kind of network (model.json ``network``) is called in a message,
+  :func:`network_name`.
 * ``MAX_PARAMETERS``: the most parameters a network may declare, :func:`crop.models.build_q_network` (and the
   config's ``train.hidden``, checked at validation).
 """
 
 __all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "ACTION_TARGET", "MAX_PARAMETERS",
-           "smoothing_targets"]
+           "smoothing_targets", "NETWORK_NAMES", "network_name"]
 
 #: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.checkpoints
 #: MAX_MEMBER_BYTES), so no accepted file can fill a larger network.
@@ -30,6 +32,10 @@ ALPHA_MODES = ("state", "family")
 DEVICES = ("cpu", "cuda", "auto")
 
 TARGET_NAMES = ("q", "probs", "vote")
+
+#: The networks crop smooths, by their model.json ``network``: a Q-network (DQN), a policy network (PPO, A2C:
+#: its logits, smoothed as probabilities or votes) and a continuous-action agent's deterministic actor.
+NETWORK_NAMES = {"q": "Q-network", "policy": "policy network", "actor": "actor"}
 #: The smoothing target of a continuous-action agent (a Box action space): its action itself, certified per
 #: dimension by percentile smoothing (crop loact); its runs live in ENV/ALGO@action/sigma-S.
 ACTION_TARGET = "action"
@@ -39,3 +45,11 @@ def smoothing_targets(env_cfg: dict) -> list[str]:
     """An environment's smoothing targets (each one of :data:`TARGET_NAMES`): its config's ``targets`` when
     given, else [``target``] (default q)."""
     return list(env_cfg.get("targets") or [env_cfg.get("target", "q")])
+
+
+def network_name(net) -> str:
+    """What ``net`` is, in words (:data:`NETWORK_NAMES`), so that a message about its outputs names it as what
+    it is: its ``network_kind`` (set from model.json when a checkpoint is loaded or a file imported), else an
+    actor where it is a continuous-action one, else a Q-network."""
+    kind = getattr(net, "network_kind", None) or ("actor" if getattr(net, "continuous", False) else "q")
+    return NETWORK_NAMES.get(kind, "network")

@@ -37,6 +37,7 @@ import torch
 
 from crop import columns as cols
 from crop import stats
+from crop.smoothing import NonFiniteQError
 
 __all__ = ["EPS_FACTORS", "PercentileSettings", "order_indices", "action_intervals", "smoothed_action",
            "run_loact_continuous", "step_ratio"]
@@ -149,7 +150,7 @@ def run_loact_continuous(env_id: str, net, settings: PercentileSettings, *, prof
         noisy = (x.unsqueeze(1) + sigma * torch.randn((len(live), m, *x.shape[1:]), generator=gen)).flatten(0, 1)
         acts = torch.cat([net(noisy[s:s + chunk]) for s in range(0, len(noisy), chunk)])
         if not torch.isfinite(acts).all():
-            raise ValueError(f"the actor returned NaN or inf at step {t}")
+            raise NonFiniteQError(f"the actor returned NaN or inf at step {t}")
         acts = acts.reshape(len(live), m, d).numpy()
         ended = []
         for j, ep in enumerate(live):

@@ -4,6 +4,7 @@ source, clean greedy return, provenance).
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -197,6 +198,8 @@ def cmd_import(args) -> None:
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
     clean = clean_greedy_return(net, args.env, profile, episodes, args.seed, target)
+    if not math.isfinite(clean["mean"]):
+        raise InputError(f"{args.file}: {_non_finite_return(net, args.env, profile, clean)}; refusing it")
     spec, network = info.pop("net_spec"), info.pop("network")
     record = {"net_spec": spec, "network": network, "profile": profile, "source": "file", "imported_from": info,
               "clean_greedy_return": clean}
@@ -206,6 +209,30 @@ def cmd_import(args) -> None:
           f"{spec_summary(spec)}, profile "
           f"{profile}): greedy return {clean['mean']:.1f} over {clean['episodes']} episodes; sha256 "
           f"{record['sha256']}")
+
+
+def _non_finite_return(net, env: str, profile: str | None, clean: dict) -> str:
+    """Why an imported network's clean greedy return is NaN or inf, in words: its outputs on a first
+    observation of ``env`` are not finite (then its largest weight, the usual cause, is named), else the
+    episodes' rewards or observations are not.  A return that is not a number certifies nothing, and every
+    certifier would stop on the same outputs later, so the import refuses it now."""
+    import torch
+
+    from crop.envs import make_env, to_obs
+    from crop.names import network_name
+
+    e = make_env(env, profile)
+    try:
+        obs, _ = e.reset(seed=0)
+    finally:
+        e.close()
+    with torch.no_grad():
+        finite = bool(torch.isfinite(net(torch.as_tensor(to_obs(obs)).unsqueeze(0))).all())
+    weights = [float(w.abs().max()) for w in net.state_dict().values() if w.is_floating_point() and w.numel()]
+    why = (f"its outputs are not finite (weights of magnitude up to {max(weights, default=0.0):.0e})" if not finite
+           else "its outputs are finite on a first observation; the episodes' rewards or observations are not")
+    return (f"the imported {network_name(net)}'s greedy return is {clean['mean']} over {clean['episodes']} "
+            f"episodes: {why}")
 
 
 def cmd_checkpoint(args) -> None:

@@ -30,6 +30,7 @@ import torch
 
 from crop.engine import Engine, block_plan, resolve_device
 from crop.envs import make_env, to_obs
+from crop.names import network_name
 from crop.progress import pbar
 from crop.smoothing import NonFiniteQError
 
@@ -127,7 +128,7 @@ def estimate_qrange(env_id: str, q_net: torch.nn.Module, settings: QRangeSetting
             q = torch.cat([q_net(noisy[i:i + step]) for i in range(0, k * c, step)])
             if not torch.isfinite(q).all():
                 b = s0 + int(torch.nonzero(~torch.isfinite(q).view(k, -1).all(1))[0])
-                raise NonFiniteQError(f"the Q-network returned NaN or inf at episode {live[b]} step {t}")
+                raise NonFiniteQError(f"the {network_name(q_net)} returned NaN or inf at episode {live[b]} step {t}")
             q3 = q.view(k, c, -1)
             if total is None:
                 total = torch.zeros((n, q3.shape[-1]), dtype=torch.float64, device=dev)

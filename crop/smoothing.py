@@ -35,7 +35,7 @@ import torch
 
 from crop import stats
 from crop.engine import Engine, Launched, Noise
-from crop.names import TARGET_NAMES
+from crop.names import TARGET_NAMES, network_name
 
 __all__ = ["SmoothedQ", "SmoothingSettings", "Estimate", "NonFiniteQError", "BOUNDS", "TARGETS", "TARGET_RANGE"]
 
@@ -46,7 +46,8 @@ TARGET_RANGE = {"probs": (0.0, 1.0), "vote": (0.0, 1.0)}
 
 
 class NonFiniteQError(FloatingPointError):
-    """The network produced NaN or ±inf; the state index is in the message."""
+    """The smoothed network — a Q-network, a policy network or an actor — produced NaN or ±inf; the message
+    names it as what it is (:func:`crop.names.network_name`) and where (the state, step or trajectory)."""
 
 
 @dataclass
@@ -250,7 +251,7 @@ class SmoothedQ:
         if bad.size:
             b = int(bad[0])
             where = "" if indices is None or indices[b] is None else f" at state {indices[b]}"
-            raise NonFiniteQError(f"the Q-network returned NaN or inf{where} (sigma={self.sigma})")
+            raise NonFiniteQError(f"the {network_name(self.q_net)} returned NaN or inf{where} (sigma={self.sigma})")
         self.calls += job.n
         fn, lo, hi, m = BOUNDS[self.bound][0], self.v_min, self.v_max, self.m
         a_each = stats.per_bound_alpha(alphas, self.n_actions)

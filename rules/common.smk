@@ -6,7 +6,7 @@ import re
 import shlex
 
 from crop import layout
-from crop.cost import JobResources, stage_device, stage_gpus
+from crop.cost import CostError, JobResources, stage_device, stage_gpus
 from crop.envs import env_spec
 from crop.config import (
     ConfigError,
@@ -26,15 +26,16 @@ from crop.stage_table import STAGES, meta_name, stage, stage_settings
 # Every policy file is opened and checked here too (crop validate-config's checks), before any job; a policy
 # network's default target (probs) is filled in from its file.  A module:Id environment imports its module
 # (runs its code) only when the config sets import_module: true for it; the parse refuses any other in one line.
+# So is the unit-cost table every job's resources are priced from (a calibration file is checked key by key).
 try:
     VALID = validate_config(config, "config")
     CFG = check_policy_files(VALID, "config")
-except ConfigError as exc:
+    # Every job's SLURM runtime and mem_mb, priced once per job (and again only when what the price reads changed).
+    RESOURCES = JobResources(CFG)
+except (ConfigError, CostError) as exc:
     raise WorkflowError(str(exc))
 
 R = CFG["results"]
-# Every job's SLURM runtime and mem_mb, priced once per job (and again only when what the price reads changed).
-RESOURCES = JobResources(CFG)
 
 # Recorded by the audit: which configuration the results came from (as written, defaults filled in; the hash
 # `crop audit --config FILE` computes).

@@ -321,6 +321,57 @@ def test_discrete_stages_on_a_continuous_agent_are_one_line(imported, tmp_path, 
     assert not list(tmp_path.iterdir())
 
 
+def _scaled(src, dst, factor):
+    """A copy of the SB3 zip ``src`` with every weight multiplied by ``factor``."""
+    with zipfile.ZipFile(src) as zf:
+        data, state = zf.read("data"), torch.load(io.BytesIO(zf.read("policy.pth")))
+    return _zip(dst, {k: v * factor for k, v in state.items()}, json.loads(data))
+
+
+def test_an_import_whose_greedy_return_is_not_finite_is_refused_and_writes_nothing(tmp_path, capsys):
+    """Weights of 1e30 are finite, so the file's checks pass, but the actor's outputs overflow to NaN: the
+    import refuses it in one line naming the actor and its weights, before model.pt or model.json exist."""
+    big = _scaled(_sac(tmp_path / "sac.zip")[0], tmp_path / "big.zip", 1e30)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main(["import", "--env", "Pendulum-v1", "--algo", "SAC", "--file", str(big), "--eval-episodes", "2",
+              "--out", str(out / "model.pt")])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("crop import")]
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"crop import: error: {big}: the imported actor's greedy return is nan over 2 episodes: "
+                             "its outputs are not finite (weights of magnitude up to ")
+    assert "e+29)" in err[0] or "e+30)" in err[0]
+    assert not (out / "model.pt").exists() and not (out / "model.json").exists()
+
+
+def test_an_actor_that_returns_nan_is_called_an_actor(imported):
+    """The stages name the network as what it is: an actor's NaN is the actor's (GRe, the global attack), a
+    policy network's the policy network's, a Q-network's the Q-network's."""
+    from crop.attack import GlobalAttackSettings, run_global_attack
+    from crop.gre import GReSettings, sample_randomized_returns
+    from crop.models import load_checkpoint
+    from crop.smoothing import NonFiniteQError, SmoothedQ, SmoothingSettings
+
+    net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
+    with torch.no_grad():
+        for p in net.actor.parameters():
+            p.fill_(math.nan)
+    with pytest.raises(NonFiniteQError, match=r"^the actor returned NaN or inf at step 0"):
+        sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 4, 5, 1.0, seed=1, env_seed=2))
+    with pytest.raises(NonFiniteQError, match=r"^the actor returned NaN or inf during the attack"):
+        run_global_attack("Pendulum-v1", net, GlobalAttackSettings(0.1, [0.2], [[5]], 5, steps=2, n_eot=2))
+    policy = _mlp([3, 4, 2], 0)
+    policy.network_kind = "policy"
+    with torch.no_grad():
+        policy[0].weight.fill_(math.nan)
+    sm = SmoothedQ(policy, SmoothingSettings(0.1, 8, 0.0, 1.0, 0.05, target="probs"), 2)
+    with pytest.raises(NonFiniteQError, match=r"^the policy network returned NaN or inf at state 3"):
+        sm.estimate(np.zeros(3, np.float32), index=3)
+    from crop.names import network_name
+
+    assert network_name(_mlp([3, 2], 0)) == "Q-network"
+
+
 def test_gre_and_global_attack_run_on_a_continuous_agent(imported):
     from crop.attack import GlobalAttackSettings, pgd_l2, run_global_attack
     from crop.gre import GReSettings, sample_randomized_returns

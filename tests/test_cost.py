@@ -192,15 +192,40 @@ def test_calibrating_one_environment_keeps_the_others(tmp_path, monkeypatch):
     measured before for the other environments (and the other devices' tables)."""
     from crop import calibrate as cal
 
+    cpu, cuda = cost.shipped_table("cpu"), cost.shipped_table("cuda")
+    now = {k: v if isinstance(v, bool) else v * 2 for k, v in cpu["envs"]["CartPole-v0"].items()}
     monkeypatch.setattr(cal, "_start_s", lambda: 1.0)
-    monkeypatch.setattr(cal, "_env_costs", lambda env, device, log: {"measured_now": 1.0})
+    monkeypatch.setattr(cal, "_env_costs", lambda env, device, log: now)
     path = tmp_path / "calibration.json"
-    before = {"cpu": {"envs": {"CartPole-v0": {"old": 1.0}, "highway-fast-v0": {"old": 2.0}}}, "cuda": {"x": 1}}
-    path.write_text(json.dumps(before))
+    old = {e: cpu["envs"][e] for e in ("CartPole-v0", "highway-fast-v0")}
+    path.write_text(json.dumps({"cpu": {**cpu, "envs": old}, "cuda": cuda}))
     cal.calibrate("cpu", envs=["CartPole-v0"], out=path, log=lambda *a: None)
     tables = json.loads(path.read_text())
-    assert tables["cpu"]["envs"] == {"CartPole-v0": {"measured_now": 1.0}, "highway-fast-v0": {"old": 2.0}}
-    assert tables["cuda"] == {"x": 1} and tables["cpu"]["start_s"] == 1.0
+    assert tables["cpu"]["envs"] == {"CartPole-v0": now, "highway-fast-v0": old["highway-fast-v0"]}
+    assert tables["cuda"] == cuda and tables["cpu"]["start_s"] == 1.0
+
+
+def test_calibrate_refuses_a_hostile_file_before_measuring(tmp_path, monkeypatch, capsys):
+    """What `crop calibrate` would keep of a file that fails the checks would make its new file fail them
+    too: refused in one line naming the key, before a minute is spent measuring; a file that is not JSON is
+    replaced."""
+    from crop import calibrate as cal
+
+    measured = []
+    monkeypatch.setattr(cal, "_start_s", lambda: measured.append(1) or 1.0)
+    path = tmp_path / "calibration.json"
+    cpu = cost.shipped_table("cpu")
+    cpu["envs"]["CartPole-v0"]["node_mb"] = 1e12
+    path.write_text(json.dumps({"cpu": cpu}))
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", "--device", "cpu", "--env", "CartPole-v0", "--out", str(path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "CartPole-v0.node_mb = 1e+12" in err
+    assert measured == [] and json.loads(path.read_text())["cpu"]["envs"]["CartPole-v0"]["node_mb"] == 1e12
+    path.write_text(json.dumps([cpu]))
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--device", "cpu", "--env", "CartPole-v0", "--out", str(path)])
+    assert "not a calibration file (a JSON list" in capsys.readouterr().err and measured == []
 
 
 def test_an_unbounded_lore_tree_asks_for_max_nodes(tmp_path, capsys):

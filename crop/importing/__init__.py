@@ -445,6 +445,7 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     if bad:
         raise PolicyImportError(f"{path}: non-finite weights (NaN or inf) in {bad[:5]}; refusing it")
     net = load_state(state, spec, f"{path}" + (f" member {member!r}" if member else "") + f" ({fmt})")
+    net.network_kind = network   # what its messages call it (crop.names.network_name)
     return net, {"path": str(path), "sha256": digest, "format": fmt, "member": member, "net_spec": spec,
                  "network": network}
 

@@ -379,4 +379,5 @@ def load_checkpoint(path: str | Path, env: str, algo: str, why: str = "") -> tup
         net = load_q_network(ckpt, meta["net_spec"], expected_sha256=meta["sha256"])
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
+    net.network_kind = meta.get("network", "q")   # what its messages call it (crop.names.network_name)
     return net, meta

@@ -1,0 +1,176 @@
+"""The cost model's unit costs (:mod:`crop.cost`): what each unit measures, the range a calibrated value
+may lie in, and the check of a calibration file — ``crop calibrate``'s, one given to ``crop plan
+--calibration``, or a table shipped in crop/costs/ — against them.
+
+A table is read by ``crop plan`` and by the workflow's resources (rules/common.smk) and multiplied into
+every job's prediction and SLURM request, so a value no machine measures (a start of 1e300 s, a snapshot
+of a terabyte, a string) would become a plan of 300-digit hours, an overflow, or a job asking SLURM for
+petabytes.  Every table is therefore checked key by key when it is read, and a bad one is refused in one
+line naming the key, before anything is priced.  No torch here: a login node reads it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["CostError", "UNIT_TABLE", "UNITS", "GLOBAL_UNITS", "DEVICES", "check_tables", "check_table",
+           "calibration_path", "shipped_table", "unit_costs"]
+
+
+class CostError(ValueError):
+    """A config or calibration the model cannot price; the message names what to calibrate or set."""
+
+
+#: Every unit: (per environment, lowest, highest plausible value, what it measures).  Seconds on one core
+#: (torch threads: 1), but ``node_mb`` (megabytes).  The lowest values leave room for hardware far faster
+#: than the shipped tables' (a GPU smooths a CartPole state's sample in 45 ns); the highest are beyond any
+#: job the workflow can finish, so a value outside is a broken or hostile file, never a slow machine.
+UNIT_TABLE = {
+    "smooth_sample_s": (True, 1e-10, 1.0, "one noisy state through the network when smoothing, per sample"),
+    "grad_sample_s": (True, 1e-10, 1.0, "a PGD gradient through the network, per sample"),
+    "env_step_s": (True, 1e-9, 60.0, "one environment step"),
+    "gre_step_s": (True, 1e-9, 60.0, "one step of a GRe trajectory on one worker"),
+    "gre_reset_s": (True, 1e-9, 600.0, "a GRe trajectory's environment made and reset"),
+    "lore_transition_s": (True, 1e-9, 600.0, "a LoRe child created: restore, step, snapshot"),
+    "node_mb": (True, 1e-6, 65536.0, "one LoRe node's snapshot, pickled"),
+    "train_step_s": (True, 1e-8, 600.0, "one training step"),
+    "start_s": (False, 1e-3, 3600.0, "a job's fixed start: imports, loading"),
+    "fetch_s": (False, 1e-3, 86400.0, "a download with its evaluation"),
+    "figure_s": (False, 1e-6, 3600.0, "one figure file"),
+    "audit_run_s": (False, 1e-6, 3600.0, "one run folder audited"),
+}
+#: Per-environment unit costs the model needs (in ``envs.<id>``), and the global ones.
+UNITS = tuple(name for name, row in UNIT_TABLE.items() if row[0])
+GLOBAL_UNITS = tuple(name for name, row in UNIT_TABLE.items() if not row[0])
+
+#: The devices a calibration file holds a table for.
+DEVICES = ("cpu", "cuda")
+#: A table's provenance beside its units: what measured it, when, on which machine.
+_TEXT = ("device", "source", "measured", "note")
+
+
+def _number(value, key: str, where: str) -> None:
+    """``value`` a finite number within its unit's range; CostError naming ``key`` otherwise."""
+    _, lo, hi, meaning = UNIT_TABLE[key.rsplit(".", 1)[-1]]
+    what = "MB" if key.endswith("_mb") else "s"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CostError(f"{where}: {key} = {value!r:.40} is not a number ({what}: {meaning})")
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise CostError(f"{where}: {key} = {value:g} is outside [{lo:g}, {hi:g}] {what} ({meaning})")
+
+
+def _env(units, device: str, env, where: str) -> None:
+    key = f"{device}.envs.{env}"
+    again = f"run `crop calibrate --device {device} --env {env}` again"
+    if not isinstance(units, dict):
+        raise CostError(f"{where}: {key} is {type(units).__name__}, not a table of unit costs; {again}")
+    if "lore_node_s" in units and "lore_transition_s" not in units:
+        raise CostError(f"{where}: the calibration of {env} on {device} predates lore_transition_s (it has "
+                        f"lore_node_s, which the model no longer uses): {again}")
+    for name in units:
+        if name not in UNITS and name != "gre_single_process":
+            raise CostError(f"{where}: {key}.{name} is not a unit cost (known: {', '.join(UNITS)}); {again}")
+    for name in UNITS:
+        if name not in units:
+            raise CostError(f"{where}: no unit cost {name} of {env} on {device} ({key}.{name}): {again}")
+        _number(units[name], f"{key}.{name}", where)
+    if not isinstance(units.get("gre_single_process", False), bool):
+        raise CostError(f"{where}: {key}.gre_single_process = {units['gre_single_process']!r:.40} is not true or "
+                        "false")
+
+
+def check_table(table, device: str, where: str) -> None:
+    """One device's table checked key by key: provenance text, the machine's record (plain values), every
+    global unit and ``envs`` (a table of unit costs per environment id), each unit a finite number within
+    :data:`UNIT_TABLE`'s range.  Raises :class:`CostError` in one line naming the first bad key."""
+    again = f"run `crop calibrate --device {device}` again"
+    if not isinstance(table, dict):
+        raise CostError(f"{where}: {device} is {type(table).__name__}, not a table of unit costs; {again}")
+    for key, value in table.items():
+        if key in _TEXT:
+            if not isinstance(value, str) or (key == "device" and value != device):
+                raise CostError(f"{where}: {device}.{key} = {value!r:.40} is not "
+                                f"{repr(device) if key == 'device' else 'text'}")
+        elif key == "machine":
+            if not isinstance(value, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, (str, int)))
+                                                      for k, v in value.items()):
+                raise CostError(f"{where}: {device}.machine is not a record of the machine (cpu, cores, gpu)")
+        elif key not in GLOBAL_UNITS and key != "envs":
+            raise CostError(f"{where}: {device}.{key} is not a key of a calibration (units: "
+                            f"{', '.join(GLOBAL_UNITS)}, envs; provenance: {', '.join(_TEXT)}, machine)")
+    for name in GLOBAL_UNITS:
+        if name not in table:
+            raise CostError(f"{where}: no unit cost {name} on {device} ({device}.{name}): {again}")
+        _number(table[name], f"{device}.{name}", where)
+    envs = table.get("envs")
+    if not isinstance(envs, dict):
+        raise CostError(f"{where}: {device}.envs is {'missing' if envs is None else type(envs).__name__}, not a "
+                        f"table of unit costs per environment; {again}")
+    for env, units in envs.items():
+        _env(units, device, env, where)
+
+
+def check_tables(tables, where: str) -> None:
+    """A calibration file's content: a JSON object of one table per device (:data:`DEVICES`), each checked by
+    :func:`check_table`.  Raises :class:`CostError` in one line naming the first bad key."""
+    if not isinstance(tables, dict) or not tables:
+        what = "an empty object" if isinstance(tables, dict) else f"a JSON {type(tables).__name__}"
+        raise CostError(f"{where}: not a calibration file ({what}; one holds a table of unit costs per device: "
+                        f"{' or '.join(DEVICES)}, as `crop calibrate` writes it)")
+    for device in tables:
+        if device not in DEVICES:
+            raise CostError(f"{where}: not a calibration file ({device!r:.40} is not a device: "
+                            f"{' or '.join(DEVICES)})")
+    for device, table in tables.items():
+        check_table(table, device, where)
+
+
+# ------------------------------------------------------------------------------------------- reading a table
+
+def calibration_path() -> Path:
+    """``$XDG_CACHE_HOME/crop/calibration.json`` (default ``~/.cache/crop/``): what ``crop calibrate`` wrote."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "crop" / "calibration.json"
+
+
+def shipped_table(device: str) -> dict:
+    """The table shipped with the package for ``device``, checked as any calibration is
+    (:func:`check_table`): an edited copy must not price a plan any other way."""
+    text = resources.files("crop").joinpath(f"costs/{device}.json").read_text()
+    table = json.loads(text)
+    check_table(table, device, f"calibration crop/costs/{device}.json (shipped)")
+    return table
+
+
+#: A calibration file is a few kB; anything far larger is not one, and is not read into memory.
+MAX_CALIBRATION_BYTES = 1_000_000
+
+
+def unit_costs(device: str, calibration: str | Path | None = None) -> tuple[dict, str]:
+    """The unit-cost table for ``device`` (cpu or cuda) and where it came from: the calibration file
+    (``calibration``, else this machine's: :func:`calibration_path`) when it holds one for the device, else
+    the table shipped with the package.  The file is checked as a whole before any of it is used
+    (:func:`check_tables`); a ``calibration`` given that is not a file is refused, never replaced by the
+    shipped table."""
+    path = Path(calibration) if calibration else calibration_path()
+    where = f"calibration {path}"
+    if calibration and not path.exists():
+        raise CostError(f"{where}: no such file (`crop calibrate --out FILE` writes one)")
+    if path.exists():
+        try:
+            if not path.is_file() or path.stat().st_size > MAX_CALIBRATION_BYTES:
+                raise ValueError(f"not a regular file of at most {MAX_CALIBRATION_BYTES:,} bytes")
+            tables = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError) as exc:
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise CostError(f"{where}: not a calibration file ({why}); rerun `crop calibrate --device {device}`") \
+                from None
+        check_tables(tables, where)
+        if device in tables:
+            t = tables[device]
+            return t, f"{path} (crop calibrate --device {device}, {t.get('measured', '?')}, {t.get('machine', {})})"
+    t = shipped_table(device)
+    return t, f"the shipped {device} table (crop/costs/{device}.json: {t['source']}, {t['measured']})"
