@@ -227,3 +227,23 @@ def test_the_command_is_built_from_values_and_parses_as_the_workflow_passes_it(r
         assert getattr(args, option) == rec["settings"][option], option
     assert args.out == str(tmp_path / RUN_FILES["loact"]) and args.out_ratio == str(tmp_path / RUN_FILES[
         "certified_ratio"])
+
+
+def test_a_record_is_checked_before_anything_runs(received):
+    """Checked without a child process: a missing key the command needs, a σ written as text, a size
+    recorded as a float, a flag of the wrong type, and inputs that are not a mapping each give one line."""
+    from crop.report.rerun import _checked_settings, _jobs, _NotRun, _verified
+
+    (_, row, rec), = [j for j in _jobs(received, [RUN])[0] if j[1].rule == "attack_global"]
+    cases = [({"command": None}, "attack_global.meta.json settings: 'command' is a required property"),
+             ({"sigma": "0.1"}, "attack_global.meta.json settings.sigma: '0.1' is not a number"),
+             ({"pgd_steps": 2.0}, "attack_global.meta.json settings.pgd_steps: 2.0 is not an integer"),
+             ({"command": "loact"}, "attack_global.meta.json settings.command: 'loact' is not 'attack-global'"),
+             ({"seed": -1}, "attack_global.meta.json settings.seed: -1 must be >= 0"),
+             ({"n_eot": float("nan")}, "attack_global.meta.json settings.n_eot: nan is not a finite number")]
+    for change, line in cases:
+        with pytest.raises(_NotRun) as exc:
+            _checked_settings({**rec, "settings": {**rec["settings"], **change}}, row)
+        assert str(exc.value) == line
+    with pytest.raises(_NotRun, match="inputs.checkpoint.sha256: not recorded"):
+        _verified({**rec, "inputs": ["x"]}, row, "checkpoint", Path("model.pt"))

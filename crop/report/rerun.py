@@ -154,13 +154,14 @@ def _record_schema(row) -> dict:
     s = schema()
     props = {option: node for option, (_, node) in row.options.items()}
     props.update({key: s["properties"][key] for key in _COMMON})
-    props.update({f.option: f.node for f in row.flags})
+    props.update({f.option: {"type": "number", **f.node} for f in row.flags})
     props.update({"command": {"const": row.command}, "sigma": {"type": "number", "exclusiveMinimum": 0},
                   "env": {"type": "string"}, "algo": {"type": "string"}, "target": {"type": "string"},
                   "progress": {"type": "boolean"}})
     props.update({o.option: _PATHS for o in row.outputs})
     props.update(dict.fromkeys(("checkpoint", "qrange", "settings", "help"), _PATHS))
-    return {"$defs": s["$defs"], "type": "object", "properties": props}
+    return {"$defs": s["$defs"], "type": "object", "properties": props,
+            "required": ["command", "env", "algo", "sigma"]}
 
 
 def _error_line(err) -> str:
@@ -202,7 +203,7 @@ def _checked_settings(rec: dict, row) -> dict:
         err = errors[0]
         while err.context:
             err = sorted(err.context, key=lambda e: len(e.absolute_path))[-1]
-        raise _NotRun(f"{where}.{_error_line(err)}")
+        raise _NotRun(f"{where}: {err.message}" if err.validator == "required" else f"{where}.{_error_line(err)}")
     return values
 
 
@@ -226,8 +227,9 @@ def _same_run(settings: dict, run: str) -> None:
 def _verified(rec: dict, row, name: str, path: Path) -> Path:
     """``path``, a file the stage read (``name``: checkpoint, qrange), once its sha256 is the one the stage
     recorded; :class:`_NotRun` when none is recorded, ValueError (differ) when the file is not that one."""
-    recorded = ((rec.get("inputs") or {}).get(name) or {}).get("sha256") \
-        if isinstance((rec.get("inputs") or {}).get(name), dict) else None
+    inputs = rec.get("inputs")
+    entry = inputs.get(name) if isinstance(inputs, dict) else None
+    recorded = entry.get("sha256") if isinstance(entry, dict) else None
     if not isinstance(recorded, str) or len(recorded) != 64:
         raise _NotRun(f"{_record_name(row)} inputs.{name}.sha256: not recorded; the re-run verifies "
                       f"{path.name} by it")
