@@ -424,6 +424,11 @@ def _report_args(agg, aud) -> None:
                           "byte-identical; a differing job makes the verdict FAIL; docs/audit.md)")
     aud.add_argument("--seed", type=_schema_type({"type": "integer", "minimum": 0}), default=0,
                      help="seed of the draw of --rerun's jobs")
+    aud.add_argument("--rerun-budget", type=_schema_type({"type": "number", "exclusiveMinimum": 0}),
+                     metavar="MINUTES", help="minutes a --rerun job may be predicted to take (crop plan's cost model "
+                                             "on this machine's CPU; default: 10): a job predicted longer is not "
+                                             "started, and a started one is ended past 4x its prediction + 2 "
+                                             "minutes (not re-run: WARN)")
     _trust_env_arg(aud, "an environment id whose module:Id form may import its module (ids read from the results "
                         "folder or a reference never import anything; --config trusts its ids that set "
                         "import_module: true)")

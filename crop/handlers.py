@@ -536,6 +536,8 @@ def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
               f"bound {v['bound']} observed {v['observed']}")
     for p in report["integrity"][:20]:
         print(f"  integrity: {p['file']}: {p['problem']}")
+    for j in [j for j in (report.get("rerun") or {}).get("jobs", []) if j["result"] in ("differ", "not_run")][:20]:
+        print(f"  rerun {j['result']}: {j['job']}: {j['note']}")
     for r in (ref["comparisons"] if ref else []):
         if r["verdict"] == "differs":
             print(f"  differs: {r['env']}/{r['algo']}/sigma={r['sigma']} {r['metric']} eps={r['eps']}: "
@@ -554,7 +556,7 @@ def cmd_audit(args) -> None:
         report = audit(results, out_dir=out_dir, runs=runs, alpha=args.alpha, reference=args.reference,
                        tolerances=args.tolerances, abs_tol=args.abs_tol, rel_tol=args.rel_tol,
                        config_hash=_config_hash(args), strict=args.strict, trusted_envs=_config_envs(args),
-                       rerun=args.rerun, rerun_seed=args.seed)
+                       rerun=args.rerun, rerun_seed=args.seed, rerun_budget=args.rerun_budget)
     except ReferenceError as exc:
         raise InputError(str(exc)) from None
     _print_audit(results, out_dir, report)

@@ -83,7 +83,7 @@ __all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone
            "poisson_binomial_sf", "verdict_of", "exit_status", "verdict_line", "plain_verdict", "STATUSES",
            "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
@@ -107,7 +107,8 @@ def discover_run_folders(results: Path) -> list[str]:
 
 def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, reference=None, tolerances=None,
           abs_tol: float | None = None, rel_tol: float | None = None, config_hash: str | None = None,
-          strict: bool = False, trusted_envs=(), rerun: int = 0, rerun_seed: int = 0) -> dict:
+          strict: bool = False, trusted_envs=(), rerun: int = 0, rerun_seed: int = 0,
+          rerun_budget: float | None = None) -> dict:
     """Audit ``runs`` (default: every run folder under ``results``, complete or partial) and write
     ``audit.{json,md}`` — and, with a ``reference`` (a CSV, or ``"paper"``), the reproduction report.
 
@@ -115,13 +116,15 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
     Raises :class:`crop.report.reference.ReferenceError` on a malformed reference or tolerances file, before
     writing anything.  Environment ids read from the folder or the reference import nothing; ``trusted_envs``
     (the ids of the user's own config) may import the module of a ``module:Id`` id.  ``rerun``: re-run that
-    many stage jobs drawn with ``rerun_seed`` and compare (:mod:`crop.report.rerun`); a differing one FAILs.
+    many stage jobs drawn with ``rerun_seed`` and compare (:mod:`crop.report.rerun`); a differing one FAILs;
+    a job predicted over ``rerun_budget`` minutes (None: the module's default) is not started (``not_run``,
+    at best WARN).
     """
     from crop.envs import untrusted_env_ids
 
     with untrusted_env_ids(trusted_envs):
         return _audit(Path(results), Path(out_dir), runs, alpha, reference, tolerances, abs_tol, rel_tol,
-                      config_hash, strict, (rerun, rerun_seed, tuple(trusted_envs)))
+                      config_hash, strict, (rerun, rerun_seed, tuple(trusted_envs), rerun_budget))
 
 
 def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_tol, config_hash, strict,
@@ -136,7 +139,7 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     if rerun[0]:   # first: a refused re-run (another commit) writes nothing
         from crop.report.rerun import rerun_jobs
 
-        rerun_block = rerun_jobs(results, runs, rerun[0], rerun[1], rerun[2])
+        rerun_block = rerun_jobs(results, runs, rerun[0], rerun[1], rerun[2], rerun[3])
     items, provs, integrity, warnings, sound_runs = [], [], [], [], []
     clipped: dict = {}   # run → {stage: [low, high]}: the stages whose returns are of clipped rewards
     incomplete, partial = [], []
@@ -410,7 +413,8 @@ def verdict_line(rep: dict) -> str:
             + f", {rep['integrity_problems']} integrity problem(s)")
     rr = rep.get("rerun")
     if rr:
-        line += f"; rerun: {rr['checked']} jobs, {rr['differ']} differ"
+        line += f"; rerun: {rr['checked']} jobs, {rr['differ']} differ" + (
+            f", {rr['not_run']} not run" if rr.get("not_run") else "")
     r = rep.get("reproduction")
     if r:
         line += (f"; reproduction: {r['agree']} agree / {r['differ']} differ / {r['not_in_run']} not in the run / "
@@ -458,9 +462,11 @@ def plain_verdict(rep: dict) -> str:
         if st_["untestable"]:
             text += (f"{st_['untestable']} check(s) could not fail"
                      + (f"; to decide: {'; '.join(fixes)}" if fixes else "") + ". ")
-        if (rep.get("rerun") or {}).get("not_run"):
-            text += (f"{rep['rerun']['not_run']} drawn re-run job(s) could not be re-run (a module:Id environment "
-                     "read from the folder; to decide, --trust-env it if it is yours). ")
+        not_run = [j for j in (rep.get("rerun") or {}).get("jobs", []) if j["result"] == "not_run"]
+        if not_run:
+            text += (f"{len(not_run)} drawn re-run job(s) could not be re-run: "
+                     + "; ".join(f"{j['job']}: {j['note']}" for j in not_run[:3])
+                     + ("; …" if len(not_run) > 3 else "") + ". ")
         return text + f"{tested} other check(s) could have caught a broken certificate and none did." + sus + vac
     return (f"**Sound as far as tested**: {tested} checks could have caught a broken certificate and none did "
             f"({alone} on their own, {tested - alone} only as part of a count over runs, which catches a fault "

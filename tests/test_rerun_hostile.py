@@ -1,0 +1,249 @@
+"""A received folder cannot steer its audit's re-run (``crop audit --rerun``): a recorded value never becomes
+an option, the outputs, the checkpoint and the V range are the re-run's own, every recorded setting meets the
+config schema, and every job is bounded in time and memory before and while it runs."""
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from crop import layout
+from crop.io import meta_name, read_json, sha256_file, write_json
+from crop.layout import RUN_FILES
+from crop.report import rerun
+from crop.report.rerun import rerun_jobs
+
+RUN = "CartPole-v0/StdTrain/sigma-0.1"
+
+
+@pytest.fixture(scope="module")
+def received(tmp_path_factory):
+    """A real tiny run folder (test_audit's: V range, LoAct, global attack), built once."""
+    from test_audit import _tiny_real_run
+
+    root = tmp_path_factory.mktemp("received") / "res"
+    _tiny_real_run(root)
+    return root
+
+
+@pytest.fixture
+def results(received, tmp_path):
+    root = tmp_path / "res"
+    shutil.copytree(received, root)
+    return root
+
+
+def _edit(results: Path, file: str, edit) -> None:
+    """Change a stage's recorded settings in place (its meta file)."""
+    path = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1") / meta_name(file)
+    meta = read_json(path)
+    edit(meta["settings"])
+    write_json(path, meta)
+
+
+def _only(results: Path, stage: str) -> dict:
+    """Re-run every job of the run; the row of ``stage``."""
+    rr = rerun_jobs(results, [RUN], 5)
+    return next(j for j in rr["jobs"] if j["stage"] == stage)
+
+
+def test_a_list_element_cannot_write_outside_the_scratch_folder(results, tmp_path, capsys):
+    """The refusal names the key, in audit.json, audit.md and the printed summary; the verdict is WARN."""
+    from synthetic_results import audit_cli
+
+    victim = tmp_path / "victim"
+    _edit(results, RUN_FILES["loact"], lambda s: s.update(frames_window=[0, 200, f"--out-ratio={victim}"],
+                                                          out_ratio=None))
+    assert audit_cli(results, "--rerun", "5", "--out-dir", tmp_path / "a") == 0
+    assert not victim.exists() and not (tmp_path / meta_name("victim")).exists()
+    rep = json.loads((tmp_path / "a" / "audit.json").read_text())
+    job = next(j for j in rep["rerun"]["jobs"] if j["stage"] == "loact")
+    line = f"loact.meta.json settings.frames_window[2]: '--out-ratio={victim}' is not an integer"
+    assert (job["result"], job["note"], rep["verdict"]) == ("not_run", line, "WARN")
+    assert line in (tmp_path / "a" / "audit.md").read_text()
+    assert f"rerun not_run: {RUN} loact: {line}" in capsys.readouterr().out
+
+
+def test_an_output_recorded_null_is_still_written_in_the_scratch_folder(results):
+    """Every output goes to the scratch folder, recorded or not: the optional certified ratio is compared."""
+    _edit(results, RUN_FILES["loact"], lambda s: s.update(out_ratio=None))
+    assert _only(results, "loact")["result"] == "identical"
+
+
+def test_another_network_is_not_reported_identical(results, tmp_path):
+    """loact.csv computed with network B while model.pt (and the metas' sha256) are A's: the record's injected
+    ``--checkpoint=B`` is refused, and without it the re-run uses A and differs."""
+    from crop.cli import main
+    from crop.models import save_q_network
+
+    from conftest import random_mlp
+
+    d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
+    a = layout.checkpoint_path(results, "CartPole-v0", "StdTrain")
+    b = tmp_path / "B" / "model.pt"
+    b.parent.mkdir()
+    save_q_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=7, scale=3.0), b)
+    write_json(b.with_suffix(".json"), {**read_json(a.with_suffix(".json")), "sha256": sha256_file(b)})
+    before = (d / RUN_FILES["loact"]).read_bytes()
+    main(["loact", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--seed", "3", "--device", "cpu",
+          "--checkpoint", str(b), "--no-progress", "--qrange", str(d / RUN_FILES["qrange"]), "--settings",
+          json.dumps({"m": 100, "episodes": 1, "horizon": 5}), "--out", str(d / RUN_FILES["loact"]),
+          "--out-episodes", str(d / RUN_FILES["loact_episodes"]), "--out-ratio", str(d / RUN_FILES["certified_ratio"]),
+          "--out-frames", str(d / RUN_FILES["frames"])])
+    assert (d / RUN_FILES["loact"]).read_bytes() != before      # B certifies other radii than A
+    meta_file = d / meta_name(RUN_FILES["loact"])
+    meta = read_json(meta_file)
+    meta["inputs"]["checkpoint"] = {"path": str(a), "sha256": sha256_file(a)}
+    meta["settings"]["checkpoint"] = str(a)
+    meta["settings"]["frames_window"] = [0, 200, f"--checkpoint={b}"]
+    write_json(meta_file, meta)
+    job = _only(results, "loact")
+    assert job["result"] == "not_run" and "settings.frames_window[2]" in job["note"]
+    meta["settings"]["frames_window"] = [0, 200]
+    write_json(meta_file, meta)
+    assert _only(results, "loact")["result"] == "differ"
+
+
+def test_a_string_setting_cannot_become_an_option(results, tmp_path):
+    victim = tmp_path / "x"
+    _edit(results, RUN_FILES["loact"], lambda s: s.update(bound=f"--out-ratio={victim}"))
+    job = _only(results, "loact")
+    assert not victim.exists()
+    assert job["result"] == "not_run" and job["note"].startswith(
+        f"loact.meta.json settings.bound: '--out-ratio={victim}' is not one of ")
+
+
+def test_an_extra_list_element_is_refused(results, tmp_path):
+    victim = tmp_path / "y.csv"
+    _edit(results, RUN_FILES["attack_global"], lambda s: s.update(eps_factors=[0.0, 0.5, f"--out={victim}"]))
+    job = _only(results, "attack_global")
+    assert not victim.exists()
+    assert job["result"] == "not_run"
+    assert job["note"] == f"attack_global.meta.json settings.eps_factors[2]: '--out={victim}' is not a number"
+
+
+def test_an_unknown_key_is_refused(results):
+    _edit(results, RUN_FILES["attack_global"], lambda s: s.update(evil="--out=/tmp/z"))
+    job = _only(results, "attack_global")
+    assert job["result"] == "not_run"
+    assert job["note"] == ("attack_global.meta.json settings: unknown key(s) ['evil']: no option of "
+                           "`crop attack-global`")
+
+
+def test_a_missing_sha256_is_refused(results):
+    path = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1") / meta_name(RUN_FILES["loact"])
+    meta = read_json(path)
+    del meta["inputs"]["qrange"]["sha256"]
+    write_json(path, meta)
+    job = _only(results, "loact")
+    assert job["result"] == "not_run" and "inputs.qrange.sha256: not recorded" in job["note"]
+
+
+def test_a_job_predicted_over_the_budget_is_not_started(results, tmp_path):
+    """A recorded ``pgd_steps: 1000000`` costs the auditor nothing: predicted, named and not started; the
+    audit says so and is at best WARN; audit.json's rerun block holds the budget and each prediction."""
+    from crop.report.audit import audit
+
+    _edit(results, RUN_FILES["attack_global"], lambda s: s.update(pgd_steps=1_000_000))
+    t0 = time.monotonic()
+    rep = audit(results, tmp_path / "a", rerun=5, rerun_budget=1)
+    assert time.monotonic() - t0 < 60
+    rr = rep["rerun"]
+    job = next(j for j in rr["jobs"] if j["stage"] == "attack_global")
+    assert job["result"] == "not_run" and "over the re-run budget of 1 min" in job["note"]
+    assert job["predicted_s"] > 60 and job["note"].startswith("predicted 1.2")
+    assert rr["budget_min"] == 1 and all(j["predicted_s"] is not None for j in rr["jobs"])
+    assert (rr["identical"], rr["not_run"]) == (2, 1) and rep["verdict"] != "PASS"
+    md = (tmp_path / "a" / "audit.md").read_text()
+    assert "rerun: 2 jobs, 0 differ, 1 not run" in md and "over the re-run budget of 1 min" in md
+
+
+def test_the_budget_is_a_positive_finite_number(results, tmp_path, capsys):
+    from crop.cli import main
+
+    for bad in ("0", "-1", "inf", "nan"):
+        with pytest.raises(SystemExit) as exc:
+            main(["audit", str(results), "--rerun", "1", "--rerun-budget", bad, "--out-dir", str(tmp_path / "o")])
+        assert exc.value.code == 2
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_job_past_its_time_limit_is_ended_with_its_children(results, tmp_path, monkeypatch):
+    """The time limit's pieces are the module's: a tiny limit ends the child and the process it started (its
+    process group), and the job is not_run with the reason."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setattr(rerun, "_CHILD", "import os, subprocess, sys, time\n"
+                        "p = subprocess.Popen(['sleep', '120'])\n"
+                        f"open(os.path.join({str(pids)!r}, str(p.pid)), 'w').close()\ntime.sleep(120)")
+    monkeypatch.setattr(rerun, "TIMEOUT_FACTOR", 0.0)
+    monkeypatch.setattr(rerun, "TIMEOUT_EXTRA_S", 2.0)
+    t0 = time.monotonic()
+    rr = rerun_jobs(results, [RUN], 1)
+    assert time.monotonic() - t0 < 30
+    job, = rr["jobs"]
+    assert job["result"] == "not_run" and job["note"].startswith("ended after 2 s")
+    pid, = (int(p.name) for p in pids.iterdir())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_job_past_its_memory_cap_is_not_run(results, monkeypatch):
+    monkeypatch.setattr(rerun, "MEM_FACTOR", 0)
+    monkeypatch.setattr(rerun, "MEM_EXTRA_MB", 64)
+    job, = rerun_jobs(results, [RUN], 1)["jobs"]
+    assert job["result"] == "not_run" and job["note"].startswith("stopped by its memory cap of 64 MB")
+
+
+def test_the_command_is_built_from_values_and_parses_as_the_workflow_passes_it(results, tmp_path):
+    """Every word of the rebuilt command is one ``--name=value`` the code built, and the CLI reads it as it
+    reads the workflow's ``--settings`` block: the recorded settings again."""
+    from crop.cli import build_parser, stage_params
+    from crop.report.rerun import _argv, _checked_settings, _jobs
+
+    (run, row, rec), = [j for j in _jobs(results, [RUN])[0] if j[1].rule == "loact"]
+    values = _checked_settings(rec, row)
+    argv = _argv(rec, values, row, results, run, tmp_path)
+    assert argv[0] == "loact" and argv[-1] == "--no-progress"
+    assert all(w.startswith("--") and "=" in w for w in argv[1:-1])
+    args = stage_params(build_parser().parse_args(argv))
+    for option in row.options:
+        assert getattr(args, option) == rec["settings"][option], option
+    assert args.out == str(tmp_path / RUN_FILES["loact"]) and args.out_ratio == str(tmp_path / RUN_FILES[
+        "certified_ratio"])
+
+
+def test_a_record_is_checked_before_anything_runs(received):
+    """Checked without a child process: a missing key the command needs, a σ written as text, a size
+    recorded as a float, a flag of the wrong type, and inputs that are not a mapping each give one line."""
+    from crop.report.rerun import _checked_settings, _jobs, _NotRun, _verified
+
+    (_, row, rec), = [j for j in _jobs(received, [RUN])[0] if j[1].rule == "attack_global"]
+    cases = [({"command": None}, "attack_global.meta.json settings: 'command' is a required property"),
+             ({"sigma": "0.1"}, "attack_global.meta.json settings.sigma: '0.1' is not a number"),
+             ({"pgd_steps": 2.0}, "attack_global.meta.json settings.pgd_steps: 2.0 is not an integer"),
+             ({"command": "loact"}, "attack_global.meta.json settings.command: 'loact' is not 'attack-global'"),
+             ({"seed": -1}, "attack_global.meta.json settings.seed: -1 must be >= 0"),
+             ({"n_eot": float("nan")}, "attack_global.meta.json settings.n_eot: nan is not a finite number")]
+    for change, line in cases:
+        with pytest.raises(_NotRun) as exc:
+            _checked_settings({**rec, "settings": {**rec["settings"], **change}}, row)
+        assert str(exc.value) == line
+    with pytest.raises(_NotRun, match="inputs.checkpoint.sha256: not recorded"):
+        _verified({**rec, "inputs": ["x"]}, row, "checkpoint", Path("model.pt"))
