@@ -247,3 +247,19 @@ def test_a_record_is_checked_before_anything_runs(received):
         assert str(exc.value) == line
     with pytest.raises(_NotRun, match="inputs.checkpoint.sha256: not recorded"):
         _verified({**rec, "inputs": ["x"]}, row, "checkpoint", Path("model.pt"))
+
+
+def test_an_environment_without_units_is_priced_by_its_family():
+    """CartPole-v1 has no units in the shipped table: CartPole-v0's stand in, so its job is still bounded;
+    an Atari game takes each unit's larger of Pong's and Freeway's; a calibrated id keeps its own."""
+    from crop.cost import unit_costs
+
+    table = unit_costs("cpu")[0]
+    envs = table["envs"]
+    assert "CartPole-v1" not in envs
+    assert rerun._stand_in_units(table, "CartPole-v1")["envs"]["CartPole-v1"] == envs["CartPole-v0"]
+    atari = rerun._stand_in_units(table, "BreakoutNoFrameskip-v4")["envs"]["BreakoutNoFrameskip-v4"]
+    pong, freeway = envs["PongNoFrameskip-v4"], envs["FreewayNoFrameskip-v4"]
+    assert atari["env_step_s"] == max(pong["env_step_s"], freeway["env_step_s"])
+    assert atari["gre_step_s"] == max(pong["gre_step_s"], freeway["gre_step_s"])
+    assert rerun._stand_in_units(table, "CartPole-v0") is table

@@ -263,7 +263,8 @@ def _priced(values: dict, row, run: str):
     """The job's :class:`crop.cost.Job` priced by ``crop plan``'s model from the recorded sizes (the schema's
     default where a setting is not recorded, as the stage took it) and this machine's CPU unit costs
     (:func:`crop.cost.unit_costs`); LoRe's tree at its worst case, since its certified fraction would be read
-    from the folder's own loact.csv.  :class:`_NotRun` when the model cannot price it."""
+    from the folder's own loact.csv; an environment without units of its own by its family's
+    (:func:`_stand_in_units`).  :class:`_NotRun` when the model cannot price it."""
     from crop.cost import CostError, Job, price, unit_costs
 
     env, algo_dir, lab = parse_run(run)
@@ -279,9 +280,34 @@ def _priced(values: dict, row, run: str):
     env_cfg.setdefault("lore", {})["eps_max_factor"] = None
     job = Job(row.rule, env, algo_dir, lab, device="cpu", threads=int(values.get("threads", 1)))
     try:
-        return price(cfg, job, unit_costs("cpu")[0])
+        return price(cfg, job, _stand_in_units(unit_costs("cpu")[0], env))
     except (CostError, ValueError, KeyError, TypeError) as exc:
         raise _NotRun(f"its time cannot be predicted, so it is not started: {exc}") from None
+
+
+# The calibrated environments that stand in, per family, for one the unit-cost table has no units of: a job of
+# CartPole-v1 or Acrobot-v1 still gets a prediction, so its budget and timeout still bound it.
+_STAND_INS = {"vector": ("CartPole-v0",), "highway": ("highway-fast-v0",),
+              "atari": ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4")}
+
+
+def _stand_in_units(table: dict, env: str) -> dict:
+    """``table`` with units for ``env``: its own, else each unit the largest among its family's calibrated
+    environments (:data:`_STAND_INS`; an id of no such family keeps none, and the job is not priced)."""
+    from crop.envs import UnknownEnvError, env_family
+
+    envs = table.get("envs", {})
+    if env in envs:
+        return table
+    try:
+        family = env_family(env)
+    except UnknownEnvError:
+        return table
+    known = [envs[e] for e in _STAND_INS.get(family, ()) if e in envs]
+    if not known:
+        return table
+    units = {k: max(u[k] for u in known) for k in known[0]}
+    return {**table, "envs": {**envs, env: units}}
 
 
 def _limit_memory(mb: int):
