@@ -135,6 +135,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--envs", nargs="+", default=list(SIZES))
     ap.add_argument("--tiny", action="store_true", help="one linear layer instead of the policies' architecture")
+    ap.add_argument("--size", nargs=3, type=int, metavar=("M", "BATCH", "H"), help="instead of each env's own")
     a = ap.parse_args()
     torch.set_num_threads(1)
     import crop
@@ -142,7 +143,7 @@ def main():
     print(f"# crop from {crop.__file__}; GRe with 1 worker, torch threads 1{', tiny network' if a.tiny else ''}",
           flush=True)
     for env_id in a.envs:
-        m, batch, horizon = SIZES[env_id]
+        m, batch, horizon = a.size or SIZES[env_id]
         r = gre(env_id, m, batch, horizon, a.tiny)
         wall_rate, cpu_rate = plain(env_id, min(r["steps"], 2000))
         # the loop per core: a second run of twice the horizon, differenced (the same start, the same resets)
