@@ -3,8 +3,9 @@
 Per environment, with a network of the architecture its policies have (random weights: the cost does not
 depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.SmoothedQ`, the
 engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
-LoRe transition (small full searches of two depths, differenced), GRe's workflow path per trajectory step and
-per trajectory (:func:`crop.gre.sample_randomized_returns` with one worker, timed by phase), a training step
+LoRe transition (small full searches of two depths, differenced), GRe's workflow path per trajectory step,
+per trajectory and per slot of its pool (:func:`crop.gre.sample_randomized_returns` with one worker, timed by
+phase), a training step
 (:func:`crop.train.dqn.train_dqn`, updates from the first step, no evaluation); and a job's fixed start
 cost (a fresh interpreter importing what a stage imports).  All on one core (torch threads: 1).  Each is
 the best of a few repetitions: on a shared machine the best is the least disturbed by other processes.
@@ -63,25 +64,31 @@ def _net_spec(env: str, n_actions: int, obs_shape: tuple) -> dict:
     return {"arch": "mlp", "in": int(obs_shape[0]), "hidden": [width, width], "out": n_actions}
 
 
-def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers: int = 1, sigma: float = 0.01):
+def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers: int = 1, sigma: float = 0.01,
+               batch: int | None = None):
     """GRe's workflow path (:func:`crop.gre.sample_randomized_returns`) timed by phase: seconds in all
-    (``total``), of the lockstep loop (``loop``: from the pool's reset to its close) and of closing the pool
-    (``closing``: stopping the workers), and the ``returns``.  The rest is the pool's start: worker processes,
-    each trajectory's environment made and reset."""
+    (``total``), of making the pool (``start``), of each block's seeded resets (``resets``: (seconds,
+    trajectories) per block; the first also waits for the workers' start and their environments' making), of
+    the lockstep loop (``loop``: the rest until the pool closes) and of closing it (``closing``: stopping the
+    workers), the pool's ``slots`` and the ``returns``."""
     import time
 
     import crop.gre as gre
 
-    marks = {}
+    marks = {"resets": []}
     make = gre.make_env_pool
 
     def timed(*a, **k):
+        t = time.perf_counter()
         pool = make(*a, **k)
+        marks["made"] = time.perf_counter()
+        marks["start"], marks["slots"] = marks["made"] - t, pool.num_envs
         reset, close = pool.reset, pool.close
 
         def timed_reset(*a, **k):
+            t = time.perf_counter()
             out = reset(*a, **k)
-            marks["loop"] = time.perf_counter()
+            marks["resets"].append((time.perf_counter() - t, len(out)))
             return out
 
         def timed_close():
@@ -96,23 +103,29 @@ def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers
     try:
         t0 = time.perf_counter()
         returns = gre.sample_randomized_returns(env, net, gre.GReSettings(sigma, m, horizon, 1.0, seed=0, env_seed=0,
-                                                                          chunk=1000, device=device, workers=workers),
-                                                progress=False)
+                                                                          chunk=1000, device=device, workers=workers,
+                                                                          batch=batch), progress=False)
         total = time.perf_counter() - t0
     finally:
         gre.make_env_pool = make
-    return {"total": total, "loop": marks["end"] - marks["loop"], "closing": marks["closed"] - marks["end"],
-            "returns": returns}
+    resets = marks["resets"]
+    return {"total": total, "start": marks["start"], "resets": resets,
+            "loop": marks["end"] - marks["made"] - sum(s for s, _ in resets), "closing": marks["closed"] - marks["end"],
+            "slots": marks["slots"], "returns": returns}
 
 
 def gre_costs(env: str, net, device: str, image: bool) -> dict:
-    """GRe's path on one worker: ``gre_step_s`` per trajectory step (environment, noise, forward: the loop)
-    and ``gre_reset_s`` per trajectory (the rest: its environment made and reset, the worker's start shared
-    out), each the least of two runs of short trajectories a random network keeps alive to the horizon."""
+    """GRe's path on one worker: ``gre_step_s`` per trajectory step (environment, noise, forward: the loop),
+    ``gre_reset_s`` per trajectory (its environment's seeded reset, from the second block, whose slots are
+    reused) and ``gre_start_s`` per slot of the pool (the rest of the start: an environment made and closed,
+    the worker's start shared out), each the least of two runs of short trajectories a random network keeps
+    alive to the horizon."""
     gm, gh = (32, 50) if image else ((8, 5) if env.startswith("highway") else (2000, 8))
-    runs = [gre_phases(env, net, gm, gh, device) for _ in range(2)]
-    out = {"gre_step_s": min(r["loop"] for r in runs) / (gm * gh),
-           "gre_reset_s": min(r["total"] - r["loop"] for r in runs) / gm}
+    runs = [gre_phases(env, net, gm, gh, device, batch=gm // 2) for _ in range(2)]
+    reset = min(sum(s for s, _ in r["resets"][1:]) / sum(n for _, n in r["resets"][1:]) for r in runs)
+    first = [r["start"] + r["resets"][0][0] - r["resets"][0][1] * reset + r["closing"] for r in runs]
+    out = {"gre_step_s": min(r["loop"] for r in runs) / (gm * gh), "gre_reset_s": reset,
+           "gre_start_s": min(first) / runs[0]["slots"]}
     if env == "CartPole-v0":
         out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
     return out
@@ -173,7 +186,8 @@ def _env_costs(env: str, device: str, log) -> dict:
 
     out.update(gre_costs(env, net, device, image))
     log(f"{env}: GRe {1 / out['gre_step_s']:.0f} trajectory steps/s on one core, "
-        f"{out['gre_reset_s'] * 1e3:.0f} ms to make and reset a trajectory's environment")
+        f"{out['gre_reset_s'] * 1e3:.0f} ms to reset a trajectory's environment, "
+        f"{out['gre_start_s'] * 1e3:.0f} ms to make a slot's")
 
     # Two lengths, so that what a training run pays once (making the environment, the final evaluation)
     # cancels out of the per-step cost.

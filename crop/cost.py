@@ -10,8 +10,8 @@ job             seconds (S = episodes × H states; every job adds the table's ``
 ==============  =============================================================================================
 checkpoint      trained: ``total_steps`` × ``train_step_s``; published, derived or your own file: ``fetch_s``
 qrange, loact   S × (m × ``smooth_sample_s`` + ``env_step_s``)
-gre             m × (``gre_reset_s`` + H × ``gre_step_s``) / workers (the workflow's pool path per core: a
-                trajectory's environment made and reset, then its steps; one process for CartPole)
+gre             (slots × ``gre_start_s`` + m × (``gre_reset_s`` + H × ``gre_step_s``)) / workers (the pool path
+                per core: an environment made per slot of a block, reset per trajectory; CartPole: 1 process)
 lore            nodes (:func:`lore_nodes`) × m × ``smooth_sample_s`` + transitions (:func:`lore_transitions`)
                 × ``lore_transition_s`` (restore a node's snapshot, step, snapshot the child)
 attack_local    runs × H × (2m × ``smooth_sample_s`` + steps × m_grad × ``grad_sample_s`` + ``env_step_s``)
@@ -173,7 +173,11 @@ def _stage_seconds(cfg: dict, job: Job, t: dict) -> tuple[float, str]:
     if rule == "gre":
         g = ec["gre"]
         workers = 1 if t.get("envs", {}).get(env, {}).get("gre_single_process") else job.threads
-        return g["m"] * (u("gre_reset_s") + g["horizon"] * u("gre_step_s")) / workers, ""
+        start = 0.0   # a table without gre_start_s measured the making in gre_reset_s, per trajectory: errs long
+        if "gre_start_s" in t.get("envs", {}).get(env, {}):
+            from crop.envs import env_spec  # gymnasium, not torch
+            start = env_spec(env).gre_block(g["m"], g.get("batch")) * u("gre_start_s")   # one per slot
+        return (start + g["m"] * (u("gre_reset_s") + g["horizon"] * u("gre_step_s"))) / workers, ""
     if rule == "lore":
         lo, k = ec["lore"], _n_actions(env)
         tree = (lo["horizon"], k, _certified_fraction(cfg, env, job.algo, job.sigma), lo.get("max_nodes"))

@@ -89,9 +89,15 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, settings: GRe
     m = int(settings.m)
     returns = np.empty(m, dtype=np.float64)
     batch = m if settings.batch is None else max(1, min(int(settings.batch), m))
-    for b0 in range(0, m, batch):
-        # Trajectories in blocks of `batch` bound the memory of the environment copies (Atari: ~2.6 MB each).
-        returns[b0:b0 + batch] = _lockstep(env_id, q_net, dev, settings, b0, min(batch, m - b0), profile, progress)
+    # One environment per slot, made once: blocks of `batch` trajectories bound the memory of the copies
+    # (Atari: ~2.6 MB each), and each block resets the slots with its trajectories' seeds (making an Atari
+    # environment loads its ROM: 0.2 s).
+    pool = make_env_pool(env_id, batch, profile, workers=settings.workers)
+    try:
+        for b0 in range(0, m, batch):
+            returns[b0:b0 + batch] = _lockstep(pool, q_net, dev, settings, b0, min(batch, m - b0), progress)
+    finally:
+        pool.close()
     return returns
 
 
@@ -142,16 +148,17 @@ class TrajectoryNoise:
 PIXELS_ON = ("cuda",)
 
 
-def _lockstep(env_id, q_net, dev, settings: GReSettings, b0, m, profile, progress):
-    """The m trajectories b0, …, b0 + m − 1 of ``settings`` in lockstep: one batched forward per time step."""
+def _lockstep(pool, q_net, dev, settings: GReSettings, b0, m, progress):
+    """The m trajectories b0, …, b0 + m − 1 of ``settings`` in lockstep on the first m environments of
+    ``pool``: one batched forward per time step.  A seeded reset restores all of an environment's state
+    (tests/test_gre.py), so a reused environment starts its trajectory as a new one would."""
     sigma, horizon, gamma, chunk = settings.sigma, settings.horizon, settings.gamma, settings.chunk
-    seed, env_seed, workers, reward_clip = settings.seed, settings.env_seed, settings.workers, settings.reward_clip
-    pool = make_env_pool(env_id, m, profile, workers=workers)
+    seed, env_seed, reward_clip = settings.seed, settings.env_seed, settings.reward_clip
     # Atari on a GPU: the pool's stored pixels (uint8: a quarter of the bytes) go to the device and become the
     # network's input there, by ToFloat's own expression (the same float32 product as the pool's to_float).
     pixels = dev.type in PIXELS_ON and hasattr(pool, "scale")
     # environment k of the pool: seed env_seed + b0 + k
-    obs = pool.reset(int(env_seed) + b0, pixels=True) if pixels else pool.reset(int(env_seed) + b0)
+    obs = pool.reset(int(env_seed) + b0, m, pixels=True) if pixels else pool.reset(int(env_seed) + b0, m)
     noise = TrajectoryNoise(seed, b0, m, obs.shape[1:], dev)
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
@@ -181,7 +188,6 @@ def _lockstep(env_id, q_net, dev, settings: GReSettings, b0, m, profile, progres
         discount *= gamma
         if not alive.any():
             break
-    pool.close()
     return returns
 
 

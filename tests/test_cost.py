@@ -280,6 +280,27 @@ def test_gre_runs_on_cpu_cores_and_leaves_the_gpu():
     assert cost.makespan(atari, cores=16, gpus=1) == max(j.seconds for j in atari)   # threads: 4 each, at once
 
 
+def test_gre_prices_a_pool_start_per_slot_and_a_reset_per_trajectory(tmp_path):
+    """GRe makes one environment per slot of its block and resets it for each trajectory: a table with
+    gre_start_s adds slots × gre_start_s / threads to a job (the block, not m); a table without it (measured
+    when every trajectory made its environment) prices as before."""
+    cfg = load_config(PAPER)
+    table = cost.shipped_table("cpu")
+    table["envs"]["PongNoFrameskip-v4"]["gre_start_s"] = 0.5
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cpu": table}))
+    before, _ = cost.predict(cfg, gpus=1)
+    after, _ = cost.predict(cfg, gpus=1, calibration=path)
+    pairs = [(b, a) for b, a in zip(before, after) if b.rule.startswith("gre")]
+    g = cfg["environments"]["PongNoFrameskip-v4"]["gre"]
+    assert g.get("batch") is None and g["m"] == 10000
+    slots = 1000   # Atari's default block (ENV_SPECS gre_batch): 1,000 environments for 10,000 trajectories
+    for b, a in pairs:
+        extra = slots * 0.5 / b.threads if b.env == "PongNoFrameskip-v4" else 0.0
+        assert a.seconds == pytest.approx(b.seconds + extra), (b.env, b.sigma)
+    assert any(b.env == "PongNoFrameskip-v4" for b, _ in pairs)
+
+
 def test_an_environment_s_device_replaces_the_config_s_for_its_stages(tmp_path):
     """environments.<id>.device: its certification and attack jobs run there and ask for no GPU when it is
     cpu; the other environments keep the top-level device; a GPU is asked for while any environment may use
@@ -380,7 +401,7 @@ def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
     assert table["machine"]["cores"] >= 1 and table["machine"]["cpu"]
     for unit in cost.GLOBAL_UNITS:
         assert table[unit] > 0
-    for unit in cost.UNITS:
+    for unit in (*cost.UNITS, "gre_start_s"):   # gre_start_s: optional in a table, written by every calibration
         assert table["envs"]["CartPole-v0"][unit] > 0, unit
     main(["plan", "--configfile", str(QUICK), "--json", "--calibration", str(path)])
     assert str(path) in capsys.readouterr().err

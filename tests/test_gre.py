@@ -194,3 +194,148 @@ def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
     np.testing.assert_array_equal(returns["pixels"], returns["env"])
     assert len(seen["atari"]) == len(seen["env"]) == 120 and seen["atari"] == seen["env"]
     assert any(r for _, _, rew in seen["env"] for r in rew), "a point must be scored for the returns to bite"
+
+
+# ------------------------------------------------------------------ reused environments: one per slot of the pool
+
+def _trace(env, seed: int, steps: int) -> list:
+    """Observation bytes, rewards and ends of an episode from ``env.reset(seed=seed)``, random actions of a
+    generator seeded the same; for an Atari env also, after the reset, the emulator's serialized state, every
+    wrapper's state and the gymnasium RNG's (a reset that left any of them behind differs here even before a
+    step), and the ALE's own generator where sticky actions draw from it."""
+    import pickle
+
+    from crop.envs.atari import atari_snapshot, is_atari
+
+    obs, _ = env.reset(seed=seed)
+    out = [np.asarray(obs).tobytes()]
+    if is_atari(env):
+        ale, snap = env.unwrapped.ale, atari_snapshot(env)
+        out.append(pickle.dumps((ale.cloneState(include_rng=ale.getFloat("repeat_action_probability") > 0),
+                                 snap.rng_state, snap.layers)))
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        obs, r, term, trunc, _ = env.step(int(rng.integers(env.action_space.n)))
+        out.append((np.asarray(obs).tobytes(), float(r), bool(term), bool(trunc)))
+        if term or trunc:
+            break
+    return out
+
+
+def _reused(env_id, profile):
+    """An environment as GRe's pool holds it (Atari: :func:`crop.envs.atari.keep_rom_loaded`)."""
+    from crop.envs.atari import is_atari, keep_rom_loaded
+
+    env = make_env(env_id, profile)
+    return keep_rom_loaded(env) if is_atari(env) else env
+
+
+@pytest.mark.parametrize("env_id,profile", [("highway-fast-v0", "flat25"), ("PongNoFrameskip-v4", "cleanrl"),
+                                            ("PongNoFrameskip-v4", "sa_dqn_pong"), ("PongNoFrameskip-v4", "radial"),
+                                            ("FreewayNoFrameskip-v4", "cleanrl"), ("ALE/Pong-v5", "cleanrl")])
+def test_a_reused_environment_starts_as_a_new_one(env_id, profile):
+    """Reset with a seed after an episode of another seed, an environment of GRe's pool replays what a new one
+    reset with that seed does: observations, rewards and ends, and on Atari the emulator's serialized state,
+    every wrapper's state (frame stacks, max-pool buffers) and the gymnasium RNG (NoopReset's no-ops).  ALE v5's
+    sticky actions draw from the ALE's generator, so there the ROM is reloaded (keep_rom_loaded refuses)."""
+    steps = 6 if env_id.startswith("highway") else 40
+    env = _reused(env_id, profile)
+    try:
+        _trace(env, 101, steps)   # an episode of another seed first, left where it ended
+        for seed in (5, 6):
+            fresh = make_env(env_id, profile)
+            try:
+                assert _trace(env, seed, steps) == _trace(fresh, seed, steps), (env_id, profile, seed)
+            finally:
+                fresh.close()
+        sticky = env_id.startswith("ALE/")
+        assert ("load_game" in vars(env.unwrapped)) == (not sticky and not env_id.startswith("highway"))
+    finally:
+        env.close()
+
+
+def test_a_kept_rom_that_is_not_restored_is_caught():
+    """The comparison above bites: a reused Pong whose seeded reset neither reloads the ROM nor restores its
+    loaded state (the emulator carries on from the last episode) differs from a new one; restored, it does not."""
+    env = _reused("PongNoFrameskip-v4", "cleanrl")
+    fresh = make_env("PongNoFrameskip-v4", "cleanrl")
+    try:
+        _trace(env, 101, 40)
+        expected = _trace(fresh, 5, 40)
+        restore = env.unwrapped.load_game
+        env.unwrapped.load_game = lambda: None
+        assert _trace(env, 5, 40) != expected
+        env.unwrapped.load_game = restore
+        assert _trace(env, 5, 40) == expected
+    finally:
+        env.close()
+        fresh.close()
+
+
+def _recorded(pool, log: list):
+    """``pool`` whose resets and steps append what they return to ``log`` (indices, observation bytes, rewards)."""
+    reset, step = pool.reset, pool.step
+
+    def logged_reset(*a, **k):
+        obs = reset(*a, **k)
+        log.append(("reset", np.asarray(obs, np.float32).tobytes()))
+        return obs
+
+    def logged_step(idx, actions, **k):
+        out = step(idx, actions, **k)
+        log.append((np.asarray(idx).tolist(), np.asarray(out[0], np.float32).tobytes(), np.asarray(out[1]).tolist()))
+        return out
+
+    pool.reset, pool.step = logged_reset, logged_step
+    return pool
+
+
+def _fresh_per_block(env_id, net, settings, profile, log):
+    """GRe's returns with a new pool for every block, each environment made for its trajectory and reset once
+    (Atari: in the main process, each seeded reset loading the ROM; its returns are AtariPool's, tested above)."""
+    import crop.gre
+    from crop.envs import make_env_pool
+    from crop.envs.vector import EnvPool
+
+    out = []
+    for b0 in range(0, settings.m, settings.batch):
+        n = min(settings.batch, settings.m - b0)
+        pool = _recorded(make_env_pool(env_id, n, profile) if env_id == "CartPole-v0" else
+                         EnvPool(env_id, n, 1, profile), log)
+        try:
+            out.append(crop.gre._lockstep(pool, net, torch.device("cpu"), settings, b0, n, False))
+        finally:
+            pool.close()
+    return np.concatenate(out)
+
+
+def _reuse_case(env_id):
+    from crop.models import build_q_network
+
+    torch.manual_seed(0)
+    if env_id == "CartPole-v0":
+        return build_q_network({"arch": "mlp", "in": 4, "hidden": [16], "out": 2}), 80, 0.3, "vector"
+    if env_id == "highway-fast-v0":
+        return build_q_network({"arch": "mlp", "in": 25, "hidden": [16], "out": 5}), 8, 0.5, "flat25"
+    out = 6 if env_id.startswith("Pong") else 3
+    return build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": out}), 60, 0.05, "cleanrl"
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4"])
+def test_reused_slots_give_the_returns_of_new_environments(env_id, monkeypatch):
+    """GRe makes one pool of `batch` environments and resets it for each block: m = 5 trajectories in blocks of
+    2 (the last block uses one slot; two workers, so one worker resets none) give, byte for byte, the returns,
+    and step by step the observations and rewards, of a new pool for every block."""
+    import crop.gre
+
+    net, horizon, sigma, profile = _reuse_case(env_id)
+    settings = GReSettings(sigma, 5, horizon, 1.0, seed=2, env_seed=30, batch=2, workers=2)
+    made, log, expected_log = [], [], []
+    make = crop.gre.make_env_pool
+    monkeypatch.setattr(crop.gre, "make_env_pool", lambda *a, **k: made.append(a) or _recorded(make(*a, **k), log))
+    reused = sample_randomized_returns(env_id, net.eval(), settings, profile=profile, progress=False)
+    assert [a[1] for a in made] == [2], "one pool of two slots for the three blocks"
+    np.testing.assert_array_equal(reused, _fresh_per_block(env_id, net, settings, profile, expected_log))
+    assert log == expected_log and sum(entry[0] == "reset" for entry in log) == 3
+    if env_id == "CartPole-v0":
+        assert len(set(reused)) > 2, "trajectories that end at different times"

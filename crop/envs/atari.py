@@ -36,7 +36,7 @@ import numpy as np
 cv2.ocl.setUseOpenCL(False)
 
 __all__ = ["ATARI_PROFILES", "make_atari", "AtariSnapshot", "atari_snapshot", "atari_restore", "is_atari",
-           "AtariPool"]
+           "AtariPool", "keep_rom_loaded"]
 
 # profile -> settings; `*_pong`/`*_freeway` variants carry the per-game options of the published configs
 ATARI_PROFILES = {
@@ -283,13 +283,36 @@ def _pixels(env: gym.Env):
     return env.env, env.scale
 
 
+#: Games whose seeded resets :func:`keep_rom_loaded` makes without reloading the ROM (checked byte for byte, state
+#: and trajectories, in tests/test_gre.py); any other game's seeded reset reloads its ROM.
+ROM_KEPT_GAMES = ("pong", "freeway")
+
+
+def keep_rom_loaded(env: gym.Env) -> gym.Env:
+    """``env`` (new from :func:`make_atari`) whose seeded resets restore the emulator's state as its ROM left it
+    instead of loading the ROM again, for GRe's reused environments.  ale-py's ``reset(seed=…)`` reloads the
+    ROM only to reseed (0.15–0.2 s, most of a trajectory's start); the state it gives does not depend on the
+    seed: Stella's own generator has a fixed seed (``system_random_seed``), and the seed reaches an episode
+    only through the gymnasium env's ``np_random`` (NoopReset's no-ops), which ``seed_game`` still reseeds,
+    and the ALE's generator, which only sticky actions (and a few games, e.g. Adventure) draw from.  So this
+    applies only without sticky actions (``NoFrameskip-v4``) and to :data:`ROM_KEPT_GAMES`; any other env is
+    returned unchanged and reloads its ROM.  The restored state leaves the ALE's generator where it is: with
+    no sticky actions its draws never change an action."""
+    base = env.unwrapped
+    if getattr(base, "_game", None) not in ROM_KEPT_GAMES or base.ale.getFloat("repeat_action_probability") != 0:
+        return env
+    loaded = base.ale.cloneState()   # as the ROM's loading left it: make_atari resets nothing
+    base.load_game = lambda: base.ale.restoreState(loaded)
+    return env
+
+
 def _pool_worker(conn, env_id, profile, lo, hi, n, names, shape, dtype):
     from multiprocessing import shared_memory
 
     from crop.envs import make_env
 
     cv2.setNumThreads(1)  # one process per core already
-    envs = [_pixels(make_env(env_id, profile))[0] for _ in range(hi - lo)]
+    envs = [_pixels(keep_rom_loaded(make_env(env_id, profile)))[0] for _ in range(hi - lo)]
     shms = [shared_memory.SharedMemory(name=name) for name in names]
     obs = np.ndarray((n, *shape), dtype, buffer=shms[0].buf)
     rew = np.ndarray((n,), np.float64, buffer=shms[1].buf)
@@ -297,9 +320,9 @@ def _pool_worker(conn, env_id, profile, lo, hi, n, names, shape, dtype):
     try:
         while True:
             cmd, arg = conn.recv()
-            if cmd == "reset":
-                for k, e in enumerate(envs):
-                    obs[lo + k] = e.reset(seed=int(arg) + lo + k)[0]
+            if cmd == "reset":   # the first arg[1] environments of the pool
+                for k, e in enumerate(envs[:max(0, arg[1] - lo)]):
+                    obs[lo + k] = e.reset(seed=int(arg[0]) + lo + k)[0]
             elif cmd == "step":
                 for i, a in zip(*arg):
                     o, r, te, tr, _ = envs[i - lo].step(int(a))
@@ -319,8 +342,10 @@ def _pool_worker(conn, env_id, profile, lo, hi, n, names, shape, dtype):
 class AtariPool:
     """``num_envs`` copies of an Atari env (the wrapper stack of ``profile``, so the observations are those
     of :func:`make_atari`, byte for byte) in ``workers`` processes, behind the interface of
-    :class:`crop.envs.vector.EnvPool`: ``reset(seed)`` → all observations (env i seeded ``seed + i``),
-    ``step(idx, actions)`` → (obs, reward, terminated, truncated) of the envs ``idx`` only, in that order.
+    :class:`crop.envs.vector.EnvPool`: ``reset(seed, n)`` → the observations of the first ``n`` envs (all by
+    default; env i seeded ``seed + i``), ``step(idx, actions)`` → (obs, reward, terminated, truncated) of the
+    envs ``idx`` only, in that order.  The envs are made once and reset again for each block of GRe's
+    trajectories, without reloading the ROM where :func:`keep_rom_loaded` allows it.
 
     What differs from ``EnvPool`` is the transport: the workers write each observation *as pixels* (uint8
     frames for cleanrl and sa_dqn, 4× smaller than float32) into one shared-memory array, and the pipes
@@ -371,11 +396,12 @@ class AtariPool:
         for c in conns:
             c.recv()
 
-    def reset(self, seed: int, pixels: bool = False):
+    def reset(self, seed: int, n: int | None = None, pixels: bool = False):
+        n = self.num_envs if n is None else int(n)
         for c in self.conns:
-            c.send(("reset", int(seed)))
+            c.send(("reset", (int(seed), n)))
         self._wait(self.conns)
-        return self.pixels.copy() if pixels else self.to_float(self.pixels)
+        return self.pixels[:n].copy() if pixels else self.to_float(self.pixels[:n])
 
     def step(self, idx, actions, pixels: bool = False):
         idx, actions = np.asarray(idx, dtype=np.int64), np.asarray(actions)

@@ -23,8 +23,11 @@ def _make_envs(env_id: str, profile: str | None, n: int):
     return [make_env(env_id, profile) for _ in range(n)]
 
 
-def _reset(envs, seed0: int):
-    return np.stack([np.asarray(e.reset(seed=int(seed0) + k)[0], dtype=np.float32) for k, e in enumerate(envs)])
+def _reset(envs, seed0: int, n: int):
+    """Observations of the first ``n`` environments of ``envs``, environment k reset with seed ``seed0 + k``
+    (a seeded reset restores all of a CartPole's, a highway env's or an Atari env's state: tests/test_gre.py)."""
+    obs = [np.asarray(e.reset(seed=int(seed0) + k)[0], dtype=np.float32) for k, e in enumerate(envs[:max(0, n)])]
+    return np.stack(obs) if obs else np.empty((0, *envs[0].observation_space.shape), np.float32)
 
 
 def _step(envs, local_idx, actions):
@@ -62,7 +65,7 @@ def _worker(conn, env_id, profile, n):
         while True:
             cmd, arg = conn.recv()
             if cmd == "reset":
-                conn.send(_reset(envs, arg))
+                conn.send(_reset(envs, *arg))
             elif cmd == "step":
                 conn.send(_step(envs, *arg))
             elif cmd == "close":
@@ -74,8 +77,9 @@ def _worker(conn, env_id, profile, n):
 
 
 class EnvPool:
-    """``num_envs`` environments; ``reset(seed)`` → all observations, ``step(idx, actions)`` → the results of
-    the environments ``idx`` only (in that order)."""
+    """``num_envs`` environments; ``reset(seed, n)`` → the observations of the first ``n`` (all by default),
+    environment k reset with seed ``seed + k``; ``step(idx, actions)`` → the results of the environments
+    ``idx`` only (in that order).  Reset again, they serve the next trajectories."""
 
     def __init__(self, env_id: str, num_envs: int, workers: int = 1, profile: str | None = None):
         self.num_envs = num_envs
@@ -95,11 +99,12 @@ class EnvPool:
             self.conns.append(a)
             self.procs.append(p)
 
-    def reset(self, seed: int):
+    def reset(self, seed: int, n: int | None = None):
+        n = self.num_envs if n is None else int(n)
         if self.envs is not None:
-            return _reset(self.envs, seed)
+            return _reset(self.envs, seed, n)
         for i, c in enumerate(self.conns):
-            c.send(("reset", int(seed) + int(self.bounds[i])))
+            c.send(("reset", (int(seed) + int(self.bounds[i]), n - int(self.bounds[i]))))
         return np.concatenate([c.recv() for c in self.conns])
 
     def step(self, idx, actions):
@@ -167,10 +172,12 @@ class CartPolePool:
         self.num_envs = num_envs
         self._actions = np.zeros(num_envs, dtype=np.int64)
 
-    def reset(self, seed: int):
+    def reset(self, seed: int, n: int | None = None):
+        """The first ``n`` copies' observations (all by default); every copy is reset (one array operation),
+        the vector environment's counters and generator included, so a reused pool starts afresh."""
         self.venv.reset(seed=int(seed))  # counters and bookkeeping; the initial states are replaced below
         self.venv.state[:] = cartpole_initial_states(np.arange(self.num_envs) + int(seed)).T
-        return self.venv.state.T.astype(np.float32)
+        return self.venv.state.T[:self.num_envs if n is None else int(n)].astype(np.float32)
 
     def step(self, idx, actions):
         self._actions[:] = 0
