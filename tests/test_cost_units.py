@@ -140,9 +140,26 @@ def test_the_shipped_tables_pass_the_checks(device):
 def test_every_unit_has_one_range_and_meaning():
     from crop.cost_units import UNIT_TABLE
 
-    assert set(cost.UNITS) | set(cost.GLOBAL_UNITS) == set(UNIT_TABLE)
+    from crop.cost_units import OPTIONAL_UNITS
+
+    assert set(cost.UNITS) | set(cost.GLOBAL_UNITS) | set(OPTIONAL_UNITS) == set(UNIT_TABLE)
     for name, (_, lo, hi, meaning) in UNIT_TABLE.items():
         assert 0 < lo < hi and math.isfinite(hi) and meaning, name
+
+
+def test_an_optional_unit_may_be_absent_but_is_checked_when_given(tmp_path, capsys):
+    """gre_start_s (a GRe slot's making, written by crop calibrate) is checked like every unit when present."""
+    from crop.cost_units import check_table
+
+    table = json.loads(json.dumps(cost.unit_costs("cpu")[0]))
+    env = table["envs"]["PongNoFrameskip-v4"]
+    assert "gre_start_s" not in env
+    check_table(table, "cpu", "t")
+    env["gre_start_s"] = 0.2
+    check_table(table, "cpu", "t")
+    env["gre_start_s"] = 1e300
+    with pytest.raises(cost.CostError, match=r"cpu\.envs\.PongNoFrameskip-v4\.gre_start_s = 1e\+300 is outside"):
+        check_table(table, "cpu", "t")
 
 
 # ------------------------------------------------------------------------------------------------ the caps
