@@ -138,9 +138,7 @@ def test_the_shipped_tables_pass_the_checks(device):
 
 
 def test_every_unit_has_one_range_and_meaning():
-    from crop.cost_units import UNIT_TABLE
-
-    from crop.cost_units import OPTIONAL_UNITS
+    from crop.cost_units import OPTIONAL_UNITS, UNIT_TABLE
 
     assert set(cost.UNITS) | set(cost.GLOBAL_UNITS) | set(OPTIONAL_UNITS) == set(UNIT_TABLE)
     for name, (_, lo, hi, meaning) in UNIT_TABLE.items():
