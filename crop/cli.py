@@ -368,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("train", "checkpoint"):
         parsers[name].add_argument("--checkpoint-every", type=_schema_type({"exclusiveMinimum": 0}), metavar="SECONDS",
                                    help="seconds between saves of the resumable training state (OUT.resume, "
-                                        "also saved on SIGTERM; default: 600)")
+                                        "also saved on SIGTERM; default: 600, longer for a state that takes "
+                                        "long to save)")
     for name in ("fetch", "checkpoint"):
         _fetch_args(parsers[name])
     for name in ("import", "checkpoint"):

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from dataclasses import fields
 from pathlib import Path
@@ -77,11 +78,30 @@ def test_a_training_stopped_and_resumed_writes_the_uninterrupted_model(tmp_path,
     assert err.count("training state saved") == len(stops) and err.count("resumed from") == len(stops)
 
 
-def test_saving_after_every_step_changes_nothing(tmp_path):
+def test_saving_after_every_step_changes_nothing(tmp_path, monkeypatch):
+    import crop.train.resume as resume
+
+    saves = []
+    monkeypatch.setattr(resume, "SAVE_SPACING", 0.0)
+    monkeypatch.setattr(resume, "save", lambda *a, save=resume.save: saves.append(1) or save(*a))
     clean, _ = _train(settings=SHORT)
     net, info = _train(settings=SHORT, resume=ResumeOptions(tmp_path / "r", every_s=0.0))
-    assert _bytes(net) == _bytes(clean) and "resumed_at_steps" not in info
+    assert _bytes(net) == _bytes(clean) and "resumed_at_steps" not in info and len(saves) == SHORT["total_steps"]
     assert (tmp_path / "r").exists()   # the caller deletes it once model.pt is written
+
+
+def test_a_slow_save_waits_a_hundred_times_its_duration(tmp_path, monkeypatch):
+    """Saving costs at most 1 % of the time, whatever the state's size: a save of 20 ms with every_s = 0 is
+    followed by none for the next 2 s."""
+    import crop.train.resume as resume
+
+    saves = []
+    monkeypatch.setattr(resume, "save", lambda *a: saves.append(time.sleep(0.02)))
+    saver, step, until = resume.Checkpointer(ResumeOptions(tmp_path / "r", every_s=0.0), {}), 0, time.monotonic() + 1
+    while time.monotonic() < until:
+        saver.after_step(step, None)
+        step += 1
+    assert len(saves) == 1 and step > 100
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +109,7 @@ def saved(tmp_path_factory):
     """(a resume file saved after step 400 of SHORT, the uninterrupted network's bytes)."""
     path = tmp_path_factory.mktemp("saved") / "model.pt.resume"
     _stopped(path, 400, settings=SHORT)
+    assert len(_members(path)["actions"]) > 0   # mid-episode: the resumed run replays the episode so far
     return path, _bytes(_train(settings=SHORT)[0])
 
 
@@ -189,6 +210,22 @@ def test_every_training_setting_is_in_the_key(monkeypatch, tmp_path):
     assert {"env", "profile", "seed", "recipe", "hyperparameters", "net_spec", "device", "code", "versions",
             "format"} <= set(key)
     assert re.fullmatch(r"[0-9a-f]{64}", key["code"]) and key["versions"]["torch"] == torch.__version__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env,stop", [("PongNoFrameskip-v4", 250), ("highway-fast-v0", 130)])
+def test_atari_and_highway_trainings_resume_mid_episode_to_the_uninterrupted_model(tmp_path, env, stop):
+    """Pixels (a uint8 replay buffer, the Atari wrappers' frame stack and no-op reset replayed from the episode's
+    seed) and highway-env (a simulator that cannot be snapshotted) resume byte-identically too."""
+    settings = {"total_steps": stop + 50, "target_return": None, "eval_episodes": 1,
+                "dqn": {"learning_starts": 100, "buffer_size": 200, "batch_size": 8, "eval_max_steps": 50}}
+    clean, _ = train_policy(env, "StdTrain", 0, settings, progress=False)
+    resume = tmp_path / "model.pt.resume"
+    with pytest.raises(SystemExit):
+        train_policy(env, "StdTrain", 0, settings, progress=False, resume=ResumeOptions(resume, stop_after=stop))
+    assert len(_members(resume)["actions"]) > 0
+    net, info = train_policy(env, "StdTrain", 0, settings, progress=False, resume=ResumeOptions(resume))
+    assert _bytes(net) == _bytes(clean) and info["resumed_at_steps"] == [stop + 1]
 
 
 # ------------------------------------------------------------------------------------- through the CLI

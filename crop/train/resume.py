@@ -12,6 +12,10 @@ episode since its seeded reset instead; a resumed run re-creates the environment
 and replays the actions, and resumes only if the replay reproduces the saved observation and the episode's
 return exactly (an environment that is not deterministic given its reset seed starts afresh instead).
 
+Saving a state takes about 12 ms for CartPole (a full 50k-transition buffer, 3 MB) and 2 s per 10k Atari
+transitions (590 MB); a periodic save waits at least 100 times as long as the last one took, so that saving
+costs at most 1 % of the training time.
+
 A resume file is untrusted input: an uncompressed ``.npz`` of numeric arrays and a JSON header, each member's
 type and shape checked against the run's own structures before a byte of it is read (nothing pickled, no
 allocation beyond the file's size).  It is keyed by every training setting (the DQN configuration, recipe and
@@ -374,9 +378,15 @@ def load(path: Path, key: dict, st: State, total_steps: int, new_buffer, replay)
 
 # ------------------------------------------------------------------------------------------- when to save
 
+#: A periodic save waits at least this many times as long as the last save took, so that saving costs at most
+#: 1 % of the training time whatever the state's size (an Atari replay buffer: every 30 minutes or so).
+SAVE_SPACING = 100.0
+
+
 class Checkpointer:
-    """When to save: every ``every_s`` seconds, on SIGTERM (noted by a handler, acted on at the end of the
-    step: then saved, one line on stderr, and the process exits with 143) and after ``stop_after``."""
+    """When to save: every ``every_s`` seconds (or :data:`SAVE_SPACING` times the last save's duration, if
+    longer), on SIGTERM (noted by a handler, acted on at the end of the step: then saved, one line on stderr,
+    and the process exits with 143) and after ``stop_after``."""
 
     def __init__(self, options: ResumeOptions, key: dict):
         self.options, self.key = options, key
@@ -400,8 +410,10 @@ class Checkpointer:
         stop = self.signal is not None or step == self.options.stop_after
         if not stop and time.monotonic() < self.next_save:
             return
+        began = time.monotonic()
         save(self.options.path, self.key, st)
-        self.next_save = time.monotonic() + self.options.every_s
+        took = time.monotonic() - began
+        self.next_save = began + took + max(self.options.every_s, SAVE_SPACING * took)
         if stop:
             name = signal.Signals(self.signal).name if self.signal is not None else f"stop after step {step}"
             print(f"train: {name}: training state saved to {self.options.path} after step {step}; the same "
