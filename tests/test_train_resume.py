@@ -86,8 +86,12 @@ def test_saving_after_every_step_changes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(resume, "save", lambda *a, save=resume.save: saves.append(1) or save(*a))
     clean, _ = _train(settings=SHORT)
     net, info = _train(settings=SHORT, resume=ResumeOptions(tmp_path / "r", every_s=0.0))
-    assert _bytes(net) == _bytes(clean) and "resumed_at_steps" not in info and len(saves) == SHORT["total_steps"]
-    assert (tmp_path / "r").exists()   # the caller deletes it once model.pt is written
+    # one save per step, and one before the final evaluation (a kill during it resumes at it)
+    assert _bytes(net) == _bytes(clean) and "resumed_at_steps" not in info and len(saves) == SHORT["total_steps"] + 1
+    header = json.loads(bytes(_members(tmp_path / "r")["header"]).decode())
+    assert header["next_step"] == SHORT["total_steps"]   # the caller deletes the file once model.pt is written
+    net, info = _train(settings=SHORT, resume=ResumeOptions(tmp_path / "r"))
+    assert _bytes(net) == _bytes(clean) and info["resumed_at_steps"] == [SHORT["total_steps"]]
 
 
 def test_a_slow_save_waits_a_hundred_times_its_duration(tmp_path, monkeypatch):

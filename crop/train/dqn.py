@@ -380,10 +380,14 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
             if saver:                            # the state after this step: saved when due, or on SIGTERM
                 run.next_step, st.obs = step + 1, obs
                 saver.after_step(step, st)
-    env.close()
-    bar.close()
-    if cfg.target_return is None:   # no threshold: record the final policy's greedy return
-        accepted = _summary(greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps), cfg.total_steps)
+        env.close()
+        bar.close()
+        if cfg.target_return is None:   # no threshold: record the final policy's greedy return
+            if saver:   # a kill during this evaluation resumes at it; a SIGTERM during it is noted and ignored
+                run.next_step, st.obs = cfg.total_steps, obs
+                saver.save_now(st)
+            accepted = _summary(greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps),
+                                cfg.total_steps)
     if not accepted:
         last = run.evals[-1] if run.evals else None
         raise TrainingFailed(

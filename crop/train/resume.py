@@ -154,12 +154,17 @@ class _Reader:
             extra, missing = sorted(set(self.infos) - set(expected)), sorted(set(expected) - set(self.infos))
             raise ValueError(f"members not this run's (unexpected {extra[:5]}, missing {missing[:5]})")
 
+    def close(self) -> None:
+        self.zip.close()
+
     def read(self, name: str, dtype, shape: tuple | None, out: np.ndarray | None = None) -> np.ndarray:
         """Member ``name`` as an array of ``dtype`` and ``shape`` (``None``: any 1-D length), read into ``out``
         if given (the bytes go straight into it: a large replay buffer is not held twice)."""
         info = self.infos[name]
         with self.zip.open(info) as f:
             version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f"{name}: .npy format {version}")
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             got, fortran, got_dtype = read(f)
             want = np.dtype(dtype)
@@ -298,16 +303,86 @@ def _generators(h: dict, arrays: dict, ctx) -> dict:
             "torch_rng": torch.from_numpy(arrays["torch_rng"].copy()), "np_legacy": legacy, "random": py}
 
 
+def _checked(r: _Reader, h: dict, st: State, total_steps: int, new_buffer, replay) -> dict:
+    """Everything a resume file of this run holds, checked (types, shapes, ranges, the episode's replay); raises
+    ValueError where it does not describe a consistent state of this training.  Nothing of ``st`` changes."""
+    ctx, opt = st.ctx, st.opt
+    p = _progress(h, total_steps)
+    buf = new_buffer()
+    buf.n, buf.max_prio = _count(h.get("buf_n"), "buf_n"), _real(h.get("max_prio"), "max_prio")
+    if not 1 <= buf.max_prio < math.inf:
+        raise ValueError("the largest priority is not a finite number >= 1")
+    count = min(buf.n, buf.size)
+    layout = {f"{net}.{k}": (_dtype(t), tuple(t.shape)) for net in ("q", "target")
+              for k, t in _module_tensors(getattr(ctx, net)).items()}
+    if h.get("opt_state") is True:
+        layout.update(_adam_layout(opt))
+    elif h.get("opt_state") is not False:
+        raise ValueError("opt_state is not a boolean")
+    layout.update({"obs": (st.obs.dtype, st.obs.shape), "actions": (np.int64, None),
+                   "gen": (np.uint8, tuple(ctx.gen.get_state().shape)),
+                   "torch_rng": (np.uint8, tuple(torch.get_rng_state().shape)), "np_legacy": (np.uint32, (624,))})
+    stored = ["buf.s", "buf.s2", "buf.a", "buf.r", "buf.d", *(["buf.prio"] if buf.prio is not None else [])]
+    r.names([*layout, *stored, "header"])
+    arrays = {name: r.read(name, *spec) for name, spec in layout.items()}
+    for name in stored:   # straight into the new buffer
+        into = getattr(buf, name[4:])
+        r.read(name, into.dtype, (count, *into.shape[1:]), out=into[:count])
+    if count and (buf.a[:count].min() < 0 or buf.a[:count].max() >= ctx.n_actions
+                  or not np.isin(buf.d[:count], (0.0, 1.0)).all()):
+        raise ValueError("stored actions outside the environment's, or done flags other than 0 and 1")
+    if buf.prio is not None and not (np.isfinite(buf.prio[:count]) & (buf.prio[:count] > 0)).all():
+        raise ValueError("a priority that is not a finite positive number")
+    lrs = _reals(h.get("lr"), "lr")
+    if len(lrs) != len(opt.param_groups):
+        raise ValueError("learning rates of another optimiser")
+    p.actions = [int(a) for a in arrays["actions"]]
+    if any(not 0 <= a < ctx.n_actions for a in p.actions):
+        raise ValueError("an action outside the environment's")
+    out = {"progress": p, "buf": buf, "arrays": arrays, "lrs": lrs, "stats": _record(h.get("stats"), "stats"),
+           "generators": _generators(h, arrays, ctx), "opt_state": h["opt_state"]}
+    obs, ret, early = replay(p.episodes, p.actions)
+    if early or ret != p.ep_ret or obs.dtype != arrays["obs"].dtype or not np.array_equal(obs, arrays["obs"]):
+        raise ValueError(f"the environment does not replay episode {p.episodes} to the saved state (not "
+                         "deterministic from its reset seed?)")
+    return out
+
+
+def _restore(st: State, f: dict) -> None:
+    """Set the checked contents ``f`` of a resume file on the training's objects, in place."""
+    ctx, opt, arrays = st.ctx, st.opt, f["arrays"]
+    with torch.no_grad():
+        for net in ("q", "target"):
+            for k, t in _module_tensors(getattr(ctx, net)).items():
+                t.copy_(torch.from_numpy(arrays[f"{net}.{k}"]))
+    if f["opt_state"]:
+        params = [p for g in opt.param_groups for p in g["params"]]
+        state = {i: {k: torch.from_numpy(arrays[f"opt.{i}.{k}"]).to("cpu" if k == "step" else params[i].device)
+                     for k in _ADAM} for i in range(len(params))}
+        opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})
+    for g, lr in zip(opt.param_groups, f["lrs"]):
+        g["lr"] = lr
+    st.buf, st.obs, st.progress = f["buf"], arrays["obs"], f["progress"]
+    ctx.stats.clear()
+    ctx.stats.update(f["stats"])
+    gens = f["generators"]
+    st.rng.bit_generator.state, ctx.rng.bit_generator.state = gens["rng"], gens["recipe_rng"]
+    ctx.gen.set_state(gens["gen"])
+    torch.set_rng_state(gens["torch_rng"])
+    np.random.set_state(gens["np_legacy"])
+    random.setstate(gens["random"])
+
+
 def load(path: Path, key: dict, st: State, total_steps: int, new_buffer, replay) -> Progress | None:
-    """Restore ``st`` (in place; its buffer replaced by one from ``new_buffer()``) from ``path`` if it holds a
-    state of this run (``key``) that ``replay(episodes, actions)`` — the environment reset with that episode's
-    seed and stepped through the actions: ``(observation, return, done early)`` — reproduces.  Returns the
-    progress to continue from, or None (training starts afresh; one line on stderr says why unless there
-    was no file).  Nothing of ``st`` changes unless every check has passed."""
+    """Restore ``st`` in place (its buffer replaced by one from ``new_buffer()``, filled from the file) from
+    ``path`` if it holds a state of this run (``key``) that ``replay(episode, actions)`` — the environment reset
+    with that episode's seed and stepped through the actions, returning (observation, return, ended early) —
+    reproduces.  Returns the progress to continue from, or None: training starts afresh, and one line on
+    stderr says why unless there was no file.  Nothing of ``st`` changes unless every check has passed."""
     path = Path(path)
     if not path.exists():
         return None
-    ctx, opt = st.ctx, st.opt
+    r = None
     try:
         r = _Reader(path)
         if "header" not in r.infos:
@@ -317,63 +392,16 @@ def load(path: Path, key: dict, st: State, total_steps: int, new_buffer, replay)
             print(f"train: {path} belongs to another run (other settings, code or versions); starting afresh",
                   file=sys.stderr)
             return None
-        p = _progress(h, total_steps)
-        buf = new_buffer()
-        buf.n, buf.max_prio = _count(h.get("buf_n"), "buf_n"), _real(h.get("max_prio"), "max_prio")
-        count = min(buf.n, buf.size)
-        layout = {f"{net}.{k}": (_dtype(t), tuple(t.shape)) for net in ("q", "target")
-                  for k, t in _module_tensors(getattr(ctx, net)).items()}
-        if h.get("opt_state") is True:
-            layout.update(_adam_layout(opt))
-        elif h.get("opt_state") is not False:
-            raise ValueError("opt_state is not a boolean")
-        layout.update({"buf.a": (np.int64, (count,)), "buf.r": (np.float32, (count,)), "buf.d": (np.float32, (count,)),
-                       "obs": (st.obs.dtype, st.obs.shape), "actions": (np.int64, None),
-                       "gen": (np.uint8, tuple(ctx.gen.get_state().shape)),
-                       "torch_rng": (np.uint8, tuple(torch.get_rng_state().shape)), "np_legacy": (np.uint32, (624,))})
-        if buf.prio is not None:
-            layout["buf.prio"] = (np.float64, (count,))
-        r.names([*layout, "buf.s", "buf.s2", "header"])
-        arrays = {name: r.read(name, *spec) for name, spec in layout.items() if not name.startswith("buf.")}
-        for name in ("buf.s", "buf.s2", "buf.a", "buf.r", "buf.d", *(["buf.prio"] if buf.prio is not None else [])):
-            target = getattr(buf, name[4:])
-            r.read(name, target.dtype, (count, *target.shape[1:]), out=target[:count])
-        lrs = _reals(h.get("lr"), "lr")
-        if len(lrs) != len(opt.param_groups):
-            raise ValueError("learning rates of another optimiser")
-        stats = _record(h.get("stats"), "stats")
-        gens = _generators(h, arrays, ctx)
-        p.actions = [int(a) for a in arrays["actions"]]
-        if any(not 0 <= a < ctx.n_actions for a in p.actions):
-            raise ValueError("an action outside the environment's")
-        obs, ret, early = replay(p.episodes, p.actions)
-        if early or ret != p.ep_ret or not np.array_equal(obs, arrays["obs"]) or obs.dtype != arrays["obs"].dtype:
-            raise ValueError(f"the environment does not replay episode {p.episodes} to the saved state (not "
-                             "deterministic from its reset seed?)")
+        f = _checked(r, h, st, total_steps, new_buffer, replay)
     except Exception as exc:  # noqa: BLE001 -- any content of an untrusted file: ignore it, train afresh
         print(f"train: ignoring the resume file {path} ({type(exc).__name__}: {str(exc)[:200]}); starting afresh",
               file=sys.stderr)
         return None
-    with torch.no_grad():
-        for net in ("q", "target"):
-            for k, t in _module_tensors(getattr(ctx, net)).items():
-                t.copy_(torch.from_numpy(arrays[f"{net}.{k}"]))
-    if h["opt_state"]:
-        params = [p_ for g in opt.param_groups for p_ in g["params"]]
-        state = {i: {k: torch.from_numpy(arrays[f"opt.{i}.{k}"]).to(params[i].device if k != "step" else "cpu")
-                     for k in _ADAM} for i in range(len(params))}
-        opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})
-    for g, lr in zip(opt.param_groups, lrs):
-        g["lr"] = lr
-    st.buf, st.obs = buf, arrays["obs"]
-    ctx.stats.clear()
-    ctx.stats.update(stats)
-    st.rng.bit_generator.state, ctx.rng.bit_generator.state = gens["rng"], gens["recipe_rng"]
-    ctx.gen.set_state(gens["gen"])
-    torch.set_rng_state(gens["torch_rng"])
-    np.random.set_state(gens["np_legacy"])
-    random.setstate(gens["random"])
-    return p
+    finally:
+        if r is not None:
+            r.close()
+    _restore(st, f)
+    return st.progress
 
 
 # ------------------------------------------------------------------------------------------- when to save
@@ -405,15 +433,18 @@ class Checkpointer:
         finally:
             signal.signal(signal.SIGTERM, previous)
 
+    def save_now(self, st: State) -> None:
+        began = time.monotonic()
+        save(self.options.path, self.key, st)
+        took = time.monotonic() - began
+        self.next_save = began + took + max(self.options.every_s, SAVE_SPACING * took)
+
     def after_step(self, step: int, st: State) -> None:
         """Save ``st`` if due; stop (SystemExit 143) on SIGTERM or after ``stop_after``."""
         stop = self.signal is not None or step == self.options.stop_after
         if not stop and time.monotonic() < self.next_save:
             return
-        began = time.monotonic()
-        save(self.options.path, self.key, st)
-        took = time.monotonic() - began
-        self.next_save = began + took + max(self.options.every_s, SAVE_SPACING * took)
+        self.save_now(st)
         if stop:
             name = signal.Signals(self.signal).name if self.signal is not None else f"stop after step {step}"
             print(f"train: {name}: training state saved to {self.options.path} after step {step}; the same "
