@@ -21,6 +21,9 @@ Images (Atari, 4×84×84 under the ``cleanrl`` profile): the Q-network is the Na
 instead of an MLP, replay stores pixels as uint8 (exact: the profile's observations are k/255), every
 observation a recipe perturbs is clamped to the pixel domain [0, 1], and ``device`` (cpu | cuda | auto)
 puts the networks and the update on a GPU (the replay buffer and the environment stay on the CPU).
+
+Resumable: with ``resume`` the whole state is saved at the end of a step, periodically and on SIGTERM, and
+a rerun continues from it to the same network, bit for bit on the CPU (crop/train/resume.py).
 """
 from __future__ import annotations
 
@@ -248,7 +251,6 @@ def _resumed(resume: ResumeOptions, key: dict, st: State, cfg: DQNConfig, new_en
         return env, st.progress
     env.close()
     p.resumed_at.append(p.next_step)
-    st.progress = p
     print(f"train: resumed from {resume.path} at step {p.next_step}", file=sys.stderr)
     return made[-1], p
 
