@@ -371,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        help=_help(_node("environment.source")))
     for name in ("train", "derive", "checkpoint"):
         _train_args(parsers[name], budget=name != "derive")
+    for name in ("train", "checkpoint"):
+        parsers[name].add_argument("--checkpoint-every", type=_schema_type({"exclusiveMinimum": 0}), metavar="SECONDS",
+                                   help="seconds between saves of the resumable training state (OUT.resume, "
+                                        "also saved on SIGTERM; default: 600, longer for a state that takes "
+                                        "long to save)")
     for name in ("fetch", "checkpoint"):
         _fetch_args(parsers[name])
     for name in ("import", "checkpoint"):

@@ -56,7 +56,11 @@ def _save_policy(args, net, record: dict, stage: str, device: str, started: floa
 
 
 def cmd_train(args) -> None:
-    from crop.train import prepare_training, train_policy
+    """Train a policy.  Its state is saved to OUT.resume every --checkpoint-every seconds and on SIGTERM (exit
+    status 143), and the same command resumes from it; it is deleted once model.pt and model.json are written,
+    or when training fails its acceptance test (a final result as well)."""
+    from crop.train import TrainingFailed, prepare_training, train_policy
+    from crop.train.resume import CHECKPOINT_EVERY, ResumeOptions
 
     started, src = setup(args), _source(args, "train", "train", "is not trained locally")
     recipe, settings = src.get("recipe", args.algo), _train_settings(args)
@@ -65,11 +69,18 @@ def cmd_train(args) -> None:
         prepare_training(args.env, recipe, settings)   # every check before any work
     except ValueError as exc:
         raise InputError(f"{args.env}/{args.algo}: {exc}") from None
-    net, info = train_policy(args.env, recipe, args.seed, settings, profile=src.get("profile"),
-                             progress=args.progress)
+    resume = Path(args.out).with_name(Path(args.out).name + ".resume")
+    every = getattr(args, "checkpoint_every", None) or CHECKPOINT_EVERY
+    try:
+        net, info = train_policy(args.env, recipe, args.seed, settings, profile=src.get("profile"),
+                                 progress=args.progress, resume=ResumeOptions(resume, every))
+    except TrainingFailed:
+        resume.unlink(missing_ok=True)
+        raise
     record = {"net_spec": info["net_spec"], "profile": src.get("profile"), "source": "train", "recipe": recipe,
               "hyperparameters": info["hyperparameters"], "training": info, "clean_greedy_return": info["acceptance"]}
     _save_policy(args, net, record, "train", info["device"], started)
+    resume.unlink(missing_ok=True)  # only now: a kill before model.pt and model.json are written resumes from it
     print(f"trained {args.env}/{args.algo}: greedy return {info['acceptance']['mean']:.1f} over "
           f"{info['acceptance']['episodes']} episodes after {info['steps']} steps "
           f"({info['cpu_s']:.0f} s CPU); sha256 {record['sha256']}")

@@ -2,7 +2,8 @@
 
 Entry points:
     ``prepare_training(env_id, algo, settings)`` — validate everything, before any work;
-    ``train_policy(env_id, algo, seed, settings, profile, progress)`` — train and acceptance-test;
+    ``train_policy(env_id, algo, seed, settings, profile, progress, resume)`` — train and acceptance-test,
+    resumably (resume.py);
     ``derive_carrl(base_net, base_spec, eps, norm)`` — CARRL's network from StdTrain's.
 
 ``settings`` is a config's ``train`` block: ``hidden``, ``total_steps``, ``min_steps``, ``eval_episodes``,
@@ -95,8 +96,9 @@ def prepare_training(env_id: str, algo: str, settings: dict | None = None) -> tu
 
 
 def train_policy(env_id: str, algo: str, seed: int, settings: dict | None = None, profile: str | None = None,
-                 progress: bool | None = None):
-    """Train ``algo`` on ``env_id`` from ``seed``; returns (network in eval mode, info).
+                 progress: bool | None = None, resume=None):
+    """Train ``algo`` on ``env_id`` from ``seed``; returns (network in eval mode, info).  ``resume``
+    (:class:`crop.train.resume.ResumeOptions`): where the training state is saved and resumed from.
 
     ``info`` holds ``net_spec``, ``acceptance`` (the clean greedy return: mean/std/min/episodes/step),
     ``steps``, ``recipe``, ``hyperparameters``, ``train_config``, the evaluations and the runtime.
@@ -106,4 +108,4 @@ def train_policy(env_id: str, algo: str, seed: int, settings: dict | None = None
     if recipe.kind != "train":
         raise ValueError(f"{algo} is not trained: it is derived from another algorithm's checkpoint "
                          "(crop derive / crop.train.derive_carrl)")
-    return train_dqn(env_id, seed, cfg, profile=profile, progress=progress, recipe=recipe, hp=hp)
+    return train_dqn(env_id, seed, cfg, profile=profile, progress=progress, recipe=recipe, hp=hp, resume=resume)

@@ -21,10 +21,15 @@ Images (Atari, 4×84×84 under the ``cleanrl`` profile): the Q-network is the Na
 instead of an MLP, replay stores pixels as uint8 (exact: the profile's observations are k/255), every
 observation a recipe perturbs is clamped to the pixel domain [0, 1], and ``device`` (cpu | cuda | auto)
 puts the networks and the update on a GPU (the replay buffer and the environment stay on the CPU).
+
+Resumable: with ``resume`` the whole state is saved at the end of a step, periodically and on SIGTERM, and
+a rerun continues from it to the same network, bit for bit on the CPU (crop/train/resume.py).
 """
 from __future__ import annotations
 
+import contextlib
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -38,6 +43,7 @@ from crop.io import derive_seed
 from crop.models import build_q_network
 from crop.models.noisy import resample_noise
 from crop.progress import pbar
+from crop.train.resume import Checkpointer, Progress, ResumeOptions, State, load, training_key
 
 __all__ = ["DQNConfig", "TrainingFailed", "Batch", "TrainContext", "train_dqn", "greedy_returns"]
 
@@ -218,9 +224,42 @@ def _summary(returns: np.ndarray, step: int) -> dict:
             "min": float(returns.min()), "episodes": len(returns)}
 
 
-def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None,
-              progress: bool | None = None, recipe=None, hp: dict | None = None) -> tuple[torch.nn.Module, dict]:
-    """Train with ``recipe`` (default: StdTrain) and its hyper-parameters ``hp``; see the module docstring."""
+def _resumed(resume: ResumeOptions, key: dict, st: State, cfg: DQNConfig, new_env, reset_seed, env):
+    """(environment, progress) to continue from: the saved state where ``resume.path`` holds one of this run
+    (``st`` restored in place; the environment a fresh one, reset with the current episode's seed and replayed
+    through its actions), else ``env`` and a fresh start."""
+    made = []
+
+    def replay(episode: int, actions: list) -> tuple[np.ndarray, float, bool]:
+        e = new_env()
+        made.append(e)
+        o, _ = e.reset(seed=reset_seed(episode))
+        ret, early = 0.0, False
+        for a in actions:
+            if early:
+                break
+            o, r, term, trunc, _ = e.step(a)
+            ret += float(r)
+            early = term or trunc
+        return to_obs(o), ret, early
+
+    p = load(resume.path, key, st, cfg.total_steps,
+             lambda: _Replay(cfg.buffer_size, st.buf.s.shape[1:], cfg, pixels=st.buf.pixels), replay)
+    if p is None:
+        for e in made:
+            e.close()
+        return env, st.progress
+    env.close()
+    p.resumed_at.append(p.next_step)
+    print(f"train: resumed from {resume.path} at step {p.next_step}", file=sys.stderr)
+    return made[-1], p
+
+
+def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None, progress: bool | None = None,
+              recipe=None, hp: dict | None = None, resume: ResumeOptions | None = None) -> tuple[torch.nn.Module, dict]:
+    """Train with ``recipe`` (default: StdTrain) and its hyper-parameters ``hp``; see the module docstring.
+    ``resume``: where the training state is saved periodically and on SIGTERM, and resumed from when it
+    belongs to this run (crop/train/resume.py)."""
     from crop.train.recipes import RECIPES
 
     recipe = recipe or RECIPES["StdTrain"]
@@ -253,96 +292,115 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
     if pixels:
         ctx.domain = (0.0, 1.0)   # pixels / 255: a perturbed frame must stay a valid frame
     buf = _Replay(cfg.buffer_size, obs_shape, cfg, pixels=pixels)
+    run = Progress()
+    saver = st = None
+    if resume is not None:
+        key = training_key({"env": env_id, "profile": profile, "seed": seed, "recipe": recipe.name,
+                            "hyperparameters": hp, "train_config": asdict(cfg), "net_spec": net_spec,
+                            "device": str(dev)})
+        st = State(ctx, opt, buf, rng, run, obs, (started, cpu_started))
+        env, run = _resumed(resume, key, st, cfg, lambda: make_env(env_id, profile),
+                            lambda episode: derive_seed(seed, "train-reset", episode), env)
+        buf, obs, saver = st.buf, st.obs, Checkpointer(resume, key)
 
     def greedy_action(x: np.ndarray) -> int:
         with torch.no_grad():
             return int(q(torch.as_tensor(x, device=dev).unsqueeze(0)).argmax(1))
-    episodes, ep_ret, recent = 0, 0.0, []
-    evals = []
     quick_seeds = [derive_seed(seed, "quick-eval", i) for i in range(cfg.quick_eval_episodes)]
     # Acceptance seeds are disjoint from training and quick-evaluation seeds.
     accept_seeds = [derive_seed(seed, "accept-eval", i) for i in range(cfg.eval_episodes)]
     accepted = None
-    bar = pbar(range(cfg.total_steps), desc=f"train {env_id} {recipe.name}", progress=progress)
-    for step in bar:
-        ctx.step = step
-        # --- act: ε-greedy, or (NoisyNet) greedy w.r.t. a fresh sample of the noisy network
-        if noisy:
-            resample_noise(q, gen)
-            a = greedy_action(obs)
-        else:
-            eps = cfg.eps_end + (cfg.eps_start - cfg.eps_end) * max(0.0, 1 - step / eps_decay)
-            if rng.random() < eps:
-                a = int(rng.integers(n_actions))
-            else:
-                a = greedy_action(obs)
-        nxt, r, term, trunc, _ = env.step(a)
-        nxt = to_obs(nxt)
-        buf.add(obs, a, r, nxt, float(term))
-        ep_ret += float(r)
-        obs = nxt
-        if term or trunc:
-            episodes += 1
-            recent = (recent + [ep_ret])[-20:]
-            obs, _ = env.reset(seed=derive_seed(seed, "train-reset", episodes))
-            obs = to_obs(obs)
-            ep_ret = 0.0
-
-        # --- learn
-        if step >= cfg.learning_starts and step % cfg.train_every == 0:
-            if cfg.lr_end is not None:
-                frac = min(1.0, step / cfg.lr_decay_steps) if cfg.lr_decay_steps > 0 else 1.0
-                for group in opt.param_groups:
-                    group["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * frac
-            beta = cfg.per_beta0 + (1.0 - cfg.per_beta0) * min(1.0, step / cfg.total_steps)
-            idx, batch = buf.sample(rng, cfg.batch_size, beta)
-            if dev.type != "cpu":
-                batch = Batch(**{k: v.to(dev, non_blocking=True) for k, v in vars(batch).items()})
+    bar = pbar(range(run.next_step, cfg.total_steps), desc=f"train {env_id} {recipe.name}", progress=progress)
+    with saver.on_sigterm() if saver else contextlib.nullcontext():
+        for step in bar:
+            ctx.step = step
+            # --- act: ε-greedy, or (NoisyNet) greedy w.r.t. a fresh sample of the noisy network
             if noisy:
                 resample_noise(q, gen)
-                resample_noise(target, gen)
-            batch = recipe.perturb(ctx, batch)                                 # data variant
-            with torch.no_grad():
-                a2 = q(batch.s2).argmax(1, keepdim=True)                       # Double DQN: online picks
-                y = batch.r + cfg.gamma * (1 - batch.d) * target(batch.s2).gather(1, a2).squeeze(1)
-            q_all = q(batch.s)
-            pred = q_all.gather(1, batch.a.unsqueeze(1)).squeeze(1)
-            td = F.smooth_l1_loss(pred, y, reduction="none")
-            loss = recipe.loss(ctx, batch, q_all, y, td)                       # loss variant
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(q.parameters(), cfg.max_grad_norm)
-            opt.step()
-            buf.update(idx, (pred - y).detach().abs().cpu().numpy())
-        if step % cfg.target_update == 0:
-            target.load_state_dict(q.state_dict())
+                a = greedy_action(obs)
+            else:
+                eps = cfg.eps_end + (cfg.eps_start - cfg.eps_end) * max(0.0, 1 - step / eps_decay)
+                if rng.random() < eps:
+                    a = int(rng.integers(n_actions))
+                else:
+                    a = greedy_action(obs)
+            nxt, r, term, trunc, _ = env.step(a)
+            nxt = to_obs(nxt)
+            buf.add(obs, a, r, nxt, float(term))
+            run.ep_ret += float(r)
+            run.actions.append(a)
+            obs = nxt
+            if term or trunc:
+                run.episodes += 1
+                run.recent = (run.recent + [run.ep_ret])[-20:]
+                obs, _ = env.reset(seed=derive_seed(seed, "train-reset", run.episodes))
+                obs = to_obs(obs)
+                run.ep_ret, run.actions = 0.0, []
 
-        # --- evaluate (greedy, eval mode)
-        if cfg.target_return is not None and step >= cfg.learning_starts and step % cfg.eval_every == 0:
-            quick = float(greedy_returns(q, env_id, quick_seeds, profile, cfg.eval_max_steps).mean())
-            rec = {"step": step, "quick_mean": quick, **{k: round(float(v), 6) for k, v in ctx.stats.items()}}
-            if quick >= cfg.target_return and step >= accept_after:
-                full = greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps)
-                rec["accept_mean"] = float(full.mean())
-                if full.mean() >= cfg.target_return:
-                    accepted = _summary(full, step)
-            evals.append(rec)
-            bar.set_postfix(quick=quick, recent=np.mean(recent) if recent else 0.0)
-            if accepted:
-                break
-    env.close()
-    bar.close()
-    if cfg.target_return is None:   # no threshold: record the final policy's greedy return
-        accepted = _summary(greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps), cfg.total_steps)
+            # --- learn
+            if step >= cfg.learning_starts and step % cfg.train_every == 0:
+                if cfg.lr_end is not None:
+                    frac = min(1.0, step / cfg.lr_decay_steps) if cfg.lr_decay_steps > 0 else 1.0
+                    for group in opt.param_groups:
+                        group["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * frac
+                beta = cfg.per_beta0 + (1.0 - cfg.per_beta0) * min(1.0, step / cfg.total_steps)
+                idx, batch = buf.sample(rng, cfg.batch_size, beta)
+                if dev.type != "cpu":
+                    batch = Batch(**{k: v.to(dev, non_blocking=True) for k, v in vars(batch).items()})
+                if noisy:
+                    resample_noise(q, gen)
+                    resample_noise(target, gen)
+                batch = recipe.perturb(ctx, batch)                                 # data variant
+                with torch.no_grad():
+                    a2 = q(batch.s2).argmax(1, keepdim=True)                       # Double DQN: online picks
+                    y = batch.r + cfg.gamma * (1 - batch.d) * target(batch.s2).gather(1, a2).squeeze(1)
+                q_all = q(batch.s)
+                pred = q_all.gather(1, batch.a.unsqueeze(1)).squeeze(1)
+                td = F.smooth_l1_loss(pred, y, reduction="none")
+                loss = recipe.loss(ctx, batch, q_all, y, td)                       # loss variant
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(q.parameters(), cfg.max_grad_norm)
+                opt.step()
+                buf.update(idx, (pred - y).detach().abs().cpu().numpy())
+            if step % cfg.target_update == 0:
+                target.load_state_dict(q.state_dict())
+
+            # --- evaluate (greedy, eval mode)
+            if cfg.target_return is not None and step >= cfg.learning_starts and step % cfg.eval_every == 0:
+                quick = float(greedy_returns(q, env_id, quick_seeds, profile, cfg.eval_max_steps).mean())
+                rec = {"step": step, "quick_mean": quick, **{k: round(float(v), 6) for k, v in ctx.stats.items()}}
+                if quick >= cfg.target_return and step >= accept_after:
+                    full = greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps)
+                    rec["accept_mean"] = float(full.mean())
+                    if full.mean() >= cfg.target_return:
+                        accepted = _summary(full, step)
+                run.evals.append(rec)
+                bar.set_postfix(quick=quick, recent=np.mean(run.recent) if run.recent else 0.0)
+                if accepted:
+                    break
+            if saver:                            # the state after this step: saved when due, or on SIGTERM
+                run.next_step, st.obs = step + 1, obs
+                saver.after_step(step, st)
+        env.close()
+        bar.close()
+        if cfg.target_return is None:   # no threshold: record the final policy's greedy return
+            if saver:   # a kill during this evaluation resumes at it; a SIGTERM during it is noted and ignored
+                run.next_step, st.obs = cfg.total_steps, obs
+                saver.save_now(st)
+            accepted = _summary(greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps),
+                                cfg.total_steps)
     if not accepted:
-        last = evals[-1] if evals else None
+        last = run.evals[-1] if run.evals else None
         raise TrainingFailed(
             f"{env_id}/{recipe.name}: the greedy policy did not reach a mean return of {cfg.target_return} "
             f"over {cfg.eval_episodes} episodes within {cfg.total_steps} steps (last evaluation: {last})")
     info = {"net_spec": net_spec, "recipe": recipe.name, "hyperparameters": hp, "train_config": asdict(cfg),
-            "seed": seed, "steps": accepted["step"], "episodes": episodes, "acceptance": accepted,
-            "accept_after_step": accept_after, "evaluations": evals, "device": str(dev),
+            "seed": seed, "steps": accepted["step"], "episodes": run.episodes, "acceptance": accepted,
+            "accept_after_step": accept_after, "evaluations": run.evals, "device": str(dev),
             "replay_dtype": str(buf.s.dtype), "eps_decay_steps": eps_decay,
-            "runtime_s": round(time.time() - started, 2),
-            "cpu_s": round(time.process_time() - cpu_started, 2)}
+            "runtime_s": round(run.runtime_s + time.time() - started, 2),
+            "cpu_s": round(run.cpu_s + time.process_time() - cpu_started, 2)}
+    if run.resumed_at:
+        info["resumed_at_steps"] = run.resumed_at
     return q.cpu().eval(), info
