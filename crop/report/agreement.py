@@ -16,7 +16,7 @@ longer follows from its per-step file, which the audit's checks read.  So, per r
   each row records (σ, H, α, ε, p, J_min, J_max);
 
 and the aggregate tables against the run files they cite (:func:`table_disagreements`): the same function that
-wrote them (:func:`crop.report.tables.env_table_texts`) on the folder's complete runs, text for text.
+wrote them (:func:`crop.report.tables.env_table_texts`) on the runs their rows name, text for text.
 
 Numbers are compared within the CSV round trip (``%.10g``: :data:`REL_TOL`), a count exactly; a certified flip
 whose radius equals ε within that round trip may count either way.  A disagreement is an integrity problem
@@ -236,10 +236,11 @@ _PAIRS = (("attack_local", "attack_local_steps", _local_attack),
 
 def table_disagreements(results: Path, runs) -> list[dict]:
     """Each table in ``results/tables`` whose files differ from what :func:`crop.report.tables.env_table_texts`
-    writes for the folder's complete runs of its environment (with their replicates) at the ε factors its
-    reward-bounds table shows: one problem per table, at its first differing file (CSV, Markdown, LaTeX).
-    Nothing for an environment without that table, or whose tables cite a run that is absent or incomplete
-    (a lost input: :func:`crop.report.completeness.report_inputs_missing`)."""
+    writes for the runs its environment's tables cite (:func:`crop.report.completeness.table_runs`, with their
+    replicates) at the ε factors its reward-bounds table shows: one problem per table, at its first differing
+    file (CSV, Markdown, LaTeX).  Nothing for an environment without that table, or whose tables cite a run
+    that is absent or incomplete (a lost input: :func:`crop.report.completeness.report_inputs_missing`) or
+    cannot be read whole (an integrity problem of the run)."""
     from crop.envs import env_spec
     from crop.report.completeness import folder_plan, table_runs
     from crop.report.integrity import IntegrityError
@@ -255,15 +256,17 @@ def table_disagreements(results: Path, runs) -> list[dict]:
     for env in sorted({parse_run(r)[0] for r in complete} & set(plan)):
         paper = env_spec(env).paper_name
         bounds = tables / f"{paper}_reward_bounds.csv"
-        mine = [r for r in complete if parse_run(r)[0] == env]
         cited = {r for f in sorted(tables.glob(f"{paper}_*.csv")) for r in table_runs(f, env, plan)}
-        if not bounds.is_file() or not cited <= set(mine):
+        if not bounds.is_file() or not cited or not cited <= set(complete):
             continue
+        mine = sorted(cited)   # the runs the tables were made from (a folder may hold others, of another config)
         mine += [r for r in runs if replicate_of(r) and any(r.startswith(m + "/") for m in mine)]
         try:
             factors = _eps_factors(pd.read_csv(bounds))
             texts = env_table_texts(env, load_runs(results, mine), factors)
-        except (IntegrityError, FileNotFoundError, ValueError, KeyError) as exc:
+        except (IntegrityError, FileNotFoundError):
+            continue   # a run that cannot be read whole: its integrity problem is reported with the run
+        except (ValueError, KeyError) as exc:
             out.append({"file": str(bounds), "against": str(results / mine[0]),
                         "problem": f"cannot be recomputed from the runs it cites ({type(exc).__name__}: {exc})"})
             continue

@@ -129,7 +129,8 @@ def report_inputs_missing(results: Path, runs) -> list[dict]:
 
 def table_runs(csv: Path, env: str, plan: dict) -> list[str]:
     """The run folders ``ENV/ALGO/sigma-S`` a table CSV cites: its rows' algorithm (as the tables name it,
-    :func:`crop.layout.series_label`) with its ``sigma`` column or its ``sigma=S`` columns."""
+    :func:`crop.layout.series_label`) with its ``sigma`` column, or with each ``sigma=S`` column where it has a
+    value."""
     try:
         df = pd.read_csv(csv)
     except (ValueError, OSError):
@@ -138,10 +139,12 @@ def table_runs(csv: Path, env: str, plan: dict) -> list[str]:
         return []
     names = {series_label(a): a for a in plan.get(env, ([], []))[0]}
     labels = {float(lab): lab for lab in plan.get(env, ([], []))[1]}
-    sigmas = ([float(s) for s in df["sigma"].dropna()] if "sigma" in df
-              else [float(c.split("=", 1)[1]) for c in df.columns if c.startswith("sigma=") and " " not in c])
-    pairs = (zip(df["algo"].astype(str), sigmas) if "sigma" in df
-             else ((a, s) for a in df["algo"].astype(str) for s in sigmas))
+    if "sigma" in df:
+        pairs = list(zip(df["algo"].astype(str), df["sigma"].astype(float)))
+    else:   # an algorithm × σ table: the cells with a value (an algorithm not run at a σ has none)
+        columns = [c for c in df.columns if c.startswith("sigma=") and " " not in c]
+        pairs = [(str(a), float(c.split("=", 1)[1])) for c in columns for a, v in zip(df["algo"], df[c])
+                 if not pd.isna(v)]
     out = []
     for algo, sigma in pairs:
         run = f"{env}/{names.get(algo, algo)}/sigma-{labels.get(sigma, repr(sigma))}"
