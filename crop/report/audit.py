@@ -490,7 +490,8 @@ def plain_verdict(rep: dict) -> str:
         differ = [j for j in (rep.get("rerun") or {}).get("jobs", []) if j["result"] == "differ"]
         if differ:
             parts.append(f"{len(differ)} re-run job(s) differ: " + "; ".join(j["job"] for j in differ[:3]))
-        return "**FAIL**: " + ". ".join(parts) + "."
+        return "**FAIL**: " + ". ".join(parts) + "." + (" " + _expected_text(rep) if rep.get("expected_missing")
+                                                        else "")
     expected = _expected_text(rep)
     if not tested:
         return ("**Not decided: nothing was tested.** No check could have caught a broken certificate (no attack "
