@@ -506,7 +506,8 @@ def plain_verdict(rep: dict) -> str:
         if (rep.get("rerun") or {}).get("not_run"):
             text += (f"{rep['rerun']['not_run']} drawn re-run job(s) could not be re-run (a module:Id environment "
                      "read from the folder; to decide, --trust-env it if it is yours). ")
-        return text + f"{tested} other check(s) could have caught a broken certificate and none did." + sus + vac
+        other = "other " if st_["untestable"] else ""
+        return text + f"{tested} {other}check(s) could have caught a broken certificate and none did." + sus + vac
     return (f"**Sound as far as tested**: {tested} checks could have caught a broken certificate and none did "
             f"({alone} on their own, {tested - alone} only as part of a count over runs, which catches a fault "
             "shared by the runs)." + sus + vac)
@@ -519,7 +520,7 @@ def _expected_text(rep: dict) -> str:
         return ""
     return (f"{len(gone)} file(s) or folder(s) the config's workflow writes are not in the folder (the folder lacks "
             "what the config expects, or comes from another config): " + "; ".join(p["file"] for p in gone[:3])
-            + ("…" if len(gone) > 3 else "") + ".")
+            + (f" and {len(gone) - 3} more" if len(gone) > 3 else "") + ".")
 
 
 def _raw_failures(rep: dict) -> list[dict]:
