@@ -58,9 +58,14 @@ def test_an_untouched_folder_passes(received):
     assert rep["verdict"] == "PASS" and rep["integrity"] == [] and rep["expected_missing"] == []
 
 
-def test_a_file_gone_from_beside_its_meta_fails_naming_it(received):
+@pytest.mark.parametrize("forged_name", [False, True])
+def test_a_file_gone_from_beside_its_meta_fails_naming_it(received, forged_name):
     gone = _run(received) / RUN_FILES["attack_global"]
     gone.unlink()   # its .meta.json, the tables and the figures made from it are left
+    if forged_name:   # the record made to name a file that is there
+        meta = json.loads(meta_path(gone).read_text())
+        meta["output"]["file"] = RUN_FILES["loact"]
+        meta_path(gone).write_text(json.dumps(meta))
     rep = audit(received, received / "audit")
     assert rep["verdict"] == "FAIL"
     assert any("attack_global.meta.json records it as written" in p for p in _problems(rep, gone))

@@ -46,8 +46,8 @@ def recorded_missing(run_dir: Path) -> list[dict]:
             rec = read_json(m)
         except ValueError:
             continue   # an unreadable provenance file is the integrity check's (its output has no record)
-        out = Path(str((rec.get("output") or {}).get("file") or _BY_META.get(m.name, ""))).name
-        if out:
+        # the file the record sits beside, and the one it names (a forged name does not unvouch the first)
+        for out in {_BY_META.get(m.name, ""), Path(str((rec.get("output") or {}).get("file") or "")).name} - {""}:
             vouched.setdefault(out, []).append(f"{m.name} records it as written")
         for key, inp in sorted((rec.get("inputs") or {}).items()):
             if key in RUN_FILES and _in_folder(str((inp or {}).get("path") or ""), run_dir):
