@@ -556,7 +556,8 @@ def cmd_audit(args) -> None:
         report = audit(results, out_dir=out_dir, runs=runs, alpha=args.alpha, reference=args.reference,
                        tolerances=args.tolerances, abs_tol=args.abs_tol, rel_tol=args.rel_tol,
                        config_hash=_config_hash(args), strict=args.strict, trusted_envs=_config_envs(args),
-                       rerun=args.rerun, rerun_seed=args.seed, rerun_budget=args.rerun_budget)
+                       rerun=args.rerun, rerun_seed=args.seed, rerun_budget=args.rerun_budget,
+                       config=args.config)
     except ReferenceError as exc:
         raise InputError(str(exc)) from None
     _print_audit(results, out_dir, report)

@@ -15,6 +15,7 @@ import pandas as pd
 from scipy.stats import norm
 
 from crop.envs import env_spec
+from crop.gre import gre_bounds
 from crop.io import provenance, read_json, write_csv, write_json, write_with_meta
 from crop.layout import FRAMES_FILE, RUN_FILES, checkpoint_path, needs_frames, run_dir
 
@@ -24,6 +25,7 @@ GRE_FACTORS = (0.0, 0.05, 0.1, 0.2)
 LOCAL_FACTORS = (0.0, 0.5, 1.0, 2.0)
 GLOBAL_FACTORS = (0.0, 0.05, 0.1, 0.2)
 GLOBAL_EPISODES = 12
+GRE_M = 2000            # GRe's randomized returns: enough for bounds as tight as the attacks here test
 V_MIN, V_MAX = 0.0, 10.0
 M_ATTACK = 10_000       # the local attack's Monte-Carlo samples per state (recorded in its settings)
 ALPHA_STATE = 1e-3      # per-state miscoverage of LoAct's and the local attack's certificates
@@ -84,26 +86,14 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     m["inputs"]["qrange"] = {"path": RUN_FILES["qrange"], "sha256": q_sha}   # as the stage records what it read
     m.update(v_min=V_MIN, v_max=V_MAX, per_state_alpha=ALPHA_STATE)
     write_with_meta(d / RUN_FILES["loact"], lambda p: write_csv(p, steps), m, rows=len(steps))
-    ep = steps.groupby("episode").agg(**{"return": ("reward", "sum"), "steps": ("step", "size"),
-                                         "mean_radius": ("radius", "mean"),
-                                         "certified_fraction": ("certified", "mean")}).reset_index()
-    write_with_meta(d / RUN_FILES["loact_episodes"], lambda p: write_csv(p, ep), m, rows=len(ep))
-    r_grid = sigma * np.linspace(0.0, 4.0, 21)
-    ratio = pd.DataFrame([{"r": r, "episode": e, "eta": float(((g["radius"] >= r) & g["certified"]).mean())}
-                          for r in r_grid for e, g in steps.groupby("episode")])
-    write_with_meta(d / RUN_FILES["certified_ratio"], lambda p: write_csv(p, ratio), m, rows=len(ratio))
+    for key, df in loact_summaries(steps, sigma).items():
+        write_with_meta(d / RUN_FILES[key], lambda p, df=df: write_csv(p, df), m, rows=len(df))
     # GRe: bounds falling with ε; returns of the randomized policy.
     j_min, j_max = spec.return_range(HORIZON)
-    returns = rng.uniform(0.7, 1.0, 200) * (j_max - j_min) + j_min
-    gre = []
-    for f in GRE_FACTORS:
-        eps = f * sigma
-        gre.append({"eps": eps, "p": 0.5, "expectation_bound": returns.mean() - (j_max - j_min) * (0.05 + 2 * f),
-                    "percentile_bound": np.median(returns) - (j_max - j_min) * (0.02 + f),
-                    "percentile_certified": True, "k": 90, "p_prime": 0.45, "m": len(returns), "horizon": HORIZON,
-                    "alpha": 0.05, "sigma": sigma, "mean_return": returns.mean(), "median_return": np.median(returns),
-                    "j_min": j_min, "j_max": j_max})
-    gre = pd.DataFrame(gre)
+    returns = rng.uniform(0.7, 1.0, GRE_M) * (j_max - j_min) + j_min
+    # the bounds as the GRe stage computes them from its returns (the audit recomputes and compares them)
+    gre = gre_bounds(returns, sigma=sigma, horizon=HORIZON, alpha=0.05, eps_grid=[f * sigma for f in GRE_FACTORS],
+                     percentiles=[0.5], j_min=j_min, j_max=j_max)
     m = _meta("gre", sha, seed + 2)
     write_with_meta(d / RUN_FILES["gre"], lambda p: write_csv(p, gre), m, rows=len(gre))
     write_with_meta(d / RUN_FILES["gre_returns"], lambda p: write_csv(p, pd.DataFrame({"return": returns})), m,
@@ -129,7 +119,7 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
         bound = float(lore[lore["eps"] <= eps]["lower_bound"].iloc[-1])
         for e in range(2):
             loc.append({"eps": eps, "episode": e, "return": bound + float(rng.integers(0, 3)), "steps": LOCAL_HORIZON,
-                        "flips": int(rng.integers(0, 2)), "flips_certified": 0, "horizon": LOCAL_HORIZON,
+                        "flips": 0, "flips_certified": 0, "horizon": LOCAL_HORIZON,
                         "same_start_as_lore": e == 0})
             for t in range(LOCAL_HORIZON):
                 radius = sigma * (0.5 + 0.5 * np.sin(t + e)) + 1e-3 * sigma
@@ -162,6 +152,26 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     write_with_meta(d / FRAMES_FILE, lambda p: _write_frames(p, frames, env), _meta("loact", sha, seed + 1),
                     rows=len(frames))
     return d
+
+
+def loact_summaries(steps: pd.DataFrame, sigma: float) -> dict:
+    """``{key: table}`` of LoAct's per-episode summary and certified ratio of its per-step table, as the stage
+    makes them (the audit recomputes and compares them)."""
+    ep = steps.groupby("episode").agg(**{"return": ("reward", "sum"), "steps": ("step", "size"),
+                                         "mean_radius": ("radius", "mean"),
+                                         "certified_fraction": ("certified", "mean")}).reset_index()
+    r_grid = sigma * np.linspace(0.0, 4.0, 21)
+    ratio = pd.DataFrame([{"r": r, "episode": e, "eta": float(((g["radius"] >= r) & g["certified"]).mean())}
+                          for r in r_grid for e, g in steps.groupby("episode")])
+    return {"loact_episodes": ep, "certified_ratio": ratio}
+
+
+def rewrite_loact(d: Path, steps: pd.DataFrame, sigma: float) -> None:
+    """Replace a run's loact.csv and its summaries with theirs (:func:`loact_summaries`), hashes updated: a
+    consistent LoAct rerun."""
+    rewrite_csv(d / RUN_FILES["loact"], steps)
+    for key, df in loact_summaries(steps, sigma).items():
+        rewrite_csv(d / RUN_FILES[key], df)
 
 
 def margins(radius: float, sigma: float) -> dict:
@@ -202,8 +212,8 @@ def write_reference(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-__all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "runs_of", "write_reference", "margins",
-           "digest"]
+__all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "rewrite_loact", "loact_summaries", "runs_of",
+           "write_reference", "margins", "digest"]
 
 
 def audit_cli(*args) -> int:

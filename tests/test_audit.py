@@ -38,7 +38,7 @@ AUDIT_KEYS = {"schema_version", "results", "runs", "alpha", "config_hash", "stri
               "violation_list", "checks", "provenance", "warnings", "mismatches", "reference_missing", "reference",
               "reproduction", "multiple_testing", "verdict", "statuses", "suspicious", "untestable",
               "suspicious_list", "untestable_list", "reproduction_report", "vacuous", "vacuous_list", "pooled", "rerun",
-              "clipped_runs"}
+              "clipped_runs", "expected_missing"}
 
 
 @pytest.fixture(scope="module")
@@ -473,6 +473,7 @@ def _plant_flips(d, eps: float) -> None:
     per_episode = steps[counted].groupby("episode").size()
     rows = np.isclose(al["eps"], eps)
     al.loc[rows, "flips_certified"] = al.loc[rows, "episode"].map(per_episode).fillna(0).astype(int)
+    al.loc[rows, "flips"] = al.loc[rows, "episode"].map(steps[at].groupby("episode").size()).fillna(0).astype(int)
     rewrite_csv(d / RUN_FILES["attack_local_steps"], steps)
     rewrite_csv(d / RUN_FILES["attack_local"], al)
 
@@ -1060,14 +1061,14 @@ def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(result
 def _near_tie(d, sigma: float) -> None:
     """LoAct episode 0's first step certified at a radius ≈ 0 (a near-tie: the m-sample policy takes either
     action there)."""
-    from synthetic_results import margins
+    from synthetic_results import margins, rewrite_loact
 
     steps = pd.read_csv(d / RUN_FILES["loact"])
     first = (steps["episode"] == steps["episode"].min()) & (steps["step"] == 0)
     steps.loc[first, "certified"], steps.loc[first, "radius"] = True, 1e-6 * sigma
     for k, v in margins(1e-6 * sigma, sigma).items():
         steps.loc[first, k] = v
-    rewrite_csv(d / RUN_FILES["loact"], steps)
+    rewrite_loact(d, steps, sigma)
 
 
 def _plant_lore_at_zero(d, value: float) -> None:

@@ -1021,3 +1021,28 @@ def test_a_mujoco_replicate_is_pooled_only_with_its_runs_clip(tmp_path):
     assert f"{run}/rep-1" not in [q["run"] for q in report["provenance"]]
     with pytest.raises(IntegrityError, match="replicate stage loact ran with the environment's own rewards"):
         load_runs(res, [run, f"{run}/rep-1"])
+
+
+def test_a_continuous_agents_loact_summaries_agree_with_its_steps_until_edited(imported, tmp_path):
+    """The audit recomputes a continuous-action agent's certified_ratio.csv and loact_episodes.csv from its
+    per-step-and-dimension loact.csv (crop.report.agreement): the stage's own files agree; an edited summary
+    with its meta's hash rewritten does not."""
+    import pandas as pd
+
+    from crop.report.agreement import run_disagreements
+
+    from synthetic_results import rewrite_csv
+
+    d = tmp_path / "Pendulum-v1" / "SAC@action" / "sigma-0.1"
+    d.mkdir(parents=True)
+    f = {k: d / RUN_FILES[k] for k in ("loact", "loact_episodes", "certified_ratio")}
+    main(["loact", "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported),
+          "--m", "200", "--episodes", "2", "--horizon", "5", "--action-tolerance", "0.5", "--out", str(f["loact"]),
+          "--out-episodes", str(f["loact_episodes"]), "--out-ratio", str(f["certified_ratio"])])
+    assert run_disagreements(d) == []
+    for key, col in (("loact_episodes", "return"), ("certified_ratio", "eta")):
+        original = pd.read_csv(f[key])
+        rewrite_csv(f[key], original.assign(**{col: original[col] + 0.25}))
+        found = run_disagreements(d)
+        assert [p["file"] for p in found] == [str(f[key])] and f"column {col}" in found[0]["problem"]
+        rewrite_csv(f[key], original)

@@ -229,7 +229,8 @@ def test_gre_curves_span_the_attack_range(tmp_path):
     sigma = 0.1
     runs = make_results(tmp_path, {CART: {"StdTrain": [sigma]}})
     d = runs[(CART, "StdTrain", repr(sigma))]
-    returns = pd.read_csv(d / RUN_FILES["gre_returns"])["return"].to_numpy()
+    returns = pd.read_csv(d / RUN_FILES["gre_returns"])["return"].to_numpy()[:200]  # too few to certify far out
+    rewrite_csv(d / RUN_FILES["gre_returns"], pd.DataFrame({"return": returns}))
     j_min, j_max = 0.0, 40.0
     kw = dict(sigma=sigma, horizon=30, alpha=0.05, percentiles=[0.5], j_min=j_min, j_max=j_max)
     rewrite_csv(d / RUN_FILES["gre"], gre_bounds(returns, eps_grid=[0.0, 0.002, 0.005], **kw))

@@ -219,7 +219,7 @@ def test_flip_probability_bound_covers_the_monte_carlo_flip_rate():
 
 def _set_attack_steps(d, sigma, eps, radius, flipped):
     """The local attack's steps at ``eps`` all certified at ``radius``, the first ``flipped`` of them (in table
-    order) taking the other action; attack_local.csv counts the flips beyond ε."""
+    order) taking the other action; attack_local.csv counts them, and those beyond ε."""
     steps, al = pd.read_csv(d / RUN_FILES["attack_local_steps"]), pd.read_csv(d / RUN_FILES["attack_local"])
     at = np.isclose(steps["eps"], eps)
     steps.loc[at, "certified"], steps.loc[at, "radius"] = True, radius
@@ -231,6 +231,7 @@ def _set_attack_steps(d, sigma, eps, radius, flipped):
     per_episode = steps.loc[flip].groupby("episode").size() if radius > eps else pd.Series(dtype=int)
     rows = np.isclose(al["eps"], eps)
     al.loc[rows, "flips_certified"] = al.loc[rows, "episode"].map(per_episode).fillna(0).astype(int)
+    al.loc[rows, "flips"] = al.loc[rows, "episode"].map(steps.loc[flip].groupby("episode").size()).fillna(0).astype(int)
     rewrite_csv(d / RUN_FILES["attack_local_steps"], steps)
     rewrite_csv(d / RUN_FILES["attack_local"], al)
 

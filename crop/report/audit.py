@@ -58,11 +58,11 @@ differing reproduced value; 0 with ``--report-only``.
 audit.json keys: ``schema_version``, ``results``, ``runs``, ``alpha``, ``verdict``, ``reproduction``,
 ``statuses``, ``multiple_testing``, ``config_hash``, ``strict``, ``passed`` (verdict ≠ FAIL), ``checked``,
 ``violations``, ``suspicious``, ``untestable``, ``suspicious_list``, ``untestable_list``, ``empirical_below``,
-``integrity_problems``, ``integrity``, ``incomplete_runs``, ``partial_runs``, ``violation_list``, ``checks``,
-``provenance``, ``warnings``, ``mismatches``, ``clipped_runs``, ``reference_missing``, ``reference`` (null, or ``file``,
-``name``, ``sha256``, ``tolerances_file``, ``tolerances``, ``counts`` {match, differs, missing},
-``not_in_reference``, ``rows``, ``comparisons``), ``reproduction_report`` (null, or the files of the
-reproduction report).
+``integrity_problems``, ``integrity``, ``expected_missing`` (with a config: the files its workflow writes that the
+folder lacks), ``incomplete_runs``, ``partial_runs``, ``violation_list``, ``checks``, ``provenance``,
+``warnings``, ``mismatches``, ``clipped_runs``, ``reference_missing``, ``reference`` (null, or ``file``, ``name``,
+``sha256``, ``tolerances_file``, ``tolerances``, ``counts`` {match, differs, missing}, ``not_in_reference``,
+``rows``, ``comparisons``), ``reproduction_report`` (null, or the files of the reproduction report).
 """
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ from scipy import stats as st
 from crop.io import atomic_write_text, write_json
 from crop.layout import REPLICATE_PREFIX, replicate_of, run_files, run_target
 from crop.report.checks import lore_alpha_exhausted, run_checks, untestable_reason
+from crop.report.completeness import recorded_missing
 from crop.report.integrity import check_integrity, stages_present
 from crop.report.markdown import pipe_table
 from crop.report.metrics import clip_text, load_runs, namespaced_env, parse_run, reward_clips
@@ -108,7 +109,7 @@ def discover_run_folders(results: Path) -> list[str]:
 def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, reference=None, tolerances=None,
           abs_tol: float | None = None, rel_tol: float | None = None, config_hash: str | None = None,
           strict: bool = False, trusted_envs=(), rerun: int = 0, rerun_seed: int = 0,
-          rerun_budget: float | None = None) -> dict:
+          rerun_budget: float | None = None, config=None) -> dict:
     """Audit ``runs`` (default: every run folder under ``results``, complete or partial) and write
     ``audit.{json,md}`` — and, with a ``reference`` (a CSV, or ``"paper"``), the reproduction report.
 
@@ -119,16 +120,19 @@ def audit(results: Path, out_dir: Path, runs=None, alpha: float = 0.05, *, refer
     many stage jobs drawn with ``rerun_seed`` and compare (:mod:`crop.report.rerun`); a differing one FAILs;
     a job predicted over ``rerun_budget`` minutes (None: the module's default) is not started (``not_run``,
     at best WARN).
+    ``config``: the workflow config the folder should come from (a path); the files its jobs write and the
+    folder lacks are listed (``expected_missing``, WARN: :func:`crop.report.completeness.config_missing`).
     """
     from crop.envs import untrusted_env_ids
 
     with untrusted_env_ids(trusted_envs):
         return _audit(Path(results), Path(out_dir), runs, alpha, reference, tolerances, abs_tol, rel_tol,
-                      config_hash, strict, (rerun, rerun_seed, tuple(trusted_envs), rerun_budget))
+                      config_hash, strict, (rerun, rerun_seed, tuple(trusted_envs), rerun_budget), config)
 
 
 def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_tol, config_hash, strict,
-           rerun) -> dict:
+           rerun, config=None) -> dict:
+    from crop.report.agreement import run_disagreements
     from crop.report.provenance import run_provenance
     from crop.report.reference import compare_reference, load_reference, load_tolerances, reference_summary
 
@@ -145,17 +149,21 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     incomplete, partial = [], []
     for run in runs:
         full, absent, half = stages_present(results / run)
+        gone = recorded_missing(results / run)   # written or read by the folder's own records, and gone
         if half or not full:
             incomplete.append(run)
         if not full:
             integrity.append({"run": run, "file": str(results / run),
                               "problem": "incomplete run, not audited (no result file)"})
+            integrity += [{"run": run, **p} for p in gone]
             continue
         integrity += [{"run": run, **p} for p in half]
-        problems = check_integrity(results / run, only_present=True)
+        problems = check_integrity(results / run, only_present=True) + gone
         integrity += [{"run": run, **p} for p in problems]
         if problems or half:
             continue
+        # A summary its per-step file contradicts FAILs the audit; the checks still run on the files as they are.
+        integrity += [{"run": run, **p} for p in run_disagreements(results / run)]
         if absent:
             partial.append({"run": run, "stages": full, "absent": absent})
         prov, prov_problems, prov_warnings = run_provenance(results, run)
@@ -168,6 +176,8 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
         clips = {k: v for k, v in reward_clips(results / run).items() if v is not None}
         if clips:
             clipped[run] = {k: list(v) for k, v in clips.items()}
+    integrity += _folder_problems(results)
+    expected = _expected_missing(results, config, integrity)
     if config_hash is None:
         warnings.append("no config hash given (standalone audit): the config the results came from is not "
                         "identified; pass --config or --config-hash")
@@ -184,7 +194,8 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     vacuous = [i for i in items if i["status"] == "vacuous"]
     mismatches = ref_block["counts"]["differs"] if ref_block else 0
     verdict = verdict_of({**statuses, "violation": len(violations)}, len(integrity),
-                         (rerun_block or {}).get("differ", 0), (rerun_block or {}).get("not_run", 0))
+                         (rerun_block or {}).get("differ", 0), (rerun_block or {}).get("not_run", 0),
+                         expected_missing=len(expected))
     report = {"schema_version": SCHEMA_VERSION, "results": str(results), "runs": runs, "alpha": alpha,
               "verdict": verdict,
               "reproduction": None if ref_block is None else {
@@ -197,7 +208,8 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
               "untestable": len(untestable), "vacuous": len(vacuous), "suspicious_list": suspicious,
               "untestable_list": untestable, "vacuous_list": vacuous,
               "empirical_below": sum(bool(i.get("empirical_below")) for i in items),
-              "integrity_problems": len(integrity), "integrity": integrity, "incomplete_runs": incomplete,
+              "integrity_problems": len(integrity), "integrity": integrity, "expected_missing": expected,
+              "incomplete_runs": incomplete,
               "partial_runs": partial, "violation_list": violations, "checks": items, "provenance": provs,
               "warnings": warnings, "mismatches": mismatches, "clipped_runs": clipped,
               "reference_missing": ref_block["counts"]["missing"] if ref_block else 0,
@@ -211,6 +223,32 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
     return report
 
 
+def _folder_problems(results: Path) -> list[dict]:
+    """The integrity problems of the folder's tables and figures: one whose input is gone
+    (:func:`crop.report.completeness.report_inputs_missing`), a table its runs' files contradict
+    (:func:`crop.report.agreement.table_disagreements`) — over every run folder the folder holds, as
+    ``crop aggregate`` reads them."""
+    from crop.report.agreement import table_disagreements
+    from crop.report.completeness import report_inputs_missing
+
+    runs = discover_run_folders(results)
+    return [{"run": FOLDER, **p} for p in report_inputs_missing(results, runs) + table_disagreements(results, runs)]
+
+
+def _expected_missing(results: Path, config, integrity: list[dict]) -> list[dict]:
+    """The files the workflow of ``config`` (a path; None: none given) writes and ``results`` lacks, less those
+    already an integrity problem."""
+    if config is None:
+        return []
+    from crop.config import load_config
+    from crop.report.completeness import config_missing
+
+    known = {p["file"] for p in integrity}
+    return [p for p in config_missing(results, load_config(config)) if p["file"] not in known]
+
+
+#: The ``run`` of an integrity problem of the folder's tables and figures (of no one run).
+FOLDER = "(tables, figures)"
 STATUSES = ("ok", "violation", "suspicious", "untestable", "vacuous")
 POOLED = "pooled:"   # a pooled test's ``check`` is this prefix and the kind it counts
 
@@ -374,15 +412,17 @@ def classify(items: list[dict], alpha: float) -> tuple[list[dict], list[dict], d
     return rows, pooled, block
 
 
-def verdict_of(statuses: dict, integrity_problems: int, rerun_differ: int = 0, rerun_not_run: int = 0) -> str:
+def verdict_of(statuses: dict, integrity_problems: int, rerun_differ: int = 0, rerun_not_run: int = 0, *,
+               expected_missing: int = 0) -> str:
     """FAIL on a violation (a check or a pooled count), an integrity problem or a re-run that differs; WARN
-    on an untestable check, a drawn re-run job that could not be re-run, or when nothing was tested at all;
-    else PASS.  A suspicious check (significant within its run only) is tested and listed, not a cause of
-    WARN: only the audit's family controls the error over the whole audit."""
+    on an untestable check, a drawn re-run job that could not be re-run, a file the given config's workflow
+    writes and the folder lacks (``expected_missing``: the folder may come from another config), or when
+    nothing was tested at all; else PASS.  A suspicious check (significant within its run only) is tested and
+    listed, not a cause of WARN: only the audit's family controls the error over the whole audit."""
     if statuses.get("violation") or integrity_problems or rerun_differ:
         return "FAIL"
     tested = statuses.get("ok", 0) + statuses.get("suspicious", 0)
-    return "WARN" if statuses.get("untestable") or not tested or rerun_not_run else "PASS"
+    return "WARN" if statuses.get("untestable") or not tested or rerun_not_run or expected_missing else "PASS"
 
 
 def exit_status(rep: dict, strict: bool = False, report_only: bool = False) -> int:
@@ -410,7 +450,10 @@ def verdict_line(rep: dict) -> str:
             f"{st_['suspicious']} suspicious, {st_['untestable']} untestable, {st_.get('vacuous', 0)} vacuous"
             + ")"
             + (f", {len(pooled)} pooled counts ({sum(p['violation'] for p in pooled)} violation)" if pooled else "")
-            + f", {rep['integrity_problems']} integrity problem(s)")
+            + f", {rep['integrity_problems']} integrity problem(s)"
+            + (f" (first: {rep['integrity'][0]['file']})" if rep.get("integrity") else "")
+            + (f", {len(rep['expected_missing'])} file(s) the config expects missing (first: "
+               f"{rep['expected_missing'][0]['file']})" if rep.get("expected_missing") else ""))
     rr = rep.get("rerun")
     if rr:
         line += f"; rerun: {rr['checked']} jobs, {rr['differ']} differ" + (
@@ -451,14 +494,16 @@ def plain_verdict(rep: dict) -> str:
         differ = [j for j in (rep.get("rerun") or {}).get("jobs", []) if j["result"] == "differ"]
         if differ:
             parts.append(f"{len(differ)} re-run job(s) differ: " + "; ".join(j["job"] for j in differ[:3]))
-        return "**FAIL**: " + ". ".join(parts) + "."
+        return "**FAIL**: " + ". ".join(parts) + "." + (" " + _expected_text(rep) if rep.get("expected_missing")
+                                                        else "")
+    expected = _expected_text(rep)
     if not tested:
         return ("**Not decided: nothing was tested.** No check could have caught a broken certificate (no attack "
                 "to check a bound against, or every bound vacuous); to decide, run the attacks (local and global "
-                "PGD) beside the certificates." + vac)
+                "PGD) beside the certificates." + vac + (" " + expected if expected else ""))
     if rep["verdict"] == "WARN":
         fixes = sorted({i.get("testable_with") or "" for i in rep["untestable_list"]} - {""})
-        text = "**Not decided**: "
+        text = "**Not decided**: " + (expected + " " if expected else "")
         if st_["untestable"]:
             text += (f"{st_['untestable']} check(s) could not fail"
                      + (f"; to decide: {'; '.join(fixes)}" if fixes else "") + ". ")
@@ -467,10 +512,21 @@ def plain_verdict(rep: dict) -> str:
             text += (f"{len(not_run)} drawn re-run job(s) could not be re-run: "
                      + "; ".join(f"{j['job']}: {j['note']}" for j in not_run[:3])
                      + ("; …" if len(not_run) > 3 else "") + ". ")
-        return text + f"{tested} other check(s) could have caught a broken certificate and none did." + sus + vac
+        other = "other " if st_["untestable"] else ""
+        return text + f"{tested} {other}check(s) could have caught a broken certificate and none did." + sus + vac
     return (f"**Sound as far as tested**: {tested} checks could have caught a broken certificate and none did "
             f"({alone} on their own, {tested - alone} only as part of a count over runs, which catches a fault "
             "shared by the runs)." + sus + vac)
+
+
+def _expected_text(rep: dict) -> str:
+    """The files the given config's workflow writes and the folder lacks, in a sentence ('' where none)."""
+    gone = rep.get("expected_missing") or []
+    if not gone:
+        return ""
+    return (f"{len(gone)} file(s) or folder(s) the config's workflow writes are not in the folder (the folder lacks "
+            "what the config expects, or comes from another config): " + "; ".join(p["file"] for p in gone[:3])
+            + (f" and {len(gone) - 3} more" if len(gone) > 3 else "") + ".")
 
 
 def _raw_failures(rep: dict) -> list[dict]:
@@ -505,6 +561,8 @@ def _md_summary(rep: dict) -> list[str]:
              f"({sum(p['violation'] for p in rep['pooled'])}) |",
              f"| raw failures within what chance allows (not violations) | {len(_raw_failures(rep))} |",
              f"| integrity problems | {rep['integrity_problems']} |"]
+    if rep.get("expected_missing"):
+        lines += [f"| files the config's workflow writes, missing (WARN) | {len(rep['expected_missing'])} |"]
     if ref:
         c = ref["counts"]
         lines += [f"| reference values: agree / differ / not in the run / not in the reference | {c['match']} / "
@@ -604,8 +662,14 @@ def _md_integrity(rep: dict) -> list[str]:
     if rep["integrity"]:
         lines += [pipe_table(rep["integrity"], ["run", "file", "problem"]), ""]
     else:
-        lines += ["Every result file has the sha256 recorded when it was written, and every stage used the "
-                  "recorded checkpoint.", ""]
+        lines += ["Every result file has the sha256 recorded when it was written, every file the folder's records "
+                  "name is there, every summary agrees with the per-step file it was made from and every table "
+                  "with the run files it cites, and every stage used the recorded checkpoint.", ""]
+    if rep.get("expected_missing"):
+        lines += ["## Expected by the config, missing", "",
+                  "Files the given config's workflow writes that the folder lacks (WARN: nothing in the folder "
+                  "says they were written):", "", pipe_table(rep["expected_missing"], ["file", "problem"], limit=100,
+                                                             rest="all in audit.json"), ""]
     if rep["partial_runs"]:
         lines += ["## Partial runs", "", "Audited for the stages they have (not an integrity problem):", ""]
         lines += [pipe_table([{"run": p["run"], "stages": ", ".join(p["stages"]), "absent": ", ".join(p["absent"])}

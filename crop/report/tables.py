@@ -31,7 +31,7 @@ from crop.report.markdown import pipe_table
 from crop.report.metrics import CONVENTIONS, clip_text, metric_value
 from crop.report.style import algo_label, series_key, series_order
 
-__all__ = ["env_tables", "write_env_tables", "latex_table", "markdown_table", "TIGHTNESS_COLUMNS",
+__all__ = ["env_tables", "env_table_texts", "write_env_tables", "latex_table", "markdown_table", "TIGHTNESS_COLUMNS",
            "INTERVAL_COLUMNS"]
 
 
@@ -180,12 +180,11 @@ def markdown_table(df: pd.DataFrame, caption: str) -> str:
     return f"{caption}\n\n" + pipe_table(out, floatfmt=".4g", colalign=align) + "\n"
 
 
-def _write_table(df: pd.DataFrame, base: Path, caption: str) -> list[Path]:
-    paths = {fmt: base.with_name(f"{base.name}.{fmt}") for fmt in ("csv", "md", "tex")}
-    atomic_write_text(paths["csv"], df.to_csv(index=False, lineterminator="\n", float_format="%.10g"))
-    atomic_write_text(paths["md"], markdown_table(_merged(df), caption))
-    atomic_write_text(paths["tex"], latex_table(_merged(df), caption))
-    return list(paths.values())
+def _table_texts(df: pd.DataFrame, stem: str, caption: str) -> dict[str, str]:
+    """``{file name: text}`` of one table in every format of :data:`crop.layout.TABLE_FORMATS`."""
+    return {f"{stem}.csv": df.to_csv(index=False, lineterminator="\n", float_format="%.10g"),
+            f"{stem}.md": markdown_table(_merged(df), caption),
+            f"{stem}.tex": latex_table(_merged(df), caption)}
 
 
 def _eps(factor: float, sigma: float) -> float:
@@ -297,13 +296,24 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
     return out
 
 
-def write_env_tables(env: str, data: dict, tables_dir: Path, table_eps_factors) -> list[Path]:
+def env_table_texts(env: str, data: dict, table_eps_factors) -> dict[str, str]:
+    """``{file name: text}`` of every table file of ``env``: what :func:`write_env_tables` writes, and what the
+    audit recomputes from the runs' files to compare with a received folder's tables byte for byte
+    (:mod:`crop.report.agreement`)."""
     spec = env_spec(env)
-    written = []
+    texts: dict[str, str] = {}
     for name, (df, caption) in env_tables(env, data, table_eps_factors).items():
         if "algo" in df:  # rows of another smoothing target: "StdTrain (vote)" (q's rows keep the plain name)
             df = df.assign(algo=df["algo"].map(series_label))
-        written += _write_table(df, tables_dir / f"{spec.paper_name}_{name}", caption)
+        texts.update(_table_texts(df, f"{spec.paper_name}_{name}", caption))
+    return texts
+
+
+def write_env_tables(env: str, data: dict, tables_dir: Path, table_eps_factors) -> list[Path]:
+    written = []
+    for name, text in env_table_texts(env, data, table_eps_factors).items():
+        atomic_write_text(tables_dir / name, text)
+        written.append(tables_dir / name)
     expected = set(table_files(tables_dir, env))
     assert set(written) == expected, (sorted(map(str, written)), sorted(map(str, expected)))
     return written
