@@ -149,3 +149,20 @@ def test_the_readme_summary_is_what_the_quick_start_prints():
     # the README's commands name the same config and the jobs it counts
     assert "snakemake --cores all --configfile configs/quickstart.yaml" in README
     assert "pip install -q -e '.[workflow]'" in README
+
+
+def test_the_reliability_table_cites_tests_that_exist():
+    """docs/reliability.md's table of hostile inputs names, per row, the tests that show what each gets: every
+    `test_file.py::test_name` (and each `::test_name` after it, of the same file) is a test function there."""
+    text = (REPO / "docs" / "reliability.md").read_text()
+    table = text.split("## Every hostile or careless input tried", 1)[1].split("## In detail", 1)[0]
+    cited = 0
+    for row in (line for line in table.splitlines() if line.startswith("| ") and "::" in line):
+        current = None
+        for file, name in re.findall(r"`(test_[a-z0-9_]+\.py)?::(test_[a-z0-9_]+)`", row):
+            current = file or current
+            assert current, row
+            defined = re.findall(r"^def (test_[a-z0-9_]+)", (REPO / "tests" / current).read_text(), re.M)
+            assert name in defined, f"docs/reliability.md cites {current}::{name}, which is no test"
+            cited += 1
+    assert cited >= 60
