@@ -177,7 +177,7 @@ def _audit(results, out_dir, runs, alpha, reference, tolerances, abs_tol, rel_to
         if clips:
             clipped[run] = {k: list(v) for k, v in clips.items()}
     integrity += _folder_problems(results)
-    expected = _expected_missing(results, config, integrity)
+    expected = _expected_missing(results, config, integrity, rerun[2])
     if config_hash is None:
         warnings.append("no config hash given (standalone audit): the config the results came from is not "
                         "identified; pass --config or --config-hash")
@@ -235,16 +235,16 @@ def _folder_problems(results: Path) -> list[dict]:
     return [{"run": FOLDER, **p} for p in report_inputs_missing(results, runs) + table_disagreements(results, runs)]
 
 
-def _expected_missing(results: Path, config, integrity: list[dict]) -> list[dict]:
+def _expected_missing(results: Path, config, integrity: list[dict], trusted=()) -> list[dict]:
     """The files the workflow of ``config`` (a path; None: none given) writes and ``results`` lacks, less those
-    already an integrity problem."""
+    already an integrity problem; ``trusted``: the ``module:Id`` ids the user lets import (``--trust-env``)."""
     if config is None:
         return []
     from crop.config import load_config
     from crop.report.completeness import config_missing
 
     known = {p["file"] for p in integrity}
-    return [p for p in config_missing(results, load_config(config)) if p["file"] not in known]
+    return [p for p in config_missing(results, load_config(config, trusted)) if p["file"] not in known]
 
 
 #: The ``run`` of an integrity problem of the folder's tables and figures (of no one run).
