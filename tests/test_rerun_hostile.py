@@ -141,15 +141,21 @@ def test_a_missing_sha256_is_refused(results):
     assert job["result"] == "not_run" and "inputs.qrange.sha256: not recorded" in job["note"]
 
 
+def test_a_size_above_the_schema_maximum_is_refused(results):
+    """A recorded ``pgd_steps: 1000000`` costs the auditor nothing: refused by the schema's maximum, named."""
+    _edit(results, RUN_FILES["attack_global"], lambda s: s.update(pgd_steps=1_000_000))
+    job = _only(results, "attack_global")
+    assert (job["result"], job["predicted_s"]) == ("not_run", None)
+    assert job["note"] == "attack_global.meta.json settings.pgd_steps: 1000000 must be <= 10000"
+
+
 def test_a_job_predicted_over_the_budget_is_not_started(results, tmp_path):
-    """A recorded ``pgd_steps: 1000000`` costs the auditor nothing: predicted, named and not started; the
-    audit says so and is at best WARN; audit.json's rerun block holds the budget and each prediction."""
+    """Sizes within the schema whose product is over the budget: predicted, named and not started; the audit
+    says so and is at best WARN; audit.json's rerun block holds the budget and each prediction."""
     from crop.report.audit import audit
 
-    _edit(results, RUN_FILES["attack_global"], lambda s: s.update(pgd_steps=1_000_000))
-    t0 = time.monotonic()
+    _edit(results, RUN_FILES["attack_global"], lambda s: s.update(pgd_steps=10_000, n_eot=100 * s["n_eot"]))
     rep = audit(results, tmp_path / "a", rerun=5, rerun_budget=1)
-    assert time.monotonic() - t0 < 60
     rr = rep["rerun"]
     job = next(j for j in rr["jobs"] if j["stage"] == "attack_global")
     assert job["result"] == "not_run" and "over the re-run budget of 1 min" in job["note"]
@@ -180,9 +186,7 @@ def test_a_job_past_its_time_limit_is_ended_with_its_children(results, tmp_path,
                         f"open(os.path.join({str(pids)!r}, str(p.pid)), 'w').close()\ntime.sleep(120)")
     monkeypatch.setattr(rerun, "TIMEOUT_FACTOR", 0.0)
     monkeypatch.setattr(rerun, "TIMEOUT_EXTRA_S", 2.0)
-    t0 = time.monotonic()
     rr = rerun_jobs(results, [RUN], 1)
-    assert time.monotonic() - t0 < 30
     job, = rr["jobs"]
     assert job["result"] == "not_run" and job["note"].startswith("ended after 2 s")
     pid, = (int(p.name) for p in pids.iterdir())
