@@ -47,6 +47,12 @@ def nine(tmp_path_factory):
     _close_all(figs)
 
 
+def _legend_texts(fig) -> list[str]:
+    """The entries of every legend of ``fig`` (the figure's and its axes')."""
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    return [t.get_text() for lg in legends for t in lg.get_texts()]
+
+
 def _text_outside_math(label: str) -> str:
     return re.sub(r"\$[^$]*\$", "", label)
 
@@ -374,9 +380,9 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
         ax = figs["CartPole_global_mean_sigma-0.1"].axes[0]
         bound = next(ln for ln in ax.get_lines() if ln.get_gid() == "bound:StdTrain")
         assert min(bound.get_ydata()) == j_min
-        marks = [ln for ln in ax.get_lines() if ln.get_marker() == "v"]
+        marks = [ln for ln in ax.get_lines() if ln.get_gid() == "vacuous:StdTrain"]
         assert len(marks) == 1 and min(marks[0].get_xdata()) > 0.005 and set(marks[0].get_ydata()) == {j_min}
-        assert any("vacuous" in t.get_text() for t in ax.texts)
+        assert any("vacuous" in t for t in _legend_texts(figs["CartPole_global_mean_sigma-0.1"]))
     finally:
         _close_all(figs)
 
@@ -401,7 +407,7 @@ def test_a_truncated_lore_bound_is_marked(tmp_path):
     figs = _all_figures(data, CART)
     try:
         for stem in ("CartPole_adasearch_sigma-0.1", "CartPole_all_bounds"):
-            notes = [t.get_text() for ax in figs[stem].axes for t in ax.texts if t.get_gid() == "lore-truncated"]
+            notes = [t for t in _legend_texts(figs[stem]) if t.startswith("truncated search (node budget)")]
             assert len(notes) == 1 and "SA-DQN" in notes[0] and "StdTrain" not in notes[0], stem
     finally:
         _close_all(figs)
@@ -441,7 +447,7 @@ def test_identical_curves_are_drawn_once_and_named(two_targets):
         gids = [ln.get_gid() for ln in ax.lines]
         assert gids.count("bound:MyPPO@probs") == 1 and gids.count("attack:MyPPO@probs") == 1
         assert "bound:MyPPO@vote" not in gids and "attack:MyPPO@vote" not in gids
-        assert "MyPPO (vote): the same curves as MyPPO (probs)" in [t.get_text() for t in ax.texts]
+        assert "MyPPO (vote): the same curves as MyPPO (probs)" in _legend_texts(ax.figure)
     # curves that differ are both drawn (LoAct's radii)
     gids = [ln.get_gid() for ln in figs["CartPole_stepwise_sigma-0.1"].axes[0].lines]
     assert "bound:MyPPO@probs" in gids and "bound:MyPPO@vote" in gids
@@ -475,3 +481,154 @@ def test_only_rows_at_or_above_the_stopping_eps_are_marked_truncated(tmp_path):
         sa = rb[rb["algo"] == "SA-DQN"].sort_values("eps")
         assert sa["lore_truncated"].tolist() == marked, exact_below
         assert not rb[rb["algo"] == "StdTrain"]["lore_truncated"].any()
+
+
+# ------------------------------------------------------------------ figures that show the result (issue 36)
+
+def _far_j_min(root):
+    """One CartPole run whose GRe J_min lies far below everything that claims something (as Pendulum-v1's
+    −3255 under bounds of −276 and attacks of −125): J̲_E vacuous at the two largest ε, J̲_p certified by no
+    order statistic at the largest."""
+    runs = make_results(root, {CART: {"StdTrain": [0.1]}})
+    d = runs[(CART, "StdTrain", "0.1")]
+    gre = pd.read_csv(d / RUN_FILES["gre"]).sort_values("eps").reset_index(drop=True)
+    gre["j_min"] = -3000.0
+    gre.loc[gre.index[-2:], "expectation_bound"] = [-3500.0, -4000.0]
+    gre.loc[gre.index[-1], ["percentile_bound", "percentile_certified", "k"]] = [np.nan, False, np.nan]
+    rewrite_csv(d / RUN_FILES["gre"], gre)
+    return load_runs(root, runs_of(runs)), gre
+
+
+def test_return_axes_fit_what_claims_something(tmp_path):
+    """A J_min far below the bounds and attacks is left off the return axis, which fits the non-vacuous bounds
+    and the attacks; every vacuous point is still drawn, a hollow ▽ at the axis' lower edge, in the expectation
+    and the percentile panels alike, and the legend says what it means."""
+    data, gre = _far_j_min(tmp_path)
+    figs = _all_figures(data, CART)
+    try:
+        panels = {"global_mean": [figs["CartPole_global_mean_sigma-0.1"].axes[0]],
+                  "global_median": [figs["CartPole_global_median_sigma-0.1"].axes[0]]}
+        grid = figs["CartPole_all_bounds"].axes
+        panels["global_mean"].append(grid[0])
+        panels["global_median"].append(grid[1])
+        vacuous_eps = {"global_mean": sorted(gre["eps"].iloc[-2:]), "global_median": [gre["eps"].iloc[-1]]}
+        claims = pd.concat([gre.loc[gre.index[:-2], "expectation_bound"], gre.loc[gre.index[:-1], "percentile_bound"]])
+        for kind, axes in panels.items():
+            for ax in axes:
+                lo, hi = ax.get_ylim()
+                assert lo > -3000.0 + 0.5 * (claims.min() + 3000.0), (kind, lo)   # J_min far below the axis
+                assert hi - lo < 10 * (claims.max() - claims.min() + 1), (kind, lo, hi)
+                marks = [ln for ln in ax.get_lines() if ln.get_gid() == "vacuous:StdTrain"]
+                assert len(marks) == 1, kind
+                assert sorted(marks[0].get_xdata()) == pytest.approx(vacuous_eps[kind]), kind
+                assert set(marks[0].get_ydata()) == {lo} and not marks[0].get_clip_on(), kind
+                assert marks[0].get_marker() == "v" and marks[0].get_markerfacecolor() == "white", kind
+        for stem in ("CartPole_global_mean_sigma-0.1", "CartPole_global_median_sigma-0.1", "CartPole_all_bounds"):
+            notes = [t for t in _legend_texts(figs[stem]) if "vacuous" in t]
+            assert notes and all("lower edge" in t and "-3000" in t for t in notes), (stem, notes)
+    finally:
+        _close_all(figs)
+
+
+def _text_boxes(fig, renderer) -> list:
+    """(text, box) of every text of ``fig`` (the axes' texts and every legend's entries), with the patch drawn
+    behind it."""
+    texts = [t for ax in fig.axes for t in ax.texts]
+    texts += [t for lg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()] for t in lg.get_texts()]
+    out = []
+    for t in texts:
+        if t.get_visible() and t.get_text():
+            box = t.get_window_extent(renderer)
+            if t.get_bbox_patch() is not None:
+                box = matplotlib.transforms.Bbox.union([box, t.get_bbox_patch().get_window_extent(renderer)])
+            out.append((t.get_text(), box))
+    return out
+
+
+def _drawn_points(line, frame) -> tuple[np.ndarray, float]:
+    """Display points of ``line`` as drawn (its markers, and along its segments every few pixels), those inside
+    ``frame`` where the axes clip it; and the half size of its markers (or of its width)."""
+    xy = line.get_transform().transform(np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float))
+    xy = xy[np.isfinite(xy).all(axis=1)]
+    dpi = line.figure.dpi
+    has_marker = line.get_marker() not in (None, "None", "none", "", " ")
+    if line.get_linestyle() not in ("None", "none", "", " ") and len(xy) > 1:
+        steps = np.maximum(2, (np.hypot(*np.diff(xy, axis=0).T) / 3).astype(int))
+        xy = np.concatenate([np.linspace(a, b, n) for a, b, n in zip(xy[:-1], xy[1:], steps)])
+    if line.get_clip_on():   # points off the axes are not drawn
+        xy = xy[(xy[:, 0] >= frame.x0 - 0.5) & (xy[:, 0] <= frame.x1 + 0.5)
+                & (xy[:, 1] >= frame.y0 - 0.5) & (xy[:, 1] <= frame.y1 + 0.5)]
+    size = line.get_markersize() if has_marker else line.get_linewidth()
+    return xy, 0.5 * size * dpi / 72
+
+
+def _overlaps(fig) -> list[str]:
+    """Every text of ``fig`` whose box covers data: a drawn marker or a stretch of a drawn line."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = _text_boxes(fig, renderer)
+    found = []
+    for ax in fig.axes:
+        frame = ax.get_window_extent(renderer)
+        for line in ax.get_lines():
+            if not line.get_visible() or not (line.get_gid() or "").count(":"):
+                continue
+            xy, h = _drawn_points(line, frame)
+            for text, b in boxes:
+                inside = (xy[:, 0] > b.x0 - h) & (xy[:, 0] < b.x1 + h) & (xy[:, 1] > b.y0 - h) & (xy[:, 1] < b.y1 + h)
+                if inside.any():
+                    found.append(f"{text!r} over {line.get_gid()}")
+    return found
+
+
+def test_no_text_covers_data(tmp_path, two_targets):
+    """Notes (vacuous points, identical curves, legends) sit outside the axes: no text's box covers a drawn
+    marker or line of a series, in a panel with vacuous points at J_min, with them at the lower edge, or with a
+    curve drawn once."""
+    runs = make_results(tmp_path / "near", {CART: {"StdTrain": [0.1], "AdvTrain": [0.1]}})
+    d = runs[(CART, "StdTrain", "0.1")]
+    gre = pd.read_csv(d / RUN_FILES["gre"]).sort_values("eps").reset_index(drop=True)
+    gre.loc[gre.index[-2:], "expectation_bound"] = -5.0   # below J_min = 0: vacuous, J_min on the axis
+    rewrite_csv(d / RUN_FILES["gre"], gre)
+    near = _all_figures(load_runs(tmp_path / "near", runs_of(runs)), CART)
+    far = _all_figures(_far_j_min(tmp_path / "far")[0], CART)
+    try:
+        for figs in (near, far, two_targets[1]):
+            for stem in ("CartPole_global_mean_sigma-0.1", "CartPole_global_median_sigma-0.1", "CartPole_all_bounds",
+                         "CartPole_stepwise_sigma-0.1", "CartPole_adasearch_sigma-0.1"):
+                assert _overlaps(figs[stem]) == [], stem
+    finally:
+        _close_all(near)
+        _close_all(far)
+
+
+def test_stepwise_is_one_thin_smooth_line_per_series_with_episode_ends_marked(tmp_path):
+    """Noisy radii over a 200-step horizon: one thin line per algorithm (a running mean over episodes and a few
+    steps, much smoother than the per-step mean), and a marker where an episode ended before the horizon."""
+    runs = make_results(tmp_path, {CART: {"StdTrain": [0.1], "AdvTrain": [0.1]}})
+    data = load_runs(tmp_path, runs_of(runs))
+    rng = np.random.default_rng(0)
+    lengths = {"StdTrain": [200, 200, 200, 120, 150], "AdvTrain": [200] * 5}
+    for a, ls in lengths.items():
+        rows = [{"episode": e, "step": t, "certified": True, "radius": float(rng.uniform(0.0, 0.1))}
+                for e, n in enumerate(ls) for t in range(n)]
+        data[(CART, a, "0.1")] = {**data[(CART, a, "0.1")], "loact": pd.DataFrame(rows),
+                                  "loact_settings": {"horizon": 200}}
+    figs = _all_figures(data, CART)
+    try:
+        for stem in ("CartPole_stepwise_sigma-0.1", "CartPole_stepwise"):
+            ax = figs[stem].axes[0]
+            drawn = [ln for ln in ax.get_lines() if ln.get_linestyle() not in ("None", "none", "", " ")]
+            assert len(drawn) <= len(lengths), (stem, [ln.get_gid() for ln in drawn])
+            for a in lengths:
+                line = next(ln for ln in drawn if ln.get_gid() == f"bound:{a}")
+                assert line.get_linewidth() <= 1.3, (stem, a)
+                raw = per_step_mean_radius(data[(CART, a, "0.1")]["loact"])["mean"].to_numpy()
+                tv = lambda y: float(np.abs(np.diff(np.asarray(y, dtype=float))).sum())  # noqa: E731
+                assert tv(line.get_ydata()) < 0.4 * tv(raw), (stem, a)
+            ends = [ln for ln in ax.get_lines() if ln.get_gid() == "episode-over:StdTrain"]
+            assert len(ends) == 1 and sorted(ends[0].get_xdata()) == [119, 149], stem
+            assert not any((ln.get_gid() or "") == "episode-over:AdvTrain" for ln in ax.get_lines()), stem
+            assert any("episode over" in t for t in _legend_texts(figs[stem])), stem
+    finally:
+        _close_all(figs)

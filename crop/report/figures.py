@@ -18,20 +18,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from crop import columns as cols  # noqa: E402
 from crop.envs import env_spec  # noqa: E402
 from crop.io import atomic_write_bytes  # noqa: E402
 from crop.layout import FIGURE_FORMATS, figure_families, large_sigma_labels, main_sigma_labels  # noqa: E402
 from crop.report.intervals import run_interval  # noqa: E402
-from crop.report.metrics import clip_text, lore_valid_until, per_step_mean_radius  # noqa: E402
+from crop.report.metrics import clip_text, per_step_mean_radius  # noqa: E402
+from crop.report.return_panels import gre_curve, panel_adasearch, panel_global, return_span, set_ylim  # noqa: E402
 from crop.report.style import (  # noqa: E402
-    ATTACK_Z,
     BOUND_Z,
     LABELS,
     algo_handles,
     algo_label,
-    attack_line,
     axes_legend,
     bound_line,
     legend_columns,
@@ -96,36 +96,50 @@ def _grid(nrows: int, ncols: int, w: float = 2.7, h: float = 2.3):
     return fig, axes
 
 
-def _ylim(ax, lo: float, hi: float, min_span: float) -> None:
-    """y-limits around the data [lo, hi] (5 % padding); a flat or nearly flat series gets a window of
-    ``min_span`` instead of matplotlib's ± a tiny band that blows noise-free constants up to a slope."""
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return
-    if hi - lo < min_span:
-        mid = 0.5 * (lo + hi)
-        lo, hi = mid - 0.5 * min_span, mid + 0.5 * min_span
-    pad = 0.05 * (hi - lo)
-    ax.set_ylim(lo - pad, hi + pad)
-
-
-def _return_span(lo: float, hi: float) -> float:
-    """The smallest y window for returns: ± a tenth of their magnitude, at least 1 (one unit of reward)."""
-    return max(1.0, 0.2 * max(abs(lo), abs(hi)))
-
-
-def _mean_std_band(ax, x, m, s, algo):
-    bound_line(ax, x, m, algo)
+def _mean_std_band(ax, x, m, s, algo, **kw):
+    bound_line(ax, x, m, algo, **kw)
     ax.fill_between(x, m - s, m + s, color=series_color(algo), alpha=0.15, lw=0, zorder=1)
 
 
-def _panel_stepwise(ax, runs: dict, sigma: float) -> None:
+def smoothing_window(horizon: int) -> int:
+    """Steps in the stepwise figure's running mean: odd, about a fiftieth of the horizon (9 of 200), 1 (none)
+    under 50 steps.  Per-step radii jump from step to step; over a few steps their level reads at a glance."""
+    return 2 * (max(int(horizon), 0) // 50) + 1
+
+
+def _horizon(runs: dict) -> int:
+    """LoAct's horizon (its recorded setting), else the longest episode among ``runs``."""
+    h = [int(d["loact_settings"]["horizon"]) for d in runs.values() if (d.get("loact_settings") or {}).get("horizon")]
+    longest = [int(d["loact"][cols.STEP].max()) + 1 for d in runs.values() if len(d["loact"])]
+    return max(h + longest + [0])
+
+
+def _episode_ends(steps: pd.DataFrame, horizon: int) -> np.ndarray:
+    """The last step of every episode that ended before ``horizon`` (the pole fell, the game was lost)."""
+    last = steps.groupby(cols.EPISODE)[cols.STEP].max().to_numpy(int)
+    return np.sort(last[last + 1 < horizon])
+
+
+def _panel_stepwise(ax, runs: dict, sigma: float) -> list:
     """Certified radius per time step: at step t, mean ± std over the episodes still running at t,
-    uncertified steps counted as 0 (:func:`crop.report.metrics.per_step_mean_radius`)."""
-    top = 0.0
+    uncertified steps counted as 0 (:func:`crop.report.metrics.per_step_mean_radius`), as a running mean over
+    :func:`smoothing_window` steps, one thin line per series (``loact.csv`` keeps every step).  A short vertical bar on
+    the line marks where an episode ended before the horizon: from there on the mean is over fewer episodes,
+    and the line ends with the last one.  Returns legend entries."""
+    top, horizon = 0.0, _horizon(runs)
+    w = smoothing_window(horizon)
+    ended = False
     for a, d in runs.items():
         ps = per_step_mean_radius(d["loact"], "uncertified_zero")
-        m, s = ps["mean"].to_numpy(), ps["std"].fillna(0.0).to_numpy()
-        _mean_std_band(ax, ps.index.to_numpy(), m, s, a)
+        t, m = ps.index.to_numpy(), ps["mean"]
+        s = ps["std"].fillna(0.0)
+        m, s = (v.rolling(w, center=True, min_periods=1).mean().to_numpy() for v in (m, s))
+        _mean_std_band(ax, t, m, s, a, lw=0.65 * line_width(a), ms=0.8 * marker_size(a))
+        ends = _episode_ends(d["loact"], horizon)
+        if len(ends):
+            ended = True
+            ax.plot(ends, np.interp(ends, t, m), ls="none", marker="|", ms=9, mew=1.4, color=series_color(a),
+                    zorder=BOUND_Z + 1, gid=f"episode-over:{a}")
         top = max(top, float(np.nanmax(m + s)) if len(m) else 0.0)
     if top <= 0:
         top = 0.1 * sigma  # nothing certified: a radius axis on the scale of σ, the line at r = 0 visible
@@ -134,9 +148,16 @@ def _panel_stepwise(ax, runs: dict, sigma: float) -> None:
                     va="center", fontsize=8, color="0.35")
     ax.set_ylim(-0.03 * top, 1.05 * top)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    notes = []
+    if w > 1:
+        notes.append(Line2D([], [], color="0.25", lw=1.1, label=f"line and band: running mean over {w} steps"))
+    if ended:
+        notes.append(Line2D([], [], ls="none", marker="|", ms=9, mew=1.4, color="0.25",
+                            label=f"episode over before the horizon H = {horizon}"))
+    return notes
 
 
-def _panel_ratio(ax, runs: dict, sigma: float) -> None:
+def _panel_ratio(ax, runs: dict, sigma: float) -> list:
     """Certified ratio η_r (% of steps certified at radius ≥ r), mean ± std over episodes.  The x-axis ends a
     little past the largest radius any series certifies (LoAct's grid reaches 4σ, far beyond most radii)."""
     last, grid = 0.0, []
@@ -154,121 +175,16 @@ def _panel_ratio(ax, runs: dict, sigma: float) -> None:
         end = min(float(grid.max()), max(last * 1.15, last + 2 * step, 0.1 * sigma))
         ax.set_xlim(-0.02 * end, end)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=4))   # radii like 0.0025: few, wide labels
-
-
-def _gre_rows(d: dict, kind: str) -> pd.DataFrame:
-    gre = d["gre"]
-    rows = gre[np.isclose(gre[cols.P], 0.5)] if kind == "median" else gre.drop_duplicates(cols.EPS)
-    return rows.sort_values(cols.EPS)
-
-
-def gre_curve(d: dict, kind: str, x_end: float) -> tuple[np.ndarray, np.ndarray, int]:
-    """GRe's bound (``kind`` "mean": J̲_E, Theorem 2; "median": J̲_p at p = 0.5, Theorem 3) of one run over
-    [0, ``x_end``]: the rows of ``gre.csv``, then — where the run's ε grid ends before the plot's x range
-    (the attack's grid reaches further) — the same bound at larger ε from the same stored returns
-    (``gre_returns.csv``, :func:`crop.gre.gre_bounds`, α per point as in gre.csv).  A percentile no order
-    statistic certifies is drawn as the trivial bound J_min.  Returns (ε, bound, n) with the first ``n``
-    points from gre.csv."""
-    col = cols.EXPECTATION_BOUND if kind == "mean" else cols.PERCENTILE_BOUND
-    rows = _gre_rows(d, kind)
-    eps, y = rows[cols.EPS].to_numpy(float), rows[col].to_numpy(float)
-    n = len(eps)
-    last = float(eps.max()) if n else 0.0
-    if n and x_end > last * (1 + 1e-9):
-        from crop.gre import gre_bounds  # the certifier's own formulas, not a copy
-
-        r0 = rows.iloc[0]
-        extra = np.linspace(last, x_end, 17)[1:]
-        ext = gre_bounds(d["gre_returns"][cols.RETURN].to_numpy(float), sigma=float(r0[cols.SIGMA]),
-                         horizon=int(r0[cols.HORIZON]), alpha=float(r0[cols.ALPHA]), eps_grid=extra, percentiles=[0.5],
-                         j_min=float(r0[cols.J_MIN]), j_max=float(r0[cols.J_MAX]))
-        eps, y = np.append(eps, extra), np.append(y, ext[col].to_numpy(float))
-    if kind == "median" and n:
-        y = np.where(np.isnan(y), float(rows[cols.J_MIN].iloc[0]), y)
-    return eps, y, n
-
-
-def _panel_global(ax, runs: dict, sigma: float, kind: str) -> None:
-    """GRe bound vs ε (solid; markers at the run's own ε grid) and the global PGD mean/median (dashed)."""
-    stat = "mean" if kind == "mean" else "median"
-    x_end = 0.0
-    for d in runs.values():
-        x_end = max(x_end, float(d["gre"][cols.EPS].max()), float(d["attack_global"][cols.EPS].max()))
-    j_lo, j_hi, vacuous_any = np.inf, -np.inf, False
-    drawn: dict[tuple, str] = {}   # a curve (bound and attack) → the series that drew it
-    same: list[tuple[str, str]] = []
-    for a, d in runs.items():
-        j_lo, j_hi = min(j_lo, d["gre"][cols.J_MIN].min()), max(j_hi, d["gre"][cols.J_MAX].max())
-        eps, y, n = gre_curve(d, kind, x_end)
-        att = d["attack_global"].groupby(cols.EPS)[cols.RETURN].agg(stat)
-        # Targets of one label share GRe's σ-randomized policy: identical curves are drawn once, and named.
-        key = tuple(np.asarray(v, dtype=float).tobytes() for v in (eps, y, att.index, att.to_numpy()))
-        if key in drawn:
-            same.append((a, drawn[key]))
-            continue
-        drawn[key] = a
-        # Below J_min a bound says less than the trivial one (vacuous): drawn at J_min, marked ▽.
-        j_min = float(d["gre"][cols.J_MIN].min())
-        vacuous = y < j_min
-        y = np.maximum(y, j_min)
-        bound_line(ax, eps, y, a, markevery=list(range(n)))
-        if vacuous.any():
-            vacuous_any = True
-            ax.plot(eps[vacuous], y[vacuous], ls="none", marker="v", ms=4, mfc="none", mew=0.8,
-                    color=series_color(a), zorder=3)
-        attack_line(ax, att.index, att.to_numpy(), a)
-    if same:
-        ax.text(0.02, 0.02, "\n".join(f"{algo_label(a)}: the same curves as {algo_label(b)}" for a, b in same),
-                transform=ax.transAxes, ha="left", va="bottom", fontsize=6, color="0.3", zorder=ATTACK_Z + 1,
-                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
-    if np.isfinite(j_lo) and j_hi > j_lo:
-        # The expectation bound falls below J_min at large ε (vacuous there); show [J_min, J_max].
-        pad = 0.05 * (j_hi - j_lo)
-        ax.set_ylim(j_lo - pad, j_hi + pad)
-    if vacuous_any:
-        ax.text(0.98, 0.1, r"▽ vacuous: below $J_{\min}$, drawn at $J_{\min}$", transform=ax.transAxes,
-                ha="right", va="bottom", fontsize=6, color="0.3", zorder=ATTACK_Z + 1,
-                # on a white patch: attack lines cross this height, and the note must stay legible over them
-                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
-    ax.set_xlim(0, x_end * 1.02 if x_end > 0 else None)
-
-
-def _panel_adasearch(ax, runs: dict, sigma: float) -> None:
-    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed).  Never
-    drawn for continuous-action agents, which have neither (crop.layout.has_lore)."""
-    xmax = 0.0
-    for d in runs.values():
-        xmax = max(xmax, float(d["attack_local"][cols.EPS].max()), float(d["lore"][cols.EPS].max()))
-    lo, hi = np.inf, -np.inf
-    for a, d in runs.items():
-        lore = d["lore"].sort_values(cols.EPS)
-        end = min(xmax, lore_valid_until(d))
-        keep = lore[lore[cols.EPS] <= end]
-        xs = np.append(keep[cols.EPS].to_numpy(), end)
-        ys = np.append(keep[cols.LOWER_BOUND].to_numpy(), keep[cols.LOWER_BOUND].iloc[-1])
-        ax.step(xs, ys, where="post", color=series_color(a), label=algo_label(a), lw=line_width(a), zorder=BOUND_Z,
-                marker=series_marker(a), ms=marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
-        att = d["attack_local"]
-        g = att[att[cols.SAME_START_AS_LORE].astype(bool)].groupby(cols.EPS)[cols.RETURN].min()
-        attack_line(ax, g.index, g.to_numpy(), a)
-        vals = np.concatenate([ys, g.to_numpy(float)])
-        lo, hi = min(lo, np.nanmin(vals)), max(hi, np.nanmax(vals))
-    _ylim(ax, lo, hi, _return_span(lo, hi))
-    truncated = [algo_label(a) for a, d in runs.items() if (d.get("lore_meta") or {}).get("truncated")]
-    if truncated:  # a bounded search (lore.max_nodes) that spent its budget: a bound ≤ the full search's, still sound
-        ax.text(0.98, 0.9, "truncated search (node budget): " + ", ".join(truncated), transform=ax.transAxes,
-                ha="right", va="top", fontsize=6, color="0.3", zorder=ATTACK_Z + 1, gid="lore-truncated",
-                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
-    ax.set_xlim(0, xmax * 1.02 if xmax > 0 else None)
+    return []
 
 
 _PANELS = {
     "stepwise": (_panel_stepwise, LABELS["t"], LABELS["r"]),
     "certified_ratio": (_panel_ratio, "radius $r$", LABELS["eta"]),
-    "global_mean": (lambda ax, runs, sigma: _panel_global(ax, runs, sigma, "mean"), LABELS["eps"], LABELS["J_E"]),
-    "global_median": (lambda ax, runs, sigma: _panel_global(ax, runs, sigma, "median"), LABELS["eps"],
+    "global_mean": (lambda ax, runs, sigma: panel_global(ax, runs, sigma, "mean"), LABELS["eps"], LABELS["J_E"]),
+    "global_median": (lambda ax, runs, sigma: panel_global(ax, runs, sigma, "median"), LABELS["eps"],
                       LABELS["J_p"]),
-    "adasearch": (_panel_adasearch, LABELS["eps"], LABELS["J"]),
+    "adasearch": (panel_adasearch, LABELS["eps"], LABELS["J"]),
 }
 _STYLE_KEY = {"global_mean", "global_median", "adasearch"}
 #: The panels whose returns a run's reward clip applies to (GRe, the global attack; LoRe's never clip).
@@ -291,21 +207,31 @@ def _single_panel_figure(kind: str, env: str, lab: str, runs: dict):
     if kind in _CLIPPED:
         ylabel = _clip_label(ylabel, runs.values())
     fig, ax = _single(f"{env_spec(env).paper_name}, σ={lab}", xlabel, ylabel)
-    draw(ax, runs, float(lab))
-    axes_legend(ax, algo_handles(runs) + (style_handles() if kind in _STYLE_KEY else []))
+    notes = draw(ax, runs, float(lab))
+    axes_legend(ax, algo_handles(runs) + (style_handles() if kind in _STYLE_KEY else []) + notes)
     return fig
 
 
+def _unique(handles: list) -> list:
+    """Legend entries, each label once (panels of one row say the same)."""
+    seen: dict[str, object] = {}
+    for h in handles:
+        seen.setdefault(h.get_label(), h)
+    return list(seen.values())
+
+
 def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
-    """One row per panel kind in ``rows``, one column per σ label; one legend above."""
+    """One row per panel kind in ``rows``, one column per σ label; one legend above, with what the panels
+    have to say (their legend entries)."""
     fig, axes = _grid(len(rows), len(labels))
+    notes = []
     for i, kind in enumerate(rows):
         draw, xlabel, ylabel = _PANELS[kind]
         if kind in _CLIPPED:
             ylabel = _clip_label(ylabel, [d for lab in labels for d in _runs_at(data, env, lab, algos).values()])
         for j, lab in enumerate(labels):
             ax = axes[i][j]
-            draw(ax, _runs_at(data, env, lab, algos), float(lab))
+            notes += draw(ax, _runs_at(data, env, lab, algos), float(lab))
             if i == 0:
                 ax.set_title(f"σ={lab}", fontsize=9)
             ax.set_xlabel(xlabel, fontsize=8)
@@ -314,7 +240,7 @@ def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
                 name = row_names[i] if row_names else env_spec(env).paper_name
                 ax.set_ylabel(f"{name}\n{ylabel}", fontsize=8, **math_font(ylabel))
     fig.tight_layout()
-    top_legend(fig, algos, style=any(k in _STYLE_KEY for k in rows))
+    top_legend(fig, algos, style=any(k in _STYLE_KEY for k in rows), notes=_unique(notes))
     return fig
 
 
@@ -361,7 +287,7 @@ def _clean_figure(env: str, data: dict, algos, labels):
                     capsize=3, color=series_color(a), lw=line_width(a), label=algo_label(a), zorder=BOUND_Z)
         if len(ms):
             lo, hi = min(lo, float(np.min(ms - below))), max(hi, float(np.max(ms + above)))
-    _ylim(ax, lo, hi, _return_span(lo, hi))
+    set_ylim(ax, lo, hi, return_span(lo, hi))
     if clipped:
         ranges = ", ".join(f"[{a:g}, {b:g}]" for a, b in sorted(clipped))
         # under the axis label, where no bar can run into it

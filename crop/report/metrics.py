@@ -200,7 +200,8 @@ def _per_step(data: dict) -> None:
 def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
     """Read the result files of ``runs``: {(env, algo, sigma_label): {name: DataFrame | dict}}, with
     ``lore_meta`` (:func:`read_lore_meta`), ``reward_clip`` (the clip its return stages share),
-    ``reward_clips`` (per stage, :func:`reward_clips`) and ``frames_path`` (``frames.npz``, not read here).  Replicate
+    ``reward_clips`` (per stage, :func:`reward_clips`), ``gre_settings`` and ``loact_settings`` (the settings
+    their metadata record) and ``frames_path`` (``frames.npz``, not read here).  Replicate
     folders among ``runs`` (``ENV/ALGO/sigma-S/rep-K``, config ``replicates``) are read beside their run:
     ``replicates``, their :data:`REPLICATE_TABLES` in index order.
 
@@ -233,6 +234,8 @@ def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
         data["frames_path"] = d / FRAMES_FILE
         gre_meta = meta_path(d / RUN_FILES["gre"])   # the reward facts GRe was given (an environment's own)
         data["gre_settings"] = (read_json(gre_meta).get("settings") or {}) if gre_meta.is_file() else {}
+        loact_meta = meta_path(d / RUN_FILES["loact"])   # the horizon LoAct's episodes could reach
+        data["loact_settings"] = (read_json(loact_meta).get("settings") or {}) if loact_meta.is_file() else {}
         out[parse_run(run)] = data
     for key, found in replicates.items():
         if key not in out and not partial:

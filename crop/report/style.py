@@ -177,7 +177,8 @@ def bound_line(ax, x, y, algo, *, markevery="auto", **kw):
     """A certified quantity (solid, the algorithm's colour and marker)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     kw.setdefault("lw", line_width(algo))
-    (line,) = ax.plot(x, y, color=series_color(algo), marker=series_marker(algo), ms=marker_size(algo), ls="-",
+    kw.setdefault("ms", marker_size(algo))
+    (line,) = ax.plot(x, y, color=series_color(algo), marker=series_marker(algo), ls="-",
                       zorder=BOUND_Z,
                       markevery=_markevery(algo, len(x)) if markevery == "auto" else markevery,
                       label=algo_label(algo), gid=f"bound:{algo}", **kw)
@@ -211,17 +212,18 @@ def legend_columns(handles: list) -> tuple[list, int]:
     return [handles[i] for i in order], ncol
 
 
-def top_legend(fig, algos, style: bool = False) -> None:
+def top_legend(fig, algos, style: bool = False, notes: list | None = None) -> None:
+    """The legend above a multi-panel figure (the algorithms, the line-style key) and ``notes`` under it (what
+    the panels have to say, one entry each): outside every axes, so that no note covers data."""
     handles, ncol = legend_columns(algo_handles(algos) + (style_handles() if style else []))
-    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol, frameon=False,
-               fontsize=8, handlelength=3.2)
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol, frameon=False, fontsize=8,
+               handlelength=3.2)
+    if notes:   # under the panels, one entry a line
+        fig.legend(handles=notes, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1, frameon=False, fontsize=7,
+                   handlelength=3.2)
 
 
 def axes_legend(ax, handles: list) -> None:
-    """The legend of a one-panel figure: inside when short, to the right of the axes when it would cover
-    the data."""
-    if len(handles) <= 4:
-        ax.legend(handles=handles, fontsize=7, handlelength=3.2)
-    else:
-        ax.legend(handles=handles, fontsize=7, handlelength=3.2, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                  borderaxespad=0.0, frameon=False)
+    """The legend of a one-panel figure, to the right of the axes: inside, a legend can cover the data."""
+    ax.legend(handles=handles, fontsize=7, handlelength=3.2, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+              borderaxespad=0.0, frameon=False)
