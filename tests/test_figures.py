@@ -381,7 +381,9 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
         bound = next(ln for ln in ax.get_lines() if ln.get_gid() == "bound:StdTrain")
         assert min(bound.get_ydata()) == j_min
         marks = [ln for ln in ax.get_lines() if ln.get_gid() == "vacuous:StdTrain"]
-        assert len(marks) == 1 and min(marks[0].get_xdata()) > 0.005 and set(marks[0].get_ydata()) == {j_min}
+        # at J_min where the axis shows it, else at the lower edge (J_min far below what claims something)
+        edge = j_min if ax.get_ylim()[0] <= j_min else ax.get_ylim()[0]
+        assert len(marks) == 1 and min(marks[0].get_xdata()) > 0.005 and set(marks[0].get_ydata()) == {edge}
         assert any("vacuous" in t for t in _legend_texts(figs["CartPole_global_mean_sigma-0.1"]))
     finally:
         _close_all(figs)
