@@ -1,5 +1,5 @@
-"""Your own policy: a Q-network or a policy network trained elsewhere, imported into a checkpoint that every
-certifier accepts.
+"""Your own policy: a Q-network, a policy network or a continuous-action actor (crop.importing.continuous)
+trained elsewhere, imported into a checkpoint the certifiers accept (an actor: LoAct, GRe, the global attack).
 
 Formats (``fmt="auto"`` tells them apart):
 
