@@ -188,8 +188,8 @@ def _fetch_args(p) -> None:
 
 def _import_args(p) -> None:
     p.add_argument("--file", help="your policy file: a PyTorch state dict, a CleanRL DQN, PPO, TD3, DDPG or SAC-actor "
-                                  "checkpoint, or a Stable-Baselines3 DQN, PPO, A2C, SAC, TD3 or DDPG .zip "
-                                  "(docs/own-policy.md)")
+                                  "checkpoint, or a Stable-Baselines3 DQN, PPO, A2C, SAC, TD3 or DDPG .zip; a relative "
+                                  "path is read from the working directory (docs/own-policy.md)")
     p.add_argument("--arch", default="mlp",
                    help='its architecture: a network spec as JSON ({"arch": "mlp", "in": 4, "hidden": [64, 64], '
                         '"out": 2}; nature_cnn, dueling_cnn) or mlp, sizes read from the weights')
@@ -319,7 +319,8 @@ COMMANDS = {
                         "Validate a workflow config against crop/schemas/config.schema.yaml and the registry, and "
                         "open every files.<label> policy file as its checkpoint job will (a regular file, its "
                         "sha256, safe to read, a network that fits the environment); one line naming the first "
-                        "bad field, exit status 2."),
+                        "bad field, exit status 2. A relative policy path is read from the working directory, as the "
+                        "workflow reads it, not from the config file's folder."),
 }
 
 

@@ -1,13 +1,17 @@
 """What `crop --help` says each command accepts is what its code accepts: a command whose own early check lets
 a continuous (Box) action space through (Pendulum-v1) must not claim Discrete actions, and one that refuses it
-must say so."""
+must say so; a config's relative policy path is read from the working directory, as docs/configuration.md
+says, never from the config file's folder."""
 import argparse
+import os
 import re
 
+import pytest
+import yaml
 from test_continuous import _sac
 from test_inputs import _dqn
 
-from crop.cli import build_parser
+from crop.cli import build_parser, main
 from crop.stage_table import STAGES
 
 BOX, DISCRETE = "Pendulum-v1", "CartPole-v1"
@@ -97,3 +101,36 @@ def test_each_command_help_names_the_action_spaces_its_code_accepts(tmp_path):
     assert dict(checked)["import"] and dict(checked)["loact"] and not dict(checked)["lore"], checked
     assert {c for c, _ in checked} >= {"train", "derive", "fetch", "checkpoint", "import", *STAGES}
 
+
+def test_the_documented_rule_for_relative_paths_is_the_readers(tmp_path, capsys, monkeypatch):
+    """A config in a subfolder names its policy file by a relative path: validated from a working directory
+    that holds the file, it passes; from one that does not, while the config's folder does, it is refused in
+    one line naming the path and the working directory.  The schema and docs/configuration.md state that
+    rule."""
+    sub, elsewhere = tmp_path / "configs", tmp_path / "elsewhere"
+    sub.mkdir()
+    elsewhere.mkdir()
+    cfg = sub / "mine.yaml"
+    cfg.write_text(yaml.safe_dump({"results": "results-mine", "environments": {"CartPole-v1": {
+        "source": "file", "files": {"Mine": {"path": "dqn.pt"}}, "algorithms": ["Mine"],
+        "rewards": {"range": [0.0, 1.0]}, "sigmas": [0.1]}}}))
+    _dqn(sub / "dqn.pt", (4, 8, 2))             # beside the config: not where the rule looks
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(SystemExit) as e:
+        main(["validate-config", str(cfg)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert f"files.Mine: dqn.pt: no such policy file (a relative path is read from the working directory, " \
+           f"{os.getcwd()})" in err, err
+    _dqn(elsewhere / "dqn.pt", (4, 8, 2))       # in the working directory: found there
+    main(["validate-config", str(cfg)])
+    assert "valid (1 certification targets)" in capsys.readouterr().out
+    from pathlib import Path
+
+    from crop.config import schema
+
+    files = schema()["$defs"]["environment"]["properties"]["files"]["additionalProperties"]
+    words = " ".join(files["properties"]["path"]["description"].split())
+    assert "read from the working directory" in words and "not from the config file's folder" in words, words
+    doc = " ".join((Path(__file__).parents[1] / "docs/configuration.md").read_text().split())
+    assert "relative to the working directory where you run `snakemake`" in doc
