@@ -136,8 +136,21 @@ def _accepted(key: str) -> str:
     return " ".join(node.get("description", "").split()) or "see crop/schemas/config.schema.yaml"
 
 
+#: Why a subcommand takes Discrete actions only (a stage's reason is its row's ``discrete``); the others take
+#: Box actions too.  tests/test_help.py asks each command's own check whether Pendulum-v1 passes.
+DISCRETE_ONLY = {"train": "it trains Q-networks (Double DQN)", "derive": "it derives Q-networks (CARRL)",
+                 "fetch": "the published checkpoints are the paper's Q-networks (crop/registry.yaml)",
+                 **{name: row.discrete for name, row in STAGES.items() if row.discrete}}
+
+
+def _env_help(command: str) -> str:
+    """``--env``'s help: the ids a config accepts, narrowed to Discrete actions where ``command`` needs them."""
+    why = DISCRETE_ONLY.get(command)
+    return _accepted("env") + (f" Discrete actions only: {why}." if why else "")
+
+
 def _common(p, sigma: bool = True, checkpoint: bool = True) -> None:
-    p.add_argument("--env", type=_env, required=True, help=_accepted("env"))
+    p.add_argument("--env", type=_env, required=True, help=_env_help(p.prog.split()[-1]))
     p.add_argument("--algo", type=_algo, required=True, help=_accepted("algo"))
     if sigma:
         p.add_argument("--sigma", type=_schema_type({"exclusiveMinimum": 0}), required=True,
@@ -174,8 +187,9 @@ def _fetch_args(p) -> None:
 
 
 def _import_args(p) -> None:
-    p.add_argument("--file", help="your policy file: a PyTorch state dict, a CleanRL DQN or PPO checkpoint, or a "
-                                  "Stable-Baselines3 DQN, PPO or A2C .zip (docs/own-policy.md)")
+    p.add_argument("--file", help="your policy file: a PyTorch state dict, a CleanRL DQN, PPO, TD3, DDPG or SAC-actor "
+                                  "checkpoint, or a Stable-Baselines3 DQN, PPO, A2C, SAC, TD3 or DDPG .zip; a relative "
+                                  "path is read from the working directory (docs/own-policy.md)")
     p.add_argument("--arch", default="mlp",
                    help='its architecture: a network spec as JSON ({"arch": "mlp", "in": 4, "hidden": [64, 64], '
                         '"out": 2}; nature_cnn, dueling_cnn) or mlp, sizes read from the weights')
@@ -256,10 +270,10 @@ def cmd_plan(args) -> None:
 # subcommand: (one-line help, description); a per-run stage's are its row's, in the stage table's order after
 # the checkpoint's subcommands (crop.stage_table)
 COMMANDS = {
-    "train": ("train a policy locally (Double DQN and its variants)",
+    "train": ("train a Q-network locally (Double DQN and its variants; Discrete actions)",
               "Train a policy with the recipe of its algorithm (crop/train), seeded; the greedy policy must pass "
               "the acceptance test (target return) before model.pt and its record model.json are written."),
-    "derive": ("derive a policy from another algorithm's checkpoint (CARRL)",
+    "derive": ("derive a Q-network from another algorithm's checkpoint (CARRL; Discrete actions)",
                "Build a policy from its base algorithm's checkpoint without training (CARRL from StdTrain), "
                "evaluate its greedy return and write model.pt and model.json."),
     "fetch": ("download a published checkpoint (sha256-pinned)",
@@ -270,14 +284,17 @@ COMMANDS = {
                    "Obtain a policy's checkpoint from the source the config selects: train it here, fetch the "
                    "published one, derive it from its base checkpoint, or import your own policy file (the "
                    "workflow's checkpoint rule)."),
-    "import": ("import your own policy (a DQN's Q-network or a PPO/A2C policy network) as a checkpoint",
+    "import": ("import your own policy (a Q-network, a policy network or a continuous-action actor) as a "
+               "checkpoint",
                "Import a Q-network (DQN) or a policy network (PPO, A2C: its actor, the value branch dropped) "
                "trained elsewhere — a PyTorch state dict, a CleanRL checkpoint or a Stable-Baselines3 .zip — into "
                "model.pt and its record model.json (sha256 of the file and of the result, architecture, network "
-               "q or policy, preprocessing profile, clean greedy return), so that every certifier accepts it. A "
-               "policy network is smoothed through its probabilities (target probs, its default) or votes. A "
-               "continuous-action agent (SB3 SAC, TD3, PPO/A2C on a Box action space; CleanRL TD3) is imported as "
-               "its deterministic actor (network actor), its squashing and bounds read from the file."),
+               "q, policy or actor, preprocessing profile, clean greedy return). A policy network is smoothed "
+               "through its probabilities (target probs, its default) or votes. A continuous-action agent (SB3 "
+               "SAC, TD3, DDPG, PPO/A2C on a Box action space; CleanRL TD3, DDPG, SAC) is imported as its "
+               "deterministic actor (network actor), its squashing and bounds read from the file; LoAct (per "
+               "action dimension, percentile smoothing), GRe and the global attack certify it, the stages that "
+               "need a finite set of actions refuse it."),
     "aggregate": ("tables and figures named as in the paper",
                   "Tables (CSV, Markdown, LaTeX) and the paper's figures (PDF, PNG) from the runs of a results "
                   "folder."),
@@ -302,7 +319,8 @@ COMMANDS = {
                         "Validate a workflow config against crop/schemas/config.schema.yaml and the registry, and "
                         "open every files.<label> policy file as its checkpoint job will (a regular file, its "
                         "sha256, safe to read, a network that fits the environment); one line naming the first "
-                        "bad field, exit status 2."),
+                        "bad field, exit status 2. A relative policy path is read from the working directory, as the "
+                        "workflow reads it, not from the config file's folder."),
 }
 
 

@@ -130,8 +130,9 @@ ENV_SPECS: dict[str, EnvSpec] = {
 #   highway  highway-env's ids (highway-v0, merge-v0, roundabout-v0, …) with Kinematics observations and
 #            meta-actions: the `flat` profile (the V×F kinematics table flattened row-major, as
 #            highway-fast-v0's flat25); snapshots: copy.deepcopy of the wrapped env, as highway-fast-v0.
-#   vector   any other registered id with a Discrete action space and a Box observation (Acrobot-v1,
-#            MountainCar-v0, LunarLander-v3, a third-party id as `package:Id-v0`): the `vector` profile
+#   vector   any other registered id with Discrete actions (from 0) or one bounded Box of continuous actions
+#            (Pendulum-v1, MuJoCo's), and a Box observation (Acrobot-v1, MountainCar-v0, LunarLander-v3, a
+#            third-party id as `package:Id-v0`): the `vector` profile
 #            (flattened to float32); snapshots: copy.deepcopy, checked to replay the same transitions
 #            (snapshot_problem), else LoRe is refused.
 # Action count and observation shape come from the environment; the per-step reward range (GRe's and LoRe's
@@ -331,7 +332,8 @@ def _check_profile(env_id: str, profile: str) -> None:
 
 
 def _make_gym(env_id: str, family: str) -> gym.Env:
-    """A vector or highway-family environment: Discrete actions (from 0), Box observations, flattened."""
+    """A vector or highway-family environment: Discrete actions (from 0) or one bounded Box of continuous
+    actions, Box observations, flattened."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

@@ -1,5 +1,5 @@
-"""Your own policy: a Q-network or a policy network trained elsewhere, imported into a checkpoint that every
-certifier accepts.
+"""Your own policy: a Q-network, a policy network or a continuous-action actor (crop.importing.continuous)
+trained elsewhere, imported into a checkpoint the certifiers accept (an actor: LoAct, GRe, the global attack).
 
 Formats (``fmt="auto"`` tells them apart):
 
@@ -159,7 +159,10 @@ def _regular_file(path: Path) -> os.stat_result:
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise PolicyImportError(f"{path}: no such policy file") from None
+        # A config's relative path is read from the working directory (where snakemake runs), as every
+        # reader opens it, never from the config file's folder: say so, since that is the usual mix-up.
+        where = "" if path.is_absolute() else f" (a relative path is read from the working directory, {os.getcwd()})"
+        raise PolicyImportError(f"{path}: no such policy file{where}") from None
     except OSError as exc:
         raise PolicyImportError(f"{path}: cannot read it ({exc.strerror})") from None
     for test, what in _NOT_REGULAR:

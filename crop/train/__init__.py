@@ -50,8 +50,12 @@ _DQN_KEYS = {f.name for f in fields(DQNConfig)} - set(_COMMON)
 
 def prepare_training(env_id: str, algo: str, settings: dict | None = None) -> tuple[DQNConfig, Recipe, dict]:
     """(DQN configuration, recipe, hyper-parameters) for ``algo`` on ``env_id``; ValueError on bad input."""
-    from crop.envs import env_spec
+    from crop.envs import action_bounds, env_spec
 
+    if action_bounds(env_id) is not None:   # a Q-network needs one output per action: a finite set of them
+        raise ValueError(f"{env_id} has continuous (Box) actions; crop trains and derives Q-networks (Double DQN) "
+                         "over Discrete actions only: import your own continuous agent (crop import, "
+                         "docs/own-policy.md)")
     images = len(env_spec(env_id).obs_shape) == 3
     recipe = recipe_for(algo)
     if images and not recipe.images:
