@@ -369,6 +369,8 @@ def test_the_paper_rehearsal_runs_every_rule_on_every_environment_through_sbatch
     assert {env for _, env, _ in ran} == set(load_config(PAPER)["environments"]) | {None}
     audit = json.loads((work / cfg["results"] / "audit" / "audit.json").read_text())
     assert audit["verdict"] in ("PASS", "WARN", "FAIL"), audit.get("verdict")
+    # every rule on every environment and algorithm: the folder's files are all there and agree
+    assert audit["integrity_problems"] == 0, audit["integrity"][:3]
     highway = work / cfg["results"] / "highway-fast-v0"
     for algo in ("StdTrain", "RadialRL"):   # fetched from the mirror, as the paper's run downloads them
         assert json.loads((highway / algo / "checkpoint" / "model.json").read_text())["source"] == "published"
