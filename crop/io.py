@@ -38,7 +38,25 @@ __all__ = [
     "write_with_meta",
     "InputError",
     "write_frames",
+    "count_value",
+    "real_value",
 ]
+
+
+def count_value(v, name: str) -> int:
+    """``v``, a count read from an untrusted file (a resume file's header): a non-negative int, else
+    ValueError naming ``name``."""
+    if type(v) is not int or v < 0:
+        raise ValueError(f"{name} is not a count: {str(v)[:40]}")
+    return v
+
+
+def real_value(v, name: str) -> float:
+    """``v``, a number read from an untrusted file: an int or float that is not NaN, else ValueError naming
+    ``name``."""
+    if type(v) not in (int, float) or v != v:
+        raise ValueError(f"{name} is not a number: {str(v)[:40]}")
+    return float(v)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -79,6 +79,8 @@ import pandas as pd
 from crop import columns as cols
 from crop import stats
 from crop.envs import make_env, restore, snapshot, to_obs
+from crop.io import count_value as _count
+from crop.io import real_value as _real
 from crop.loact import Certificate, certify_estimate
 from crop.progress import pbar
 from crop.smoothing import SmoothedQ
@@ -172,18 +174,6 @@ def _split(values: np.ndarray, ends: np.ndarray, name: str) -> list[np.ndarray]:
     if ends[0] < 0 or np.any(np.diff(ends) < 0) or ends[-1] != len(values):
         raise ValueError(f"{name} ends not non-decreasing from 0 to {len(values)}")
     return np.split(values, ends[:-1])
-
-
-def _count(v, name: str) -> int:
-    if type(v) is not int or v < 0:
-        raise ValueError(f"{name} is not a count: {str(v)[:40]}")
-    return v
-
-
-def _real(v, name: str) -> float:
-    if type(v) not in (int, float) or math.isnan(v):
-        raise ValueError(f"{name} is not a number: {str(v)[:40]}")
-    return float(v)
 
 
 def _net_digest(net) -> str:

@@ -29,3 +29,14 @@ def random_mlp(n_in=4, n_out=2, hidden=(16, 16), seed=0, scale=1.0):
 @pytest.fixture
 def mlp_factory():
     return random_mlp
+
+
+@pytest.fixture
+def no_calibration(tmp_path, monkeypatch):
+    """The cost model's shipped tables, whatever this machine's calibration cache holds."""
+    from crop import cost
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cost._tables.cache_clear()
+    yield
+    cost._tables.cache_clear()

@@ -26,13 +26,7 @@ QUICK = ROOT / "configs" / "quickstart.yaml"
 PAPER = ROOT / "configs" / "paper.yaml"
 
 
-@pytest.fixture(autouse=True)
-def no_calibration(tmp_path, monkeypatch):
-    """The shipped tables, whatever this machine's cache holds."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    cost._tables.cache_clear()
-    yield
-    cost._tables.cache_clear()
+pytestmark = pytest.mark.usefixtures("no_calibration")
 
 
 def _config(path, **changes) -> dict:

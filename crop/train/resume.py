@@ -43,6 +43,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from crop.io import count_value as _count
+from crop.io import real_value as _real
+
 __all__ = ["CHECKPOINT_EVERY", "ResumeOptions", "Progress", "Checkpointer", "training_key"]
 
 #: Seconds between two saves of the training state: a save of CartPole's state takes milliseconds, an Atari
@@ -106,18 +109,6 @@ def training_key(run: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- reading
-
-def _count(v, name: str) -> int:
-    if type(v) is not int or v < 0:
-        raise ValueError(f"{name} is not a count: {str(v)[:40]}")
-    return v
-
-
-def _real(v, name: str) -> float:
-    if type(v) not in (int, float) or math.isnan(v):
-        raise ValueError(f"{name} is not a number: {str(v)[:40]}")
-    return float(v)
-
 
 def _reals(v, name: str, most: int | None = None) -> list:
     if not isinstance(v, list) or (most is not None and len(v) > most):
