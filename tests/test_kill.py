@@ -44,8 +44,9 @@ def result_hashes(results: Path) -> dict:
     return out
 
 
-def _crop_procs(stage: str) -> list[tuple[int, float]]:
-    """(pid, seconds running) of live `crop <stage>` processes."""
+def _crop_procs(stage: str, session: int) -> list[tuple[int, float]]:
+    """(pid, seconds running) of live `crop <stage>` processes of ``session`` (the workflow the test started in
+    its own session): never a `crop` of another workflow running on the same machine."""
     found = []
     clk = os.sysconf("SC_CLK_TCK")
     uptime = float(Path("/proc/uptime").read_text().split()[0])
@@ -54,11 +55,12 @@ def _crop_procs(stage: str) -> list[tuple[int, float]]:
             continue
         try:
             argv = (p / "cmdline").read_bytes().split(b"\0")
-            start = int((p / "stat").read_text().rsplit(")", 1)[1].split()[19]) / clk
+            stat = (p / "stat").read_text().rsplit(")", 1)[1].split()
+            start, sid = int(stat[19]) / clk, int(stat[3])
         except (OSError, IndexError, ValueError):
             continue
         words = [a.decode(errors="replace") for a in argv]
-        if any(w.endswith("crop") or w == "crop.cli" for w in words) and stage in words:
+        if sid == session and any(w.endswith("crop") or w == "crop.cli" for w in words) and stage in words:
             found.append((int(p.name), uptime - start))
     return found
 
@@ -74,7 +76,7 @@ def run_and_kill_during(work, stage: str, after: float = 2.5) -> bool:
                          start_new_session=True)
     try:
         while p.poll() is None:
-            procs = _crop_procs(stage)
+            procs = _crop_procs(stage, p.pid)
             if procs and max(t for _, t in procs) >= after:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
@@ -146,7 +148,7 @@ def test_a_retry_after_a_wall_time_kill_resumes_lore(clean, tmp_path):
         deadline = time.time() + 1200
         while p.poll() is None and time.time() < deadline and not termed:
             logs = [f for f in (tmp_path / "results-kill").rglob("*.log") if "lore" in f.name]
-            procs = _crop_procs("lore")
+            procs = _crop_procs("lore", p.pid)
             if procs and logs and "LoRe σ" in logs[0].read_text(errors="replace"):
                 time.sleep(1.0)
                 for pid, _ in procs:
