@@ -213,6 +213,15 @@ def test_gre_counts_its_returns_do_not_give_fail(received):
     assert rep["verdict"] == "FAIL" and "column m" in text
 
 
+def test_a_value_the_recomputation_cannot_use_is_a_disagreement_not_a_traceback(received):
+    """A received gre.csv whose horizon is inf (its sha256 forged): the audit reports it, it does not crash."""
+    d = _run(received)
+    _edit(d / RUN_FILES["gre"], lambda df: df.__setitem__("horizon", float("inf")))
+    rep = audit(received, received / "audit")
+    text = _disagreement(rep, d / RUN_FILES["gre"], d / RUN_FILES["gre_returns"])
+    assert rep["verdict"] == "FAIL" and "OverflowError" in text
+
+
 def test_a_table_its_runs_do_not_give_fails(received):
     table = received / "tables" / "CartPole_benign_return.csv"
     df = pd.read_csv(table)

@@ -44,6 +44,11 @@ ABS_TOL = 1e-12
 _RULE = {key: row.rule for row in STAGES.values() for key in row.files}
 
 
+#: What a received file's values can raise when a summary is recomputed from them (a horizon of inf, a σ of
+#: text, a column missing): a disagreement to report, never a traceback of the audit.
+_UNUSABLE = (ValueError, KeyError, TypeError, ArithmeticError, pd.errors.ParserError)
+
+
 def run_disagreements(run_dir: Path) -> list[dict]:
     """Each summary of a run folder that its per-step file contradicts (the module docstring), where both are
     there."""
@@ -57,7 +62,7 @@ def run_disagreements(run_dir: Path) -> list[dict]:
         try:
             recorded, src = pd.read_csv(d / RUN_FILES[summary]), pd.read_csv(d / RUN_FILES[source])
             found = recompute(recorded, src, run)
-        except (ValueError, KeyError, pd.errors.ParserError) as exc:
+        except _UNUSABLE as exc:
             found = f"cannot be recomputed from it ({type(exc).__name__}: {exc})"
         if found:
             out.append(_problem(d / RUN_FILES[summary], d / RUN_FILES[source], found, _RULE[summary]))
@@ -266,7 +271,7 @@ def table_disagreements(results: Path, runs) -> list[dict]:
             texts = env_table_texts(env, load_runs(results, mine), factors)
         except (IntegrityError, FileNotFoundError):
             continue   # a run that cannot be read whole: its integrity problem is reported with the run
-        except (ValueError, KeyError) as exc:
+        except _UNUSABLE as exc:
             out.append({"file": str(bounds), "against": str(results / mine[0]),
                         "problem": f"cannot be recomputed from the runs it cites ({type(exc).__name__}: {exc})"})
             continue
