@@ -6,15 +6,18 @@ runtime, and the file's own sha256 and row count) sits beside it as ``<name>.met
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -40,7 +43,24 @@ __all__ = [
     "write_frames",
     "count_value",
     "real_value",
+    "sigterm_noted",
 ]
+
+
+@contextlib.contextmanager
+def sigterm_noted(note: Callable[[int], None]):
+    """Within this block SIGTERM (a cluster's wall-time kill; SIGKILL follows after a grace period) calls
+    ``note(signum)`` instead of ending the process, so a long job (LoRe's search, a training) saves its state at
+    its next consistent point and exits 143.  Only the main thread can take a signal: elsewhere nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: note(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def count_value(v, name: str) -> int:

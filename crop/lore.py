@@ -66,7 +66,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -81,6 +80,7 @@ from crop import stats
 from crop.envs import make_env, restore, snapshot, to_obs
 from crop.io import count_value as _count
 from crop.io import real_value as _real
+from crop.io import sigterm_noted
 from crop.loact import Certificate, certify_estimate
 from crop.progress import pbar
 from crop.smoothing import SmoothedQ
@@ -799,14 +799,11 @@ class LoRe:
     def _save_on_sigterm(self):
         """While the search runs with a resume file: SIGTERM (a cluster's wall-time kill, SIGKILL follows after
         a grace period) is noted and handled at the next node, where the state is consistent (:meth:`_checkpoint`)."""
-        if self._autosave is None or threading.current_thread() is not threading.main_thread():
+        if self._autosave is None:
             yield
             return
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "_signal", signum))
-        try:
+        with sigterm_noted(lambda signum: setattr(self, "_signal", signum)):
             yield
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     def _checkpoint(self) -> None:
         """Save the state when ``checkpoint_every`` seconds have passed; on SIGTERM save it and exit (143)."""

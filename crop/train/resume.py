@@ -33,7 +33,6 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 import zipfile
 from contextlib import contextmanager
@@ -45,6 +44,7 @@ import torch
 
 from crop.io import count_value as _count
 from crop.io import real_value as _real
+from crop.io import sigterm_noted
 
 __all__ = ["CHECKPOINT_EVERY", "ResumeOptions", "Progress", "Checkpointer", "training_key"]
 
@@ -415,14 +415,8 @@ class Checkpointer:
     @contextmanager
     def on_sigterm(self):
         """SIGTERM noted (not acted on) while training runs, in the main thread only."""
-        if threading.current_thread() is not threading.main_thread():
+        with sigterm_noted(lambda signum: setattr(self, "signal", signum)):
             yield
-            return
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "signal", signum))
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     def save_now(self, st: State) -> None:
         began = time.monotonic()
