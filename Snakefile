@@ -37,7 +37,7 @@ include: "rules/common.smk"
 # rerunning the same command resumes (a live run's lock still stops a second workflow).  Once, in the main
 # process, before Snakemake takes its lock (onstart would be too late); not in the jobs' own processes.
 if workflow.is_main_process:
-    from crop.runlock import clear_stale_lock
+    from crop.workflow.runlock import clear_stale_lock
 
     _cleared = clear_stale_lock()
     if _cleared:
@@ -48,7 +48,7 @@ onstart:
     # Before any job: record this run as the lock's owner; a read-only, unwritable or full results folder is
     # one clear error.
     from crop.io import OutputError, check_writable
-    from crop.runlock import record_owner
+    from crop.workflow.runlock import record_owner
 
     record_owner()
     try:

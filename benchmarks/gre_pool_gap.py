@@ -1,4 +1,4 @@
-"""GRe on Atari as the workflow runs it (:func:`crop.gre.sample_randomized_returns`) against the bare
+"""GRe on Atari as the workflow runs it (:func:`crop.certify.gre.sample_randomized_returns`) against the bare
 :class:`crop.envs.atari.AtariPool` loop with the same envs and workers, phase by phase: the pool's start
 (worker processes, each environment made and reset) and the lockstep loop.  A random-init Nature CNN (the
 cost does not depend on the weights), torch threads 1, the device's forward in the main process.
@@ -46,8 +46,8 @@ def bare(env, net, m, horizon, workers):
 
 
 def main():
-    from crop.calibrate import gre_phases
     from crop.models import build_q_network
+    from crop.workflow.calibrate import gre_phases
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="PongNoFrameskip-v4")

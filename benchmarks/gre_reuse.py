@@ -7,7 +7,7 @@ Per environment (its default profile) one line:
 
 * ``plain``: one environment stepped with random actions (a seeded generator), its steps per second of wall
   time and per CPU-second (resets excluded: the simulator's own rate);
-* ``gre``: :func:`crop.gre.sample_randomized_returns` with one worker, blocks of ``batch`` trajectories (the
+* ``gre``: :func:`crop.certify.gre.sample_randomized_returns` with one worker, blocks of ``batch`` trajectories (the
   architecture the environment's policies have, random weights, σ = 0.1): trajectory steps per CPU-second of
   the main process and its workers together (``per_core``, start included) and of the lockstep loop alone
   (``loop``: a second run of twice the horizon, differenced); ``vs_plain`` gives both over the plain loop's
@@ -83,7 +83,7 @@ def _network(env_id: str, tiny: bool):
 
 def gre(env_id: str, m: int, batch: int, horizon: int, tiny: bool = False) -> dict:
     """GRe's workflow path on one worker, timed by phase through the pools it makes."""
-    import crop.gre as g
+    import crop.certify.gre as g
 
     net = _network(env_id, tiny)
     t = {"start": 0.0, "resets": [], "closing": 0.0, "steps": 0, "pools": 0}

@@ -15,9 +15,9 @@ import math
 import sys
 from pathlib import Path
 
-from crop import layout
-from crop.config import load_config
-from crop.cost import predict
+from crop.workflow import layout
+from crop.workflow.config import load_config
+from crop.workflow.cost import predict
 
 
 def benchmark_file(results: Path, job) -> Path:

@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from crop.models import build_q_network  # noqa: E402
-from crop.smoothing import SmoothedQ, SmoothingSettings  # noqa: E402
+from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings  # noqa: E402
 
 
 def _sync():
@@ -118,8 +118,8 @@ def sequential_speedup(name: str, spec: dict, obs_shape: tuple, n_actions: int, 
 
 def gre_lockstep(name: str, env_id: str, spec: dict, m: int, horizon: int, single: int):
     """GRe's m trajectories in lockstep (one batched forward per step) vs one trajectory at a time."""
+    from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.envs import make_env, to_obs
-    from crop.gre import GReSettings, sample_randomized_returns
 
     net = build_q_network(spec).eval()
     t0 = time.perf_counter()
@@ -145,7 +145,7 @@ def gre_lockstep(name: str, env_id: str, spec: dict, m: int, horizon: int, singl
 
 def lore_rate(name: str, env_id: str, spec: dict, profile, m: int, horizon: int, sigma: float):
     """Nodes per second of LoRe's search (every distinct state smoothed once)."""
-    from crop.lore import run_lore
+    from crop.certify.lore import run_lore
 
     net = build_q_network(spec).eval()
     sm = SmoothedQ(net, SmoothingSettings(sigma, m, -1.0, 1.0, 0.05, chunk=min(m, 1000), seed=0), spec["out"])
@@ -267,7 +267,7 @@ def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int
 def loact_pong(m: int, episodes: int, horizon: int, device: str, paper_horizon: int = 0) -> None:
     """LoAct end to end on Pong (cleanrl profile, an untrained Nature CNN): seconds per certified state, at
     ``horizon`` with and without the pipeline, and (``paper_horizon``) as the paper runs it."""
-    from crop.loact import LoActSettings, run_loact
+    from crop.certify.loact import LoActSettings, run_loact
 
     torch.manual_seed(0)
     net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
@@ -306,9 +306,9 @@ def loact_pong(m: int, episodes: int, horizon: int, device: str, paper_horizon: 
 
 
 def gre_pong(m: int, horizon: int, device: str, workers: int) -> None:
-    """GRe's sampler on Pong: env steps per second, as crop.gre runs it and with AtariPool feeding pixels."""
+    """GRe's sampler on Pong: env steps per second, as crop.certify.gre runs it and with AtariPool feeding pixels."""
+    from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.envs.atari import AtariPool
-    from crop.gre import GReSettings, sample_randomized_returns
 
     torch.manual_seed(0)
     net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval().to(device)
@@ -316,7 +316,7 @@ def gre_pong(m: int, horizon: int, device: str, workers: int) -> None:
     sample_randomized_returns("PongNoFrameskip-v4", net, GReSettings(0.1, m, horizon, 1.0, seed=0, env_seed=0,
                                                                      device=device, workers=workers), progress=False)
     dt = time.perf_counter() - t0
-    print(f"# GRe Pong (crop.gre): m={m}, H={horizon}, {workers} workers: {dt:.1f} s, resets included", flush=True)
+    print(f"# GRe Pong (certify.gre): m={m}, H={horizon}, {workers} workers: {dt:.1f} s, resets included", flush=True)
     print(f"gre_pong_env_steps_per_s: {m * horizon / dt:.0f}", flush=True)
 
     pool = AtariPool("PongNoFrameskip-v4", m, workers=workers, profile="cleanrl")
@@ -364,8 +364,8 @@ def main_cuda(a) -> None:
 def measure_bounds(m: int, n_actions: int, reps: int) -> None:
     """Cost of each confidence bound of ``SmoothedQ`` per state (the bound alone, given the m × |A| clipped
     samples that the smoothing produced), in milliseconds: ``bound_cost_<name>_ms``."""
-    from crop.smoothing import BOUNDS
-    from crop.stats import per_bound_alpha
+    from crop.smoothing.smoothed import BOUNDS
+    from crop.smoothing.stats import per_bound_alpha
 
     torch.manual_seed(0)
     net = build_q_network({"arch": "mlp", "in": 4, "hidden": [128, 128], "out": n_actions}).eval()

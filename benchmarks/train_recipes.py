@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from crop.config import ALGORITHMS, target_return, train_defaults  # noqa: E402
 from crop.io import derive_seed  # noqa: E402
 from crop.train import TrainingFailed, greedy_returns, prepare_training, train_policy  # noqa: E402
+from crop.workflow.config import ALGORITHMS, target_return, train_defaults  # noqa: E402
 
 
 def main() -> None:

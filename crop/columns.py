@@ -1,4 +1,4 @@
-"""Column names of the per-run result tables (the CSV files of :data:`crop.layout.RUN_FILES`) that the report
+"""Column names of the per-run result tables (the CSV files of :data:`crop.workflow.layout.RUN_FILES`) that the report
 reads: each spelled once, here, for the stages that write them and for :mod:`crop.report` that reads them.
 Standard library only (nothing is imported).
 

@@ -1,12 +1,12 @@
 """Names of the choices the code implements, importable without torch or scipy (the CLI's parser and the
 config schema's checks use them; the implementations key their tables by them).
 
-* ``BOUND_NAMES``: the confidence bounds of the smoothed Q-values, :data:`crop.smoothing.BOUNDS`
-  (implemented in :mod:`crop.stats`).
-* ``ALPHA_MODES``: how α is spent over states, :func:`crop.stats.loact_state_alpha` and
-  :func:`crop.stats.lore_state_alpha`.
-* ``DEVICES``: where networks run, :func:`crop.engine.resolve_device`.
-* ``TARGET_NAMES``: what is smoothed, :data:`crop.smoothing.TARGETS` (``q``: clipped Q-values; ``probs``:
+* ``BOUND_NAMES``: the confidence bounds of the smoothed Q-values, :data:`crop.smoothing.smoothed.BOUNDS`
+  (implemented in :mod:`crop.smoothing.stats`).
+* ``ALPHA_MODES``: how α is spent over states, :func:`crop.smoothing.stats.loact_state_alpha` and
+  :func:`crop.smoothing.stats.lore_state_alpha`.
+* ``DEVICES``: where networks run, :func:`crop.smoothing.engine.resolve_device`.
+* ``TARGET_NAMES``: what is smoothed, :data:`crop.smoothing.smoothed.TARGETS` (``q``: clipped Q-values; ``probs``:
   a policy network's action probabilities; ``vote``: the one-hot of the greedy action).
 * :func:`smoothing_targets`: the targets an environment's config block asks for.
 * ``NETWORK_NAMES``: what each kind of network (model.json ``network``) is called in a message,
@@ -18,7 +18,7 @@ config schema's checks use them; the implementations key their tables by them).
 __all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "ACTION_TARGET", "MAX_PARAMETERS",
            "smoothing_targets", "NETWORK_NAMES", "network_name"]
 
-#: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.checkpoints
+#: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.agents.checkpoints
 #: MAX_MEMBER_BYTES), so no accepted file can fill a larger network.
 MAX_PARAMETERS = (1 << 30) // 4
 

@@ -1,4 +1,4 @@
-# Stage 5: tidy tables and the paper's figures from all runs in the config (names: crop/layout.py).
+# Stage 5: tidy tables and the paper's figures from all runs in the config (names: crop/workflow/layout.py).
 # Every PNG is in the report, one caption per figure family (report/{family}.rst); the PDFs are the same
 # figures for papers.
 from crop.report.captions import caption_settings

@@ -1,4 +1,4 @@
-# Stage 1: obtain the policy's checkpoint from the source the config selects (crop/registry.yaml):
+# Stage 1: obtain the policy's checkpoint from the source the config selects (crop/agents/registry.yaml):
 # trained here (seeded, acceptance-tested), downloaded (sha256-pinned, mirror, lock file), derived
 # without training from another algorithm's checkpoint (CARRL from StdTrain), or imported from your own
 # policy file (source: file; docs/own-policy.md).

@@ -1,14 +1,14 @@
 # Shared set-up: validate the config (before any job is scheduled), input functions, and the per-run rules'
-# blocks (rules/stages.smk) built from the stage table (crop/stage_table.py); every path comes from crop/layout.py.
+# blocks (rules/stages.smk) built from the stage table (crop/workflow/stage_table.py); every path comes from crop/layout.py.
 import json
 import os
 import re
 import shlex
 
-from crop import layout
-from crop.cost import CostError, JobResources, stage_device, stage_gpus
+from crop.workflow import layout
+from crop.workflow.cost import CostError, JobResources, stage_device, stage_gpus
 from crop.envs import env_spec
-from crop.config import (
+from crop.workflow.config import (
     ConfigError,
     certifications,
     check_policy_files,
@@ -19,9 +19,9 @@ from crop.config import (
     trusted_env_ids,
     validate_config,
 )
-from crop.registry import checkpoint_source
+from crop.agents.registry import checkpoint_source
 from crop.report.provenance import config_hash
-from crop.stage_table import STAGES, meta_name, stage, stage_settings
+from crop.workflow.stage_table import STAGES, meta_name, stage, stage_settings
 
 # Every policy file is opened and checked here too (crop validate-config's checks), before any job; a policy
 # network's default target (probs) is filled in from its file.  A module:Id environment imports its module
@@ -62,7 +62,7 @@ ALGOS = sorted(
 )
 
 
-# {algo} of a run folder is ALGO, or ALGO@TARGET for a smoothing target other than q (crop/layout.py).
+# {algo} of a run folder is ALGO, or ALGO@TARGET for a smoothing target other than q (crop/workflow/layout.py).
 wildcard_constraints:
     env="|".join(map(re.escape, ENVS)),
     algo="(?:" + "|".join(map(re.escape, ALGOS)) + ")(?:@(?:probs|vote|action))?",
@@ -78,7 +78,7 @@ def floats(xs):
     return " ".join(repr(float(x)) for x in xs)
 
 
-# A run folder and its replicate k >= 1 (config `replicates`), as Snakemake patterns (crop.layout.run_dir).
+# A run folder and its replicate k >= 1 (config `replicates`), as Snakemake patterns (crop.workflow.layout.run_dir).
 def run_pattern(root=None, replicate=False):
     return str(layout.run_dir(root or R, "{env}", "{algo}", "{sigma}", replicate="{rep}" if replicate else 0))
 
@@ -102,7 +102,7 @@ def stage_benchmark(name, replicate=False):
 
 
 def predicted(name, key, gpus=None):
-    """A resource of a rule's jobs from the cost model (crop/cost.py): `runtime` (minutes: the prediction
+    """A resource of a rule's jobs from the cost model (crop/workflow/cost.py): `runtime` (minutes: the prediction
     with headroom, at most slurm.max_runtime) or `mem_mb`."""
 
     def resource(wildcards, threads):
@@ -114,7 +114,7 @@ def predicted(name, key, gpus=None):
 
 def stage_resources(name):
     """GPUs (Snakemake's standard resource `gpu`, see GPUS; none where the job runs on the CPU, see
-    crop.cost.stage_device), memory and minutes of a stage's jobs."""
+    crop.workflow.cost.stage_device), memory and minutes of a stage's jobs."""
     r = stage(name).rule
 
     def gpus(w):
@@ -292,7 +292,7 @@ def plan():
 
 
 def figure_outputs(fmt, family=None):
-    """Figure files the aggregate rule writes in format ``fmt`` (of one family of crop.layout, or all)."""
+    """Figure files the aggregate rule writes in format ``fmt`` (of one family of crop.workflow.layout, or all)."""
     out = []
     for env, (algos, labels) in plan().items():
         for fam, stems in layout.figure_families(env, labels, algos).items():

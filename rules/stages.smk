@@ -1,4 +1,4 @@
-# Stages 2-4 of every run folder, one rule per row of the stage table (crop/stage_table.py: the V range, LoAct,
+# Stages 2-4 of every run folder, one rule per row of the stage table (crop/workflow/stage_table.py: the V range, LoAct,
 # GRe, LoRe, the local and global attacks; docs/layout.md lists each rule's files and flags).  A row with
 # `replicate` also makes NAME_replicate: the same stage with replicate k's own derived seed (other initial
 # states and noise), in its rep-{k} folder, on its own V range (config `replicates`).  Every block reads the

@@ -34,7 +34,7 @@ def mlp_factory():
 @pytest.fixture
 def no_calibration(tmp_path, monkeypatch):
     """The cost model's shipped tables, whatever this machine's calibration cache holds."""
-    from crop import cost
+    from crop.workflow import cost
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cost._tables.cache_clear()

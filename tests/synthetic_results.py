@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
+from crop.certify.gre import gre_bounds
 from crop.envs import env_spec
-from crop.gre import gre_bounds
 from crop.io import provenance, read_json, write_csv, write_json, write_with_meta
-from crop.layout import FRAMES_FILE, RUN_FILES, checkpoint_path, needs_frames, run_dir
+from crop.workflow.layout import FRAMES_FILE, RUN_FILES, checkpoint_path, needs_frames, run_dir
 
 EPISODES = 3
 HORIZON = 30
@@ -218,7 +218,7 @@ __all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "rewrit
 
 def audit_cli(*args) -> int:
     """``crop audit ARGS…`` in-process; its exit status (0, or the code it exited with)."""
-    from crop.cli import main
+    from crop.workflow.cli import main
 
     try:
         main(["audit", *map(str, args)])

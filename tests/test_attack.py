@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 import torch
 
-from crop.attack import LocalAttackSettings, pgd_l2, project_l2, run_local_attack
-from crop.smoothing import SmoothedQ, SmoothingSettings
+from crop.certify.attack import LocalAttackSettings, pgd_l2, project_l2, run_local_attack
+from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
 
 
 def _norms(d):

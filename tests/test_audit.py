@@ -11,13 +11,13 @@ import pytest
 import yaml
 from scipy import stats
 
-from crop import layout
-from crop.config import load_config
 from crop.io import meta_name
-from crop.layout import RUN_FILES
 from crop.report.audit import audit
 from crop.report.provenance import config_hash
 from crop.report.reference import DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances, tolerance_for
+from crop.workflow import layout
+from crop.workflow.config import load_config
+from crop.workflow.layout import RUN_FILES
 
 from synthetic_results import (
     GLOBAL_FACTORS,
@@ -393,7 +393,7 @@ def test_shipped_examples_are_valid():
     ({"referenc": "x.csv"}, r"audit: unknown key"),
 ])
 def test_config_audit_block_is_validated(block, message):
-    from crop.config import ConfigError, validate_config
+    from crop.workflow.config import ConfigError, validate_config
 
     cfg = yaml.safe_load((REPO / "tests" / "configs" / "smoke.yaml").read_text())
     assert validate_config(cfg)["audit"] == {"alpha": 0.05, "reference": None, "tolerances": None, "strict": False}
@@ -579,9 +579,9 @@ def test_auto_sizes_make_every_percentile_check_testable(pristine27, tmp_path):
     exactly those of the 27-run folder, pooled counts included) and picks the fewest episodes whose percentile
     checks are in the audit's family on their own (conservatively: Tarone's K is at most that count, so the
     smaller real K may admit one episode fewer)."""
-    from crop.audit_sizes import planned_chance_checks
-    from crop.config import validate_config
     from crop.report.audit import tarone_holm
+    from crop.workflow.audit_sizes import planned_chance_checks
+    from crop.workflow.config import validate_config
 
     cfg = validate_config({"environments": {"CartPole-v0": {
         "source": "train", "algorithms": ALGOS9, "sigmas": [0.01, 0.05, 0.1],
@@ -817,8 +817,8 @@ def test_yaml_aliases_cannot_blow_up_and_errors_are_capped(tmp_path):
     one short line, as a config, a tolerances file or an already-parsed dict; any error line is capped."""
     import time
 
-    from crop.config import ConfigError, load_config, validate_config
     from crop.io import MESSAGE_LIMIT
+    from crop.workflow.config import ConfigError, load_config, validate_config
 
     lol = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8))
@@ -879,11 +879,11 @@ def test_global_attack_draws_its_initial_states_per_run_and_eps(tmp_path, monkey
     """GRe's bounds are about the return from a random initial state, and the audit counts its checks over runs
     and ε as independent: the global attack's episodes start from initial states drawn afresh for every run
     (algo, σ) and every ε — none shared between two of them."""
-    import crop.attack
-    from crop.cli import main
+    import crop.certify.attack
+    from crop.workflow.cli import main
 
     starts: list = []
-    make_env = crop.attack.make_env
+    make_env = crop.certify.attack.make_env
 
     def recording(env_id, profile):
         env = make_env(env_id, profile)
@@ -891,7 +891,7 @@ def test_global_attack_draws_its_initial_states_per_run_and_eps(tmp_path, monkey
         env.reset = lambda seed=None, **kw: (starts[-1].append(seed), reset(seed=seed, **kw))[1]
         return env
 
-    monkeypatch.setattr(crop.attack, "make_env", recording)
+    monkeypatch.setattr(crop.certify.attack, "make_env", recording)
     results = tmp_path / "res"
     seeds = {}
     for algo in ("StdTrain", "GaussAug"):
@@ -910,7 +910,7 @@ def test_global_attack_draws_its_initial_states_per_run_and_eps(tmp_path, monkey
 def _tiny_real_run(results: Path) -> Path:
     """A real (tiny) run folder: a random CartPole Q-network, its V range, LoAct and the global attack, each
     stage run by the CLI as the workflow runs it."""
-    from crop.cli import main
+    from crop.workflow.cli import main
 
     ck = _tiny_checkpoint(results)
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")

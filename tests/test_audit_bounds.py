@@ -19,7 +19,7 @@ from crop.report.checks import (
     ville_flip_p,
     ville_min_p,
 )
-from crop.stats import Phi, Phi_inv
+from crop.smoothing.stats import Phi, Phi_inv
 
 SIGMA, M, H, ALPHA = 0.1, 100, 10, 0.05
 P_L = 0.6            # normalised L(a₁) of every state

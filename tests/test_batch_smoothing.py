@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from crop.engine import Engine, block_plan
-from crop.smoothing import NonFiniteQError, SmoothedQ, SmoothingSettings
+from crop.smoothing.engine import Engine, block_plan
+from crop.smoothing.smoothed import NonFiniteQError, SmoothedQ, SmoothingSettings
 
 
 class _Affine(torch.nn.Module):

@@ -1,11 +1,18 @@
-"""crop.bounds_ibp: IBP and CROWN bounds must contain every output reachable from the input set."""
+"""crop.models.bounds_ibp: IBP and CROWN bounds must contain every output reachable from the input set."""
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from crop.bounds_ibp import UnsupportedNetwork, crown_bounds, ibp_bounds, margin_spec, output_bounds, parse_norm
+from crop.models.bounds_ibp import (
+    UnsupportedNetwork,
+    crown_bounds,
+    ibp_bounds,
+    margin_spec,
+    output_bounds,
+    parse_norm,
+)
 
 torch.set_num_threads(1)  # the machine is shared; these nets are tiny
 

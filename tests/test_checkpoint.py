@@ -4,10 +4,10 @@ before any output is written."""
 import pytest
 import torch
 
-from crop.cli import main
 from crop.io import sha256_file, write_json
-from crop.layout import RUN_FILES
 from crop.models import CheckpointError, load_q_network, save_q_network
+from crop.workflow.cli import main
+from crop.workflow.layout import RUN_FILES
 
 from conftest import SHARED
 

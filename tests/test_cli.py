@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 import crop
-from crop.cli import build_parser, main
-from crop.config import ALGORITHMS, load_config, load_schema
 from crop.io import meta_name, sha256_file, write_json
-from crop.layout import RUN_FILES
 from crop.models import save_q_network
-from crop.stage_table import STAGES, stage_options, stage_settings
+from crop.workflow.cli import build_parser, main
+from crop.workflow.config import ALGORITHMS, load_config, load_schema
+from crop.workflow.layout import RUN_FILES
+from crop.workflow.stage_table import STAGES, stage_options, stage_settings
 
 from conftest import random_mlp
 
@@ -41,14 +41,14 @@ def test_every_subcommand_and_option_has_help():
 
 
 def test_top_level_help_has_no_markup_and_version_prints_the_package_version():
-    out = subprocess.run([sys.executable, "-m", "crop.cli", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "crop", "--help"], capture_output=True, text=True, check=True)
     assert "``" not in out.stdout and ":func:" not in out.stdout
-    ver = subprocess.run([sys.executable, "-m", "crop.cli", "--version"], capture_output=True, text=True, check=True)
+    ver = subprocess.run([sys.executable, "-m", "crop", "--version"], capture_output=True, text=True, check=True)
     assert ver.stdout.split() == ["crop", crop.__version__]
 
 
 def test_building_the_parser_imports_no_torch():
-    code = "import sys; from crop.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    code = "import sys; from crop.workflow.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -66,7 +66,7 @@ def test_stage_defaults_and_choices_come_from_the_schema_and_the_code():
     schema = load_schema()
     assert schema["properties"]["bound"]["enum"] == list(BOUND_NAMES)
     assert schema["properties"]["alpha_mode"]["enum"] == list(ALPHA_MODES)
-    from crop.cli import stage_params
+    from crop.workflow.cli import stage_params
 
     parser = build_parser()
     subs = _subparsers(parser)
@@ -161,7 +161,7 @@ def test_help_and_version_import_nothing_heavy_and_read_the_schema_once():
     code = ("import sys, yaml; n = [0]; load = yaml.load\n"
             "def counted(*a, **k):\n    n[0] += 1\n    return load(*a, **k)\n"
             "yaml.load = counted\n"
-            "from crop.cli import main\n"
+            "from crop.workflow.cli import main\n"
             "try:\n    main([sys.argv[1]])\nexcept SystemExit:\n    pass\n"
             "heavy = sorted(m for m in ('torch', 'numpy', 'pandas', 'gymnasium', 'matplotlib') if m in sys.modules)\n"
             "print(n[0], heavy, file=sys.stderr)")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crop.config import ConfigError, certifications, load_config, validate_config
-from crop.layout import RUN_FILES
+from crop.workflow.config import ConfigError, certifications, load_config, validate_config
+from crop.workflow.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -100,12 +100,12 @@ SHIPPED = [REPO / "config.yaml", *sorted((REPO / "configs").glob("*.yaml")),
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_stage_takes_its_settings_block(path):
-    """What the rules hand each stage (crop.stage_table.stage_settings) becomes that subcommand's own
+    """What the rules hand each stage (crop.workflow.stage_table.stage_settings) becomes that subcommand's own
     parameters: every key is an option, every value passes its type and bounds and arrives unchanged."""
     import json
 
-    from crop.cli import build_parser, stage_params
-    from crop.stage_table import STAGES, stage_settings
+    from crop.workflow.cli import build_parser, stage_params
+    from crop.workflow.stage_table import STAGES, stage_settings
 
     cfg = load_config(path)
     parser = build_parser()
@@ -166,7 +166,7 @@ HOSTILE = [
 def test_validate_config_refuses_hostile_values_in_one_line(text, message, tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(text)
-    p = subprocess.run([sys.executable, "-m", "crop.cli", "validate-config", str(f)], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "crop", "validate-config", str(f)], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == "", (p.stdout, p.stderr)
     assert p.stderr.count("\n") == 1 and message in p.stderr, p.stderr

@@ -1,6 +1,6 @@
 """Continuous-action agents: SB3 SAC / TD3 / PPO zips (made here as SB3 writes them) import as actors whose
 actions are SB3's deterministic ones in the environment's bounds; GRe and the global attack run on them; the
-percentile (median) certificate of crop.percentile covers brute force at rate >= 1 - alpha; what crop cannot
+percentile (median) certificate of crop.certify.percentile covers brute force at rate >= 1 - alpha; what crop cannot
 certify of them is refused in one line."""
 import io
 import json
@@ -14,11 +14,11 @@ import torch
 from scipy.stats import binom, norm
 from torch import nn
 
-from crop.cli import main
-from crop.importing import PolicyImportError, check_policy_file, import_policy
+from crop.agents.importing import PolicyImportError, check_policy_file, import_policy
 from crop.io import meta_name
-from crop.layout import FRAMES_FILE, RUN_FILES
-from crop.stage_table import STAGES
+from crop.workflow.cli import main
+from crop.workflow.layout import FRAMES_FILE, RUN_FILES
+from crop.workflow.stage_table import STAGES
 
 OBS = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
 #: Pendulum-v1's smallest reward, −(θ² + 0.1 θ̇² + 0.001 u²) at |θ| = π, |θ̇| = 8, |u| = 2, rounded outwards to
@@ -347,10 +347,10 @@ def test_an_import_whose_greedy_return_is_not_finite_is_refused_and_writes_nothi
 def test_an_actor_that_returns_nan_is_called_an_actor(imported):
     """The stages name the network as what it is: an actor's NaN is the actor's (GRe, the global attack), a
     policy network's the policy network's, a Q-network's the Q-network's."""
-    from crop.attack import GlobalAttackSettings, run_global_attack
-    from crop.gre import GReSettings, sample_randomized_returns
+    from crop.certify.attack import GlobalAttackSettings, run_global_attack
+    from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.models import load_checkpoint
-    from crop.smoothing import NonFiniteQError, SmoothedQ, SmoothingSettings
+    from crop.smoothing.smoothed import NonFiniteQError, SmoothedQ, SmoothingSettings
 
     net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
     with torch.no_grad():
@@ -373,8 +373,8 @@ def test_an_actor_that_returns_nan_is_called_an_actor(imported):
 
 
 def test_gre_and_global_attack_run_on_a_continuous_agent(imported):
-    from crop.attack import GlobalAttackSettings, pgd_l2, run_global_attack
-    from crop.gre import GReSettings, sample_randomized_returns
+    from crop.certify.attack import GlobalAttackSettings, pgd_l2, run_global_attack
+    from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.models import load_checkpoint
 
     net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
@@ -396,7 +396,7 @@ def test_gre_and_global_attack_run_on_a_continuous_agent(imported):
 
 
 def test_order_indices_are_the_exact_binomial_ones():
-    from crop.percentile import order_indices
+    from crop.certify.percentile import order_indices
 
     m, alpha = 200, 0.01
     for f in (0.0, 0.3, 1.0):
@@ -410,7 +410,7 @@ def test_order_indices_are_the_exact_binomial_ones():
 def test_the_played_action_is_the_empirical_h_p_the_intervals_certify():
     """π̃ plays sup{y : F_m(y) ≤ p} of the m samples' empirical CDF (the sup definition of h_p the certificate
     is for), per dimension, for m·p whole or not."""
-    from crop.percentile import smoothed_action
+    from crop.certify.percentile import smoothed_action
 
     rng = np.random.default_rng(0)
     for m, p in [(200, 0.5), (201, 0.5), (100, 0.25), (10, 0.9), (7, 0.99), (1, 0.5)]:
@@ -426,7 +426,7 @@ def test_each_one_sided_percentile_bound_misses_at_most_alpha_each():
     upper >= h_p̄(s) = h_p(s + ε) (Theorem 1's ends for a monotone f).  20,000 repetitions at m = 100 (one
     vectorised call: the repetitions are the columns) resolve the miss rate to ±0.0015, so an order statistic
     one index too far inward (miss rates 0.053–0.092 here, against 0.032–0.044 of the right ones) fails."""
-    from crop.percentile import EPS_FACTORS, action_intervals
+    from crop.certify.percentile import EPS_FACTORS, action_intervals
 
     f = lambda s: s + 0.3 * np.tanh(s)  # noqa: E731
     sigma, p, m, alpha_each, reps = 0.5, 0.5, 100, 0.05, 20000
@@ -473,8 +473,8 @@ def test_loact_of_a_two_dimensional_actor_covers_the_true_median_action_at_its_s
     decreasing, never clipped), so the true median action h_0.5(s) is f(s) itself: at the states the episodes
     visit, the ε = 0 interval of both dimensions holds it at rate >= 1 − 2d·α_each (the four one-sided bounds
     at ε = 0 of the 2·d·G the union bound counts), and each bound is at α_state / (2·2·7)."""
+    from crop.certify.percentile import EPS_FACTORS, PercentileSettings, run_loact_continuous
     from crop.models.actor import ContinuousActor
-    from crop.percentile import EPS_FACTORS, PercentileSettings, run_loact_continuous
 
     gym.register("CropTestDrift-v0", entry_point=_DriftEnv, max_episode_steps=1000)
     net = ContinuousActor({"arch": "actor", "in": 1, "hidden": [], "out": 2, "squash": "clip", "low": [-10, -10],
@@ -601,7 +601,7 @@ def test_clipped_rewards_are_what_gre_and_the_attack_certify(imported, tmp_path,
     clip range wider than the rewards changes nothing (the same bytes)."""
     import pandas as pd
 
-    from crop.gre import GReSettings, sample_randomized_returns
+    from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.models import load_checkpoint
 
     base = ["--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported), "--no-progress"]
@@ -628,8 +628,8 @@ def test_mujoco_environments_are_box_environments_gre_runs_on_with_clipped_rewar
     """The optional `mujoco` extra: HalfCheetah-v5 (6 action dimensions in [−1, 1], unbounded rewards) takes an
     actor of its sizes; GRe's returns with --clip-rewards' range stay in [J_min, J_max]."""
     pytest.importorskip("mujoco")
+    from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.envs import action_bounds, env_shapes
-    from crop.gre import GReSettings, sample_randomized_returns
     from crop.models import fit_problem
     from crop.models.actor import ContinuousActor
 
@@ -665,7 +665,7 @@ def test_actions_stay_within_asymmetric_bounds_at_the_ends_of_tanh():
 def test_a_workflow_config_clips_rewards_of_a_box_environment_only_and_needs_its_range():
     """A discrete environment's LoRe and local attack never clip: a config clipping its rewards is refused in
     one line; a Box environment (no LoRe) may clip, to a declared rewards.range only."""
-    from crop.config import ConfigError, validate_config
+    from crop.workflow.config import ConfigError, validate_config
 
     ec = {"source": "file", "files": {"Mine": {"path": "a.pt"}}, "algorithms": ["Mine"], "sigmas": [0.1],
           "rewards": {"range": [-1.0, 0.0]}}
@@ -693,9 +693,9 @@ def test_report_captions_name_the_clip_exactly_on_the_figures_of_returns():
     do not."""
     import jinja2
 
-    from crop.config import validate_config
-    from crop.layout import FIGURE_FAMILIES
     from crop.report.captions import caption_settings
+    from crop.workflow.config import validate_config
+    from crop.workflow.layout import FIGURE_FAMILIES
 
     ec = {"source": "file", "files": {"Mine": {"path": "a.pt"}}, "algorithms": ["Mine"], "sigmas": [0.1]}
     returns = {"loact_clean", "global_mean", "global_median", "all_bounds"}
@@ -740,8 +740,8 @@ def _workdir(tmp_path):
 def test_a_box_environment_runs_the_stages_an_actor_has_and_no_other():
     """The config's Box environments get the target action (their run folders ENV/ALGO@action/sigma-S) and
     the stages without a finite set of actions; the discrete ones keep all of theirs."""
-    from crop import layout
-    from crop.config import load_config, run_targets
+    from crop.workflow import layout
+    from crop.workflow.config import load_config, run_targets
 
     assert layout.run_stages("action") == ["loact", "gre", "attack-global"]
     assert layout.run_stages("q") == list(STAGES) and "qrange" not in layout.run_stages("vote")
@@ -772,7 +772,7 @@ def test_the_continuous_config_plans_checkpoint_loact_gre_and_the_global_attack_
 def test_a_box_environment_with_a_target_or_without_files_is_one_line(change, needle):
     import yaml
 
-    from crop.config import ConfigError, validate_config
+    from crop.workflow.config import ConfigError, validate_config
 
     cfg = yaml.safe_load(CONTINUOUS.read_text())
     cfg["environments"]["Pendulum-v1"].update(change)
@@ -782,7 +782,7 @@ def test_a_box_environment_with_a_target_or_without_files_is_one_line(change, ne
 
 
 def test_an_actor_file_for_a_discrete_environment_in_a_config_is_one_line():
-    from crop.config import ConfigError, check_policy_files, validate_config
+    from crop.workflow.config import ConfigError, check_policy_files, validate_config
 
     ec = {"source": "file", "files": {"Mine": {"path": str(DATA / "sac_pendulum.zip")}}, "algorithms": ["Mine"],
           "sigmas": [0.1], "rewards": {"range": [-1.0, 0.0]}}
@@ -817,7 +817,7 @@ def test_the_continuous_config_runs_end_to_end_and_its_audit_finishes(tmp_path):
             assert (res / "figures" / f"{env}_{stem}.png").is_file()
         assert not list((res / "figures").glob(f"{env}_adasearch*"))   # no LoRe: no empty figure
         # the report's LoAct numbers are per step (every dimension certified), as certified_ratio.csv counts them
-        from crop.percentile import step_ratio
+        from crop.certify.percentile import step_ratio
 
         table = pd.read_csv(res / f"tables/{env}_certified_fraction.csv")
         assert len(table) == 1 and table["algo"][0] == f"{algo} (action)"
@@ -830,9 +830,9 @@ def test_the_report_reads_a_continuous_run_per_step_and_draws_no_lore_for_it():
     agents' has no adasearch figure and no J̲ row in all_bounds, one with a discrete run keeps them."""
     import pandas as pd
 
-    from crop.layout import figure_families, has_lore
     from crop.report.captions import caption_settings
     from crop.report.metrics import _per_step, metric_value
+    from crop.workflow.layout import figure_families, has_lore
 
     dims = pd.DataFrame({"episode": [0, 0, 0, 0], "step": [0, 0, 1, 1], "dim": [0, 1, 0, 1],
                          "certified": [True, True, True, False], "radius": [0.2, 0.1, 0.3, 0.0]})
@@ -847,7 +847,7 @@ def test_the_report_reads_a_continuous_run_per_step_and_draws_no_lore_for_it():
     assert figure_families("CartPole-v0", ["0.05"], ["StdTrain@vote"])["adasearch"] == ["CartPole_adasearch_sigma-0.05"]
     import yaml
 
-    from crop.config import validate_config
+    from crop.workflow.config import validate_config
 
     settings = caption_settings(validate_config(yaml.safe_load(CONTINUOUS.read_text())))
     assert all("no adasearch figure" in s["no_lore"] for s in settings.values())
@@ -871,8 +871,8 @@ def test_the_mujoco_fixture_acts_as_sb3_predicts_and_its_config_clips_every_retu
     MuJoCo config is a Box environment whose rewards are clipped to its declared range, and the clip reaches
     every stage that reports a return (LoAct's benign returns, GRe, the global attack)."""
     _need_mujoco()
-    from crop.config import load_config, run_targets
-    from crop.stage_table import stage_settings
+    from crop.workflow.config import load_config, run_targets
+    from crop.workflow.stage_table import stage_settings
 
     ref = np.load(DATA / "reference.npz")
     net, _ = check_policy_file(DATA / "sac_hopper.zip", "mlp", "auto", None, "Hopper-v5", "vector")

@@ -1,4 +1,4 @@
-"""The cost model (crop/cost.py) and ``crop plan``: the plan's jobs are the DAG Snakemake builds, every job
+"""The cost model (crop/workflow/cost.py) and ``crop plan``: the plan's jobs are the DAG Snakemake builds, every job
 asks SLURM for at least its prediction, a config it cannot price is one line naming what to calibrate."""
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crop import cost
-from crop.cli import main
-from crop.config import load_config, validate_config
-from crop.layout import RUN_FILES
+from crop.workflow import cost
+from crop.workflow.cli import main
+from crop.workflow.config import load_config, validate_config
+from crop.workflow.layout import RUN_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs" / "quickstart.yaml"
@@ -66,8 +66,8 @@ def test_lore_transitions_count_every_node_but_the_root():
 def test_the_lore_model_bounds_a_real_search(max_nodes):
     """The counts the model prices a LoRe job by are never below what a search does: an exhaustive search (no
     pruning, every action possible) of CartPole at H = 6, unbounded and with a budget it hits."""
-    from crop.lore import run_lore
-    from crop.smoothing import SmoothedQ, SmoothingSettings
+    from crop.certify.lore import run_lore
+    from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
 
     from conftest import random_mlp
 
@@ -184,7 +184,7 @@ def test_a_calibration_from_before_lore_transitions_says_so(tmp_path, capsys):
 def test_calibrating_one_environment_keeps_the_others(tmp_path, monkeypatch):
     """`crop calibrate --env ID` replaces that environment's units in the device's table and keeps the ones
     measured before for the other environments (and the other devices' tables)."""
-    from crop import calibrate as cal
+    from crop.workflow import calibrate as cal
 
     cpu, cuda = cost.shipped_table("cpu"), cost.shipped_table("cuda")
     now = {k: v if isinstance(v, bool) else v * 2 for k, v in cpu["envs"]["CartPole-v0"].items()}
@@ -203,7 +203,7 @@ def test_calibrate_refuses_a_hostile_file_before_measuring(tmp_path, monkeypatch
     """What `crop calibrate` would keep of a file that fails the checks would make its new file fail them
     too: refused in one line naming the key, before a minute is spent measuring; a file that is not JSON is
     replaced."""
-    from crop import calibrate as cal
+    from crop.workflow import calibrate as cal
 
     measured = []
     monkeypatch.setattr(cal, "_start_s", lambda: measured.append(1) or 1.0)
@@ -373,7 +373,7 @@ def test_paper_dry_run_asks_at_least_the_plan(tmp_path):
 def test_calibration_records_the_machine_and_times_after_a_warm_up():
     """The fast counterpart of the calibration run below: the machine record, and a unit's time taken over
     calls after the first (which pays for imports and caches)."""
-    from crop.calibrate import _best, machine
+    from crop.workflow.calibrate import _best, machine
 
     m = machine("cpu")
     assert m["cores"] == os.cpu_count() and m["cpu"] and m["gpu"] is None
@@ -447,7 +447,7 @@ def test_memoised_resources_are_the_prices_and_follow_a_finished_loact(tmp_path)
 @pytest.mark.slow
 def test_plan_imports_no_torch(tmp_path):
     """A planning command on a login node: no torch (seconds of imports) to price a config."""
-    code = ("import sys; from crop.cli import main; main(['plan', '--configfile', sys.argv[1], '--json']); "
+    code = ("import sys; from crop.workflow.cli import main; main(['plan', '--configfile', sys.argv[1], '--json']); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code, str(PAPER)], capture_output=True, text=True,
                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})

@@ -1,4 +1,4 @@
-"""A calibration file is untrusted input (crop/cost_units.py): every table — the user's, this machine's or a
+"""A calibration file is untrusted input (crop/workflow/cost_units.py): every table — the user's, this machine's or a
 shipped one — is checked key by key before anything is priced, a bad one is one line naming the key or the
 path, and every job's SLURM wall-time and memory are capped (slurm.max_runtime, slurm.max_mem_mb)."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crop import cost
-from crop.cli import main
-from crop.config import load_config
+from crop.workflow import cost
+from crop.workflow.cli import main
+from crop.workflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs" / "quickstart.yaml"
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("no_calibration")
 
 def _table(**changes) -> dict:
     """The shipped CPU table with ``changes`` (``envs.ENV.UNIT`` or ``UNIT``; a value of ``...`` deletes it)."""
-    t = copy.deepcopy(json.loads(resources.files("crop").joinpath("costs/cpu.json").read_text()))
+    t = copy.deepcopy(json.loads(resources.files("crop.workflow").joinpath("costs/cpu.json").read_text()))
     for key, value in changes.items():
         *parents, last = key.split("/")
         target = t
@@ -98,7 +98,7 @@ def test_a_calibration_path_that_is_no_file_is_refused_never_the_shipped_table(t
 def test_crop_plan_refuses_an_overflowing_table_without_a_traceback(tmp_path):
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(_table(**{"envs/CartPole-v0/env_step_s": 1e308})))
-    out = subprocess.run([sys.executable, "-m", "crop.cli", "plan", "--configfile", str(QUICK), "--calibration",
+    out = subprocess.run([sys.executable, "-m", "crop", "plan", "--configfile", str(QUICK), "--calibration",
                           str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin",
                                                                            "XDG_CACHE_HOME": str(tmp_path)})
     assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
@@ -123,16 +123,16 @@ def test_this_machine_s_calibration_is_checked_too_and_refused_by_the_workflow(t
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_shipped_tables_pass_the_checks(device):
-    from crop.cost_units import check_table, check_tables
+    from crop.workflow.cost_units import check_table, check_tables
 
-    table = json.loads(resources.files("crop").joinpath(f"costs/{device}.json").read_text())
+    table = json.loads(resources.files("crop.workflow").joinpath(f"costs/{device}.json").read_text())
     check_table(table, device, "shipped")
     check_tables({device: table}, "shipped")
     assert cost.unit_costs(device)[0] == table
 
 
 def test_every_unit_has_one_range_and_meaning():
-    from crop.cost_units import OPTIONAL_UNITS, UNIT_TABLE
+    from crop.workflow.cost_units import OPTIONAL_UNITS, UNIT_TABLE
 
     assert set(cost.UNITS) | set(cost.GLOBAL_UNITS) | set(OPTIONAL_UNITS) == set(UNIT_TABLE)
     for name, (_, lo, hi, meaning) in UNIT_TABLE.items():
@@ -141,7 +141,7 @@ def test_every_unit_has_one_range_and_meaning():
 
 def test_an_optional_unit_may_be_absent_but_is_checked_when_given(tmp_path, capsys):
     """gre_start_s (a GRe slot's making, written by crop calibrate) is checked like every unit when present."""
-    from crop.cost_units import check_table
+    from crop.workflow.cost_units import check_table
 
     table = json.loads(json.dumps(cost.unit_costs("cpu")[0]))
     env = table["envs"]["PongNoFrameskip-v4"]

@@ -1,4 +1,4 @@
-"""The CUDA-only paths of the engine (crop.engine), on a GPU where one is visible (skipped elsewhere; CI has none):
+"""The CUDA-only paths of the engine (smoothing.engine), on a GPU where one is visible (skipped elsewhere; CI has none):
 CUDA graphs replay the eager path byte for byte, resume through get/set_state, catch NaNs and keep results in
 submission order; the space-to-depth Nature CNN smooths the same Q̃; pipelined LoAct is deterministic."""
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from crop.models import build_q_network
-from crop.smoothing import NonFiniteQError, SmoothedQ, SmoothingSettings
+from crop.smoothing.smoothed import NonFiniteQError, SmoothedQ, SmoothingSettings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEV = "cuda"
@@ -75,7 +75,7 @@ def test_space_to_depth_cnn_smooths_the_same_q():
 
 
 def test_pipelined_loact_is_deterministic():
-    from crop.loact import LoActSettings, run_loact
+    from crop.certify.loact import LoActSettings, run_loact
 
     torch.manual_seed(0)
     cnn = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()

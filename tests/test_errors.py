@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crop.cli import main
-from crop.config import ConfigError, load_config, validate_config
+from crop.workflow.cli import main
+from crop.workflow.config import ConfigError, load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
@@ -29,7 +29,7 @@ def test_validate_config_of_a_missing_file(capsys):
 
 
 def test_validate_config_as_a_command_has_no_traceback(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "crop.cli", "validate-config", str(tmp_path / "nope.yaml")],
+    p = subprocess.run([sys.executable, "-m", "crop", "validate-config", str(tmp_path / "nope.yaml")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "no such config file" in p.stderr
 

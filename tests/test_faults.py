@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from crop.cli import main
 from crop.io import atomic_write_bytes
-from crop.layout import RUN_FILES
+from crop.workflow.cli import main
+from crop.workflow.layout import RUN_FILES
 
 from synthetic_results import make_results
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from crop.checkpoints import ArchiveError, FetchError, extract_member, fetch_published
-from crop.cli import main
+from crop.agents.checkpoints import ArchiveError, FetchError, extract_member, fetch_published
+from crop.agents.registry import resolve_source
 from crop.envs import make_env
 from crop.io import sha256_file
 from crop.models import load_q_network
-from crop.registry import resolve_source
+from crop.workflow.cli import main
 
 from conftest import SHARED
 
@@ -70,7 +70,7 @@ def test_wrong_sha256_is_refused_and_leaves_no_file(tmp_path, serve, monkeypatch
     mirror = serve(CKPTS)
     _, entry = resolve_source("highway-fast-v0", "StdTrain", "published")
     bad = dict(entry, sha256="0" * 64)
-    monkeypatch.setattr("crop.registry.resolve_source", lambda env, algo, prefer: ("published", bad))
+    monkeypatch.setattr("crop.agents.registry.resolve_source", lambda env, algo, prefer: ("published", bad))
     out = tmp_path / "ck" / "model.pt"
     with pytest.raises(SystemExit) as e:
         main(["fetch", "--env", "highway-fast-v0", "--algo", "StdTrain", "--mirror", mirror,
@@ -233,7 +233,7 @@ def test_an_unknown_protocol_is_named_as_such(tmp_path):
 def test_offline_fetch_says_to_use_a_mirror(tmp_path, capsys, monkeypatch):
     _, entry = resolve_source("highway-fast-v0", "StdTrain", "published")
     offline = dict(entry, url="https://crop-no-such-host.invalid/highway-fast_nat.pth")
-    monkeypatch.setattr("crop.registry.resolve_source", lambda env, algo, prefer: ("published", offline))
+    monkeypatch.setattr("crop.agents.registry.resolve_source", lambda env, algo, prefer: ("published", offline))
     monkeypatch.delenv("CROP_CHECKPOINT_MIRROR", raising=False)
     out = tmp_path / "ck" / "model.pt"
     with pytest.raises(SystemExit) as e:

@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
 
-from crop import layout
-from crop.config import ALGORITHMS
-from crop.gre import gre_bounds
+from crop.certify.gre import gre_bounds
 from crop.io import meta_name
-from crop.layout import RUN_FILES
 from crop.report import aggregate as agg
 from crop.report import figures, style, tables
 from crop.report.metrics import load_runs, mean_radius, metric_value, per_step_mean_radius
+from crop.workflow import layout
+from crop.workflow.config import ALGORITHMS
+from crop.workflow.layout import RUN_FILES
 
 from synthetic_results import make_results, rewrite_csv, runs_of
 
@@ -231,7 +231,7 @@ def test_sigma_ticks_are_horizontal_and_do_not_overlap(tmp_path):
 @pytest.mark.slow
 def test_gre_curves_span_the_attack_range(tmp_path):
     """GRe computed up to 0.05σ, the global attack up to 0.4σ: the bound is drawn to 0.4σ, equal to the
-    certifier's own formulas (crop.gre.gre_bounds) on the whole grid, and the vacuous median as J_min."""
+    certifier's own formulas (crop.certify.gre.gre_bounds) on the whole grid, and the vacuous median as J_min."""
     sigma = 0.1
     runs = make_results(tmp_path, {CART: {"StdTrain": [sigma]}})
     d = runs[(CART, "StdTrain", repr(sigma))]

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from crop import stats
+from crop.certify.gre import GReSettings, TrajectoryNoise, gre_bounds, sample_randomized_returns
 from crop.envs import make_env
 from crop.envs.vector import CARTPOLE_GROUP, cartpole_initial_states
-from crop.gre import GReSettings, TrajectoryNoise, gre_bounds, sample_randomized_returns
+from crop.smoothing import stats
 
 
 def test_lockstep_returns_equal_single_trajectories(mlp_factory):
@@ -153,7 +153,7 @@ def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
     """GRe's Atari copies run in AtariPool (pixels through shared memory): for the same seeds its trajectories
     are EnvPool's, observation for observation and return for return (Pong, cleanrl profile), also when the
     pixels are converted on the network's device (the CUDA path, forced on the CPU)."""
-    import crop.gre
+    import crop.certify.gre
     from crop.envs import make_env_pool
     from crop.envs.atari import AtariPool
     from crop.envs.vector import EnvPool
@@ -180,13 +180,13 @@ def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
 
     returns = {}
     for kind, workers in (("env", 1), ("atari", 2)):
-        monkeypatch.setattr(crop.gre, "make_env_pool", recording(kind))
+        monkeypatch.setattr(crop.certify.gre, "make_env_pool", recording(kind))
         returns[kind] = sample_randomized_returns("PongNoFrameskip-v4", net, GReSettings(0.05, 3, 120, 1.0, seed=4,
                                                                                          env_seed=9, workers=workers),
                                                   progress=False)
     # the GPU path (pixels moved to the device, converted there), run on the CPU
-    monkeypatch.setattr(crop.gre, "make_env_pool", make_env_pool)
-    monkeypatch.setattr(crop.gre, "PIXELS_ON", ("cuda", "cpu"))
+    monkeypatch.setattr(crop.certify.gre, "make_env_pool", make_env_pool)
+    monkeypatch.setattr(crop.certify.gre, "PIXELS_ON", ("cuda", "cpu"))
     returns["pixels"] = sample_randomized_returns("PongNoFrameskip-v4", net, GReSettings(0.05, 3, 120, 1.0, seed=4,
                                                                                          env_seed=9, workers=2),
                                                   progress=False)
@@ -293,7 +293,7 @@ def _recorded(pool, log: list):
 def _fresh_per_block(env_id, net, settings, profile, log):
     """GRe's returns with a new pool for every block, each environment made for its trajectory and reset once
     (Atari: in the main process, each seeded reset loading the ROM; its returns are AtariPool's, tested above)."""
-    import crop.gre
+    import crop.certify.gre
     from crop.envs import make_env_pool
     from crop.envs.vector import EnvPool
 
@@ -303,7 +303,7 @@ def _fresh_per_block(env_id, net, settings, profile, log):
         pool = _recorded(make_env_pool(env_id, n, profile) if env_id == "CartPole-v0" else
                          EnvPool(env_id, n, 1, profile), log)
         try:
-            out.append(crop.gre._lockstep(pool, net, torch.device("cpu"), settings, b0, n, False))
+            out.append(crop.certify.gre._lockstep(pool, net, torch.device("cpu"), settings, b0, n, False))
         finally:
             pool.close()
     return np.concatenate(out)
@@ -326,13 +326,14 @@ def test_reused_slots_give_the_returns_of_new_environments(env_id, monkeypatch):
     """GRe makes one pool of `batch` environments and resets it for each block: m = 5 trajectories in blocks of
     2 (the last block uses one slot; two workers, so one worker resets none) give, byte for byte, the returns,
     and step by step the observations and rewards, of a new pool for every block."""
-    import crop.gre
+    import crop.certify.gre
 
     net, horizon, sigma, profile = _reuse_case(env_id)
     settings = GReSettings(sigma, 5, horizon, 1.0, seed=2, env_seed=30, batch=2, workers=2)
     made, log, expected_log = [], [], []
-    make = crop.gre.make_env_pool
-    monkeypatch.setattr(crop.gre, "make_env_pool", lambda *a, **k: made.append(a) or _recorded(make(*a, **k), log))
+    make = crop.certify.gre.make_env_pool
+    monkeypatch.setattr(crop.certify.gre, "make_env_pool",
+                        lambda *a, **k: made.append(a) or _recorded(make(*a, **k), log))
     reused = sample_randomized_returns(env_id, net.eval(), settings, profile=profile, progress=False)
     assert [a[1] for a in made] == [2], "one pool of two slots for the three blocks"
     np.testing.assert_array_equal(reused, _fresh_per_block(env_id, net, settings, profile, expected_log))

@@ -11,8 +11,8 @@ import yaml
 from test_continuous import _sac
 from test_inputs import _dqn
 
-from crop.cli import build_parser, main
-from crop.stage_table import STAGES
+from crop.workflow.cli import build_parser, main
+from crop.workflow.stage_table import STAGES
 
 BOX, DISCRETE = "Pendulum-v1", "CartPole-v1"
 
@@ -30,7 +30,7 @@ def _env_help(parser) -> str | None:
 def _accepts(command: str, env: str, tmp_path) -> bool:
     """Whether ``command``'s own first check lets ``env`` through, asked of the code that makes it (no
     training, fetching or certifying: only the check each runs before any work)."""
-    from crop.handlers import resolve_target
+    from crop.handlers.stages import resolve_target
     from crop.io import InputError
 
     if command in STAGES:   # the network of a Box environment is an actor, of a Discrete one a Q-network
@@ -50,7 +50,7 @@ def _accepts(command: str, env: str, tmp_path) -> bool:
             return False
         return True
     if command == "fetch":   # any published checkpoint for this environment
-        from crop.policies import _source
+        from crop.handlers.policies import _source
 
         ok = False
         for algo in ("StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
@@ -62,8 +62,8 @@ def _accepts(command: str, env: str, tmp_path) -> bool:
                 pass
         return ok
     if command in ("import", "checkpoint"):   # checkpoint's source: file is crop import's check
+        from crop.agents.importing import PolicyImportError, check_policy_file
         from crop.envs import default_profile
-        from crop.importing import PolicyImportError, check_policy_file
 
         if env == BOX:
             path = _sac(tmp_path / "sac.zip")[0]
@@ -127,7 +127,7 @@ def test_the_documented_rule_for_relative_paths_is_the_readers(tmp_path, capsys,
     assert "valid (1 certification targets)" in capsys.readouterr().out
     from pathlib import Path
 
-    from crop.config import schema
+    from crop.workflow.config import schema
 
     files = schema()["$defs"]["environment"]["properties"]["files"]["additionalProperties"]
     words = " ".join(files["properties"]["path"]["description"].split())

@@ -38,10 +38,10 @@ import numpy as np
 import pytest
 import yaml
 
-from crop import layout
-from crop.config import load_config
 from crop.io import meta_name, sha256_file
-from crop.layout import RUN_FILES
+from crop.workflow import layout
+from crop.workflow.config import load_config
+from crop.workflow.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
@@ -223,7 +223,7 @@ def test_certification_rules_ask_for_a_gpu_only_where_they_may_use_one(device, g
     assert set(planned) == CERTIFICATION_RULES | {"checkpoint"}
     for rule, res in planned.items():
         fields = dict(kv.split("=", 1) for kv in res.split(", "))
-        # gre steps environments on CPU cores and asks for no GPU (crop.cost.stage_device)
+        # gre steps environments on CPU cores and asks for no GPU (crop.workflow.cost.stage_device)
         assert int(fields.get("gpu", 0)) == (gpus if rule in CERTIFICATION_RULES - {"gre"} else 0), (rule, res)
         assert int(fields["mem_mb"]) > 0 and int(fields["runtime"]) > 0, (rule, res)
         # the resumable jobs (training, LoRe) get SIGTERM 300 s before their time limit, to save their state
@@ -308,9 +308,9 @@ def test_slurm_profile_runs_the_target_through_sbatch_with_local_results(slurm_c
 # --- the paper's DAG, rehearsed ---------------------------------------------------------------------
 
 def dag_jobs(cfg: dict) -> set[tuple]:
-    """(rule, env, algo) of every job Snakemake builds for a validated config (crop.cost.jobs, which
+    """(rule, env, algo) of every job Snakemake builds for a validated config (crop.workflow.cost.jobs, which
     tests/test_cost.py checks against `snakemake -n`); the aggregate and the audit have no env or algo."""
-    from crop.cost import jobs
+    from crop.workflow.cost import jobs
 
     return {(j.rule, j.env, j.algo) for j in jobs(cfg)}
 
@@ -319,8 +319,8 @@ def test_the_rehearsal_has_every_rule_environment_and_algorithm_of_the_papers_da
     """configs/paper-rehearsal.yaml is configs/paper.yaml's DAG at small sizes: the same rules on the same
     environments and algorithms (one σ each), the same sources where it can (highway's published StdTrain
     and RadialRL), LoRe's node budgets set (and hit), the global settings that decide devices and rules."""
-    from crop.cost import lore_nodes
     from crop.envs import env_spec
+    from crop.workflow.cost import lore_nodes
 
     paper, rehearsal = load_config(PAPER), load_config(REHEARSAL)
     assert dag_jobs(rehearsal) == dag_jobs(paper)

@@ -14,13 +14,13 @@ import torch
 import yaml
 from torch import nn
 
-from crop.cli import main
-from crop.config import ConfigError, validate_config
-from crop.importing import PolicyImportError, import_policy
+from crop.agents.importing import PolicyImportError, import_policy
 from crop.io import derive_seed, sha256_file
-from crop.layout import RUN_FILES
 from crop.models import load_q_network
 from crop.train import greedy_returns
+from crop.workflow.cli import main
+from crop.workflow.config import ConfigError, validate_config
+from crop.workflow.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 X = torch.randn(32, 4, generator=torch.Generator().manual_seed(7))

@@ -48,33 +48,61 @@ def import_graph() -> dict[str, set[str]]:
     return g
 
 
-def _unit(module: str, g: dict) -> str:
-    """A module's unit: the innermost package it belongs to when it is a package's submodule."""
-    parent = module.rpartition(".")[0]
-    return parent if parent != "crop" and parent in g else module
+# The layers of docs/layout.md, lowest first: a module imports only from its own layer or the layers below.
+LAYERS = (
+    ("crop", "crop.names", "crop.columns", "crop.io", "crop.progress"),  # read by everything; no torch
+    ("crop.envs",),
+    ("crop.models",),
+    ("crop.smoothing",),
+    ("crop.certify",),
+    ("crop.train",),
+    ("crop.agents",),
+    ("crop.workflow",),
+    ("crop.reference", "crop.report"),
+    ("crop.handlers",),
+    ("crop.__main__",),
+)
+
+
+def _layer(module: str) -> int:
+    """The index in LAYERS of the innermost entry that is ``module`` or a package holding it."""
+    for name in (module, *(module.rsplit(".", k)[0] for k in range(1, module.count(".") + 1))):
+        for i, layer in enumerate(LAYERS):
+            if name in layer:
+                return i
+    raise AssertionError(f"{module} is in no layer of LAYERS: add its package there and to docs/layout.md")
 
 
 def test_the_import_graph_sees_the_imports():
     g = import_graph()
     assert len(g) > 30
-    assert "crop.stage_table" in g["crop.cli"]             # at the top of a module
-    assert "crop.config" in g["crop.stage_table"]          # inside a function
+    assert "crop.workflow.stage_table" in g["crop.workflow.cli"]     # at the top of a module
+    assert "crop.workflow.config" in g["crop.workflow.stage_table"]  # inside a function
     assert "crop.report.rerun" in g["crop.report.audit"]
-    assert "crop.envs" in g["crop.envs.vector"]             # a package's own name
+    assert "crop.envs" in g["crop.envs.vector"]                      # a package's own name
 
 
-def test_no_import_circle():
+def test_every_arrow_points_down():
     g = import_graph()
-    units: dict[str, set[str]] = {}
+    up = sorted(f"{a} → {b}" for a, imported in g.items() for b in imported if _layer(b) > _layer(a))
+    assert up == [], "imports from a higher layer (docs/layout.md): " + "; ".join(up)
+
+
+def test_no_import_circle_between_modules():
+    """Not even within a package: ``crop.report.metrics`` and ``crop.report.integrity`` are two ideas or one."""
+    g = {a: imported - {a} for a, imported in import_graph().items()}
     for a, imported in g.items():
-        units.setdefault(_unit(a, g), set()).update(_unit(b, g) for b in imported)
-    for unit, imported in units.items():
-        imported.discard(unit)
+        # a package's __init__ re-exporting its submodules is not a circle of ideas
+        g[a] = {b for b in imported if not (b.startswith(a + ".") and a in g)}
     try:
-        order = list(graphlib.TopologicalSorter(units).static_order())
+        list(graphlib.TopologicalSorter(g).static_order())
     except graphlib.CycleError as exc:
         pytest.fail("an import circle: " + " → ".join(reversed(exc.args[1])))
-    assert order.index("crop.io") < order.index("crop.stage_table") < order.index("crop.cli")
+
+
+def test_the_top_of_the_house_holds_few_modules():
+    top = sorted(p.name for p in CROP.glob("*.py"))
+    assert len(top) <= 10, f"crop/ holds {len(top)} modules directly: {top}; put them in the package of their layer"
 
 
 @pytest.mark.parametrize("module", ["crop.io", "crop.names", "crop.columns"])

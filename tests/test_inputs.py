@@ -14,10 +14,10 @@ import torch
 import yaml
 from test_import_policy import _sb3_mlp_policy, _sb3_zip
 
-from crop.cli import main
-from crop.config import ConfigError, check_policy_files, load_config, validate_config
-from crop.layout import RUN_FILES
 from crop.models import CheckpointError
+from crop.workflow.cli import main
+from crop.workflow.config import ConfigError, check_policy_files, load_config, validate_config
+from crop.workflow.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -192,21 +192,21 @@ def test_a_policy_network_gets_probs_by_default(tmp_path):
 def test_a_passed_policy_check_is_remembered_by_the_files_bytes_and_settings(tmp_path, monkeypatch):
     """The workflow parses the config in every job's process: a check that passed is not repeated for the
     same bytes and settings (no torch imported then), and a changed file or setting is checked afresh."""
-    import crop.importing
+    import crop.agents.importing
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     ppo = _ppo(tmp_path / "ppo.zip", 6, 3)
     f = _config(tmp_path, {"MyPPO": ppo})
     assert check_policy_files(load_config(f))["environments"]["Acrobot-v1"]["target"] == "probs"
-    code = ("import sys; from crop.config import check_policy_files, load_config; "
+    code = ("import sys; from crop.workflow.config import check_policy_files, load_config; "
             "c = check_policy_files(load_config(sys.argv[1])); assert c['environments']['Acrobot-v1']['target'] "
             "== 'probs'; assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True,
                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert out.returncode == 0, out.stderr
 
-    calls, real = [], crop.importing.check_policy_file
-    monkeypatch.setattr(crop.importing, "check_policy_file", lambda *a: calls.append(a) or real(*a))
+    calls, real = [], crop.agents.importing.check_policy_file
+    monkeypatch.setattr(crop.agents.importing, "check_policy_file", lambda *a: calls.append(a) or real(*a))
     check_policy_files(load_config(f))
     assert calls == []
     check_policy_files(load_config(_config(tmp_path, {"MyPPO": {"path": str(ppo), "format": "sb3"}})))
@@ -278,7 +278,7 @@ def test_results_follow_the_umask(umask, mode, tmp_path):
 @pytest.mark.slow
 def test_an_imported_checkpoint_follows_the_umask(tmp_path):
     src = _dqn(tmp_path / "dqn.pt", (4, 16, 2))
-    p = subprocess.run(f"umask 022 && {sys.executable} -m crop.cli import --env CartPole-v0 --algo Mine --file "
+    p = subprocess.run(f"umask 022 && {sys.executable} -m crop import --env CartPole-v0 --algo Mine --file "
                        f"{src} --eval-episodes 1 --out {tmp_path / 'out' / 'model.pt'}", shell=True,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -298,7 +298,7 @@ def test_a_lock_taken_before_its_owner_is_recorded_is_not_cleared(tmp_path):
     import json
     import socket
 
-    from crop.runlock import clear_stale_lock, record_owner
+    from crop.workflow.runlock import clear_stale_lock, record_owner
 
     snake = tmp_path / ".snakemake"
     (snake / "locks").mkdir(parents=True)

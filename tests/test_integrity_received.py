@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from crop import layout
 from crop.io import meta_path
-from crop.layout import RUN_FILES
 from crop.report import aggregate as agg
 from crop.report.audit import audit, verdict_line
+from crop.workflow import layout
+from crop.workflow.layout import RUN_FILES
 
 from synthetic_results import audit_cli, make_results, rewrite_csv, runs_of
 

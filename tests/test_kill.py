@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from crop import stage_table
 from crop.io import meta_name
-from crop.layout import RUN_FILES
+from crop.workflow import stage_table
+from crop.workflow.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "tests" / "configs" / "kill.yaml"
@@ -60,7 +60,7 @@ def _crop_procs(stage: str, session: int) -> list[tuple[int, float]]:
         except (OSError, IndexError, ValueError):
             continue
         words = [a.decode(errors="replace") for a in argv]
-        if sid == session and any(w.endswith("crop") or w == "crop.cli" for w in words) and stage in words:
+        if sid == session and any(w.endswith("crop") or w == "crop.workflow.cli" for w in words) and stage in words:
             found.append((int(p.name), uptime - start))
     return found
 

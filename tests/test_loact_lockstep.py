@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from crop.loact import LoActSettings, run_loact
-from crop.smoothing import SmoothedQ, SmoothingSettings
+from crop.certify.loact import LoActSettings, run_loact
+from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
 
 SIGMA, M = 0.01, 1000
 # Q = (−θ, 1 + θ): affine, so the smoothed Q is Q itself (no clipping inside [-5, 5]) and each sample's

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from crop.loact import certify_estimate
-from crop.lore import lore_bound_at, run_lore
-from crop.smoothing import SmoothedQ, SmoothingSettings
+from crop.certify.loact import certify_estimate
+from crop.certify.lore import lore_bound_at, run_lore
+from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
 
 
 class ToyWalk(gym.Env):
@@ -138,7 +138,7 @@ def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
     """alpha_mode family: the i-th distinct state smoothed gets α·6/(π² i²); the outputs report what was
     spent, and the tree's joint confidence is ≥ 1 − α however many states were smoothed.  The search itself
     is still exact for the certificates it drew (brute force)."""
-    from crop import stats
+    from crop.smoothing import stats
 
     horizon, alpha = 6, 0.05
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
@@ -207,7 +207,7 @@ def test_batched_search_equals_one_state_at_a_time(prune):
 def test_batched_lore_equals_brute_force_with_family_alphas(mlp_factory, signed, prune):
     """Batching on, per-node α from the family schedule passed per state in each batch: the bound table is
     still the brute force's for the certificates drawn, and the i-th state smoothed got α_i."""
-    from crop import stats
+    from crop.smoothing import stats
 
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
     sm = CachedSmoother(net, SmoothingSettings(0.3, 2000, -6.0, 6.0, 0.05, seed=0), 3)

@@ -19,13 +19,13 @@ import torch
 import yaml
 from test_import import _mlp, _sb3_zip
 
-from crop.config import ConfigError, validate_config
 from crop.envs import env_family, env_spec, make_env, profiles, restore, snapshot, snapshot_problem
 from crop.io import meta_name
-from crop.layout import RUN_FILES
 from crop.models import build_q_network
 from crop.report.audit import discover_run_folders
 from crop.report.metrics import parse_run
+from crop.workflow.config import ConfigError, validate_config
+from crop.workflow.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 OWN = yaml.safe_load((REPO / "tests/configs/own_smoke.yaml").read_text())
@@ -34,7 +34,7 @@ OWN = yaml.safe_load((REPO / "tests/configs/own_smoke.yaml").read_text())
 def _cli(*args, cwd=None):
     """`crop ARGS…` in a subprocess: (exit status, stdout, stderr)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, "-m", "crop.cli", *map(str, args)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "crop", *map(str, args)], capture_output=True, text=True,
                        cwd=cwd, env=env, timeout=900)
     return p.returncode, p.stdout, p.stderr
 
@@ -366,9 +366,9 @@ def test_own_labels_get_their_own_colour_marker_rows_and_not_in_the_paper(tmp_pa
     import matplotlib
     from matplotlib.colors import to_hex
 
-    from crop.config import ALGORITHMS
     from crop.report import figures, style, tables
     from crop.report.metrics import load_runs
+    from crop.workflow.config import ALGORITHMS
 
     from synthetic_results import audit_cli, make_results, runs_of
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from scipy.stats import norm
 
+from crop.certify.qrange import QRangeSettings, estimate_qrange
 from crop.envs import make_env, to_obs
-from crop.qrange import QRangeSettings, estimate_qrange
 
 torch.set_num_threads(1)
 
@@ -109,16 +109,16 @@ def _reference_lockstep(net, sigma, m, seeds, horizon, seed, rows):
 def test_samples_method_follows_the_documented_lockstep_stream(monkeypatch, block_floats):
     """``samples`` in lockstep reproduces an independent implementation of the documented noise layout
     exactly: several states per block, one state per block, and pieces of one state (small blocks)."""
-    import crop.qrange
+    import crop.certify.qrange
 
     if block_floats is not None:
-        monkeypatch.setattr(crop.qrange, "NOISE_BLOCK_FLOATS", block_floats)
+        monkeypatch.setattr(crop.certify.qrange, "NOISE_BLOCK_FLOATS", block_floats)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     seeds, horizon, m = [3, 4, 5], 40, 300
     res = estimate_qrange("CartPole-v0", net, QRangeSettings(0.1, m, len(seeds), horizon, seeds, seed=1, chunk=50,
                                                              method="samples"), progress=False)
-    rows = max(50, crop.qrange.NOISE_BLOCK_FLOATS // 4)
+    rows = max(50, crop.certify.qrange.NOISE_BLOCK_FLOATS // 4)
     lo, hi, lengths = _reference_lockstep(net, 0.1, m, seeds, horizon, 1, rows)
     assert len(set(lengths)) > 1, "episodes must end at different steps for the test to bite"
     assert res["states"] == sum(lengths)

@@ -12,9 +12,9 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from crop import layout
-from crop.config import sigma_label, validate_config
 from crop.report.audit import audit
+from crop.workflow import layout
+from crop.workflow.config import sigma_label, validate_config
 
 from synthetic_results import GLOBAL_FACTORS, GRE_FACTORS, LOCAL_FACTORS, make_results
 

@@ -1,5 +1,5 @@
 """Figures and tables of `crop aggregate` on a synthetic results folder with four environments: exactly the
-files crop.layout names, the paper's spellings, one colour per algorithm everywhere, the multi-panel,
+files crop.workflow.layout names, the paper's spellings, one colour per algorithm everywhere, the multi-panel,
 legend, Freeway large-σ and Pong periodic figures, and tables that agree with the raw result files."""
 import math
 import re
@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
 
-from crop import layout
-from crop.cli import main
 from crop.io import meta_name
-from crop.layout import RUN_FILES
 from crop.report import aggregate as agg
 from crop.report import figures, style, tables
 from crop.report.metrics import load_runs
+from crop.workflow import layout
+from crop.workflow.cli import main
+from crop.workflow.layout import RUN_FILES
 
 from synthetic_results import make_results, runs_of
 

@@ -10,14 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from crop import layout
 from crop.io import meta_path, read_json, write_json
-from crop.layout import RUN_FILES
 from crop.reference import PAPER_REFERENCE
 from crop.report.audit import audit
 from crop.report.checks import flip_probability_bound
 from crop.report.reference import load_reference
-from crop.stage_table import STAGES
+from crop.workflow import layout
+from crop.workflow.layout import RUN_FILES
+from crop.workflow.stage_table import STAGES
 
 from conftest import SHARED
 from synthetic_results import LORE_ALPHA_SPENT, M_ATTACK, audit_cli, make_results, margins, rewrite_csv, write_reference
@@ -387,7 +387,7 @@ def test_replicates_through_the_workflow(tmp_path):
 
 
 def test_replicates_key_is_validated_and_derives_independent_seeds():
-    from crop.config import ConfigError, validate_config
+    from crop.workflow.config import ConfigError, validate_config
 
     cfg = {"environments": {"CartPole-v0": {"algorithms": ["StdTrain"], "sigmas": [0.1]}}}
     assert validate_config(cfg)["replicates"] == 1

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from crop import layout
 from crop.io import meta_name, read_json, sha256_file, write_json
-from crop.layout import RUN_FILES
 from crop.report import rerun
 from crop.report.rerun import rerun_jobs
+from crop.workflow import layout
+from crop.workflow.layout import RUN_FILES
 
 RUN = "CartPole-v0/StdTrain/sigma-0.1"
 
@@ -75,8 +75,8 @@ def test_an_output_recorded_null_is_still_written_in_the_scratch_folder(results)
 def test_another_network_is_not_reported_identical(results, tmp_path):
     """loact.csv computed with network B while model.pt (and the metas' sha256) are A's: the record's injected
     ``--checkpoint=B`` is refused, and without it the re-run uses A and differs."""
-    from crop.cli import main
     from crop.models import save_q_network
+    from crop.workflow.cli import main
 
     from conftest import random_mlp
 
@@ -167,7 +167,7 @@ def test_a_job_predicted_over_the_budget_is_not_started(results, tmp_path):
 
 
 def test_the_budget_is_a_positive_finite_number(results, tmp_path, capsys):
-    from crop.cli import main
+    from crop.workflow.cli import main
 
     for bad in ("0", "-1", "inf", "nan"):
         with pytest.raises(SystemExit) as exc:
@@ -218,8 +218,8 @@ def test_a_job_past_its_memory_cap_is_not_run(results, monkeypatch):
 def test_the_command_is_built_from_values_and_parses_as_the_workflow_passes_it(results, tmp_path):
     """Every word of the rebuilt command is one ``--name=value`` the code built, and the CLI reads it as it
     reads the workflow's ``--settings`` block: the recorded settings again."""
-    from crop.cli import build_parser, stage_params
     from crop.report.rerun import _argv, _checked_settings, _jobs
+    from crop.workflow.cli import build_parser, stage_params
 
     (run, row, rec), = [j for j in _jobs(results, [RUN])[0] if j[1].rule == "loact"]
     values = _checked_settings(rec, row)
@@ -256,7 +256,7 @@ def test_a_record_is_checked_before_anything_runs(received):
 def test_an_environment_without_units_is_priced_by_its_family():
     """CartPole-v1 has no units in the shipped table: CartPole-v0's stand in, so its job is still bounded;
     an Atari game takes each unit's larger of Pong's and Freeway's; a calibrated id keeps its own."""
-    from crop.cost import unit_costs
+    from crop.workflow.cost import unit_costs
 
     table = unit_costs("cpu")[0]
     envs = table["envs"]

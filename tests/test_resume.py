@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from test_lore import ToyWalk
 
-from crop import stats
+from crop.certify.lore import LoRe, lore_bound_at, run_lore
 from crop.io import meta_name, sha256_file, write_json
-from crop.layout import RUN_FILES
-from crop.lore import LoRe, lore_bound_at, run_lore
 from crop.models import save_q_network
-from crop.smoothing import SmoothedQ, SmoothingSettings
+from crop.smoothing import stats
+from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
+from crop.workflow.layout import RUN_FILES
 
 from conftest import random_mlp
 
@@ -134,7 +134,7 @@ def _setup(d: Path, bound: str):
                                   "sha256": sha256_file(d / "model.pt")})
     write_json(d / RUN_FILES["qrange"], {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.05,
                                    "v_min": -4.0, "v_max": 4.0})
-    return [sys.executable, "-m", "crop.cli", "lore", "--env", "CartPole-v0", "--algo", "StdTrain",
+    return [sys.executable, "-m", "crop", "lore", "--env", "CartPole-v0", "--algo", "StdTrain",
             "--sigma", "0.05", "--checkpoint", str(d / "model.pt"), "--qrange", str(d / RUN_FILES["qrange"]),
             "--m", "300", "--horizon", "13", "--seed", "5", "--checkpoint-every", "0.3", "--out",
             str(d / RUN_FILES["lore"]), "--no-progress", "--bound", bound]
@@ -430,8 +430,8 @@ def test_an_inconsistent_resume_file_is_ignored(tmp_path, capsys, change):
 
 def _root(make):
     """The root node of the search ``make()`` builds (what certify() passes to load())."""
+    from crop.certify.lore import _Node
     from crop.envs import snapshot, to_obs
-    from crop.lore import _Node
 
     search = make()
     env = search.make()
@@ -473,9 +473,9 @@ def test_a_small_file_cannot_take_more_memory_than_its_size(tmp_path, capsys):
 def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkeypatch):
     """The stage deletes the resume file only once lore.csv and its meta are written: a failure (or a kill)
     between the end of the search and the outputs leaves it for the rerun, which resumes and then removes it."""
-    import crop.handlers
-    from crop.cli import main
+    import crop.handlers.stages
     from crop.io import OutputError
+    from crop.workflow.cli import main
 
     d = tmp_path / "run"
     argv = _setup(d, "hoeffding")[3:]
@@ -487,7 +487,7 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
         raise OutputError(28, f"cannot write {d / RUN_FILES['lore']}: No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(crop.handlers.StageRun, "write", full_disk)
+        m.setattr(crop.handlers.stages.StageRun, "write", full_disk)
         with pytest.raises(SystemExit):
             main(argv)
     assert resume.exists() and not (d / RUN_FILES["lore"]).exists()
@@ -497,12 +497,12 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
 
 
 def test_every_setting_is_in_the_resume_key(tmp_path):
-    """The resume key is derived from every field of LoRe's settings (crop.lore.LoReSettings): changing any one
+    """The resume key is derived from every field of LoRe's settings (crop.certify.lore.LoReSettings): changing any one
     changes it and a resume file written under the other settings is refused before anything of it is used; a
     field added to the settings joins the key without a word more; the unchanged settings resume."""
     from dataclasses import field, fields, make_dataclass, replace
 
-    from crop.lore import LoReSettings, Problem, Search
+    from crop.certify.lore import LoReSettings, Problem, Search
 
     net_kw, sm_args, kw = _case("toy")
     resume = tmp_path / "lore.resume"
@@ -531,7 +531,7 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
     wide = LoReSettings(base.problem, Wider(**{f.name: getattr(base.search, f.name) for f in fields(Search)}))
     assert wide.key()["search"]["new_option"] == 0 and wide.key() != base.key()
     assert replace(wide, search=replace(wide.search, new_option=1)).key() != wide.key()
-    # so is every field of the smoother's settings (crop.smoothing.SmoothingSettings)
+    # so is every field of the smoother's settings (crop.smoothing.smoothed.SmoothingSettings)
     sm_other = {"sigma": 0.2, "m": 123, "v_min": -5.0, "v_max": 5.0, "alpha": 0.01, "bound": "betting",
                 "target": "vote", "chunk": 7, "seed": 3, "device": None}
     assert set(sm_other) == {f.name for f in fields(SmoothingSettings)}, "a new setting needs a changed value here"
@@ -547,13 +547,13 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
 
 
 def test_lore_functions_take_at_most_eight_parameters():
-    """crop/lore.py: every function at most 8 parameters (self, *args and **options counted), every class at
+    """crop/certify/lore.py: every function at most 8 parameters (self, *args and **options counted), every class at
     most 8 fields — settings are grouped (Problem, Search), not passed one by one."""
     import ast
 
-    import crop.lore
+    import crop.certify.lore
 
-    tree = ast.parse(Path(crop.lore.__file__).read_text())
+    tree = ast.parse(Path(crop.certify.lore.__file__).read_text())
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args

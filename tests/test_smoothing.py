@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from crop.attack import pgd_l2
-from crop.loact import certify_state
-from crop.smoothing import BOUNDS, NonFiniteQError, SmoothedQ, SmoothingSettings
+from crop.certify.attack import pgd_l2
+from crop.certify.loact import certify_state
+from crop.smoothing.smoothed import BOUNDS, NonFiniteQError, SmoothedQ, SmoothingSettings
 
 
 def test_fresh_noise_for_every_state_and_reproducible_by_seed(mlp_factory):
@@ -175,8 +175,8 @@ def test_nearly_tight_radius_is_not_beaten_and_is_close_to_the_boundary():
 
 
 def test_every_bound_is_offered_by_the_cli_and_the_schema():
-    from crop.cli import BOUND_NAMES
-    from crop.config import load_schema
+    from crop.workflow.cli import BOUND_NAMES
+    from crop.workflow.config import load_schema
 
     assert sorted(BOUND_NAMES) == sorted(BOUNDS)
     assert sorted(load_schema()["properties"]["bound"]["enum"]) == sorted(BOUNDS)
@@ -215,8 +215,8 @@ def test_per_call_alpha_overrides_the_smoothers_alpha(mlp_factory, bound):
 def test_exact_ties_of_the_clipped_means_are_broken_by_the_unclipped_means():
     """Every sample of both actions clipped to V_min: the clipped means tie exactly, the smoothed policy takes
     the action whose unclipped mean is larger (not always action 0), and the step is not certified."""
-    from crop.loact import certify_state
-    from crop.smoothing import SmoothedQ
+    from crop.certify.loact import certify_state
+    from crop.smoothing.smoothed import SmoothedQ
 
     net = torch.nn.Linear(4, 2)
     with torch.no_grad():

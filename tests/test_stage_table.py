@@ -1,4 +1,4 @@
-"""The stage table (crop/stage_table.py) is the one statement of each stage's outputs, V-range input and
+"""The stage table (crop/workflow/stage_table.py) is the one statement of each stage's outputs, V-range input and
 settings: the workflow's rules, the `crop` subcommands, the integrity check and the file layout all agree
 with it, so renaming an output is an edit of the table alone."""
 import json
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crop import layout
-from crop.cli import build_parser
 from crop.report import integrity
-from crop.stage_table import RUN_FILES, STAGES, layout_table, meta_name, stage, with_layout_table
+from crop.workflow import layout
+from crop.workflow.cli import build_parser
+from crop.workflow.stage_table import RUN_FILES, STAGES, layout_table, meta_name, stage, with_layout_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ def test_layout_and_integrity_read_the_table(tmp_path):
 
 
 def test_the_table_needs_no_torch():
-    code = "import sys, crop.stage_table as t; t.stage_options('loact'); import crop.layout; " \
+    code = "import sys, crop.workflow.stage_table as t; t.stage_options('loact'); import crop.workflow.layout; " \
            "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -108,7 +108,7 @@ def test_the_table_needs_no_torch():
 
 TOY = '''
 from crop.io import write_json
-from crop.stage_table import Flag, Output, StageRow, add_stage
+from crop.workflow.stage_table import Flag, Output, StageRow, add_stage
 
 add_stage(StageRow(
     "toy", "a toy stage", "a toy stage's help", "A toy stage: writes its settings.", "toy_stage:cmd_toy",
@@ -150,7 +150,7 @@ def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_and_run_files(tmp_path
     assert re.search(r"rule audit:\n(?:.*\n)*?\s+input: .*sigma-0.1/toy.json", text)
     # the CLI (its settings from the schema and --settings, its own flag) and the layout
     code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import toy_stage\n"
-            "from crop import layout; from crop.report import integrity; from crop.cli import main\n"
+            "from crop.workflow import layout; from crop.report import integrity; from crop.workflow.cli import main\n"
             "assert layout.RUN_FILES['toy'] == 'toy.json' and 'toy' in layout.REPLICATE_FILES\n"
             "assert integrity.STAGE_FILES['toy'] == ('toy',)\n"
             "main(['toy', '--env', 'CartPole-v0', '--algo', 'StdTrain', '--sigma', '0.1', '--checkpoint', 'c',"
@@ -160,22 +160,23 @@ def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_and_run_files(tmp_path
 
 
 def test_a_stage_is_refused_once_the_layout_has_read_the_table():
-    code = "import crop.layout\nfrom crop.stage_table import STAGES, add_stage\nadd_stage(STAGES['lore'])"
+    code = ("import crop.workflow.layout\nfrom crop.workflow.stage_table import STAGES, add_stage\n"
+            "add_stage(STAGES['lore'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert "add it before importing crop.layout" in out.stderr
+    assert "add it before importing crop.workflow.layout" in out.stderr
 
 
 def test_the_layout_page_holds_the_current_table():
     doc = (REPO / "docs/layout.md").read_text()
-    assert with_layout_table(doc) == doc, "regenerate: python -m crop.stage_table docs/layout.md"
+    assert with_layout_table(doc) == doc, "regenerate: python -m crop.workflow.stage_table docs/layout.md"
     assert layout_table() in doc
 
 
 def test_captions_quote_each_stage_with_the_settings_it_ran_with():
     import string
 
-    from crop.config import validate_config
     from crop.report.captions import caption_settings
+    from crop.workflow.config import validate_config
 
     for row in STAGES.values():  # a caption names only its own stage's settings
         fields = {f for _, f, _, _ in string.Formatter().parse(row.caption or "") if f}

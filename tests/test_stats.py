@@ -1,13 +1,13 @@
-"""crop.stats and the Theorem 1/4 radius: hand computations, direct sums, coverage."""
+"""crop.smoothing.stats and the Theorem 1/4 radius: hand computations, direct sums, coverage."""
 import math
 
 import numpy as np
 import pytest
 from scipy import stats as st
 
-from crop import stats
-from crop.loact import certify_estimate
-from crop.smoothing import Estimate
+from crop.certify.loact import certify_estimate
+from crop.smoothing import stats
+from crop.smoothing.smoothed import Estimate
 
 
 def test_hoeffding_margin_formula():
@@ -184,7 +184,7 @@ def test_the_coverage_check_catches_a_bound_that_is_too_tight(rng):
 
 @pytest.mark.parametrize("name", ["hoeffding", "empirical_bernstein", "betting", "clopper_pearson"])
 def test_bounds_stay_in_range_even_for_degenerate_and_out_of_range_samples(name):
-    from crop.smoothing import BOUNDS
+    from crop.smoothing.smoothed import BOUNDS
 
     fn = BOUNDS[name][0]
     rng = np.random.default_rng(3)

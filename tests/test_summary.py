@@ -7,9 +7,9 @@ import time
 import pandas as pd
 import pytest
 
-from crop.layout import RUN_FILES
 from crop.report.audit import audit
 from crop.report.summary import run_summary
+from crop.workflow.layout import RUN_FILES
 
 from synthetic_results import make_results, rewrite_csv
 

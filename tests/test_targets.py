@@ -8,9 +8,9 @@ import torch
 from scipy import stats as st
 from test_batch_smoothing import _Affine as Linear2  # logits z(x) = W x + b: smoothed values known in closed form
 
-from crop.gre import GReSettings, TrajectoryNoise, sample_randomized_returns
-from crop.loact import certify_estimate, certify_state
-from crop.smoothing import BOUNDS, TARGETS, SmoothedQ, SmoothingSettings
+from crop.certify.gre import GReSettings, TrajectoryNoise, sample_randomized_returns
+from crop.certify.loact import certify_estimate, certify_state
+from crop.smoothing.smoothed import BOUNDS, TARGETS, SmoothedQ, SmoothingSettings
 
 TARGETS01 = ("probs", "vote")
 
@@ -197,7 +197,7 @@ def test_lore_on_a_policy_network_equals_brute_force(mlp_factory, target, signed
     action sequence the radii allow, at every ε (tests/test_lore.py's check of the Q target)."""
     from test_lore import CachedSmoother, ToyWalk, brute_force
 
-    from crop.lore import lore_bound_at, run_lore
+    from crop.certify.lore import lore_bound_at, run_lore
 
     horizon = 6
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
@@ -246,7 +246,7 @@ def test_gre_on_a_policy_network_acts_by_the_greedy_action_at_the_noisy_state(ml
 def test_local_attack_on_a_policy_network_never_flips_a_certified_step(target):
     """PGD on the smoothed probabilities against π̃ of a Tanh actor: no attacked step whose certified radius
     exceeds ε changes the smoothed action, and at a large ε the attack does change actions (it bites)."""
-    from crop.attack import LocalAttackSettings, run_local_attack
+    from crop.certify.attack import LocalAttackSettings, run_local_attack
 
     torch.manual_seed(2)
     actor = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2)).eval()

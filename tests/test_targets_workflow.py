@@ -13,10 +13,10 @@ import torch
 import yaml
 from test_import_policy import CleanRLAgent, _sb3_mlp_policy, _sb3_zip
 
-from crop import layout
-from crop.config import ConfigError, run_targets, validate_config
 from crop.io import meta_name
-from crop.layout import RUN_FILES
+from crop.workflow import layout
+from crop.workflow.config import ConfigError, run_targets, validate_config
+from crop.workflow.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = "CartPole-v0"

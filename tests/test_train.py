@@ -7,14 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from crop.cli import main
-from crop.config import ALGORITHMS, load_schema
 from crop.io import sha256_file, write_json
 from crop.models import CheckpointError, build_q_network, load_q_network, save_q_network
 from crop.models.carrl import derive_carrl
 from crop.models.noisy import NoisyLinear, resample_noise
 from crop.train import RECIPES, prepare_training, train_policy
 from crop.train.dqn import Batch, DQNConfig, TrainContext, _Replay, is_pixel_obs
+from crop.workflow.cli import main
+from crop.workflow.config import ALGORITHMS, load_schema
 
 torch.set_num_threads(1)
 
@@ -361,7 +361,7 @@ def test_cli_derive_refuses_the_wrong_base(tmp_path, capsys):
 
 
 def test_registry_lists_a_recipe_for_every_local_policy():
-    from crop.registry import registry
+    from crop.agents.registry import registry
 
     for env, algos in registry()["policies"].items():
         for algo, entries in algos.items():

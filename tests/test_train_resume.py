@@ -238,7 +238,7 @@ CLI_SETTINGS = {**SMALL, "total_steps": 6000, "dqn": {**SMALL["dqn"], "buffer_si
 
 
 def _cmd(out: Path, every: float = 1e6) -> list[str]:
-    return [sys.executable, "-m", "crop.cli", "train", "--env", "CartPole-v0", "--algo", "StdTrain", "--seed", "5",
+    return [sys.executable, "-m", "crop", "train", "--env", "CartPole-v0", "--algo", "StdTrain", "--seed", "5",
             "--settings", json.dumps(CLI_SETTINGS), "--target-return", "none", "--checkpoint-every", str(every),
             "--out", str(out)]
 
@@ -287,7 +287,7 @@ def test_a_failed_training_leaves_no_resume_file(tmp_path):
     out = tmp_path / "model.pt"
     settings = {**SHORT, "total_steps": 300, "target_return": 1000, "min_steps": 0,
                 "dqn": {"learning_starts": 100, "eval_every": 100, "quick_eval_episodes": 1}}
-    r = subprocess.run([sys.executable, "-m", "crop.cli", "train", "--env", "CartPole-v0", "--algo", "StdTrain",
+    r = subprocess.run([sys.executable, "-m", "crop", "train", "--env", "CartPole-v0", "--algo", "StdTrain",
                         "--settings", json.dumps(settings), "--checkpoint-every", "0.01", "--out", str(out)],
                        capture_output=True, text=True, timeout=600, env=_env())
     assert r.returncode != 0 and "did not reach" in r.stderr, r.stderr[-2000:]

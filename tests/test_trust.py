@@ -14,9 +14,9 @@ import torch
 import yaml
 from test_import import _mlp
 
-from crop.config import ConfigError, validate_config
-from crop.cost import shipped_table
 from crop.envs import env_family, untrusted_env_ids
+from crop.workflow.config import ConfigError, validate_config
+from crop.workflow.cost import shipped_table
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "cropmarkmod"
@@ -53,7 +53,7 @@ def _run(argv, env, cwd):
 
 
 def _crop(*args, env, cwd):
-    return _run([sys.executable, "-m", "crop.cli", *map(str, args)], env, cwd)
+    return _run([sys.executable, "-m", "crop", *map(str, args)], env, cwd)
 
 
 def _snakemake_dry(cfg, env, cwd, *extra):
@@ -121,7 +121,7 @@ def test_unittest_main_is_not_run(tmp_path):
 
 
 def test_trusted_ids_and_narrowing_blocks():
-    from crop.config import trusted_env_ids
+    from crop.workflow.config import trusted_env_ids
 
     cfg = {"environments": {"a:X-v0": {"import_module": True}, "b:Y-v0": {"import_module": False}, "c:Z-v0": {}}}
     assert trusted_env_ids(cfg) == {"a:X-v0"}

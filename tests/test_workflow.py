@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from crop import layout
-from crop.config import load_config, sigma_label
-from crop.layout import RUN_FILES
-from crop.lore import lore_bound_at
+from crop.certify.lore import lore_bound_at
 from crop.report.provenance import config_hash
+from crop.workflow import layout
+from crop.workflow.config import load_config, sigma_label
+from crop.workflow.layout import RUN_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
@@ -160,7 +160,7 @@ def test_standalone_audit_against_a_reference(smoke_run, tmp_path):
                  "eps": r0["eps"], "value": r0["expectation_bound"] + 25.0})  # planted mismatch
     ref = tmp_path / "ref.csv"
     pd.DataFrame(rows).to_csv(ref, index=False)
-    args = [sys.executable, "-m", "crop.cli", "audit", str(results), "--reference", str(ref), "--out-dir",
+    args = [sys.executable, "-m", "crop", "audit", str(results), "--reference", str(ref), "--out-dir",
             str(tmp_path / "audit")]
     p = subprocess.run(args + ["--strict"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stdout + p.stderr
@@ -198,7 +198,7 @@ def test_lint_is_clean(tmp_path):
 def test_paper_config_builds_the_full_dag(tmp_path):
     """configs/paper.yaml: every env × algo × σ × stage is planned, by the rule that owns it, and so are
     every policy's checkpoint and the paper's figures and tables; certification jobs ask for a GPU."""
-    from crop.registry import resolve_source
+    from crop.agents.registry import resolve_source
 
     paper = REPO / "configs" / "paper.yaml"
     p = snakemake("--configfile", str(paper), "--summary", cwd=tmp_path)

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from crop.io import meta_name
-from crop.layout import RUN_FILES, run_dir
 from crop.models import build_q_network
-from crop.stage_table import STAGES
+from crop.workflow.layout import RUN_FILES, run_dir
+from crop.workflow.stage_table import STAGES
 
 from conftest import SHARED
 from test_fetch import serve  # noqa: F401  (fixture)

@@ -52,7 +52,7 @@ class EnvSpec:
     game_return_range: tuple | None = None  # whole-game score range from the game's rules, if any
     lore_reward: str | None = None  # LoRe-only reward modification (Appendix E), named in the output
     solved_return: float | None = None  # acceptance threshold of a locally trained policy, if any
-    # GRe's block and its jobs' memory (crop/gre.py, crop/cost.py; measured on one CPU core).
+    # GRe's block and its jobs' memory (crop/certify/gre.py, crop/workflow/cost.py; measured on one CPU core).
     gre_mb_per_copy: float = 0.0     # memory of one environment copy in GRe's pool (measured)
     gre_batch: int | None = 1000     # GRe trajectories stepped together by default (None: all m)
 
@@ -151,7 +151,7 @@ def _is_atari_id(env_id: str) -> bool:
 
 # A ``module:Id`` id imports ``module`` (which registers Id), so it runs that module's code: only an id the
 # user vouched for may do that — one typed on the command line, or one a config marks ``import_module: true``
-# (crop.config.trusted_env_ids decides for a config and validates it inside this block).  Ids read from what
+# (crop.workflow.config.trusted_env_ids decides for a config and validates it inside this block).  Ids read from what
 # someone else wrote — run-folder names, a reference CSV, a results folder — are looked up inside
 # :func:`untrusted_env_ids`, where they import nothing.
 _UNTRUSTED: list[frozenset | None] = [None]

@@ -7,8 +7,8 @@ the environment's bounds as the agent itself maps it:
   clips an unsquashed action); with ``squash_output`` (gSDE) tanh and the rescaling.
 
 The bounds are recorded in the network spec (``model.json``).  Where the agent's file holds a critic (SAC,
-TD3) it is kept: the global attack (:func:`crop.attack.run_global_attack`) then minimises the agent's own
-objective Q(s, π(s + δ)).  Its files are read by :mod:`crop.importing.continuous`.
+TD3) it is kept: the global attack (:func:`crop.certify.attack.run_global_attack`) then minimises the agent's own
+objective Q(s, π(s + δ)).  Its files are read by :mod:`crop.agents.continuous`.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """CARRL (Everett et al., 2021) as a Q-network: the certified lower bound of Q within an ε-ball.
 
 CARRL trains nothing: it takes a trained Q-network and, at test time, acts on
-    Q_lb(x, a) = lower bound of min_{‖x′ − x‖ ≤ ε} Q(x′, a)     (CROWN, :mod:`crop.bounds_ibp`)
+    Q_lb(x, a) = lower bound of min_{‖x′ − x‖ ≤ ε} Q(x′, a)     (CROWN, :mod:`crop.models.bounds_ibp`)
 choosing argmax_a Q_lb(x, a).  Wrapping that as a network makes CARRL's policy a *deterministic function
 of the observation*, so CROP smooths Q_lb exactly as it smooths any Q-network and certifies CARRL's
 deployed policy.
@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from crop.bounds_ibp import UnsupportedNetwork, crown_bounds, ibp_bounds, parse_norm
+from crop.models.bounds_ibp import UnsupportedNetwork, crown_bounds, ibp_bounds, parse_norm
 
 __all__ = ["CarrlQ", "carrl", "carrl_spec", "derive_carrl"]
 

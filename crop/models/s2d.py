@@ -10,7 +10,7 @@ faster in channels-last.
 
 For smoothing, the network's *input* layer is rewritten so that the noisy samples are made directly in the
 space-to-depth layout: i.i.d. Gaussian noise on a permutation of the pixels is i.i.d. Gaussian noise on the
-pixels, so Eq. (2)'s smoothed Q is unchanged (:class:`crop.engine.Engine` does this on CUDA).
+pixels, so Eq. (2)'s smoothed Q is unchanged (:class:`crop.smoothing.engine.Engine` does this on CUDA).
 """
 from __future__ import annotations
 

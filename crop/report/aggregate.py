@@ -3,7 +3,7 @@ results only).
 
 :func:`aggregate` loads the runs (:func:`crop.report.metrics.load_runs`, integrity checked, replicates beside
 their run), draws the figures (:mod:`crop.report.figures`) and writes the tables (:mod:`crop.report.tables`)
-that :func:`crop.layout.aggregate_files` names for them, and nothing else.  Colours and markers:
+that :func:`crop.workflow.layout.aggregate_files` names for them, and nothing else.  Colours and markers:
 :mod:`crop.report.style`.
 """
 from __future__ import annotations
@@ -12,17 +12,17 @@ from pathlib import Path
 
 import seaborn as sns
 
-from crop.layout import aggregate_files, needs_frames, split_run_algo
 from crop.report.figures import iter_env_figures, save_figure
 from crop.report.metrics import load_runs
 from crop.report.style import register_labels, series_order
 from crop.report.tables import write_env_tables
+from crop.workflow.layout import aggregate_files, needs_frames, split_run_algo
 
 __all__ = ["aggregate"]
 
 
 def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tables_dir: Path) -> list[Path]:
-    """Write every figure and table of :func:`crop.layout.aggregate_files` for ``runs``, and nothing else.
+    """Write every figure and table of :func:`crop.workflow.layout.aggregate_files` for ``runs``, and nothing else.
     Replicate folders among ``runs`` (``ENV/ALGO/sigma-S/rep-K``, config ``replicates``) are read beside
     their run: the tables then show the mean over replicates and its interval."""
     data = load_runs(results, runs)

@@ -7,12 +7,12 @@ longer follows from its per-step file, which the audit's checks read.  So, per r
 
 * ``attack_local.csv`` against ``attack_local_steps.csv``: per (ε, episode) the attacked steps, the flips
   (attacked action ≠ clean action) and the certified flips (those at a step certified beyond ε), counted as
-  :func:`crop.attack.run_local_attack` counts them, and ``same_start_as_lore`` (episode 0);
-* ``certified_ratio.csv`` against ``loact.csv``: :func:`crop.loact.certified_ratio` itself (through
-  :func:`crop.percentile.step_ratio` for a continuous-action agent, as the stage does) over the file's radii;
+  :func:`crop.certify.attack.run_local_attack` counts them, and ``same_start_as_lore`` (episode 0);
+* ``certified_ratio.csv`` against ``loact.csv``: :func:`crop.certify.loact.certified_ratio` itself (through
+  :func:`crop.certify.percentile.step_ratio` for a continuous-action agent, as the stage does) over the file's radii;
 * ``loact_episodes.csv`` against ``loact.csv``: per episode its return (the sum of its rewards), its steps, mean
   radius and certified fraction, as the LoAct stage sums them;
-* ``gre.csv`` against ``gre_returns.csv``: :func:`crop.gre.gre_bounds` itself on the returns, with the settings
+* ``gre.csv`` against ``gre_returns.csv``: :func:`crop.certify.gre.gre_bounds` itself on the returns, with the settings
   each row records (σ, H, α, ε, p, J_min, J_max);
 
 and the aggregate tables against the run files they cite (:func:`table_disagreements`): the same function that
@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from crop import columns as cols
-from crop.layout import ACTION_TARGET, RUN_FILES, base_run, replicate_of, run_files, run_target
-from crop.stage_table import STAGES
+from crop.workflow.layout import ACTION_TARGET, RUN_FILES, base_run, replicate_of, run_files, run_target
+from crop.workflow.stage_table import STAGES
 
 __all__ = ["run_disagreements", "table_disagreements", "first_difference", "REL_TOL"]
 
@@ -158,18 +158,18 @@ def _local_attack(recorded: pd.DataFrame, steps: pd.DataFrame, run: dict) -> str
 
 def _per_step(loact: pd.DataFrame, target: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per step as LoAct's summaries count them, the step rows with their reward) of loact.csv: a
-    continuous-action agent's rows are per step and action dimension (:func:`crop.percentile.step_ratio`)."""
+    continuous-action agent's rows are per step and action dimension (:func:`crop.certify.percentile.step_ratio`)."""
     if target != ACTION_TARGET:
         return loact, loact
-    from crop.percentile import step_ratio
+    from crop.certify.percentile import step_ratio
 
     return step_ratio(loact), loact.drop_duplicates([cols.EPISODE, cols.STEP])
 
 
 def _certified_ratio(recorded: pd.DataFrame, loact: pd.DataFrame, run: dict) -> str:
-    """certified_ratio.csv against :func:`crop.loact.certified_ratio` of loact.csv over the file's radius grid
+    """certified_ratio.csv against :func:`crop.certify.loact.certified_ratio` of loact.csv over the file's radius grid
     (σ·linspace(0, 4, n) as the stage wrote it, where the file's r are those within the round trip)."""
-    from crop.loact import certified_ratio
+    from crop.certify.loact import certified_ratio
 
     steps, _ = _per_step(loact, run["target"])
     grid = np.array(list(dict.fromkeys(recorded[cols.R].to_numpy(float))))
@@ -218,8 +218,8 @@ def _loact_episodes(recorded: pd.DataFrame, loact: pd.DataFrame, run: dict) -> s
 
 
 def _gre(recorded: pd.DataFrame, returns: pd.DataFrame, run: dict) -> str:
-    """gre.csv against :func:`crop.gre.gre_bounds` of gre_returns.csv with the settings its rows record."""
-    from crop.gre import gre_bounds
+    """gre.csv against :func:`crop.certify.gre.gre_bounds` of gre_returns.csv with the settings its rows record."""
+    from crop.certify.gre import gre_bounds
 
     if not len(recorded):
         return "" if not len(returns) else "no bound for the returns"

@@ -73,12 +73,12 @@ import pandas as pd
 from scipy import stats as st
 
 from crop.io import atomic_write_text, write_json
-from crop.layout import REPLICATE_PREFIX, replicate_of, run_files, run_target
 from crop.report.checks import lore_alpha_exhausted, run_checks, untestable_reason
 from crop.report.completeness import recorded_missing
 from crop.report.integrity import check_integrity, stages_present
 from crop.report.markdown import pipe_table
 from crop.report.metrics import clip_text, load_runs, namespaced_env, parse_run, reward_clips
+from crop.workflow.layout import REPLICATE_PREFIX, replicate_of, run_files, run_target
 
 __all__ = ["audit", "discover_runs", "discover_run_folders", "classify", "tarone_holm", "pooled_tests", "unit_level",
            "poisson_binomial_sf", "verdict_of", "exit_status", "verdict_line", "plain_verdict", "STATUSES",
@@ -240,8 +240,8 @@ def _expected_missing(results: Path, config, integrity: list[dict], trusted=()) 
     already an integrity problem; ``trusted``: the ``module:Id`` ids the user lets import (``--trust-env``)."""
     if config is None:
         return []
-    from crop.config import load_config
     from crop.report.completeness import config_missing
+    from crop.workflow.config import load_config
 
     known = {p["file"] for p in integrity}
     return [p for p in config_missing(results, load_config(config, trusted)) if p["file"] not in known]

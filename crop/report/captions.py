@@ -2,9 +2,9 @@
 the protocol that drew it."""
 from __future__ import annotations
 
-from crop.config import sigma_label
 from crop.names import ACTION_TARGET
-from crop.stage_table import caption, stage_settings
+from crop.workflow.config import sigma_label
+from crop.workflow.stage_table import caption, stage_settings
 
 __all__ = ["caption_settings", "audit_settings", "Words"]
 
@@ -52,7 +52,7 @@ def caption_settings(cfg: dict) -> Words:
             # quoted only by the captions of figures that show returns (radii never depend on the rewards)
             out[env]["clip"] = (f"returns and bounds of rewards clipped to [{rewards['range'][0]:g}, "
                                 f"{rewards['range'][1]:g}] (rewards.clip), not the environment's own")
-        if ec.get("target") == ACTION_TARGET:   # crop.layout.has_lore: no adasearch figures, no J̲ row
+        if ec.get("target") == ACTION_TARGET:   # crop.workflow.layout.has_lore: no adasearch figures, no J̲ row
             out[env]["no_lore"] = ("continuous actions (a Box): no LoRe or local attack, whose tree branches over a "
                                    "finite set of actions, so no adasearch figure and no J̲ row")
     text = "; ".join(f"{env}: {v['algorithms']} at σ ∈ {{{v['sigmas']}}}; LoAct {v['loact']}; GRe {v['gre']}; "

@@ -49,9 +49,9 @@ from scipy import stats as st
 from crop import columns as cols
 from crop.envs import env_spec
 from crop.io import meta_path, read_json
-from crop.layout import RUN_FILES, base_run, checkpoint_record, replicate_of, split_run_algo
 from crop.report.metrics import clip_text, lore_valid_until, parse_run, read_lore_meta, reward_clips
-from crop.stats import Phi, Phi_inv, normalise
+from crop.smoothing.stats import Phi, Phi_inv, normalise
+from crop.workflow.layout import RUN_FILES, base_run, checkpoint_record, replicate_of, split_run_algo
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
            "check_certified_steps_not_flipped", "flip_probability_bound", "ville_flip_p",

@@ -9,7 +9,7 @@ record what it wrote, and a file gone from beside that record is one the sender 
 * the tables and figures (``tables/``, ``figures/``) are drawn from the runs they cite — a table's rows name
   each run's algorithm and σ, a figure's name its environment and σ: a table citing a run that lacks a result
   file, or a figure or table of no run in the folder, has lost its input (FAIL) — :func:`report_inputs_missing`;
-* with the workflow's config, the jobs it builds (:func:`crop.cost.jobs`, the same enumeration as the
+* with the workflow's config, the jobs it builds (:func:`crop.workflow.cost.jobs`, the same enumeration as the
   Snakefile's) name every run file and every table and figure: one the folder lacks is listed apart
   (``expected_missing``: WARN, for the config may not be the one the folder was made with) —
   :func:`config_missing`.
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from crop import layout
 from crop.io import META_SUFFIX, read_json
-from crop.layout import FIGURE_FORMATS, RUN_FILES, base_run, replicate_of, run_files, run_target, series_label
-from crop.stage_table import STAGES
+from crop.workflow import layout
+from crop.workflow.layout import FIGURE_FORMATS, RUN_FILES, base_run, replicate_of, run_files, run_target, series_label
+from crop.workflow.stage_table import STAGES
 
 __all__ = ["recorded_missing", "report_inputs_missing", "config_missing", "folder_plan", "table_runs"]
 
@@ -73,7 +73,7 @@ def _in_folder(path: str, run_dir: Path) -> bool:
 
 def folder_plan(results: Path, runs) -> dict[str, tuple[list[str], list[str]]]:
     """``{env: (run folder algorithms, σ labels)}`` of the run folders ``runs`` (replicates count with their
-    run): what :func:`crop.layout.aggregate_files` names the figures and tables of.  An environment id crop
+    run): what :func:`crop.workflow.layout.aggregate_files` names the figures and tables of.  An environment id crop
     cannot resolve here (an untrusted ``module:Id`` folder name: no figure or table can be made of it) is left
     out."""
     from crop.envs import env_spec
@@ -95,7 +95,7 @@ def folder_plan(results: Path, runs) -> dict[str, tuple[list[str], list[str]]]:
 def report_inputs_missing(results: Path, runs) -> list[dict]:
     """Figures and tables whose input is gone: a file in ``figures/`` or ``tables/`` that no run folder among
     ``runs`` (the folder's own, complete or partial) draws, and a table row citing a run (its algorithm and σ)
-    that is absent or lacks a result file (:func:`crop.layout.run_files`)."""
+    that is absent or lacks a result file (:func:`crop.workflow.layout.run_files`)."""
     from crop.report.metrics import parse_run
 
     results = Path(results)
@@ -146,7 +146,7 @@ def _names_of(plan: dict) -> tuple[str, ...]:
 
 def table_runs(csv: Path, env: str, plan: dict) -> list[str]:
     """The run folders ``ENV/ALGO/sigma-S`` a table CSV cites: its rows' algorithm (as the tables name it,
-    :func:`crop.layout.series_label`) with its ``sigma`` column, or with each ``sigma=S`` column where it has a
+    :func:`crop.workflow.layout.series_label`) with its ``sigma`` column, or with each ``sigma=S`` column where it has a
     value."""
     try:
         df = pd.read_csv(csv)
@@ -171,9 +171,9 @@ def table_runs(csv: Path, env: str, plan: dict) -> list[str]:
 
 def config_missing(results: Path, cfg: dict) -> list[dict]:
     """The run files and the tables and figures that the workflow's jobs for ``cfg`` (a validated config,
-    :func:`crop.cost.jobs`) write, which are not in ``results``."""
-    from crop import cost
-    from crop.layout import aggregate_files, run_dir
+    :func:`crop.workflow.cost.jobs`) write, which are not in ``results``."""
+    from crop.workflow import cost
+    from crop.workflow.layout import aggregate_files, run_dir
 
     results = Path(results)
     expected, plan = [], {}

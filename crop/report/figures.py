@@ -1,6 +1,6 @@
 """The paper's figures, per environment, from the runs' result files (reads results only).
 
-The file names and families are listed in :mod:`crop.layout` (:func:`crop.layout.figure_families`);
+The file names and families are listed in :mod:`crop.workflow.layout` (:func:`crop.workflow.layout.figure_families`);
 docs/figures.md describes each for a reader.  Colours, markers, line styles and legends:
 :mod:`crop.report.style`.  In every figure certified bounds are solid lines and PGD attacks dashed (drawn
 above the bounds), shading is ± one standard deviation over episodes, axis labels use the paper's symbols.
@@ -23,7 +23,6 @@ from matplotlib.lines import Line2D  # noqa: E402
 from crop import columns as cols  # noqa: E402
 from crop.envs import env_spec  # noqa: E402
 from crop.io import atomic_write_bytes  # noqa: E402
-from crop.layout import FIGURE_FORMATS, figure_families, large_sigma_labels, main_sigma_labels  # noqa: E402
 from crop.report.intervals import run_interval  # noqa: E402
 from crop.report.metrics import clip_text, per_step_mean_radius  # noqa: E402
 from crop.report.return_panels import gre_curve, panel_adasearch, panel_global, return_span, set_ylim  # noqa: E402
@@ -44,6 +43,7 @@ from crop.report.style import (  # noqa: E402
     style_handles,
     top_legend,
 )
+from crop.workflow.layout import FIGURE_FORMATS, figure_families, large_sigma_labels, main_sigma_labels  # noqa: E402
 
 __all__ = ["iter_env_figures", "save_figure", "legend_figure", "load_frames", "gre_curve", "PERIODIC_FRAMES"]
 
@@ -69,7 +69,8 @@ def load_frames(path: Path) -> tuple[np.ndarray, np.ndarray]:
 # --------------------------------------------------------------------------------------------- drawing
 
 def save_figure(fig, figures_dir: Path, stem: str) -> list[Path]:
-    """Write ``fig`` as ``figures_dir/stem`` in every format of :data:`crop.layout.FIGURE_FORMATS`, then close it."""
+    """Write ``fig`` as ``figures_dir/stem`` in every format of :data:`crop.workflow.layout.FIGURE_FORMATS`, then
+    close it."""
     paths = []
     for fmt in FIGURE_FORMATS:
         buf = io.BytesIO()
@@ -349,7 +350,7 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
 
 
 def iter_env_figures(env: str, data: dict):
-    """Yield (stem, Figure) for every figure of ``env`` in :func:`crop.layout.figure_families`."""
+    """Yield (stem, Figure) for every figure of ``env`` in :func:`crop.workflow.layout.figure_families`."""
     keys = [k for k in data if k[0] == env]
     algos = series_order(k[1] for k in keys)
     labels = sorted({k[2] for k in keys}, key=float)

@@ -1,7 +1,7 @@
 """Integrity of result files: each must still have the sha256 recorded in its ``.meta.json`` when it was
 written, so a truncated or edited intermediate (half a ``loact.csv``) is caught before anything reads it.
 
-A run folder may hold any subset of the workflow's *stages* (:data:`crop.stage_table.STAGES`): a LoAct-only
+A run folder may hold any subset of the workflow's *stages* (:data:`crop.workflow.stage_table.STAGES`): a LoAct-only
 or a GRe-only run is a partial run, audited for what it has.  A stage with some of its files but not all is
 half-written — an integrity problem.  A replicate folder (config ``replicates``) is pooled with its run, so each
 of its return stages must have run with the run's reward clip (``rewards.clip``): one that did not is a problem
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from crop.io import meta_path, read_json, sha256_file
-from crop.layout import RUN_FILES
-from crop.stage_table import STAGES
+from crop.workflow.layout import RUN_FILES
+from crop.workflow.stage_table import STAGES
 
 __all__ = ["check_integrity", "IntegrityError", "STAGE_FILES", "stages_present", "replicate_clip_problems"]
 
@@ -32,7 +32,7 @@ class IntegrityError(ValueError):
 def stages_present(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
     """(stages with every file, stages with none, problems of stages with some files but not all), among the
     stages of the run's smoothing target (a probs or vote run has no qrange stage)."""
-    from crop.layout import run_files, run_target
+    from crop.workflow.layout import run_files, run_target
 
     full, absent, problems = [], [], []
     own = set(run_files(run_target(run_dir)))
@@ -55,7 +55,7 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
     """Files whose content no longer matches the hash recorded when they were written, and (a replicate
     folder) return stages that ran with another reward clip than the run's (:func:`replicate_clip_problems`);
     with ``only_present``, the files of a partial run's stages only (absent stages are not problems)."""
-    from crop.layout import run_files, run_target
+    from crop.workflow.layout import run_files, run_target
 
     problems = []
     for key, name in run_files(run_target(run_dir)).items():  # a probs/vote run has no qrange.json
@@ -92,8 +92,8 @@ def replicate_clip_problems(run_dir: Path) -> list[dict]:
     where the run lacks the stage, the one clip its other return stages share).  The tables, intervals and the
     reference comparison pool a replicate's returns with the run's; returns of different rewards must not be
     averaged into one value.  [] for a run folder itself."""
-    from crop.layout import base_run, replicate_of
     from crop.report.metrics import reward_clips
+    from crop.workflow.layout import base_run, replicate_of
 
     if not replicate_of(run_dir):
         return []

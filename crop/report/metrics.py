@@ -43,8 +43,10 @@ import numpy as np
 import pandas as pd
 
 from crop import columns as cols
+from crop.certify.lore import lore_bound_at
 from crop.io import meta_path, read_json
-from crop.layout import (
+from crop.report.intervals import benign_return_range
+from crop.workflow.layout import (
     ACTION_TARGET,
     FRAMES_FILE,
     REPLICATE_PREFIX,
@@ -53,8 +55,6 @@ from crop.layout import (
     run_files,
     run_target,
 )
-from crop.lore import lore_bound_at
-from crop.report.intervals import benign_return_range
 
 __all__ = ["load_runs", "read_lore_meta", "reward_clips", "clip_text", "RETURN_STAGES", "RETURN_METRICS",
            "metric_clip",
@@ -86,8 +86,8 @@ _PERCENTILE = re.compile(r"^percentile_bound_p(0?\.\d+|1(\.0*)?|0)$")
 
 def parse_run(run: str) -> tuple[str, str, str]:
     """(env, algo, sigma label) of a run folder ``ENV/ALGO/sigma-S`` (ENV may hold one ``/``, as
-    ``ALE/Breakout-v5``), or of its replicate folder ``ENV/ALGO/sigma-S/rep-K`` (:func:`crop.layout.replicate_of`
-    tells which replicate)."""
+    ``ALE/Breakout-v5``), or of its replicate folder ``ENV/ALGO/sigma-S/rep-K``
+    (:func:`crop.workflow.layout.replicate_of` tells which replicate)."""
     parts = Path(run).parts
     if parts and parts[-1].startswith(REPLICATE_PREFIX) and parts[-1][len(REPLICATE_PREFIX):].isdigit():
         parts = parts[:-1]
@@ -117,7 +117,7 @@ def read_lore_meta(run_dir: Path) -> dict:
 
 
 #: The stages whose outputs are returns: their metadata record the reward clip they ran with (``reward_clip``,
-#: crop.handlers._clip_record), absent where the rewards are the environment's own.
+#: crop.handlers.stages._clip_record), absent where the rewards are the environment's own.
 RETURN_STAGES = ("loact", "gre", "attack_global")
 
 
@@ -187,11 +187,11 @@ def _read_files(run_dir: Path, files: dict, required: bool) -> dict:
 
 def _per_step(data: dict) -> None:
     """A continuous-action agent's LoAct (one row per step and action dimension) as one row per step, as its
-    certified_ratio.csv counts it (:func:`crop.percentile.step_ratio`: certified when every dimension is, at
+    certified_ratio.csv counts it (:func:`crop.certify.percentile.step_ratio`: certified when every dimension is, at
     the smallest radius over the dimensions), so that every radius, fraction and curve of the report is per
     step like a discrete agent's; the per-dimension table stays under ``loact_dims``."""
     if "loact" in data:
-        from crop.percentile import step_ratio
+        from crop.certify.percentile import step_ratio
 
         data["loact_dims"] = data["loact"]
         data["loact"] = step_ratio(data["loact"])
@@ -346,7 +346,7 @@ def metric_value(run: dict, metric: str, eps: float | None = None) -> float | No
         v = g[cols.PERCENTILE_BOUND].iloc[0]
         return math.nan if pd.isna(v) else float(v)
     if metric in ("lore_bound", "pgd_local_return") and ("lore" if metric == "lore_bound" else "attack_local") \
-            not in run:   # a continuous-action agent's run: no LoRe, no local attack (crop.layout.run_stages)
+            not in run:   # a continuous-action agent's run: no LoRe, no local attack (crop.workflow.layout.run_stages)
         return None
     if metric == "lore_bound":
         v = lore_bound_at(run["lore"], eps, lore_valid_until(run))

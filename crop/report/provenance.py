@@ -35,8 +35,8 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
     package-version sets among the stages.
     """
     from crop.io import meta_path, read_json, sha256_file
-    from crop.layout import RUN_FILES, checkpoint_path, split_run_algo
     from crop.report.metrics import parse_run
+    from crop.workflow.layout import RUN_FILES, checkpoint_path, split_run_algo
 
     results = Path(results)
     env, algo, lab = parse_run(run)

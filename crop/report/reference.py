@@ -64,13 +64,13 @@ import pandas as pd
 import yaml
 
 from crop import columns as cols
-from crop.config import ALGORITHMS, load_bounded_yaml, load_schema
 from crop.envs import ENV_SPECS
 from crop.io import CappedError, sha256_file
 from crop.reference import resolve_reference
 from crop.report.intervals import INTERVAL_METRICS, run_interval
 from crop.report.metrics import clip_text, lore_valid_until, mean_radius, metric_clip, metric_has_eps, metric_value
 from crop.report.metrics import is_metric as _is_project_metric
+from crop.workflow.config import ALGORITHMS, load_bounded_yaml, load_schema
 
 __all__ = ["ReferenceError", "DEFAULT_TOLERANCES", "REFERENCE_COLUMNS", "VERDICTS", "load_reference",
            "load_tolerances", "tolerance_for", "compare_reference", "reference_summary", "resolve_reference",

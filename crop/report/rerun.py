@@ -14,13 +14,13 @@ when it read them — into a scratch folder, on the CPU, and its outputs are com
   job makes the audit's verdict FAIL.
 
 A received folder steers nothing but values.  Every recorded setting is checked against the config schema's
-node of its key (type, range, enum, list elements and length; :func:`crop.stage_table.stage_options`) and a
+node of its key (type, range, enum, list elements and length; :func:`crop.workflow.stage_table.stage_options`) and a
 key that is no option of the stage's command is refused; the command is then built by this module, one
 ``--name=value`` word per option, the stage's settings as one ``--settings=JSON`` word (as the workflow passes
 them), so no recorded value can become an option.  The checkpoint, the V range and every output are the
 re-run's own paths — the run folder's model.pt and qrange.json, each verified by the sha256 the stage recorded
 (a missing one is refused), the outputs always in the scratch folder — never the record's.  Each job is bounded
-before it starts: ``crop plan``'s cost model (:func:`crop.cost.price`, this machine's CPU unit costs) predicts
+before it starts: ``crop plan``'s cost model (:func:`crop.workflow.cost.price`, this machine's CPU unit costs) predicts
 its time from the recorded sizes, and a job predicted over the budget (``--rerun-budget``, minutes a job) is not
 started; a started one is ended, its child processes with it, past :data:`TIMEOUT_FACTOR` × its prediction +
 :data:`TIMEOUT_EXTRA_S`, and its data segment is capped at :data:`MEM_FACTOR` × its predicted memory +
@@ -55,10 +55,10 @@ import numpy as np
 import pandas as pd
 
 from crop.io import InputError, meta_path, read_json, sha256_file
-from crop.layout import checkpoint_path, split_run_algo
 from crop.names import TARGET_NAMES
 from crop.report.metrics import parse_run
-from crop.stage_table import STAGES
+from crop.workflow.layout import checkpoint_path, split_run_algo
+from crop.workflow.stage_table import STAGES
 
 __all__ = ["rerun_jobs", "RERUN_RESULTS", "BUDGET_MINUTES", "TIMEOUT_FACTOR", "TIMEOUT_EXTRA_S", "MEM_FACTOR",
            "MEM_EXTRA_MB"]
@@ -78,7 +78,7 @@ MEM_FACTOR, MEM_EXTRA_MB = 4, 2048
 
 # The re-run's process: isolated (``-I``: neither the current directory nor PYTHON* variables on sys.path) and
 # with every environment id but the user's own (argv[1], JSON) importing nothing.
-_CHILD = ("import json, sys\nfrom crop.envs import untrusted_env_ids\nfrom crop.cli import main\n"
+_CHILD = ("import json, sys\nfrom crop.envs import untrusted_env_ids\nfrom crop.workflow.cli import main\n"
           "with untrusted_env_ids(json.loads(sys.argv[1])):\n    main(sys.argv[2:])")
 
 # What a record may hold besides the stage's settings: the common options (the config schema's top-level nodes),
@@ -139,7 +139,7 @@ def _option_names(command: str) -> set[str]:
     """The ``dest`` of every option of ``crop COMMAND``, and ``command``: what a record may hold."""
     import argparse
 
-    from crop.cli import build_parser
+    from crop.workflow.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return {a.dest for a in sub.choices[command]._actions if a.option_strings} | {"command"}
@@ -149,7 +149,7 @@ def _record_schema(row) -> dict:
     """The schema a stage's recorded settings must meet: each setting its config key's node, each common
     option its top-level node, each flag its own node; σ a positive number; env and algo strings (compared
     with the run folder's after); paths and the rest strings or null."""
-    from crop.config import schema
+    from crop.workflow.config import schema
 
     s = schema()
     props = {option: node for option, (_, node) in row.options.items()}
@@ -166,7 +166,7 @@ def _record_schema(row) -> dict:
 
 def _error_line(err) -> str:
     """One line for a schema error of a record: its path and what is wrong, in the config's words."""
-    from crop.config import _as_list, _message, _path
+    from crop.workflow.config import _as_list, _message, _path
 
     if err.validator == "type":
         want = " or ".join(_TYPE_WORDS.get(t, t) for t in _as_list(err.validator_value))
@@ -182,7 +182,7 @@ def _checked_settings(rec: dict, row) -> dict:
     setting is left out: the stage took the schema's default for it, as the re-run will."""
     import jsonschema
 
-    from crop.config import _is_integer, _non_finite, _path, schema
+    from crop.workflow.config import _is_integer, _non_finite, _path, schema
 
     where = f"{_record_name(row)} settings"
     settings = rec["settings"]
@@ -260,12 +260,12 @@ def _argv(rec: dict, values: dict, row, results: Path, run: str, scratch: Path) 
 
 
 def _priced(values: dict, row, run: str):
-    """The job's :class:`crop.cost.Job` priced by ``crop plan``'s model from the recorded sizes (the schema's
+    """The job's :class:`crop.workflow.cost.Job` priced by ``crop plan``'s model from the recorded sizes (the schema's
     default where a setting is not recorded, as the stage took it) and this machine's CPU unit costs
-    (:func:`crop.cost.unit_costs`); LoRe's tree at its worst case, since its certified fraction would be read
+    (:func:`crop.workflow.cost.unit_costs`); LoRe's tree at its worst case, since its certified fraction would be read
     from the folder's own loact.csv; an environment without units of its own by its family's
     (:func:`_stand_in_units`).  :class:`_NotRun` when the model cannot price it."""
-    from crop.cost import CostError, Job, price, unit_costs
+    from crop.workflow.cost import CostError, Job, price, unit_costs
 
     env, algo_dir, lab = parse_run(run)
     env_cfg: dict = {}

@@ -93,7 +93,7 @@ def gre_curve(d: dict, kind: str, x_end: float) -> tuple[np.ndarray, np.ndarray,
     """GRe's bound (``kind`` "mean": J̲_E, Theorem 2; "median": J̲_p at p = 0.5, Theorem 3) of one run over
     [0, ``x_end``]: the rows of ``gre.csv``, then — where the run's ε grid ends before the plot's x range
     (the attack's grid reaches further) — the same bound at larger ε from the same stored returns
-    (``gre_returns.csv``, :func:`crop.gre.gre_bounds`, α per point as in gre.csv).  A percentile no order
+    (``gre_returns.csv``, :func:`crop.certify.gre.gre_bounds`, α per point as in gre.csv).  A percentile no order
     statistic certifies is drawn as the trivial bound J_min.  Returns (ε, bound, n) with the first ``n``
     points from gre.csv."""
     col = cols.EXPECTATION_BOUND if kind == "mean" else cols.PERCENTILE_BOUND
@@ -102,7 +102,7 @@ def gre_curve(d: dict, kind: str, x_end: float) -> tuple[np.ndarray, np.ndarray,
     n = len(eps)
     last = float(eps.max()) if n else 0.0
     if n and x_end > last * (1 + 1e-9):
-        from crop.gre import gre_bounds  # the certifier's own formulas, not a copy
+        from crop.certify.gre import gre_bounds  # the certifier's own formulas, not a copy
 
         r0 = rows.iloc[0]
         extra = np.linspace(last, x_end, 17)[1:]
@@ -156,7 +156,7 @@ def panel_global(ax, runs: dict, sigma: float, kind: str) -> list:
 
 def panel_adasearch(ax, runs: dict, sigma: float) -> list:
     """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed).  Never
-    drawn for continuous-action agents, which have neither (crop.layout.has_lore).  Returns legend entries: the
+    drawn for continuous-action agents, which have neither (crop.workflow.layout.has_lore).  Returns legend entries: the
     algorithms whose bounded search spent its node budget (lore.max_nodes), a bound ≤ the full search's, still
     sound."""
     xmax = 0.0

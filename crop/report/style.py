@@ -1,11 +1,11 @@
 """How the report draws each algorithm: one colour, marker and label per algorithm in every figure, and the
 line, marker and legend helpers the panels share (:mod:`crop.report.figures`).
 
-The nine algorithms (:data:`crop.config.ALGORITHMS`) have fixed colours and markers (:data:`ALGO_COLORS`,
+The nine algorithms (:data:`crop.workflow.config.ALGORITHMS`) have fixed colours and markers (:data:`ALGO_COLORS`,
 :data:`ALGO_MARKERS`), whichever of them a run has; labels of your own get theirs from
 :func:`register_labels`.  Certified bounds are solid lines, PGD attacks dashed and drawn above them; axis
 labels use the paper's symbols (:data:`LABELS`).  A run folder's algorithm component may name a smoothing
-target other than q (``ALGO@TARGET``, :mod:`crop.layout`): it takes the target's marker and the label
+target other than q (``ALGO@TARGET``, :mod:`crop.workflow.layout`): it takes the target's marker and the label
 "ALGO (target)"; the first target of an algorithm in a figure takes the algorithm's colour, each further one a
 colour of its own (:func:`series_order`), so that ``MyPPO (probs)`` and ``MyPPO (vote)`` differ by colour as
 well as by marker.
@@ -18,9 +18,9 @@ import numpy as np
 from matplotlib import patheffects
 from matplotlib.lines import Line2D
 
-from crop.config import ALGORITHMS
-from crop.layout import ACTION_TARGET, split_run_algo
 from crop.names import TARGET_NAMES
+from crop.workflow.config import ALGORITHMS
+from crop.workflow.layout import ACTION_TARGET, split_run_algo
 
 __all__ = ["ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "EXTRA_COLORS", "EXTRA_MARKERS", "LABELS",
            "TARGET_MARKERS", "BOUND_Z", "ATTACK_Z", "ATTACK_STYLE", "register_labels", "algo_color",
@@ -33,7 +33,7 @@ __all__ = ["ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "EXTRA_COLORS", "EXTRA_
 # colours chosen to stay distinct under the common colour-vision deficiencies.  Markers: series that coincide
 # (two policies that certify nothing, two returns at the maximum) still show each algorithm, because their
 # markers are placed at staggered points (:func:`_markevery`).
-# Both in the order of crop.config.ALGORITHMS (StdTrain #332288 "o", GaussAug #88ccee "s", …).
+# Both in the order of crop.workflow.config.ALGORITHMS (StdTrain #332288 "o", GaussAug #88ccee "s", …).
 ALGO_COLORS = dict(zip(ALGORITHMS, ("#332288", "#88ccee", "#44aa99", "#117733", "#999933", "#cc6677", "#ddcc77",
                                     "#882255", "#aa4499"), strict=True))
 ALGO_MARKERS = dict(zip(ALGORITHMS, ("o", "s", "^", "v", "D", "P", "X", "*", "h"), strict=True))
@@ -96,7 +96,7 @@ LABELS = {
 }
 
 
-# A smoothing target other than q (run folder ALGO@TARGET, crop/layout.py) is drawn in its algorithm's colour
+# A smoothing target other than q (run folder ALGO@TARGET, crop/workflow/layout.py) is drawn in its algorithm's colour
 # with the target's own marker, and labelled "StdTrain (vote)"; a continuous-action agent's (action, its only
 # target) keeps its algorithm's marker and is labelled "MySAC (action)".
 TARGET_MARKERS = {"probs": "p", "vote": "d"}

@@ -2,7 +2,7 @@
 
 Each table is written as CSV (stable column keys for scripts), Markdown (a caption and reader's column names)
 and LaTeX (booktabs, for papers); an empty cell is ``—`` in Markdown, ``--`` in LaTeX.  The names are those
-of :data:`crop.layout.TABLES`:
+of :data:`crop.workflow.layout.TABLES`:
 
   {Env}_mean_radius            mean certified radius, algorithm × σ, uncertified steps count as 0 (headline)
   {Env}_mean_radius_certified  the same over certified steps only (the paper's and the leaderboard's mean)
@@ -25,11 +25,11 @@ import pandas as pd
 from crop import columns as cols
 from crop.envs import env_spec
 from crop.io import atomic_write_text
-from crop.layout import ACTION_TARGET, TABLES, series_label, split_run_algo, table_files
 from crop.report.intervals import INTERVAL_METRICS, METHOD_EPISODES, METHOD_REPLICATES, run_interval
 from crop.report.markdown import pipe_table
 from crop.report.metrics import CONVENTIONS, clip_text, metric_value
 from crop.report.style import algo_label, series_key, series_order
+from crop.workflow.layout import ACTION_TARGET, TABLES, series_label, split_run_algo, table_files
 
 __all__ = ["env_tables", "env_table_texts", "write_env_tables", "latex_table", "markdown_table", "TIGHTNESS_COLUMNS",
            "INTERVAL_COLUMNS"]
@@ -181,7 +181,7 @@ def markdown_table(df: pd.DataFrame, caption: str) -> str:
 
 
 def _table_texts(df: pd.DataFrame, stem: str, caption: str) -> dict[str, str]:
-    """``{file name: text}`` of one table in every format of :data:`crop.layout.TABLE_FORMATS`."""
+    """``{file name: text}`` of one table in every format of :data:`crop.workflow.layout.TABLE_FORMATS`."""
     return {f"{stem}.csv": df.to_csv(index=False, lineterminator="\n", float_format="%.10g"),
             f"{stem}.md": markdown_table(_merged(df), caption),
             f"{stem}.tex": latex_table(_merged(df), caption)}
@@ -202,7 +202,7 @@ def _lore_truncated_at(meta: dict, eps: float) -> bool:
 
 
 def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.DataFrame, str]]:
-    """{table name: (DataFrame, caption)} for ``env`` (names as in :data:`crop.layout.TABLES`)."""
+    """{table name: (DataFrame, caption)} for ``env`` (names as in :data:`crop.workflow.layout.TABLES`)."""
     spec = env_spec(env)
     rows, bound_rows = [], []
     for (e, a, lab), d in sorted(data.items(), key=lambda kv: (series_key(kv[0][1]), float(kv[0][2]))):

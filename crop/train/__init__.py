@@ -60,7 +60,7 @@ def prepare_training(env_id: str, algo: str, settings: dict | None = None) -> tu
     recipe = recipe_for(algo)
     if images and not recipe.images:
         raise ValueError(f"{algo} has no image (CNN) variant, so it cannot be trained on {env_id}; "
-                         "use the published checkpoints (crop/registry.yaml)")
+                         "use the published checkpoints (crop/agents/registry.yaml)")
     settings = dict(settings or {})
     if "recipe" in settings and "recipes" in settings:
         raise ValueError("give either 'recipe' (this algorithm's overrides) or 'recipes', not both")

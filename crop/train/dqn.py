@@ -37,12 +37,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from crop.engine import resolve_device
 from crop.envs import env_spec, make_env, to_obs
 from crop.io import derive_seed
 from crop.models import build_q_network
 from crop.models.noisy import resample_noise
 from crop.progress import pbar
+from crop.smoothing.engine import resolve_device
 from crop.train.resume import Checkpointer, Progress, ResumeOptions, State, load, training_key
 
 __all__ = ["DQNConfig", "TrainingFailed", "Batch", "TrainContext", "train_dqn", "greedy_returns"]

@@ -30,8 +30,8 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from crop.attack import pgd_l2
-from crop.bounds_ibp import crown_bounds, ibp_bounds, margin_spec, parse_norm
+from crop.certify.attack import pgd_l2
+from crop.models.bounds_ibp import crown_bounds, ibp_bounds, margin_spec, parse_norm
 
 __all__ = ["Recipe", "RECIPES", "recipe_for", "pgd"]
 
@@ -64,7 +64,7 @@ def pgd(loss_fn, x: torch.Tensor, eps: float, norm, steps: int, gen: torch.Gener
     """PGD perturbation δ maximising ``loss_fn`` within the ε-ball of ``norm`` (ℓ∞ or ℓ2)."""
     if parse_norm(norm) == math.inf:
         return pgd_linf(loss_fn, x, eps, steps, gen)
-    return pgd_l2(loss_fn, x, torch.full((x.shape[0],), float(eps)), steps)  # crop.attack's ℓ2 PGD
+    return pgd_l2(loss_fn, x, torch.full((x.shape[0],), float(eps)), steps)  # crop.certify.attack's ℓ2 PGD
 
 
 def action_margin(q_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -177,7 +177,7 @@ class GaussAug(Recipe):
 class AdvTrain(Recipe):
     """AdvTrain (Behzadan & Munir, 2017): a ``fraction`` (50 %) of each sampled batch's observations s is
     replaced by a ``steps``-step (5) PGD perturbation within the ℓ2 ε-ball that maximises the cross-entropy
-    of Q(ŝ, ·) (as logits) against the greedy action at s — the attack crop/attack.py runs on the
+    of Q(ŝ, ·) (as logits) against the greedy action at s — the attack crop/certify/attack.py runs on the
     certified policies.  ε ramps from 0 over ``ramp_steps`` after ``ramp_start``."""
 
     name = "AdvTrain"
@@ -310,7 +310,7 @@ class SAMDP_PGD(_SAMDP):
 class SAMDP_CVX(_SAMDP):
     __doc__ = _SAMDP.__doc__ + """
     Inner maximisation by convex relaxation: a sound *upper* bound of max_{a≠a*} Q(ŝ, a) − Q(ŝ, a*) from
-    CROWN-IBP with the margin specification (crop/bounds_ibp.py), mixed with the IBP bound as
+    CROWN-IBP with the margin specification (crop/models/bounds_ibp.py), mixed with the IBP bound as
     β·CROWN-IBP + (1 − β)·IBP, β going 1 → 0 along the ε schedule (SA-DQN's convex_start/final_beta)."""
     name = "SA-MDP-CVX"
 

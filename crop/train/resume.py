@@ -53,7 +53,7 @@ __all__ = ["CHECKPOINT_EVERY", "ResumeOptions", "Progress", "Checkpointer", "tra
 CHECKPOINT_EVERY = 600.0
 #: The layout of the file: a file of another layout never matches, training starts afresh.
 FORMAT = 1
-_CODE = ("train", "models", "envs", "attack.py", "bounds_ibp.py")
+_CODE = ("train", "models", "envs", "certify/attack.py")
 _LIBRARIES = ("torch", "numpy", "gymnasium", "highway-env", "ale-py")
 
 

@@ -1,10 +1,10 @@
-"""``crop calibrate``: measure on this machine the unit costs of the cost model (:mod:`crop.cost`).
+"""``crop calibrate``: measure on this machine the unit costs of the cost model (:mod:`crop.workflow.cost`).
 
 Per environment, with a network of the architecture its policies have (random weights: the cost does not
-depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.SmoothedQ`, the
+depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.smoothed.SmoothedQ`, the
 engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
 LoRe transition (small full searches of two depths, differenced), GRe's workflow path per trajectory step,
-per trajectory and per slot of its pool (:func:`crop.gre.sample_randomized_returns` with one worker, timed by
+per trajectory and per slot of its pool (:func:`crop.certify.gre.sample_randomized_returns` with one worker, timed by
 phase), a training step
 (:func:`crop.train.dqn.train_dqn`, updates from the first step, no evaluation); and a job's fixed start
 cost (a fresh interpreter importing what a stage imports).  All on one core (torch threads: 1).  Each is
@@ -21,7 +21,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from crop.cost_units import GLOBAL_UNITS, calibration_path, check_table, check_tables, shipped_table
+from crop.workflow.cost_units import GLOBAL_UNITS, calibration_path, check_table, check_tables, shipped_table
 
 __all__ = ["calibrate", "machine", "PAPER_ENVS"]
 
@@ -66,14 +66,14 @@ def _net_spec(env: str, n_actions: int, obs_shape: tuple) -> dict:
 
 def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers: int = 1, sigma: float = 0.01,
                batch: int | None = None):
-    """GRe's workflow path (:func:`crop.gre.sample_randomized_returns`) timed by phase: seconds in all
+    """GRe's workflow path (:func:`crop.certify.gre.sample_randomized_returns`) timed by phase: seconds in all
     (``total``), of making the pool (``start``), of each block's seeded resets (``resets``: (seconds,
     trajectories) per block; the first also waits for the workers' start and their environments' making), of
     the lockstep loop (``loop``: the rest until the pool closes) and of closing it (``closing``: stopping the
     workers), the pool's ``slots`` and the ``returns``."""
     import time
 
-    import crop.gre as gre
+    import crop.certify.gre as gre
 
     marks = {"resets": []}
     make = gre.make_env_pool
@@ -140,7 +140,7 @@ def _env_costs(env: str, device: str, log) -> dict:
 
     from crop.envs import make_env, snapshot, to_obs
     from crop.models import build_q_network
-    from crop.smoothing import SmoothedQ, SmoothingSettings
+    from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
     from crop.train.dqn import DQNConfig, train_dqn
 
     e = make_env(env)
@@ -204,7 +204,7 @@ def _env_costs(env: str, device: str, log) -> dict:
 
     long, short = train(3 * ts), train(ts)
     # Timing noise can leave the difference at nothing: then the longer run's whole time per step (its start
-    # included), which errs long, never a free step (a calibration holds no zero: crop.cost_units).
+    # included), which errs long, never a free step (a calibration holds no zero: crop.workflow.cost_units).
     out["train_step_s"] = (long - short) / (2 * ts) if long > short else long / (3 * ts)
     log(f"{env}: training {1 / out['train_step_s']:.0f} steps/s")
     return out
@@ -215,8 +215,8 @@ def _lore_transition_s(env: str, net, k: int, smooth_sample_s: float, device: st
     bookkeeping — from full searches (no pruning) of two small trees, depth d and d + 1, 16 samples per state:
     their difference in seconds, less its smoothing, over their difference in transitions, so that what a
     search pays once (making and resetting its environment: two ROM loads on Atari) cancels out."""
-    from crop.lore import run_lore
-    from crop.smoothing import SmoothedQ, SmoothingSettings
+    from crop.certify.lore import run_lore
+    from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
 
     depth = {"CartPole-v0": 8, "FreewayNoFrameskip-v4": 4}.get(env, 2)
     m = 16
@@ -240,7 +240,8 @@ def _lore_transition_s(env: str, net, k: int, smooth_sample_s: float, device: st
 
 def _start_s() -> float:
     """A stage job's fixed cost: a fresh interpreter importing what ``crop loact`` imports."""
-    code = "import crop.cli, crop.handlers, crop.smoothing, crop.loact, crop.envs, pandas"
+    code = ("import crop.workflow.cli, crop.handlers.stages, crop.smoothing.smoothed, crop.certify.loact, crop.envs, "
+            "pandas")
 
     def run():
         subprocess.run([sys.executable, "-c", code], check=True)
@@ -252,7 +253,7 @@ def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=p
     """Measure every unit cost of ``envs`` on ``device`` and store them under ``device`` in the calibration file
     (other devices' tables in it are kept, and so are the device's other environments, whose units this run
     did not measure).  Returns the table written.  A file there that is JSON but fails the checks every reader
-    makes (:func:`crop.cost_units.check_tables`) is refused before anything is measured, since what it would
+    makes (:func:`crop.workflow.cost_units.check_tables`) is refused before anything is measured, since what it would
     keep of it would make the new file fail them too; one that is not JSON is replaced.  The new table is
     checked before it is written."""
     import torch

@@ -3,7 +3,7 @@ seconds from measured unit costs, the totals, the makespan on given machines, an
 memory each job asks for.
 
 The unit costs (one table per device, :func:`unit_costs`) are measured by ``crop calibrate``
-(:mod:`crop.calibrate`) and multiplied by each job's work:
+(:mod:`crop.workflow.calibrate`) and multiplied by each job's work:
 
 ==============  =============================================================================================
 job             seconds (S = episodes × H states; every job adds the table's ``start_s``: imports, loading)
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crop import columns as cols
-from crop import layout
-from crop.config import run_targets, sigma_label, smoothing_targets, train_settings
-from crop.cost_units import GLOBAL_UNITS, UNITS, CostError, calibration_path, shipped_table, unit_costs
-from crop.stage_table import STAGES
+from crop.workflow import layout
+from crop.workflow.config import run_targets, sigma_label, smoothing_targets, train_settings
+from crop.workflow.cost_units import GLOBAL_UNITS, UNITS, CostError, calibration_path, shipped_table, unit_costs
+from crop.workflow.stage_table import STAGES
 
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
            "lore_transitions",
@@ -214,7 +214,7 @@ def global_episodes(cfg: dict, env: str) -> int:
 
 
 def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
-    from crop.registry import checkpoint_source
+    from crop.agents.registry import checkpoint_source
 
     ec = cfg["environments"][job.env]
     src = checkpoint_source(job.env, job.algo, ec["source"], ec.get("files"))
@@ -275,7 +275,7 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
     the stage table (qrange only for the q target), replicates 1 … N−1 of the replicated stages, then the
     aggregate and the audit.  ``needs`` holds each job's inputs (for the makespan).  ``gpus``: GPUs a
     machine has (None: as the environments' devices ask, :func:`stage_device`; 0 runs everything on the CPU)."""
-    from crop.registry import checkpoint_source
+    from crop.agents.registry import checkpoint_source
 
     gpu_stages = 0 if gpus == 0 else stage_gpus(cfg)
     out: list[Job] = []

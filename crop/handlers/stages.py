@@ -1,5 +1,5 @@
 """The handlers of the ``crop`` subcommands after the checkpoint: one ``cmd_*`` function per subcommand (the
-per-run stages of :data:`crop.stage_table.STAGES`, and aggregate and audit), called with the parsed arguments.
+per-run stages of :data:`crop.workflow.stage_table.STAGES`, and aggregate and audit), called with the parsed arguments.
 
 Certification and attacks run the same sequence (:class:`StageRun`): verify and load the checkpoint and the V
 range, build the smoothed Q-values with the stage's own noise stream, run one certifier or attack, then write
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from crop import columns as cols
 from crop.io import InputError, write_frames
-from crop.stage_table import STAGES
+from crop.workflow.stage_table import STAGES
 
 __all__ = ["StageRun", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global",
            "cmd_aggregate", "cmd_audit"]
@@ -102,15 +102,16 @@ def _actor_target(args) -> str:
 
 
 class StageRun:
-    """One run of a certification or attack stage (its row of the stage table: :class:`crop.stage_table.StageRow`),
+    """One run of a certification or attack stage (its row of the stage table:
+    :class:`crop.workflow.stage_table.StageRow`),
     what every such run shares: verify and load the checkpoint (and the V range where its row of
     the stage table reads one), build the smoother, then record provenance and write each output atomically
     beside its ``.meta.json``.  ``resolved``: parameters the stage settled itself, recorded as they ran."""
 
     def __init__(self, args, **resolved):
+        from crop.certify.qrange import load_qrange
         from crop.models import load_checkpoint
-        from crop.qrange import load_qrange
-        from crop.smoothing import TARGET_RANGE
+        from crop.smoothing.smoothed import TARGET_RANGE
 
         self.args, self.row = args, STAGES[args.command]
         self.name = self.row.rule
@@ -134,7 +135,7 @@ class StageRun:
     def smoother(self, alpha: float):
         """Smoothed Q-values (Definition 1) of the checkpoint, with the stage's own noise stream."""
         from crop.models import n_actions
-        from crop.smoothing import SmoothedQ, SmoothingSettings
+        from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
 
         a = self.args
         # The action count is the checkpoint's (SA-DQN's Pong networks use 4 of the 6 actions).
@@ -169,8 +170,8 @@ class StageRun:
 # ------------------------------------------------------------------------------------------------ stages
 
 def cmd_qrange(args) -> None:
+    from crop.certify.qrange import QRangeSettings, estimate_qrange
     from crop.io import write_json
-    from crop.qrange import QRangeSettings, estimate_qrange
 
     st = StageRun(args)
     if st.target != "q":
@@ -189,8 +190,8 @@ def cmd_qrange(args) -> None:
 def cmd_loact(args) -> None:
     import numpy as np
 
-    from crop.loact import LoActSettings, certified_ratio, run_loact
-    from crop.stats import episode_confidence, loact_state_alpha
+    from crop.certify.loact import LoActSettings, certified_ratio, run_loact
+    from crop.smoothing.stats import episode_confidence, loact_state_alpha
 
     st = StageRun(args)
     if st.target == "action":   # a continuous-action agent: percentile smoothing per action dimension
@@ -223,15 +224,15 @@ CONTINUOUS_BOUND = "exact binomial order statistics"
 
 
 def _loact_continuous(st: StageRun, args) -> None:
-    """LoAct of a continuous-action agent (:mod:`crop.percentile`): one row per step and action dimension.
+    """LoAct of a continuous-action agent (:mod:`crop.certify.percentile`): one row per step and action dimension.
     Its bounds are exact binomial order statistics (no --bound to choose); its frames file (--out-frames) is
     empty, as a vector environment's."""
     import numpy as np
 
-    from crop.config import schema
-    from crop.loact import certified_ratio
-    from crop.percentile import PercentileSettings, run_loact_continuous, step_ratio
-    from crop.stats import episode_confidence, loact_state_alpha
+    from crop.certify.loact import certified_ratio
+    from crop.certify.percentile import PercentileSettings, run_loact_continuous, step_ratio
+    from crop.smoothing.stats import episode_confidence, loact_state_alpha
+    from crop.workflow.config import schema
 
     if args.bound != schema()["properties"]["bound"]["default"]:
         raise InputError(f"--bound {args.bound}: a continuous-action agent's LoAct bounds percentiles of the action "
@@ -307,7 +308,7 @@ def cmd_gre(args) -> None:
     import numpy as np
     import pandas as pd
 
-    from crop.gre import GReSettings, gre_bounds, sample_randomized_returns
+    from crop.certify.gre import GReSettings, gre_bounds, sample_randomized_returns
     from crop.io import derive_seed
 
     spec = _spec_with_facts(args)
@@ -357,9 +358,9 @@ def _clip_record(clip) -> dict:
 
 
 def cmd_lore(args) -> None:
+    from crop.certify.lore import CHECKPOINT_EVERY, run_lore
     from crop.io import sha256_file
-    from crop.lore import CHECKPOINT_EVERY, run_lore
-    from crop.stats import lore_schedule_text, lore_state_alpha
+    from crop.smoothing.stats import lore_schedule_text, lore_state_alpha
 
     spec = _spec_with_facts(args)
     _lore_checks(spec, args)
@@ -405,9 +406,9 @@ def cmd_lore(args) -> None:
 def cmd_attack_local(args) -> None:
     import pandas as pd
 
-    from crop.attack import LocalAttackSettings, run_local_attack
+    from crop.certify.attack import LocalAttackSettings, run_local_attack
     from crop.envs import env_spec
-    from crop.stats import episode_confidence, loact_state_alpha
+    from crop.smoothing.stats import episode_confidence, loact_state_alpha
 
     st, spec = StageRun(args), env_spec(args.env)
     sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
@@ -428,7 +429,7 @@ def cmd_attack_local(args) -> None:
 
 
 def cmd_attack_global(args) -> None:
-    from crop.attack import GlobalAttackSettings, run_global_attack
+    from crop.certify.attack import GlobalAttackSettings, run_global_attack
 
     clip = _reward_clip(_spec_with_facts(args), args) if getattr(args, "clip_rewards", False) else None
     st = StageRun(args)
@@ -453,8 +454,8 @@ def _per_eps(values) -> str:
 def _results_and_runs(args) -> tuple[Path, list[str] | None]:
     """The results root and its ENV/ALGO/sigma-S run folders: from --inputs (the run files), or RESULTS."""
     if args.inputs:
-        from crop.layout import base_run
         from crop.report.metrics import run_depth
+        from crop.workflow.layout import base_run
 
         dirs = sorted({Path(f).parent for f in args.inputs})  # replicate folders: RESULTS/ENV/ALGO/sigma-S/rep-K
         roots = {Path(base_run(d)).parents[run_depth(base_run(d)) - 1] for d in dirs}
@@ -473,8 +474,8 @@ def _results_and_runs(args) -> tuple[Path, list[str] | None]:
 
 def _complete_runs(results: Path) -> list[str]:
     """Every complete run folder under ``results``; InputError naming what incomplete ones miss."""
-    from crop.layout import RUN_FILES
     from crop.report.audit import discover_runs
+    from crop.workflow.layout import RUN_FILES
 
     incomplete = discover_runs(results, incomplete=True)
     if incomplete:  # name what is missing rather than silently dropping runs
@@ -493,7 +494,7 @@ def cmd_aggregate(args) -> None:
     if not runs:
         raise InputError(f"no complete runs to aggregate under {results}")
     if not args.inputs:  # a folder: each run's replicate folders (config `replicates`) with it
-        from crop.layout import REPLICATE_PREFIX
+        from crop.workflow.layout import REPLICATE_PREFIX
 
         runs = list(runs) + [str(d.relative_to(results)) for r in runs
                              for d in sorted((results / r).glob(f"{REPLICATE_PREFIX}*")) if d.is_dir()]
@@ -511,8 +512,8 @@ def _config_hash(args) -> str | None:
     """--config-hash, or the hash of --config (validated); InputError when both are given and differ."""
     if not args.config:
         return args.config_hash
-    from crop.config import ConfigError, load_config
     from crop.report.provenance import config_hash
+    from crop.workflow.config import ConfigError, load_config
 
     try:
         h = config_hash(load_config(args.config, args.trust_env))
@@ -566,11 +567,11 @@ def cmd_audit(args) -> None:
 
 def _config_envs(args) -> list[str]:
     """The environment ids the user vouched for (``--trust-env``, and ``--config``'s ids that set
-    ``import_module: true``: crop.config.trusted_env_ids): the only ids whose ``module:Id`` form may import a
+    ``import_module: true``: crop.workflow.config.trusted_env_ids): the only ids whose ``module:Id`` form may import a
     module during an audit.  A config may be received with the folder, so its other ids import nothing."""
     if not args.config:
         return list(args.trust_env)
-    from crop.config import ConfigError, load_config, trusted_env_ids
+    from crop.workflow.config import ConfigError, load_config, trusted_env_ids
 
     try:
         trusted = trusted_env_ids(load_config(args.config, args.trust_env), args.trust_env)

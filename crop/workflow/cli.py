@@ -3,7 +3,7 @@
 Each subcommand checks its arguments before doing any work, calls the package, and writes its outputs
 atomically with a provenance file beside each.  Exit status 2 means bad input (config, checkpoint,
 arguments); nothing is written then.  A stage's outputs and settings are its row of the stage table
-(crop/stage_table.py); each setting takes its type, bounds, default and help from the config schema.  The
+(crop/workflow/stage_table.py); each setting takes its type, bounds, default and help from the config schema.  The
 workflow passes a stage's settings block once, as --settings; a flag given by hand takes precedence.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 
 from crop.io import InputError, json_object
 from crop.names import ALPHA_MODES, BOUND_NAMES, DEVICES, TARGET_NAMES
-from crop.stage_table import STAGES, StageRow
+from crop.workflow.stage_table import STAGES, StageRow
 
 __all__ = ["main", "build_parser", "InputError", "BOUND_NAMES"]
 
@@ -88,7 +88,7 @@ def _flag(p, option: str, node: dict, **kw) -> None:
 
 def _node(key: str) -> dict:
     """The schema node of a top-level key, or of ``environment.KEY``."""
-    from crop.config import schema as _schema
+    from crop.workflow.config import schema as _schema
 
     schema = _schema()
     if key.startswith("environment."):
@@ -111,7 +111,7 @@ def _algo(text: str) -> str:
     """A label as the config's (crop/schemas: $defs.label): the paper's nine or one of your own."""
     import re
 
-    from crop.config import schema
+    from crop.workflow.config import schema
 
     label = schema()["$defs"]["label"]
     if not re.fullmatch(label["pattern"], text):
@@ -130,7 +130,7 @@ def _return_or_none(text: str) -> float | None:
 
 def _accepted(key: str) -> str:
     """What a config accepts for an environment id or an algorithm label (the schema's words), for help."""
-    from crop.config import schema
+    from crop.workflow.config import schema
 
     node = schema()["$defs"]["env_id" if key == "env" else "label"]
     return " ".join(node.get("description", "").split()) or "see crop/schemas/config.schema.yaml"
@@ -139,7 +139,7 @@ def _accepted(key: str) -> str:
 #: Why a subcommand takes Discrete actions only (a stage's reason is its row's ``discrete``); the others take
 #: Box actions too.  tests/test_help.py asks each command's own check whether Pendulum-v1 passes.
 DISCRETE_ONLY = {"train": "it trains Q-networks (Double DQN)", "derive": "it derives Q-networks (CARRL)",
-                 "fetch": "the published checkpoints are the paper's Q-networks (crop/registry.yaml)",
+                 "fetch": "the published checkpoints are the paper's Q-networks (crop/agents/registry.yaml)",
                  **{name: row.discrete for name, row in STAGES.items() if row.discrete}}
 
 
@@ -203,7 +203,7 @@ def _import_args(p) -> None:
 def cmd_validate_config(args) -> None:
     """The checks the workflow makes before any job: the schema and the registry, then every policy file
     opened as its checkpoint job will open it."""
-    from crop.config import ConfigError, check_policy_files, load_config
+    from crop.workflow.config import ConfigError, check_policy_files, load_config
 
     try:
         cfg = check_policy_files(load_config(args.config, args.trust_env), args.config)
@@ -214,7 +214,7 @@ def cmd_validate_config(args) -> None:
 
 
 def cmd_calibrate(args) -> None:
-    from crop.calibrate import PAPER_ENVS, calibrate
+    from crop.workflow.calibrate import PAPER_ENVS, calibrate
 
     try:
         calibrate(args.device, args.env or PAPER_ENVS, args.out)
@@ -237,8 +237,8 @@ def _plan_table(jobs) -> list[str]:
 def cmd_plan(args) -> None:
     import json
 
-    from crop.config import ConfigError, load_config
-    from crop.cost import CostError, plan, runtime_minutes, stage_gpus
+    from crop.workflow.config import ConfigError, load_config
+    from crop.workflow.cost import CostError, plan, runtime_minutes, stage_gpus
 
     try:
         cfg = load_config(args.configfile, args.trust_env)
@@ -268,7 +268,7 @@ def cmd_plan(args) -> None:
 # -------------------------------------------------------------------------------------------------- parser
 
 # subcommand: (one-line help, description); a per-run stage's are its row's, in the stage table's order after
-# the checkpoint's subcommands (crop.stage_table)
+# the checkpoint's subcommands (crop.workflow.stage_table)
 COMMANDS = {
     "train": ("train a Q-network locally (Double DQN and its variants; Discrete actions)",
               "Train a policy with the recipe of its algorithm (crop/train), seeded; the greedy policy must pass "
@@ -277,7 +277,7 @@ COMMANDS = {
                "Build a policy from its base algorithm's checkpoint without training (CARRL from StdTrain), "
                "evaluate its greedy return and write model.pt and model.json."),
     "fetch": ("download a published checkpoint (sha256-pinned)",
-              "Download a published checkpoint (crop/registry.yaml) through the cache or a mirror, refuse it "
+              "Download a published checkpoint (crop/agents/registry.yaml) through the cache or a mirror, refuse it "
               "unless its sha256 matches the pinned one, check that it loads into its architecture, then write "
               "model.pt and model.json."),
     "checkpoint": ("obtain a checkpoint from the configured source (train, fetch, derive or import)",
@@ -326,11 +326,11 @@ COMMANDS = {
 
 # What each subcommand runs (``module:function``, imported when it runs: the parser needs none of them); a
 # per-run stage's handler is its row's.
-HANDLERS = {"train": "crop.policies:cmd_train", "derive": "crop.policies:cmd_derive",
-            "fetch": "crop.policies:cmd_fetch", "checkpoint": "crop.policies:cmd_checkpoint",
-            "import": "crop.policies:cmd_import", "aggregate": "crop.handlers:cmd_aggregate",
-            "audit": "crop.handlers:cmd_audit", "validate-config": "crop.cli:cmd_validate_config",
-            "calibrate": "crop.cli:cmd_calibrate", "plan": "crop.cli:cmd_plan"}
+HANDLERS = {"train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
+            "fetch": "crop.handlers.policies:cmd_fetch", "checkpoint": "crop.handlers.policies:cmd_checkpoint",
+            "import": "crop.handlers.policies:cmd_import", "aggregate": "crop.handlers.stages:cmd_aggregate",
+            "audit": "crop.handlers.stages:cmd_audit", "validate-config": "crop.workflow.cli:cmd_validate_config",
+            "calibrate": "crop.workflow.cli:cmd_calibrate", "plan": "crop.workflow.cli:cmd_plan"}
 
 
 def _subcommands() -> dict[str, tuple[str, str, str]]:
@@ -361,7 +361,8 @@ def _stage_parser(p, row: StageRow) -> None:
         p.add_argument("--target", choices=TARGET_NAMES, help=_help(_node("environment.target")))
         p.add_argument("--qrange", help="qrange.json of the same env/algo/sigma (the q target only)")
     p.add_argument("--settings", help="the stage's settings block as JSON (option: value; what the workflow "
-                                      "passes, crop.stage_table.stage_settings); flags given as well take precedence")
+                                      "passes, crop.workflow.stage_table.stage_settings); flags given as "
+                                      "well take precedence")
     for option, (key, node) in row.options.items():
         default = f" (default: {node['default']})" if node.get("default") is not None else ""
         _flag(p, option, node, default=argparse.SUPPRESS, metavar=_METAVARS.get(option),
@@ -544,7 +545,7 @@ def main(argv=None) -> None:
         if isinstance(exc, OutputError):  # full disk, read-only folder: one line, nothing half-written
             print(f"crop {args.command}: error: {exc.strerror}", file=sys.stderr)
             sys.exit(1)
-        from crop.smoothing import NonFiniteQError
+        from crop.smoothing.smoothed import NonFiniteQError
         from crop.train.dqn import TrainingFailed
 
         if isinstance(exc, (NonFiniteQError, CheckpointError, TrainingFailed)):

@@ -1,6 +1,6 @@
-"""The cost model's unit costs (:mod:`crop.cost`): what each unit measures, the range a calibrated value
+"""The cost model's unit costs (:mod:`crop.workflow.cost`): what each unit measures, the range a calibrated value
 may lie in, and the check of a calibration file — ``crop calibrate``'s, one given to ``crop plan
---calibration``, or a table shipped in crop/costs/ — against them.
+--calibration``, or a table shipped in crop/workflow/costs/ — against them.
 
 A table is read by ``crop plan`` and by the workflow's resources (rules/common.smk) and multiplied into
 every job's prediction and SLURM request, so a value no machine measures (a start of 1e300 s, a snapshot
@@ -145,9 +145,9 @@ def calibration_path() -> Path:
 def shipped_table(device: str) -> dict:
     """The table shipped with the package for ``device``, checked as any calibration is
     (:func:`check_table`): an edited copy must not price a plan any other way."""
-    text = resources.files("crop").joinpath(f"costs/{device}.json").read_text()
+    text = resources.files("crop.workflow").joinpath(f"costs/{device}.json").read_text()
     table = json.loads(text)
-    check_table(table, device, f"calibration crop/costs/{device}.json (shipped)")
+    check_table(table, device, f"calibration crop/workflow/costs/{device}.json (shipped)")
     return table
 
 
@@ -179,4 +179,4 @@ def unit_costs(device: str, calibration: str | Path | None = None) -> tuple[dict
             t = tables[device]
             return t, f"{path} (crop calibrate --device {device}, {t.get('measured', '?')}, {t.get('machine', {})})"
     t = shipped_table(device)
-    return t, f"the shipped {device} table (crop/costs/{device}.json: {t['source']}, {t['measured']})"
+    return t, f"the shipped {device} table (crop/workflow/costs/{device}.json: {t['source']}, {t['measured']})"

@@ -10,7 +10,7 @@ Step 2 turns the m returns into
     column ``expectation_bound``, Δ_conf = (J_max − J_min)·sqrt(ln(1/α)/(2m)), Hoeffding),
   * the CDF-based expectation bound of Kumar, Levine & Feizi (ICLR 2022, "Policy smoothing for provably
     robust RL"), from the same m returns (column ``cdf_expectation_bound``,
-    :func:`crop.stats.cdf_expectation_bound`):
+    :func:`crop.smoothing.stats.cdf_expectation_bound`):
         J̲_CDF = J_min + Σ_i (F_(i) − F_(i−1)) · Φ(Φ⁻¹(max(0, (m − i + 1)/m − ε_DKW)) − ε√H/σ),
     F_(0) = J_min ≤ F_(1) ≤ … ≤ F_(m) the sorted returns and ε_DKW = sqrt(ln(1/α)/(2m)) the one-sided
     DKW band (Massart's constant) — a lower bound on the same quantity E[J_ε(π′)] as J̲_E, built from the
@@ -33,13 +33,13 @@ import pandas as pd
 import torch
 
 from crop import columns as cols
-from crop import stats
-from crop.engine import resolve_device
 from crop.envs import make_env_pool
 from crop.io import derive_seed
 from crop.names import network_name
 from crop.progress import pbar
-from crop.smoothing import NonFiniteQError
+from crop.smoothing import stats
+from crop.smoothing.engine import resolve_device
+from crop.smoothing.smoothed import NonFiniteQError
 
 __all__ = ["GReSettings", "sample_randomized_returns", "gre_bounds", "TrajectoryNoise"]
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from crop.engine import Engine, block_plan, resolve_device
 from crop.envs import make_env, to_obs
 from crop.names import network_name
 from crop.progress import pbar
-from crop.smoothing import NonFiniteQError
+from crop.smoothing.engine import Engine, block_plan, resolve_device
+from crop.smoothing.smoothed import NonFiniteQError
 
 __all__ = ["QRangeSettings", "estimate_qrange", "load_qrange", "METHODS"]
 
@@ -55,7 +55,7 @@ class _Extremes:
         self.v_min, self.v_max = min(self.v_min, lo), max(self.v_max, hi)
 
 
-#: Noise for up to this many floats (~16 MB) is drawn in one call, as in :class:`crop.engine.Engine`.
+#: Noise for up to this many floats (~16 MB) is drawn in one call, as in :class:`crop.smoothing.engine.Engine`.
 NOISE_BLOCK_FLOATS = Engine.NOISE_BLOCK_FLOATS
 
 

@@ -11,7 +11,7 @@
 The PGD step is normalised once and the iterate projected once onto the ε-ball (the official code
 rescaled twice, which changes the budget).  Episodes for all ε run in lockstep with one batched forward;
 at each step the clean states of every live run are smoothed in one :meth:`SmoothedQ.estimate_batch` call
-and the attacked states in another (runs in (ε, episode) order; the noise layout: :mod:`crop.engine`).
+and the attacked states in another (runs in (ε, episode) order; the noise layout: :mod:`crop.smoothing.engine`).
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from crop import columns as cols
-from crop.engine import resolve_device
+from crop.certify.loact import certify_estimate
 from crop.envs import make_env, to_obs
-from crop.loact import certify_estimate
 from crop.names import network_name
 from crop.progress import pbar
-from crop.smoothing import NonFiniteQError, SmoothedQ
+from crop.smoothing.engine import resolve_device
+from crop.smoothing.smoothed import NonFiniteQError, SmoothedQ
 
 __all__ = ["LocalAttackSettings", "GlobalAttackSettings", "pgd_l2", "project_l2", "run_local_attack",
            "run_global_attack", "global_pgd"]
@@ -196,7 +196,7 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, settings: LocalAttackSett
     all in lockstep.
 
     ``steps_out`` (a list): one row per attacked step is appended (``attack_local_steps.csv``): the run's ε,
-    episode and step, the clean state's digest (:func:`crop.lore.obs_digest`), its certificate (top action
+    episode and step, the clean state's digest (:func:`crop.certify.lore.obs_digest`), its certificate (top action
     a₁ = ``clean_action``, certified, radius, L(a₁), max U(a)), the attacked action and the discounted return
     before the step — what the audit needs to bound, step by step, the chance of a flip (and of leaving LoRe's
     tree) under valid certificates, and to tell when the return so far already secures LoRe's bound."""
@@ -253,7 +253,7 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, settings: LocalAttackSett
 
 def _step_record(runs: _Runs, i: int, t: int, action: int, cert, upper) -> dict:
     """One row of ``attack_local_steps.csv``: run ``i``'s clean state at step ``t`` (before it moves)."""
-    from crop.lore import obs_digest
+    from crop.certify.lore import obs_digest
 
     return {cols.EPS: runs.runs[i][0], cols.EPISODE: runs.runs[i][1], cols.STEP: t,
             cols.OBS_DIGEST: obs_digest(runs.obs[i]), cols.CLEAN_ACTION: int(cert.action), cols.ACTION: int(action),
@@ -268,7 +268,7 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, settings: GlobalAttac
     """PGD (expectation over the smoothing noise) against the σ-randomized policy π′
     (:class:`GlobalAttackSettings`).  ``seeds_per_eps``: the initial-state seeds of each ε's episodes (one list
     per ε of ``eps_grid``) — GRe's bounds are about a return from a *random* initial state, so the audit's count
-    over runs needs each run's and ε's episodes drawn afresh (:func:`crop.handlers.global_attack_seeds`).  A
+    over runs needs each run's and ε's episodes drawn afresh (:func:`crop.handlers.stages.global_attack_seeds`).  A
     continuous-action actor is attacked by :func:`_run_global_attack_actor`.  ``reward_fn`` maps each step's
     reward before it is added (GRe's reward clipping, so that both returns are the same quantity)."""
     if getattr(q_net, "continuous", False):

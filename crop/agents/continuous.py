@@ -8,7 +8,7 @@ from the environment's, is refused.  Where the file holds a critic (SAC, TD3) it
 then minimises the agent's own objective Q(s, π(s + δ)) (SAC: the minimum over its critics, as its actor
 loss; TD3/DDPG: the first, as theirs); otherwise it maximises the action's deviation from the clean one.
 
-Nothing of SB3 is imported: the zip is read as :mod:`crop.importing` reads any SB3 archive (one member in
+Nothing of SB3 is imported: the zip is read as :mod:`crop.agents.importing` reads any SB3 archive (one member in
 memory, tensors only), and ``data`` as JSON (its pickled ``:serialized:`` fields are never unpickled).
 CleanRL's ``td3_continuous_action.py`` / ``ddpg_continuous_action.py`` checkpoints (and a
 ``sac_continuous_action.py`` actor's state dict) carry their bounds in the buffers ``action_scale`` and
@@ -75,7 +75,7 @@ def _bounds_from_data(data: dict, path: Path) -> tuple[list[float], list[float]]
 
 
 def _sb3_data(path: Path) -> dict:
-    from crop.importing import _ZIP_ERRORS, MAX_DATA_BYTES, _corrupt_zip, sb3_json
+    from crop.agents.importing import _ZIP_ERRORS, MAX_DATA_BYTES, _corrupt_zip, sb3_json
 
     try:
         with zipfile.ZipFile(path) as zf:
@@ -97,7 +97,7 @@ def _sb3_data(path: Path) -> dict:
 
 
 def _activation(kwargs: dict, default: str) -> str:
-    from crop.importing import ACTIVATIONS
+    from crop.agents.importing import ACTIVATIONS
 
     fn = kwargs.get("activation_fn")
     if fn is None:
@@ -212,9 +212,9 @@ def read_continuous(path: str | Path, fmt: str, max_bytes: int) -> tuple[dict, s
     """(state dict, format, member, spec) of an SB3 continuous-action policy zip or a CleanRL continuous-action
     checkpoint (:func:`_read_cleanrl`), or None for any other file.
     The spec names the algorithm, the squashing and the bounds the file records.  Raises
-    :class:`crop.importing.PolicyImportError` in one line where the file is a continuous-action agent whose
+    :class:`crop.agents.importing.PolicyImportError` in one line where the file is a continuous-action agent whose
     bounds or squashing cannot be told."""
-    from crop.importing import PolicyImportError, _load_bytes, _sb3_policy_bytes, check_file
+    from crop.agents.importing import PolicyImportError, _load_bytes, _sb3_policy_bytes, check_file
 
     path = Path(path)
     check_file(path, fmt, max_bytes)
@@ -259,7 +259,7 @@ def _read_cleanrl(path: Path, max_bytes: int) -> tuple[dict, str, None, dict] | 
     bounds in the buffers ``action_scale`` and ``action_bias``; the Q-networks (``fc1..fc3`` on (s, a), the
     action on the environment's scale) kept as the critic.  ``ppo_continuous_action.py``'s agent is refused:
     its observation normalisation (NormalizeObservation) and action clipping live in wrappers, not the file."""
-    from crop.importing import PolicyImportError
+    from crop.agents.importing import PolicyImportError
     from crop.models import CheckpointError, load_tensors
 
     with open(path, "rb") as fh:

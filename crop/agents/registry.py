@@ -17,7 +17,7 @@ SOURCE_KINDS = ("published", "derive", "train")  # the order `auto` prefers; `fi
 
 @lru_cache(maxsize=1)
 def registry() -> dict:
-    return yaml.safe_load(resources.files("crop").joinpath("registry.yaml").read_text())
+    return yaml.safe_load(resources.files("crop.agents").joinpath("registry.yaml").read_text())
 
 
 def sources(env: str, algo: str) -> dict:

@@ -36,8 +36,8 @@ import pandas as pd
 import torch
 
 from crop import columns as cols
-from crop import stats
-from crop.smoothing import NonFiniteQError
+from crop.smoothing import stats
+from crop.smoothing.smoothed import NonFiniteQError
 
 __all__ = ["EPS_FACTORS", "PercentileSettings", "order_indices", "action_intervals", "smoothed_action",
            "run_loact_continuous", "step_ratio"]

@@ -1,4 +1,4 @@
-"""Your own policy: a Q-network, a policy network or a continuous-action actor (crop.importing.continuous)
+"""Your own policy: a Q-network, a policy network or a continuous-action actor (crop.agents.continuous)
 trained elsewhere, imported into a checkpoint the certifiers accept (an actor: LoAct, GRe, the global attack).
 
 Formats (``fmt="auto"`` tells them apart):
@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from crop.checkpoints import MAX_ARCHIVE_MEMBERS, MAX_MEMBER_BYTES, _check_name
+from crop.agents.checkpoints import MAX_ARCHIVE_MEMBERS, MAX_MEMBER_BYTES, _check_name
 from crop.io import sha256_file
 from crop.models import CheckpointError, load_state, load_tensors, spec_summary
 
@@ -428,7 +428,7 @@ def import_policy(path: str | Path, arch, fmt: str = "auto", sha256: str | None 
     digest = sha256_file(path)
     if sha256 is not None and digest != sha256.lower():
         raise PolicyImportError(f"{path}: sha256 {digest} differs from the pinned {sha256}; refusing it")
-    from crop.importing.continuous import read_continuous
+    from crop.agents.continuous import read_continuous
 
     continuous = read_continuous(path, fmt, max_bytes)
     if continuous is not None:   # a Box-action agent: its actor, squashing and bounds all come from the file

@@ -4,9 +4,9 @@ what its jobs ask of a cluster, whether it is replicated, what the report's capt
 
 Every other statement of these facts is derived from this table: the per-run rules (one rule per row, and a
 replicate rule where the row says so: ``rules/stages.smk``, with the blocks of ``rules/common.smk``), the file
-names of :mod:`crop.layout`, the ``crop`` subcommands with their ``--out*`` flags and settings
-(:mod:`crop.cli`), :class:`crop.handlers.StageRun`, the stages a run folder may hold
-(:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.cost`), the report's captions
+names of :mod:`crop.workflow.layout`, the ``crop`` subcommands with their ``--out*`` flags and settings
+(:mod:`crop.workflow.cli`), :class:`crop.handlers.stages.StageRun`, the stages a run folder may hold
+(:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.workflow.cost`), the report's captions
 (:mod:`crop.report.captions`) and the rules/flags table of
 docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler
 and its algorithm module.  No torch and no environments: the Snakefile and ``crop --help`` import it.
@@ -67,12 +67,12 @@ class StageRow:
     v_range: bool                   # the q target reads its run's qrange.json (and the stage takes --target)
     replicate: bool                 # repeated in each replicate folder (config ``replicates``)
     mem_mb: int | None              # memory of a job; None: the environment's GRe block (EnvSpec.gre_mem_mb);
-    #                                 its minutes come from the cost model (crop/cost.py)
-    cpu_only: bool = False          # runs on the job's CPU cores whatever the device configured (crop.cost)
+    #                                 its minutes come from the cost model (crop/workflow/cost.py)
+    cpu_only: bool = False          # runs on the job's CPU cores whatever the device configured (crop.workflow.cost)
     flags: tuple[Flag, ...] = field(default=())
     caption: str | None = None      # what the report's captions quote of its settings (:func:`caption`)
     discrete: str | None = None     # why it needs a finite set of actions: a continuous-action agent's runs
-    #                                 (target action, crop.layout.run_stages) do not have it
+    #                                 (target action, crop.workflow.layout.run_stages) do not have it
 
     @property
     def rule(self) -> str:
@@ -94,7 +94,7 @@ def _out(key: str, file: str, help: str, option: str = "out", required: bool = T
 
 
 def _cmd(rule: str) -> str:
-    return f"crop.handlers:cmd_{rule}"
+    return f"crop.handlers.stages:cmd_{rule}"
 
 
 _POS_INT = {"type": "integer", "minimum": 1}
@@ -202,11 +202,11 @@ RUN_FILES: dict[str, str] = {k: f for row in STAGES.values() for k, f in row.fil
 
 def add_stage(row: StageRow) -> None:
     """Add a per-run stage after the others: its rule, its subcommand and its files follow from the row.  Call
-    it before the Snakefile is read and before :mod:`crop.layout` or the report is imported (they keep what
+    it before the Snakefile is read and before :mod:`crop.workflow.layout` or the report is imported (they keep what
     they derive from the table); refuses then, and refuses a name or a file another stage has."""
     import sys
 
-    early = [m for m in ("crop.layout", "crop.report.integrity") if m in sys.modules]
+    early = [m for m in ("crop.workflow.layout", "crop.report.integrity") if m in sys.modules]
     if early:
         raise RuntimeError(f"stage {row.command}: add it before importing {', '.join(early)}")
     clash = ({row.command} & set(STAGES)) | (set(row.files) & set(RUN_FILES)) | \
@@ -236,7 +236,7 @@ def _resolve(node: dict, schema: dict) -> dict:
 
 @functools.cache
 def _options(command: str, keys: tuple[tuple[str, str], ...]) -> dict[str, tuple[str, dict]]:
-    from crop.config import schema
+    from crop.workflow.config import schema
 
     s = schema()
     env_props = s["$defs"]["environment"]["properties"]
@@ -290,7 +290,8 @@ def caption(command: str, settings: dict) -> str:
 # ------------------------------------------------------------------------------------- docs/layout.md's table
 
 #: The lines around the generated table in docs/layout.md.
-TABLE_BEGIN = "<!-- the stage table (crop/stage_table.py); regenerate: python -m crop.stage_table docs/layout.md -->"
+TABLE_BEGIN = ("<!-- the stage table (crop/workflow/stage_table.py); regenerate: "
+               "python -m crop.workflow.stage_table docs/layout.md -->")
 TABLE_END = "<!-- end of the stage table -->"
 
 

@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from crop.handlers import recorded_settings, setup
+from crop.handlers.stages import recorded_settings, setup
 from crop.io import InputError, json_object
 
 __all__ = ["cmd_train", "cmd_derive", "cmd_fetch", "cmd_import", "cmd_checkpoint"]
@@ -17,7 +17,7 @@ __all__ = ["cmd_train", "cmd_derive", "cmd_fetch", "cmd_import", "cmd_checkpoint
 def _source(args, prefer: str, kind: str | None = None, refusal: str = "") -> dict:
     """The registry entry (with its ``kind``) for (env, algo) under ``prefer``; InputError ``refusal`` unless
     it is of ``kind`` (a derived one must name its base).  ``--file`` (source: file) is the policy file."""
-    from crop.registry import resolve_source
+    from crop.agents.registry import resolve_source
 
     files = {args.algo: {"path": args.file}} if getattr(args, "file", None) else None
     try:
@@ -31,7 +31,7 @@ def _source(args, prefer: str, kind: str | None = None, refusal: str = "") -> di
 
 def _train_settings(args) -> dict:
     """The schema's train-block defaults ← ``--settings`` JSON ← explicit flags."""
-    from crop.config import target_return, train_defaults
+    from crop.workflow.config import target_return, train_defaults
 
     settings = {**train_defaults(), **json_object(args.settings, "a config's train block")}
     settings.update({k: getattr(args, k) for k in ("hidden", "total_steps", "min_steps", "eval_episodes")
@@ -146,7 +146,7 @@ def cmd_derive(args) -> None:
 def cmd_fetch(args) -> None:
     """Download a published checkpoint (pinned sha256, mirror, lock file), check that it loads into its
     architecture, then write model.pt and its record model.json (with its clean greedy return)."""
-    from crop.checkpoints import clean_greedy_return, fetch_checkpoint
+    from crop.agents.checkpoints import clean_greedy_return, fetch_checkpoint
     from crop.io import provenance, write_json
 
     started = setup(args)
@@ -178,7 +178,7 @@ def _eval_settings(args) -> tuple[int, float | None]:
     if hasattr(args, "settings"):
         settings = _train_settings(args)
         return settings["eval_episodes"], settings.get("target_return")
-    from crop.config import target_return
+    from crop.workflow.config import target_return
 
     return args.eval_episodes or EVAL_EPISODES_ALONE, target_return(args.env, None)
 
@@ -187,9 +187,9 @@ def cmd_import(args) -> None:
     """Your own policy: import a state dict (PyTorch, CleanRL DQN or PPO, Stable-Baselines3 DQN, PPO or A2C zip)
     into model.pt and its record model.json (sha256 of the source and of the result, architecture, profile,
     ``network``: ``q`` or ``policy``, clean greedy return)."""
-    from crop.checkpoints import clean_greedy_return
+    from crop.agents.checkpoints import clean_greedy_return
+    from crop.agents.importing import check_policy_file
     from crop.envs import default_profile, profiles
-    from crop.importing import check_policy_file
     from crop.models import CheckpointError, spec_summary
 
     started = setup(args)

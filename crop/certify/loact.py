@@ -10,7 +10,7 @@ of these, and it certifies only if the lower bound of the top action exceeds the
 other action — not just the runner-up.  Theorem 4's r^k are the same numbers sorted.
 
 The same radius holds for the smoothing targets bounded in [0, 1] (action probabilities, greedy-action vote;
-:mod:`crop.smoothing`) with [V_min, V_max] = [0, 1]: the adapted Theorem 1 of that module's docstring.
+:mod:`crop.smoothing.smoothed`) with [V_min, V_max] = [0, 1]: the adapted Theorem 1 of that module's docstring.
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 
 from crop import columns as cols
-from crop import stats
 from crop.envs import make_env, to_obs
 from crop.progress import pbar
-from crop.smoothing import Estimate, SmoothedQ
+from crop.smoothing import stats
+from crop.smoothing.smoothed import Estimate, SmoothedQ
 
 __all__ = ["Certificate", "LoActSettings", "certify_estimate", "certify_state", "run_loact", "certified_ratio"]
 

@@ -48,11 +48,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crop import stage_table
 from crop.envs import env_spec
 from crop.names import ACTION_TARGET
+from crop.workflow import stage_table
 
-#: ``{key: file name}`` of a complete run folder (the stage table's outputs, crop/stage_table.py).
+#: ``{key: file name}`` of a complete run folder (the stage table's outputs, crop/workflow/stage_table.py).
 RUN_FILES = stage_table.RUN_FILES
 
 # Atari LoAct runs also write the raw frames of episode 0 (``frames``: uint8 [T, 210, 160, 3],

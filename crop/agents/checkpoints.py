@@ -100,7 +100,7 @@ class _CopyFrom:
     def __call__(self, url, output_file, pooch_obj=None, check_only=False):
         if not self.path.is_file():
             raise FetchError(f"{self.path}: no such file in the mirror (expected the source's mirror_path "
-                             "under the mirror folder, as in crop/registry.yaml)")
+                             "under the mirror folder, as in crop/agents/registry.yaml)")
         if check_only:
             return True
         if self.path.stat().st_size > self.limit:

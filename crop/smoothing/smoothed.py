@@ -2,7 +2,7 @@
 
 ``SmoothedQ`` estimates Q̃(s, a) = E_{Δ∼N(0,σ²I)} f(s + Δ, a) for every action from m fresh noise draws, with
 confidence bounds that hold *simultaneously* for all actions: the inputs of Theorem 1's radius r_t, a lower
-bound on the certified perturbation ε̄ of Definition 1 (:func:`crop.loact.certify_estimate`).  The
+bound on the certified perturbation ε̄ of Definition 1 (:func:`crop.certify.loact.certify_estimate`).  The
 smoothing *target* f is
 
 * ``q``: the clipped Q-values clip(Q(s, a), V_min, V_max) (Theorem 1's Q: S × A → [V_min, V_max]; needs the
@@ -24,7 +24,7 @@ rounding does nothing to 0/1 samples).
 Every call draws fresh noise from one seeded generator that keeps advancing: noise is never reused across
 states (the official CROP code drew one noise bank and reused it for every state, which makes the per-state
 certificates dependent).  The noise, the forward passes and the per-state sums run in
-:class:`crop.engine.Engine`, whose docstring states the noise stream layout that makes a run reproducible.
+:class:`crop.smoothing.engine.Engine`, whose docstring states the noise stream layout that makes a run reproducible.
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from crop import stats
-from crop.engine import Engine, Launched, Noise
 from crop.names import TARGET_NAMES, network_name
+from crop.smoothing import stats
+from crop.smoothing.engine import Engine, Launched, Noise
 
 __all__ = ["SmoothedQ", "SmoothingSettings", "Estimate", "NonFiniteQError", "BOUNDS", "TARGETS", "TARGET_RANGE"]
 
@@ -106,7 +106,7 @@ def _clopper_pearson(total, m, lo, hi, alpha_each, samples, rng=None):
 
 
 # name -> (function(total, m, lo, hi, alpha_each, samples, rng) -> (mean, lower, upper), needs_samples).
-# Every function returns one-sided bounds at level alpha_each per side (see crop.stats); the mean is always
+# Every function returns one-sided bounds at level alpha_each per side (see crop.smoothing.stats); the mean is always
 # the plain Monte-Carlo mean, so the smoothed policy's action does not depend on the bound.  ``rng`` is the
 # smoother's own generator for randomised rounding (clopper_pearson), independent of the noise.
 BOUNDS = {
@@ -122,10 +122,10 @@ class SmoothingSettings:
     """Every setting of the smoothed Q-function, named as in the paper: ``sigma`` (noise std), ``m`` (samples
     per state), ``v_min``/``v_max`` (clipping range, estimated beforehand from *independent* noise, Appendix
     B.1; [0, 1] for the targets ``probs`` and ``vote``), ``alpha`` (per-state miscoverage, split over the 2·|A|
-    one-sided bounds, see :func:`crop.stats.per_bound_alpha`), ``bound`` (the confidence bound,
+    one-sided bounds, see :func:`crop.smoothing.stats.per_bound_alpha`), ``bound`` (the confidence bound,
     :data:`BOUNDS`), ``target`` (what is smoothed: ``q``, ``probs`` or ``vote``, see the module docstring; the
     noise stream does not depend on it).  ``chunk``, ``seed`` and ``device`` go to the
-    :class:`crop.engine.Engine` that draws the noise (:attr:`noise`).  Checked when made: a bad value raises
+    :class:`crop.smoothing.engine.Engine` that draws the noise (:attr:`noise`).  Checked when made: a bad value raises
     ValueError naming it."""
 
     sigma: float

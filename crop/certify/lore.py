@@ -27,7 +27,7 @@ order the search reaches them.  Under ``alpha_mode: family`` the i-th state *smo
 gets α_i.
 Confidence (union bound over the N distinct states smoothed, no independence needed): with a constant
 per-state α (``alpha_mode: state``) the whole tree holds with prob ≥ 1 − N·α; with the summable schedule
-α_i = α·6/(π² i²) for the i-th state (``alpha_mode: family``, :func:`crop.stats.lore_state_alpha`) it holds
+α_i = α·6/(π² i²) for the i-th state (``alpha_mode: family``, :func:`crop.smoothing.stats.lore_state_alpha`) it holds
 with prob ≥ 1 − Σ_{i≤N} α_i ≥ 1 − α whatever N turns out to be.  The i-th state's α depends only on i, and
 its noise is fresh, so the bound holds although which state comes i-th depends on earlier certificates.
 Reported as ``confidence_union`` with the α actually spent.
@@ -76,14 +76,14 @@ import numpy as np
 import pandas as pd
 
 from crop import columns as cols
-from crop import stats
+from crop.certify.loact import Certificate, certify_estimate
 from crop.envs import make_env, restore, snapshot, to_obs
 from crop.io import count_value as _count
 from crop.io import real_value as _real
 from crop.io import sigterm_noted
-from crop.loact import Certificate, certify_estimate
 from crop.progress import pbar
-from crop.smoothing import SmoothedQ
+from crop.smoothing import stats
+from crop.smoothing.smoothed import SmoothedQ
 
 __all__ = ["LoRe", "LoReSettings", "Problem", "Search", "run_lore", "obs_digest", "lore_bound_at", "CHECKPOINT_EVERY"]
 
@@ -597,7 +597,8 @@ class LoRe:
     def key(self) -> dict:
         """What identifies this run: a resume file written under another key is ignored.  Every field of
         :class:`LoReSettings` (:meth:`LoReSettings.key`: a setting added there is in the key without a word
-        here), every field of the smoother's :class:`crop.smoothing.SmoothingSettings` (its device as resolved),
+        here), every field of the smoother's
+        :class:`crop.smoothing.smoothed.SmoothingSettings` (its device as resolved),
         the smoothed network's parameters (a digest) and the file's layout: a file left by another network,
         checkpoint or option never resumes."""
         sm = self.smoother

@@ -20,9 +20,9 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from crop.agents.registry import resolve_source
 from crop.io import CappedError, sha256_file
 from crop.names import ACTION_TARGET, MAX_PARAMETERS, smoothing_targets
-from crop.registry import resolve_source
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "certifications",
            "run_targets", "smoothing_targets", "sigma_label", "trusted_env_ids",
@@ -394,8 +394,9 @@ def _check_case(cfg: dict, source: str) -> None:
 
 
 def _resolve_auto_sizes(cfg: dict) -> None:
-    """Replace every ``auto`` sample size by the one the audit of this config needs (:mod:`crop.audit_sizes`)."""
-    from crop.audit_sizes import global_episodes_needed
+    """Replace every ``auto`` sample size by the one the audit of this config needs
+    (:mod:`crop.workflow.audit_sizes`)."""
+    from crop.workflow.audit_sizes import global_episodes_needed
 
     for ec in cfg["environments"].values():
         if ec["attack"]["global_episodes"] == "auto":
@@ -404,7 +405,7 @@ def _resolve_auto_sizes(cfg: dict) -> None:
 
 def _continuous_target(env: str, ec: dict, given: dict, source: str) -> None:
     """A continuous-action environment (a Box) is certified through its action (target ``action``: LoAct
-    per action dimension, GRe, the global attack; :func:`crop.layout.run_stages`): filled in here, since
+    per action dimension, GRe, the global attack; :func:`crop.workflow.layout.run_stages`): filled in here, since
     a Box agent has no Q-values, probabilities or votes over a finite set of actions to smooth.  It needs
     ``source: file`` (crop trains DQNs only); a target given for it is refused in one line."""
     from crop.envs import ENV_SPECS, action_bounds
@@ -486,7 +487,7 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
     if spec.reward_range is None:
         raise ConfigError(f"{source}: {missing_reward_range(env)}")
 
-    if ec.get("target") == ACTION_TARGET:   # no LoRe for a continuous-action agent (crop.layout.run_stages)
+    if ec.get("target") == ACTION_TARGET:   # no LoRe for a continuous-action agent (crop.workflow.layout.run_stages)
         return
     problem = snapshot_problem(env)
     if problem:
@@ -504,7 +505,7 @@ def _policy_check_key(path, arch, fmt, sha256, env, profile) -> str | None:
     check and crop's version.  None (no memo) when the path is not a regular file within the size limit: the
     check itself then says what is wrong."""
     from crop import __version__
-    from crop.checkpoints import MAX_MEMBER_BYTES
+    from crop.agents.checkpoints import MAX_MEMBER_BYTES
 
     try:
         st = os.stat(path)
@@ -546,7 +547,7 @@ def _remember_check(key: str, kind: str) -> None:
 
 def check_policy_files(cfg: dict, source: str = "config") -> dict:
     """Open and check every ``files.<label>`` entry of a validated config as its checkpoint job will
-    (:func:`crop.importing.check_policy_file`: a regular, readable file within the size limit, its pinned
+    (:func:`crop.agents.importing.check_policy_file`: a regular, readable file within the size limit, its pinned
     sha256, tensors only, finite real weights that fit the architecture, a network that takes the
     environment's observations and gives one value per action), then judge each environment's smoothing
     targets by what its networks are: a policy network has no Q-values (no q target), softmax of a
@@ -573,7 +574,7 @@ def check_policy_files(cfg: dict, source: str = "config") -> dict:
             key = _policy_check_key(*check)
             networks[label] = _checked_network(key)
             if networks[label] is None:
-                from crop.importing import check_policy_file  # torch: only when a file is checked
+                from crop.agents.importing import check_policy_file  # torch: only when a file is checked
                 from crop.models import CheckpointError
 
                 try:

@@ -1,10 +1,10 @@
 """The device side of Eq. (2)'s Monte-Carlo estimate: noise, forward passes and per-state sums.
 
 :class:`Engine` draws the m samples Δ ∼ N(0, σ²I) of each state, runs the network on s + Δ, turns the outputs
-into the smoothing target's samples (a function :class:`crop.smoothing.SmoothedQ` gives it) and returns per
+into the smoothing target's samples (a function :class:`crop.smoothing.smoothed.SmoothedQ` gives it) and returns per
 state the sums of those samples and the sums of the raw outputs (to break exact ties; they also tell whether
 every output was finite, see :meth:`Engine.collect`).  What the sums mean — bounds, radii — is
-:mod:`crop.smoothing`'s and :mod:`crop.loact`'s.
+:mod:`crop.smoothing.smoothed`'s and :mod:`crop.certify.loact`'s.
 
 **Noise stream layout** (what makes a CPU run byte-reproducible): one call — of one state or of B — draws
 its B·m noise samples from the one generator in *state-major order* (the m samples of the batch's first
@@ -227,7 +227,7 @@ class Engine:
         if self.device.type != "cuda":
             return torch.as_tensor(arr)
         # Pinned and asynchronous: a pageable copy would wait for every launch queued before it (and so
-        # for the other half of a pipelined lockstep, see crop.loact).
+        # for the other half of a pipelined lockstep, see crop.certify.loact).
         return torch.from_numpy(np.ascontiguousarray(arr)).pin_memory().to(self.device, non_blocking=True)
 
     def _cl(self, dim: int) -> bool:
