@@ -46,7 +46,7 @@ def bare(env, net, m, horizon, workers):
 
 
 def main():
-    from crop.models import build_q_network
+    from crop.models import build_network
     from crop.workflow.calibrate import gre_phases
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,7 +60,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     w_runs, b_runs, returns = [], [], None
     for _ in range(a.repeats):
         r = gre_phases(a.env, net, a.m, a.horizon, "cpu", a.workers, sigma=0.1)

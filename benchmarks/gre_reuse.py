@@ -70,7 +70,7 @@ def _network(env_id: str, tiny: bool):
     """The architecture ``env_id``'s policies have (random weights), or with ``tiny`` one linear layer (the
     pool path's own cost, nearly without a forward)."""
     from crop.envs import env_shapes
-    from crop.models import build_q_network
+    from crop.models import build_network
 
     n, shape = env_shapes(env_id)
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def _network(env_id: str, tiny: bool):
         return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(shape)), n)).eval()
     spec = ({"arch": "nature_cnn", "in_channels": shape[0], "out": n} if len(shape) == 3 else
             {"arch": "mlp", "in": shape[0], "hidden": [256 if env_id.startswith("highway") else 128] * 2, "out": n})
-    return build_q_network(spec).eval()
+    return build_network(spec).eval()
 
 
 def gre(env_id: str, m: int, batch: int, horizon: int, tiny: bool = False) -> dict:

@@ -2,7 +2,7 @@
 
 Prints one line per measure as ``<measure>: <ratio>`` (lines starting with ``#`` give the raw times). The smoothed
 step is what LoAct/LoRe do per state at m = 10,000 (fresh noise + forward + clip + mean + bounds,
-``SmoothedQ.estimate``); the reference is a bare batched forward of the same noisy batch, pre-drawn, in the same
+``SmoothedNetwork.estimate``); the reference is a bare batched forward of the same noisy batch, pre-drawn, in the same
 chunks.  Goal ≤ 1.15.  For the Nature-CNN the Gaussian draw itself costs about as much as the forward on a CPU
 (``normal_`` is single-threaded), so its floor is forward + noise, printed as a second ratio.  First,
 ``bound_cost_<name>_ms``: the cost of each confidence bound per state at m samples and |A| = 6 (milliseconds, not a
@@ -35,8 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from crop.models import build_q_network  # noqa: E402
-from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings  # noqa: E402
+from crop.models import build_network  # noqa: E402
+from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings  # noqa: E402
 
 
 def _sync():
@@ -61,9 +61,9 @@ def timeit(fns: dict, reps: int) -> dict:
 
 
 def measure(name: str, spec: dict, obs_shape: tuple, n_actions: int, m: int, chunk: int, reps: int):
-    net = build_q_network(spec).eval()
+    net = build_network(spec).eval()
     x = np.random.default_rng(0).random(obs_shape, dtype=np.float32)
-    sm = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, chunk=chunk, seed=0), n_actions)
+    sm = SmoothedNetwork(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, chunk=chunk, seed=0), n_actions)
     g = torch.Generator().manual_seed(1)
     xt = torch.as_tensor(x)
     chunks = [torch.randn((min(chunk, m - s), *obs_shape), generator=g) * 0.1 + xt for s in range(0, m, chunk)]
@@ -97,7 +97,7 @@ def sequential_speedup(name: str, spec: dict, obs_shape: tuple, n_actions: int, 
                        device: str = "cpu"):
     """The paper's stated procedure — m sequential single-sample passes per state (the official code) —
     timed on ``probe`` passes and scaled to m, against one batched smoothed step."""
-    net = build_q_network(spec).eval().to(device)
+    net = build_network(spec).eval().to(device)
     x = torch.as_tensor(np.random.default_rng(0).random(obs_shape, dtype=np.float32), device=device)
     g = torch.Generator(device=device).manual_seed(2)
 
@@ -107,7 +107,8 @@ def sequential_speedup(name: str, spec: dict, obs_shape: tuple, n_actions: int, 
             q = net(x + 0.1 * torch.randn((1, *obs_shape), generator=g, device=device))
             q.clamp(-10, 10)
 
-    sm = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, chunk=chunk, seed=0, device=device), n_actions)
+    sm = SmoothedNetwork(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, chunk=chunk, seed=0, device=device),
+                         n_actions)
     xn = x.cpu().numpy()
     t = timeit({"seq": sequential, "step": lambda: sm.estimate(xn)}, 9)   # medians of 9: a shared machine drifts
     seq = t["seq"] * m / probe
@@ -121,7 +122,7 @@ def gre_lockstep(name: str, env_id: str, spec: dict, m: int, horizon: int, singl
     from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.envs import make_env, to_obs
 
-    net = build_q_network(spec).eval()
+    net = build_network(spec).eval()
     t0 = time.perf_counter()
     sample_randomized_returns(env_id, net, GReSettings(0.1, m, horizon, 1.0, seed=0, env_seed=0), progress=False)
     t_lock = time.perf_counter() - t0
@@ -147,8 +148,8 @@ def lore_rate(name: str, env_id: str, spec: dict, profile, m: int, horizon: int,
     """Nodes per second of LoRe's search (every distinct state smoothed once)."""
     from crop.certify.lore import run_lore
 
-    net = build_q_network(spec).eval()
-    sm = SmoothedQ(net, SmoothingSettings(sigma, m, -1.0, 1.0, 0.05, chunk=min(m, 1000), seed=0), spec["out"])
+    net = build_network(spec).eval()
+    sm = SmoothedNetwork(net, SmoothingSettings(sigma, m, -1.0, 1.0, 0.05, chunk=min(m, 1000), seed=0), spec["out"])
     t0 = time.perf_counter()
     _, info = run_lore(env_id, sm, horizon, 0, eps_max=4 * sigma, profile=profile, progress=False)
     dt = time.perf_counter() - t0
@@ -168,12 +169,12 @@ def measure_cuda_cnn(m: int, reps: int, device="cuda") -> None:
 
     dev = torch.device(device)
     shape = (4, 84, 84)
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     net_cl = copy.deepcopy(net).to(dev, memory_format=torch.channels_last)
     net_contiguous = copy.deepcopy(net).to(dev)
     x = np.random.default_rng(0).random(shape, dtype=np.float32)
     xt = torch.as_tensor(x, device=dev)
-    sm = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=0, device=dev), 6)
+    sm = SmoothedNetwork(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=0, device=dev), 6)
     g = torch.Generator(device=dev).manual_seed(1)
     buf = torch.empty((m, *shape), device=dev, memory_format=torch.channels_last)
     fixed = (torch.randn((m, *shape), generator=g, device=dev) * 0.1 + xt).contiguous(
@@ -232,7 +233,7 @@ def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int
     """CUDA: an MLP's cost per state at B = 1, 8, 64 states per ``estimate_batch`` call, against the floor:
     a bare forward of 64·m pre-drawn samples in one launch, per state."""
     dev = torch.device(device)
-    net = build_q_network(spec).eval().to(dev)
+    net = build_network(spec).eval().to(dev)
     rng = np.random.default_rng(0)
     g = torch.Generator(device=dev).manual_seed(1)
     pre = torch.randn((64 * m, *obs_shape), generator=g, device=dev)
@@ -244,11 +245,11 @@ def measure_cuda_batches(name: str, spec: dict, obs_shape: tuple, n_actions: int
     fns = {"bare": bare}
     sms = {}
     for b in (1, 8, 64):
-        sms[b] = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=b, device=dev), n_actions)
+        sms[b] = SmoothedNetwork(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=b, device=dev), n_actions)
         xs = rng.random((b, *obs_shape), dtype=np.float32)
         fns[b] = (lambda sm=sms[b], xs=xs: sm.estimate_batch(xs))
         fns[f"bare{b}"] = (lambda b=b: net(pre[:b * m]))
-    eager = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=8, device=dev), n_actions)
+    eager = SmoothedNetwork(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=8, device=dev), n_actions)
     eager.engine.cuda_graphs = False
     x8 = rng.random((8, *obs_shape), dtype=np.float32)
     fns["eager8"] = lambda: eager.estimate_batch(x8)
@@ -270,8 +271,8 @@ def loact_pong(m: int, episodes: int, horizon: int, device: str, paper_horizon: 
     from crop.certify.loact import LoActSettings, run_loact
 
     torch.manual_seed(0)
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
-    sm = SmoothedQ(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=0, device=device), 6)
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    sm = SmoothedNetwork(net, SmoothingSettings(0.1, m, -10.0, 10.0, 0.05, seed=0, device=device), 6)
     # warm-up: buffers, cuDNN selection
     run_loact("PongNoFrameskip-v4", sm, LoActSettings(2, 3, [0, 1]), progress=False)
     for pipeline in (False, True):
@@ -311,7 +312,7 @@ def gre_pong(m: int, horizon: int, device: str, workers: int) -> None:
     from crop.envs.atari import AtariPool
 
     torch.manual_seed(0)
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval().to(device)
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval().to(device)
     t0 = time.perf_counter()
     sample_randomized_returns("PongNoFrameskip-v4", net, GReSettings(0.1, m, horizon, 1.0, seed=0, env_seed=0,
                                                                      device=device, workers=workers), progress=False)
@@ -362,13 +363,13 @@ def main_cuda(a) -> None:
 
 
 def measure_bounds(m: int, n_actions: int, reps: int) -> None:
-    """Cost of each confidence bound of ``SmoothedQ`` per state (the bound alone, given the m × |A| clipped
+    """Cost of each confidence bound of ``SmoothedNetwork`` per state (the bound alone, given the m × |A| clipped
     samples that the smoothing produced), in milliseconds: ``bound_cost_<name>_ms``."""
     from crop.smoothing.smoothed import BOUNDS
     from crop.smoothing.stats import per_bound_alpha
 
     torch.manual_seed(0)
-    net = build_q_network({"arch": "mlp", "in": 4, "hidden": [128, 128], "out": n_actions}).eval()
+    net = build_network({"arch": "mlp", "in": 4, "hidden": [128, 128], "out": n_actions}).eval()
     with torch.inference_mode():
         q = net(0.1 * torch.randn(m, 4)).double().numpy()
     lo, hi = float(q.min()) - 0.5, float(q.max()) + 0.5

@@ -11,7 +11,7 @@ config schema's checks use them; the implementations key their tables by them).
 * :func:`smoothing_targets`: the targets an environment's config block asks for.
 * ``NETWORK_NAMES``: what each kind of network (model.json ``network``) is called in a message,
   :func:`network_name`.
-* ``MAX_PARAMETERS``: the most parameters a network may declare, :func:`crop.models.build_q_network` (and the
+* ``MAX_PARAMETERS``: the most parameters a network may declare, :func:`crop.models.build_network` (and the
   config's ``train.hidden``, checked at validation).
 """
 

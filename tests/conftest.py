@@ -16,10 +16,10 @@ def rng():
 
 
 def random_mlp(n_in=4, n_out=2, hidden=(16, 16), seed=0, scale=1.0):
-    from crop.models import build_q_network
+    from crop.models import build_network
 
     torch.manual_seed(seed)
-    net = build_q_network({"arch": "mlp", "in": n_in, "hidden": list(hidden), "out": n_out})
+    net = build_network({"arch": "mlp", "in": n_in, "hidden": list(hidden), "out": n_out})
     with torch.no_grad():
         for p in net.parameters():
             p.mul_(scale)

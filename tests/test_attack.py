@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from crop.certify.attack import LocalAttackSettings, pgd_l2, project_l2, run_local_attack
-from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
+from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
 
 def _norms(d):
@@ -68,7 +68,7 @@ def test_pgd_stays_within_eps_and_finds_the_linear_optimum():
     assert np.all((delta @ w).numpy() >= best.numpy() * (1 - 1e-4) - 4 * ulp)
 
 
-class _SpySmoother(SmoothedQ):
+class _SpySmoother(SmoothedNetwork):
     """Records the size of every smoothing call."""
 
     def __init__(self, *a, **kw):
@@ -105,10 +105,12 @@ def test_local_attack_records_every_attacked_step(mlp_factory):
     nothing of the attack."""
     eps_grid, seeds, horizon = [0.0, 0.3], [1, 2], 8
     net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
-    plain = run_local_attack("CartPole-v0", SmoothedQ(net, SmoothingSettings(0.1, 400, -4.0, 4.0, 0.01, seed=5), 2),
+    plain = run_local_attack("CartPole-v0", SmoothedNetwork(net, SmoothingSettings(0.1, 400, -4.0, 4.0, 0.01, seed=5),
+                                                            2),
                              LocalAttackSettings(eps_grid, seeds, horizon, m_grad=32, seed=3), progress=False)
     rows: list = []
-    table = run_local_attack("CartPole-v0", SmoothedQ(net, SmoothingSettings(0.1, 400, -4.0, 4.0, 0.01, seed=5), 2),
+    table = run_local_attack("CartPole-v0", SmoothedNetwork(net, SmoothingSettings(0.1, 400, -4.0, 4.0, 0.01, seed=5),
+                                                            2),
                              LocalAttackSettings(eps_grid, seeds, horizon, m_grad=32, seed=3), progress=False,
                              steps_out=rows)
     steps = pd.DataFrame(rows)
@@ -130,7 +132,8 @@ def test_local_attack_records_the_return_before_each_step_as_lore_sums_it(mlp_fa
     net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
     rows: list = []
     gamma = 0.9
-    table = run_local_attack("CartPole-v0", SmoothedQ(net, SmoothingSettings(0.1, 200, -4.0, 4.0, 0.01, seed=5), 2),
+    table = run_local_attack("CartPole-v0", SmoothedNetwork(net, SmoothingSettings(0.1, 200, -4.0, 4.0, 0.01, seed=5),
+                                                            2),
                              LocalAttackSettings([0.0, 0.3], [1, 2], 12, m_grad=16, seed=3, gamma=gamma),
                              progress=False, steps_out=rows)
     steps = pd.DataFrame(rows)

@@ -1,4 +1,4 @@
-"""SmoothedQ on many states per call: the same distribution as one state at a time, fresh noise
+"""SmoothedNetwork on many states per call: the same distribution as one state at a time, fresh noise
 for every state, the per-state error index, and the channels-last code path of convolutional networks."""
 import copy
 
@@ -8,7 +8,7 @@ import torch
 from scipy import stats as sps
 
 from crop.smoothing.engine import Engine, block_plan
-from crop.smoothing.smoothed import NonFiniteQError, SmoothedQ, SmoothingSettings
+from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork, SmoothingSettings
 
 
 class _Affine(torch.nn.Module):
@@ -42,8 +42,8 @@ def test_batched_smoothing_has_the_distribution_of_one_state_at_a_time():
     net, sigma, m = _affine(), 0.3, 2000
     states = 0.5 * np.random.default_rng(1).normal(size=(96, 5)).astype(np.float32)
     # clipping never active: |Q| stays far inside [-8, 8], so Q̃ = W s + b
-    batched = SmoothedQ(net, SmoothingSettings(sigma, m, -8, 8, 0.05, bound="empirical_bernstein", seed=5), 3)
-    single = SmoothedQ(net, SmoothingSettings(sigma, m, -8, 8, 0.05, bound="empirical_bernstein", seed=6), 3)
+    batched = SmoothedNetwork(net, SmoothingSettings(sigma, m, -8, 8, 0.05, bound="empirical_bernstein", seed=5), 3)
+    single = SmoothedNetwork(net, SmoothingSettings(sigma, m, -8, 8, 0.05, bound="empirical_bernstein", seed=6), 3)
     eb = batched.estimate_batch(states[:40]) + batched.estimate_batch(states[40:])   # two launches
     es = [single.estimate(s) for s in states]
     assert batched.calls == single.calls == len(states)
@@ -65,7 +65,7 @@ def test_every_state_of_a_batch_gets_its_own_noise():
     """An identity net returns the noisy input itself: the noise of every state of a batch (and of the next
     batch) is distinct and uncorrelated with every other's, and repeated states get independent means."""
     net = _Affine(np.eye(4), np.zeros(4))
-    sm = SmoothedQ(net, SmoothingSettings(1.0, 512, -50, 50, 0.05, bound="empirical_bernstein", seed=0), 4)
+    sm = SmoothedNetwork(net, SmoothingSettings(1.0, 512, -50, 50, 0.05, bound="empirical_bernstein", seed=0), 4)
     x = np.random.default_rng(2).normal(size=(6, 4)).astype(np.float32)
     s1 = sm.engine.collect(sm.engine.launch(x))[3]   # the m × |A| samples of each state
     s2 = sm.engine.collect(sm.engine.launch(x))[3]
@@ -77,7 +77,7 @@ def test_every_state_of_a_batch_gets_its_own_noise():
     rows = {r.tobytes() for r in noise.astype(np.float32).reshape(-1, 4)}
     assert len(rows) == noise.shape[0] * noise.shape[1], "two samples share their noise"
     # a batch of one repeated state: the means scatter with the Monte-Carlo standard error (σ/√m per action)
-    same = SmoothedQ(net, SmoothingSettings(1.0, 512, -50, 50, 0.05, seed=1), 4).estimate_batch(
+    same = SmoothedNetwork(net, SmoothingSettings(1.0, 512, -50, 50, 0.05, seed=1), 4).estimate_batch(
         np.repeat(x[:1], 200, 0))
     spread = np.stack([e.mean for e in same]).std(0)
     np.testing.assert_allclose(spread, 1 / np.sqrt(512), rtol=0.2)
@@ -86,13 +86,13 @@ def test_every_state_of_a_batch_gets_its_own_noise():
 def test_batch_is_reproducible_and_one_state_batch_is_estimate(mlp_factory):
     net = mlp_factory(n_in=4, n_out=2, seed=3)
     x = np.random.default_rng(0).normal(size=(7, 4)).astype(np.float32)
-    a = SmoothedQ(net, SmoothingSettings(0.2, 1500, -5, 5, 0.05, seed=4), 2).estimate_batch(x)
-    b = SmoothedQ(net, SmoothingSettings(0.2, 1500, -5, 5, 0.05, seed=4), 2).estimate_batch(x)
+    a = SmoothedNetwork(net, SmoothingSettings(0.2, 1500, -5, 5, 0.05, seed=4), 2).estimate_batch(x)
+    b = SmoothedNetwork(net, SmoothingSettings(0.2, 1500, -5, 5, 0.05, seed=4), 2).estimate_batch(x)
     for ea, eb in zip(a, b):
         np.testing.assert_array_equal(ea.mean, eb.mean)
         np.testing.assert_array_equal(ea.upper, eb.upper)
-    one = SmoothedQ(net, SmoothingSettings(0.2, 1500, -5, 5, 0.05, seed=4), 2).estimate_batch(x[:1])[0]
-    again = SmoothedQ(net, SmoothingSettings(0.2, 1500, -5, 5, 0.05, seed=4), 2).estimate(x[0])
+    one = SmoothedNetwork(net, SmoothingSettings(0.2, 1500, -5, 5, 0.05, seed=4), 2).estimate_batch(x[:1])[0]
+    again = SmoothedNetwork(net, SmoothingSettings(0.2, 1500, -5, 5, 0.05, seed=4), 2).estimate(x[0])
     np.testing.assert_array_equal(one.mean, again.mean)
 
 
@@ -104,14 +104,14 @@ def test_blocks_never_straddle_states(mlp_factory, block_floats, monkeypatch):
     monkeypatch.setattr(Engine, "NOISE_BLOCK_FLOATS", block_floats)
     net = mlp_factory(n_in=4, n_out=2, seed=3)
     x = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
-    sm = SmoothedQ(net, SmoothingSettings(0.2, 320, -5, 5, 0.05, chunk=32, seed=8), 2)
+    sm = SmoothedNetwork(net, SmoothingSettings(0.2, 320, -5, 5, 0.05, chunk=32, seed=8), 2)
     sm.engine._set_shape((4,))
     plan = list(block_plan(5, 320, sm.engine._rows))
     assert sum(k * c for _, k, _, c in plan) == 5 * 320
     assert all(k == 1 for _, k, _, _ in plan) == (block_floats == 64)
     batch = sm.estimate_batch(x)
     if block_floats != 64:
-        first = SmoothedQ(net, SmoothingSettings(0.2, 320, -5, 5, 0.05, chunk=32, seed=8), 2).estimate(x[0])
+        first = SmoothedNetwork(net, SmoothingSettings(0.2, 320, -5, 5, 0.05, chunk=32, seed=8), 2).estimate(x[0])
         np.testing.assert_array_equal(batch[0].mean, first.mean)
 
 
@@ -124,7 +124,7 @@ class _NaNWhereLarge(torch.nn.Module):
 def test_nan_names_the_state_of_the_batch():
     x = np.zeros((4, 3), np.float32)
     x[2, 0] = 100.0
-    sm = SmoothedQ(_NaNWhereLarge(), SmoothingSettings(0.1, 50, -1, 1, 0.05), 2)
+    sm = SmoothedNetwork(_NaNWhereLarge(), SmoothingSettings(0.1, 50, -1, 1, 0.05), 2)
     with pytest.raises(NonFiniteQError, match="state episode 2 step 0"):
         sm.estimate_batch(x, indices=[f"episode {i} step 0" for i in range(4)])
     with pytest.raises(ValueError, match="2 indices for 4 states"):
@@ -134,29 +134,29 @@ def test_nan_names_the_state_of_the_batch():
 def test_per_state_alpha_in_a_batch(mlp_factory):
     net = mlp_factory(n_in=4, n_out=2, seed=7)
     x = np.zeros((2, 4), np.float32)
-    sm = SmoothedQ(net, SmoothingSettings(0.3, 2000, -5, 5, 0.05, seed=1), 2)
+    sm = SmoothedNetwork(net, SmoothingSettings(0.3, 2000, -5, 5, 0.05, seed=1), 2)
     wide, base = sm.estimate_batch(x, alpha=[1e-6, 0.05])
     assert wide.alpha == 1e-6 and base.alpha == 0.05
     assert np.all(wide.upper - wide.lower > base.upper - base.lower)
     with pytest.raises(ValueError, match="alpha"):
-        SmoothedQ(net, SmoothingSettings(0.3, 20, -5, 5, 0.05), 2).estimate_batch(x, alpha=[0.5, 1.5])
+        SmoothedNetwork(net, SmoothingSettings(0.3, 20, -5, 5, 0.05), 2).estimate_batch(x, alpha=[0.5, 1.5])
 
 
 def test_channels_last_path_gives_the_contiguous_means():
     """The CUDA code path (channels-last weights and input) forced on the CPU: the same noise (drawn
     contiguous and copied), the same smoothed means up to float rounding of the convolutions."""
-    from crop.models import build_q_network
+    from crop.models import build_network
 
     torch.manual_seed(0)
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     x = np.random.default_rng(0).random((3, 4, 84, 84), dtype=np.float32)
-    plain = SmoothedQ(copy.deepcopy(net), SmoothingSettings(0.1, 96, -1, 1, 0.05, chunk=32, seed=2), 6)
-    cl = SmoothedQ(copy.deepcopy(net), SmoothingSettings(0.1, 96, -1, 1, 0.05, chunk=32, seed=2), 6)
+    plain = SmoothedNetwork(copy.deepcopy(net), SmoothingSettings(0.1, 96, -1, 1, 0.05, chunk=32, seed=2), 6)
+    cl = SmoothedNetwork(copy.deepcopy(net), SmoothingSettings(0.1, 96, -1, 1, 0.05, chunk=32, seed=2), 6)
     assert not plain.engine.channels_last and not cl.engine.channels_last  # CPU default: contiguous
     cl.engine.channels_last = True
     mp, mc = plain.estimate_batch(x), cl.estimate_batch(x)
-    assert cl.q_net[0].weight.is_contiguous(memory_format=torch.channels_last)
-    assert not plain.q_net[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert cl.net[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert not plain.net[0].weight.is_contiguous(memory_format=torch.channels_last)
     for a, b in zip(mp, mc):
         np.testing.assert_allclose(a.mean, b.mean, rtol=1e-5, atol=1e-6)
 
@@ -167,11 +167,11 @@ def test_space_to_depth_network_is_the_same_function(arch, c, size, inner):
     """crop.models.s2d: the rewritten network on pixel_unshuffle(x) gives the network's Q on x."""
     import torch.nn.functional as F
 
-    from crop.models import build_q_network
+    from crop.models import build_network
     from crop.models.s2d import space_to_depth_input
 
     torch.manual_seed(1)
-    net = build_q_network({"arch": arch, "in_channels": c, "in_size": size, "out": 6}).eval()
+    net = build_network({"arch": arch, "in_channels": c, "in_size": size, "out": 6}).eval()
     new, s = space_to_depth_input(net, (c, size, size), inner=inner)
     assert s == 4 and isinstance(new, type(net))
     x = torch.rand(7, c, size, size)
@@ -180,12 +180,12 @@ def test_space_to_depth_network_is_the_same_function(arch, c, size, inner):
 
 
 def test_space_to_depth_declines_what_it_cannot_rewrite():
-    from crop.models import build_q_network
+    from crop.models import build_network
     from crop.models.s2d import space_to_depth_input
 
-    cnn = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6})
+    cnn = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6})
     assert space_to_depth_input(cnn, (4, 86, 86)) is None            # 86 is not a multiple of the stride 4
-    assert space_to_depth_input(build_q_network({"arch": "mlp", "in": 4, "out": 2}), (4,)) is None
+    assert space_to_depth_input(build_network({"arch": "mlp", "in": 4, "out": 2}), (4,)) is None
     stride1 = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.Flatten())
     assert space_to_depth_input(stride1, (4, 84, 84)) is None
 
@@ -196,13 +196,13 @@ def test_space_to_depth_smoothing_is_eq2_with_the_pixels_noise_permuted():
     space-to-depth layout (i.i.d. noise on permuted pixels is i.i.d. noise on the pixels)."""
     import torch.nn.functional as F
 
-    from crop.models import build_q_network
+    from crop.models import build_network
 
     torch.manual_seed(0)
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     x = np.random.default_rng(0).random((2, 4, 84, 84), dtype=np.float32)
     sigma, m = 0.2, 96
-    sm = SmoothedQ(copy.deepcopy(net), SmoothingSettings(sigma, m, -0.02, 0.02, 0.05, chunk=32, seed=5), 6)
+    sm = SmoothedNetwork(copy.deepcopy(net), SmoothingSettings(sigma, m, -0.02, 0.02, 0.05, chunk=32, seed=5), 6)
     sm.engine.space_to_depth = True
     est = sm.estimate_batch(x)
     assert sm.engine._s2d == 4 and sm.engine._in_shape == (64, 21, 21)
@@ -221,14 +221,14 @@ def test_channels_last_pixel_unshuffle_is_torchs_and_stays_channels_last():
     gives torch's pixel_unshuffle values; the rewritten network in channels-last is still the network."""
     import torch.nn.functional as F
 
-    from crop.models import build_q_network
+    from crop.models import build_network
     from crop.models.s2d import PixelUnshuffle, space_to_depth_input
 
     x = torch.rand(3, 32, 20, 20).contiguous(memory_format=torch.channels_last)
     y = PixelUnshuffle(2)(x)
     assert torch.equal(y, F.pixel_unshuffle(x, 2)) and y.is_contiguous(memory_format=torch.channels_last)
     torch.manual_seed(3)
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     new, s = space_to_depth_input(net, (4, 84, 84), inner=True)
     new = new.to(memory_format=torch.channels_last)
     xi = torch.rand(5, 4, 84, 84)

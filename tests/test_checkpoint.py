@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from crop.io import sha256_file, write_json
-from crop.models import CheckpointError, load_q_network, save_q_network
+from crop.models import CheckpointError, load_network, save_q_network
 from crop.workflow.cli import main
 from crop.workflow.layout import RUN_FILES
 
@@ -58,7 +58,7 @@ def test_pickled_code_is_never_run(tmp_path):
     bad = tmp_path / "evil.pt"
     torch.save({"0.weight": Evil()}, bad)
     with pytest.raises(CheckpointError, match="holds code"):
-        load_q_network(bad, SPEC)
+        load_network(bad, SPEC)
     assert not marker.exists()
 
 
@@ -84,7 +84,7 @@ def test_published_highway_checkpoints_load_with_both_key_styles():
     sums = dict(reversed(line.split()) for line in (HIGHWAY / "SHA256SUMS").read_text().splitlines() if line)
     assert len(sums) == 8
     for name, sha in sums.items():
-        net = load_q_network(HIGHWAY / name, spec, expected_sha256=sha)
+        net = load_network(HIGHWAY / name, spec, expected_sha256=sha)
         assert net(torch.zeros(3, 25)).shape == (3, 5)
     with pytest.raises(CheckpointError, match="sha256"):
-        load_q_network(HIGHWAY / "highway-fast_nat.pth", spec, expected_sha256="1" * 64)
+        load_network(HIGHWAY / "highway-fast_nat.pth", spec, expected_sha256="1" * 64)

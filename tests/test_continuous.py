@@ -350,7 +350,7 @@ def test_an_actor_that_returns_nan_is_called_an_actor(imported):
     from crop.certify.attack import GlobalAttackSettings, run_global_attack
     from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.models import load_checkpoint
-    from crop.smoothing.smoothed import NonFiniteQError, SmoothedQ, SmoothingSettings
+    from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork, SmoothingSettings
 
     net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
     with torch.no_grad():
@@ -364,7 +364,7 @@ def test_an_actor_that_returns_nan_is_called_an_actor(imported):
     policy.network_kind = "policy"
     with torch.no_grad():
         policy[0].weight.fill_(math.nan)
-    sm = SmoothedQ(policy, SmoothingSettings(0.1, 8, 0.0, 1.0, 0.05, target="probs"), 2)
+    sm = SmoothedNetwork(policy, SmoothingSettings(0.1, 8, 0.0, 1.0, 0.05, target="probs"), 2)
     with pytest.raises(NonFiniteQError, match=r"^the policy network returned NaN or inf at state 3"):
         sm.estimate(np.zeros(3, np.float32), index=3)
     from crop.names import network_name

@@ -67,11 +67,11 @@ def test_the_lore_model_bounds_a_real_search(max_nodes):
     """The counts the model prices a LoRe job by are never below what a search does: an exhaustive search (no
     pruning, every action possible) of CartPole at H = 6, unbounded and with a budget it hits."""
     from crop.certify.lore import run_lore
-    from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
+    from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
     from conftest import random_mlp
 
-    sm = SmoothedQ(random_mlp(), SmoothingSettings(0.5, 16, -10.0, 10.0, 0.05, chunk=1000), 2)
+    sm = SmoothedNetwork(random_mlp(), SmoothingSettings(0.5, 16, -10.0, 10.0, 0.05, chunk=1000), 2)
     info = run_lore("CartPole-v0", sm, 6, 0, prune=False, progress=False, max_nodes=max_nodes, reward_min=0.0)[1]
     assert info["truncated"] == (max_nodes is not None)
     assert info["transitions"] <= cost.lore_transitions(6, 2, 0.0, max_nodes)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from crop.models import build_q_network
-from crop.smoothing.smoothed import NonFiniteQError, SmoothedQ, SmoothingSettings
+from crop.models import build_network
+from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork, SmoothingSettings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEV = "cuda"
@@ -14,7 +14,7 @@ DEV = "cuda"
 
 def _mlp():
     torch.manual_seed(0)
-    return build_q_network({"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}).eval()
+    return build_network({"arch": "mlp", "in": 25, "hidden": [256, 256], "out": 5}).eval()
 
 
 def _means(sm, xs):
@@ -26,8 +26,8 @@ def _means(sm, xs):
 
 def test_graph_replay_equals_the_eager_path_and_resumes():
     xs = np.random.default_rng(0).random((8, 25), dtype=np.float32)
-    graphs = SmoothedQ(_mlp(), SmoothingSettings(0.3, 10000, -0.1, 0.1, 0.05, seed=3, device=DEV), 5)
-    eager = SmoothedQ(_mlp(), SmoothingSettings(0.3, 10000, -0.1, 0.1, 0.05, seed=3, device=DEV), 5)
+    graphs = SmoothedNetwork(_mlp(), SmoothingSettings(0.3, 10000, -0.1, 0.1, 0.05, seed=3, device=DEV), 5)
+    eager = SmoothedNetwork(_mlp(), SmoothingSettings(0.3, 10000, -0.1, 0.1, 0.05, seed=3, device=DEV), 5)
     eager.engine.cuda_graphs = False
     a = _means(graphs, xs)
     assert len(graphs.engine._graphs) == 3
@@ -40,7 +40,7 @@ def test_graph_replay_equals_the_eager_path_and_resumes():
 
 
 def test_results_in_submission_order_and_nan_named_under_graphs():
-    sm = SmoothedQ(_mlp(), SmoothingSettings(0.3, 1000, -1, 1, 0.05, seed=1, device=DEV), 5)
+    sm = SmoothedNetwork(_mlp(), SmoothingSettings(0.3, 1000, -1, 1, 0.05, seed=1, device=DEV), 5)
     xs = np.zeros((4, 25), np.float32)
     first, second = sm.submit(xs[:2]), sm.submit(xs[2:])
     with pytest.raises(RuntimeError, match="order"):
@@ -52,7 +52,7 @@ def test_results_in_submission_order_and_nan_named_under_graphs():
             q = torch.stack([x[:, 0], x[:, 1]], 1)
             return torch.where(x[:, :1] > 5.0, torch.full_like(q, float("nan")), q)
 
-    sm = SmoothedQ(NanAt(), SmoothingSettings(0.01, 1000, -1, 1, 0.05, seed=0, device=DEV), 2)
+    sm = SmoothedNetwork(NanAt(), SmoothingSettings(0.01, 1000, -1, 1, 0.05, seed=0, device=DEV), 2)
     sm.estimate_batch(np.zeros((3, 4), np.float32))           # captures the graph for B = 3
     bad = np.zeros((3, 4), np.float32)
     bad[1, 0] = 10
@@ -62,10 +62,10 @@ def test_results_in_submission_order_and_nan_named_under_graphs():
 
 def test_space_to_depth_cnn_smooths_the_same_q():
     torch.manual_seed(0)
-    cnn = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    cnn = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     x = np.random.default_rng(1).random((2, 4, 84, 84), dtype=np.float32)
-    s2d = SmoothedQ(cnn, SmoothingSettings(0.5, 10000, -0.03, 0.03, 0.05, seed=1, device=DEV), 6)
-    plain = SmoothedQ(cnn, SmoothingSettings(0.5, 10000, -0.03, 0.03, 0.05, seed=2, device=DEV), 6)
+    s2d = SmoothedNetwork(cnn, SmoothingSettings(0.5, 10000, -0.03, 0.03, 0.05, seed=1, device=DEV), 6)
+    plain = SmoothedNetwork(cnn, SmoothingSettings(0.5, 10000, -0.03, 0.03, 0.05, seed=2, device=DEV), 6)
     plain.engine.space_to_depth = False
     a = np.array([e.mean for e in s2d.estimate_batch(x)])
     b = np.array([e.mean for e in plain.estimate_batch(x)])
@@ -78,10 +78,10 @@ def test_pipelined_loact_is_deterministic():
     from crop.certify.loact import LoActSettings, run_loact
 
     torch.manual_seed(0)
-    cnn = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    cnn = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
 
     def run():
-        sm = SmoothedQ(cnn, SmoothingSettings(0.1, 1000, -10, 10, 0.05, seed=4, device=DEV), 6)
+        sm = SmoothedNetwork(cnn, SmoothingSettings(0.1, 1000, -10, 10, 0.05, seed=4, device=DEV), 6)
         return run_loact("PongNoFrameskip-v4", sm, LoActSettings(4, 12, [0, 1, 2, 3]), progress=False)[0]
 
     a, b = run(), run()
@@ -93,8 +93,9 @@ def test_pipelined_loact_is_deterministic():
 def test_graph_replay_equals_the_eager_path_for_the_targets_in_zero_one(target):
     """The graph applies the target (softmax, one-hot of the greedy action) as the eager path does."""
     xs = np.random.default_rng(1).random((8, 25), dtype=np.float32)
-    graphs = SmoothedQ(_mlp(), SmoothingSettings(0.3, 10000, 0.0, 1.0, 0.05, seed=3, device=DEV, target=target), 5)
-    eager = SmoothedQ(_mlp(), SmoothingSettings(0.3, 10000, 0.0, 1.0, 0.05, seed=3, device=DEV, target=target), 5)
+    graphs = SmoothedNetwork(_mlp(), SmoothingSettings(0.3, 10000, 0.0, 1.0, 0.05, seed=3, device=DEV, target=target),
+                             5)
+    eager = SmoothedNetwork(_mlp(), SmoothingSettings(0.3, 10000, 0.0, 1.0, 0.05, seed=3, device=DEV, target=target), 5)
     eager.engine.cuda_graphs = False
     a = _means(graphs, xs)
     assert len(graphs.engine._graphs) == 3

@@ -17,7 +17,7 @@ from crop.agents.checkpoints import ArchiveError, FetchError, extract_member, fe
 from crop.agents.registry import resolve_source
 from crop.envs import make_env
 from crop.io import sha256_file
-from crop.models import load_q_network
+from crop.models import load_network
 from crop.workflow.cli import main
 
 from conftest import SHARED
@@ -62,7 +62,7 @@ def test_fetch_through_the_cli_from_a_mirror(tmp_path, serve):
     _, entry = resolve_source("highway-fast-v0", "StdTrain", "published")
     assert rec["sha256"] == entry["sha256"] == sha256_file(out)
     assert rec["fetched_from"].startswith(mirror) and rec["url"] == entry["url"]
-    load_q_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
+    load_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
 
 
 @needs_shared
@@ -93,7 +93,7 @@ def test_every_published_highway_checkpoint_loads_and_plays(tmp_path, serve):
                  "mirror_path": f"crop-highway-fast-v0/{name}"}
         dest = tmp_path / name
         fetch_published(entry, dest, mirror=mirror, cache=tmp_path / "cache")
-        net = load_q_network(dest, spec, expected_sha256=sha)
+        net = load_network(dest, spec, expected_sha256=sha)
         env = make_env("highway-fast-v0")
         obs, _ = env.reset(seed=0)
         steps, done = 0, False
@@ -256,7 +256,7 @@ def test_fetched_model_json_records_the_clean_greedy_return(tmp_path):
     from crop.io import derive_seed
     from crop.train import greedy_returns
 
-    net = load_q_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
+    net = load_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
     rets = greedy_returns(net, "highway-fast-v0", [derive_seed(0, "accept-eval", i) for i in range(2)], "flat25")
     cgr = rec["clean_greedy_return"]
     assert cgr["episodes"] == 2 and cgr["mean"] == pytest.approx(float(rets.mean())) and cgr["mean"] > 0

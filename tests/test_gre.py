@@ -157,10 +157,10 @@ def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
     from crop.envs import make_env_pool
     from crop.envs.atari import AtariPool
     from crop.envs.vector import EnvPool
-    from crop.models import build_q_network
+    from crop.models import build_network
 
     torch.manual_seed(0)
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     seen = {}
 
     def recording(kind):
@@ -310,15 +310,15 @@ def _fresh_per_block(env_id, net, settings, profile, log):
 
 
 def _reuse_case(env_id):
-    from crop.models import build_q_network
+    from crop.models import build_network
 
     torch.manual_seed(0)
     if env_id == "CartPole-v0":
-        return build_q_network({"arch": "mlp", "in": 4, "hidden": [16], "out": 2}), 80, 0.3, "vector"
+        return build_network({"arch": "mlp", "in": 4, "hidden": [16], "out": 2}), 80, 0.3, "vector"
     if env_id == "highway-fast-v0":
-        return build_q_network({"arch": "mlp", "in": 25, "hidden": [16], "out": 5}), 8, 0.5, "flat25"
+        return build_network({"arch": "mlp", "in": 25, "hidden": [16], "out": 5}), 8, 0.5, "flat25"
     out = 6 if env_id.startswith("Pong") else 3
-    return build_q_network({"arch": "nature_cnn", "in_channels": 4, "out": out}), 60, 0.05, "cleanrl"
+    return build_network({"arch": "nature_cnn", "in_channels": 4, "out": out}), 60, 0.05, "cleanrl"
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4"])

@@ -16,7 +16,7 @@ from torch import nn
 
 from crop.agents.importing import PolicyImportError, import_policy
 from crop.io import derive_seed, sha256_file
-from crop.models import load_q_network
+from crop.models import load_network
 from crop.train import greedy_returns
 from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, validate_config
@@ -73,7 +73,7 @@ def _import(tmp_path, src, *extra, algo="StdTrain", episodes="3"):
 
 
 def _same_q(out, rec, reference):
-    net = load_q_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
+    net = load_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
     with torch.no_grad():
         assert torch.equal(net(X), reference(X))
     return net

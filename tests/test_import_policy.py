@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from crop.agents.importing import PolicyImportError, import_policy
-from crop.models import load_q_network
+from crop.models import load_network
 from crop.workflow.cli import main
 
 X = torch.randn(32, 4, generator=torch.Generator().manual_seed(3))
@@ -164,7 +164,7 @@ def test_certifiers_smooth_a_policy_networks_probabilities_and_refuse_q(tmp_path
     out, logits = _import_ppo(tmp_path)
     rec = json.loads(out.with_suffix(".json").read_text())
     assert rec["network"] == "policy"
-    _same_logits(load_q_network(out, rec["net_spec"], rec["sha256"]), logits)
+    _same_logits(load_network(out, rec["net_spec"], rec["sha256"]), logits)
     common = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", str(out),
               "--m", "200", "--episodes", "2", "--horizon", "5"]
     for target in ("probs", "vote", None):

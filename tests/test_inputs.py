@@ -38,10 +38,10 @@ def _ppo(path: Path, obs: int, actions: int) -> Path:
 
 
 def _dqn(path: Path, sizes=(6, 32, 3)) -> Path:
-    from crop.models import build_q_network
+    from crop.models import build_network
 
     torch.manual_seed(0)
-    net = build_q_network({"arch": "mlp", "in": sizes[0], "hidden": list(sizes[1:-1]), "out": sizes[-1]})
+    net = build_network({"arch": "mlp", "in": sizes[0], "hidden": list(sizes[1:-1]), "out": sizes[-1]})
     torch.save(net.state_dict(), path)
     return path
 
@@ -161,7 +161,7 @@ def test_counting_on_the_meta_device_draws_no_random_number(spec):
     from crop import models
 
     torch.manual_seed(0)
-    a, after_a = models.build_q_network(spec), torch.rand(3)
+    a, after_a = models.build_network(spec), torch.rand(3)
     torch.manual_seed(0)
     b, after_b = models._BUILDERS[spec["arch"]](spec), torch.rand(3)
     assert torch.equal(after_a, after_b)
@@ -417,11 +417,11 @@ def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path):
 def test_a_carrl_network_is_counted_through_its_base():
     """CARRL's constructor bounds a real input (no meta tensors): its size is its base MLP's, bounded the same
     way, and a CARRL spec of a sound base builds (the default workflow derives one from StdTrain)."""
-    from crop.models import build_q_network
+    from crop.models import build_network
     from crop.models.carrl import CarrlQ, carrl_spec
 
     base = {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}
-    net = build_q_network(carrl_spec(base, 0.1, 2, "crown-ibp"))
+    net = build_network(carrl_spec(base, 0.1, 2, "crown-ibp"))
     assert isinstance(net, CarrlQ) and sum(p.numel() for p in net.parameters()) == 4 * 128 + 128 * 128 + 128 * 2 + 258
     with pytest.raises(CheckpointError, match="over MLP 4→1000000000→2 has 7,000,000,002 parameters, over the limit"):
-        build_q_network(carrl_spec({**base, "hidden": [1000000000]}, 0.1))
+        build_network(carrl_spec({**base, "hidden": [1000000000]}, 0.1))

@@ -7,7 +7,7 @@ import torch
 from scipy import stats as sps
 
 from crop.certify.loact import LoActSettings, run_loact
-from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
+from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
 SIGMA, M = 0.01, 1000
 # Q = (−θ, 1 + θ): affine, so the smoothed Q is Q itself (no clipping inside [-5, 5]) and each sample's
@@ -23,7 +23,7 @@ class _Affine(torch.nn.Module):
 
 
 def _run(seed, lockstep, episodes=16, horizon=60, pipeline=False):
-    sm = SmoothedQ(_Affine(), SmoothingSettings(SIGMA, M, -5, 5, 0.05, seed=seed), 2)
+    sm = SmoothedNetwork(_Affine(), SmoothingSettings(SIGMA, M, -5, 5, 0.05, seed=seed), 2)
     calls = []
     submit = sm.submit
     sm.submit = lambda obs, **kw: calls.append(len(obs)) or submit(obs, **kw)

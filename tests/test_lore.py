@@ -10,7 +10,7 @@ import torch
 
 from crop.certify.loact import certify_estimate
 from crop.certify.lore import lore_bound_at, run_lore
-from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
+from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
 
 class ToyWalk(gym.Env):
@@ -40,7 +40,7 @@ class ToyWalk(gym.Env):
         return self._obs(), r, abs(self.pos) > 1.0, False, {}
 
 
-class CachedSmoother(SmoothedQ):
+class CachedSmoother(SmoothedNetwork):
     """One estimate per distinct observation, shared by LoRe and the brute force."""
 
     def __init__(self, *a, **kw):
@@ -242,7 +242,7 @@ def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suf
     reward_min = -1.0 if signed else 0.0  # ToyWalk's rewards are 1 − |pos| ≥ −0.35 (≥ 0 unsigned)
 
     def run(max_nodes):
-        sm = SmoothedQ(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0),
+        sm = SmoothedNetwork(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0),
                        SmoothingSettings(0.3, 2000, -6.0, 6.0, 0.05, seed=0), 3)
         return run_lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False, gamma=gamma,
                         max_nodes=max_nodes, reward_min=reward_min)
@@ -299,8 +299,8 @@ def test_bounded_search_stays_below_the_unbounded_one_where_the_lowest_reward_is
     """Where every leaf collects the declared lowest reward, an open subtree's worst case equals its leaves'
     return in the reals; computed, it must not come out above the unbounded search's bound by rounding."""
     def run(max_nodes):
-        sm = SmoothedQ(mlp_factory(n_in=2, n_out=2, hidden=(8,), seed=0), SmoothingSettings(0.3, 500, -6.0, 6.0, 0.05,
-                                                                                            seed=0), 2)
+        net = mlp_factory(n_in=2, n_out=2, hidden=(8,), seed=0)
+        sm = SmoothedNetwork(net, SmoothingSettings(0.3, 500, -6.0, 6.0, 0.05, seed=0), 2)
         return run_lore("toy", sm, horizon, 0, prune=False, make=FloorWalk, progress=False, gamma=gamma,
                         max_nodes=max_nodes, reward_min=-0.1)
 
@@ -317,7 +317,7 @@ def test_bounded_search_refuses_a_false_reward_range(mlp_factory):
     """The open subtrees' worst case rests on the declared lowest reward: a reward below it stops the search."""
     from crop.io import InputError
 
-    sm = SmoothedQ(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0),
+    sm = SmoothedNetwork(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0),
                    SmoothingSettings(0.3, 200, -6.0, 6.0, 0.05), 3)
     with pytest.raises(InputError, match="lowest reward declared"):
         run_lore("toy", sm, 6, 0, prune=False, make=lambda: ToyWalk(signed=True), progress=False, max_nodes=500,

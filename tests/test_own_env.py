@@ -21,7 +21,7 @@ from test_import import _mlp, _sb3_zip
 
 from crop.envs import env_family, env_spec, make_env, profiles, restore, snapshot, snapshot_problem
 from crop.io import meta_name
-from crop.models import build_q_network
+from crop.models import build_network
 from crop.report.audit import discover_run_folders
 from crop.report.metrics import parse_run
 from crop.workflow.config import ConfigError, validate_config
@@ -51,7 +51,7 @@ def _sb3_cnn_zip(path: Path, n_actions: int, fire: int | None = 1) -> Path:
     """An SB3 DQN CnnPolicy archive (NatureCNN ``features_extractor.cnn.0/2/4``, ``.linear.0``, head
     ``q_net.0``); the head's bias makes action ``fire`` the greedy one, so a Breakout episode ends soon."""
     torch.manual_seed(0)
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": n_actions})
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": n_actions})
     if fire is not None:
         with torch.no_grad():
             net[9].bias[fire] += 10.0

@@ -15,7 +15,7 @@ from test_import_policy import _sb3_mlp_policy
 from test_import_policy import _sb3_zip as _sb3_ppo_zip
 
 from crop.envs import default_profile, env_shapes
-from crop.models import build_q_network
+from crop.models import build_network
 from crop.workflow.cli import build_parser, main
 from crop.workflow.config import check_policy_files, load_config, validate_config
 
@@ -67,7 +67,7 @@ def test_each_architecture_line_is_a_network_crop_builds():
     assert len(lines) == 3
     for line in lines:
         arch = yaml.safe_load(line)["architecture"]
-        build_q_network(arch)
+        build_network(arch)
         validate_config({"environments": {"Acrobot-v1": {
             "source": "file", "files": {"M": {"path": "m.pt", "architecture": arch}}, "algorithms": ["M"],
             "sigmas": [0.1], "rewards": {"range": [-1, 0]}}}})

@@ -16,7 +16,7 @@ from crop.certify.lore import LoRe, lore_bound_at, run_lore
 from crop.io import meta_name, sha256_file, write_json
 from crop.models import save_q_network
 from crop.smoothing import stats
-from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
+from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 from crop.workflow.layout import RUN_FILES
 
 from conftest import random_mlp
@@ -26,7 +26,7 @@ class Killed(Exception):
     """Stands for SIGKILL: raised from inside the search, after the last save."""
 
 
-class DyingSmoother(SmoothedQ):
+class DyingSmoother(SmoothedNetwork):
     """Makes ``lives`` smoothing calls (LoRe's batches of pending nodes), then the process 'dies' (before the
     next batch's noise is drawn)."""
 
@@ -47,7 +47,7 @@ def _smoothed(net_kw, sm_args, lives=None, **settings):
     *head, n_actions = sm_args
     made = SmoothingSettings(**{**dict(zip(("sigma", "m", "v_min", "v_max", "alpha"), head)), **settings})
     if lives is None:
-        return SmoothedQ(random_mlp(**net_kw), made, n_actions)
+        return SmoothedNetwork(random_mlp(**net_kw), made, n_actions)
     return DyingSmoother(random_mlp(**net_kw), made, n_actions, lives=lives)
 
 
@@ -304,7 +304,7 @@ def test_highway_and_atari_replay_their_resumed_nodes(tmp_path, env, n_in, n_act
     """The resume file stores action paths, not snapshots: highway-env and ALE replay them from the seeded
     reset exactly (each node's return and observation digest checked), so a search killed mid-way resumes to
     the uninterrupted result, byte for byte (bounded, so that it stays small)."""
-    def smoother(cls=SmoothedQ, **kw):
+    def smoother(cls=SmoothedNetwork, **kw):
         return cls(_FlatLinear(n_in, n_actions, 4), SmoothingSettings(sigma, 64, -2.0, 2.0, 0.05, seed=3), n_actions,
                    **kw)
 

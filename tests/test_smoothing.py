@@ -1,20 +1,20 @@
-"""SmoothedQ (Eq. (2)) and LoAct's certificate: fresh noise, determinism, NaN handling, soundness."""
+"""SmoothedNetwork (Eq. (2)) and LoAct's certificate: fresh noise, determinism, NaN handling, soundness."""
 import numpy as np
 import pytest
 import torch
 
 from crop.certify.attack import pgd_l2
 from crop.certify.loact import certify_state
-from crop.smoothing.smoothed import BOUNDS, NonFiniteQError, SmoothedQ, SmoothingSettings
+from crop.smoothing.smoothed import BOUNDS, NonFiniteQError, SmoothedNetwork, SmoothingSettings
 
 
 def test_fresh_noise_for_every_state_and_reproducible_by_seed(mlp_factory):
     net = mlp_factory(seed=1)
     x = np.zeros(4, np.float32)
-    a = SmoothedQ(net, SmoothingSettings(0.5, 2000, -5, 5, 0.05, seed=3), 2)
+    a = SmoothedNetwork(net, SmoothingSettings(0.5, 2000, -5, 5, 0.05, seed=3), 2)
     m1, m2 = a.estimate(x).mean, a.estimate(x).mean
     assert not np.array_equal(m1, m2), "the same noise was reused for a second state"
-    b = SmoothedQ(net, SmoothingSettings(0.5, 2000, -5, 5, 0.05, seed=3), 2)
+    b = SmoothedNetwork(net, SmoothingSettings(0.5, 2000, -5, 5, 0.05, seed=3), 2)
     np.testing.assert_array_equal(b.estimate(x).mean, m1)
     np.testing.assert_array_equal(b.estimate(x).mean, m2)
 
@@ -22,7 +22,7 @@ def test_fresh_noise_for_every_state_and_reproducible_by_seed(mlp_factory):
 def test_chunking_does_not_change_the_estimate(mlp_factory):
     net = mlp_factory(seed=2)
     x = np.full(4, 0.3, np.float32)
-    ests = [SmoothedQ(net, SmoothingSettings(0.2, 3000, -5, 5, 0.05, chunk=c, seed=9), 2).estimate(x)
+    ests = [SmoothedNetwork(net, SmoothingSettings(0.2, 3000, -5, 5, 0.05, chunk=c, seed=9), 2).estimate(x)
             for c in (3000, 1000)]
     # Different chunking draws the same stream of normals in the same order.
     np.testing.assert_allclose(ests[0].mean, ests[1].mean, rtol=1e-6)
@@ -31,7 +31,7 @@ def test_chunking_does_not_change_the_estimate(mlp_factory):
 @pytest.mark.parametrize("bound", sorted(BOUNDS))
 def test_clipping_to_the_q_range(mlp_factory, bound):
     net = mlp_factory(seed=4, scale=30.0)
-    e = SmoothedQ(net, SmoothingSettings(1.0, 1000, -0.5, 0.5, 0.05, bound=bound, seed=0), 2).estimate(
+    e = SmoothedNetwork(net, SmoothingSettings(1.0, 1000, -0.5, 0.5, 0.05, bound=bound, seed=0), 2).estimate(
         np.ones(4, np.float32))
     assert np.all(e.mean >= -0.5) and np.all(e.mean <= 0.5)
     assert np.all(e.lower >= -0.5) and np.all(e.upper <= 0.5)
@@ -45,7 +45,7 @@ class _NaNAfter(torch.nn.Module):
 
 
 def test_nan_q_values_abort_with_state_index():
-    sm = SmoothedQ(_NaNAfter(), SmoothingSettings(0.1, 100, -1, 1, 0.05), 2)
+    sm = SmoothedNetwork(_NaNAfter(), SmoothingSettings(0.1, 100, -1, 1, 0.05), 2)
     with pytest.raises(NonFiniteQError, match="state 7"):
         sm.estimate(np.zeros(4, np.float32), index=7)
 
@@ -56,7 +56,7 @@ def test_bad_parameters_are_refused(mlp_factory, bad):
     kw = dict(sigma=0.1, m=10, v_min=-1.0, v_max=1.0, alpha=0.05)
     kw.update(bad)
     with pytest.raises(ValueError):
-        SmoothedQ(mlp_factory(), SmoothingSettings(**kw), n_actions=2)
+        SmoothedNetwork(mlp_factory(), SmoothingSettings(**kw), n_actions=2)
 
 
 def _margins(net, s, deltas, action, sigma, generator, n=4096):
@@ -91,9 +91,10 @@ def test_radius_cannot_be_beaten_by_pgd(mlp_factory):
         with torch.no_grad():  # V range from independent noise, as the qrange stage does
             q = net(torch.as_tensor(states).repeat(1000, 1) + sigma * torch.randn(8000, 2))
         lo, hi = float(q.min()), float(q.max())
-        smoothers = {b: SmoothedQ(net, SmoothingSettings(sigma, 10000, lo, hi, 0.05, bound=b, seed=net_seed), 3)
+        smoothers = {b: SmoothedNetwork(net, SmoothingSettings(sigma, 10000, lo, hi, 0.05, bound=b, seed=net_seed), 3)
                      for b in BOUNDS}
-        judge = SmoothedQ(net, SmoothingSettings(sigma, 400000, lo, hi, 0.05, chunk=100000, seed=100 + net_seed), 3)
+        judge = SmoothedNetwork(net, SmoothingSettings(sigma, 400000, lo, hi, 0.05, chunk=100000,
+                                                       seed=100 + net_seed), 3)
         for s in states:
             certs = {b: certify_state(sm, s) for b, sm in smoothers.items()}
             certs = {b: c for b, c in certs.items() if c.certified}
@@ -147,7 +148,7 @@ def test_nearly_tight_radius_is_not_beaten_and_is_close_to_the_boundary():
     far below it), and PGD at 0.99 × the radius fails while PGD at 1.25 × the distance succeeds."""
     sigma = 0.5
     net = _HalfSpaces([[1.0, 0.0], [-1.0, 0.0]], [0.0, 0.0])
-    judge = SmoothedQ(net, SmoothingSettings(sigma, 400000, 0.0, 1.0, 0.05, chunk=100000, seed=2), 2)
+    judge = SmoothedNetwork(net, SmoothingSettings(sigma, 400000, 0.0, 1.0, 0.05, chunk=100000, seed=2), 2)
     bank = torch.randn(4096, 2) * sigma
     gen = torch.Generator().manual_seed(3)
 
@@ -160,7 +161,8 @@ def test_nearly_tight_radius_is_not_beaten_and_is_close_to_the_boundary():
         s_t = torch.as_tensor(s)
         x = s_t.repeat(8, 1) + 1e-3 * torch.randn(8, 2)
         for b in BOUNDS:
-            c = certify_state(SmoothedQ(net, SmoothingSettings(sigma, 10000, 0.0, 1.0, 0.05, bound=b, seed=1), 2), s)
+            c = certify_state(SmoothedNetwork(net, SmoothingSettings(sigma, 10000, 0.0, 1.0, 0.05, bound=b, seed=1),
+                                              2), s)
             assert c.certified and c.action == 0, b
             # The smoothed decision boundary is x₁ = 0: the radius is below the distance, and not far below.
             assert 0.8 * x1 < c.radius < x1, (b, x1, c.radius)
@@ -189,12 +191,13 @@ def test_the_bound_never_changes_the_noise_or_the_action(mlp_factory):
     means — and the smoothed policy's action — do not depend on the choice of bound."""
     net = mlp_factory(n_in=4, n_out=3, seed=6)
     x = np.full(4, 0.2, np.float32)
-    ests = {b: SmoothedQ(net, SmoothingSettings(0.3, 2000, -5, 5, 0.05, bound=b, seed=4), 3).estimate(x)
+    ests = {b: SmoothedNetwork(net, SmoothingSettings(0.3, 2000, -5, 5, 0.05, bound=b, seed=4), 3).estimate(x)
             for b in BOUNDS}
     for b, e in ests.items():
         np.testing.assert_array_equal(e.mean, ests["hoeffding"].mean)
         assert e.bound == b
-    cp = [SmoothedQ(net, SmoothingSettings(0.3, 2000, -5, 5, 0.05, bound="clopper_pearson", seed=4), 3).estimate(x)
+    cp = [SmoothedNetwork(net, SmoothingSettings(0.3, 2000, -5, 5, 0.05, bound="clopper_pearson", seed=4),
+                          3).estimate(x)
           for _ in range(2)]
     np.testing.assert_array_equal(cp[0].lower, cp[1].lower)  # the rounding is seeded
 
@@ -203,8 +206,9 @@ def test_the_bound_never_changes_the_noise_or_the_action(mlp_factory):
 def test_per_call_alpha_overrides_the_smoothers_alpha(mlp_factory, bound):
     net = mlp_factory(n_in=4, n_out=2, seed=7)
     x = np.zeros(4, np.float32)
-    wide = SmoothedQ(net, SmoothingSettings(0.3, 3000, -5, 5, 0.05, bound=bound, seed=1), 2).estimate(x, alpha=1e-6)
-    base = SmoothedQ(net, SmoothingSettings(0.3, 3000, -5, 5, 0.05, bound=bound, seed=1), 2).estimate(x)
+    wide = SmoothedNetwork(net, SmoothingSettings(0.3, 3000, -5, 5, 0.05, bound=bound, seed=1), 2).estimate(x,
+                                                                                                            alpha=1e-6)
+    base = SmoothedNetwork(net, SmoothingSettings(0.3, 3000, -5, 5, 0.05, bound=bound, seed=1), 2).estimate(x)
     assert wide.alpha == 1e-6 and base.alpha == 0.05
     np.testing.assert_array_equal(wide.mean, base.mean)
     if bound != "clopper_pearson":  # (randomised rounding differs draw by draw; its width still grows)
@@ -216,13 +220,13 @@ def test_exact_ties_of_the_clipped_means_are_broken_by_the_unclipped_means():
     """Every sample of both actions clipped to V_min: the clipped means tie exactly, the smoothed policy takes
     the action whose unclipped mean is larger (not always action 0), and the step is not certified."""
     from crop.certify.loact import certify_state
-    from crop.smoothing.smoothed import SmoothedQ
+    from crop.smoothing.smoothed import SmoothedNetwork
 
     net = torch.nn.Linear(4, 2)
     with torch.no_grad():
         net.weight.zero_()
         net.bias.copy_(torch.tensor([-3.0, -2.0]))          # both far below V_min = 0
-    sm = SmoothedQ(net, SmoothingSettings(0.1, 500, 0.0, 1.0, 0.05, seed=0), 2)
+    sm = SmoothedNetwork(net, SmoothingSettings(0.1, 500, 0.0, 1.0, 0.05, seed=0), 2)
     cert = certify_state(sm, np.zeros(4, np.float32))
     est = cert.estimate
     assert est.mean[0] == est.mean[1] == 0.0

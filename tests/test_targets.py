@@ -10,13 +10,13 @@ from test_batch_smoothing import _Affine as Linear2  # logits z(x) = W x + b: sm
 
 from crop.certify.gre import GReSettings, TrajectoryNoise, sample_randomized_returns
 from crop.certify.loact import certify_estimate, certify_state
-from crop.smoothing.smoothed import BOUNDS, TARGETS, SmoothedQ, SmoothingSettings
+from crop.smoothing.smoothed import BOUNDS, TARGETS, SmoothedNetwork, SmoothingSettings
 
 TARGETS01 = ("probs", "vote")
 
 
 def smoother(net, target, sigma=0.5, m=1000, alpha=0.05, n=3, **kw):
-    return SmoothedQ(net, SmoothingSettings(sigma, m, 0.0, 1.0, alpha, target=target, **kw), n)
+    return SmoothedNetwork(net, SmoothingSettings(sigma, m, 0.0, 1.0, alpha, target=target, **kw), n)
 
 
 @pytest.mark.parametrize("target", TARGETS01)
@@ -47,11 +47,11 @@ def test_targets_draw_the_same_noise_and_q_is_unchanged(mlp_factory):
     for every target, and the default target is q."""
     net = mlp_factory(n_in=4, n_out=3, seed=5)
     x = np.full(4, 0.1, np.float32)
-    q = SmoothedQ(net, SmoothingSettings(0.4, 500, 0.0, 1.0, 0.05, seed=3), 3).estimate(x)
+    q = SmoothedNetwork(net, SmoothingSettings(0.4, 500, 0.0, 1.0, 0.05, seed=3), 3).estimate(x)
     for t in TARGETS:
-        e = SmoothedQ(net, SmoothingSettings(0.4, 500, 0.0, 1.0, 0.05, seed=3, target=t), 3).estimate(x)
+        e = SmoothedNetwork(net, SmoothingSettings(0.4, 500, 0.0, 1.0, 0.05, seed=3, target=t), 3).estimate(x)
         np.testing.assert_array_equal(e.raw_mean, q.raw_mean)
-    assert SmoothedQ(net, SmoothingSettings(0.4, 500, 0.0, 1.0, 0.05), 3).target == "q"
+    assert SmoothedNetwork(net, SmoothingSettings(0.4, 500, 0.0, 1.0, 0.05), 3).target == "q"
 
 
 @pytest.mark.parametrize("bad,match", [(dict(target="logits"), "unknown smoothing target"),
@@ -61,7 +61,7 @@ def test_bad_targets_and_ranges_are_refused(mlp_factory, bad, match):
     kw = dict(sigma=0.1, m=10, v_min=0.0, v_max=1.0, alpha=0.05)
     kw.update(bad)
     with pytest.raises(ValueError, match=match):
-        SmoothedQ(mlp_factory(), SmoothingSettings(**kw), n_actions=2)
+        SmoothedNetwork(mlp_factory(), SmoothingSettings(**kw), n_actions=2)
 
 
 # ------------------------------------------------------------------------------------------------- coverage

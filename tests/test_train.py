@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from crop.io import sha256_file, write_json
-from crop.models import CheckpointError, build_q_network, load_q_network, save_q_network
+from crop.models import CheckpointError, build_network, load_network, save_q_network
 from crop.models.carrl import derive_carrl
 from crop.models.noisy import NoisyLinear, resample_noise
 from crop.train import RECIPES, prepare_training, train_policy
@@ -36,7 +36,7 @@ def _batch(n=64, seed=0, d=4, n_actions=2):
 
 def _net(seed=0, spec=SPEC):
     torch.manual_seed(seed)
-    return build_q_network(spec)
+    return build_network(spec)
 
 
 def _td_parts(net, batch, gamma=0.99):
@@ -209,7 +209,7 @@ def test_radial_worst_case_loss_is_at_least_the_nominal_loss():
 def test_noisynet_eval_forward_is_deterministic_and_equals_the_mean_network(tmp_path):
     spec = {"arch": "noisy_mlp", "in": 4, "hidden": [16, 16], "out": 2, "sigma0": 0.5}
     torch.manual_seed(0)
-    net = build_q_network(spec)
+    net = build_network(spec)
     g = torch.Generator().manual_seed(1)
     resample_noise(net, g)
     x = torch.randn(50, 4)
@@ -218,7 +218,7 @@ def test_noisynet_eval_forward_is_deterministic_and_equals_the_mean_network(tmp_
     resample_noise(net, g)
     assert not torch.allclose(noisy1, net(x))                # training: the weights are sampled
     net.eval()
-    mu = build_q_network({"arch": "mlp", "in": 4, "hidden": [16, 16], "out": 2})
+    mu = build_network({"arch": "mlp", "in": 4, "hidden": [16, 16], "out": 2})
     mu.load_state_dict({k.replace("weight_mu", "weight").replace("bias_mu", "bias"): v
                         for k, v in net.state_dict().items() if k.endswith("_mu")})
     torch.testing.assert_close(net(x), mu(x), rtol=0, atol=0)
@@ -227,7 +227,7 @@ def test_noisynet_eval_forward_is_deterministic_and_equals_the_mean_network(tmp_
     assert sorted(net.state_dict()) == sorted(f"{i}.{p}_{s}" for i in (0, 2, 4) for p in ("weight", "bias")
                                               for s in ("mu", "sigma"))
     save_q_network(net, tmp_path / "m.pt")
-    loaded = load_q_network(tmp_path / "m.pt", spec)
+    loaded = load_network(tmp_path / "m.pt", spec)
     assert not loaded.training
     torch.testing.assert_close(loaded(x), mu(x), rtol=0, atol=0)
     assert isinstance(loaded[0], NoisyLinear) and loaded[0].weight_sigma.abs().sum() > 0
@@ -251,21 +251,21 @@ def test_carrl_output_is_a_lower_bound_of_q_in_the_l2_ball_and_deterministic(tmp
     assert (lb <= base(x)).all() and (lb < base(x) - 1e-4).any()
     # ε = 0: CARRL is the base network.
     torch.testing.assert_close(derive_carrl(base, SPEC, eps=0.0)[0](x), base(x))
-    # The checkpoint is the base weights; the spec makes load_q_network rebuild CARRL.
+    # The checkpoint is the base weights; the spec makes load_network rebuild CARRL.
     assert set(net.state_dict()) == set(base.state_dict())
     save_q_network(net, tmp_path / "carrl.pt")
-    loaded = load_q_network(tmp_path / "carrl.pt", spec)
+    loaded = load_network(tmp_path / "carrl.pt", spec)
     torch.testing.assert_close(loaded(x), lb)
     with torch.inference_mode():                             # as the smoothing engine calls it
         torch.testing.assert_close(loaded(x), lb)
 
 
 def test_carrl_refuses_a_base_it_cannot_bound():
-    # build_q_network turns a spec its builder refuses into one CheckpointError carrying the builder's reason
+    # build_network turns a spec its builder refuses into one CheckpointError carrying the builder's reason
     with pytest.raises(CheckpointError, match="MLP base"):
-        build_q_network({"arch": "carrl", "base": {"arch": "noisy_mlp", "in": 4, "out": 2}, "eps": 0.1})
+        build_network({"arch": "carrl", "base": {"arch": "noisy_mlp", "in": 4, "out": 2}, "eps": 0.1})
     with pytest.raises(CheckpointError, match="eps"):
-        build_q_network({"arch": "carrl", "base": SPEC, "eps": -1})
+        build_network({"arch": "carrl", "base": SPEC, "eps": -1})
 
 
 # ---------------------------------------------------------------------------------------------- replay
@@ -330,7 +330,7 @@ def test_cli_derive_builds_carrl_from_stdtrain(tmp_path):
     assert rec["net_spec"]["base"] == SPEC and rec["source"] == "derive"
     assert rec["base"]["sha256"] == sha256_file(base) and rec["clean_greedy_return"]["episodes"] == 3
     assert rec["clean_greedy_return"]["meets_target_return"] is None
-    carrl = load_q_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
+    carrl = load_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
     x = torch.randn(5, 4)
     torch.testing.assert_close(carrl(x), derive_carrl(net, SPEC, 0.05)[0](x))
     # Nothing can be retrained, so a derived policy below the trained policies' threshold is recorded as such.
@@ -478,12 +478,12 @@ def test_tiny_atari_training_is_a_deterministic_cnn_that_loads_back(tmp_path):
     assert info["acceptance"]["step"] == 300 and info["acceptance"]["episodes"] == 1
     b, _ = _tiny_atari("PongNoFrameskip-v4", "StdTrain")
     torch.manual_seed(0)
-    init = build_q_network(spec)
+    init = build_network(spec)
     for k, v in a.state_dict().items():
         assert torch.equal(v, b.state_dict()[k]), k                      # same seed, same weights (CPU)
     assert any(not torch.equal(v, init.state_dict()[k]) for k, v in a.state_dict().items())   # it learned
     save_q_network(a, tmp_path / "model.pt")
-    loaded = load_q_network(tmp_path / "model.pt", spec, expected_sha256=sha256_file(tmp_path / "model.pt"))
+    loaded = load_network(tmp_path / "model.pt", spec, expected_sha256=sha256_file(tmp_path / "model.pt"))
     x = torch.as_tensor(_pong_frames(8))
     with torch.no_grad():
         assert torch.equal(loaded(x), a(x))
@@ -510,6 +510,6 @@ def test_greedy_evaluation_stops_at_eval_max_steps(monkeypatch):
 
     real = dqn.make_env
     monkeypatch.setattr(dqn, "make_env", lambda *a, **k: Count(real(*a, **k)))
-    net = build_q_network({"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6})
+    net = build_network({"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6})
     out = dqn.greedy_returns(net, "PongNoFrameskip-v4", [0, 1], "cleanrl", max_steps=7)
     assert len(out) == 2 and len(steps) == 14

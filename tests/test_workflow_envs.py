@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from crop.io import meta_name
-from crop.models import build_q_network
+from crop.models import build_network
 from crop.workflow.layout import RUN_FILES, run_dir
 from crop.workflow.stage_table import STAGES
 
@@ -50,7 +50,7 @@ def test_atari_policy_end_to_end(tmp_path, serve):  # noqa: F811
     site = tmp_path / "site"
     site.mkdir()
     torch.manual_seed(0)
-    net = build_q_network({"arch": "dueling_cnn", "in_channels": 1, "in_size": 84, "out": 4})
+    net = build_network({"arch": "dueling_cnn", "in_channels": 1, "in_size": 84, "out": 4})
     buf = io.BytesIO()
     torch.save(net.state_dict(), buf)
     with tarfile.open(site / "sa-dqn-models.tar.gz", "w:gz") as tf:

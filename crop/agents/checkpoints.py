@@ -209,14 +209,14 @@ def fetch_checkpoint(entry: dict, out: str | os.PathLike, *, mirror: str | None 
     ``clean_greedy_return`` = ``evaluate(net)`` when given.  Raises :class:`crop.io.InputError` (nothing is
     written then)."""
     from crop.io import InputError
-    from crop.models import CheckpointError, load_q_network
+    from crop.models import CheckpointError, load_network
 
     out = Path(out)
     tmp = out.with_name(f".{out.name}.fetching")
     try:
         origin = fetch_published(entry, tmp, mirror=mirror, cache=cache, lock=lock, progress=progress)
         sha = sha256_file(tmp)
-        net = load_q_network(tmp, entry["net_spec"], expected_sha256=sha)  # architecture and safe loading
+        net = load_network(tmp, entry["net_spec"], expected_sha256=sha)  # architecture and safe loading
         clean = None if evaluate is None else evaluate(net)
         tmp.replace(out)
     except (FetchError, CheckpointError) as exc:

@@ -10,7 +10,7 @@
 
 The PGD step is normalised once and the iterate projected once onto the ε-ball (the official code
 rescaled twice, which changes the budget).  Episodes for all ε run in lockstep with one batched forward;
-at each step the clean states of every live run are smoothed in one :meth:`SmoothedQ.estimate_batch` call
+at each step the clean states of every live run are smoothed in one :meth:`SmoothedNetwork.estimate_batch` call
 and the attacked states in another (runs in (ε, episode) order; the noise layout: :mod:`crop.smoothing.engine`).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from crop.envs import make_env, to_obs
 from crop.names import network_name
 from crop.progress import pbar
 from crop.smoothing.engine import resolve_device
-from crop.smoothing.smoothed import NonFiniteQError, SmoothedQ
+from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork
 
 __all__ = ["LocalAttackSettings", "GlobalAttackSettings", "pgd_l2", "project_l2", "run_local_attack",
            "run_global_attack", "global_pgd"]
@@ -190,7 +190,8 @@ def _check_grid(eps_grid, steps) -> None:
         raise ValueError(f"PGD steps must be >= 0, got {steps}")
 
 
-def run_local_attack(env_id: str, smoother: SmoothedQ, settings: LocalAttackSettings, *, profile: str | None = None,
+def run_local_attack(env_id: str, smoother: SmoothedNetwork, settings: LocalAttackSettings, *,
+                     profile: str | None = None,
                      progress: bool | None = None, steps_out: list | None = None) -> pd.DataFrame:
     """PGD against π̃ at every step for every ε in ``eps_grid`` and every episode (:class:`LocalAttackSettings`);
     all in lockstep.
@@ -201,7 +202,7 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, settings: LocalAttackSett
     before the step — what the audit needs to bound, step by step, the chance of a flip (and of leaving LoRe's
     tree) under valid certificates, and to tell when the return so far already secures LoRe's bound."""
     dev = smoother.device
-    q_net, target = smoother.q_net, getattr(smoother, "target", "q")
+    net, target = smoother.net, getattr(smoother, "target", "q")
     horizon, steps, m_grad, gamma, reward_fn = (settings.horizon, settings.steps, settings.m_grad, settings.gamma,
                                                 settings.reward_fn)
     episode_seeds = list(settings.episode_seeds)
@@ -226,13 +227,13 @@ def run_local_attack(env_id: str, smoother: SmoothedQ, settings: LocalAttackSett
         noise = torch.randn((len(idx), m_grad, *x.shape[1:]), generator=g, device=dev) * smoother.sigma
 
         def loss(z):  # cross-entropy of the smoothed Q (unclipped, so the gradient does not vanish)
-            out = q_net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), m_grad, -1)
+            out = net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(len(idx), m_grad, -1)
             if target != "q":  # probs and vote: the smoothed probabilities (the vote's differentiable surrogate)
-                _check(out, q_net, f"step {t}")
+                _check(out, net, f"step {t}")
                 return F.nll_loss(torch.log(torch.softmax(out, -1).mean(1).clamp_min(1e-30)), a_clean,
                                   reduction="none")
             q = out.mean(1)
-            _check(q, q_net, f"step {t}")
+            _check(q, net, f"step {t}")
             return F.cross_entropy(q, a_clean, reduction="none")
 
         delta = pgd_l2(loss, x, eps, steps)
@@ -263,7 +264,7 @@ def _step_record(runs: _Runs, i: int, t: int, action: int, cert, upper) -> dict:
             cols.RETURN_SO_FAR: float(runs.ret[i])}
 
 
-def run_global_attack(env_id: str, q_net: torch.nn.Module, settings: GlobalAttackSettings, *,
+def run_global_attack(env_id: str, net: torch.nn.Module, settings: GlobalAttackSettings, *,
                       profile: str | None = None, progress: bool | None = None) -> pd.DataFrame:
     """PGD (expectation over the smoothing noise) against the σ-randomized policy π′
     (:class:`GlobalAttackSettings`).  ``seeds_per_eps``: the initial-state seeds of each ε's episodes (one list
@@ -271,29 +272,29 @@ def run_global_attack(env_id: str, q_net: torch.nn.Module, settings: GlobalAttac
     over runs needs each run's and ε's episodes drawn afresh (:func:`crop.handlers.stages.global_attack_seeds`).  A
     continuous-action actor is attacked by :func:`_run_global_attack_actor`.  ``reward_fn`` maps each step's
     reward before it is added (GRe's reward clipping, so that both returns are the same quantity)."""
-    if getattr(q_net, "continuous", False):
-        return _run_global_attack_actor(env_id, q_net, settings, profile=profile, progress=progress)
+    if getattr(net, "continuous", False):
+        return _run_global_attack_actor(env_id, net, settings, profile=profile, progress=progress)
     dev = resolve_device(settings.device)
-    q_net = q_net.to(dev).eval()
+    net = net.to(dev).eval()
     n_eot = settings.n_eot
 
     def make_loss(x, noise, t):
         n = len(x)
         with torch.no_grad():
-            q0 = q_net((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
-            _check(q0, q_net, f"step {t}")
+            q0 = net((x.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
+            _check(q0, net, f"step {t}")
             target = q0.mean(1).argmax(1)
 
         def loss(z):
-            q = q_net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
+            q = net((z.unsqueeze(1) + noise).flatten(0, 1)).reshape(n, n_eot, -1)
             # EOT: expected cross-entropy of the single-sample policy over the noise
             return F.cross_entropy(q.flatten(0, 1), target.repeat_interleave(n_eot),
                                    reduction="none").reshape(n, n_eot).mean(1)
         return loss
 
     def act(z, t):
-        q = q_net(z)
-        _check(q, q_net, f"step {t}")
+        q = net(z)
+        _check(q, net, f"step {t}")
         return [int(a) for a in q.argmax(1).cpu().numpy()]
 
     return global_pgd(env_id, settings, make_loss, act, device=dev, profile=profile, progress=progress)

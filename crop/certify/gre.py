@@ -73,7 +73,7 @@ class GReSettings:
 
 
 @torch.inference_mode()
-def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, settings: GReSettings, *,
+def sample_randomized_returns(env_id: str, net: torch.nn.Module, settings: GReSettings, *,
                               profile: str | None = None, progress: bool | None = None) -> np.ndarray:
     """Returns of m σ-randomized trajectories (:class:`GReSettings`) of length ≤ ``horizon``, stepped in lockstep
     blocks of ``batch`` trajectories with the environments spread over ``workers`` processes.
@@ -85,7 +85,7 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, settings: GRe
     continuous actor's actions are floats: across block layouts its returns agree up to the rounding of a
     batched forward (for a given layout they are byte-reproducible)."""
     dev = resolve_device(settings.device)
-    q_net = q_net.to(dev).eval()
+    net = net.to(dev).eval()
     m = int(settings.m)
     returns = np.empty(m, dtype=np.float64)
     batch = m if settings.batch is None else max(1, min(int(settings.batch), m))
@@ -95,7 +95,7 @@ def sample_randomized_returns(env_id: str, q_net: torch.nn.Module, settings: GRe
     pool = make_env_pool(env_id, batch, profile, workers=settings.workers)
     try:
         for b0 in range(0, m, batch):
-            returns[b0:b0 + batch] = _lockstep(pool, q_net, dev, settings, b0, min(batch, m - b0), progress)
+            returns[b0:b0 + batch] = _lockstep(pool, net, dev, settings, b0, min(batch, m - b0), progress)
     finally:
         pool.close()
     return returns
@@ -148,7 +148,7 @@ class TrajectoryNoise:
 PIXELS_ON = ("cuda",)
 
 
-def _lockstep(pool, q_net, dev, settings: GReSettings, b0, m, progress):
+def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
     """The m trajectories b0, …, b0 + m − 1 of ``settings`` in lockstep on the first m environments of
     ``pool``: one batched forward per time step.  A seeded reset restores all of an environment's state
     (tests/test_gre.py), so a reused environment starts its trajectory as a new one would."""
@@ -163,7 +163,7 @@ def _lockstep(pool, q_net, dev, settings: GReSettings, b0, m, progress):
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
     discount = 1.0
-    out_shape = (int(q_net.low.numel()),) if getattr(q_net, "continuous", False) else None
+    out_shape = (int(net.low.numel()),) if getattr(net, "continuous", False) else None
     for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}", progress=progress):
         idx = np.nonzero(alive)[0]  # finished trajectories are not stepped again
         if pixels:
@@ -175,9 +175,9 @@ def _lockstep(pool, q_net, dev, settings: GReSettings, b0, m, progress):
         actions = torch.empty((len(idx), *(out_shape or ())), dtype=torch.float32 if out_shape else torch.int64,
                               device=dev)
         for s in range(0, len(idx), chunk):
-            q = q_net(noisy[s:s + chunk])
+            q = net(noisy[s:s + chunk])
             if not torch.isfinite(q).all():
-                raise NonFiniteQError(f"the {network_name(q_net)} returned NaN or inf at step {t} (trajectories {s}…)")
+                raise NonFiniteQError(f"the {network_name(net)} returned NaN or inf at step {t} (trajectories {s}…)")
             actions[s:s + chunk] = q if out_shape else q.argmax(1)
         a = actions.cpu().numpy()
         o, reward, terminated, truncated = pool.step(idx, a, pixels=True) if pixels else pool.step(idx, a)

@@ -23,7 +23,7 @@ from crop import columns as cols
 from crop.envs import make_env, to_obs
 from crop.progress import pbar
 from crop.smoothing import stats
-from crop.smoothing.smoothed import Estimate, SmoothedQ
+from crop.smoothing.smoothed import Estimate, SmoothedNetwork
 
 __all__ = ["Certificate", "LoActSettings", "certify_estimate", "certify_state", "run_loact", "certified_ratio"]
 
@@ -52,7 +52,7 @@ def certify_estimate(est: Estimate, sigma: float, v_min: float, v_max: float) ->
     return Certificate(action=a1, certified=certified, radius=radius, radii=radii, estimate=est)
 
 
-def certify_state(smoother: SmoothedQ, obs, index=None, alpha: float | None = None) -> Certificate:
+def certify_state(smoother: SmoothedNetwork, obs, index=None, alpha: float | None = None) -> Certificate:
     """Algorithm 1 for one state: fresh noise, clip, mean, bounds, radius.  ``alpha`` overrides the
     smoother's per-state miscoverage for this state (LoRe's ``alpha_mode: family`` schedule)."""
     est = smoother.estimate(obs, index=index) if alpha is None else smoother.estimate(obs, index=index, alpha=alpha)
@@ -64,7 +64,7 @@ class LoActSettings:
     """How LoAct rolls the smoothed policy: ``episodes`` episodes of at most ``horizon`` steps, episode i reset
     with ``episode_seeds[i]``; for Atari the raw screens of episode 0 at steps start ≤ t < end
     (``frames_window``) when frames are asked for.  ``lockstep`` (default): the episodes run side by side and
-    step t of every live episode is smoothed in one :meth:`SmoothedQ.estimate_batch` call (episodes in index
+    step t of every live episode is smoothed in one :meth:`SmoothedNetwork.estimate_batch` call (episodes in index
     order), so B episodes cost one launch per step; ``lockstep=False`` smooths one state per call, episode
     after episode.  ``pipeline`` (default: on a GPU): the episodes run as two halves, each in lockstep, whose
     calls alternate — while the card smooths one half's states, the other half's environments step on the CPU.
@@ -89,7 +89,7 @@ class LoActSettings:
             object.__setattr__(self, name, value)
 
 
-def run_loact(env_id: str, smoother: SmoothedQ, settings: LoActSettings, *, profile: str | None = None,
+def run_loact(env_id: str, smoother: SmoothedNetwork, settings: LoActSettings, *, profile: str | None = None,
               progress: bool | None = None, frames: list | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Roll the locally smoothed policy π̃ on clean observations and certify every step (Algorithm 1 per step),
     as ``settings`` (:class:`LoActSettings`) says.

@@ -16,7 +16,7 @@ Details that the official implementation got wrong and this one keeps:
   * every distinct observation is smoothed once (memoised), with fresh noise.
 
 Many states per launch: when the search needs a certificate it does not have, it smooths, in one
-:meth:`SmoothedQ.estimate_batch` call, that node together with every other *pending* node — a node on the
+:meth:`SmoothedNetwork.estimate_batch` call, that node together with every other *pending* node — a node on the
 depth-first stack whose state is known, that is not a leaf, not pruned by the bound so far and not yet
 smoothed — up to ``batch`` distinct observations (the current node first, then the stack from its top, i.e.
 in the order the search would reach them).  Given the certificates, the search's result does not depend on
@@ -83,7 +83,7 @@ from crop.io import real_value as _real
 from crop.io import sigterm_noted
 from crop.progress import pbar
 from crop.smoothing import stats
-from crop.smoothing.smoothed import SmoothedQ
+from crop.smoothing.smoothed import SmoothedNetwork
 
 __all__ = ["LoRe", "LoReSettings", "Problem", "Search", "run_lore", "obs_digest", "lore_bound_at", "CHECKPOINT_EVERY"]
 
@@ -304,7 +304,7 @@ class LoReSettings:
 class LoRe:
     """Algorithm 3 from one initial state: the bound J̲ of Theorem 4 at every critical ε, by adaptive search.
 
-    Read like Cohen et al.'s ``Smooth.certify``: build it with the smoothed Q (:class:`SmoothedQ`) and the
+    Read like Cohen et al.'s ``Smooth.certify``: build it with the smoothed Q (:class:`SmoothedNetwork`) and the
     environment, then :meth:`certify` returns the table of pairs (ε_i, J̲_i).  Its fields are Algorithm 3's
     state: the depth-first ``stack`` of nodes to expand at the current ``eps``, the priority ``queue`` of
     (r(a), tie, node, a) for actions not yet possible (keyed by Theorem 4's radius r(a)), the memoised
@@ -323,7 +323,7 @@ class LoRe:
     #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
     RESUME_FORMAT = 6
 
-    def __init__(self, settings: LoReSettings | None = None, smoother: SmoothedQ | None = None, **options):
+    def __init__(self, settings: LoReSettings | None = None, smoother: SmoothedNetwork | None = None, **options):
         self.settings = settings if settings is not None else LoReSettings.of(**options)
         if settings is not None and options:
             raise TypeError(f"LoRe takes its settings or options, not both: {sorted(options)}")
@@ -503,7 +503,7 @@ class LoRe:
         return out
 
     def smooth(self, nodes: list[_Node]) -> None:
-        """Algorithm 1 for the nodes' observations in one :meth:`SmoothedQ.estimate_batch` call (fresh
+        """Algorithm 1 for the nodes' observations in one :meth:`SmoothedNetwork.estimate_batch` call (fresh
         noise for each); the i-th distinct state smoothed overall spends α_i = ``alpha_of(i)``."""
         sm, i0 = self.smoother, len(self.memo)
         alphas = [sm.alpha] * len(nodes) if self.alpha_of is None else \
@@ -616,7 +616,7 @@ class LoRe:
     def _network_digest(self) -> str:
         """sha256 of the smoothed network's parameters, computed once (the key is built at every save)."""
         if self._network is None:
-            self._network = _net_digest(self.smoother.q_net)
+            self._network = _net_digest(self.smoother.net)
         return self._network
 
     def save(self, path) -> None:
@@ -820,7 +820,7 @@ class LoRe:
             raise SystemExit(128 + self._signal)
 
 
-def run_lore(env_id: str, smoother: SmoothedQ, horizon: int, env_seed: int, **options):
+def run_lore(env_id: str, smoother: SmoothedNetwork, horizon: int, env_seed: int, **options):
     """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record, and with
     ``states=True`` also :meth:`LoRe.states_table`.  ``options``: the fields of :class:`LoReSettings`, and
     ``resume_file``, ``checkpoint_every``, ``progress``, ``remove_resume`` of :meth:`LoRe.certify`."""

@@ -86,9 +86,9 @@ class QRangeSettings:
 
 
 @torch.inference_mode()
-def estimate_qrange(env_id: str, q_net: torch.nn.Module, settings: QRangeSettings, *, profile: str | None = None,
+def estimate_qrange(env_id: str, net: torch.nn.Module, settings: QRangeSettings, *, profile: str | None = None,
                     progress: bool | None = None) -> dict:
-    """V range of ``q_net`` under N(0, σ²I) noise along ``episodes`` rollouts of the unclipped smoothed
+    """V range of ``net`` under N(0, σ²I) noise along ``episodes`` rollouts of the unclipped smoothed
     policy (≤ ``horizon`` steps, m noise samples per state); ``settings``: :class:`QRangeSettings`.
 
     The episodes run in lockstep: step t of every live episode (in episode order) is smoothed together, B
@@ -104,7 +104,7 @@ def estimate_qrange(env_id: str, q_net: torch.nn.Module, settings: QRangeSetting
     episode_seeds, seed, chunk = settings.episode_seeds, settings.seed, settings.chunk
     method, quantile, device = settings.method, settings.quantile, settings.device
     dev = resolve_device(device)
-    q_net = q_net.to(dev).eval()
+    net = net.to(dev).eval()
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
     ext = _Extremes(method, quantile)
@@ -125,10 +125,10 @@ def estimate_qrange(env_id: str, q_net: torch.nn.Module, settings: QRangeSetting
         for s0, k, _, c in block_plan(n, m, rows):
             noisy = torch.randn((k * c, *shape), generator=g, device=dev).mul_(sigma)
             noisy.view(k, c, *shape).add_(x[s0:s0 + k].unsqueeze(1))
-            q = torch.cat([q_net(noisy[i:i + step]) for i in range(0, k * c, step)])
+            q = torch.cat([net(noisy[i:i + step]) for i in range(0, k * c, step)])
             if not torch.isfinite(q).all():
                 b = s0 + int(torch.nonzero(~torch.isfinite(q).view(k, -1).all(1))[0])
-                raise NonFiniteQError(f"the {network_name(q_net)} returned NaN or inf at episode {live[b]} step {t}")
+                raise NonFiniteQError(f"the {network_name(net)} returned NaN or inf at episode {live[b]} step {t}")
             q3 = q.view(k, c, -1)
             if total is None:
                 total = torch.zeros((n, q3.shape[-1]), dtype=torch.float64, device=dev)

@@ -135,13 +135,13 @@ class StageRun:
     def smoother(self, alpha: float):
         """Smoothed Q-values (Definition 1) of the checkpoint, with the stage's own noise stream."""
         from crop.models import n_actions
-        from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
+        from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
         a = self.args
         # The action count is the checkpoint's (SA-DQN's Pong networks use 4 of the 6 actions).
         settings = SmoothingSettings(a.sigma, a.m, self.v_min, self.v_max, alpha, bound=a.bound, target=self.target,
                                      chunk=a.chunk, seed=self.seed, device=a.device)
-        sm = SmoothedQ(self.net, settings, n_actions(self.meta["net_spec"]))
+        sm = SmoothedNetwork(self.net, settings, n_actions(self.meta["net_spec"]))
         self.device = str(sm.device)
         return sm
 

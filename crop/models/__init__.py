@@ -16,7 +16,7 @@ from torch import nn
 from crop.io import sha256_file
 from crop.names import MAX_PARAMETERS
 
-__all__ = ["build_q_network", "load_q_network", "load_checkpoint", "load_state", "save_q_network",
+__all__ = ["build_network", "load_network", "load_checkpoint", "load_state", "save_q_network",
            "load_refusal", "pickled_globals", "CheckpointError", "spec_summary", "n_actions", "input_shape",
            "fit_problem"]
 
@@ -188,7 +188,7 @@ def _parameter_count(spec: dict) -> int:
         return sum(p.numel() for p in _BUILDERS[spec["arch"]](spec).parameters())
 
 
-def build_q_network(spec: dict) -> nn.Module:
+def build_network(spec: dict) -> nn.Module:
     """A fresh network for ``spec``; raises ``CheckpointError`` for an unknown architecture, sizes that are
     not positive integers or more than :data:`MAX_PARAMETERS` parameters."""
     arch = spec.get("arch")
@@ -286,7 +286,7 @@ def save_q_network(net: nn.Module, path: str | Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def load_q_network(path: str | Path, spec: dict, expected_sha256: str | None = None,
+def load_network(path: str | Path, spec: dict, expected_sha256: str | None = None,
                    device: str | torch.device = "cpu") -> nn.Module:
     """Load a checkpoint into the architecture ``spec``, in eval mode.
 
@@ -330,7 +330,7 @@ def load_state(state, spec: dict, what: str = "state dict", device: str | torch.
     if complex_:  # the cast to float below would drop the imaginary part
         raise CheckpointError(f"{what}: complex-valued weights in {complex_[:5]}; a network's weights are real "
                               "numbers; refusing it")
-    net = build_q_network(spec)
+    net = build_network(spec)
     expected = net.state_dict()
     state = _normalise_keys(state, set(expected))
     missing = sorted(set(expected) - set(state))
@@ -376,7 +376,7 @@ def load_checkpoint(path: str | Path, env: str, algo: str, why: str = "") -> tup
     if problem:
         raise InputError(f"{ckpt}: {problem}")
     try:
-        net = load_q_network(ckpt, meta["net_spec"], expected_sha256=meta["sha256"])
+        net = load_network(ckpt, meta["net_spec"], expected_sha256=meta["sha256"])
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
     net.network_kind = meta.get("network", "q")   # what its messages call it (crop.names.network_name)

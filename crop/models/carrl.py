@@ -55,12 +55,12 @@ class CarrlQ(nn.Sequential):
 
 
 def carrl(spec: dict) -> CarrlQ:
-    from crop.models import build_q_network
+    from crop.models import build_network
 
     base_spec = spec.get("base")
     if not isinstance(base_spec, dict) or base_spec.get("arch") != "mlp":
         raise ValueError(f"CARRL spec needs an MLP base spec, got {base_spec!r}")
-    return CarrlQ(build_q_network(base_spec), float(spec["eps"]), spec.get("norm", 2),
+    return CarrlQ(build_network(base_spec), float(spec["eps"]), spec.get("norm", 2),
                   spec.get("method", "crown"))
 
 

@@ -5,7 +5,7 @@ factorised noise ε_ij = f(ε_i) f(ε_j), f(x) = sign(x)·√|x|.  The noise rep
 training.
 
 Certification uses the **mean network** (all ε = 0, i.e. weights μ): in eval mode — which is how
-``load_q_network`` returns every checkpoint — ``forward`` uses μ only and is a deterministic function of
+``load_network`` returns every checkpoint — ``forward`` uses μ only and is a deterministic function of
 its input, so Gaussian smoothing certifies the greedy policy argmax_a Q_μ(s, a) that is deployed.  (The
 paper's NoisyNet also sampled weights at test time; a Q that changes from call to call is not a function
 that CROP's smoothing theorems cover, so we deploy and certify the mean network and record this.)

@@ -1,7 +1,7 @@
 """The device side of Eq. (2)'s Monte-Carlo estimate: noise, forward passes and per-state sums.
 
 :class:`Engine` draws the m samples Δ ∼ N(0, σ²I) of each state, runs the network on s + Δ, turns the outputs
-into the smoothing target's samples (a function :class:`crop.smoothing.smoothed.SmoothedQ` gives it) and returns per
+into the smoothing target's samples (a function :class:`~crop.smoothing.smoothed.SmoothedNetwork` gives) and returns per
 state the sums of those samples and the sums of the raw outputs (to break exact ties; they also tell whether
 every output was finite, see :meth:`Engine.collect`).  What the sums mean — bounds, radii — is
 :mod:`crop.smoothing.smoothed`'s and :mod:`crop.certify.loact`'s.

@@ -1,6 +1,6 @@
 """Functional smoothing of a network: the smoothed Q-function Q̃ of Eq. (2), estimated by Monte Carlo.
 
-``SmoothedQ`` estimates Q̃(s, a) = E_{Δ∼N(0,σ²I)} f(s + Δ, a) for every action from m fresh noise draws, with
+``SmoothedNetwork`` estimates Q̃(s, a) = E_{Δ∼N(0,σ²I)} f(s + Δ, a) for every action from m fresh noise draws, with
 confidence bounds that hold *simultaneously* for all actions: the inputs of Theorem 1's radius r_t, a lower
 bound on the certified perturbation ε̄ of Definition 1 (:func:`crop.certify.loact.certify_estimate`).  The
 smoothing *target* f is
@@ -37,7 +37,7 @@ from crop.names import TARGET_NAMES, network_name
 from crop.smoothing import stats
 from crop.smoothing.engine import Engine, Launched, Noise
 
-__all__ = ["SmoothedQ", "SmoothingSettings", "Estimate", "NonFiniteQError", "BOUNDS", "TARGETS", "TARGET_RANGE"]
+__all__ = ["SmoothedNetwork", "SmoothingSettings", "Estimate", "NonFiniteQError", "BOUNDS", "TARGETS", "TARGET_RANGE"]
 
 #: The smoothing targets (see the module docstring).
 TARGETS = TARGET_NAMES
@@ -167,9 +167,9 @@ class SmoothingSettings:
 
 
 class Submitted:
-    """A call of :meth:`SmoothedQ.submit` whose device work is queued; :meth:`result` gives its estimates."""
+    """A call of :meth:`SmoothedNetwork.submit` whose device work is queued; :meth:`result` gives its estimates."""
 
-    def __init__(self, smoother: SmoothedQ, job: Launched, alphas: np.ndarray, indices, order: int):
+    def __init__(self, smoother: SmoothedNetwork, job: Launched, alphas: np.ndarray, indices, order: int):
         self._smoother, self._job, self._alphas, self._indices = smoother, job, alphas, indices
         self._order, self._result = order, None
 
@@ -177,15 +177,18 @@ class Submitted:
         if self._result is None:
             sm = self._smoother
             if sm._collected != self._order - 1:
-                raise RuntimeError("results of SmoothedQ.submit must be taken in the order of submission")
+                raise RuntimeError("results of SmoothedNetwork.submit must be taken in the order of submission")
             sm._collected += 1  # also when collecting raises (a NaN network output): the order moves on
             self._result = sm._estimates(self._job, self._alphas, self._indices)
         return self._result
 
 
-class SmoothedQ:
-    """Monte-Carlo estimate of the smoothed Q-function Q̃ of Eq. (2), in the style of Cohen et al.'s
-    ``Smooth`` class; the smoothed policy is π̃(s) = argmax_a Q̃(s, a) (:attr:`Estimate.action`).
+class SmoothedNetwork:
+    """Monte-Carlo estimate of a smoothed network in the style of Cohen et al.'s ``Smooth`` class: the mean under
+    N(0, σ²I) of a bounded function of the network's output, for each of its ``n_actions`` outputs — the
+    clipped Q-values (the smoothed Q-function Q̃ of Eq. (2)), the action probabilities of a policy network, or
+    the one-hot of the greedy action (a vote), as ``settings.target`` says.  The smoothed policy is
+    π̃(s) = argmax_a of that mean (:attr:`Estimate.action`); Theorem 1 holds for each, its range known.
 
     ``settings`` (:class:`SmoothingSettings`): σ, m, the V range, α, the bound, the target and the noise
     stream; ``n_actions``: |A|, the network's outputs.
@@ -195,16 +198,16 @@ class SmoothedQ:
     returns, so a caller can step environments while the card works.
     """
 
-    def __init__(self, q_net: torch.nn.Module, settings: SmoothingSettings, n_actions: int):
+    def __init__(self, net: torch.nn.Module, settings: SmoothingSettings, n_actions: int):
         self.settings = settings
         self.target, self.bound = settings.target, settings.bound
         self.sigma, self.m, self.alpha = settings.sigma, settings.m, settings.alpha
         self.v_min, self.v_max = settings.v_min, settings.v_max
         self.n_actions = int(n_actions)
         self.alpha_each = stats.per_bound_alpha(self.alpha, self.n_actions)
-        self.engine = Engine(q_net, settings.noise, self.n_actions, self._samples,
+        self.engine = Engine(net, settings.noise, self.n_actions, self._samples,
                              keep_samples=BOUNDS[settings.bound][1])
-        self.device, self.q_net = self.engine.device, self.engine.net
+        self.device, self.net = self.engine.device, self.engine.net
         # Randomised rounding (clopper_pearson) draws from its own stream, never from the noise generator.
         self.rounding_rng = np.random.default_rng([int(settings.seed) % 2**63, 0x524F554E44])
         self.calls = 0  # states smoothed so far
@@ -251,7 +254,7 @@ class SmoothedQ:
         if bad.size:
             b = int(bad[0])
             where = "" if indices is None or indices[b] is None else f" at state {indices[b]}"
-            raise NonFiniteQError(f"the {network_name(self.q_net)} returned NaN or inf{where} (sigma={self.sigma})")
+            raise NonFiniteQError(f"the {network_name(self.net)} returned NaN or inf{where} (sigma={self.sigma})")
         self.calls += job.n
         fn, lo, hi, m = BOUNDS[self.bound][0], self.v_min, self.v_max, self.m
         a_each = stats.per_bound_alpha(alphas, self.n_actions)

@@ -143,7 +143,7 @@ def expectation_bound(mean_return: float, j_min: float, j_max: float, m: int, al
 # One-sided confidence bounds for the means of bounded samples (the options of ``bound``).
 #
 # Every function below takes ``samples`` of shape (n, k) — n i.i.d. draws of k bounded variables (for
-# SmoothedQ: m noise draws × |A| actions) — and returns ``(lower, upper)``, two arrays of shape (k,), each
+# SmoothedNetwork: m noise draws × |A| actions) — and returns ``(lower, upper)``, two arrays of shape (k,), each
 # entry a *one-sided* bound at level ``alpha``: P[lower_a > E X_a] ≤ alpha and P[upper_a < E X_a] ≤ alpha
 # for every a separately.  The caller spends its miscoverage on them by the union bound
 # (:func:`per_bound_alpha`).  Samples outside [lo, hi] are clipped into it first (the bounds are then for

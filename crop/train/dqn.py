@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from crop.envs import env_spec, make_env, to_obs
 from crop.io import derive_seed
-from crop.models import build_q_network
+from crop.models import build_network
 from crop.models.noisy import resample_noise
 from crop.progress import pbar
 from crop.smoothing.engine import resolve_device
@@ -278,8 +278,8 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=dev).manual_seed(derive_seed(seed, "recipe", recipe.name) % 2**63)
-    q = build_q_network(net_spec).to(dev).train()     # initialised on the CPU: the same weights on any device
-    target = build_q_network(net_spec).to(dev).train()
+    q = build_network(net_spec).to(dev).train()     # initialised on the CPU: the same weights on any device
+    target = build_network(net_spec).to(dev).train()
     target.load_state_dict(q.state_dict())
     opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
     noisy = recipe.exploration == "noisy"

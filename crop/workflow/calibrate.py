@@ -1,7 +1,7 @@
 """``crop calibrate``: measure on this machine the unit costs of the cost model (:mod:`crop.workflow.cost`).
 
 Per environment, with a network of the architecture its policies have (random weights: the cost does not
-depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.smoothed.SmoothedQ`, the
+depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.smoothed.SmoothedNetwork`, the
 engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
 LoRe transition (small full searches of two depths, differenced), GRe's workflow path per trajectory step,
 per trajectory and per slot of its pool (:func:`crop.certify.gre.sample_randomized_returns` with one worker, timed by
@@ -139,19 +139,19 @@ def _env_costs(env: str, device: str, log) -> dict:
     import torch.nn.functional as F
 
     from crop.envs import make_env, snapshot, to_obs
-    from crop.models import build_q_network
-    from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
+    from crop.models import build_network
+    from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
     from crop.train.dqn import DQNConfig, train_dqn
 
     e = make_env(env)
     obs, _ = e.reset(seed=0)
     obs = to_obs(obs)
     k, image = int(e.action_space.n), obs.ndim == 3
-    net = build_q_network(_net_spec(env, k, obs.shape)).to(device).eval()
+    net = build_network(_net_spec(env, k, obs.shape)).to(device).eval()
     out = {}
 
     m = 2000 if image and device == "cpu" else 10000
-    sm = SmoothedQ(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
+    sm = SmoothedNetwork(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
     out["smooth_sample_s"] = _best(lambda: sm.estimate_batch(obs[None])) / m
     log(f"{env}: smoothed step {out['smooth_sample_s'] * m * 1e3:.1f} ms per state at m = {m}")
 
@@ -216,7 +216,7 @@ def _lore_transition_s(env: str, net, k: int, smooth_sample_s: float, device: st
     their difference in seconds, less its smoothing, over their difference in transitions, so that what a
     search pays once (making and resetting its environment: two ROM loads on Atari) cancels out."""
     from crop.certify.lore import run_lore
-    from crop.smoothing.smoothed import SmoothedQ, SmoothingSettings
+    from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
     depth = {"CartPole-v0": 8, "FreewayNoFrameskip-v4": 4}.get(env, 2)
     m = 16
@@ -225,7 +225,7 @@ def _lore_transition_s(env: str, net, k: int, smooth_sample_s: float, device: st
         info = {}
 
         def run():
-            sm = SmoothedQ(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
+            sm = SmoothedNetwork(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
             info.update(run_lore(env, sm, d, 0, prune=False, progress=False)[1])
 
         return _best(run, repeats=2), info
