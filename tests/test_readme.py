@@ -166,3 +166,24 @@ def test_the_reliability_table_cites_tests_that_exist():
             assert name in defined, f"docs/reliability.md cites {current}::{name}, which is no test"
             cited += 1
     assert cited >= 60
+
+
+@pytest.mark.slow
+def test_the_quick_start_prints_the_readme_summary_on_this_machine(tmp_path):
+    """The README's quoted block is what the quick start prints here, counts and all: results are
+    byte-reproducible on the CPU for a seed, so a change of these counts is a change of the code's results or of
+    the audit, and this test makes it visible (the README, docs/audit.md and this block must move together)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                        "--cores", "2", "--configfile", str(QUICKSTART)], capture_output=True, text=True,
+                       timeout=3600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    printed = re.search(r"^(Summary: results in .*?)^report:", p.stdout + p.stderr, re.S | re.M)
+    assert printed, (p.stdout + p.stderr)[-3000:]
+    got = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in printed.group(1).splitlines()}
+    quoted = _readme_summary()
+    for key in ("Summary", "audit", "figures", "tables"):
+        assert got[key] == quoted[key], f"README's {key!r} line: {quoted[key]!r}; the quick start printed {got[key]!r}"
+    assert quoted["audit"] in (REPO / "docs" / "audit.md").read_text()
