@@ -1,6 +1,7 @@
 """The workflow's per-run stages, one row each: everything about a stage — what it writes, whether it reads the
 V range, the config settings it takes, the function its ``crop`` subcommand runs, its help, its extra flags,
-what its jobs ask of a cluster, whether it is replicated, what the report's captions quote of its settings.
+what its jobs cost and ask of a cluster (its cost and memory functions), whether it is replicated, what the
+report's captions quote of its settings.
 
 Every other statement of these facts is derived from this table: the per-run rules (one rule per row, and a
 replicate rule where the row says so: ``rules/stages.smk``, with the blocks of ``rules/common.smk``), the file
@@ -8,8 +9,9 @@ names of :mod:`crop.workflow.layout`, the ``crop`` subcommands with their ``--ou
 (:mod:`crop.workflow.cli`), :class:`crop.handlers.stages.StageRun`, the stages a run folder may hold
 (:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.workflow.cost`), the report's captions
 (:mod:`crop.report.captions`) and the rules/flags table of
-docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler
-and its algorithm module.  No torch and no environments: the Snakefile and ``crop --help`` import it.
+docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler,
+its cost function and its algorithm module.  No torch and no environments: the Snakefile and ``crop --help``
+import it (a row names its functions as ``module:function``, imported when a job is priced).
 
 A stage's settings are ``option: config key``, where ``/key`` is a top-level key and ``block.key`` a key of
 an environment's block; the option's type, bounds, default and help are the config schema's node of that key
@@ -17,7 +19,8 @@ an environment's block; the option's type, bounds, default and help are the conf
 else: the local attack attacks the smoothed policy LoAct certifies (``loact.m`` noise samples) over LoRe's tree
 (``lore.horizon``, ``lore.gamma``), so its returns compare with LoRe's bound; the global attack plays GRe's
 trajectories (``gre.horizon``, ``gre.gamma``).  The ``rewards`` block (an environment's reward facts) has no
-default: its keys are left out of ``--settings`` when the config has no such block.
+default: its keys are left out of ``--settings`` when the config has no such block.  A stage with settings of
+its own brings their block (``block``: its name and schema node), which joins the schema's environment blocks.
 """
 from __future__ import annotations
 
