@@ -110,28 +110,62 @@ TOY = '''
 from crop.io import write_json
 from crop.workflow.stage_table import Flag, Output, StageRow, add_stage
 
+#: the toy's own settings: an environment block of the config, a node like the schema's own
+BLOCK = {"type": "object", "additionalProperties": False, "default": {},
+         "properties": {"rounds": {"type": "integer", "minimum": 1, "default": 3,
+                                   "description": "rounds of the toy's work"}}}
+
+
+def toy_seconds(cfg, job, u):
+    """rounds × 1000 environment steps."""
+    return cfg["environments"][job.env]["toy"]["rounds"] * 1000 * u("env_step_s"), "toy rounds"
+
+
 add_stage(StageRow(
     "toy", "a toy stage", "a toy stage's help", "A toy stage: writes its settings.", "toy_stage:cmd_toy",
     (Output("toy", "toy.json", "out", "toy.json: its settings", meta=False),),
-    {"m": "loact.m", "alpha": "/alpha"}, v_range=True, replicate=True, mem_mb=500,
-    flags=(Flag("knob", {"type": "integer", "minimum": 1}, "a flag the rule leaves out"),)))
+    {"rounds": "toy.rounds", "alpha": "/alpha"}, v_range=True, replicate=True, cost=toy_seconds, memory=500,
+    block=("toy", BLOCK), flags=(Flag("knob", {"type": "integer", "minimum": 1}, "a flag the rule leaves out"),)))
 
 
 def cmd_toy(args):
-    write_json(args.out, {"m": args.m, "alpha": args.alpha, "knob": args.knob, "target": args.target})
+    write_json(args.out, {"rounds": args.rounds, "alpha": args.alpha, "knob": args.knob, "target": args.target})
 '''
+
+#: run with the toy stage added: its plan, its SLURM resources, its subcommand and its files
+TOY_CHECK = """import sys, json, contextlib, io; sys.path.insert(0, sys.argv[1]); import toy_stage
+from crop.workflow import cost, layout; from crop.report import integrity; from crop.workflow.cli import main
+from crop.workflow.config import load_config
+from crop.workflow.stage_table import layout_table
+assert layout.RUN_FILES['toy'] == 'toy.json' and 'toy' in layout.REPLICATE_FILES
+assert integrity.STAGE_FILES['toy'] == ('toy',)
+assert '| `toy`, `toy_replicate` | a toy stage |' in layout_table() and '500 MB' in layout_table()
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    main(['plan', '--configfile', sys.argv[3], '--json'])
+t = cost.unit_costs('cpu')[0]
+want = (t['start_s'] + 5 * 1000 * t['envs']['CartPole-v0']['env_step_s']) / 60
+toys = [j for j in json.loads(out.getvalue())['jobs'] if j['rule'] in ('toy', 'toy_replicate')]
+assert [j['rule'] for j in toys] == ['toy', 'toy_replicate'] and all(j['minutes'] == round(want, 3) for j in toys)
+res = cost.job_resources(load_config(sys.argv[3]), 'toy', {'env': 'CartPole-v0', 'algo': 'StdTrain',
+                         'sigma': '0.1'}, 1, 0)
+assert res == {'runtime': cost.runtime_minutes(want * 60), 'mem_mb': 500}, res
+main(['toy', '--env', 'CartPole-v0', '--algo', 'StdTrain', '--sigma', '0.1', '--checkpoint', 'c',
+      '--target', 'vote', '--settings', '{"rounds": 7}', '--knob', '3', '--out', sys.argv[2]])
+"""
 
 
 @pytest.mark.slow
-def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_and_run_files(tmp_path):
-    """Adding a per-run stage is its row and its handler: the dry run, the CLI and the layout take it up."""
+def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_a_price_and_run_files(tmp_path):
+    """Adding a per-run stage is its row (with its own settings block and cost function) and its handler: the
+    dry run, crop plan, the SLURM resources, the CLI and the layout take it up."""
     (tmp_path / "toy_stage.py").write_text(TOY)
     # the workflow: the repository's Snakefile read after the row is added
     (tmp_path / "Snakefile").write_text(f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport toy_stage\n\n"
                                         f"include: {str(REPO / 'Snakefile')!r}\n")
     cfg = yaml.safe_load((REPO / "tests/configs/smoke.yaml").read_text())
     cfg["replicates"] = 2
-    cfg["environments"]["CartPole-v0"].update(algorithms=["StdTrain"], sigmas=[0.1])
+    cfg["environments"]["CartPole-v0"].update(algorithms=["StdTrain"], sigmas=[0.1], toy={"rounds": 5})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"), "--directory",
                           str(tmp_path / "run"), "--configfile", str(tmp_path / "c.yaml"), "-n", "-p", "--cores",
@@ -144,19 +178,30 @@ def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_and_run_files(tmp_path
         shell = next(line for line in block.splitlines() if line.startswith("Shell command: "))
         words = shlex.split(shell.removeprefix("Shell command: "))
         assert words[:2] == ["crop", "toy"] and json.loads(words[words.index("--settings") + 1]) == \
-            {"m": cfg["environments"]["CartPole-v0"]["loact"]["m"], "alpha": 0.05}
+            {"rounds": 5, "alpha": 0.05}
         assert "--knob" not in words and "--qrange" in words
+        assert re.search(r"resources: .*\bmem_mb=500\b", block), block   # its row's memory
     # the aggregate and the audit wait for it
     assert re.search(r"rule audit:\n(?:.*\n)*?\s+input: .*sigma-0.1/toy.json", text)
-    # the CLI (its settings from the schema and --settings, its own flag) and the layout
-    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import toy_stage\n"
-            "from crop.workflow import layout; from crop.report import integrity; from crop.workflow.cli import main\n"
-            "assert layout.RUN_FILES['toy'] == 'toy.json' and 'toy' in layout.REPLICATE_FILES\n"
-            "assert integrity.STAGE_FILES['toy'] == ('toy',)\n"
-            "main(['toy', '--env', 'CartPole-v0', '--algo', 'StdTrain', '--sigma', '0.1', '--checkpoint', 'c',"
-            " '--target', 'vote', '--settings', '{\"m\": 7}', '--knob', '3', '--out', sys.argv[2]])\n")
-    subprocess.run([sys.executable, "-c", code, str(tmp_path), str(tmp_path / "toy.json")], check=True)
-    assert json.loads((tmp_path / "toy.json").read_text()) == {"m": 7, "alpha": 0.05, "knob": 3, "target": "vote"}
+    # crop plan prices it by its own cost function, SLURM gets its memory; the CLI (its settings from its own
+    # block and --settings, its own flag) and the layout
+    subprocess.run([sys.executable, "-c", TOY_CHECK, str(tmp_path), str(tmp_path / "toy.json"),
+                    str(tmp_path / "c.yaml")], check=True, cwd=REPO)
+    assert json.loads((tmp_path / "toy.json").read_text()) == {"rounds": 7, "alpha": 0.05, "knob": 3,
+                                                               "target": "vote"}
+
+
+def test_a_row_without_a_cost_function_or_memory_is_refused_when_it_is_made():
+    from crop.workflow.stage_table import StageRow
+
+    args = ("toy", "t", "h", "d", "toy:cmd", (), {}, False, False)
+    with pytest.raises(ValueError, match=r"^stage toy: cost = None names no cost function \(module:function"):
+        StageRow(*args, cost=None, memory=500)
+    with pytest.raises(ValueError, match="^stage toy: cost = 'toy' names no cost function"):
+        StageRow(*args, cost="toy", memory=500)
+    with pytest.raises(ValueError, match="^stage toy: memory = None names no memory"):
+        StageRow(*args, cost="toy:seconds", memory=None)
+    assert StageRow(*args, cost="toy:seconds", memory="toy:memory").memory == "toy:memory"
 
 
 def test_a_stage_is_refused_once_the_layout_has_read_the_table():

@@ -3,19 +3,15 @@ seconds from measured unit costs, the totals, the makespan on given machines, an
 memory each job asks for.
 
 The unit costs (one table per device, :func:`unit_costs`) are measured by ``crop calibrate``
-(:mod:`crop.workflow.calibrate`) and multiplied by each job's work:
+(:mod:`crop.workflow.calibrate`) and multiplied by each job's work.  A per-run stage's work is its row's cost
+function and its memory its row's memory (:class:`crop.workflow.stage_table.StageRow`; the paper's stages:
+:mod:`crop.workflow.stage_costs`); the other jobs' are here:
 
 ==============  =============================================================================================
-job             seconds (S = episodes × H states; every job adds the table's ``start_s``: imports, loading)
+job             seconds (every job adds the table's ``start_s``: imports, loading)
 ==============  =============================================================================================
 checkpoint      trained: ``total_steps`` × ``train_step_s``; published, derived or your own file: ``fetch_s``
-qrange, loact   S × (m × ``smooth_sample_s`` + ``env_step_s``)
-gre             (slots × ``gre_start_s`` + m × (``gre_reset_s`` + H × ``gre_step_s``)) / workers (the pool path
-                per core: an environment made per slot of a block, reset per trajectory; CartPole: 1 process)
-lore            nodes (:func:`lore_nodes`) × m × ``smooth_sample_s`` + transitions (:func:`lore_transitions`)
-                × ``lore_transition_s`` (restore a node's snapshot, step, snapshot the child)
-attack_local    runs × H × (2m × ``smooth_sample_s`` + steps × m_grad × ``grad_sample_s`` + ``env_step_s``)
-attack_global   runs × H × ((steps + 1) × n_eot × ``grad_sample_s`` + ``env_step_s``)
+a stage         its row's cost function (qrange, loact, gre, lore, attack_local, attack_global: stage_costs)
 aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
 ==============  =============================================================================================
 
@@ -26,26 +22,34 @@ the node's GPU to the stages that need it, and several GRe jobs share a node.
 Unit costs are per core (torch threads: 1); a job's threads shorten only GRe (its worker processes), so
 a job with more threads is predicted long.  Episodes are counted at their full horizon (an episode that
 ends sooner costs less), and LoRe's tree at its worst case for what can be known before the run
-(:func:`lore_nodes`, :func:`lore_transitions`), so a prediction errs long.  No torch is imported here
+(:func:`~crop.workflow.stage_costs.lore_nodes`), so a prediction errs long.  No torch is imported here
 (environments' facts only): ``crop plan`` on a login node and the Snakefile's resources read it.
 """
 from __future__ import annotations
 
-import csv
 import functools
 import heapq
+import importlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crop import columns as cols
 from crop.workflow import layout
 from crop.workflow.config import run_targets, sigma_label, smoothing_targets, train_settings
-from crop.workflow.cost_units import GLOBAL_UNITS, UNITS, CostError, calibration_path, shipped_table, unit_costs
+from crop.workflow.cost_units import (
+    GLOBAL_UNITS,
+    UNITS,
+    CostError,
+    Units,
+    calibration_path,
+    shipped_table,
+    unit_costs,
+)
+from crop.workflow.stage_costs import MAX_PRICED_NODES, STAGE_MEM_MB, lore_nodes, lore_transitions
 from crop.workflow.stage_table import STAGES
 
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
-           "lore_transitions",
+           "lore_transitions", "MAX_PRICED_NODES", "Units",
            "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "JobResources",
            "makespan", "slurm_caps", "shipped_table", "GLOBAL_UNITS", "MAX_RUNTIME", "MAX_MEM_MB",
            "stage_device", "stage_gpus"]
@@ -59,9 +63,6 @@ HEADROOM, HEADROOM_MIN = 2.0, 5
 #: (minutes) and 512,000 MB, the memory of the largest nodes sites commonly have.  A prediction past either
 #: is a config too large for one job (``crop plan`` names it), not a request any queue would run.
 MAX_RUNTIME, MAX_MEM_MB = 7 * 24 * 60, 512_000
-
-#: Above this many nodes a LoRe tree cannot be priced: the config needs lore.max_nodes (or a smaller horizon).
-MAX_PRICED_NODES = 1e12
 
 
 @dataclass
@@ -91,126 +92,19 @@ class Job:
         return self.seconds / 60
 
 
-# ----------------------------------------------------------------------------------------------- unit costs
-
-def _unit(table: dict, env: str, name: str, device: str) -> float:
-    """One unit cost; a missing one (in a checked table: an environment it has no units for) is an error
-    naming the calibration that gives it (never a silent 0)."""
-    value = table.get(name) if name in GLOBAL_UNITS else table.get("envs", {}).get(env, {}).get(name)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or not math.isfinite(value):
-        what = name + ("" if name in GLOBAL_UNITS else f" of {env}")
-        raise CostError(f"no unit cost {what} on {device}: run `crop calibrate --device {device}"
-                        f"{'' if name in GLOBAL_UNITS else f' --env {env}'}` on a machine like the one that runs it")
-    return float(value)
-
-
 # ----------------------------------------------------------------------------------------------- the model
 
-def lore_nodes(horizon: int, n_actions: int, certified: float = 0.0, max_nodes: int | None = None) -> float:
-    """Nodes LoRe smooths (Algorithm 3), at worst, for a tree of depth H: a node whose action is certified
-    up to the search's largest ε (a fraction ``certified`` of the states) has one child, any other up to
-    |A|, so the branching is b = 1 + (1 − certified)(|A| − 1) and the internal nodes Σ_{d<H} b^d (leaves at
-    depth H are not smoothed).  Pruning, memoised states and terminal states only make the tree smaller.
-    With ``lore.max_nodes`` the search expands at most that many."""
-    b = 1.0 + (1.0 - certified) * (n_actions - 1)
-    if b <= 1.0:
-        n = float(horizon)
-    elif horizon * math.log10(b) > 300:
-        n = math.inf
-    else:
-        n = (b ** horizon - 1.0) / (b - 1.0)
-    return float(min(n, max_nodes)) if max_nodes else n
+def _function(spec):
+    """A row's function: itself, or the one its ``module:function`` names."""
+    if callable(spec):
+        return spec
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def lore_transitions(horizon: int, n_actions: int, certified: float = 0.0, max_nodes: int | None = None) -> float:
-    """Transitions LoRe makes (a child created: its parent's snapshot restored, one step, its own snapshot), at
-    worst: every node of the tree but the root, b·Σ_{d<H} b^d with :func:`lore_nodes`' branching b; with
-    ``lore.max_nodes`` at most max_nodes − 1 (the budget counts the root and every child created)."""
-    b = 1.0 + (1.0 - certified) * (n_actions - 1)
-    n = b * lore_nodes(horizon, n_actions, certified)
-    return float(min(n, max_nodes - 1)) if max_nodes else n
-
-
-def _loact_read(cfg: dict, env: str, algo: str, sigma: str) -> Path | None:
-    """The ``loact.csv`` a LoRe job's price reads (:func:`_certified_fraction`), or None when it reads none
-    (``lore.eps_max_factor: null``)."""
-    if not cfg["environments"][env]["lore"].get("eps_max_factor"):
-        return None
-    name, target = layout.split_run_algo(algo)
-    return layout.run_dir(cfg["results"], env, name, sigma, target) / layout.RUN_FILES["loact"]
-
-
-def _certified_fraction(cfg: dict, env: str, algo: str, sigma: str) -> float:
-    """The fraction of LoAct's states certified at LoRe's largest ε, from a finished LoAct of the same run
-    when there is one (its ``loact.csv``); 0 (every action possible: the worst case) otherwise and whenever
-    LoRe searches without a largest ε (``lore.eps_max_factor: null``: every action becomes possible)."""
-    path = _loact_read(cfg, env, algo, sigma)
-    if path is None or not path.is_file():
-        return 0.0
-    eps_max = cfg["environments"][env]["lore"]["eps_max_factor"] * float(sigma)
-    with open(path, newline="") as f:
-        radii = [float(r[cols.RADIUS]) for r in csv.DictReader(f)]
-    return sum(r >= eps_max for r in radii) / len(radii) if radii else 0.0
-
-
-def _n_actions(env: str) -> int:
-    from crop.envs import env_spec  # gymnasium, not torch
-
-    return env_spec(env).n_actions
-
-
-def _stage_seconds(cfg: dict, job: Job, t: dict) -> tuple[float, str]:
-    """Seconds of a per-run stage's work (the module docstring's table) and a note on what it assumed."""
-    ec, env, dev = cfg["environments"][job.env], job.env, job.device
-
-    def u(name):
-        return _unit(t, env, name, dev)
-
-    rule = job.rule.removesuffix("_replicate")
-    if rule in ("qrange", "loact"):
-        b = ec[rule]
-        return b["episodes"] * b["horizon"] * (b["m"] * u("smooth_sample_s") + u("env_step_s")), ""
-    if rule == "gre":
-        g = ec["gre"]
-        workers = 1 if t.get("envs", {}).get(env, {}).get("gre_single_process") else job.threads
-        start = 0.0   # a table without gre_start_s measured the making in gre_reset_s, per trajectory: errs long
-        if "gre_start_s" in t.get("envs", {}).get(env, {}):
-            from crop.envs import env_spec  # gymnasium, not torch
-            start = env_spec(env).gre_block(g["m"], g.get("batch")) * u("gre_start_s")   # one per slot
-        return (start + g["m"] * (u("gre_reset_s") + g["horizon"] * u("gre_step_s"))) / workers, ""
-    if rule == "lore":
-        lo, k = ec["lore"], _n_actions(env)
-        tree = (lo["horizon"], k, _certified_fraction(cfg, env, job.algo, job.sigma), lo.get("max_nodes"))
-        nodes, transitions = lore_nodes(*tree), lore_transitions(*tree)
-        if transitions > MAX_PRICED_NODES:
-            raise CostError(f"lore {env}/{job.algo} σ={job.sigma}: a tree of up to {k}^{lo['horizon']} nodes "
-                            f"cannot finish; give environments.{env}.lore.max_nodes (a budget of nodes) or a "
-                            "smaller lore.horizon")
-        # its snapshots, one per node of the tree: twice their pickled size, for Python's objects
-        job.mem_mb += int(2 * (transitions + 1) * u("node_mb"))
-        return nodes * lo["m"] * u("smooth_sample_s") + transitions * u("lore_transition_s"), f"{nodes:.0f} nodes"
-    if rule == "attack_local":
-        a, lo = ec["attack"], ec["lore"]
-        runs = a["local_episodes"] * len(a["local_eps_factors"])
-        step = 2 * ec["loact"]["m"] * u("smooth_sample_s") + a["pgd_steps"] * a["local_m_grad"] * u("grad_sample_s")
-        return runs * lo["horizon"] * (step + u("env_step_s")), ""
-    if rule == "attack_global":
-        a, g = ec["attack"], ec["gre"]
-        runs = global_episodes(cfg, env) * len(a["global_eps_factors"])
-        step = (a["pgd_steps"] + 1) * a["global_n_eot"] * u("grad_sample_s")
-        return runs * g["horizon"] * (step + u("env_step_s")), ""
-    raise CostError(f"no cost model for rule {job.rule}")
-
-
-def global_episodes(cfg: dict, env: str) -> int:
-    """``attack.global_episodes`` as a number of episodes.  Hook for a size the config leaves to the run
-    (a non-integer such as ``auto``): it must resolve here the way the attack stage resolves it; until it
-    can, the model refuses it rather than guess."""
-    n = cfg["environments"][env]["attack"]["global_episodes"]
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise CostError(f"environments.{env}.attack.global_episodes = {n!r}: crop plan prices a number of "
-                        "episodes; give one")
-    return n
+def _row(rule: str):
+    """The stage table's row of a per-run rule (``lore``, ``lore_replicate``), or None for another job."""
+    return STAGES.get(rule.removesuffix("_replicate").replace("_", "-"))
 
 
 def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
@@ -219,9 +113,9 @@ def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
     ec = cfg["environments"][job.env]
     src = checkpoint_source(job.env, job.algo, ec["source"], ec.get("files"))
     if src["kind"] != "train":
-        return _unit(t, job.env, "fetch_s", job.device)
+        return Units(t, job.env, job.device)("fetch_s")
     steps = train_settings(ec, job.algo)["total_steps"]
-    return steps * _unit(t, job.env, "train_step_s", job.device)
+    return steps * Units(t, job.env, job.device)("train_step_s")
 
 
 def runtime_minutes(seconds: float, cap: int | None = None) -> int:
@@ -253,7 +147,7 @@ def stage_device(cfg: dict, rule: str, env: str) -> str:
     (Atari, highway: a millisecond and more per step and core), beside which the batched forward is small even
     on a core (docs/speed.md), so a GPU would idle through nearly all of such a job while the stages that need
     it wait."""
-    if STAGES[rule.removesuffix("_replicate").replace("_", "-")].cpu_only:
+    if _row(rule).cpu_only:
         return "cpu"
     return _env_device(cfg, env)
 
@@ -325,10 +219,12 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
 
 
 def price(cfg: dict, job: Job, table: dict) -> Job:
-    """Fill in ``job``'s predicted seconds and memory from a unit-cost table (the module docstring's model);
-    :class:`CostError` naming what to calibrate or set when it cannot."""
-    start = _unit(table, job.env, "start_s", job.device)
-    job.mem_mb = 1000
+    """Fill in ``job``'s predicted seconds and memory from a unit-cost table (the module docstring's model):
+    a stage's from its row's memory and cost function, beside the start every job pays; :class:`CostError`
+    naming what to calibrate or set when it cannot."""
+    u = Units(table, job.env, job.device)
+    start = u("start_s")
+    job.mem_mb = STAGE_MEM_MB
     if job.rule == "checkpoint":
         job.seconds, job.mem_mb = start + _checkpoint_seconds(cfg, job, table), 1500
     elif job.rule == "aggregate":
@@ -336,17 +232,13 @@ def price(cfg: dict, job: Job, table: dict) -> Job:
                                               [layout.run_algo(a, x) for a in ec["algorithms"]
                                                for x in smoothing_targets(ec)]))
                       for env, ec in cfg["environments"].items())
-        job.seconds, job.mem_mb = start + 2 * figures * _unit(table, None, "figure_s", job.device), 2000
+        job.seconds, job.mem_mb = start + 2 * figures * u("figure_s"), 2000
     elif job.rule == "audit":
-        job.seconds = start + len(run_targets(cfg)) * _unit(table, None, "audit_run_s", job.device)
+        job.seconds = start + len(run_targets(cfg)) * u("audit_run_s")
     else:
-        job.mem_mb = STAGES[job.rule.removesuffix("_replicate").replace("_", "-")].mem_mb or 0
-        if job.rule == "gre":
-            from crop.envs import env_spec
-
-            g, spec = cfg["environments"][job.env]["gre"], env_spec(job.env)
-            job.mem_mb = spec.gre_mem_mb(spec.gre_block(g["m"], g["batch"]), job.threads)
-        stage_s, job.note = _stage_seconds(cfg, job, table)
+        row = _row(job.rule)
+        job.mem_mb = row.memory if isinstance(row.memory, int) else _function(row.memory)(cfg, job, u)
+        stage_s, job.note = _function(row.cost)(cfg, job, u)
         job.seconds = start + stage_s
     return job
 
@@ -399,9 +291,9 @@ class JobResources:
 
     def __call__(self, rule: str, wildcards, threads: int, gpus: int) -> dict:
         w = dict(wildcards.items()) if hasattr(wildcards, "items") else dict(wildcards or {})
-        read = None
-        if rule.removesuffix("_replicate") == "lore":
-            path = _loact_read(self.cfg, w["env"], w["algo"], w["sigma"])
+        read, row = None, _row(rule)
+        if row is not None and row.reads:
+            path = _function(row.reads)(self.cfg, Job(rule, w.get("env"), w.get("algo"), w.get("sigma")))
             if path is not None:
                 try:
                     st = path.stat()

@@ -16,7 +16,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["CostError", "UNIT_TABLE", "UNITS", "OPTIONAL_UNITS", "GLOBAL_UNITS", "DEVICES", "check_tables",
+__all__ = ["CostError", "Units", "UNIT_TABLE", "UNITS", "OPTIONAL_UNITS", "GLOBAL_UNITS", "DEVICES", "check_tables",
            "check_table", "calibration_path", "shipped_table", "unit_costs"]
 
 
@@ -180,3 +180,27 @@ def unit_costs(device: str, calibration: str | Path | None = None) -> tuple[dict
             return t, f"{path} (crop calibrate --device {device}, {t.get('measured', '?')}, {t.get('machine', {})})"
     t = shipped_table(device)
     return t, f"the shipped {device} table (crop/workflow/costs/{device}.json: {t['source']}, {t['measured']})"
+
+
+class Units:
+    """The unit costs one job is priced from: a table (:func:`unit_costs`) read for the job's environment and
+    device.  ``u(name)`` is a unit; a missing one (in a checked table: an environment it has no units for) is
+    an error naming the calibration that gives it, never a silent 0."""
+
+    def __init__(self, table: dict, env: str | None, device: str):
+        self.table, self.env, self.device = table, env, device
+
+    @property
+    def env_units(self) -> dict:
+        """The environment's own entries of the table (a unit it may leave out, ``gre_single_process``)."""
+        return self.table.get("envs", {}).get(self.env, {})
+
+    def __call__(self, name: str) -> float:
+        glob = name in GLOBAL_UNITS
+        value = self.table.get(name) if glob else self.env_units.get(name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 \
+                or not math.isfinite(value):
+            what = name + ("" if glob else f" of {self.env}")
+            raise CostError(f"no unit cost {what} on {self.device}: run `crop calibrate --device {self.device}"
+                            f"{'' if glob else f' --env {self.env}'}` on a machine like the one that runs it")
+        return float(value)

@@ -1,6 +1,7 @@
 """The workflow's per-run stages, one row each: everything about a stage — what it writes, whether it reads the
 V range, the config settings it takes, the function its ``crop`` subcommand runs, its help, its extra flags,
-what its jobs ask of a cluster, whether it is replicated, what the report's captions quote of its settings.
+what its jobs cost and ask of a cluster (its cost and memory functions), whether it is replicated, what the
+report's captions quote of its settings.
 
 Every other statement of these facts is derived from this table: the per-run rules (one rule per row, and a
 replicate rule where the row says so: ``rules/stages.smk``, with the blocks of ``rules/common.smk``), the file
@@ -8,8 +9,9 @@ names of :mod:`crop.workflow.layout`, the ``crop`` subcommands with their ``--ou
 (:mod:`crop.workflow.cli`), :class:`crop.handlers.stages.StageRun`, the stages a run folder may hold
 (:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.workflow.cost`), the report's captions
 (:mod:`crop.report.captions`) and the rules/flags table of
-docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler
-and its algorithm module.  No torch and no environments: the Snakefile and ``crop --help`` import it.
+docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler,
+its cost function and its algorithm module.  No torch and no environments: the Snakefile and ``crop --help``
+import it (a row names its functions as ``module:function``, imported when a job is priced).
 
 A stage's settings are ``option: config key``, where ``/key`` is a top-level key and ``block.key`` a key of
 an environment's block; the option's type, bounds, default and help are the config schema's node of that key
@@ -17,12 +19,14 @@ an environment's block; the option's type, bounds, default and help are the conf
 else: the local attack attacks the smoothed policy LoAct certifies (``loact.m`` noise samples) over LoRe's tree
 (``lore.horizon``, ``lore.gamma``), so its returns compare with LoRe's bound; the global attack plays GRe's
 trajectories (``gre.horizon``, ``gre.gamma``).  The ``rewards`` block (an environment's reward facts) has no
-default: its keys are left out of ``--settings`` when the config has no such block.
+default: its keys are left out of ``--settings`` when the config has no such block.  A stage with settings of
+its own brings their block (``block``: its name and schema node), which joins the schema's environment blocks.
 """
 from __future__ import annotations
 
 import functools
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crop.io import META_SUFFIX, meta_name
@@ -66,13 +70,23 @@ class StageRow:
     settings: dict[str, str]        # ``{option: config key}`` (the module docstring)
     v_range: bool                   # the q target reads its run's qrange.json (and the stage takes --target)
     replicate: bool                 # repeated in each replicate folder (config ``replicates``)
-    mem_mb: int | None              # memory of a job; None: the environment's GRe block (EnvSpec.gre_mem_mb);
-    #                                 its minutes come from the cost model (crop/workflow/cost.py)
-    cpu_only: bool = False          # runs on the job's CPU cores whatever the device configured (crop.workflow.cost)
+    cost: str | Callable            # ``module:function`` (cfg, job, units) -> (seconds, note): its work priced
+    #                                 from the unit costs (crop/workflow/stage_costs.py); cost.py adds the rest
+    memory: int | str | Callable    # MB of a job, or ``module:function`` (cfg, job, units) -> MB
+    cpu_only: bool = False          # asks for no GPU: runs on the job's CPU cores whatever the device configured
+    reads: str | Callable | None = None   # ``module:function`` (cfg, job) -> the file its price reads, or None
+    block: tuple[str, dict] | None = None  # (name, schema node) of an environment block of its own settings
     flags: tuple[Flag, ...] = field(default=())
     caption: str | None = None      # what the report's captions quote of its settings (:func:`caption`)
     discrete: str | None = None     # why it needs a finite set of actions: a continuous-action agent's runs
     #                                 (target action, crop.workflow.layout.run_stages) do not have it
+
+    def __post_init__(self):
+        for name in ("cost", "memory"):
+            value = getattr(self, name)
+            if not (callable(value) or isinstance(value, str) and _is_function(value)
+                    or name == "memory" and isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"stage {self.command}: {name} = {value!r} names no {_WANT[name]}")
 
     @property
     def rule(self) -> str:
@@ -89,12 +103,26 @@ class StageRow:
         return stage_options(self.command)
 
 
+_WANT = {"cost": "cost function (module:function: a job's seconds from the unit costs)",
+         "memory": "memory (MB > 0, or module:function: a job's MB)"}
+
+
+def _is_function(spec: str) -> bool:
+    """Whether ``spec`` reads ``module:function`` (both dotted names)."""
+    module, _, name = spec.partition(":")
+    return all(part.isidentifier() for part in [*module.split("."), name])
+
+
 def _out(key: str, file: str, help: str, option: str = "out", required: bool = True) -> Output:
     return Output(key, file, option, help, required, meta=not file.endswith(".json"))
 
 
 def _cmd(rule: str) -> str:
     return f"crop.handlers.stages:cmd_{rule}"
+
+
+def _cost(name: str) -> str:
+    return f"crop.workflow.stage_costs:{name}"
 
 
 _POS_INT = {"type": "integer", "minimum": 1}
@@ -110,7 +138,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         (_out("qrange", "qrange.json", "qrange.json: the V range [V_min, V_max]"),),
         {"m": "qrange.m", "episodes": "qrange.episodes", "horizon": "qrange.horizon", "method": "qrange.method",
          "quantile": "qrange.quantile"},
-        v_range=False, replicate=True, mem_mb=1000,
+        v_range=False, replicate=True, cost=_cost("qrange_seconds"), memory=1000,
         discrete="the V range bounds Q-values over a finite set of actions"),
     StageRow(
         "loact", "LoAct: certified radius of every step of clean episodes (Algorithm 1, Theorem 1)",
@@ -131,7 +159,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode",
          "action_tolerance": "loact.action_tolerance", "reward_range": "rewards.range",
          "clip_rewards": "rewards.clip"},
-        v_range=True, replicate=True, mem_mb=1000,
+        v_range=True, replicate=True, cost=_cost("loact_seconds"), memory=1000,
         caption="m = {m} noise samples per state, {episodes} clean episodes of at most {horizon} steps"),
     StageRow(
         "gre", "GRe: expectation and percentile bounds from m σ-randomized trajectories (Algorithm 2)",
@@ -144,7 +172,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         {"m": "gre.m", "horizon": "gre.horizon", "gamma": "gre.gamma", "percentiles": "gre.percentiles",
          "eps_factors": "gre.eps_factors", "batch": "gre.batch", "alpha": "/alpha", "reward_range": "rewards.range",
          "return_range": "rewards.return_range", "clip_rewards": "rewards.clip"},
-        v_range=False, replicate=False, mem_mb=None,
+        v_range=False, replicate=False, cost=_cost("gre_seconds"), memory=_cost("gre_memory"),
         # its time is stepping m environments, beside which the batched forward is small even on a core
         # (docs/speed.md): a GPU would idle through nearly all of such a job while the stages that need it wait
         cpu_only=True,
@@ -162,7 +190,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         {"m": "lore.m", "horizon": "lore.horizon", "gamma": "lore.gamma", "eps_max_factor": "lore.eps_max_factor",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "lore.alpha_mode", "reward_range": "rewards.range",
          "max_nodes": "lore.max_nodes"},
-        v_range=True, replicate=False, mem_mb=1000,
+        v_range=True, replicate=False, cost=_cost("lore_seconds"), memory=_cost("lore_memory"),
+        reads=_cost("lore_reads"),
         flags=(Flag("checkpoint_every", {"exclusiveMinimum": 0},
                     "seconds between saves of the resumable search state (OUT.resume; default: LoRe's)"),),
         caption="m = {m} noise samples per state, horizon H = {horizon}, γ = {gamma}",
@@ -179,7 +208,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         {"m": "loact.m", "horizon": "lore.horizon", "gamma": "lore.gamma", "episodes": "attack.local_episodes",
          "m_grad": "attack.local_m_grad", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.local_eps_factors",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode"},
-        v_range=True, replicate=False, mem_mb=1000,
+        v_range=True, replicate=False, cost=_cost("attack_local_seconds"), memory=1000,
         caption="local (from LoRe's initial state and others): {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}",
         discrete="the local attack targets LoAct's smoothed argmax over a finite set of actions"),
     StageRow(
@@ -192,7 +221,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         {"horizon": "gre.horizon", "gamma": "gre.gamma", "episodes": "attack.global_episodes",
          "n_eot": "attack.global_n_eot", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.global_eps_factors",
          "reward_range": "rewards.range", "clip_rewards": "rewards.clip"},
-        v_range=False, replicate=False, mem_mb=1000,
+        v_range=False, replicate=False, cost=_cost("attack_global_seconds"), memory=1000,
         caption="{pgd_steps}-step ℓ2 PGD; global: {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}"),
 )}
 
@@ -201,9 +230,10 @@ RUN_FILES: dict[str, str] = {k: f for row in STAGES.values() for k, f in row.fil
 
 
 def add_stage(row: StageRow) -> None:
-    """Add a per-run stage after the others: its rule, its subcommand and its files follow from the row.  Call
-    it before the Snakefile is read and before :mod:`crop.workflow.layout` or the report is imported (they keep what
-    they derive from the table); refuses then, and refuses a name or a file another stage has."""
+    """Add a per-run stage after the others: its rule, its subcommand, its files and its jobs' price follow from
+    the row, and its ``block`` (settings of its own) joins the config schema's environment blocks.  Call it
+    before the Snakefile is read and before :mod:`crop.workflow.layout` or the report is imported (they keep what
+    they derive from the table); refuses then, and refuses a name, a file or a block another stage has."""
     import sys
 
     early = [m for m in ("crop.workflow.layout", "crop.report.integrity") if m in sys.modules]
@@ -213,6 +243,13 @@ def add_stage(row: StageRow) -> None:
         (set(row.files.values()) & set(RUN_FILES.values()))
     if clash:
         raise ValueError(f"stage {row.command}: {sorted(clash)} already in the stage table")
+    if row.block:
+        from crop.workflow.config import schema
+
+        blocks = schema()["$defs"]["environment"]["properties"]
+        if row.block[0] in blocks:
+            raise ValueError(f"stage {row.command}: environment block {row.block[0]!r} already in the config schema")
+        blocks[row.block[0]] = row.block[1]   # the schema every config is validated against, from now on
     STAGES[row.command] = row
     RUN_FILES.update(row.files)
 
@@ -302,8 +339,8 @@ def layout_table() -> str:
         return ", ".join(f"`{x}`" for x in xs) or "—"
 
     lines = ["| rule | what it computes | `crop` subcommand (handler) | writes (flag: file) | reads | "
-             "settings (flag: config key) | flags the rule leaves out | a job's memory, device |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "settings (flag: config key) | flags the rule leaves out | a job's memory, device | priced by |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in STAGES.values():
         rules = [row.rule, *([f"{row.rule}_replicate"] if row.replicate else [])]
         writes = [f"--{o.option.replace('_', '-')}: {o.file}" + ("" if o.required else " (optional)")
@@ -311,11 +348,16 @@ def layout_table() -> str:
         reads = ["--checkpoint", *(["--target", "--qrange: qrange.json (q target)"] if row.v_range else [])]
         settings = [f"--{o.replace('_', '-')}: {k.lstrip('/')}" for o, k in row.settings.items()]
         flags = [f"--{f.option.replace('_', '-')}" for f in row.flags]
-        memory = f"{row.mem_mb} MB" if row.mem_mb else "from the GRe block (EnvSpec.gre_mem_mb)"
+        memory = f"{row.memory} MB" if isinstance(row.memory, int) else f"`{_name(row.memory)}`"
         lines.append(f"| {code(rules)} | {row.title} | `crop {row.command}` (`{row.handler}`) | {code(writes)} | "
                      f"{code(reads)} | {code(settings)} | {code(flags)} | {memory}, "
-                     f"{'CPU' if row.cpu_only else 'the environment device'} |")
+                     f"{'CPU' if row.cpu_only else 'the environment device'} | `{_name(row.cost)}` |")
     return "\n".join([TABLE_BEGIN, *lines, TABLE_END])
+
+
+def _name(function) -> str:
+    """A row's function as ``module:function``."""
+    return function if isinstance(function, str) else f"{function.__module__}:{function.__qualname__}"
 
 
 def with_layout_table(text: str) -> str:
