@@ -1,6 +1,9 @@
 """The cost model against a finished run: per stage job, the predicted seconds (crop plan's) against the
 wall and CPU seconds Snakemake measured (its ``benchmark:`` files, RESULTS/benchmarks/…/RULE.tsv), and the
-fraction of jobs within 0.5–2× of their prediction.
+fraction of jobs within 0.5–2× of their prediction.  Each job's time is also split into its start (the interpreter,
+imports, loading: the benchmark's wall time less the stage's own ``runtime_s``, which its handler records in the main
+output's provenance) and its work (``runtime_s``), each against its part of the prediction (``start_s`` and the rest),
+so a loaded machine's slow starts are told apart from a model that misprices the work.
 
     python benchmarks/plan_check.py RESULTS_DIR --configfile configs/quickstart.yaml [--calibration FILE]
 
@@ -11,13 +14,17 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
+from crop.io import meta_path
 from crop.workflow import layout
 from crop.workflow.config import load_config
 from crop.workflow.cost import predict
+from crop.workflow.stage_table import STAGES
 
 
 def benchmark_file(results: Path, job) -> Path:
@@ -32,6 +39,19 @@ def read_benchmark(path: Path) -> tuple[float, float]:
         row = next(csv.DictReader(f, delimiter="\t"))
     cpu = row.get("cpu_time", "NA")
     return float(row["s"]), float(cpu) if cpu not in ("", "NA") else float("nan")
+
+
+def work_seconds(results: Path, job) -> float:
+    """The seconds the stage's handler measured for its own work (``runtime_s`` of its main output's provenance:
+    the ``.meta.json`` beside it, or a JSON output's own ``provenance``), NaN where that record is missing."""
+    row = STAGES[job.rule.removesuffix("_replicate").replace("_", "-")]
+    main = layout.run_dir(results, job.env, job.algo, job.sigma, replicate=job.rep or 0) / row.outputs[0].file
+    try:
+        record = json.loads((main if main.suffix == ".json" else meta_path(main)).read_text())
+        value = record.get("provenance", record).get("runtime_s")
+        return float(value) if value is not None else math.nan
+    except (OSError, ValueError, TypeError):
+        return math.nan
 
 
 def main(argv=None) -> int:
@@ -57,22 +77,32 @@ def main(argv=None) -> int:
             missing += 1
             continue
         wall, cpu = read_benchmark(path)
-        rows.append((j, wall, cpu))
+        rows.append((j, wall, cpu, work_seconds(Path(args.results), j)))
     if not rows:
         print(f"no benchmark files under {args.results}/benchmarks for this config's stage jobs", file=sys.stderr)
         return 2
-    print(f"{'rule':<22}{'env':<22}{'algo':<14}{'sigma':<8}{'pred s':>9}{'wall s':>9}{'cpu s':>9}{'wall/pred':>10}")
-    for j, wall, cpu in rows:
+    print(f"{'rule':<22}{'env':<22}{'algo':<14}{'sigma':<8}{'pred s':>9}{'wall s':>9}{'cpu s':>9}{'wall/pred':>10}"
+          f"{'start pred':>11}{'start':>7}{'work pred':>10}{'work':>8}")
+    for j, wall, cpu, work in rows:
         print(f"{j.rule:<22}{j.env:<22}{j.algo:<14}{j.sigma + (f'/{j.rep}' if j.rep else ''):<8}"
-              f"{j.seconds:>9.1f}{wall:>9.1f}{cpu:>9.1f}{wall / j.seconds:>10.2f}")
+              f"{j.seconds:>9.1f}{wall:>9.1f}{cpu:>9.1f}{wall / j.seconds:>10.2f}"
+              f"{j.start_s:>11.1f}{wall - work:>7.1f}{j.seconds - j.start_s:>10.1f}{work:>8.1f}")
 
     def within(col):
         return sum(0.5 <= r[col] / r[0].seconds <= 2 for r in rows) / len(rows)
 
     print(f"\n{len(rows)} stage jobs ({missing} without a benchmark file): {within(1):.0%} within 0.5-2x of the "
           f"prediction by wall time, {within(2):.0%} by CPU time (goal {args.goal:.0%})")
+    split = [(j, wall - work, work) for j, wall, _, work in rows if not math.isnan(work)]
+    if split:
+        work_in = sum(0.5 <= work / (j.seconds - j.start_s) <= 2 for j, _, work in split) / len(split)
+        starts = [start / j.start_s for j, start, _ in split]
+        print(f"apart ({len(split)} jobs with a recorded runtime): the work {work_in:.0%} within 0.5-2x of its "
+              f"prediction; the start took {statistics.median(starts):.2f}x its predicted "
+              f"{statistics.median(j.start_s for j, _, _ in split):.2f} s (median; min {min(starts):.2f}, "
+              f"max {max(starts):.2f})")
     per_rule = {}
-    for j, wall, _ in rows:
+    for j, wall, *_ in rows:
         per_rule.setdefault(j.rule, []).append(wall / j.seconds)
     for rule, ratios in per_rule.items():
         ratios.sort()
@@ -80,7 +110,7 @@ def main(argv=None) -> int:
               f"(min {ratios[0]:.2f}, max {ratios[-1]:.2f})")
     worst = sorted(rows, key=lambda r: -abs(math.log(r[1] / r[0].seconds)))[:args.worst]
     print("worst:")
-    for j, wall, _ in worst:
+    for j, wall, *_ in worst:
         print(f"  {j.rule} {j.env}/{j.algo}/sigma-{j.sigma}: predicted {j.seconds:.1f} s, took {wall:.1f} s "
               f"({wall / j.seconds:.2f}x){' — ' + j.note if j.note else ''}")
     return 0 if within(1) >= args.goal else 1

@@ -78,6 +78,7 @@ class Job:
     threads: int = 1
     gpus: int = 0
     seconds: float = 0.0
+    start_s: float = 0.0   # of ``seconds``, the start every job pays (imports, loading)
     mem_mb: int = 1000
     needs: list = field(default_factory=list)   # indices of the jobs it waits for
     note: str = ""
@@ -223,7 +224,7 @@ def price(cfg: dict, job: Job, table: dict) -> Job:
     a stage's from its row's memory and cost function, beside the start every job pays; :class:`CostError`
     naming what to calibrate or set when it cannot."""
     u = Units(table, job.env, job.device)
-    start = u("start_s")
+    start = job.start_s = u("start_s")
     job.mem_mb = STAGE_MEM_MB
     if job.rule == "checkpoint":
         job.seconds, job.mem_mb = start + _checkpoint_seconds(cfg, job, table), 1500
