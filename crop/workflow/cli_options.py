@@ -144,7 +144,7 @@ def common_args(p, sigma: bool = True, checkpoint: bool = True) -> None:
     p.add_argument("--env", type=_env, required=True, help=_env_help(p.prog.split()[-1]))
     p.add_argument("--algo", type=_algo, required=True, help=_accepted("algo"))
     if sigma:
-        p.add_argument("--sigma", type=schema_type({"exclusiveMinimum": 0}), required=True,
+        p.add_argument("--sigma", type=schema_type(schema_node("environment.sigmas")["items"]), required=True,
                        help="standard deviation σ of the smoothing noise")
     if checkpoint:
         p.add_argument("--checkpoint", required=True, help="model.pt (its record model.json must sit beside it)")

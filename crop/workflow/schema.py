@@ -2,22 +2,21 @@
 defaults filled in, and a failed check said in one line that names the field.
 
 The schema (crop/schemas/config.schema.yaml) is the one place a setting's default lives: the workflow, the CLI's
-flags (:mod:`crop.workflow.cli`) and :func:`schema_default` all read it here.
+flags (:mod:`crop.workflow.cli`) and every settings object (:func:`crop.names.schema_default`) read it.
 """
 from __future__ import annotations
 
 import copy
 import difflib
-import functools
 import json
 import math
 import re
-from importlib import resources
 
 import jsonschema
 import yaml
 
 from crop.io import CappedError
+from crop.names import parsed_schema, schema_default
 
 __all__ = ["ConfigError", "MAX_EXPANDED_VALUES", "check_expansion", "load_bounded_yaml", "schema", "load_schema",
            "schema_default"]
@@ -91,14 +90,8 @@ def _bounded_document(loader, source: str, error):
     return loader.construct_document(node)
 
 
-@functools.lru_cache(maxsize=1)
-def _schema_text() -> str:
-    return resources.files("crop").joinpath("schemas/config.schema.yaml").read_text()
-
-
-@functools.lru_cache(maxsize=1)
 def _parsed_schema() -> dict:
-    return yaml.load(_schema_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return parsed_schema()
 
 
 def schema() -> dict:
@@ -201,15 +194,3 @@ def _non_finite(obj, parts=()):
         if hit:
             return hit
     return None
-
-
-def schema_default(key: str):
-    """The schema's default of a top-level key (``"chunk"``) or of an environment's (``"environment.gre.horizon"``):
-    what a library caller passes to a settings object so that it computes what the workflow computes."""
-    node = schema()
-    parts = key.split(".")
-    if parts[0] == "environment":
-        node, parts = node["$defs"]["environment"], parts[1:]
-    for part in parts:
-        node = node["properties"][part]
-    return copy.deepcopy(node["default"])
