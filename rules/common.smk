@@ -236,7 +236,10 @@ def checkpoint_mem_mb(w):
     (EnvSpec.replay_mb)."""
     if policy_source(w.env, w.algo)["kind"] != "train":
         return 1500
-    return 1500 + env_spec(w.env).replay_mb(env_cfg(w)["train"].get("dqn", {}).get("buffer_size", 100_000))
+    from crop.train import dqn_config  # torch: only when a policy is trained here
+
+    dqn = dqn_config(w.env, w.algo, env_cfg(w)["train"].get("dqn"))
+    return 1500 + env_spec(w.env).replay_mb(dqn.buffer_size)
 
 
 def checkpoint_gpus(w):
