@@ -156,12 +156,16 @@ def common_args(p, sigma: bool = True, checkpoint: bool = True) -> None:
 
 def train_args(p, budget: bool = True) -> None:
     p.add_argument("--settings", help="the config's train block as JSON (hidden, total_steps, …, dqn, recipes)")
+    from crop.workflow.schema import resolved
+
+    train = {k: resolved(v) for k, v in schema_node("environment.train")["properties"].items()}
     if budget:
-        p.add_argument("--hidden", type=schema_type(POS_INT), nargs="+", help="hidden layer widths")
-        p.add_argument("--total-steps", type=schema_type(POS_INT), help="most environment steps to train")
-        p.add_argument("--min-steps", type=schema_type({"type": "integer", "minimum": 0}),
+        p.add_argument("--hidden", type=schema_type(resolved(train["hidden"]["items"])), nargs="+",
+                       help="hidden layer widths")
+        p.add_argument("--total-steps", type=schema_type(train["total_steps"]), help="most environment steps to train")
+        p.add_argument("--min-steps", type=schema_type(train["min_steps"]),
                        help="no acceptance test before this many steps")
-    p.add_argument("--eval-episodes", type=schema_type(POS_INT),
+    p.add_argument("--eval-episodes", type=schema_type(train["eval_episodes"]),
                    help="episodes of the greedy acceptance evaluation")
     p.add_argument("--target-return", type=_return_or_none, default=argparse.SUPPRESS,
                    help="acceptance threshold of the greedy mean return (default: the environment's, e.g. "

@@ -19,7 +19,7 @@ from crop.io import CappedError
 from crop.names import parsed_schema, schema_default
 
 __all__ = ["ConfigError", "MAX_EXPANDED_VALUES", "check_expansion", "load_bounded_yaml", "schema", "load_schema",
-           "schema_default"]
+           "schema_default", "resolved"]
 
 
 class ConfigError(CappedError):
@@ -97,6 +97,16 @@ def _parsed_schema() -> dict:
 def schema() -> dict:
     """The config schema, parsed once and shared: read it, never change it (:func:`load_schema` gives a copy)."""
     return _parsed_schema()
+
+
+def resolved(node: dict) -> dict:
+    """A schema node with its ``$ref`` (to ``#/$defs/…``) merged in; the node's own keywords win."""
+    if "$ref" not in node:
+        return node
+    target = schema()
+    for part in node["$ref"].removeprefix("#/").split("/"):
+        target = target[part]
+    return {**resolved(target), **{k: v for k, v in node.items() if k != "$ref"}}
 
 
 def load_schema() -> dict:
