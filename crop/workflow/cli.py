@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                for name, (h, d, _) in commands.items()}
     for name in ("train", "derive", "fetch", "checkpoint", "import"):
         common_args(parsers[name], sigma=False, checkpoint=False)
-    parsers["checkpoint"].add_argument("--source", choices=["auto", "train", "published", "file"], default="auto",
-                                       help=schema_help(schema_node("environment.source")))
+    source = schema_node("environment.source")
+    parsers["checkpoint"].add_argument("--source", choices=source["enum"], default=source["default"],
+                                       help=schema_help(source))
     for name in ("train", "derive", "checkpoint"):
         train_args(parsers[name], budget=name != "derive")
     for name in ("train", "checkpoint"):

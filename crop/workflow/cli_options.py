@@ -177,7 +177,7 @@ def train_args(p, budget: bool = True) -> None:
 def fetch_args(p) -> None:
     p.add_argument("--mirror", help="mirror: base URL, file:// URL or folder (default: $CROP_CHECKPOINT_MIRROR)")
     p.add_argument("--cache", help="download cache (default: $CROP_CACHE or the user cache)")
-    p.add_argument("--lock", default="checkpoints.lock.json",
+    p.add_argument("--lock", default=schema_node("checkpoints")["properties"]["lock"]["default"],
                    help="lock file pinning first downloads of sources published without a checksum")
 
 
@@ -185,12 +185,13 @@ def import_args(p) -> None:
     p.add_argument("--file", help="your policy file: a PyTorch state dict, a CleanRL DQN, PPO, TD3, DDPG or SAC-actor "
                                   "checkpoint, or a Stable-Baselines3 DQN, PPO, A2C, SAC, TD3 or DDPG .zip; a relative "
                                   "path is read from the working directory (docs/own-policy.md)")
-    p.add_argument("--arch", default="mlp",
+    file = schema_node("environment.files")["additionalProperties"]["properties"]
+    p.add_argument("--arch", default=file["architecture"]["default"],
                    help='its architecture: a network spec as JSON ({"arch": "mlp", "in": 4, "hidden": [64, 64], '
                         '"out": 2}; nature_cnn, dueling_cnn) or mlp, sizes read from the weights')
     p.add_argument("--profile", help="the preprocessing profile it was trained with (crop/envs PROFILES; "
                                      "default: the environment's)")
-    p.add_argument("--format", default="auto", choices=["auto", "torch", "cleanrl", "sb3"],
+    p.add_argument("--format", default=file["format"]["default"], choices=file["format"]["enum"],
                    help="file format (auto: an SB3 zip by its policy.pth, CleanRL by .cleanrl_model)")
     p.add_argument("--file-sha256", help="refuse the file unless it has this sha256")
 

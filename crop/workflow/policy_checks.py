@@ -91,7 +91,7 @@ def check_policy_files(cfg: dict, source: str = "config") -> dict:
 
         networks = {}
         for label, f in ec["files"].items():
-            check = (f["path"], f.get("architecture", "mlp"), f.get("format", "auto"), f.get("sha256"), env,
+            check = (f["path"], f["architecture"], f["format"], f["sha256"], env,
                      f.get("profile") or default_profile(env))
             key = _policy_check_key(*check)
             networks[label] = _checked_network(key)
