@@ -13,10 +13,15 @@ config schema's checks use them; the implementations key their tables by them).
   :func:`network_name`.
 * ``MAX_PARAMETERS``: the most parameters a network may declare, :func:`crop.models.build_network` (and the
   config's ``train.hidden``, checked at validation).
+* :func:`schema_default`: a setting's default, read from the config schema (crop/schemas/config.schema.yaml),
+  the one place defaults live: the settings objects of every layer take theirs from it.
 """
+import copy
+import functools
+from importlib import resources
 
 __all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "ACTION_TARGET", "MAX_PARAMETERS",
-           "smoothing_targets", "NETWORK_NAMES", "network_name"]
+           "smoothing_targets", "NETWORK_NAMES", "network_name", "schema_default"]
 
 #: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.agents.checkpoints
 #: MAX_MEMBER_BYTES), so no accepted file can fill a larger network.
@@ -53,3 +58,31 @@ def network_name(net) -> str:
     actor where it is a continuous-action one, else a Q-network."""
     kind = getattr(net, "network_kind", None) or ("actor" if getattr(net, "continuous", False) else "q")
     return NETWORK_NAMES.get(kind, "network")
+
+
+@functools.lru_cache(maxsize=1)
+def parsed_schema() -> dict:
+    """The config schema, parsed once and shared (read it, never change it)."""
+    import yaml
+
+    text = resources.files("crop").joinpath("schemas/config.schema.yaml").read_text()
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def schema_default(key: str):
+    """The schema's default of a top-level key (``"chunk"``) or of an environment's (``"environment.gre.batch"``),
+    a fresh copy: a settings field's ``default_factory``, so a library caller computes what the workflow does."""
+    node = parsed_schema()
+    parts = key.split(".")
+    if parts[0] == "environment":
+        node, parts = node["$defs"]["environment"], parts[1:]
+    for part in parts:
+        node = node["properties"][part]
+    return copy.deepcopy(node["default"])
+
+
+def default_of(key: str):
+    """``dataclasses.field`` whose default is :func:`schema_default` of ``key``, read when an object is made."""
+    import dataclasses
+
+    return dataclasses.field(default_factory=functools.partial(schema_default, key))

@@ -236,14 +236,19 @@ def checkpoint_mem_mb(w):
     (EnvSpec.replay_mb)."""
     if policy_source(w.env, w.algo)["kind"] != "train":
         return 1500
-    return 1500 + env_spec(w.env).replay_mb(env_cfg(w)["train"].get("dqn", {}).get("buffer_size", 100_000))
+    from crop.train import dqn_config  # torch: only when a policy is trained here
+
+    dqn = dqn_config(w.env, w.algo, env_cfg(w)["train"].get("dqn"))
+    return 1500 + env_spec(w.env).replay_mb(dqn.buffer_size)
 
 
 def checkpoint_gpus(w):
     """One GPU for a policy trained here on a device other than the CPU (train.dqn.device)."""
     if policy_source(w.env, w.algo)["kind"] != "train":
         return 0
-    return 0 if env_cfg(w)["train"].get("dqn", {}).get("device", "cpu") == "cpu" else 1
+    from crop.train import dqn_config  # torch: only when a policy is trained here
+
+    return 0 if dqn_config(w.env, w.algo, env_cfg(w)["train"].get("dqn")).device == "cpu" else 1
 
 
 def import_words(w):
@@ -251,8 +256,8 @@ def import_words(w):
     src = policy_source(w.env, w.algo)
     if src["kind"] != "file":
         return []
-    arch = src.get("architecture", "mlp")
-    words = ["--file", src["path"], "--format", src.get("format", "auto")]
+    arch = src["architecture"]  # the validated config's: the schema fills in its default
+    words = ["--file", src["path"], "--format", src["format"]]
     words += ["--arch", arch if isinstance(arch, str) else json.dumps(arch, sort_keys=True)]
     if src.get("profile"):
         words += ["--profile", src["profile"]]

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from crop import columns as cols
 from crop.certify.loact import certify_estimate
 from crop.envs import make_env, to_obs
-from crop.names import network_name
+from crop.names import default_of, network_name
 from crop.progress import pbar
-from crop.smoothing.engine import resolve_device
+from crop.smoothing.engine import check_noise, resolve_device
 from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork
 
 __all__ = ["LocalAttackSettings", "GlobalAttackSettings", "pgd_l2", "project_l2", "run_local_attack",
@@ -145,10 +145,10 @@ class LocalAttackSettings:
     eps_grid: tuple
     episode_seeds: tuple
     horizon: int
-    steps: int = 10
-    m_grad: int = 256
+    steps: int = default_of("environment.attack.pgd_steps")
+    m_grad: int = default_of("environment.attack.local_m_grad")
     seed: int = 0
-    gamma: float = 1.0
+    gamma: float = default_of("environment.lore.gamma")
     reward_fn: Callable | None = None
 
     def __post_init__(self):
@@ -168,17 +168,16 @@ class GlobalAttackSettings:
     eps_grid: tuple
     seeds_per_eps: tuple
     horizon: int
-    steps: int = 10
-    n_eot: int = 32
-    gamma: float = 1.0
+    steps: int = default_of("environment.attack.pgd_steps")
+    n_eot: int = default_of("environment.attack.global_n_eot")
+    gamma: float = default_of("environment.gre.gamma")
     seed: int = 0
-    device: object = "cpu"
+    device: object = default_of("device")
     reward_fn: Callable | None = None
 
     def __post_init__(self):
         _check_grid(self.eps_grid, self.steps)
-        if not self.sigma > 0 or int(self.n_eot) < 1:
-            raise ValueError(f"need sigma > 0 and n_eot >= 1, got {self.sigma}, {self.n_eot}")
+        check_noise(self.sigma, self.n_eot, "n_eot")
         object.__setattr__(self, "eps_grid", tuple(self.eps_grid))
         object.__setattr__(self, "seeds_per_eps", tuple(tuple(s) for s in self.seeds_per_eps))
 

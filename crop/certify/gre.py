@@ -35,10 +35,10 @@ import torch
 from crop import columns as cols
 from crop.envs import make_env_pool
 from crop.io import derive_seed
-from crop.names import network_name
+from crop.names import default_of, network_name
 from crop.progress import pbar
 from crop.smoothing import stats
-from crop.smoothing.engine import resolve_device
+from crop.smoothing.engine import check_noise, resolve_device
 from crop.smoothing.smoothed import NonFiniteQError
 
 __all__ = ["GReSettings", "sample_randomized_returns", "gre_bounds", "TrajectoryNoise"]
@@ -59,17 +59,14 @@ class GReSettings:
     gamma: float
     seed: int
     env_seed: int
-    chunk: int = 10000
-    device: object = "cpu"
+    chunk: int = default_of("chunk")
+    device: object = default_of("device")
     workers: int = 1
-    batch: int | None = None
+    batch: int | None = default_of("environment.gre.batch")
     reward_clip: tuple[float, float] | None = None
 
     def __post_init__(self):
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {self.sigma}")
-        if int(self.m) < 1:
-            raise ValueError(f"m must be >= 1, got {self.m}")
+        check_noise(self.sigma, self.m)
 
 
 @torch.inference_mode()

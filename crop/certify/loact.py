@@ -21,6 +21,7 @@ import pandas as pd
 
 from crop import columns as cols
 from crop.envs import make_env, to_obs
+from crop.names import default_of
 from crop.progress import pbar
 from crop.smoothing import stats
 from crop.smoothing.smoothed import Estimate, SmoothedNetwork
@@ -74,7 +75,7 @@ class LoActSettings:
     episodes: int
     horizon: int
     episode_seeds: tuple
-    frames_window: tuple[int, int] = (0, 200)
+    frames_window: tuple[int, int] = default_of("environment.loact.frames")
     lockstep: bool = True
     pipeline: bool | None = None
 

@@ -36,7 +36,9 @@ import pandas as pd
 import torch
 
 from crop import columns as cols
+from crop.names import default_of
 from crop.smoothing import stats
+from crop.smoothing.engine import check_noise
 from crop.smoothing.smoothed import NonFiniteQError
 
 __all__ = ["EPS_FACTORS", "PercentileSettings", "order_indices", "action_intervals", "smoothed_action",
@@ -108,10 +110,11 @@ class PercentileSettings:
     p: float = 0.5
     eps_factors: tuple = EPS_FACTORS
     seed: int = 0
-    chunk: int = 10000
+    chunk: int = default_of("chunk")
     reward_clip: tuple | None = None
 
     def __post_init__(self):
+        check_noise(self.sigma, self.m)
         if not 0.0 < self.p < 1.0:
             raise ValueError(f"percentile p must be in (0, 1), got {self.p}")
         object.__setattr__(self, "episode_seeds", tuple(self.episode_seeds))

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from crop.envs import make_env, to_obs
-from crop.names import network_name
+from crop.names import default_of, network_name
 from crop.progress import pbar
-from crop.smoothing.engine import Engine, block_plan, resolve_device
+from crop.smoothing.engine import Engine, block_plan, check_noise, resolve_device
 from crop.smoothing.smoothed import NonFiniteQError
 
 __all__ = ["QRangeSettings", "estimate_qrange", "load_qrange", "METHODS"]
@@ -72,12 +72,13 @@ class QRangeSettings:
     horizon: int
     episode_seeds: tuple
     seed: int
-    chunk: int = 1000
-    device: object = "cpu"
-    method: str = "smoothed"
+    chunk: int = default_of("chunk")
+    device: object = default_of("device")
+    method: str = default_of("environment.qrange.method")
     quantile: float | None = None
 
     def __post_init__(self):
+        check_noise(self.sigma, self.m)
         if self.method not in METHODS:
             raise ValueError(f"unknown V-range method {self.method!r}; known: {list(METHODS)}")
         if self.method == "quantile" and not (self.quantile is not None and 0 < self.quantile < 0.5):

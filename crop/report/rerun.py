@@ -166,7 +166,7 @@ def _record_schema(row) -> dict:
 
 def _error_line(err) -> str:
     """One line for a schema error of a record: its path and what is wrong, in the config's words."""
-    from crop.workflow.config import _as_list, _message, _path
+    from crop.workflow.schema import _as_list, _message, _path
 
     if err.validator == "type":
         want = " or ".join(_TYPE_WORDS.get(t, t) for t in _as_list(err.validator_value))
@@ -182,7 +182,7 @@ def _checked_settings(rec: dict, row) -> dict:
     setting is left out: the stage took the schema's default for it, as the re-run will."""
     import jsonschema
 
-    from crop.workflow.config import _is_integer, _non_finite, _path, schema
+    from crop.workflow.schema import _is_integer, _non_finite, _path, schema
 
     where = f"{_record_name(row)} settings"
     settings = rec["settings"]

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 
 from crop.models.s2d import space_to_depth_input
+from crop.names import default_of
 
-__all__ = ["Engine", "Launched", "Noise", "block_plan", "resolve_device"]
+__all__ = ["Engine", "Launched", "Noise", "block_plan", "resolve_device", "check_noise"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -55,6 +56,16 @@ def block_plan(n_states: int, m: int, rows: int):
                 yield s, 1, j0, min(rows, m - j0)
 
 
+def check_noise(sigma, m, samples: str = "m") -> tuple[float, int]:
+    """The check every smoothing setting makes of its noise N(0, σ²I) and its sample count ``m`` (named
+    ``samples`` in the message): σ > 0 and m ≥ 1, else ValueError naming the field.  Returns them as float, int."""
+    if not sigma > 0:
+        raise ValueError(f"sigma must be > 0, got {sigma}")
+    if int(m) < 1:
+        raise ValueError(f"{samples} must be >= 1, got {m}")
+    return float(sigma), int(m)
+
+
 @dataclass(frozen=True)
 class Noise:
     """The noise Eq. (2) averages over: ``m`` samples Δ ∼ N(0, σ²I) per state from one generator seeded with
@@ -62,17 +73,14 @@ class Noise:
 
     sigma: float
     m: int
-    chunk: int = 1000
+    chunk: int = default_of("chunk")
     seed: int = 0
-    device: str | torch.device | None = "cpu"
+    device: str | torch.device | None = default_of("device")
 
     def __post_init__(self):
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {self.sigma}")
-        if int(self.m) < 1:
-            raise ValueError(f"m must be >= 1, got {self.m}")
-        object.__setattr__(self, "sigma", float(self.sigma))
-        object.__setattr__(self, "m", int(self.m))
+        sigma, m = check_noise(self.sigma, self.m)
+        object.__setattr__(self, "sigma", sigma)
+        object.__setattr__(self, "m", m)
 
 
 @dataclass

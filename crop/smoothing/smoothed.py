@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from crop.names import TARGET_NAMES, network_name
+from crop.names import TARGET_NAMES, default_of, network_name
 from crop.smoothing import stats
-from crop.smoothing.engine import Engine, Launched, Noise
+from crop.smoothing.engine import Engine, Launched, Noise, check_noise
 
 __all__ = ["SmoothedNetwork", "SmoothingSettings", "Estimate", "NonFiniteQError", "BOUNDS", "TARGETS", "TARGET_RANGE"]
 
@@ -133,18 +133,15 @@ class SmoothingSettings:
     v_min: float
     v_max: float
     alpha: float
-    bound: str = "hoeffding"
+    bound: str = default_of("bound")
     target: str = "q"
-    chunk: int = 1000
+    chunk: int = default_of("chunk")
     seed: int = 0
-    device: str | torch.device | None = "cpu"
+    device: str | torch.device | None = default_of("device")
 
     def __post_init__(self):
         sigma, m, alpha, v_min, v_max = self.sigma, self.m, self.alpha, self.v_min, self.v_max
-        if not sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {sigma}")
-        if m < 1:
-            raise ValueError(f"m must be >= 1, got {m}")
+        check_noise(sigma, m)
         if not 0 < alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         if not (np.isfinite(v_min) and np.isfinite(v_max) and v_max > v_min):

@@ -20,7 +20,7 @@ from crop.train.dqn import DQNConfig, TrainingFailed, greedy_returns, train_dqn
 from crop.train.recipes import RECIPES, Recipe, recipe_for
 
 __all__ = ["train_policy", "prepare_training", "derive_carrl", "RECIPES", "Recipe", "DQNConfig",
-           "TrainingFailed", "greedy_returns", "ENV_DQN_DEFAULTS"]
+           "TrainingFailed", "greedy_returns", "ENV_DQN_DEFAULTS", "dqn_config"]
 
 # Per-environment DQN settings (CartPole: DQNConfig's own defaults); a recipe may adjust them per
 # environment (Recipe.dqn_defaults), a config's train.dqn block overrides both.  highway-fast-v0 follows the
@@ -46,6 +46,18 @@ ENV_DQN_DEFAULTS: dict[str, dict] = {
 
 _COMMON = ("hidden", "total_steps", "min_steps", "eval_episodes", "target_return", "prioritized")
 _DQN_KEYS = {f.name for f in fields(DQNConfig)} - set(_COMMON)
+
+
+def dqn_config(env_id: str, algo: str, dqn: dict | None = None, budget: dict | None = None) -> DQNConfig:
+    """The DQN settings ``algo`` trains with on ``env_id``: :class:`DQNConfig`'s defaults, the environment's
+    (:data:`ENV_DQN_DEFAULTS`), the recipe's (``Recipe.dqn_defaults``), then a config's ``train.dqn`` overrides
+    ``dqn`` and its training budget ``budget`` (unchecked: :func:`prepare_training` checks them)."""
+    dqn = dqn or {}
+    merged = {**ENV_DQN_DEFAULTS.get(env_id, {}), **recipe_for(algo).dqn_defaults.get(env_id, {}), **dqn,
+              **(budget or {})}
+    if "eps_decay_steps" in dqn and "eps_decay_fraction" not in dqn:
+        merged["eps_decay_fraction"] = None   # an explicit step count beats a default fraction
+    return DQNConfig(**merged)
 
 
 def prepare_training(env_id: str, algo: str, settings: dict | None = None) -> tuple[DQNConfig, Recipe, dict]:
@@ -78,11 +90,7 @@ def prepare_training(env_id: str, algo: str, settings: dict | None = None) -> tu
     hp = recipe.hyperparameters(env_id, overrides)
     if recipe.kind != "train":
         return DQNConfig(), recipe, hp
-    merged = {**ENV_DQN_DEFAULTS.get(env_id, {}), **recipe.dqn_defaults.get(env_id, {}), **dqn,
-              **{k: v for k, v in settings.items() if v is not None or k == "target_return"}}
-    if "eps_decay_steps" in dqn and "eps_decay_fraction" not in dqn:
-        merged["eps_decay_fraction"] = None   # an explicit step count beats a default fraction
-    cfg = DQNConfig(**merged)
+    cfg = dqn_config(env_id, algo, dqn, {k: v for k, v in settings.items() if v is not None or k == "target_return"})
     if cfg.total_steps < 1 or cfg.eval_episodes < 1 or cfg.min_steps < 0 or not cfg.hidden:
         raise ValueError(f"invalid training budget: {cfg}")
     if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):

@@ -41,6 +41,7 @@ from crop.envs import env_spec, make_env, to_obs
 from crop.io import derive_seed
 from crop.models import build_network
 from crop.models.noisy import resample_noise
+from crop.names import default_of
 from crop.progress import pbar
 from crop.smoothing.engine import resolve_device
 from crop.train.resume import Checkpointer, Progress, ResumeOptions, State, load, training_key
@@ -54,8 +55,13 @@ class TrainingFailed(RuntimeError):
 
 @dataclass
 class DQNConfig:
-    hidden: list = field(default_factory=lambda: [128, 128])
-    total_steps: int = 100000
+    """One Double-DQN run's settings.  The training budget shared by every environment (hidden, total_steps,
+    eval_episodes, prioritized) defaults to the schema's ``train`` block; the rest is the DQN table the schema's
+    ``train.dqn`` overrides: these defaults, then the environment's (:data:`crop.train.ENV_DQN_DEFAULTS`), then
+    the recipe's (:attr:`crop.train.recipes.Recipe.dqn_defaults`), merged by :func:`crop.train.dqn_config`."""
+
+    hidden: list = default_of("environment.train.hidden")
+    total_steps: int = default_of("environment.train.total_steps")
     min_steps: int = 0           # no acceptance before this many steps (a trained, not a lucky, Q)
     learning_starts: int = 1000
     buffer_size: int = 50000
@@ -70,11 +76,12 @@ class DQNConfig:
     eps_end: float = 0.02
     eps_decay_steps: int = 10000
     eval_every: int = 1000
-    eval_episodes: int = 100
+    eval_episodes: int = default_of("environment.train.eval_episodes")
     quick_eval_episodes: int = 10
     target_return: float | None = 195.0
     max_grad_norm: float = 10.0
-    prioritized: bool = True     # proportional prioritized replay (α, β annealed to 1 over total_steps)
+    # proportional prioritized replay (α, β annealed to 1 over total_steps)
+    prioritized: bool = default_of("environment.train.prioritized")
     per_alpha: float = 0.6
     per_beta0: float = 0.4
     eps_decay_fraction: float | None = None  # ε decays over this fraction of total_steps (replaces eps_decay_steps)

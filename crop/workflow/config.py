@@ -1,4 +1,5 @@
-"""The workflow configuration: schema validation with defaults, semantic checks, and the target list.
+"""The workflow configuration: validation against the schema (:mod:`crop.workflow.schema`), the checks the
+schema cannot make, and the target list.
 
 Used by the Snakefile (before any job is scheduled) and by the CLI, so a bad config is refused with one
 message that names the offending field, and nothing is computed.
@@ -6,210 +7,35 @@ message that names the offending field, and nothing is computed.
 from __future__ import annotations
 
 import copy
-import difflib
-import functools
-import hashlib
-import json
-import math
-import os
 import re
-import stat
-from importlib import resources
 from pathlib import Path
 
 import jsonschema
 import yaml
 
 from crop.agents.registry import resolve_source
-from crop.io import CappedError, sha256_file
 from crop.names import ACTION_TARGET, MAX_PARAMETERS, smoothing_targets
+from crop.workflow.policy_checks import check_policy_files
+from crop.workflow.schema import (
+    ConfigError,
+    _did_you_mean,
+    _message,
+    _non_finite,
+    _parsed_schema,
+    _path,
+    _with_defaults,
+    check_expansion,
+    load_bounded_yaml,
+    load_schema,
+    schema,
+)
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "certifications",
-           "run_targets", "smoothing_targets", "sigma_label", "trusted_env_ids",
+           "run_targets", "smoothing_targets", "sigma_label", "trusted_env_ids", "load_bounded_yaml",
            "ALGORITHMS", "train_defaults", "train_settings", "target_return", "schema"]
 
 ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
               "NoisyNet", "GradDQN"]
-
-
-class ConfigError(CappedError):
-    pass
-
-
-# YAML aliases let a small file stand for an enormous tree (a 2 KB config nested 7 levels deep): every loader
-# and validator here first measures the tree with aliases expanded, and refuses one past this many values.
-MAX_EXPANDED_VALUES = 100_000
-
-
-def _expanded_size(obj, memo: dict) -> int:
-    """Values in ``obj`` (parsed YAML: dicts, lists, scalars) with every shared sub-tree counted each time it
-    is used — what an alias expands to — in time linear in the distinct objects."""
-    key = id(obj)
-    if key not in memo:
-        memo[key] = 0   # a cycle (a recursive alias) counts once and then is refused by the bound below
-        if isinstance(obj, dict):
-            size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in obj.items())
-        elif isinstance(obj, (list, tuple)):
-            size = 1 + sum(_expanded_size(v, memo) for v in obj)
-        else:
-            size = 1
-        memo[key] = min(size, 10 * MAX_EXPANDED_VALUES)
-    return memo[key]
-
-
-def _too_large(source: str) -> str:
-    return (f"{source}: the YAML expands to more than {MAX_EXPANDED_VALUES:,} values (aliases repeating aliases): "
-            "refused")
-
-
-def check_expansion(obj, source: str, error=None) -> None:
-    """Refuse (``error``, default :class:`ConfigError`) a parsed document whose aliases expand it past
-    :data:`MAX_EXPANDED_VALUES` values."""
-    if _expanded_size(obj, {}) > MAX_EXPANDED_VALUES:
-        raise (error or ConfigError)(_too_large(source))
-
-
-def load_bounded_yaml(text: str, source: str, error=None):
-    """``yaml.safe_load`` that measures the document with aliases expanded (on the composed nodes, before any
-    Python object is built) and refuses it past :data:`MAX_EXPANDED_VALUES` values."""
-    loader = yaml.SafeLoader(text)
-    try:
-        return _bounded_document(loader, source, error or ConfigError)
-    except RecursionError:
-        raise (error or ConfigError)(f"{source}: the YAML is nested too deeply: refused") from None
-    finally:
-        loader.dispose()
-
-
-def _node_size(node, memo: dict) -> int:
-    """:func:`_expanded_size` on composed YAML nodes (an alias is the same node object reused)."""
-    if id(node) not in memo:
-        memo[id(node)] = 0
-        kids = ([c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode) else
-                node.value if isinstance(node, yaml.SequenceNode) else [])
-        memo[id(node)] = min(1 + sum(_node_size(c, memo) for c in kids), 10 * MAX_EXPANDED_VALUES)
-    return memo[id(node)]
-
-
-def _bounded_document(loader, source: str, error):
-    node = loader.get_single_node()
-    if node is None:
-        return None
-    if _node_size(node, {}) > MAX_EXPANDED_VALUES:
-        raise error(_too_large(source))
-    return loader.construct_document(node)
-
-
-@functools.lru_cache(maxsize=1)
-def _schema_text() -> str:
-    return resources.files("crop").joinpath("schemas/config.schema.yaml").read_text()
-
-
-@functools.lru_cache(maxsize=1)
-def _parsed_schema() -> dict:
-    return yaml.load(_schema_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
-def schema() -> dict:
-    """The config schema, parsed once and shared: read it, never change it (:func:`load_schema` gives a copy)."""
-    return _parsed_schema()
-
-
-def load_schema() -> dict:
-    """A fresh copy of the config schema, for callers that change it."""
-    return copy.deepcopy(_parsed_schema())
-
-
-def _is_integer(checker, instance) -> bool:
-    """JSON Schema's ``integer`` as the workflow needs it: a whole number written as one.  The standard counts
-    2.0 as an integer, but a count or a seed reaches Python code and command lines as it is written."""
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-def _with_defaults(validator_class):
-    validate_properties = validator_class.VALIDATORS["properties"]
-    types = validator_class.TYPE_CHECKER.redefine("integer", _is_integer)
-
-    def set_defaults(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if "default" in sub and name not in instance:
-                    instance[name] = copy.deepcopy(sub["default"])
-        yield from validate_properties(validator, properties, instance, schema)
-
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults}, type_checker=types)
-
-
-def _path(parts) -> str:
-    """A config field's path as the errors name it: ``environments.CartPole-v0.sigmas[2]``; a key that is not
-    a plain name (quotes, colons, spaces, empty) in brackets as JSON, so the path stays one unambiguous word."""
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif isinstance(p, str) and re.fullmatch(r"[\w\-/]+(?:\.[\w\-/]+)*", p):
-            out += f".{p}" if out else p
-        else:
-            out += f"[{json.dumps(p) if isinstance(p, str) else json.dumps(str(p))}]"
-    return out or "(top level)"
-
-
-def _did_you_mean(word, choices) -> str:
-    """' (did you mean 'sigmas'?)' for a misspelt key or name (difflib's close matches), else ''."""
-    if not isinstance(word, str):
-        return ""
-    choices = [c for c in choices if isinstance(c, str)]
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    if not close and len(word) >= 3:  # an abbreviation: 'arch' for 'architecture'
-        close = [c for c in choices if c.startswith(word)][:1]
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _as_list(x) -> list:
-    return [x] if isinstance(x, str) else list(x)
-
-
-def _message(err: jsonschema.ValidationError) -> str:
-    where = _path(err.absolute_path)
-    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-        allowed = set(err.schema.get("properties", {}))
-        extra = sorted(k for k in err.instance if k not in allowed)
-        named = ", ".join(f"{k!r}{_did_you_mean(k, allowed)}" for k in extra)
-        return f"{where}: unknown key {named}; allowed: {sorted(allowed)}"
-    if err.validator == "propertyNames" or (err.validator == "enum" and "propertyNames" in err.schema_path):
-        return (f"{where}: unknown name {err.instance!r}{_did_you_mean(err.instance, err.validator_value)}; "
-                f"allowed: {err.validator_value}")
-    if err.validator in ("pattern", "maxLength") and "x-message" in err.schema:  # a label or an id: what it may be
-        return f"{where}: {err.instance!r} {err.schema['x-message']}"
-    if err.validator == "enum":
-        return (f"{where}: {err.instance!r} is not one of {err.validator_value}"
-                f"{_did_you_mean(err.instance, err.validator_value)}")
-    if err.validator == "exclusiveMinimum":
-        return f"{where}: {err.instance!r} must be > {err.validator_value}"
-    if err.validator == "exclusiveMaximum":
-        return f"{where}: {err.instance!r} must be < {err.validator_value}"
-    if err.validator == "minimum":
-        return f"{where}: {err.instance!r} must be >= {err.validator_value}"
-    if err.validator == "maximum":
-        return f"{where}: {err.instance!r} must be <= {err.validator_value}"
-    if err.validator == "type" and "integer" in _as_list(err.validator_value) and isinstance(err.instance, float):
-        whole = f"; write {int(err.instance)}" if err.instance.is_integer() else ""
-        return f"{where}: {err.instance!r} is not an integer{whole}"
-    if err.validator == "required":
-        return f"{where}: {err.message}"
-    return f"{where}: {err.message}"
-
-
-def _non_finite(obj, parts=()):
-    """The key path and value of the first NaN or ±inf anywhere in ``obj`` (YAML's .nan, .inf), else None."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return parts, obj
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
-    for k, v in items:
-        hit = _non_finite(v, (*parts, k))
-        if hit:
-            return hit
-    return None
 
 
 #: Config keys that name files or folders (``*``: any key at that level).  They reach shell commands quoted,
@@ -493,135 +319,6 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
     if problem:
         raise ConfigError(f"{where}: {problem}; the workflow runs LoRe on every environment (crop loact and "
                           "crop gre run without it)")
-
-
-def _policy_checks_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "crop" / "policy-checks"
-
-
-def _policy_check_key(path, arch, fmt, sha256, env, profile) -> str | None:
-    """What a policy file's check depends on, hashed: the sha256 of the file's bytes, every setting of the
-    check and crop's version.  None (no memo) when the path is not a regular file within the size limit: the
-    check itself then says what is wrong."""
-    from crop import __version__
-    from crop.agents.checkpoints import MAX_MEMBER_BYTES
-
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MEMBER_BYTES:
-        return None
-    try:
-        digest = sha256_file(path)
-    except OSError:
-        return None
-    facts = {"file_sha256": digest, "architecture": arch, "format": fmt, "pinned_sha256": sha256, "env": env,
-             "profile": profile, "crop": __version__}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
-
-
-def _checked_network(key: str | None) -> str | None:
-    """The network kind ("q" or "policy") a passed check of the same bytes and settings found, or None."""
-    if key is None:
-        return None
-    try:
-        kind = (_policy_checks_dir() / key).read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return kind if kind in ("q", "policy") else None
-
-
-def _remember_check(key: str, kind: str) -> None:
-    """Remember a passed check (best effort: an unwritable cache only means checking again next time)."""
-    folder = _policy_checks_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{key}.{os.getpid()}"
-        tmp.write_text(kind)
-        os.replace(tmp, folder / key)
-    except OSError:
-        pass
-
-
-def check_policy_files(cfg: dict, source: str = "config") -> dict:
-    """Open and check every ``files.<label>`` entry of a validated config as its checkpoint job will
-    (:func:`crop.agents.importing.check_policy_file`: a regular, readable file within the size limit, its pinned
-    sha256, tensors only, finite real weights that fit the architecture, a network that takes the
-    environment's observations and gives one value per action), then judge each environment's smoothing
-    targets by what its networks are: a policy network has no Q-values (no q target), softmax of a
-    Q-network's values is no policy (no probs target).  An environment that gives neither ``target`` nor
-    ``targets`` smooths q for Q-networks and probs for policy networks (filled in as ``target: probs``).
-
-    Returns the config (a copy where a target was filled in); raises :class:`ConfigError` in one line naming
-    the entry.  Reads the files (torch is imported only when a config has one).  The workflow parses this
-    config in its main process and again in every job's (each SLURM job's too): a check that passed is
-    remembered under ``$XDG_CACHE_HOME/crop/policy-checks/``, keyed by the sha256 of the file's bytes, the
-    check's settings and crop's version (:func:`_policy_check_key`), so the same bytes are checked once, and
-    a changed file, setting or release is checked afresh.  (The checkpoint job's ``crop import`` checks the
-    file again whatever the memo holds.)"""
-    out = None
-    for env, ec in cfg["environments"].items():
-        if ec["source"] != "file" or not ec.get("files"):
-            continue
-        from crop.envs import default_profile
-
-        networks = {}
-        for label, f in ec["files"].items():
-            check = (f["path"], f.get("architecture", "mlp"), f.get("format", "auto"), f.get("sha256"), env,
-                     f.get("profile") or default_profile(env))
-            key = _policy_check_key(*check)
-            networks[label] = _checked_network(key)
-            if networks[label] is None:
-                from crop.agents.importing import check_policy_file  # torch: only when a file is checked
-                from crop.models import CheckpointError
-
-                try:
-                    _, info = check_policy_file(*check)
-                except CheckpointError as exc:
-                    raise ConfigError(f"{source}: environments.{env}.files.{label}: {exc}") from None
-                networks[label] = info["network"]
-                if key is not None and _policy_check_key(*check) == key:   # the file did not change meanwhile
-                    _remember_check(key, info["network"])
-        # A derived policy (CARRL) is a Q-network built from its base's file, which must be one.
-        for algo in ec["algorithms"]:
-            kind, entry = resolve_source(env, algo, "file", ec["files"])
-            if kind == "derive":
-                if networks.get(entry["base"]) == "policy":
-                    raise ConfigError(f"{source}: environments.{env}.files.{entry['base']}: {algo} is derived from "
-                                      f"{entry['base']}'s Q-network, but {ec['files'][entry['base']]['path']} holds a "
-                                      "policy network")
-                networks[algo] = "q"
-        used = {a: networks[a] for a in ec["algorithms"]}
-
-        for algo, network in used.items():   # a Box environment takes actors, a Discrete one none
-            if (network == "actor") != (ec.get("target") == ACTION_TARGET):
-                what = ("a continuous-action actor" if network == "actor" else f"a discrete-action {network} network")
-                held = ec["files"].get(algo, {}).get("path", f"{algo} (derived)")
-                kind = "discrete" if network == "actor" else "continuous (a Box)"
-                raise ConfigError(f"{source}: environments.{env}.files.{algo}: {held} holds {what}, but {env}'s "
-                                  f"actions are {kind}")
-        if "target" in ec or "targets" in ec:
-            key = "targets" if "targets" in ec else "target"
-            for algo, network in used.items():
-                wrong = "q" if network == "policy" else "probs"
-                if wrong in smoothing_targets(ec):
-                    why = ("has no Q-values to smooth; use probs or vote" if network == "policy" else
-                           "is a Q-network: softmax of its values is no policy; use vote or q")
-                    raise ConfigError(f"{source}: environments.{env}.{key}: {wrong} for {algo}, which {why}")
-            continue
-        kinds = sorted(set(used.values()))
-        if kinds == ["policy"]:
-            out = out or copy.deepcopy(cfg)
-            out["environments"][env]["target"] = "probs"
-        elif len(kinds) > 1:
-            policy = sorted(a for a, n in used.items() if n == "policy")
-            q = sorted(a for a, n in used.items() if n == "q")
-            raise ConfigError(f"{source}: environments.{env}: {', '.join(policy)} policy network(s) and "
-                              f"{', '.join(q)} Q-network(s) have no smoothing target in common by default (probs, "
-                              "q); give target: vote (any network), or certify them with separate configs")
-    return out or cfg
 
 
 def load_config(path: str | Path, trust=()) -> dict:

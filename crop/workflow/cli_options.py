@@ -1,0 +1,310 @@
+"""The crop command's options, built from the config schema: each setting's flag takes its type, bounds,
+choices, default and help from the schema node it sets (crop/schemas/config.schema.yaml), and a --settings
+value is checked as its flag's would be."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from crop.io import InputError
+from crop.names import ALPHA_MODES, BOUND_NAMES, DEVICES, TARGET_NAMES
+from crop.workflow.stage_table import STAGES, StageRow
+
+__all__ = ["CHOICES", "POS_INT", "HelpFormatter", "schema_type", "schema_help", "schema_node", "common_args",
+           "train_args", "fetch_args", "import_args", "stage_args", "report_args", "trust_env_arg", "plan_args",
+           "check_setting"]
+# Choices come from the code that implements them, not from the schema's copy of the list.
+CHOICES = {"bound": BOUND_NAMES, "alpha_mode": ALPHA_MODES, "device": DEVICES}
+POS_INT = {"type": "integer", "minimum": 1}
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help with each option's default, where it has one."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.required or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _types(node: dict) -> list[str]:
+    t = node.get("type", [])
+    return [t] if isinstance(t, str) else t
+
+
+_BOUNDS = [("minimum", ">=", lambda v, b: v >= b), ("exclusiveMinimum", ">", lambda v, b: v > b),
+           ("maximum", "<=", lambda v, b: v <= b), ("exclusiveMaximum", "<", lambda v, b: v < b)]
+
+
+def _check_number(node: dict, v, shown) -> int | float:
+    """``v`` checked against a schema number/integer node's bounds; ArgumentTypeError naming ``shown``."""
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {shown}")
+    for key, op, ok in _BOUNDS:
+        if key in node and not ok(v, node[key]):
+            raise argparse.ArgumentTypeError(f"must be {op} {node[key]}, got {shown}")
+    return v
+
+
+def schema_type(node: dict):
+    """An argparse type for a schema number/integer node that enforces its bounds."""
+    kind = int if "integer" in _types(node) else float
+
+    def parse(text: str):
+        return _check_number(node, kind(text), text)
+
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
+    return parse
+
+
+def schema_help(node: dict) -> str:
+    return " ".join(node.get("description", "").split()).replace("%", "%%")
+
+
+def _flag(p, option: str, node: dict, **kw) -> None:
+    """``--option`` as the schema node describes it: type and bounds, choices, default, help."""
+    kw.setdefault("default", node.get("default"))
+    kw.setdefault("help", schema_help(node))
+    if option in CHOICES or "enum" in node:
+        kw["choices"] = CHOICES.get(option) or node["enum"]
+    elif "array" in _types(node):
+        n = node.get("minItems")
+        kw["nargs"] = n if n and n == node.get("maxItems") else "+"
+        kw["type"] = schema_type(node["items"])
+    elif {"integer", "number"} & set(_types(node)):
+        kw["type"] = schema_type(node)
+    elif _types(node) == ["boolean"]:
+        kw["action"] = argparse.BooleanOptionalAction
+    p.add_argument("--" + option.replace("_", "-"), **kw)
+
+
+def schema_node(key: str) -> dict:
+    """The schema node of a top-level key, or of ``environment.KEY``."""
+    from crop.workflow.config import schema as _schema
+
+    schema = _schema()
+    if key.startswith("environment."):
+        return schema["$defs"]["environment"]["properties"][key.split(".")[1]]
+    return schema["properties"][key]
+
+
+def _env(text: str) -> str:
+    """The paper's four ids or any Gymnasium id crop can make (crop.envs.env_family)."""
+    from crop.envs import UnknownEnvError, env_family
+
+    try:
+        env_family(text)
+    except UnknownEnvError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _algo(text: str) -> str:
+    """A label as the config's (crop/schemas: $defs.label): the paper's nine or one of your own."""
+    import re
+
+    from crop.workflow.config import schema
+
+    label = schema()["$defs"]["label"]
+    if not re.fullmatch(label["pattern"], text):
+        raise argparse.ArgumentTypeError(f"{text!r} {label['x-message']}")
+    return text
+
+
+def _return_or_none(text: str) -> float | None:
+    if text.lower() in ("none", "null"):
+        return None
+    v = float(text)
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number or 'none', got {text}")
+    return v
+
+
+def _accepted(key: str) -> str:
+    """What a config accepts for an environment id or an algorithm label (the schema's words), for help."""
+    from crop.workflow.config import schema
+
+    node = schema()["$defs"]["env_id" if key == "env" else "label"]
+    return " ".join(node.get("description", "").split()) or "see crop/schemas/config.schema.yaml"
+
+
+#: Why a subcommand takes Discrete actions only (a stage's reason is its row's ``discrete``); the others take
+#: Box actions too.  tests/test_help.py asks each command's own check whether Pendulum-v1 passes.
+DISCRETE_ONLY = {"train": "it trains Q-networks (Double DQN)", "derive": "it derives Q-networks (CARRL)",
+                 "fetch": "the published checkpoints are the paper's Q-networks (crop/agents/registry.yaml)",
+                 **{name: row.discrete for name, row in STAGES.items() if row.discrete}}
+
+
+def _env_help(command: str) -> str:
+    """``--env``'s help: the ids a config accepts, narrowed to Discrete actions where ``command`` needs them."""
+    why = DISCRETE_ONLY.get(command)
+    return _accepted("env") + (f" Discrete actions only: {why}." if why else "")
+
+
+def common_args(p, sigma: bool = True, checkpoint: bool = True) -> None:
+    p.add_argument("--env", type=_env, required=True, help=_env_help(p.prog.split()[-1]))
+    p.add_argument("--algo", type=_algo, required=True, help=_accepted("algo"))
+    if sigma:
+        p.add_argument("--sigma", type=schema_type(schema_node("environment.sigmas")["items"]), required=True,
+                       help="standard deviation σ of the smoothing noise")
+    if checkpoint:
+        p.add_argument("--checkpoint", required=True, help="model.pt (its record model.json must sit beside it)")
+    for key in ("seed", "device", "threads", "chunk"):
+        _flag(p, key, schema_node(key))
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars (default: only on a terminal)")
+
+
+def train_args(p, budget: bool = True) -> None:
+    p.add_argument("--settings", help="the config's train block as JSON (hidden, total_steps, …, dqn, recipes)")
+    from crop.workflow.schema import resolved
+
+    train = {k: resolved(v) for k, v in schema_node("environment.train")["properties"].items()}
+    if budget:
+        p.add_argument("--hidden", type=schema_type(resolved(train["hidden"]["items"])), nargs="+",
+                       help="hidden layer widths")
+        p.add_argument("--total-steps", type=schema_type(train["total_steps"]), help="most environment steps to train")
+        p.add_argument("--min-steps", type=schema_type(train["min_steps"]),
+                       help="no acceptance test before this many steps")
+    p.add_argument("--eval-episodes", type=schema_type(train["eval_episodes"]),
+                   help="episodes of the greedy acceptance evaluation")
+    p.add_argument("--target-return", type=_return_or_none, default=argparse.SUPPRESS,
+                   help="acceptance threshold of the greedy mean return (default: the environment's, e.g. "
+                        "195 for CartPole-v0; 'none': no threshold, record the return only)")
+    p.add_argument("--base-checkpoint",
+                   help="derived algorithms (CARRL): the base algorithm's model.pt (model.json beside it)")
+
+
+def fetch_args(p) -> None:
+    p.add_argument("--mirror", help="mirror: base URL, file:// URL or folder (default: $CROP_CHECKPOINT_MIRROR)")
+    p.add_argument("--cache", help="download cache (default: $CROP_CACHE or the user cache)")
+    p.add_argument("--lock", default=schema_node("checkpoints")["properties"]["lock"]["default"],
+                   help="lock file pinning first downloads of sources published without a checksum")
+
+
+def import_args(p) -> None:
+    p.add_argument("--file", help="your policy file: a PyTorch state dict, a CleanRL DQN, PPO, TD3, DDPG or SAC-actor "
+                                  "checkpoint, or a Stable-Baselines3 DQN, PPO, A2C, SAC, TD3 or DDPG .zip; a relative "
+                                  "path is read from the working directory (docs/own-policy.md)")
+    file = schema_node("environment.files")["additionalProperties"]["properties"]
+    p.add_argument("--arch", default=file["architecture"]["default"],
+                   help='its architecture: a network spec as JSON ({"arch": "mlp", "in": 4, "hidden": [64, 64], '
+                        '"out": 2}; nature_cnn, dueling_cnn) or mlp, sizes read from the weights')
+    p.add_argument("--profile", help="the preprocessing profile it was trained with (crop/envs PROFILES; "
+                                     "default: the environment's)")
+    p.add_argument("--format", default=file["format"]["default"], choices=file["format"]["enum"],
+                   help="file format (auto: an SB3 zip by its policy.pth, CleanRL by .cleanrl_model)")
+    p.add_argument("--file-sha256", help="refuse the file unless it has this sha256")
+
+
+_METAVARS = {"frames_window": ("START", "END"), "reward_range": ("LOW", "HIGH"), "return_range": ("LOW", "HIGH")}
+
+
+def stage_args(p, row: StageRow) -> None:
+    """A stage's options from its row of the stage table: the common ones, its settings (no default here: a
+    flag not given takes the --settings block's value, else the schema's default), its outputs."""
+    common_args(p)
+    if row.v_range:
+        p.add_argument("--target", choices=TARGET_NAMES, help=schema_help(schema_node("environment.target")))
+        p.add_argument("--qrange", help="qrange.json of the same env/algo/sigma (the q target only)")
+    p.add_argument("--settings", help="the stage's settings block as JSON (option: value; what the workflow "
+                                      "passes, crop.workflow.stage_table.stage_settings); flags given as "
+                                      "well take precedence")
+    for option, (key, node) in row.options.items():
+        default = f" (default: {node['default']})" if node.get("default") is not None else ""
+        _flag(p, option, node, default=argparse.SUPPRESS, metavar=_METAVARS.get(option),
+              help=f"{schema_help(node)}{default} [config: {key.lstrip('/')}]".lstrip())
+    for out in row.outputs:
+        p.add_argument("--" + out.option.replace("_", "-"), required=out.required, help=out.help)
+    for flag in row.flags:
+        p.add_argument("--" + flag.option.replace("_", "-"), type=schema_type(flag.node), help=flag.help)
+
+
+def report_args(agg, aud) -> None:
+    agg.add_argument("results", nargs="?", help="results folder (every complete run in it, or --runs)")
+    agg.add_argument("--results", dest="results_opt", help=argparse.SUPPRESS)
+    agg.add_argument("--runs", nargs="+", help="only these ENV/ALGO/sigma-S folders under RESULTS")
+    eps_node = schema_node("report")["properties"]["table_eps_factors"]
+    agg.add_argument("--table-eps-factors", type=schema_type(eps_node["items"]), nargs="+",
+                     default=list(eps_node["default"]), help=schema_help(eps_node))
+    agg.add_argument("--figures", help="figures folder (default: RESULTS/figures)")
+    agg.add_argument("--tables", help="tables folder (default: RESULTS/tables)")
+    aud.add_argument("results", nargs="?", help="results folder (every run folder in it is audited)")
+    aud.add_argument("--out-dir", help="where audit.md and audit.json go (default: RESULTS/audit)")
+    aud.add_argument("--runs", nargs="*", help="only these ENV/ALGO/sigma-S folders")
+    for p in (agg, aud):
+        p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of RESULTS)")
+    audit_node = schema_node("audit")["properties"]
+    _flag(aud, "alpha", audit_node["alpha"])
+    aud.add_argument("--reference", help=schema_help(audit_node["reference"]))
+    aud.add_argument("--tolerances", help=schema_help(audit_node["tolerances"]))
+    for name in ("abs", "rel"):
+        aud.add_argument(f"--{name}-tol", type=schema_type({"minimum": 0}),
+                         help=f"{'absolute' if name == 'abs' else 'relative'} tolerance for every metric (overrides)")
+    aud.add_argument("--config-hash", help="hash of the workflow config the results came from (the workflow "
+                                           "passes it)")
+    aud.add_argument("--config", help="workflow config file: validated and hashed (instead of --config-hash)")
+    aud.add_argument("--strict", action="store_true", help=schema_help(audit_node["strict"]))
+    aud.add_argument("--rerun", type=schema_type({"type": "integer", "minimum": 0}), default=0, metavar="K",
+                     help="re-run K stage jobs drawn at random from their recorded provenance and compare (CPU: "
+                          "byte-identical; a differing job makes the verdict FAIL; docs/audit.md)")
+    aud.add_argument("--seed", type=schema_type({"type": "integer", "minimum": 0}), default=0,
+                     help="seed of the draw of --rerun's jobs")
+    aud.add_argument("--rerun-budget", type=schema_type({"type": "number", "exclusiveMinimum": 0}),
+                     metavar="MINUTES", help="minutes a --rerun job may be predicted to take (crop plan's cost model "
+                                             "on this machine's CPU; default: 10): a job predicted longer is not "
+                                             "started, and a started one is ended past 4x its prediction + 2 "
+                                             "minutes (not re-run: WARN)")
+    trust_env_arg(aud, "an environment id whose module:Id form may import its module (ids read from the results "
+                        "folder or a reference never import anything; --config trusts its ids that set "
+                        "import_module: true)")
+    aud.add_argument("--report-only", action="store_true",
+                     help="exit 0 whatever the verdict (bad input still exits 2): the workflow's audit job, whose "
+                          "closing summary states the verdict")
+
+
+def trust_env_arg(p, text: str) -> None:
+    """--trust-env ID (repeatable): the command line is the user's own, so an id named there may import."""
+    p.add_argument("--trust-env", action="append", default=[], metavar="ID", help=text)
+
+
+def plan_args(pl, cal) -> None:
+    import os
+
+    pl.add_argument("--configfile", required=True, help="the workflow config file (YAML)")
+    pl.add_argument("--cores", type=schema_type(POS_INT), default=os.cpu_count(), help="CPU cores per machine")
+    pl.add_argument("--gpus", type=schema_type({"type": "integer", "minimum": 0}),
+                    help="GPUs per machine (default: 1 when any environment's device, else the "
+                         "config's, is not cpu; else 0)")
+    pl.add_argument("--nodes", type=schema_type(POS_INT), default=1, help="machines")
+    pl.add_argument("--json", action="store_true", help="the plan as JSON: jobs, total, makespan_hours")
+    for p in (pl, cal):
+        p.add_argument("--calibration" if p is pl else "--out", default=None,
+                       help="calibration file (default: $XDG_CACHE_HOME/crop/calibration.json)")
+    cal.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="what to measure on")
+    cal.add_argument("--env", nargs="+", help="environments (default: the paper's four)")
+
+
+def check_setting(option: str, node: dict, value):
+    """A --settings value checked as its flag's would be (type, bounds, choices, length); InputError naming
+    it."""
+    try:
+        if option in CHOICES or "enum" in node:
+            choices = CHOICES.get(option) or node["enum"]
+            if value not in choices:
+                raise argparse.ArgumentTypeError(f"must be one of {list(choices)}, got {value!r}")
+            return value
+        if "array" in _types(node):
+            n = node.get("minItems")
+            if not isinstance(value, list) or not value or (n and n == node.get("maxItems") and len(value) != n):
+                raise argparse.ArgumentTypeError(f"must be a list of {n or 'one or more'} numbers, got {value!r}")
+            return [check_setting(option, node["items"], v) for v in value]
+        if _types(node) == ["boolean"]:
+            if not isinstance(value, bool):
+                raise argparse.ArgumentTypeError(f"must be true or false, got {value!r}")
+            return value
+        integer = "integer" in _types(node)
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+        return _check_number(node, (int if integer else float)(value), value)
+    except argparse.ArgumentTypeError as exc:
+        raise InputError(f"--settings: {option}: {exc}") from None
