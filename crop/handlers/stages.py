@@ -358,7 +358,7 @@ def _clip_record(clip) -> dict:
 
 
 def cmd_lore(args) -> None:
-    from crop.certify.lore import CHECKPOINT_EVERY, run_lore
+    from crop.certify.lore import CHECKPOINT_EVERY, LoReSettings, Problem, Resume, Search, run_lore
     from crop.io import sha256_file
     from crop.smoothing.stats import lore_schedule_text, lore_state_alpha
 
@@ -377,15 +377,15 @@ def cmd_lore(args) -> None:
     if args.max_nodes is not None:
         _return_range(spec, args)  # one line where the reward range is missing
         reward_min = spec.reward_range[0] if reward_fn is None else reward_fn(spec.reward_range[0])
-    s0_seed = _episode_seeds(args.seed, args.env, 1)[0]
-    table, info, states = run_lore(args.env, sm, args.horizon, s0_seed, gamma=args.gamma,
-                           eps_max=math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma,
-                           prune=spec.nonnegative_rewards or reward_fn is not None, profile=st.profile,
-                           progress=args.progress, reward_fn=reward_fn, alpha_of=alpha_of,
-                           resume_file=resume, remove_resume=False,
-                           checkpoint_every=every, max_nodes=args.max_nodes, reward_min=reward_min,
-                           reward_key=spec.lore_reward, run_key={"checkpoint_sha256": sha256_file(args.checkpoint)},
-                           states=True)
+    settings = LoReSettings(
+        Problem(args.horizon, _episode_seeds(args.seed, args.env, 1)[0], args.gamma, reward_fn, spec.lore_reward),
+        Search(math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma,
+               prune=spec.nonnegative_rewards or reward_fn is not None, alpha_of=alpha_of,
+               max_nodes=args.max_nodes, reward_min=reward_min),
+        run_key={"checkpoint_sha256": sha256_file(args.checkpoint)})
+    result = run_lore(args.env, sm, settings, profile=st.profile, progress=args.progress,
+                      resume=Resume(resume, every, remove=False))
+    table, info, states = result.table, result.info, result.states
     info["reward_modification"] = spec.lore_reward
     # nodes and truncated also at the top: a truncated bound is marked in the figures and tables
     st.write({"nodes": info["nodes"], "truncated": info["truncated"], "exact_below_eps": info["exact_below_eps"],
