@@ -328,8 +328,8 @@ COMMANDS = {
 # per-run stage's handler is its row's.
 HANDLERS = {"train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
             "fetch": "crop.handlers.policies:cmd_fetch", "checkpoint": "crop.handlers.policies:cmd_checkpoint",
-            "import": "crop.handlers.policies:cmd_import", "aggregate": "crop.handlers.stages:cmd_aggregate",
-            "audit": "crop.handlers.stages:cmd_audit", "validate-config": "crop.workflow.cli:cmd_validate_config",
+            "import": "crop.handlers.policies:cmd_import", "aggregate": "crop.handlers.report:cmd_aggregate",
+            "audit": "crop.handlers.report:cmd_audit", "validate-config": "crop.workflow.cli:cmd_validate_config",
             "calibrate": "crop.workflow.cli:cmd_calibrate", "plan": "crop.workflow.cli:cmd_plan"}
 
 
