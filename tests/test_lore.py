@@ -233,9 +233,13 @@ def test_batched_lore_equals_brute_force_with_family_alphas(mlp_factory, signed,
         assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, 7, eps)), eps
 
 
-def test_lore_rejects_a_bad_batch():
-    with pytest.raises(ValueError, match="batch"):
-        lore("toy", None, 3, 0, make=ToyWalk, batch=0)
+@pytest.mark.parametrize("bad", [{"horizon": -1}, {"gamma": 1.5}, {"eps_max": -0.1}, {"batch": 0},
+                                 {"max_nodes": 0, "reward_min": 0.0}, {"max_nodes": 10}])
+def test_lore_settings_refuse_a_bad_value_naming_it(bad):
+    """LoReSettings' parts check their values once, when made: one line naming the bad field."""
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        lore_settings(**{"horizon": 3, "env_seed": 0, **bad})
+    assert lore_settings(3, 0, gamma=0.0, eps_max=0.0, batch=1, max_nodes=1, reward_min=0.0).problem.horizon == 3
 
 
 def _bounds(table, valid_until, grid):

@@ -65,7 +65,7 @@ import pandas as pd
 from crop import columns as cols
 from crop.certify import lore_resume
 from crop.certify.loact import Certificate, certify_estimate
-from crop.certify.lore_resume import CHECKPOINT_EVERY, Resume, _digest, _fn_digest, _key_of, _schedule_key
+from crop.certify.lore_resume import CHECKPOINT_EVERY, Resume, fn_digest, key_of, schedule_key, state_digest
 from crop.envs import make_env, restore, snapshot, to_obs
 from crop.progress import pbar
 from crop.smoothing import stats
@@ -97,11 +97,10 @@ class _Node:
         return out[::-1]
 
 
-
 def obs_digest(obs: np.ndarray) -> str:
     """The hex digest that names an observation in ``lore_states.csv`` and ``attack_local_steps.csv`` (the
     audit matches an attacked step's clean state to the LoRe state of the same observation by it)."""
-    return _digest(np.asarray(obs)).hex()
+    return state_digest(np.asarray(obs)).hex()
 
 
 def _coerce(obj, **kinds) -> None:
@@ -121,15 +120,15 @@ class Problem:
     horizon: int
     env_seed: int
     gamma: float = 1.0
-    reward_fn: Callable | None = field(default=None, metadata={"key": _fn_digest})
+    reward_fn: Callable | None = field(default=None, metadata={"key": fn_digest})
     reward_key: str | None = None
 
     def __post_init__(self):
         _coerce(self, horizon=int, env_seed=int, gamma=float)
         if self.horizon < 0:
             raise ValueError(f"horizon must be >= 0, got {self.horizon}")
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
 
 
 @dataclass(frozen=True)
@@ -143,7 +142,7 @@ class Search:
 
     eps_max: float = math.inf
     prune: bool = True
-    alpha_of: Callable | None = field(default=None, metadata={"key": _schedule_key})
+    alpha_of: Callable | None = field(default=None, metadata={"key": schedule_key})
     batch: int = 64
     max_nodes: int | None = None
     reward_min: float | None = None
@@ -170,7 +169,7 @@ class LoReSettings:
     run_key: dict | None = None
 
     def key(self) -> dict:
-        return _key_of(self)
+        return key_of(self)
 
 
 @dataclass(frozen=True)

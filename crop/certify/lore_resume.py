@@ -55,7 +55,8 @@ class Resume:
             raise ValueError(f"every must be >= 0 seconds, got {self.every}")
 
 
-def _digest(obs: np.ndarray) -> bytes:
+def state_digest(obs: np.ndarray) -> bytes:
+    """16 bytes naming an observation (its bytes' BLAKE2b)."""
     return hashlib.blake2b(obs.tobytes(), digest_size=16).digest()
 
 
@@ -123,7 +124,7 @@ def _net_digest(net) -> str:
     return h.hexdigest()
 
 
-def _fn_digest(fn) -> str | None:
+def fn_digest(fn) -> str | None:
     """A reward modification without a name: its code and constants (two lambdas differ where their code does)."""
     if fn is None:
         return None
@@ -133,12 +134,12 @@ def _fn_digest(fn) -> str | None:
     return hashlib.sha256(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode()).hexdigest()
 
 
-def _schedule_key(alpha_of) -> list | None:
+def schedule_key(alpha_of) -> list | None:
     """A per-state α schedule keyed by its first values (two schedules that agree there are the same rule)."""
     return None if alpha_of is None else [float(alpha_of(i)) for i in (1, 2, 3)]
 
 
-def _key_of(obj) -> dict:
+def key_of(obj) -> dict:
     """Every field of a settings dataclass by name: as it is, a nested settings dataclass by its own key, a
     function through its field's ``key`` metadata (a code digest, or a schedule's first values) — a callable
     without one by its code digest.  So a field added to a settings class is in the key without a word more."""
@@ -146,9 +147,9 @@ def _key_of(obj) -> dict:
     for f in fields(obj):
         value = getattr(obj, f.name)
         if hasattr(value, "__dataclass_fields__"):
-            out[f.name] = _key_of(value)
+            out[f.name] = key_of(value)
             continue
-        rule = f.metadata.get("key", _fn_digest if callable(value) else None)
+        rule = f.metadata.get("key", fn_digest if callable(value) else None)
         out[f.name] = rule(value) if rule is not None else value
     return out
 
@@ -161,9 +162,9 @@ def resume_key(search) -> dict:
     parameters (a digest) and the file's layout: a file left by another network, checkpoint or option never
     resumes."""
     sm = search.smoother
-    smoothing = {**_key_of(sm.settings), "device": str(sm.device)}
+    smoothing = {**key_of(sm.settings), "device": str(sm.device)}
     return {"format": RESUME_FORMAT, "env_id": search.env_id, "profile": search.profile,
-            "make": _fn_digest(search.make), **search.settings.key(), "smoothing": smoothing,
+            "make": fn_digest(search.make), **search.settings.key(), "smoothing": smoothing,
             "n_actions": sm.n_actions, "network": _network_digest(search)}
 
 
@@ -207,7 +208,7 @@ def save(search, path) -> None:
         "path_ends": np.cumsum([len(p) for p in paths], dtype=np.int64),
         "node_J": np.array([n.J for n in nodes], np.float64),
         "node_leaf": np.array([n.leaf for n in nodes], bool),
-        "node_digest": np.array([np.frombuffer(_digest(n.obs), np.uint8) for n in nodes], np.uint8).reshape(-1, 16),
+        "node_digest": np.frombuffer(b"".join(state_digest(n.obs) for n in nodes), np.uint8).reshape(-1, 16),
         "memo_keys": np.frombuffer(b"".join(keys), np.uint8),
         "memo_ends": np.cumsum([len(k) for k in keys], dtype=np.int64),
         "memo_action": np.array([c.action for c in certs], np.int64),
@@ -224,12 +225,12 @@ def save(search, path) -> None:
 
 
 def load(search, path, root) -> bool:
-    """Restore the state saved by :meth:`save` if ``path`` exists and belongs to this run.  The file is
+    """Restore the state saved by :func:`save` if ``path`` exists and belongs to this run.  The file is
     data and is checked like any input before anything of it is used: a zip of the known members only,
     stored uncompressed with sizes summing to at most the file's (so it takes no more memory than its
     size), the header read first and its key compared before the rest is read; then every array's type,
     shape and range, each node's replay (its return and observation digest checked as soon as it is
-    re-simulated) and the state's internal consistency (:meth:`_restore`).  A file failing any check is
+    re-simulated) and the state's internal consistency (:func:`_restore`).  A file failing any check is
     ignored with one line on stderr; the search's fields and the smoother's random state change only
     once all checks have passed."""
     if not os.path.exists(path):
@@ -332,7 +333,7 @@ def _restore(search, header: dict, f: dict, root) -> tuple[dict, dict]:
 
 def _replay(search, root, paths: list[tuple[int, ...]], expected: list) -> list:
     """The nodes at ``paths`` (action paths from s₀), re-simulated as the search built them (each child by
-    :meth:`step` from its parent's snapshot), every shared prefix once; each is checked against its
+    the search's ``step`` from its parent's snapshot), every shared prefix once; each is checked against its
     ``expected`` (return, leaf, observation digest) as soon as it is reached."""
     trie: dict = {}
     for i, p in enumerate(paths):
@@ -346,7 +347,7 @@ def _replay(search, root, paths: list[tuple[int, ...]], expected: list) -> list:
         node, d = todo.pop()
         for i in d.get(None, ()):
             J, leaf, digest = expected[i]
-            if node.J != float(J) or node.leaf != bool(leaf) or _digest(node.obs) != digest.tobytes():
+            if node.J != float(J) or node.leaf != bool(leaf) or state_digest(node.obs) != digest.tobytes():
                 raise ValueError(f"the environment does not replay the saved node at t={node.t} (not "
                                  "deterministic from its seed?)")
             out[i] = node
