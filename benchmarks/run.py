@@ -146,12 +146,13 @@ def gre_lockstep(name: str, env_id: str, spec: dict, m: int, horizon: int, singl
 
 def lore_rate(name: str, env_id: str, spec: dict, profile, m: int, horizon: int, sigma: float):
     """Nodes per second of LoRe's search (every distinct state smoothed once)."""
-    from crop.certify.lore import run_lore
+    from crop.certify.lore import LoReSettings, Problem, Search, run_lore
 
     net = build_network(spec).eval()
     sm = SmoothedNetwork(net, SmoothingSettings(sigma, m, -1.0, 1.0, 0.05, chunk=min(m, 1000), seed=0), spec["out"])
     t0 = time.perf_counter()
-    _, info = run_lore(env_id, sm, horizon, 0, eps_max=4 * sigma, profile=profile, progress=False)
+    info = run_lore(env_id, sm, LoReSettings(Problem(horizon, 0), Search(eps_max=4 * sigma)), profile=profile,
+                    progress=False).info
     dt = time.perf_counter() - t0
     print(f"# LoRe {name}: {info['transitions']} transitions, {info['distinct_states_smoothed']} states smoothed "
           f"(m={m}) in {dt:.2f} s", flush=True)

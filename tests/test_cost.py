@@ -66,13 +66,14 @@ def test_lore_transitions_count_every_node_but_the_root():
 def test_the_lore_model_bounds_a_real_search(max_nodes):
     """The counts the model prices a LoRe job by are never below what a search does: an exhaustive search (no
     pruning, every action possible) of CartPole at H = 6, unbounded and with a budget it hits."""
-    from crop.certify.lore import run_lore
+    from crop.certify.lore import LoReSettings, Problem, Search, run_lore
     from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
     from conftest import random_mlp
 
     sm = SmoothedNetwork(random_mlp(), SmoothingSettings(0.5, 16, -10.0, 10.0, 0.05, chunk=1000), 2)
-    info = run_lore("CartPole-v0", sm, 6, 0, prune=False, progress=False, max_nodes=max_nodes, reward_min=0.0)[1]
+    settings = LoReSettings(Problem(6, 0), Search(prune=False, max_nodes=max_nodes, reward_min=0.0))
+    info = run_lore("CartPole-v0", sm, settings, progress=False).info
     assert info["truncated"] == (max_nodes is not None)
     assert info["transitions"] <= cost.lore_transitions(6, 2, 0.0, max_nodes)
     assert info["distinct_states_smoothed"] <= cost.lore_nodes(6, 2, 0.0, max_nodes)

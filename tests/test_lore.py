@@ -9,8 +9,20 @@ import pytest
 import torch
 
 from crop.certify.loact import certify_estimate
-from crop.certify.lore import lore_bound_at, run_lore
+from crop.certify.lore import LoReSettings, Problem, Search, lore_bound_at, run_lore
 from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
+
+
+def lore_settings(horizon, env_seed, run_key=None, **options):
+    """LoRe's settings of a test, from the fields of :class:`Problem` and :class:`Search` by name."""
+    problem = {k: options.pop(k) for k in list(options) if k in Problem.__dataclass_fields__}
+    return LoReSettings(Problem(horizon, env_seed, **problem), Search(**options), run_key)
+
+
+def lore(env_id, sm, horizon, env_seed, *, make=None, progress=False, **options):
+    """:func:`run_lore` of a test's settings: its bound table and record."""
+    result = run_lore(env_id, sm, lore_settings(horizon, env_seed, **options), make=make, progress=progress)
+    return result.table, result.info
 
 
 class ToyWalk(gym.Env):
@@ -98,7 +110,7 @@ def test_lore_equals_brute_force(mlp_factory, signed, prune, repeat):
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
     sm = CachedSmoother(net, SmoothingSettings(0.3, 2000, -6.0, 6.0, 0.05, seed=0), 3)
     make = lambda: ToyWalk(signed=signed, repeat_states=repeat)  # noqa: E731
-    table, info = run_lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False)
+    table, info = lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False)
     assert table["eps"].is_monotonic_increasing
     assert table["lower_bound"].is_monotonic_decreasing
     radii = sorted({float(r) for e in sm.cache.values()
@@ -127,7 +139,7 @@ def test_lore_on_cartpole_equals_brute_force(mlp_factory):
     net = mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
     sm = CachedSmoother(net, SmoothingSettings(0.05, 300, -4.0, 4.0, 0.05, seed=0), 2)
     make = lambda: make_env("CartPole-v0")  # noqa: E731
-    table, info = run_lore("CartPole-v0", sm, horizon, 3, progress=False)
+    table, info = lore("CartPole-v0", sm, horizon, 3, progress=False)
     assert len(table) >= 3, "the pole must be able to fall within the horizon for the test to bite"
     for eps in sorted({0.0, *table["eps"], *(table["eps"] + 1e-9), 1.0}):
         assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, horizon, eps, seed=3)), eps
@@ -144,7 +156,7 @@ def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
     sm = CachedSmoother(net, SmoothingSettings(0.3, 2000, -6.0, 6.0, alpha, seed=0), 3)
     make = lambda: ToyWalk()  # noqa: E731
-    table, info = run_lore("toy", sm, horizon, 0, make=make, progress=False,
+    table, info = lore("toy", sm, horizon, 0, make=make, progress=False,
                            alpha_of=lambda i: stats.lore_state_alpha(alpha, "family", i))
     n = info["distinct_states_smoothed"]
     schedule = [alpha * 6 / (math.pi ** 2 * i * i) for i in range(1, n + 1)]
@@ -157,7 +169,7 @@ def test_lore_family_alpha_schedule_is_spent_state_by_state(mlp_factory):
         assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, horizon, eps)), eps
     # state mode (the paper): every state at α, the union bound over N states
     sm2 = CachedSmoother(net, SmoothingSettings(0.3, 2000, -6.0, 6.0, alpha, seed=0), 3)
-    _, info2 = run_lore("toy", sm2, horizon, 0, make=make, progress=False)
+    _, info2 = lore("toy", sm2, horizon, 0, make=make, progress=False)
     assert set(sm2.alphas) == {alpha} and info2["per_state_alpha"] == alpha
     assert info2["confidence_union"] == pytest.approx(max(0.0, 1 - alpha * info2["distinct_states_smoothed"]))
 
@@ -185,7 +197,7 @@ def test_batched_search_equals_one_state_at_a_time(prune):
     runs = {}
     for batch in (1, 64):
         sm = CachedSmoother(_SaturatedQ(), SmoothingSettings(1e-3, 500, -6.0, 6.0, 0.05, seed=batch), 3)
-        table, info = run_lore("toy", sm, 7, 0, prune=prune, make=make, progress=False, batch=batch)
+        table, info = lore("toy", sm, 7, 0, prune=prune, make=make, progress=False, batch=batch)
         runs[batch] = (sm, table, info)
     (sm1, t1, i1), (sm64, t64, i64) = runs[1], runs[64]
     assert t1.equals(t64) and len(t1) >= 3
@@ -212,7 +224,7 @@ def test_batched_lore_equals_brute_force_with_family_alphas(mlp_factory, signed,
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
     sm = CachedSmoother(net, SmoothingSettings(0.3, 2000, -6.0, 6.0, 0.05, seed=0), 3)
     make = lambda: ToyWalk(signed=signed)  # noqa: E731
-    table, info = run_lore("toy", sm, 7, 0, prune=prune, make=make, progress=False, batch=8,
+    table, info = lore("toy", sm, 7, 0, prune=prune, make=make, progress=False, batch=8,
                            alpha_of=lambda i: stats.lore_state_alpha(0.05, "family", i))
     n = info["distinct_states_smoothed"]
     assert info["smoothing_calls"] < n
@@ -221,9 +233,13 @@ def test_batched_lore_equals_brute_force_with_family_alphas(mlp_factory, signed,
         assert lore_bound_at(table, eps) == pytest.approx(brute_force(make, sm, 7, eps)), eps
 
 
-def test_lore_rejects_a_bad_batch():
-    with pytest.raises(ValueError, match="batch"):
-        run_lore("toy", None, 3, 0, make=ToyWalk, batch=0)
+@pytest.mark.parametrize("bad", [{"horizon": -1}, {"gamma": 1.5}, {"eps_max": -0.1}, {"batch": 0},
+                                 {"max_nodes": 0, "reward_min": 0.0}, {"max_nodes": 10}])
+def test_lore_settings_refuse_a_bad_value_naming_it(bad):
+    """LoReSettings' parts check their values once, when made: one line naming the bad field."""
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        lore_settings(**{"horizon": 3, "env_seed": 0, **bad})
+    assert lore_settings(3, 0, gamma=0.0, eps_max=0.0, batch=1, max_nodes=1, reward_min=0.0).problem.horizon == 3
 
 
 def _bounds(table, valid_until, grid):
@@ -244,7 +260,7 @@ def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suf
     def run(max_nodes):
         sm = SmoothedNetwork(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0),
                        SmoothingSettings(0.3, 2000, -6.0, 6.0, 0.05, seed=0), 3)
-        return run_lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False, gamma=gamma,
+        return lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False, gamma=gamma,
                         max_nodes=max_nodes, reward_min=reward_min)
 
     full, full_info = run(None)
@@ -301,7 +317,7 @@ def test_bounded_search_stays_below_the_unbounded_one_where_the_lowest_reward_is
     def run(max_nodes):
         net = mlp_factory(n_in=2, n_out=2, hidden=(8,), seed=0)
         sm = SmoothedNetwork(net, SmoothingSettings(0.3, 500, -6.0, 6.0, 0.05, seed=0), 2)
-        return run_lore("toy", sm, horizon, 0, prune=False, make=FloorWalk, progress=False, gamma=gamma,
+        return lore("toy", sm, horizon, 0, prune=False, make=FloorWalk, progress=False, gamma=gamma,
                         max_nodes=max_nodes, reward_min=-0.1)
 
     full, info = run(None)
@@ -320,7 +336,7 @@ def test_bounded_search_refuses_a_false_reward_range(mlp_factory):
     sm = SmoothedNetwork(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0),
                    SmoothingSettings(0.3, 200, -6.0, 6.0, 0.05), 3)
     with pytest.raises(InputError, match="lowest reward declared"):
-        run_lore("toy", sm, 6, 0, prune=False, make=lambda: ToyWalk(signed=True), progress=False, max_nodes=500,
+        lore("toy", sm, 6, 0, prune=False, make=lambda: ToyWalk(signed=True), progress=False, max_nodes=500,
                  reward_min=0.5)
     with pytest.raises(ValueError, match="reward_min"):
-        run_lore("toy", sm, 6, 0, make=ToyWalk, max_nodes=5)
+        lore("toy", sm, 6, 0, make=ToyWalk, max_nodes=5)

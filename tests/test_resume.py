@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_lore import ToyWalk
+from test_lore import ToyWalk, lore_settings
 
-from crop.certify.lore import LoRe, lore_bound_at, run_lore
+from crop.certify.lore import LoRe, Resume, lore_bound_at, run_lore
 from crop.io import meta_name, sha256_file, write_json
 from crop.models import save_q_network
 from crop.smoothing import stats
@@ -51,9 +51,16 @@ def _smoothed(net_kw, sm_args, lives=None, **settings):
     return DyingSmoother(random_mlp(**net_kw), made, n_actions, lives=lives)
 
 
-def _run(smoother, resume_file, every, **kw):
-    table, info = run_lore(smoother=smoother, resume_file=resume_file, checkpoint_every=every, progress=False,
-                           **kw)
+def _lore(smoother, env_id, make=None, profile=None, **settings):
+    """The search of a case: ``settings`` are the fields of LoRe's settings by name."""
+    return LoRe(env_id, smoother, lore_settings(**settings), profile=profile, make=make)
+
+
+def _run(smoother, resume_file, every, env_id, make=None, profile=None, **settings):
+    resume = None if resume_file is None else Resume(resume_file, every)
+    result = run_lore(env_id, smoother, lore_settings(**settings), profile=profile, progress=False, make=make,
+                      resume=resume)
+    table, info = result.table, result.info
     return table.to_csv(index=False, float_format="%.17g").encode(), info
 
 
@@ -99,15 +106,15 @@ def test_every_certificate_after_the_resume_is_the_uninterrupted_one(tmp_path):
     """Stronger than equal outputs: the certificate of every state smoothed after the resume (Clopper–
     Pearson, whose bounds use the rounding stream) equals the uninterrupted run's, bit for bit."""
     net_kw, sm_args, kw = _case("toy")
-    clean = LoRe(smoother=_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2), **kw)
+    clean = _lore(_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2), **kw)
     clean.certify(progress=False)
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2,
+    dying = _lore(_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2,
                                         lives=5), **kw)
     with pytest.raises(Killed):
-        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
-    again = LoRe(smoother=_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2), **kw)
-    again.certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+        dying.certify(resume=Resume(resume, 0.0), progress=False)
+    again = _lore(_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2), **kw)
+    again.certify(resume=Resume(resume, 1e9), progress=False)
     assert list(again.memo) == list(clean.memo) and len(clean.memo) > 10
     for key, c in clean.memo.items():
         assert again.memo[key].radii.tobytes() == c.radii.tobytes()
@@ -117,11 +124,11 @@ def test_every_certificate_after_the_resume_is_the_uninterrupted_one(tmp_path):
 def test_a_resume_file_of_another_run_is_ignored(tmp_path):
     net_kw, sm_args, kw = _case("toy")
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=_smoothed(net_kw, sm_args, seed=2, lives=5), **kw)
+    dying = _lore(_smoothed(net_kw, sm_args, seed=2, lives=5), **kw)
     with pytest.raises(Killed):
-        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
-    other = LoRe(smoother=_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2), **kw)
-    _, info = other.certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+        dying.certify(resume=Resume(resume, 0.0), progress=False)
+    other = _lore(_smoothed(net_kw, sm_args, bound="clopper_pearson", seed=2), **kw)
+    _, info = other.certify(resume=Resume(resume, 1e9), progress=False)
     assert info["resumed"] is False  # another bound: another run, started afresh
 
 
@@ -211,10 +218,10 @@ def _kill_and_resume_file(tmp_path, lives=5):
     """A toy search killed after ``lives`` smoothing calls: its resume file and the run's arguments."""
     net_kw, sm_args, kw = _case("toy")
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=_smoothed(net_kw, sm_args, seed=2, lives=lives), **kw)
+    dying = _lore(_smoothed(net_kw, sm_args, seed=2, lives=lives), **kw)
     with pytest.raises(Killed):
-        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
-    return resume, lambda: LoRe(smoother=_smoothed(net_kw, sm_args, seed=2), **kw)
+        dying.certify(resume=Resume(resume, 0.0), progress=False)
+    return resume, lambda: _lore(_smoothed(net_kw, sm_args, seed=2), **kw)
 
 
 def test_a_planted_pickle_runs_nothing_and_is_ignored(tmp_path, capsys):
@@ -227,7 +234,7 @@ def test_a_planted_pickle_runs_nothing_and_is_ignored(tmp_path, capsys):
     marker = tmp_path / "pwned"
     resume = tmp_path / "planted.resume"
     resume.write_bytes(pickle.dumps({"key": None, "x": _Payload(marker)}))
-    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    table, info = make().certify(resume=Resume(resume, 1e9), progress=False)
     assert not marker.exists() and info["resumed"] is False
     assert "ignoring the resume file" in capsys.readouterr().err
     assert table.equals(clean_table) and not resume.exists()
@@ -260,7 +267,7 @@ def test_a_damaged_or_hostile_resume_file_is_ignored(tmp_path, capsys, tamper):
             f["stack"] = np.array([_Payload(tmp_path / "pwned")], dtype=object)
         with open(resume, "wb") as out:
             np.savez(out, **f)
-    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    table, info = make().certify(resume=Resume(resume, 1e9), progress=False)
     assert info["resumed"] is False and "ignoring the resume file" in capsys.readouterr().err
     assert table.equals(clean_table) and not (tmp_path / "pwned").exists()
 
@@ -333,16 +340,16 @@ def test_a_resume_file_of_another_network_profile_or_reward_is_ignored(tmp_path,
              "reward": (net_a, {"reward_fn": lambda r: max(r, 0.1)}),
              "run_key": (net_a, {"run_key": {"checkpoint_sha256": "b"}})}[change]
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=_smoothed(net_a, sm_args, seed=2, lives=6, target="probs"), **base)
+    dying = _lore(_smoothed(net_a, sm_args, seed=2, lives=6, target="probs"), **base)
     with pytest.raises(Killed):
-        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
+        dying.certify(resume=Resume(resume, 0.0), progress=False)
 
     def make():
-        return LoRe(smoother=_smoothed(other[0], sm_args, seed=2, target="probs"),
+        return _lore(_smoothed(other[0], sm_args, seed=2, target="probs"),
                     **{**base, **other[1]})
 
     clean, _ = make().certify(progress=False)
-    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    table, info = make().certify(resume=Resume(resume, 1e9), progress=False)
     assert info["resumed"] is False and "belongs to another run" in capsys.readouterr().err
     assert table.equals(clean)
 
@@ -380,7 +387,7 @@ def test_a_rejected_file_leaves_the_noise_state_untouched(tmp_path, capsys, chan
     _rewrite(resume, change)
     clean, _ = make().certify(progress=False)
     search = make()
-    table, info = search.certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    table, info = search.certify(resume=Resume(resume, 1e9), progress=False)
     assert info["resumed"] is False and "ignoring the resume file" in capsys.readouterr().err
     assert table.equals(clean)
 
@@ -423,7 +430,7 @@ def test_an_inconsistent_resume_file_is_ignored(tmp_path, capsys, change):
     assert make().load(resume, _root(make)) is True  # the rewrite alone keeps the file valid
     _rewrite(resume, change)
     clean, _ = make().certify(progress=False)
-    table, info = make().certify(resume_file=resume, checkpoint_every=1e9, progress=False)
+    table, info = make().certify(resume=Resume(resume, 1e9), progress=False)
     err = capsys.readouterr().err
     assert info["resumed"] is False and err.count("ignoring the resume file") == 1 and table.equals(clean)
 
@@ -435,7 +442,7 @@ def _root(make):
 
     search = make()
     env = search.make()
-    obs, _ = env.reset(seed=search.env_seed)
+    obs, _ = env.reset(seed=search.problem.env_seed)
     return _Node(snapshot(env), to_obs(obs), 0, 0.0, False)
 
 
@@ -497,21 +504,27 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
 
 
 def test_every_setting_is_in_the_resume_key(tmp_path):
-    """The resume key is derived from every field of LoRe's settings (crop.certify.lore.LoReSettings): changing any one
-    changes it and a resume file written under the other settings is refused before anything of it is used; a
-    field added to the settings joins the key without a word more; the unchanged settings resume."""
+    """The resume key is derived from the environment (id, profile, factory) and every field of LoRe's settings
+    (crop.certify.lore.LoReSettings): changing any one changes it and a resume file written under the other
+    settings is refused before anything of it is used; a field added to the settings joins the key without a
+    word more; the unchanged settings resume."""
     from dataclasses import field, fields, make_dataclass, replace
 
     from crop.certify.lore import LoReSettings, Problem, Search
 
     net_kw, sm_args, kw = _case("toy")
     resume = tmp_path / "lore.resume"
-    dying = LoRe(smoother=_smoothed(net_kw, sm_args, seed=2, lives=5), **kw)
+    dying = _lore(_smoothed(net_kw, sm_args, seed=2, lives=5), **kw)
     with pytest.raises(Killed):
-        dying.certify(resume_file=resume, checkpoint_every=0.0, progress=False)
+        dying.certify(resume=Resume(resume, 0.0), progress=False)
     base = dying.settings
-    other = {"env_id": "toy2", "horizon": 9, "env_seed": 1, "gamma": 0.8, "profile": "vector",
-             "make": lambda: ToyWalk(signed=True), "reward_fn": lambda r: max(r, 0.0), "reward_key": "clip",
+    environment = {"env_id": "toy2", "profile": "vector", "make": lambda: ToyWalk(signed=True)}
+    for name, value in environment.items():
+        where = {"env_id": dying.env_id, "profile": dying.profile, "make": dying.make, name: value}
+        search = LoRe(where["env_id"], _smoothed(net_kw, sm_args, seed=2), base, profile=where["profile"],
+                      make=where["make"])
+        assert search.key() != dying.key() and search.load(resume, None) is False, name
+    other = {"horizon": 9, "env_seed": 1, "gamma": 0.8, "reward_fn": lambda r: max(r, 0.0), "reward_key": "clip",
              "eps_max": 1.0, "prune": False, "alpha_of": lambda i: 0.01 / i ** 2, "batch": 3,
              "max_nodes": 50, "reward_min": -1.0, "run_key": {"checkpoint_sha256": "0" * 64}}
     names = {f.name for f in fields(Problem)} | {f.name for f in fields(Search)} | {"run_key"}
@@ -524,7 +537,7 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
         else:
             extra = {"reward_min": -1.0} if name == "max_nodes" else {}
             changed = replace(base, search=replace(base.search, **{name: value}, **extra))
-        search = LoRe(changed, _smoothed(net_kw, sm_args, seed=2))
+        search = LoRe(dying.env_id, _smoothed(net_kw, sm_args, seed=2), changed, make=dying.make)
         assert search.key() != dying.key() and search.load(resume, None) is False, name
     # a field added to the settings is in the key
     Wider = make_dataclass("Wider", [("new_option", int, field(default=0))], bases=(Search,), frozen=True)
@@ -540,21 +553,22 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
             assert dying.key()["smoothing"]["device"] == "cpu"
             continue
         changed = {name: value, **({"v_min": 0.0, "v_max": 1.0} if name == "target" else {})}
-        search = LoRe(base, _smoothed(net_kw, sm_args, **{"seed": 2, **changed}))
+        search = LoRe(dying.env_id, _smoothed(net_kw, sm_args, **{"seed": 2, **changed}), base, make=dying.make)
         assert search.key() != dying.key() and search.load(resume, None) is False, name
-    again = LoRe(base, _smoothed(net_kw, sm_args, seed=2))
-    assert again.certify(resume_file=resume, checkpoint_every=1e9, progress=False)[1]["resumed"] is True
+    again = LoRe(dying.env_id, _smoothed(net_kw, sm_args, seed=2), base, make=dying.make)
+    assert again.certify(resume=Resume(resume, 1e9), progress=False)[1]["resumed"] is True
 
 
 def test_lore_functions_take_at_most_eight_parameters():
-    """crop/certify/lore.py: every function at most 8 parameters (self, *args and **options counted), every class at
-    most 8 fields — settings are grouped (Problem, Search), not passed one by one."""
+    """crop/certify/lore.py and lore_resume.py: every function at most 8 parameters (self, *args and **options
+    counted), every class at most 8 fields — settings are grouped (Problem, Search), not passed one by one."""
     import ast
 
     import crop.certify.lore
+    import crop.certify.lore_resume
 
-    tree = ast.parse(Path(crop.certify.lore.__file__).read_text())
-    for node in ast.walk(tree):
+    trees = [ast.parse(Path(m.__file__).read_text()) for m in (crop.certify.lore, crop.certify.lore_resume)]
+    for node in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
             n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)

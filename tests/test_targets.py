@@ -195,7 +195,7 @@ def test_ties_are_never_certified(bound):
 def test_lore_on_a_policy_network_equals_brute_force(mlp_factory, target, signed, prune):
     """LoRe's bound over the smoothed probabilities or votes equals the brute-force enumeration of every
     action sequence the radii allow, at every ε (tests/test_lore.py's check of the Q target)."""
-    from test_lore import CachedSmoother, ToyWalk, brute_force
+    from test_lore import CachedSmoother, ToyWalk, brute_force, lore_settings
 
     from crop.certify.lore import lore_bound_at, run_lore
 
@@ -203,7 +203,7 @@ def test_lore_on_a_policy_network_equals_brute_force(mlp_factory, target, signed
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)
     sm = CachedSmoother(net, SmoothingSettings(0.3, 2000, 0.0, 1.0, 0.05, seed=0, target=target), 3)
     make = lambda: ToyWalk(signed=signed)  # noqa: E731
-    table, _ = run_lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False)
+    table = run_lore("toy", sm, lore_settings(horizon, 0, prune=prune), make=make, progress=False).table
     radii = sorted({float(r) for e in sm.cache.values() for r in certify_estimate(e, sm.sigma, 0.0, 1.0).radii})
     assert len(radii) > 3, "the test network should produce several distinct radii"
     for eps in sorted({0.0, *radii, *[r + 1e-9 for r in radii], *[max(r - 1e-9, 0) for r in radii], 10.0}):

@@ -40,17 +40,10 @@ of the leaves below it; the bound at every ε is the
 minimum of the leaves reached and those contributions (proof: docs/statistics.md, "Bounded LoRe").  It is
 ≤ the unbounded search's bound at every ε, equal when the budget is not hit, and ``truncated`` says which.
 
-Long searches are resumable: the search state is written to a resume file at most every ``checkpoint_every``
-seconds and on SIGTERM (a cluster's wall-time kill; the process then exits with status 143), at any node; a
-run killed at any point and restarted with the same arguments continues from it and produces the same
-result, byte for byte.  The file holds data only (an ``.npz`` read with ``allow_pickle=False``: numbers, the
-memoised certificates and, instead of environment snapshots, each open node's action path from s₀, which a
-resumed search re-simulates from the seeded reset as the search built it, checking each node's return and
-observation digest).  It is keyed by every field of the search's settings (:class:`LoReSettings`, whose key
-is derived from all its fields), the smoother's settings and the network's parameters (a digest), and deleted
-on success (by the caller, once it has written the result, when it
-asks to); a file of another run, or one that cannot be read, is inconsistent or does not replay, is ignored
-with a line on stderr before anything of it is used, and the search starts afresh.
+Long searches are resumable (:mod:`crop.certify.lore_resume`): the search state is written to a resume file at
+most every :class:`Resume`'s ``every`` seconds and on SIGTERM (a cluster's wall-time kill; the process then exits
+with status 143), at any node; a run killed at any point and restarted with the same arguments continues from it
+and produces the same result, byte for byte.
 
 For the audit the search also returns every state it smoothed (:meth:`LoRe.states_table`, ``lore_states.csv``):
 its observation's digest, depth, critical ε, certificate (a₁, L(a₁), every action's radius) and α — what is
@@ -60,35 +53,26 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import io
-import json
 import math
 import os
-import signal
-import sys
 import time
-import zipfile
 from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from crop import columns as cols
+from crop.certify import lore_resume
 from crop.certify.loact import Certificate, certify_estimate
+from crop.certify.lore_resume import CHECKPOINT_EVERY, Resume, fn_digest, key_of, schedule_key, state_digest
 from crop.envs import make_env, restore, snapshot, to_obs
-from crop.io import count_value as _count
-from crop.io import real_value as _real
-from crop.io import sigterm_noted
 from crop.progress import pbar
 from crop.smoothing import stats
 from crop.smoothing.smoothed import SmoothedNetwork
 
-__all__ = ["LoRe", "LoReSettings", "Problem", "Search", "run_lore", "obs_digest", "lore_bound_at", "CHECKPOINT_EVERY"]
-
-#: Seconds between saves of the resumable search state.
-CHECKPOINT_EVERY = 60.0
+__all__ = ["LoRe", "LoReSettings", "LoReResult", "Problem", "Search", "Resume", "run_lore", "obs_digest",
+           "lore_bound_at", "CHECKPOINT_EVERY"]
 
 
 @dataclass
@@ -113,107 +97,10 @@ class _Node:
         return out[::-1]
 
 
-def _digest(obs: np.ndarray) -> bytes:
-    return hashlib.blake2b(obs.tobytes(), digest_size=16).digest()
-
-
 def obs_digest(obs: np.ndarray) -> str:
     """The hex digest that names an observation in ``lore_states.csv`` and ``attack_local_steps.csv`` (the
     audit matches an attacked step's clean state to the LoRe state of the same observation by it)."""
-    return _digest(np.asarray(obs)).hex()
-
-
-#: The resume file's members: name -> (dtype, dimensions); the file holds exactly these, stored uncompressed.
-_MEMBERS = {"header": ("u1", 1), "generator": ("u1", 1), "stack": ("i8", 1), "queue_r": ("f8", 1),
-            "queue_tie": ("i8", 1), "queue_node": ("i8", 1), "queue_a": ("i8", 1), "path_actions": ("i8", 1),
-            "path_ends": ("i8", 1), "node_J": ("f8", 1), "node_leaf": ("?", 1), "node_digest": ("u1", 2),
-            "memo_keys": ("u1", 1), "memo_ends": ("i8", 1), "memo_action": ("i8", 1), "memo_certified": ("?", 1),
-            "memo_radius": ("f8", 1), "memo_radii": ("f8", 2), "memo_lower": ("f8", 1), "memo_t": ("i8", 1),
-            "memo_eps": ("f8", 1)}
-
-
-def _members(z: zipfile.ZipFile, file_size: int) -> dict:
-    """The resume file's members by name, checked before any is read: exactly the known names, each stored
-    (not compressed) with its size at most the file's, the sizes summing to at most the file's size."""
-    infos = z.infolist()
-    names = [i.filename for i in infos]
-    if sorted(names) != sorted(f"{n}.npy" for n in _MEMBERS):
-        raise ValueError(f"members {sorted(names)[:20]} are not the resume file's")
-    if any(i.compress_type != zipfile.ZIP_STORED or i.compress_size != i.file_size for i in infos):
-        raise ValueError("a compressed member (a resume file is stored uncompressed)")
-    if sum(i.file_size for i in infos) > file_size:
-        raise ValueError("members larger than the file")
-    return {i.filename[:-4]: i for i in infos}
-
-
-def _read_npy(z: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.ndarray:
-    """One ``.npy`` member as an array of the dtype and dimensions :data:`_MEMBERS` expects; its declared shape
-    must match its bytes (no allocation beyond them), no object or pickled data."""
-    data = z.read(info)
-    fp = io.BytesIO(data)
-    version = np.lib.format.read_magic(fp)
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, fortran, dtype = read(fp)
-    kind, ndim = _MEMBERS[name]
-    if dtype != np.dtype(kind) or len(shape) != ndim or fortran:
-        raise ValueError(f"{name}: {dtype} of {len(shape)} dimensions, not {np.dtype(kind)} of {ndim}")
-    if name == "node_digest" and shape[1] != 16:
-        raise ValueError(f"{name}: digests of {shape[1]} bytes")
-    body = memoryview(data)[fp.tell():]
-    if math.prod(shape) * dtype.itemsize != len(body):
-        raise ValueError(f"{name}: shape {shape} does not match its {len(body)} bytes")
-    return np.frombuffer(body, dtype).reshape(shape)
-
-
-def _split(values: np.ndarray, ends: np.ndarray, name: str) -> list[np.ndarray]:
-    """``values`` cut at the cumulative ``ends`` (non-decreasing, from 0 to ``len(values)``)."""
-    if len(ends) == 0:
-        if len(values):
-            raise ValueError(f"{name} values without ends")
-        return []
-    if ends[0] < 0 or np.any(np.diff(ends) < 0) or ends[-1] != len(values):
-        raise ValueError(f"{name} ends not non-decreasing from 0 to {len(values)}")
-    return np.split(values, ends[:-1])
-
-
-def _net_digest(net) -> str:
-    """sha256 of a network's parameters and buffers (names, dtypes, shapes and bytes)."""
-    h = hashlib.sha256()
-    for name, t in net.state_dict().items():
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def _fn_digest(fn) -> str | None:
-    """A reward modification without a name: its code and constants (two lambdas differ where their code does)."""
-    if fn is None:
-        return None
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return repr(fn)
-    return hashlib.sha256(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode()).hexdigest()
-
-
-def _schedule_key(alpha_of) -> list | None:
-    """A per-state α schedule keyed by its first values (two schedules that agree there are the same rule)."""
-    return None if alpha_of is None else [float(alpha_of(i)) for i in (1, 2, 3)]
-
-
-def _key_of(obj) -> dict:
-    """Every field of a settings dataclass by name: as it is, a nested settings dataclass by its own key, a
-    function through its field's ``key`` metadata (a code digest, or a schedule's first values) — a callable
-    without one by its code digest.  So a field added to a settings class is in the key without a word more."""
-    out = {}
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if hasattr(value, "__dataclass_fields__"):
-            out[f.name] = _key_of(value)
-            continue
-        rule = f.metadata.get("key", _fn_digest if callable(value) else None)
-        out[f.name] = rule(value) if rule is not None else value
-    return out
+    return state_digest(np.asarray(obs)).hex()
 
 
 def _coerce(obj, **kinds) -> None:
@@ -226,21 +113,22 @@ def _coerce(obj, **kinds) -> None:
 
 @dataclass(frozen=True)
 class Problem:
-    """What LoRe certifies: the return of the episode from ``env_seed``'s reset (s₀) of ``env_id`` (built by
-    ``make`` when given, else ``make_env(env_id, profile)``) over ``horizon`` steps, discounted by ``gamma``,
-    each reward counted through ``reward_fn`` (a reward modification, named by ``reward_key``)."""
+    """What LoRe certifies: the return of the episode from ``env_seed``'s reset (s₀) over ``horizon`` steps,
+    discounted by ``gamma``, each reward counted through ``reward_fn`` (a reward modification, named by
+    ``reward_key``)."""
 
-    env_id: str
     horizon: int
     env_seed: int
     gamma: float = 1.0
-    profile: str | None = None
-    make: Callable | None = field(default=None, metadata={"key": _fn_digest})
-    reward_fn: Callable | None = field(default=None, metadata={"key": _fn_digest})
+    reward_fn: Callable | None = field(default=None, metadata={"key": fn_digest})
     reward_key: str | None = None
 
     def __post_init__(self):
-        _coerce(self, horizon=int, env_seed=int)
+        _coerce(self, horizon=int, env_seed=int, gamma=float)
+        if self.horizon < 0:
+            raise ValueError(f"horizon must be >= 0, got {self.horizon}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
 
 
 @dataclass(frozen=True)
@@ -254,7 +142,7 @@ class Search:
 
     eps_max: float = math.inf
     prune: bool = True
-    alpha_of: Callable | None = field(default=None, metadata={"key": _schedule_key})
+    alpha_of: Callable | None = field(default=None, metadata={"key": schedule_key})
     batch: int = 64
     max_nodes: int | None = None
     reward_min: float | None = None
@@ -265,6 +153,8 @@ class Search:
         if self.max_nodes is not None and (int(self.max_nodes) < 1 or self.reward_min is None):
             raise ValueError(f"max_nodes must be >= 1 and comes with reward_min, got {self.max_nodes}, "
                              f"{self.reward_min}")
+        if not self.eps_max >= 0:
+            raise ValueError(f"eps_max must be >= 0, got {self.eps_max}")
         _coerce(self, batch=int, max_nodes=int, reward_min=float)
 
 
@@ -272,33 +162,25 @@ class Search:
 class LoReSettings:
     """Every setting LoRe's search reads, in one frozen value: the :class:`Problem`, the :class:`Search` and
     ``run_key`` (what else names the run, e.g. the checkpoint's sha256).  :meth:`key`, the resume file's key,
-    is derived from all their fields (:func:`_key_of`), so an option added to any of them cannot be forgotten
-    there.  :meth:`of` builds it from the fields' names, flat."""
+    is derived from all their fields, so an option added to any of them cannot be forgotten there."""
 
     problem: Problem
     search: Search = Search()
     run_key: dict | None = None
 
-    @classmethod
-    def of(cls, env_id: str, horizon: int, env_seed: int, **options) -> LoReSettings:
-        """From flat options (each the name of a field of :class:`Problem`, :class:`Search` or ``run_key``); an
-        unknown one raises TypeError naming it."""
-        parts = {part: {k: options.pop(k) for k in list(options) if k in part.__dataclass_fields__}
-                 for part in (Problem, Search)}
-        run_key = options.pop("run_key", None)
-        if options:
-            raise TypeError(f"unknown LoRe settings: {sorted(options)}")
-        return cls(Problem(env_id, horizon, env_seed, **parts[Problem]), Search(**parts[Search]), run_key)
-
     def key(self) -> dict:
-        return _key_of(self)
+        return key_of(self)
 
-    def __getattr__(self, name: str):
-        """A field of the problem or the search read as the settings' own (``settings.horizon``)."""
-        for part in (self.__dict__.get("problem"), self.__dict__.get("search")):
-            if part is not None and name in part.__dataclass_fields__:
-                return getattr(part, name)
-        raise AttributeError(name)
+
+@dataclass(frozen=True)
+class LoReResult:
+    """What :func:`run_lore` returns: the step function (ε_i, J̲_i) (:meth:`LoRe.bound_table`, ``lore.csv``),
+    every state smoothed (:meth:`LoRe.states_table`, ``lore_states.csv``) and the search's record
+    (:meth:`LoRe.info`)."""
+
+    table: pd.DataFrame
+    states: pd.DataFrame
+    info: dict
 
 
 class LoRe:
@@ -310,23 +192,19 @@ class LoRe:
     (r(a), tie, node, a) for actions not yet possible (keyed by Theorem 4's radius r(a)), the memoised
     certificates ``memo`` (one per distinct observation, with its per-state α in ``alphas``), the bound
     ``J`` so far (the smallest return over the leaves reached) and the recorded ``pairs``.  :meth:`save`
-    and :meth:`load` write and read exactly these fields (an open node as its action path from s₀, and the
-    smoother's random state) so that a killed search resumes where it stopped; the search itself knows
-    nothing about files.
+    and :meth:`load` (:mod:`crop.certify.lore_resume`) write and read exactly these fields (an open node as its
+    action path from s₀, and the smoother's random state) so that a killed search resumes where it stopped.
 
-    Build it with its settings (a :class:`LoReSettings`, or the flat options of :meth:`LoReSettings.of`) and
-    the smoother; a setting reads as the search's own attribute (``self.horizon``).  :meth:`key`, the resume
-    file's key, is the settings' whole key with the smoother's settings and the network's digest.  One object
-    runs one search.
+    Build it with the environment (``env_id``, built by ``make`` when given, else ``make_env(env_id, profile)``),
+    the smoother and its :class:`LoReSettings` (read as ``self.problem`` and ``self.search``).  :meth:`key`, the
+    resume file's key, is the settings' whole key with the environment, the smoother's settings and the
+    network's digest.  One object runs one search.
     """
 
-    #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
-    RESUME_FORMAT = 6
-
-    def __init__(self, settings: LoReSettings | None = None, smoother: SmoothedNetwork | None = None, **options):
-        self.settings = settings if settings is not None else LoReSettings.of(**options)
-        if settings is not None and options:
-            raise TypeError(f"LoRe takes its settings or options, not both: {sorted(options)}")
+    def __init__(self, env_id: str, smoother: SmoothedNetwork, settings: LoReSettings, *,
+                 profile: str | None = None, make: Callable | None = None):
+        self.env_id, self.profile, self.make = env_id, profile, make
+        self.settings, self.problem, self.search = settings, settings.problem, settings.search
         self.smoother = smoother
         self._network = None                                   # its network digest, once computed
         # Algorithm 3's state (everything save/load carries)
@@ -350,30 +228,25 @@ class LoRe:
 
     # ---- the search ---------------------------------------------------------------------------------------
 
-    def certify(self, *, resume_file=None, checkpoint_every: float = CHECKPOINT_EVERY,
-                progress: bool | None = None, remove_resume: bool = True) -> tuple[pd.DataFrame, dict]:
+    def certify(self, *, resume: Resume | None = None, progress: bool | None = None) -> tuple[pd.DataFrame, dict]:
         """Run Algorithm 3 to the end (or to ``eps_max``, or to the node budget): the table (ε_i, J̲_i) and the
-        search's record.
-
-        ``resume_file``: where the search state is saved at most every ``checkpoint_every`` seconds and on
-        SIGTERM (and resumed from when it matches this run); deleted on success unless ``remove_resume`` is
-        false (a caller that writes the result deletes it once the result is written).
-        """
+        search's record.  ``resume``: where the search state is saved (and resumed from when it matches this
+        run), how often, and whether the file is deleted on success (:class:`Resume`)."""
         started = time.time()
         # The working environment (Atari restores every snapshot into it), also when resuming.
         self.env = self.make() if self.make is not None else make_env(self.env_id, self.profile)
-        obs, _ = self.env.reset(seed=self.env_seed)
-        root = _Node(snapshot(self.env), to_obs(obs), 0, 0.0, self.horizon == 0)
+        obs, _ = self.env.reset(seed=self.problem.env_seed)
+        root = _Node(snapshot(self.env), to_obs(obs), 0, 0.0, self.problem.horizon == 0)
         self._bar = pbar(desc=f"LoRe σ={self.smoother.sigma:g}", unit="node", progress=progress)
-        resumed = resume_file is not None and self.load(resume_file, root)
+        resumed = resume is not None and self.load(resume.path, root)
         if not resumed:
             self.stack.append(root)  # Algorithm 3 starts at s₀ with ε = 0
-        if resume_file is not None:
-            self._autosave = (resume_file, checkpoint_every, time.time())
+        if resume is not None:
+            self._autosave = (resume.path, resume.every, time.time())
         # The search as a loop over (stack, queue) alone, so it can be saved and resumed at any node.
-        with self._save_on_sigterm():
+        with lore_resume.save_on_sigterm(self):
             while True:
-                self._checkpoint()
+                lore_resume.checkpoint(self)
                 self.drain(self.eps)
                 if self.queue and self.queue[0][0] <= self.eps and not self.truncated:
                     # equal radii: expand all before recording
@@ -389,14 +262,14 @@ class LoRe:
                 self.record(self.eps, self.J)
                 if not self.queue:
                     break
-                if self.queue[0][0] > self.eps_max:
+                if self.queue[0][0] > self.search.eps_max:
                     self.valid_until = self.queue[0][0]
                     break
                 self.eps = self.queue[0][0]  # the next critical ε: the smallest radius not yet reached
         self._bar.close()
         self.env.close()
-        if remove_resume and resume_file is not None and os.path.exists(resume_file):
-            os.unlink(resume_file)
+        if resume is not None and resume.remove and os.path.exists(resume.path):
+            os.unlink(resume.path)
         return self.bound_table(), self.info(resumed, started)
 
     def drain(self, eps: float) -> None:
@@ -404,7 +277,7 @@ class LoRe:
         action with r(a) ≤ ε is followed, the others wait in the queue keyed by r(a).  The first child the
         node budget refuses stops the search (:meth:`close`), the actions of that node waiting in the queue."""
         while self.stack:
-            self._checkpoint()
+            lore_resume.checkpoint(self)
             node = self.stack.pop()
             if self.pruned(node):
                 continue
@@ -433,7 +306,7 @@ class LoRe:
 
     def spent(self) -> bool:
         """The node budget is spent: the tree holds ``max_nodes`` nodes (the root and every child created)."""
-        return self.max_nodes is not None and self.transitions + 1 >= self.max_nodes
+        return self.search.max_nodes is not None and self.transitions + 1 >= self.search.max_nodes
 
     def worst(self, nodes: list[_Node]) -> dict[int, float]:
         """The lowest return of any trajectory through each open node (its leaves, at any ε), by ``id``: the
@@ -442,12 +315,12 @@ class LoRe:
         (rounding to nearest is monotone, so no leaf below the node is computed lower), then rounded down one
         more step: it is ≤ every computed leaf return below the node, not only up to rounding."""
         J = np.array([n.J for n in nodes], np.float64)
-        if self.reward_min < 0 and nodes:
+        if self.search.reward_min < 0 and nodes:
             t = np.array([n.t for n in nodes], np.int64)
             inner = ~np.array([n.leaf for n in nodes], bool)
-            for k in range(int(t[inner].min()) if inner.any() else self.horizon, self.horizon):
+            for k in range(int(t[inner].min()) if inner.any() else self.problem.horizon, self.problem.horizon):
                 live = inner & (t <= k)
-                J[live] = J[live] + (self.gamma ** k) * self.reward_min
+                J[live] = J[live] + (self.problem.gamma ** k) * self.search.reward_min
             J[inner] = np.nextafter(J[inner], -np.inf)
         return {id(n): float(j) for n, j in zip(nodes, J)}
 
@@ -469,14 +342,14 @@ class LoRe:
             self.record(self.eps, bound)
             if not self.queue:
                 break
-            if self.queue[0][0] > self.eps_max:
+            if self.queue[0][0] > self.search.eps_max:
                 self.valid_until = self.queue[0][0]
                 break
             self.eps = self.queue[0][0]
 
     def pruned(self, node: _Node) -> bool:
         """A node whose return so far already reaches the bound cannot lower it (rewards ≥ 0 only)."""
-        return self.prune and node.J >= self.J
+        return self.search.prune and node.J >= self.J
 
     def certificate(self, node: _Node) -> Certificate:
         """Theorem 4's radii r(a) at the node's observation (Algorithm 1 with fresh noise), once per
@@ -494,7 +367,7 @@ class LoRe:
         resumed search forms the same batches."""
         out, seen = [node], {node.obs.tobytes()}
         for n in reversed(self.stack):
-            if len(out) >= self.batch:
+            if len(out) >= self.search.batch:
                 break
             k = n.obs.tobytes()
             if k not in seen and k not in self.memo and not n.leaf and not self.pruned(n):
@@ -506,10 +379,10 @@ class LoRe:
         """Algorithm 1 for the nodes' observations in one :meth:`SmoothedNetwork.estimate_batch` call (fresh
         noise for each); the i-th distinct state smoothed overall spends α_i = ``alpha_of(i)``."""
         sm, i0 = self.smoother, len(self.memo)
-        alphas = [sm.alpha] * len(nodes) if self.alpha_of is None else \
-            [float(self.alpha_of(i0 + 1 + j)) for j in range(len(nodes))]
+        alphas = [sm.alpha] * len(nodes) if self.search.alpha_of is None else \
+            [float(self.search.alpha_of(i0 + 1 + j)) for j in range(len(nodes))]
         ests = sm.estimate_batch(np.stack([n.obs for n in nodes]), [f"LoRe node t={n.t}" for n in nodes],
-                                 alpha=None if self.alpha_of is None else alphas)
+                                 alpha=None if self.search.alpha_of is None else alphas)
         self.smoothing_calls += 1
         for n, a, est in zip(nodes, alphas, ests):
             cert = certify_estimate(est, sm.sigma, sm.v_min, sm.v_max)
@@ -520,10 +393,11 @@ class LoRe:
     def expand(self, node: _Node, a: int) -> _Node:
         """The child reached by taking action ``a`` at ``node`` (from the node's snapshot, never in place)."""
         child, reward = self.step(node, a)
-        if self.prune and reward < 0:  # pruning on a negative reward would cut a lower return: unsound
+        if self.search.prune and reward < 0:  # pruning on a negative reward would cut a lower return: unsound
             self._false_reward_range(f"reward {reward} < 0 in a search that prunes (rewards declared non-negative)")
-        if self.reward_min is not None and reward < self.reward_min:  # the budget's worst cases would be unsound
-            self._false_reward_range(f"reward {reward} < {self.reward_min}, the lowest reward declared")
+        # a reward below reward_min would make the budget's worst cases unsound
+        if self.search.reward_min is not None and reward < self.search.reward_min:
+            self._false_reward_range(f"reward {reward} < {self.search.reward_min}, the lowest reward declared")
         self.transitions += 1
         self._bar.update(1)
         return child
@@ -532,9 +406,9 @@ class LoRe:
         """One transition from the node's snapshot: the child and the reward as the search counts it."""
         e = restore(self.env, node.snap)  # the working instance for Atari, a fresh copy otherwise
         obs, reward, terminated, truncated, _ = e.step(int(a))
-        reward = float(reward if self.reward_fn is None else self.reward_fn(reward))
-        done = bool(terminated or truncated) or node.t + 1 >= self.horizon
-        return _Node(snapshot(e), to_obs(obs), node.t + 1, node.J + (self.gamma ** node.t) * reward, done,
+        reward = float(reward if self.problem.reward_fn is None else self.problem.reward_fn(reward))
+        done = bool(terminated or truncated) or node.t + 1 >= self.problem.horizon
+        return _Node(snapshot(e), to_obs(obs), node.t + 1, node.J + (self.problem.gamma ** node.t) * reward, done,
                      (int(a), node.path)), reward
 
     def _false_reward_range(self, what: str):
@@ -565,6 +439,18 @@ class LoRe:
         """The step function (ε_i, J̲_i): for every ε ∈ [ε_i, ε_{i+1}), J_ε(π̃) ≥ J̲_i (Theorem 4)."""
         return pd.DataFrame(self.pairs, columns=[cols.EPS, cols.LOWER_BOUND])
 
+    def key(self) -> dict:
+        """The resume file's key (:func:`crop.certify.lore_resume.resume_key`)."""
+        return lore_resume.resume_key(self)
+
+    def save(self, path) -> None:
+        """Write the search state to ``path`` (:func:`crop.certify.lore_resume.save`)."""
+        lore_resume.save(self, path)
+
+    def load(self, path, root: _Node) -> bool:
+        """Restore the state saved at ``path`` if it belongs to this run (:func:`crop.certify.lore_resume.load`)."""
+        return lore_resume.load(self, path, root)
+
     def info(self, resumed: bool, started: float) -> dict:
         """What the search did and the confidence it holds with (union bound over the states smoothed)."""
         n = len(self.memo)
@@ -572,18 +458,18 @@ class LoRe:
         return {
             "distinct_states_smoothed": n,
             "smoothing_calls": self.smoothing_calls,
-            "batch": self.batch,
+            "batch": self.search.batch,
             "resumed": resumed,
             "transitions": self.transitions,
             "nodes": self.transitions + 1,
-            "max_nodes": self.max_nodes,
+            "max_nodes": self.search.max_nodes,
             "truncated": self.truncated,
             "exact_below_eps": self.exact_below,
             "leaves": self.leaves,
             "valid_until_eps": self.valid_until,
-            "eps_max": self.eps_max,
-            "pruning": self.prune,
-            "per_state_alpha": self.smoother.alpha if self.alpha_of is None else None,
+            "eps_max": self.search.eps_max,
+            "pruning": self.search.prune,
+            "per_state_alpha": self.smoother.alpha if self.search.alpha_of is None else None,
             "per_state_alpha_first": alphas[0] if alphas else None,
             "per_state_alpha_last": alphas[-1] if alphas else None,
             "alpha_spent": float(sum(alphas)),
@@ -592,243 +478,15 @@ class LoRe:
             "nodes_per_s": round(self.transitions / max(time.time() - started, 1e-9), 2),
         }
 
-    # ---- resume: kept apart from the search ------------------------------------------------------------------
 
-    def key(self) -> dict:
-        """What identifies this run: a resume file written under another key is ignored.  Every field of
-        :class:`LoReSettings` (:meth:`LoReSettings.key`: a setting added there is in the key without a word
-        here), every field of the smoother's
-        :class:`crop.smoothing.smoothed.SmoothingSettings` (its device as resolved),
-        the smoothed network's parameters (a digest) and the file's layout: a file left by another network,
-        checkpoint or option never resumes."""
-        sm = self.smoother
-        smoothing = {**_key_of(sm.settings), "device": str(sm.device)}
-        return {"format": self.RESUME_FORMAT, **self.settings.key(), "smoothing": smoothing,
-                "n_actions": sm.n_actions, "network": self._network_digest()}
-
-    def __getattr__(self, name: str):
-        """A setting (:class:`LoReSettings`) read as the search's own attribute (``self.horizon``)."""
-        settings = self.__dict__.get("settings")
-        if settings is None:
-            raise AttributeError(name)
-        return getattr(settings, name)
-
-    def _network_digest(self) -> str:
-        """sha256 of the smoothed network's parameters, computed once (the key is built at every save)."""
-        if self._network is None:
-            self._network = _net_digest(self.smoother.net)
-        return self._network
-
-    def save(self, path) -> None:
-        """Write the whole search state and the smoother's random state (noise generator and randomised
-        rounding stream) to ``path`` atomically, as data only: arrays and a JSON header in an ``.npz``.  The
-        open nodes (on the stack or in the queue) are stored as their action paths from s₀, with their
-        return and a digest of their observation for the replay's check."""
-        from crop.io import atomic_write_bytes
-
-        nodes, index = [], {}
-        for n in [*self.stack, *(q[2] for q in self.queue)]:
-            if id(n) not in index:
-                index[id(n)] = len(nodes)
-                nodes.append(n)
-        paths = [n.actions() for n in nodes]
-        keys = list(self.memo)
-        certs = list(self.memo.values())
-        state = self.smoother.get_state()
-        header = {"key": self.key(), "rounding": state["rounding"], "calls": state["calls"], "alphas": self.alphas,
-                  "pairs": self.pairs, "eps": self.eps, "J": self.J, "transitions": self.transitions,
-                  "leaves": self.leaves, "tie": self.tie, "smoothing_calls": self.smoothing_calls,
-                  "truncated": self.truncated, "exact_below": self.exact_below}
-        arrays = {
-            "header": np.frombuffer(json.dumps(header).encode(), np.uint8),
-            "generator": np.asarray(state["generator"].cpu().numpy(), np.uint8),
-            "stack": np.array([index[id(n)] for n in self.stack], np.int64),
-            "queue_r": np.array([q[0] for q in self.queue], np.float64),
-            "queue_tie": np.array([q[1] for q in self.queue], np.int64),
-            "queue_node": np.array([index[id(q[2])] for q in self.queue], np.int64),
-            "queue_a": np.array([q[3] for q in self.queue], np.int64),
-            "path_actions": np.array([a for p in paths for a in p], np.int64),
-            "path_ends": np.cumsum([len(p) for p in paths], dtype=np.int64),
-            "node_J": np.array([n.J for n in nodes], np.float64),
-            "node_leaf": np.array([n.leaf for n in nodes], bool),
-            "node_digest": np.array([np.frombuffer(_digest(n.obs), np.uint8) for n in nodes], np.uint8).reshape(-1, 16),
-            "memo_keys": np.frombuffer(b"".join(keys), np.uint8),
-            "memo_ends": np.cumsum([len(k) for k in keys], dtype=np.int64),
-            "memo_action": np.array([c.action for c in certs], np.int64),
-            "memo_certified": np.array([c.certified for c in certs], bool),
-            "memo_radius": np.array([c.radius for c in certs], np.float64),
-            "memo_radii": np.array([c.radii for c in certs], np.float64).reshape(len(certs), self.smoother.n_actions),
-            "memo_t": np.array([t for t, _, _ in self.smoothed], np.int64),
-            "memo_eps": np.array([e for _, e, _ in self.smoothed], np.float64),
-            "memo_lower": np.array([low for _, _, low in self.smoothed], np.float64),
-        }
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        atomic_write_bytes(path, buf.getvalue())
-
-    def load(self, path, root: _Node) -> bool:
-        """Restore the state saved by :meth:`save` if ``path`` exists and belongs to this run.  The file is
-        data and is checked like any input before anything of it is used: a zip of the known members only,
-        stored uncompressed with sizes summing to at most the file's (so it takes no more memory than its
-        size), the header read first and its key compared before the rest is read; then every array's type,
-        shape and range, each node's replay (its return and observation digest checked as soon as it is
-        re-simulated) and the state's internal consistency (:meth:`_restore`).  A file failing any check is
-        ignored with one line on stderr; the search's fields and the smoother's random state change only
-        once all checks have passed."""
-        if not os.path.exists(path):
-            return False
-        try:
-            with zipfile.ZipFile(path) as z:
-                members = _members(z, os.path.getsize(path))
-                header = json.loads(bytes(_read_npy(z, members["header"], "header")).decode())
-                if not isinstance(header, dict) or header.get("key") != json.loads(json.dumps(self.key())):
-                    print(f"LoRe: {path} belongs to another run (other settings); starting afresh", file=sys.stderr)
-                    return False
-                f = {name: _read_npy(z, info, name) for name, info in members.items() if name != "header"}
-            state, smoother_state = self._restore(header, f, root)
-            previous = self.smoother.get_state()
-            try:
-                self.smoother.set_state(smoother_state)
-            except Exception:
-                self.smoother.set_state(previous)
-                raise
-        except Exception as exc:  # noqa: BLE001 -- any content of an untrusted file: ignore it, run afresh
-            print(f"LoRe: ignoring the resume file {path} ({type(exc).__name__}: {str(exc)[:200]}); starting afresh",
-                  file=sys.stderr)
-            return False
-        for name, value in state.items():
-            setattr(self, name, value)
-        return True
-
-    def _restore(self, header: dict, f: dict, root: _Node) -> tuple[dict, dict]:
-        """The search state and the smoother's random state of a resume file's contents (nothing set yet);
-        raises ValueError where they do not describe a consistent search of this run."""
-        import torch
-
-        n_actions, obs_bytes = self.smoother.n_actions, root.obs.nbytes
-        scalars = {k: _count(header.get(k), k) for k in ("transitions", "leaves", "tie", "smoothing_calls", "calls")}
-        eps, J = _real(header.get("eps"), "eps"), _real(header.get("J"), "J")
-        exact_below = None if header.get("exact_below") is None else _real(header["exact_below"], "exact_below")
-        if (exact_below is None) == header.get("truncated") or (exact_below is not None and exact_below > eps):
-            raise ValueError("exact_below does not go with truncated, or lies beyond eps")
-        if not isinstance(header.get("truncated"), bool) or not isinstance(header.get("alphas"), list) or \
-                not isinstance(header.get("pairs"), list) or not isinstance(header.get("rounding"), dict):
-            raise ValueError("header fields of the wrong type")
-        alphas = [_real(a, "alphas") for a in header["alphas"]]
-        if any(not 0 < a < 1 for a in alphas):
-            raise ValueError("a per-state alpha outside (0, 1)")
-        pairs = []
-        for pair in header["pairs"]:
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise ValueError("a recorded pair is not (eps, bound)")
-            pairs.append((_real(pair[0], "pairs"), _real(pair[1], "pairs")))
-        if any(e1 > e2 for (e1, _), (e2, _) in zip(pairs, pairs[1:])) or (pairs and eps < pairs[-1][0]):
-            raise ValueError("the recorded pairs are not in order of eps up to the current eps")
-        paths = _split(f["path_actions"], f["path_ends"], "path")
-        if any(len(p) and (p.min() < 0 or p.max() >= n_actions or len(p) > self.horizon) for p in paths):
-            raise ValueError("an action path outside the search's actions or horizon")
-        if not len(f["node_J"]) == len(f["node_leaf"]) == len(f["node_digest"]) == len(paths):
-            raise ValueError("node arrays of different lengths")
-        keys = _split(f["memo_keys"], f["memo_ends"], "memo")
-        if any(len(k) != obs_bytes for k in keys):
-            raise ValueError("a memoised observation of another size")
-        radii = f["memo_radii"]
-        if radii.shape[1:] != (n_actions,) or not len(keys) == len(radii) == len(f["memo_action"]) == \
-                len(f["memo_certified"]) == len(f["memo_radius"]) == len(alphas) == len(f["memo_t"]) == \
-                len(f["memo_eps"]) == len(f["memo_lower"]):
-            raise ValueError("certificates of another action count, or not one per memoised state and alpha")
-        if len(f["memo_action"]) and (f["memo_action"].min() < 0 or f["memo_action"].max() >= n_actions):
-            raise ValueError("a certified action outside the search's actions")
-        n_queue = len(f["queue_r"])
-        if not len(f["queue_tie"]) == len(f["queue_node"]) == len(f["queue_a"]) == n_queue:
-            raise ValueError("queue arrays of different lengths")
-        for name, index, bound in (("stack", f["stack"], len(paths)), ("queue_node", f["queue_node"], len(paths)),
-                                   ("queue_a", f["queue_a"], n_actions)):
-            if len(index) and (index.min() < 0 or index.max() >= bound):
-                raise ValueError(f"{name} indices outside [0, {bound})")
-        ties = f["queue_tie"]
-        if len(np.unique(ties)) != n_queue or (n_queue and (ties.min() < 1 or ties.max() > scalars["tie"])):
-            raise ValueError("queue ties not unique or beyond the tie counter")
-        memo = {k.tobytes(): Certificate(int(a), bool(c), float(r), rr, None) for k, a, c, r, rr in
-                zip(keys, f["memo_action"], f["memo_certified"], f["memo_radius"], radii, strict=True)}
-        nodes = self._replay(root, [tuple(int(a) for a in p) for p in paths],
-                             list(zip(f["node_J"], f["node_leaf"], f["node_digest"])))
-        queue = [(float(r), int(t), nodes[i], int(a)) for r, t, i, a in
-                 zip(f["queue_r"], ties, f["queue_node"], f["queue_a"], strict=True)]
-        for r, _, node, a in queue:  # a queued action waits at its parent's certified radius
-            cert = memo.get(node.obs.tobytes())
-            if cert is None or float(cert.radii[a]) != r:
-                raise ValueError(f"a queued radius that is not its node's certificate's (t={node.t})")
-        heapq.heapify(queue)  # a no-op on the saved heap; the pop order is fixed by the unique ties anyway
-        if len(f["memo_t"]) and (f["memo_t"].min() < 0 or f["memo_t"].max() >= max(self.horizon, 1)
-                                 or np.any(f["memo_eps"] > eps)):
-            raise ValueError("a smoothed state's depth outside the horizon, or its eps beyond the current eps")
-        smoothed = [(int(t), float(e), float(low)) for t, e, low in zip(f["memo_t"], f["memo_eps"], f["memo_lower"])]
-        state = {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo, "alphas": alphas,
-                 "smoothed": smoothed,
-                 "pairs": pairs, "eps": eps, "J": J, "truncated": header["truncated"], "exact_below": exact_below,
-                 **{k: scalars[k] for k in ("transitions", "leaves", "tie", "smoothing_calls")}}
-        return state, {"generator": torch.from_numpy(f["generator"].copy()), "rounding": header["rounding"],
-                       "calls": scalars["calls"]}
-
-    def _replay(self, root: _Node, paths: list[tuple[int, ...]], expected: list) -> list[_Node]:
-        """The nodes at ``paths`` (action paths from s₀), re-simulated as the search built them (each child by
-        :meth:`step` from its parent's snapshot), every shared prefix once; each is checked against its
-        ``expected`` (return, leaf, observation digest) as soon as it is reached."""
-        trie: dict = {}
-        for i, p in enumerate(paths):
-            d = trie
-            for a in p:
-                d = d.setdefault(a, {})
-            d.setdefault(None, []).append(i)
-        out: list = [None] * len(paths)
-        todo = [(root, trie)]
-        while todo:
-            node, d = todo.pop()
-            for i in d.get(None, ()):
-                J, leaf, digest = expected[i]
-                if node.J != float(J) or node.leaf != bool(leaf) or _digest(node.obs) != digest.tobytes():
-                    raise ValueError(f"the environment does not replay the saved node at t={node.t} (not "
-                                     "deterministic from its seed?)")
-                out[i] = node
-            if node.leaf and len(d) > (None in d):
-                raise ValueError(f"a saved path continues past a leaf at t={node.t}")
-            todo += [(self.step(node, a)[0], sub) for a, sub in d.items() if a is not None]
-        return out
-
-    @contextmanager
-    def _save_on_sigterm(self):
-        """While the search runs with a resume file: SIGTERM (a cluster's wall-time kill, SIGKILL follows after
-        a grace period) is noted and handled at the next node, where the state is consistent (:meth:`_checkpoint`)."""
-        if self._autosave is None:
-            yield
-            return
-        with sigterm_noted(lambda signum: setattr(self, "_signal", signum)):
-            yield
-
-    def _checkpoint(self) -> None:
-        """Save the state when ``checkpoint_every`` seconds have passed; on SIGTERM save it and exit (143)."""
-        if self._autosave is None:
-            return
-        path, every, last = self._autosave
-        if self._signal is not None or time.time() - last >= every:
-            self.save(path)
-            self._autosave = (path, every, time.time())
-        if self._signal is not None:
-            print(f"LoRe: {signal.Signals(self._signal).name}: search state saved to {path} after "
-                  f"{self.transitions + 1} nodes; the same command resumes it", file=sys.stderr)
-            raise SystemExit(128 + self._signal)
-
-
-def run_lore(env_id: str, smoother: SmoothedNetwork, horizon: int, env_seed: int, **options):
-    """Algorithm 3 (:class:`LoRe`) in one call: the table (ε_i, J̲_i) and the search's record, and with
-    ``states=True`` also :meth:`LoRe.states_table`.  ``options``: the fields of :class:`LoReSettings`, and
-    ``resume_file``, ``checkpoint_every``, ``progress``, ``remove_resume`` of :meth:`LoRe.certify`."""
-    run = {k: options.pop(k) for k in ("resume_file", "checkpoint_every", "progress", "remove_resume") if k in options}
-    states = options.pop("states", False)
-    search = LoRe(LoReSettings.of(env_id, horizon, env_seed, **options), smoother)
-    table, info = search.certify(**run)
-    return (table, info, search.states_table()) if states else (table, info)
+def run_lore(env_id: str, smoother: SmoothedNetwork, settings: LoReSettings, *, profile: str | None = None,
+             progress: bool | None = None, make: Callable | None = None, resume: Resume | None = None) -> LoReResult:
+    """Algorithm 3 (:class:`LoRe`) from ``settings.problem.env_seed``'s reset of ``env_id``: the table
+    (ε_i, J̲_i), every state smoothed and the search's record (:class:`LoReResult`).  ``make``: an environment
+    factory in place of ``make_env(env_id, profile)``; ``resume``: the resume file (:class:`Resume`)."""
+    search = LoRe(env_id, smoother, settings, profile=profile, make=make)
+    table, info = search.certify(resume=resume, progress=progress)
+    return LoReResult(table, search.states_table(), info)
 
 
 def lore_bound_at(table: pd.DataFrame, eps: float, valid_until: float = math.inf) -> float:

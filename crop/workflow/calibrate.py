@@ -215,7 +215,7 @@ def _lore_transition_s(env: str, net, k: int, smooth_sample_s: float, device: st
     bookkeeping — from full searches (no pruning) of two small trees, depth d and d + 1, 16 samples per state:
     their difference in seconds, less its smoothing, over their difference in transitions, so that what a
     search pays once (making and resetting its environment: two ROM loads on Atari) cancels out."""
-    from crop.certify.lore import run_lore
+    from crop.certify.lore import LoReSettings, Problem, Search, run_lore
     from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
     depth = {"CartPole-v0": 8, "FreewayNoFrameskip-v4": 4}.get(env, 2)
@@ -226,7 +226,7 @@ def _lore_transition_s(env: str, net, k: int, smooth_sample_s: float, device: st
 
         def run():
             sm = SmoothedNetwork(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
-            info.update(run_lore(env, sm, d, 0, prune=False, progress=False)[1])
+            info.update(run_lore(env, sm, LoReSettings(Problem(d, 0), Search(prune=False)), progress=False).info)
 
         return _best(run, repeats=2), info
 

@@ -98,10 +98,9 @@ COMMANDS = {
 # per-run stage's handler is its row's.
 HANDLERS = {"train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
             "fetch": "crop.handlers.policies:cmd_fetch", "checkpoint": "crop.handlers.policies:cmd_checkpoint",
-            "import": "crop.handlers.policies:cmd_import", "aggregate": "crop.handlers.stages:cmd_aggregate",
-            "audit": "crop.handlers.stages:cmd_audit", "validate-config": "crop.workflow.commands:cmd_validate_config",
-            "calibrate": "crop.workflow.commands:cmd_calibrate",
-            "plan": "crop.workflow.commands:cmd_plan"}
+            "import": "crop.handlers.policies:cmd_import", "aggregate": "crop.handlers.report:cmd_aggregate",
+            "audit": "crop.handlers.report:cmd_audit", "validate-config": "crop.workflow.commands:cmd_validate_config",
+            "calibrate": "crop.workflow.commands:cmd_calibrate", "plan": "crop.workflow.commands:cmd_plan"}
 
 
 def _subcommands() -> dict[str, tuple[str, str, str]]:
