@@ -67,6 +67,7 @@ from crop.certify import lore_resume
 from crop.certify.loact import Certificate, certify_estimate
 from crop.certify.lore_resume import CHECKPOINT_EVERY, Resume, fn_digest, key_of, schedule_key, state_digest
 from crop.envs import make_env, restore, snapshot, to_obs
+from crop.names import default_of
 from crop.progress import pbar
 from crop.smoothing import stats
 from crop.smoothing.smoothed import SmoothedNetwork
@@ -119,7 +120,7 @@ class Problem:
 
     horizon: int
     env_seed: int
-    gamma: float = 1.0
+    gamma: float = default_of("environment.lore.gamma")
     reward_fn: Callable | None = field(default=None, metadata={"key": fn_digest})
     reward_key: str | None = None
 
@@ -144,7 +145,7 @@ class Search:
     prune: bool = True
     alpha_of: Callable | None = field(default=None, metadata={"key": schedule_key})
     batch: int = 64
-    max_nodes: int | None = None
+    max_nodes: int | None = default_of("environment.lore.max_nodes")
     reward_min: float | None = None
 
     def __post_init__(self):
