@@ -1047,9 +1047,10 @@ def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(result
     """P[leave] counts a two-action step LoAct did not certify beyond ε as 0 (both actions stay in LoRe's tree)
     only while LoRe's per-state α is at most LoAct's; a LoRe with a larger α may have certified it, and the
     step then counts 1."""
-    from crop.report.checks import _chance_inputs, lore_leave_chance
+    from crop.report.check_inputs import chance_inputs
+    from crop.report.checks_lore import lore_leave_chance
 
-    c = _chance_inputs(_run(results), "CartPole-v0", 2)
+    c = chance_inputs(_run(results), "CartPole-v0", 2)
     steps = c["steps"]
     horizon = int((steps["episode"] == steps["episode"].min()).sum())
     nested, note = lore_leave_chance(c, 0.1, 0.0, horizon)
@@ -1087,7 +1088,8 @@ def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_pa
     every piece whose tree excludes an action at LoRe's s0 costs every attacked path a leave bound near 1 there,
     and the check moves to the whole search's piece, which excludes nothing; a return planted below it in
     every run FAILs too."""
-    from crop.report.checks import _chance_inputs, lore_leave_chance
+    from crop.report.check_inputs import chance_inputs
+    from crop.report.checks_lore import lore_leave_chance
 
     root = tmp_path / "tie"
     shutil.copytree(pristine27, root)
@@ -1096,7 +1098,7 @@ def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_pa
     for d in runs:
         _near_tie(d, sigmas[d])
     d0 = runs[0]
-    assert lore_leave_chance(_chance_inputs(d0, "CartPole-v0", 2), sigmas[d0], 0.0, 6)[0] > 0.99  # T_0: untestable
+    assert lore_leave_chance(chance_inputs(d0, "CartPole-v0", 2), sigmas[d0], 0.0, 6)[0] > 0.99  # T_0: untestable
     rep = audit(root, root / "audit")
     at0 = [c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["eps"] == 0]
     assert len(at0) == 27 and rep["untestable"] == 0 and rep["verdict"] == "PASS"
@@ -1136,7 +1138,8 @@ def test_flip_bounds_count_the_networks_actions_not_the_envs(results):
     (model.json's net_spec), which may exceed the game's action count, and never falls below the radius columns
     LoRe wrote for the smoother it used (model.json is not hashed); with neither, the flip check is unassessed
     with why, never priced with the environment's count."""
-    from crop.report.checks import _chance_inputs, _network_actions, check_certified_steps_not_flipped
+    from crop.report.check_inputs import chance_inputs
+    from crop.report.checks import _network_actions, check_certified_steps_not_flipped
 
     d = _run(results)
     run = str(d.relative_to(results))
@@ -1144,11 +1147,11 @@ def test_flip_bounds_count_the_networks_actions_not_the_envs(results):
     meta = json.loads(record.read_text())
     assert _network_actions(results, run) == 2
     record.write_text(json.dumps({**meta, "net_spec": {**meta["net_spec"], "out": 18}}))
-    assert _network_actions(results, run) == 18 and _chance_inputs(d, "CartPole-v0", 18)["n_actions"] == 18
+    assert _network_actions(results, run) == 18 and chance_inputs(d, "CartPole-v0", 18)["n_actions"] == 18
     record.write_text(json.dumps({**meta, "net_spec": {"arch": "mlp"}}))
-    assert _network_actions(results, run) is None and _chance_inputs(d, "CartPole-v0", None)["n_actions"] == 2
+    assert _network_actions(results, run) is None and chance_inputs(d, "CartPole-v0", None)["n_actions"] == 2
     (d / RUN_FILES["lore_states"]).unlink()
-    chance = _chance_inputs(d, "CartPole-v0", None)
+    chance = chance_inputs(d, "CartPole-v0", None)
     assert chance["n_actions"] is None
     rows = check_certified_steps_not_flipped(pd.read_csv(d / RUN_FILES["attack_local"]), chance, 0.1)
     assert rows and all("no network output size" in r["note"] and r["min_p"] == 1.0 for r in rows)
