@@ -2,7 +2,7 @@
 one function over the run's result files and returns its rows (``check``, ``eps``, ``bound``, ``observed``,
 ``violation``, and its evidence); :func:`run_checks` runs those whose files the run has.  Whether a
 chance-based row (one with a ``p_value``) is a violation is decided over the audit's families
-(:func:`crop.report.audit.classify`), not here: its ``violation`` is False until then.  A raw failure
+(:func:`crop.report.verdict.classify`), not here: its ``violation`` is False until then.  A raw failure
 (``empirical_below``) within what chance allows is listed but is not a violation.
 
 * **a bound rising with ε** (J̲_E, J̲_p, J̲): deterministic, always a violation;
@@ -33,7 +33,7 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
 
 A check's ``min_p`` is the smallest p-value its data could give (every attacked return at J_min, every
 attacked step flipped), fixed by the sample sizes and bounds before the attack ran; Tarone's restriction
-(:func:`crop.report.audit.tarone_holm`) leaves out the checks whose ``min_p`` cannot reach significance, and
+(:func:`crop.report.verdict.tarone_holm`) leaves out the checks whose ``min_p`` cannot reach significance, and
 :func:`untestable_reason` says why and what would make one testable.  What the checks read from the run's
 files, and the row each returns: :mod:`crop.report.check_inputs`.
 """
