@@ -44,9 +44,10 @@ from pathlib import Path
 from crop.io import atomic_write_text, write_json
 from crop.report.audit_md import audit_markdown, plain_verdict, verdict_line
 from crop.report.checks import run_checks
+from crop.report.clips import reward_clips
 from crop.report.completeness import recorded_missing
 from crop.report.integrity import check_integrity, stages_present
-from crop.report.metrics import load_runs, namespaced_env, parse_run, reward_clips
+from crop.report.metrics import load_runs, namespaced_env, parse_run
 from crop.report.verdict import (
     STATUSES,
     classify,

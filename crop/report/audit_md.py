@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from crop.report.clips import clip_text
 from crop.report.markdown import pipe_table
-from crop.report.metrics import clip_text
 from crop.report.verdict import POOLED, STATUSES
 
 __all__ = ["audit_markdown", "verdict_line", "plain_verdict"]

@@ -64,7 +64,8 @@ from crop.report.checks_lore import (
     lore_path_bound,
     lore_root_bound,
 )
-from crop.report.metrics import clip_text, parse_run, read_lore_meta, reward_clips
+from crop.report.clips import clip_text, reward_clips
+from crop.report.metrics import parse_run, read_lore_meta
 from crop.workflow.layout import RUN_FILES, base_run, checkpoint_record, replicate_of, split_run_algo
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
