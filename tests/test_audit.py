@@ -12,7 +12,7 @@ import yaml
 from scipy import stats
 
 from crop.io import meta_name
-from crop.report.audit import audit
+from crop.report.audit import AuditOptions, audit
 from crop.report.provenance import config_hash
 from crop.report.reference import DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances, tolerance_for
 from crop.workflow import layout
@@ -66,7 +66,7 @@ def _verdicts(rep):
 
 @pytest.mark.slow
 def test_sound_results_pass(results):
-    rep = audit(results, results / "audit", config_hash="abc123")
+    rep = audit(results, results / "audit", AuditOptions(config_hash="abc123"))
     assert set(rep) == AUDIT_KEYS
     assert rep["passed"] and rep["violations"] == 0 and rep["integrity_problems"] == 0
     assert len(rep["runs"]) == 4 and rep["checked"] >= 4 * 10
@@ -139,7 +139,7 @@ def test_gre_needs_significance_before_a_violation(results):
     # At e2 every attacked episode falls below J_p: P[Bin(12, 0.5) >= 12] = 2^-12, a violation.
     ag.loc[np.isclose(ag["eps"], e2), "return"] = pb2 - 5
     rewrite_csv(d / RUN_FILES["attack_global"], ag)
-    rep = audit(results, results / "audit", alpha=0.05)
+    rep = audit(results, results / "audit", AuditOptions(alpha=0.05))
     rows = {round(c["eps"], 9): c for c in rep["checks"] if c["check"] == "gre_percentile_p0.5_vs_pgd"
             and c["algo"] == "StdTrain" and c["sigma"] == 0.05}
     assert rows[round(e1, 9)]["attacked_below"] == 1 and not rows[round(e1, 9)]["violation"]
@@ -182,7 +182,7 @@ def _reference_rows(results):
 def test_planted_reference_mismatch_is_reported(results):
     rows = _reference_rows(results)
     ref = write_reference(results.parent / "ref.csv", list(rows.values()))
-    rep = audit(results, results / "audit", reference=ref)
+    rep = audit(results, results / "audit", AuditOptions(reference=ref))
     comps = rep["reference"]["comparisons"]
     verdict = dict(zip(rows, (c["verdict"] for c in comps)))
     assert verdict == {"radius": "match", "benign": "match", "mismatch": "differs", "lore": "match",
@@ -226,12 +226,12 @@ def test_reference_rows_of_clipped_returns_say_so_and_radii_do_not(results):
 
     rows = _reference_rows(results)
     ref = write_reference(results.parent / "ref.csv", list(rows.values()))
-    before = audit(results, results / "a0", reference=ref)
+    before = audit(results, results / "a0", AuditOptions(reference=ref))
     assert "reward_clip" not in json.dumps(before["reference"]) and \
         "Returns of clipped rewards" not in (results / "a0" / "audit.md").read_text()
     run = _run(results)
     _set_clip(run, [-1.0, 3.0], ("loact", "gre", "attack_global"))
-    rep = audit(results, results / "a1", reference=ref)
+    rep = audit(results, results / "a1", AuditOptions(reference=ref))
     comps = rep["reference"]["comparisons"]
     assert [c["verdict"] for c in comps] == [c["verdict"] for c in before["reference"]["comparisons"]]
     named = dict(zip(rows, comps))
@@ -270,7 +270,7 @@ def test_tolerances_file_and_flags(results, tmp_path):
     # A tolerances file widening one metric (and nothing else).
     tol = tmp_path / "tol.yaml"
     tol.write_text(yaml.safe_dump({"expectation_bound": {"abs": 8.0}, "default": {"rel": 0.0}}))
-    rep = audit(results, tmp_path / "b", reference=ref, tolerances=tol)
+    rep = audit(results, tmp_path / "b", AuditOptions(reference=ref, tolerances=tol))
     assert _verdicts(rep) == ["match", "match"]
     assert rep["reference"]["tolerances"]["expectation_bound"] == {"abs": 8.0, "rel": 0.0}
     # benign_return: abs from the built-in default (1.0), rel from the file's default (0).
@@ -289,7 +289,7 @@ def test_empty_reference_value_means_no_bound(results, tmp_path):
     base = dict(env="CartPole-v0", algo="StdTrain", sigma=0.1, metric="percentile_bound", eps=e)
     ref = write_reference(tmp_path / "ref.csv", [{**base, "value": None},
                                                  {**base, "metric": "percentile_bound_p0.5", "value": 3.0}])
-    rep = audit(results, tmp_path / "a", reference=ref)
+    rep = audit(results, tmp_path / "a", AuditOptions(reference=ref))
     assert _verdicts(rep) == ["match", "differs"]
 
 
@@ -623,7 +623,7 @@ def _null_pvalue(check: dict, rng) -> float:
 def test_sound_27_runs_fail_at_most_alpha_over_repeated_draws(pristine27, tmp_path):
     """False FAILs over repeated sound draws: every chance-based check of the 27-run folder redrawn at its
     bound (the attacked data as bad as a valid certificate allows, independently across checks), then the
-    audit's families, pooled counts and statuses (crop.report.audit.classify).  The share of FAILs stays within
+    audit's families, pooled counts and statuses (crop.report.verdict.classify).  The share of FAILs stays within
     α (binomial slack); so does it for the real audit of a sound folder.  Per-check testing at α without the
     correction would fail nearly always; a fault shared by every run (each check at its own failure level)
     FAILs every time."""
@@ -807,7 +807,8 @@ def test_hostile_folder_names_import_nothing(pristine, tmp_path, monkeypatch):
     rep = audit(root, root / "audit")
     assert not marker.exists() and "evilmod" not in sys.modules and rep["runs"]
     assert audit_cli(root, "--out-dir", tmp_path / "a") in (0, 1) and not marker.exists()
-    audit(root, root / "audit2", trusted_envs=["evilmod:CartPole-v1"])   # the test can fail: trusted, it runs
+    # the test can fail: trusted, it runs
+    audit(root, root / "audit2", AuditOptions(trusted_envs=("evilmod:CartPole-v1",)))
     assert marker.exists()
     sys.modules.pop("evilmod", None)
 
@@ -938,7 +939,7 @@ def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
 
     results = tmp_path / "res"
     d = _tiny_real_run(results)
-    rep = audit(results, tmp_path / "a", rerun=5, rerun_seed=1)
+    rep = audit(results, tmp_path / "a", AuditOptions(rerun=5, rerun_seed=1))
     rr = rep["rerun"]
     assert (rr["checked"], rr["identical"], rr["differ"]) == (3, 3, 0) and rep["verdict"] != "FAIL"
     assert {j["stage"] for j in rr["jobs"]} == {"qrange", "loact", "attack_global"}
@@ -959,7 +960,7 @@ def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(crop.io, "_git_commit", lambda: "0" * 40)
     with pytest.raises(crop.io.InputError, match="install that commit"):
-        audit(results, tmp_path / "d", rerun=1)
+        audit(results, tmp_path / "d", AuditOptions(rerun=1))
     assert not (tmp_path / "d").exists()
 
 
@@ -984,7 +985,7 @@ def test_rerun_imports_no_module_the_folder_names(tmp_path, monkeypatch):
                 "checkpoint": "x", "out": "x.csv", "episodes": 1, "horizon": 1}
     write_json(d / meta_name(RUN_FILES["attack_global"]),
                {"settings": settings, "git_commit": _git_commit(), "device": "cpu"})
-    rep = audit(results, tmp_path / "a", rerun=1)
+    rep = audit(results, tmp_path / "a", AuditOptions(rerun=1))
     assert not marker.exists()
     job, = rep["rerun"]["jobs"]
     assert job["result"] == "differ" and "recorded env ('evilmod:Evil-v0')" in job["note"]
@@ -992,7 +993,7 @@ def test_rerun_imports_no_module_the_folder_names(tmp_path, monkeypatch):
     # the same record with the run's own env: the child starts isolated, so the module on the cwd stays unread
     write_json(d / meta_name(RUN_FILES["attack_global"]), {"settings": {**settings, "env": "CartPole-v1"},
                                                "git_commit": _git_commit(), "device": "cpu"})
-    audit(results, tmp_path / "b", rerun=1)
+    audit(results, tmp_path / "b", AuditOptions(rerun=1))
     assert not marker.exists()
 
 
@@ -1047,9 +1048,10 @@ def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(result
     """P[leave] counts a two-action step LoAct did not certify beyond ε as 0 (both actions stay in LoRe's tree)
     only while LoRe's per-state α is at most LoAct's; a LoRe with a larger α may have certified it, and the
     step then counts 1."""
-    from crop.report.checks import _chance_inputs, lore_leave_chance
+    from crop.report.check_inputs import chance_inputs
+    from crop.report.checks_lore import lore_leave_chance
 
-    c = _chance_inputs(_run(results), "CartPole-v0", 2)
+    c = chance_inputs(_run(results), "CartPole-v0", 2)
     steps = c["steps"]
     horizon = int((steps["episode"] == steps["episode"].min()).sum())
     nested, note = lore_leave_chance(c, 0.1, 0.0, horizon)
@@ -1087,7 +1089,8 @@ def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_pa
     every piece whose tree excludes an action at LoRe's s0 costs every attacked path a leave bound near 1 there,
     and the check moves to the whole search's piece, which excludes nothing; a return planted below it in
     every run FAILs too."""
-    from crop.report.checks import _chance_inputs, lore_leave_chance
+    from crop.report.check_inputs import chance_inputs
+    from crop.report.checks_lore import lore_leave_chance
 
     root = tmp_path / "tie"
     shutil.copytree(pristine27, root)
@@ -1096,7 +1099,7 @@ def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_pa
     for d in runs:
         _near_tie(d, sigmas[d])
     d0 = runs[0]
-    assert lore_leave_chance(_chance_inputs(d0, "CartPole-v0", 2), sigmas[d0], 0.0, 6)[0] > 0.99  # T_0: untestable
+    assert lore_leave_chance(chance_inputs(d0, "CartPole-v0", 2), sigmas[d0], 0.0, 6)[0] > 0.99  # T_0: untestable
     rep = audit(root, root / "audit")
     at0 = [c for c in rep["checks"] if c["check"] == "lore_vs_pgd_local" and c["eps"] == 0]
     assert len(at0) == 27 and rep["untestable"] == 0 and rep["verdict"] == "PASS"
@@ -1136,7 +1139,8 @@ def test_flip_bounds_count_the_networks_actions_not_the_envs(results):
     (model.json's net_spec), which may exceed the game's action count, and never falls below the radius columns
     LoRe wrote for the smoother it used (model.json is not hashed); with neither, the flip check is unassessed
     with why, never priced with the environment's count."""
-    from crop.report.checks import _chance_inputs, _network_actions, check_certified_steps_not_flipped
+    from crop.report.check_inputs import chance_inputs
+    from crop.report.checks import _network_actions, check_certified_steps_not_flipped
 
     d = _run(results)
     run = str(d.relative_to(results))
@@ -1144,11 +1148,11 @@ def test_flip_bounds_count_the_networks_actions_not_the_envs(results):
     meta = json.loads(record.read_text())
     assert _network_actions(results, run) == 2
     record.write_text(json.dumps({**meta, "net_spec": {**meta["net_spec"], "out": 18}}))
-    assert _network_actions(results, run) == 18 and _chance_inputs(d, "CartPole-v0", 18)["n_actions"] == 18
+    assert _network_actions(results, run) == 18 and chance_inputs(d, "CartPole-v0", 18)["n_actions"] == 18
     record.write_text(json.dumps({**meta, "net_spec": {"arch": "mlp"}}))
-    assert _network_actions(results, run) is None and _chance_inputs(d, "CartPole-v0", None)["n_actions"] == 2
+    assert _network_actions(results, run) is None and chance_inputs(d, "CartPole-v0", None)["n_actions"] == 2
     (d / RUN_FILES["lore_states"]).unlink()
-    chance = _chance_inputs(d, "CartPole-v0", None)
+    chance = chance_inputs(d, "CartPole-v0", None)
     assert chance["n_actions"] is None
     rows = check_certified_steps_not_flipped(pd.read_csv(d / RUN_FILES["attack_local"]), chance, 0.1)
     assert rows and all("no network output size" in r["note"] and r["min_p"] == 1.0 for r in rows)

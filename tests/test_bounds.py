@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from crop.models.bounds_ibp import (
+    CrownSettings,
     UnsupportedNetwork,
     crown_bounds,
     ibp_bounds,
@@ -162,7 +163,7 @@ def test_crown_is_no_looser_than_ibp_on_random_mlps():
         for eps in (0.01, 0.1, 0.5):
             for norm in ("inf", 2):
                 li, ui = ibp_bounds(net, x, eps, norm)
-                lp, up = crown_bounds(net, x, eps, norm, intersect_ibp=False)
+                lp, up = crown_bounds(net, x, eps, norm, settings=CrownSettings(intersect_ibp=False))
                 lc, uc = crown_bounds(net, x, eps, norm)
                 assert (up - lp).mean() <= (ui - li).mean() + 1e-12, (seed, eps, norm)
                 assert torch.all(lc >= li - 1e-12) and torch.all(uc <= ui + 1e-12)
@@ -232,11 +233,11 @@ def test_per_sample_eps_matches_separate_calls():
 def test_bounds_are_differentiable_and_work_in_inference_mode():
     net = _mlp(0, [4, 16, 16, 2], torch.float32)
     x = torch.randn(5, 4)
-    lo, hi = crown_bounds(net, x, 0.1, "inf", intermediate="ibp")
+    lo, hi = crown_bounds(net, x, 0.1, "inf", settings=CrownSettings(intermediate="ibp"))
     (hi - lo).sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
     with torch.inference_mode():
-        lo2, _ = crown_bounds(net, x, 0.1, "inf", intermediate="ibp")
+        lo2, _ = crown_bounds(net, x, 0.1, "inf", settings=CrownSettings(intermediate="ibp"))
     torch.testing.assert_close(lo.detach(), lo2)
 
 
@@ -244,8 +245,8 @@ def test_one_sided_bounds():
     net = _mlp(0, [4, 16, 16, 2])
     x = torch.randn(5, 4, dtype=torch.float64)
     lo, hi = crown_bounds(net, x, 0.1, 2)
-    lo_only, none = crown_bounds(net, x, 0.1, 2, bound_upper=False)
-    none2, hi_only = crown_bounds(net, x, 0.1, 2, bound_lower=False)
+    lo_only, none = crown_bounds(net, x, 0.1, 2, settings=CrownSettings(upper=False))
+    none2, hi_only = crown_bounds(net, x, 0.1, 2, settings=CrownSettings(lower=False))
     assert none is None and none2 is None
     torch.testing.assert_close(lo_only, lo)
     torch.testing.assert_close(hi_only, hi)

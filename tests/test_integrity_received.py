@@ -15,7 +15,7 @@ import yaml
 
 from crop.io import meta_path
 from crop.report import aggregate as agg
-from crop.report.audit import audit, verdict_line
+from crop.report.audit import AuditOptions, audit, verdict_line
 from crop.workflow import layout
 from crop.workflow.layout import RUN_FILES
 
@@ -149,7 +149,7 @@ def test_a_stage_the_config_expects_is_a_warning_a_partial_run_without_one_is_no
     rep = audit(received, received / "audit")
     assert rep["verdict"] == "PASS" and rep["partial_runs"]
     cfg = _config(tmp_path, (["StdTrain", "GaussAug"], [0.05, 0.1]))
-    rep = audit(received, received / "audit", config=cfg)
+    rep = audit(received, received / "audit", AuditOptions(config=cfg))
     assert rep["verdict"] == "WARN" and str(gone) in {p["file"] for p in rep["expected_missing"]}
     assert "attack_global" in _first_paragraph(received)
 

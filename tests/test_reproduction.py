@@ -12,7 +12,7 @@ import pytest
 
 from crop.io import meta_path, read_json, write_json
 from crop.reference import PAPER_REFERENCE
-from crop.report.audit import audit
+from crop.report.audit import AuditOptions, audit
 from crop.report.checks import flip_probability_bound
 from crop.report.reference import load_reference
 from crop.workflow import layout
@@ -125,7 +125,7 @@ def test_loact_only_run_is_compared_row_by_row(results, tmp_path):
         {**base, "metric": "mean_radius", "value": steps["radius"].mean()},           # agrees (uncertified = 0)
         {**base, "metric": "expectation_bound", "eps": 0.005, "value": 10.0},         # GRe not run: missing
     ])
-    rep = audit(results, tmp_path / "a", reference=ref)
+    rep = audit(results, tmp_path / "a", AuditOptions(reference=ref))
     assert rep["integrity_problems"] == 0 and rep["violations"] == 0
     assert rep["partial_runs"] == [{"run": "CartPole-v0/StdTrain/sigma-0.1", "stages": ["qrange", "loact"],
                                     "absent": ["gre", "lore", "attack_local", "attack_global"]}]
@@ -161,7 +161,7 @@ def test_gre_only_run_is_compared_and_passes_strict(results, tmp_path):
     rows = [{**base, "metric": "expectation_bound", "value": float(gre["expectation_bound"].iloc[1]) + 0.5},
             {**base, "metric": "mean_radius", "eps": None, "value": 0.01}]
     ref = write_reference(tmp_path / "ref.csv", rows)
-    rep = audit(results, tmp_path / "a", reference=ref, strict=True)
+    rep = audit(results, tmp_path / "a", AuditOptions(reference=ref, strict=True))
     assert [c["verdict"] for c in rep["reference"]["comparisons"][:2]] == ["match", "missing"]
     assert rep["reference"]["comparisons"][1]["note"] == "stage loact not in this run"
     assert rep["passed"] and rep["integrity_problems"] == 0

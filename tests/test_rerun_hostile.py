@@ -152,10 +152,10 @@ def test_a_size_above_the_schema_maximum_is_refused(results):
 def test_a_job_predicted_over_the_budget_is_not_started(results, tmp_path):
     """Sizes within the schema whose product is over the budget: predicted, named and not started; the audit
     says so and is at best WARN; audit.json's rerun block holds the budget and each prediction."""
-    from crop.report.audit import audit
+    from crop.report.audit import AuditOptions, audit
 
     _edit(results, RUN_FILES["attack_global"], lambda s: s.update(pgd_steps=10_000, n_eot=100 * s["n_eot"]))
-    rep = audit(results, tmp_path / "a", rerun=5, rerun_budget=1)
+    rep = audit(results, tmp_path / "a", AuditOptions(rerun=5, rerun_budget=1))
     rr = rep["rerun"]
     job = next(j for j in rr["jobs"] if j["stage"] == "attack_global")
     assert job["result"] == "not_run" and "over the re-run budget of 1 min" in job["note"]

@@ -306,17 +306,35 @@ def keep_rom_loaded(env: gym.Env) -> gym.Env:
     return env
 
 
-def _pool_worker(conn, env_id, profile, lo, hi, n, names, shape, dtype):
+@dataclass(frozen=True)
+class _SharedArrays:
+    """The arrays an :class:`AtariPool` shares with its workers: the observations (as pixels), rewards and
+    (terminated, truncated) flags of all ``n`` envs, one shared-memory block each (``names``)."""
+
+    names: tuple[str, str, str]
+    n: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def views(self, shms) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(observations, rewards, done) over the blocks ``shms`` (opened on ``names``, in that order)."""
+        return (np.ndarray((self.n, *self.shape), self.dtype, buffer=shms[0].buf),
+                np.ndarray((self.n,), np.float64, buffer=shms[1].buf),
+                np.ndarray((self.n, 2), np.bool_, buffer=shms[2].buf))
+
+
+def _pool_worker(conn, env_id, profile, shard: tuple[int, int], arrays: _SharedArrays):
+    """Runs the envs ``shard`` = [lo, hi) of a pool: answers ``reset``/``step`` on ``conn`` by writing into the
+    shared ``arrays``."""
     from multiprocessing import shared_memory
 
     from crop.envs import make_env
 
+    lo, hi = shard
     cv2.setNumThreads(1)  # one process per core already
     envs = [_pixels(keep_rom_loaded(make_env(env_id, profile)))[0] for _ in range(hi - lo)]
-    shms = [shared_memory.SharedMemory(name=name) for name in names]
-    obs = np.ndarray((n, *shape), dtype, buffer=shms[0].buf)
-    rew = np.ndarray((n,), np.float64, buffer=shms[1].buf)
-    done = np.ndarray((n, 2), np.bool_, buffer=shms[2].buf)   # terminated, truncated
+    shms = [shared_memory.SharedMemory(name=name) for name in arrays.names]
+    obs, rew, done = arrays.views(shms)
     try:
         while True:
             cmd, arg = conn.recv()
@@ -372,17 +390,15 @@ class AtariPool:
         nbytes = [self.num_envs * int(np.prod(self.shape)) * self.dtype.itemsize, 8 * self.num_envs,
                   2 * self.num_envs]
         self._shms = [shared_memory.SharedMemory(create=True, size=max(1, b)) for b in nbytes]
-        self.pixels = np.ndarray((self.num_envs, *self.shape), self.dtype, buffer=self._shms[0].buf)
-        self._rew = np.ndarray((self.num_envs,), np.float64, buffer=self._shms[1].buf)
-        self._done = np.ndarray((self.num_envs, 2), np.bool_, buffer=self._shms[2].buf)
+        arrays = _SharedArrays(tuple(s.name for s in self._shms), self.num_envs, self.shape, self.dtype)
+        self.pixels, self._rew, self._done = arrays.views(self._shms)
         ctx = mp.get_context("spawn")  # no fork after torch/OpenMP initialisation
         self.conns, self.procs = [], []
-        names = [s.name for s in self._shms]
         for i in range(workers):
             a, b = ctx.Pipe()
             lo, hi = int(self.bounds[i]), int(self.bounds[i + 1])
             p = ctx.Process(target=_pool_worker, daemon=True,
-                            args=(b, env_id, profile, lo, hi, self.num_envs, names, self.shape, self.dtype))
+                            args=(b, env_id, profile, (lo, hi), arrays))
             p.start()
             b.close()
             self.conns.append(a)

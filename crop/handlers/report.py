@@ -108,17 +108,17 @@ def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
 
 
 def cmd_audit(args) -> None:
-    from crop.report.audit import audit, exit_status
+    from crop.report.audit import AuditOptions, audit, exit_status
     from crop.report.reference import ReferenceError
 
     results, runs = _results_and_runs(args)
     out_dir = Path(args.out_dir) if args.out_dir else results / "audit"
     try:
-        report = audit(results, out_dir=out_dir, runs=runs, alpha=args.alpha, reference=args.reference,
-                       tolerances=args.tolerances, abs_tol=args.abs_tol, rel_tol=args.rel_tol,
-                       config_hash=_config_hash(args), strict=args.strict, trusted_envs=_config_envs(args),
-                       rerun=args.rerun, rerun_seed=args.seed, rerun_budget=args.rerun_budget,
-                       config=args.config)
+        options = AuditOptions(alpha=args.alpha, reference=args.reference, tolerances=args.tolerances,
+                               abs_tol=args.abs_tol, rel_tol=args.rel_tol, config_hash=_config_hash(args),
+                               strict=args.strict, trusted_envs=tuple(_config_envs(args)), rerun=args.rerun,
+                               rerun_seed=args.seed, rerun_budget=args.rerun_budget, config=args.config)
+        report = audit(results, out_dir, options, runs=runs)
     except ReferenceError as exc:
         raise InputError(str(exc)) from None
     _print_audit(results, out_dir, report)

@@ -17,7 +17,7 @@ Methods
       bounds l < 0 < u is relaxed by the upper line through (l, 0), (u, u) and the lower line α·z with the
       adaptive α = 1[u > −l]; the linear bound of the output is propagated back to the input and
       concretised with the dual norm (ℓ1 for an ℓ∞ box, ℓ2 for an ℓ2 ball).  Pre-activation bounds of the
-      ReLUs come from CROWN itself (``intermediate="crown"``, full CROWN) or from IBP
+      ReLUs come (:class:`CrownSettings`) from CROWN itself (``intermediate="crown"``, full CROWN) or from IBP
       (``intermediate="ibp"``, i.e. CROWN-IBP, Zhang et al., 2020 — far cheaper for CNNs).  By default
       (``intersect_ibp=True``) IBP runs alongside and the tighter of the two is kept at every ReLU and at
       the output, so CROWN's bounds are never looser than IBP's.
@@ -37,12 +37,14 @@ every x′ in the set, lower ≤ C·f(x′) ≤ upper (up to floating-point roun
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ibp_bounds", "crown_bounds", "output_bounds", "margin_spec", "parse_norm", "UnsupportedNetwork"]
+__all__ = ["ibp_bounds", "crown_bounds", "CrownSettings", "output_bounds", "margin_spec", "parse_norm",
+           "UnsupportedNetwork"]
 
 
 class UnsupportedNetwork(TypeError):
@@ -310,19 +312,33 @@ def _shapes(layers, x: torch.Tensor) -> list[tuple]:
     return shapes
 
 
-def crown_bounds(net, x: torch.Tensor, eps, norm="inf", C: torch.Tensor | None = None, domain=None,
-                 intermediate: str = "crown", intersect_ibp: bool = True, bound_lower: bool = True,
-                 bound_upper: bool = True):
-    """CROWN bounds of ``C · net(x′)`` (or ``net(x′)``) over the input set; see the module docstring.
+@dataclass(frozen=True)
+class CrownSettings:
+    """How :func:`crown_bounds` bounds.
 
     ``intermediate``: ``"crown"`` (full CROWN: every ReLU's pre-activation bounds by CROWN, tightest) or
     ``"ibp"`` (CROWN-IBP: pre-activation bounds by IBP, far cheaper for CNNs).  ``intersect_ibp``: also run
     IBP alongside and keep, at every ReLU and at the output, the tighter of the two (both are sound; the
     CROWN relaxation with the adaptive lower slope α = 1 can be looser than an interval for some neurons).
-    A bound not asked for is returned as ``None``.
+    ``lower``/``upper``: which bounds to compute (one backward pass serves both)."""
+
+    intermediate: str = "crown"
+    intersect_ibp: bool = True
+    lower: bool = True
+    upper: bool = True
+
+    def __post_init__(self):
+        if self.intermediate not in ("crown", "ibp"):
+            raise ValueError(f"intermediate must be 'crown' or 'ibp', got {self.intermediate!r}")
+
+
+def crown_bounds(net, x: torch.Tensor, eps, norm="inf", C: torch.Tensor | None = None, domain=None,
+                 settings: CrownSettings = CrownSettings()):
+    """CROWN bounds of ``C · net(x′)`` (or ``net(x′)``) over the input set, computed as ``settings`` say
+    (:class:`CrownSettings`); see the module docstring.  A bound not asked for is returned as ``None``.
     """
-    if intermediate not in ("crown", "ibp"):
-        raise ValueError(f"intermediate must be 'crown' or 'ibp', got {intermediate!r}")
+    intermediate, intersect_ibp = settings.intermediate, settings.intersect_ibp
+    bound_lower, bound_upper = settings.lower, settings.upper
     layers = _layers(net)
     s = _InputSet(x, eps, norm, domain)
     shapes = _shapes(layers, x)
@@ -375,7 +391,7 @@ def output_bounds(net, x: torch.Tensor, eps, norm="inf", method: str = "crown", 
     if method == "ibp":
         return ibp_bounds(net, x, eps, norm, C, domain)
     if method == "crown-ibp":
-        return crown_bounds(net, x, eps, norm, C, domain, intermediate="ibp")
+        return crown_bounds(net, x, eps, norm, C, domain, CrownSettings(intermediate="ibp"))
     if method == "crown":
-        return crown_bounds(net, x, eps, norm, C, domain, intermediate="crown")
+        return crown_bounds(net, x, eps, norm, C, domain, CrownSettings(intermediate="crown"))
     raise ValueError(f"unknown bound method {method!r}; known: ibp, crown-ibp, crown")

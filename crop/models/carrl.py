@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from crop.models.bounds_ibp import UnsupportedNetwork, crown_bounds, ibp_bounds, parse_norm
+from crop.models.bounds_ibp import CrownSettings, UnsupportedNetwork, crown_bounds, ibp_bounds, parse_norm
 
 __all__ = ["CarrlQ", "carrl", "carrl_spec", "derive_carrl"]
 
@@ -46,8 +46,8 @@ class CarrlQ(nn.Sequential):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.method == "ibp":
             return ibp_bounds(self, x, self.eps, self.norm)[0]
-        lower, _ = crown_bounds(self, x, self.eps, self.norm, bound_upper=False,
-                                intermediate="crown" if self.method == "crown" else "ibp")
+        lower, _ = crown_bounds(self, x, self.eps, self.norm, settings=CrownSettings(
+            intermediate="crown" if self.method == "crown" else "ibp", upper=False))
         return lower
 
     def extra_repr(self) -> str:

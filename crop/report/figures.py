@@ -23,8 +23,9 @@ from matplotlib.lines import Line2D  # noqa: E402
 from crop import columns as cols  # noqa: E402
 from crop.envs import env_spec  # noqa: E402
 from crop.io import atomic_write_bytes  # noqa: E402
+from crop.report.clips import clip_text  # noqa: E402
 from crop.report.intervals import run_interval  # noqa: E402
-from crop.report.metrics import clip_text, per_step_mean_radius  # noqa: E402
+from crop.report.metrics import per_step_mean_radius  # noqa: E402
 from crop.report.return_panels import gre_curve, panel_adasearch, panel_global, return_span, set_ylim  # noqa: E402
 from crop.report.style import (  # noqa: E402
     BOUND_Z,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from crop.io import meta_path, read_json, sha256_file
+from crop.report.clips import clip_text, reward_clips
 from crop.workflow.layout import RUN_FILES
 from crop.workflow.stage_table import STAGES
 
@@ -92,7 +93,6 @@ def replicate_clip_problems(run_dir: Path) -> list[dict]:
     where the run lacks the stage, the one clip its other return stages share).  The tables, intervals and the
     reference comparison pool a replicate's returns with the run's; returns of different rewards must not be
     averaged into one value.  [] for a run folder itself."""
-    from crop.report.metrics import reward_clips
     from crop.workflow.layout import base_run, replicate_of
 
     if not replicate_of(run_dir):
@@ -137,6 +137,4 @@ def _inputs_changed(run_dir: Path) -> list[dict]:
 
 
 def _clip_words(clip) -> str:
-    from crop.report.metrics import clip_text
-
     return clip_text([clip]) or "the environment's own rewards (no clip)"

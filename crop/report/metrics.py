@@ -45,6 +45,7 @@ import pandas as pd
 from crop import columns as cols
 from crop.certify.lore import lore_bound_at
 from crop.io import meta_path, read_json
+from crop.report.clips import clip_text, reward_clips
 from crop.report.intervals import benign_return_range
 from crop.workflow.layout import (
     ACTION_TARGET,
@@ -56,7 +57,7 @@ from crop.workflow.layout import (
     run_target,
 )
 
-__all__ = ["load_runs", "read_lore_meta", "reward_clips", "clip_text", "RETURN_STAGES", "RETURN_METRICS",
+__all__ = ["load_runs", "read_lore_meta", "RETURN_METRICS",
            "metric_clip",
            "REPLICATE_TABLES", "parse_run", "METRICS", "EPS_METRICS", "metric_value",
            "is_metric", "metric_has_eps", "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
@@ -116,26 +117,10 @@ def read_lore_meta(run_dir: Path) -> dict:
     return read_json(meta) if meta.is_file() else {}
 
 
-#: The stages whose outputs are returns: their metadata record the reward clip they ran with (``reward_clip``,
-#: crop.handlers.stages._clip_record), absent where the rewards are the environment's own.
-RETURN_STAGES = ("loact", "gre", "attack_global")
-
-
-def reward_clips(run_dir: Path) -> dict[str, tuple[float, float] | None]:
-    """``{stage: (low, high) or None}``: the per-step reward clip each of :data:`RETURN_STAGES` that the run
-    folder holds ran with (None: the environment's own rewards)."""
-    out = {}
-    for key in RETURN_STAGES:
-        meta = meta_path(Path(run_dir) / RUN_FILES[key])
-        if meta.is_file():
-            clip = read_json(meta).get("reward_clip")
-            out[key] = None if clip is None else (float(clip[0]), float(clip[1]))
-    return out
-
-
-#: The metrics whose values are returns or bounds on returns, by the stage of :data:`RETURN_STAGES` whose reward
-#: clip they are of (``percentile_bound_p<P>`` as ``percentile_bound``).  LoAct's radii and certified fraction
-#: are not returns, and LoRe's bound and the local attack's return are of the environment's own rewards.
+#: The metrics whose values are returns or bounds on returns, by the stage of
+#: :data:`crop.report.clips.RETURN_STAGES` whose reward clip they are of (``percentile_bound_p<P>`` as
+#: ``percentile_bound``).  LoAct's radii and certified fraction are not returns, and LoRe's bound and the local
+#: attack's return are of the environment's own rewards.
 RETURN_METRICS = {"benign_return": "loact", "expectation_bound": "gre", "percentile_bound": "gre",
                   "pgd_global_mean": "attack_global", "pgd_global_median": "attack_global"}
 
@@ -145,12 +130,6 @@ def metric_clip(run: dict, metric: str) -> tuple[float, float] | None:
     the rewards are the environment's own or the metric is no return (a radius, a fraction)."""
     stage = RETURN_METRICS.get("percentile_bound" if metric.startswith("percentile_bound") else metric)
     return (run.get("reward_clips") or {}).get(stage) if stage else None
-
-
-def clip_text(clips) -> str:
-    """"rewards clipped to [a, b]" for the clip ranges ``clips`` (several joined by "or"); "" for none."""
-    ranges = sorted({tuple(c) for c in clips if c})
-    return ("rewards clipped to " + " or ".join(f"[{a:g}, {b:g}]" for a, b in ranges)) if ranges else ""
 
 
 def _one_clip(run_dir: Path, strict: bool, clips: dict | None = None) -> tuple[float, float] | None:

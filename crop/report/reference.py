@@ -67,9 +67,10 @@ from crop import columns as cols
 from crop.envs import ENV_SPECS
 from crop.io import CappedError, sha256_file
 from crop.reference import resolve_reference
+from crop.report.clips import clip_text
 from crop.report.intervals import INTERVAL_METRICS, run_interval
-from crop.report.metrics import clip_text, lore_valid_until, mean_radius, metric_clip, metric_has_eps, metric_value
 from crop.report.metrics import is_metric as _is_project_metric
+from crop.report.metrics import lore_valid_until, mean_radius, metric_clip, metric_has_eps, metric_value
 from crop.workflow.config import ALGORITHMS, load_bounded_yaml, load_schema
 
 __all__ = ["ReferenceError", "DEFAULT_TOLERANCES", "REFERENCE_COLUMNS", "VERDICTS", "load_reference",

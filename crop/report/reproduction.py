@@ -22,8 +22,8 @@ from scipy import stats as st
 
 from crop.envs import env_spec
 from crop.io import atomic_write_text
+from crop.report.clips import clip_text
 from crop.report.markdown import pipe_table
-from crop.report.metrics import clip_text
 
 __all__ = ["write_reproduction", "figure_name", "KNOWN", "GENERAL_NOTES"]
 

@@ -25,9 +25,10 @@ import pandas as pd
 from crop import columns as cols
 from crop.envs import env_spec
 from crop.io import atomic_write_text
+from crop.report.clips import clip_text
 from crop.report.intervals import INTERVAL_METRICS, METHOD_EPISODES, METHOD_REPLICATES, run_interval
 from crop.report.markdown import pipe_table
-from crop.report.metrics import CONVENTIONS, clip_text, metric_value
+from crop.report.metrics import CONVENTIONS, metric_value
 from crop.report.style import algo_label, series_key, series_order
 from crop.workflow.layout import ACTION_TARGET, TABLES, series_label, split_run_algo, table_files
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from crop.certify.attack import pgd_l2
-from crop.models.bounds_ibp import crown_bounds, ibp_bounds, margin_spec, parse_norm
+from crop.models.bounds_ibp import CrownSettings, crown_bounds, ibp_bounds, margin_spec, parse_norm
 
 __all__ = ["Recipe", "RECIPES", "recipe_for", "pgd"]
 
@@ -320,8 +320,8 @@ class SAMDP_CVX(_SAMDP):
         beta = 1.0 - ramp(ctx.step, ctx.hp["ramp_start"], ctx.hp["ramp_steps"])
         ub = 0.0
         if beta > 0:   # (each bound computed only when its weight is non-zero)
-            ub = ub + beta * crown_bounds(ctx.q, s, eps, norm, C=C, domain=ctx.domain, intermediate="ibp",
-                                          intersect_ibp=False, bound_lower=False)[1]
+            ub = ub + beta * crown_bounds(ctx.q, s, eps, norm, C=C, domain=ctx.domain, settings=CrownSettings(
+                intermediate="ibp", intersect_ibp=False, lower=False))[1]
         if beta < 1:
             ub = ub + (1 - beta) * ibp_bounds(ctx.q, s, eps, norm, C=C, domain=ctx.domain)[1]
         return ub.max(1).values
