@@ -75,7 +75,7 @@ def _bounds_from_data(data: dict, path: Path) -> tuple[list[float], list[float]]
 
 
 def _sb3_data(path: Path) -> dict:
-    from crop.agents.importing import _ZIP_ERRORS, MAX_DATA_BYTES, _corrupt_zip, sb3_json
+    from crop.agents.archive import _ZIP_ERRORS, MAX_DATA_BYTES, _corrupt_zip, sb3_json
 
     try:
         with zipfile.ZipFile(path) as zf:
@@ -97,7 +97,7 @@ def _sb3_data(path: Path) -> dict:
 
 
 def _activation(kwargs: dict, default: str) -> str:
-    from crop.agents.importing import ACTIVATIONS
+    from crop.agents.archive import ACTIVATIONS
 
     fn = kwargs.get("activation_fn")
     if fn is None:
@@ -212,9 +212,9 @@ def read_continuous(path: str | Path, fmt: str, max_bytes: int) -> tuple[dict, s
     """(state dict, format, member, spec) of an SB3 continuous-action policy zip or a CleanRL continuous-action
     checkpoint (:func:`_read_cleanrl`), or None for any other file.
     The spec names the algorithm, the squashing and the bounds the file records.  Raises
-    :class:`crop.agents.importing.PolicyImportError` in one line where the file is a continuous-action agent whose
+    :class:`crop.agents.archive.PolicyImportError` in one line where the file is a continuous-action agent whose
     bounds or squashing cannot be told."""
-    from crop.agents.importing import PolicyImportError, _load_bytes, _sb3_policy_bytes, check_file
+    from crop.agents.archive import PolicyImportError, _load_bytes, _sb3_policy_bytes, check_file
 
     path = Path(path)
     check_file(path, fmt, max_bytes)
@@ -259,7 +259,7 @@ def _read_cleanrl(path: Path, max_bytes: int) -> tuple[dict, str, None, dict] | 
     bounds in the buffers ``action_scale`` and ``action_bias``; the Q-networks (``fc1..fc3`` on (s, a), the
     action on the environment's scale) kept as the critic.  ``ppo_continuous_action.py``'s agent is refused:
     its observation normalisation (NormalizeObservation) and action clipping live in wrappers, not the file."""
-    from crop.agents.importing import PolicyImportError
+    from crop.agents.archive import PolicyImportError
     from crop.models import CheckpointError, load_tensors
 
     with open(path, "rb") as fh:
