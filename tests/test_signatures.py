@@ -82,3 +82,12 @@ def test_settings_are_frozen():
 
     with pytest.raises(FrozenInstanceError):
         SmoothingSettings(0.1, 10, -1.0, 1.0, 0.05).m = 20
+
+
+MAX_LINES = 500
+
+
+def test_no_module_is_past_its_size():
+    """A module past ~500 lines is usually two ideas (docs/layout.md): split it by idea, not by length."""
+    long = {m: n for m in MODULES if (n := len((CROP / m).read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"modules over {MAX_LINES} lines: {long}"
