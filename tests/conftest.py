@@ -1,13 +1,22 @@
+"""What the tests share: the repository root, random networks, a local HTTP mirror, the shipped cost tables."""
+import functools
+import http.server
 import sys
-from pathlib import Path
+import threading
 
 import numpy as np
 import pytest
-import torch
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+from networks import random_mlp
+from paths import REPO
+
 sys.path.insert(0, str(REPO))
+
+
+@pytest.fixture(scope="session")
+def repo():
+    """The repository's root."""
+    return REPO
 
 
 @pytest.fixture
@@ -15,19 +24,9 @@ def rng():
     return np.random.default_rng(12345)
 
 
-def random_mlp(n_in=4, n_out=2, hidden=(16, 16), seed=0, scale=1.0):
-    from crop.models import build_network
-
-    torch.manual_seed(seed)
-    net = build_network({"arch": "mlp", "in": n_in, "hidden": list(hidden), "out": n_out})
-    with torch.no_grad():
-        for p in net.parameters():
-            p.mul_(scale)
-    return net.eval()
-
-
 @pytest.fixture
 def mlp_factory():
+    """random_mlp(n_in, n_out, hidden, seed, scale): a seeded random Q-network."""
     return random_mlp
 
 
@@ -40,3 +39,26 @@ def no_calibration(tmp_path, monkeypatch):
     cost._tables.cache_clear()
     yield
     cost._tables.cache_clear()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def serve():
+    """serve(folder) -> base URL of an HTTP server on 127.0.0.1 for that folder (stopped afterwards)."""
+    servers = []
+
+    def start(folder):
+        h = functools.partial(_Quiet, directory=str(folder))
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()

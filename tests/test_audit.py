@@ -19,6 +19,7 @@ from crop.workflow import layout
 from crop.workflow.config import load_config
 from crop.workflow.layout import RUN_FILES
 
+from networks import random_mlp
 from synthetic_results import (
     GLOBAL_FACTORS,
     GRE_FACTORS,
@@ -31,7 +32,6 @@ from synthetic_results import (
 
 PLAN = {"CartPole-v0": {"StdTrain": [0.05, 0.1], "GaussAug": [0.1]},
         "FreewayNoFrameskip-v4": {"RadialRL": [1.5]}}
-REPO = Path(__file__).resolve().parents[1]
 
 AUDIT_KEYS = {"schema_version", "results", "runs", "alpha", "config_hash", "strict", "passed", "checked",
               "violations", "empirical_below", "integrity_problems", "integrity", "incomplete_runs", "partial_runs",
@@ -322,9 +322,9 @@ def test_integrity_problems(results):
     assert audit_cli(results, "--strict", "--out-dir", results / "a2") == 1
 
 
-def test_provenance_per_run(results, tmp_path):
+def test_provenance_per_run(results, tmp_path, repo):
     cfg_file = tmp_path / "config.yaml"
-    cfg_file.write_text((REPO / "tests" / "configs" / "smoke.yaml").read_text())
+    cfg_file.write_text((repo / "tests" / "configs" / "smoke.yaml").read_text())
     assert audit_cli(results, "--config", cfg_file, "--out-dir", tmp_path / "a") == 0
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert rep["config_hash"] == config_hash(load_config(cfg_file))
@@ -380,10 +380,10 @@ def test_malformed_tolerances_are_refused(tmp_path):
             load_tolerances(tol)
 
 
-def test_shipped_examples_are_valid():
-    ref = load_reference(REPO / "docs" / "reference_example.csv")
+def test_shipped_examples_are_valid(repo):
+    ref = load_reference(repo / "docs" / "reference_example.csv")
     assert len(ref) >= 5 and ref["metric"].nunique() >= 5
-    tol = load_tolerances(REPO / "docs" / "tolerances_example.yaml")
+    tol = load_tolerances(repo / "docs" / "tolerances_example.yaml")
     assert "default" in tol
 
 
@@ -392,10 +392,10 @@ def test_shipped_examples_are_valid():
     ({"strict": "yes"}, r"audit\.strict: 'yes' is not of type 'boolean'"),
     ({"referenc": "x.csv"}, r"audit: unknown key"),
 ])
-def test_config_audit_block_is_validated(block, message):
+def test_config_audit_block_is_validated(block, message, repo):
     from crop.workflow.config import ConfigError, validate_config
 
-    cfg = yaml.safe_load((REPO / "tests" / "configs" / "smoke.yaml").read_text())
+    cfg = yaml.safe_load((repo / "tests" / "configs" / "smoke.yaml").read_text())
     assert validate_config(cfg)["audit"] == {"alpha": 0.05, "reference": None, "tolerances": None, "strict": False}
     with pytest.raises(ConfigError, match=message):
         validate_config({**cfg, "audit": block})
@@ -864,8 +864,6 @@ def _tiny_checkpoint(results: Path, algo: str = "StdTrain") -> Path:
     """A random CartPole Q-network with its model.json, where the workflow puts it."""
     from crop.io import sha256_file, write_json
     from crop.models import save_q_network
-
-    from conftest import random_mlp
 
     ck = layout.checkpoint_path(results, "CartPole-v0", algo)
     ck.parent.mkdir(parents=True)

@@ -9,7 +9,7 @@ from crop.models import CheckpointError, load_network, save_q_network
 from crop.workflow.cli import main
 from crop.workflow.layout import RUN_FILES
 
-from conftest import SHARED
+from paths import SHARED
 
 SPEC = {"arch": "mlp", "in": 4, "hidden": [16], "out": 2}
 

@@ -17,9 +17,7 @@ from crop.workflow.config import ALGORITHMS, load_config, load_schema
 from crop.workflow.layout import RUN_FILES
 from crop.workflow.stage_table import STAGES, stage_options, stage_settings
 
-from conftest import random_mlp
-
-REPO = Path(__file__).resolve().parents[1]
+from networks import random_mlp
 
 
 def _subparsers(parser):
@@ -87,12 +85,12 @@ def load_schema_keys(schema):
     return set(schema["properties"]) | {k for b in env.values() for k in b.get("properties", {})}
 
 
-def test_the_local_attack_borrows_explicitly():
+def test_the_local_attack_borrows_explicitly(repo):
     """attack_local attacks LoAct's smoothed policy over LoRe's tree: the schema says so, and the settings
     the workflow hands it follow those blocks."""
     opts = stage_options("attack-local")
     assert (opts["m"][0], opts["horizon"][0], opts["gamma"][0]) == ("loact.m", "lore.horizon", "lore.gamma")
-    cfg = load_config(REPO / "tests/configs/smoke.yaml")
+    cfg = load_config(repo / "tests/configs/smoke.yaml")
     s = stage_settings(cfg, "CartPole-v0", "attack-local")
     env = cfg["environments"]["CartPole-v0"]
     assert (s["m"], s["horizon"]) == (env["loact"]["m"], env["lore"]["horizon"])

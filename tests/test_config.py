@@ -13,7 +13,8 @@ import yaml
 from crop.workflow.config import ConfigError, certifications, load_config, validate_config
 from crop.workflow.layout import RUN_FILES
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 BASE = yaml.safe_load((REPO / "config.yaml").read_text())
 
 

@@ -2,7 +2,6 @@
 a ConfigError naming a field — never a Python traceback."""
 import copy
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -11,7 +10,8 @@ from hypothesis import strategies as st
 
 from crop.workflow.config import ConfigError, validate_config
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 BASE = yaml.safe_load((REPO / "config.yaml").read_text())
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 20000), st.floats(allow_nan=True),

@@ -20,6 +20,8 @@ from crop.workflow.cli import main
 from crop.workflow.layout import FRAMES_FILE, RUN_FILES
 from crop.workflow.stage_table import STAGES
 
+from paths import REPO
+
 OBS = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
 #: Pendulum-v1's smallest reward, −(θ² + 0.1 θ̇² + 0.001 u²) at |θ| = π, |θ̇| = 8, |u| = 2, rounded outwards to
 #: the 7 decimals the docs give (a range that is too narrow by a rounding would make GRe's bound unsound).
@@ -541,7 +543,7 @@ REAL = [("sac_pendulum", "Pendulum-v1", [PENDULUM_MIN, 0.0]),
 def test_pendulum_reward_range_is_the_documented_one_and_holds_every_reward():
     """The docs' range is the formula's, rounded outwards; the environment's own rewards at the extremes and at
     random states stay within it."""
-    docs = __import__("pathlib").Path(__file__).parents[1] / "docs"
+    docs = REPO / "docs"
     for name in ("statistics.md", "own-policy.md"):
         assert f"{PENDULUM_MIN:.7f}".lstrip("-") in (docs / name).read_text()
     assert PENDULUM_MIN < -(math.pi ** 2 + 6.4 + 0.004)
@@ -716,7 +718,6 @@ def test_report_captions_name_the_clip_exactly_on_the_figures_of_returns():
 # ---------------------------------------------------------------------------------------- through the workflow
 
 CONTINUOUS = DATA.parents[1] / "configs" / "continuous.yaml"
-REPO = DATA.parents[2]
 
 
 def _snakemake(work, *args, config=CONTINUOUS):

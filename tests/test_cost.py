@@ -21,7 +21,8 @@ from crop.workflow.cli import main
 from crop.workflow.config import load_config, validate_config
 from crop.workflow.layout import RUN_FILES
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import REPO as ROOT
+
 QUICK = ROOT / "configs" / "quickstart.yaml"
 PAPER = ROOT / "configs" / "paper.yaml"
 
@@ -63,15 +64,13 @@ def test_lore_transitions_count_every_node_but_the_root():
 
 
 @pytest.mark.parametrize("max_nodes", [None, 40])
-def test_the_lore_model_bounds_a_real_search(max_nodes):
+def test_the_lore_model_bounds_a_real_search(max_nodes, mlp_factory):
     """The counts the model prices a LoRe job by are never below what a search does: an exhaustive search (no
     pruning, every action possible) of CartPole at H = 6, unbounded and with a budget it hits."""
     from crop.certify.lore import LoReSettings, Problem, Search, run_lore
     from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
-    from conftest import random_mlp
-
-    sm = SmoothedNetwork(random_mlp(), SmoothingSettings(0.5, 16, -10.0, 10.0, 0.05, chunk=1000), 2)
+    sm = SmoothedNetwork(mlp_factory(), SmoothingSettings(0.5, 16, -10.0, 10.0, 0.05, chunk=1000), 2)
     settings = LoReSettings(Problem(6, 0), Search(prune=False, max_nodes=max_nodes, reward_min=0.0))
     info = run_lore("CartPole-v0", sm, settings, progress=False).info
     assert info["truncated"] == (max_nodes is not None)

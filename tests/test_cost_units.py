@@ -19,8 +19,9 @@ from crop.workflow import cost
 from crop.workflow.cli import main
 from crop.workflow.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
-QUICK = ROOT / "configs" / "quickstart.yaml"
+from paths import REPO
+
+QUICK = REPO / "configs" / "quickstart.yaml"
 
 
 pytestmark = pytest.mark.usefixtures("no_calibration")
@@ -194,9 +195,9 @@ def test_the_workflow_refuses_a_hostile_calibration_before_any_job(tmp_path):
     path = tmp_path / "cache" / "crop" / "calibration.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(_table(**{"envs/CartPole-v0/env_step_s": 1e308})))
-    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "-s", str(ROOT / "Snakefile"),
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "-s", str(REPO / "Snakefile"),
                           "--configfile", str(QUICK), "--directory", str(tmp_path / "wd")],
-                         capture_output=True, text=True, cwd=ROOT,
+                         capture_output=True, text=True, cwd=REPO,
                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
     said = out.stdout + out.stderr
     assert out.returncode != 0 and "OverflowError" not in said

@@ -2,7 +2,6 @@
 names the problem and the fix, and no traceback."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -10,7 +9,8 @@ import yaml
 from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, load_config, validate_config
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
 
 

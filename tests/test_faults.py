@@ -107,20 +107,18 @@ def _immutable(path, on: bool) -> bool:
 
 
 @pytest.mark.slow
-def test_read_only_results_folder_is_one_clear_error(tmp_path):
+def test_read_only_results_folder_is_one_clear_error(tmp_path, repo):
     """An unwritable results folder stops the workflow before any job, naming the folder."""
     import subprocess
     import sys
-
-    from conftest import REPO
 
     res = tmp_path / "results-smoke"
     res.mkdir()
     if not _immutable(res, True):
         pytest.skip("chattr +i not available here (the test needs an unwritable folder even for root)")
     try:
-        p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
-                            str(tmp_path), "--cores", "1", "--configfile", str(REPO / "tests/configs/smoke.yaml")],
+        p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "--directory",
+                            str(tmp_path), "--cores", "1", "--configfile", str(repo / "tests/configs/smoke.yaml")],
                            capture_output=True, text=True, timeout=300)
     finally:
         _immutable(res, False)
@@ -131,15 +129,13 @@ def test_read_only_results_folder_is_one_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_second_workflow_on_the_same_folder_is_stopped_by_the_lock(tmp_path):
+def test_second_workflow_on_the_same_folder_is_stopped_by_the_lock(tmp_path, repo):
     import subprocess
     import sys
     import time
 
-    from conftest import REPO
-
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-           "--cores", "1", "--configfile", str(REPO / "tests/configs/smoke.yaml")]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "--directory", str(tmp_path),
+           "--cores", "1", "--configfile", str(repo / "tests/configs/smoke.yaml")]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         locks = tmp_path / ".snakemake" / "locks"

@@ -1,11 +1,8 @@
 """Published checkpoints through the same code path users hit: pooch download from a mirror served on
 127.0.0.1, sha256 pinning (registry or lock file), safe archive extraction."""
-import functools
-import http.server
 import io
 import json
 import tarfile
-import threading
 import zipfile
 from pathlib import Path
 
@@ -20,34 +17,11 @@ from crop.io import sha256_file
 from crop.models import load_network
 from crop.workflow.cli import main
 
-from conftest import SHARED
+from paths import SHARED
 
 CKPTS = SHARED / "checkpoints"
 HIGHWAY = CKPTS / "crop-highway-fast-v0"
 needs_shared = pytest.mark.skipif(not HIGHWAY.is_dir(), reason="../shared/checkpoints not present")
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-
-@pytest.fixture
-def serve():
-    """serve(folder) -> base URL of an HTTP server on 127.0.0.1 for that folder (stopped afterwards)."""
-    servers = []
-
-    def start(folder):
-        h = functools.partial(_Quiet, directory=str(folder))
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}"
-
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 @pytest.mark.slow

@@ -102,7 +102,7 @@ def test_each_command_help_names_the_action_spaces_its_code_accepts(tmp_path):
     assert {c for c, _ in checked} >= {"train", "derive", "fetch", "checkpoint", "import", *STAGES}
 
 
-def test_the_documented_rule_for_relative_paths_is_the_readers(tmp_path, capsys, monkeypatch):
+def test_the_documented_rule_for_relative_paths_is_the_readers(tmp_path, capsys, monkeypatch, repo):
     """A config in a subfolder names its policy file by a relative path: validated from a working directory
     that holds the file, it passes; from one that does not, while the config's folder does, it is refused in
     one line naming the path and the working directory.  The schema and docs/configuration.md state that
@@ -125,12 +125,11 @@ def test_the_documented_rule_for_relative_paths_is_the_readers(tmp_path, capsys,
     _dqn(elsewhere / "dqn.pt", (4, 8, 2))       # in the working directory: found there
     main(["validate-config", str(cfg)])
     assert "valid (1 certification targets)" in capsys.readouterr().out
-    from pathlib import Path
 
     from crop.workflow.config import schema
 
     files = schema()["$defs"]["environment"]["properties"]["files"]["additionalProperties"]
     words = " ".join(files["properties"]["path"]["description"].split())
     assert "read from the working directory" in words and "not from the config file's folder" in words, words
-    doc = " ".join((Path(__file__).parents[1] / "docs/configuration.md").read_text().split())
+    doc = " ".join((repo / "docs/configuration.md").read_text().split())
     assert "relative to the working directory where you run `snakemake`" in doc

@@ -43,7 +43,8 @@ from crop.workflow import layout
 from crop.workflow.config import load_config
 from crop.workflow.layout import RUN_FILES
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
 PAPER = REPO / "configs" / "paper.yaml"
 REHEARSAL = REPO / "configs" / "paper-rehearsal.yaml"

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +21,8 @@ from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.layout import RUN_FILES
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 X = torch.randn(32, 4, generator=torch.Generator().manual_seed(7))
 
 

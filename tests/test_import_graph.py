@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-CROP = Path(__file__).resolve().parents[1] / "crop"
+from paths import REPO
+
+CROP = REPO / "crop"
 
 
 def _modules() -> dict[str, Path]:

@@ -19,8 +19,6 @@ from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, check_policy_files, load_config, validate_config
 from crop.workflow.layout import RUN_FILES
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def _one_line(argv, capsys) -> str:
     with pytest.raises(SystemExit) as e:
@@ -87,9 +85,9 @@ def test_validate_config_opens_every_policy_file(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_snakemake_refuses_a_missing_policy_file_before_any_job(tmp_path):
+def test_snakemake_refuses_a_missing_policy_file_before_any_job(tmp_path, repo):
     f = _config(tmp_path, {"Mine": tmp_path / "absent.zip"})
-    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1", "-n",
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "--cores", "1", "-n",
                         "--configfile", str(f), "--directory", str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
     out = p.stdout + p.stderr
@@ -236,10 +234,10 @@ def test_a_target_that_does_not_fit_the_network_is_refused_at_validation(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_workflow_plans_probs_for_a_policy_network(tmp_path):
+def test_the_workflow_plans_probs_for_a_policy_network(tmp_path, repo):
     """No qrange job for a policy network with no target: its runs smooth probs (ENV/ALGO@probs)."""
     f = _config(tmp_path, {"MyPPO": _ppo(tmp_path / "ppo.zip", 6, 3)})
-    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1", "-n",
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "--cores", "1", "-n",
                         "-p", "--configfile", str(f), "--directory", str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -325,7 +323,7 @@ def test_a_lock_taken_before_its_owner_is_recorded_is_not_cleared(tmp_path):
 
 # ------------------------------------------------------------------ 4. captions in words
 
-def test_report_params_are_words_and_the_captions_still_read_them():
+def test_report_params_are_words_and_the_captions_still_read_them(repo):
     """Snakemake's report prints a job's params as name={value}: the audit block and the caption settings
     show in words, not as a Python repr, and the captions (report/*.rst, Jinja) read their keys as before."""
     import jinja2
@@ -340,7 +338,7 @@ def test_report_params_are_words_and_the_captions_still_read_them():
     assert "settings=CartPole-v0: StdTrain at σ ∈ {0.1}; LoAct m = " in shown
     assert "{'" not in shown and "None" not in shown
     assert repr(params["audit"]) == repr(cfg["audit"])   # Snakemake's record of the params is unchanged
-    caption = (REPO / "report" / "audit.rst").read_text()
+    caption = (repo / "report" / "audit.rst").read_text()
     text = jinja2.Template(caption).render(snakemake={"params": params})
     assert "α = 0.05" in text and "``paper``" in text
 
@@ -368,7 +366,7 @@ def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path):
+def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path, repo):
     """The race as reproduced: run A is stopped (SIGSTOP) just after Snakemake took its lock, before onstart
     records it as the owner, while the record still names the previous run's dead PID.  Run B, started then,
     must be stopped by A's lock (it used to clear it and proceed); A then finishes."""
@@ -391,7 +389,7 @@ def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path):
     (snake / "crop-owner.json").write_text(json.dumps({"pid": previous.pid, "host": socket.gethostname(),
                                                        "locks": []}))
     cmd = [sys.executable, "-m", "snakemake", "results/CartPole-v0/StdTrain/checkpoint/model.pt", "-s",
-           str(REPO / "Snakefile"), "--cores", "1", "--configfile", "c.yaml"]
+           str(repo / "Snakefile"), "--cores", "1", "--configfile", "c.yaml"]
     a = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         # Snakemake writes its input lock, then its output lock, each file opened before its lines are

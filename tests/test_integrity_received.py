@@ -19,6 +19,7 @@ from crop.report.audit import AuditOptions, audit, verdict_line
 from crop.workflow import layout
 from crop.workflow.layout import RUN_FILES
 
+from paths import REPO
 from synthetic_results import audit_cli, make_results, rewrite_csv, runs_of
 
 PLAN = {"CartPole-v0": {"StdTrain": [0.05, 0.1], "GaussAug": [0.1]}}
@@ -111,7 +112,7 @@ def test_a_figure_of_no_run_in_the_folder_fails(received, hostile):
 
 def _config(tmp_path, plan) -> str:
     """A workflow config of the quick start's settings for the runs of ``plan`` = (algorithms, σ)."""
-    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
     env = cfg["environments"]["CartPole-v0"]
     env["algorithms"], env["sigmas"] = plan
     path = tmp_path / "config.yaml"

@@ -14,7 +14,8 @@ from crop.io import meta_name
 from crop.workflow import stage_table
 from crop.workflow.layout import RUN_FILES
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 CONFIG = REPO / "tests" / "configs" / "kill.yaml"
 STAGES = ["checkpoint", *stage_table.STAGES]
 # Files whose bytes are results; provenance (.meta.json, qrange.json/model.json/audit: runtimes, paths,

@@ -27,7 +27,8 @@ from crop.report.metrics import parse_run
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.layout import RUN_FILES
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 OWN = yaml.safe_load((REPO / "tests/configs/own_smoke.yaml").read_text())
 
 

@@ -19,7 +19,8 @@ from crop.models import build_network
 from crop.workflow.cli import build_parser, main
 from crop.workflow.config import check_policy_files, load_config, validate_config
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 PAGE = (REPO / "docs" / "own-policy.md").read_text()
 
 

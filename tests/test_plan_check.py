@@ -3,11 +3,10 @@ recorded ``runtime_s`` is the start, each judged against its own part of the pre
 import importlib.util
 import json
 import re
-from pathlib import Path
 
 from crop.workflow import layout
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
 
 
 def _plan_check():

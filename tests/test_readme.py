@@ -16,9 +16,9 @@ from crop.report.audit import audit
 from crop.workflow import layout
 from crop.workflow.config import sigma_label, validate_config
 
+from paths import REPO
 from synthetic_results import GLOBAL_FACTORS, GRE_FACTORS, LOCAL_FACTORS, make_results
 
-REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 

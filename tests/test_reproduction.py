@@ -19,7 +19,7 @@ from crop.workflow import layout
 from crop.workflow.layout import RUN_FILES
 from crop.workflow.stage_table import STAGES
 
-from conftest import SHARED
+from paths import SHARED
 from synthetic_results import LORE_ALPHA_SPENT, M_ATTACK, audit_cli, make_results, margins, rewrite_csv, write_reference
 
 TARBALL = SHARED / "reference" / "crop-leaderboard-csv.tar.gz"
@@ -341,7 +341,7 @@ environments:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "checkpoints").is_dir(), reason="../shared/checkpoints not present")
-def test_replicates_through_the_workflow(tmp_path):
+def test_replicates_through_the_workflow(tmp_path, repo):
     """`replicates: 1` then `replicates: 2` in the same folder: the second run adds replicate 1's qrange and
     LoAct jobs (its own folder and seed) and leaves every file of replicate 0 as it was, byte for byte; the
     tables then show the mean over the two replicates with their spread."""
@@ -349,7 +349,6 @@ def test_replicates_through_the_workflow(tmp_path):
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[1]
     env = dict(os.environ, CROP_CHECKPOINT_MIRROR=str(SHARED / "checkpoints"), CROP_CACHE=str(tmp_path / "cache"))
 
     def run(n):

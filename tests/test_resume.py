@@ -19,7 +19,7 @@ from crop.smoothing import stats
 from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 from crop.workflow.layout import RUN_FILES
 
-from conftest import random_mlp
+from networks import random_mlp
 
 
 class Killed(Exception):

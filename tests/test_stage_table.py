@@ -16,7 +16,7 @@ from crop.workflow import layout
 from crop.workflow.cli import build_parser
 from crop.workflow.stage_table import RUN_FILES, STAGES, layout_table, meta_name, stage, with_layout_table
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
 
 
 def _dry_run_jobs(tmp_path, cfg: dict) -> list[dict]:

@@ -4,24 +4,23 @@ does not use."""
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import REPO
 
 
 def _loaded(code: str, modules) -> list[str]:
     """Which of ``modules`` a fresh interpreter has loaded after running ``code``."""
     probe = f"{code}\nimport sys\nprint(' '.join(m for m in {list(modules)!r} if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
     return out.stdout.split()
 
 
 def test_workflow_parse_imports_neither_torch_nor_pandas():
     """Every module the Snakefile and rules/*.smk import at their top level (what the Snakemake process
     loads to parse the workflow) together load no torch, pandas, scipy.stats, matplotlib or highway-env."""
-    files = [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))]
+    files = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
     statement = r"^(?:from crop[\w.]* import (?:\([^)]*\)|.+)|import crop[\w.]*)"
     imports = [i for f in files for i in re.findall(statement, f.read_text(), re.M)]
     assert any("crop.reference" in i for i in imports) and any("layout" in i for i in imports)  # found them

@@ -18,7 +18,8 @@ from crop.workflow import layout
 from crop.workflow.config import ConfigError, run_targets, validate_config
 from crop.workflow.layout import RUN_FILES
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 ENV = "CartPole-v0"
 
 

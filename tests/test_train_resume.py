@@ -25,7 +25,6 @@ from crop.train.resume import ResumeOptions
 
 torch.set_num_threads(1)
 
-REPO = Path(__file__).resolve().parents[1]
 # A small CartPole training whose replay buffer (500) wraps around, learning from step 200.
 SMALL = {"total_steps": 1200, "target_return": None, "eval_episodes": 2, "hidden": [16],
          "dqn": {"learning_starts": 200, "eps_decay_steps": 500, "buffer_size": 500, "eval_every": 300},

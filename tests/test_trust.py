@@ -18,7 +18,8 @@ from crop.envs import env_family, untrusted_env_ids
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.cost import shipped_table
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 MODULE = "cropmarkmod"
 ENV = f"{MODULE}:CartPole-v1"   # the module registers nothing: CartPole-v1 is Gymnasium's own
 

@@ -16,7 +16,8 @@ from crop.workflow import layout
 from crop.workflow.config import load_config, sigma_label
 from crop.workflow.layout import RUN_FILES
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
+
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
 
 

@@ -19,10 +19,7 @@ from crop.models import build_network
 from crop.workflow.layout import RUN_FILES, run_dir
 from crop.workflow.stage_table import STAGES
 
-from conftest import SHARED
-from test_fetch import serve  # noqa: F401  (fixture)
-
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO, SHARED
 
 
 def run_smoke(config: Path, work: Path, mirror: str):
@@ -46,7 +43,7 @@ def test_the_smoke_configs_plan_every_stage(tmp_path, config):
 
 
 @pytest.mark.slow
-def test_atari_policy_end_to_end(tmp_path, serve):  # noqa: F811
+def test_atari_policy_end_to_end(tmp_path, serve):
     site = tmp_path / "site"
     site.mkdir()
     torch.manual_seed(0)
@@ -73,7 +70,7 @@ def test_atari_policy_end_to_end(tmp_path, serve):  # noqa: F811
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "checkpoints").is_dir(), reason="../shared/checkpoints not present")
-def test_highway_published_checkpoints_end_to_end(tmp_path, serve):  # noqa: F811
+def test_highway_published_checkpoints_end_to_end(tmp_path, serve):
     work = tmp_path / "work"
     run_smoke(REPO / "tests/configs/highway_smoke.yaml", work, serve(SHARED / "checkpoints"))
     for algo in ("StdTrain", "RadialRL"):
