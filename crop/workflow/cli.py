@@ -15,6 +15,7 @@ import sys
 
 from crop.io import InputError, json_object
 from crop.names import ALPHA_MODES, BOUND_NAMES, DEVICES, TARGET_NAMES
+from crop.workflow.certify_config import certify_args
 from crop.workflow.stage_table import STAGES, StageRow
 
 __all__ = ["main", "build_parser", "InputError", "BOUND_NAMES"]
@@ -270,6 +271,11 @@ def cmd_plan(args) -> None:
 # subcommand: (one-line help, description); a per-run stage's are its row's, in the stage table's order after
 # the checkpoint's subcommands (crop.workflow.stage_table)
 COMMANDS = {
+    "certify": ("certify your own agent in one command: detect it, write a config, run the workflow, report",
+                "Certify a policy file (SB3 or CleanRL DQN, PPO, A2C, SAC, TD3, DDPG, or a state dict) on --env: its "
+                "kind is read from the file and checked against the environment's spaces, DIR/config.yaml is "
+                "written (snakemake --configfile repeats the run), the workflow runs, and a table per σ, the "
+                "audit's verdict and a one-file HTML report follow (docs/own-policy.md)."),
     "train": ("train a Q-network locally (Double DQN and its variants; Discrete actions)",
               "Train a policy with the recipe of its algorithm (crop/train), seeded; the greedy policy must pass "
               "the acceptance test (target return) before model.pt and its record model.json are written."),
@@ -326,7 +332,7 @@ COMMANDS = {
 
 # What each subcommand runs (``module:function``, imported when it runs: the parser needs none of them); a
 # per-run stage's handler is its row's.
-HANDLERS = {"train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
+HANDLERS = {"certify": "crop.handlers.certify:cmd_certify", "train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
             "fetch": "crop.handlers.policies:cmd_fetch", "checkpoint": "crop.handlers.policies:cmd_checkpoint",
             "import": "crop.handlers.policies:cmd_import", "aggregate": "crop.handlers.stages:cmd_aggregate",
             "audit": "crop.handlers.stages:cmd_audit", "validate-config": "crop.workflow.cli:cmd_validate_config",
@@ -409,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     _report_args(parsers["aggregate"], parsers["audit"])
     parsers["validate-config"].add_argument("config", help="the workflow config file (YAML)")
     _plan_args(parsers["plan"], parsers["calibrate"])
+    certify_args(parsers["certify"])
     for name in ("validate-config", "plan"):
         _trust_env_arg(parsers[name], "a module:Id environment id of the config that may import its module, as "
                                       "if the config set import_module: true for it (a received config imports "
