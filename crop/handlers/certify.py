@@ -87,11 +87,9 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     cfg = certify_config(args.env, args.algo, policy, out, sizes, args.sigma or sigmas,
                          _rewards(args.env, args.reward_range), box)
     try:
-        check_policy_files(validate_config(cfg, "crop certify"), "crop certify")
+        check_policy_files(validate_config(cfg, "the config"), "the config")
     except ConfigError as exc:
         raise InputError(str(exc)) from None
-    if args.cores < 1:
-        raise InputError(f"--cores: must be >= 1, got {args.cores}")
     if not SNAKEFILE.is_file():
         raise InputError(f"{SNAKEFILE}: the workflow's Snakefile is not there; run crop certify from a checkout "
                          "of the repository (pip install -e)")
@@ -118,14 +116,19 @@ def _mean(df: pd.DataFrame, col: str) -> float:
 
 
 def _sigma_lines(run: Path, box: bool) -> list[str]:
-    """One σ's rows: LoAct's certified fraction and mean radius (Theorem 1; a Box agent: its steps within
-    the action tolerance), GRe's bounds at each ε beside the global attack's returns (Theorems 2–3), LoRe's
-    bound (Algorithm 3) where it applies."""
+    """One σ's rows: LoAct's certified fraction and mean radius (Theorem 1; a Box agent: the steps whose
+    every action dimension stays within its tolerance, and the certified action interval's width), GRe's
+    bounds at each ε beside the global attack's returns (Theorems 2–3), LoRe's bound (Algorithm 3) where it
+    applies."""
     from crop.workflow.layout import RUN_FILES
 
-    loact = pd.read_csv(run / RUN_FILES["loact_ratio" if box else "loact"])
+    loact = pd.read_csv(run / RUN_FILES["loact"])
+    if box:   # a step is certified when every action dimension is, at the smallest radius over them
+        width = (loact["upper_e1"] - loact["lower_e1"]).mean()
+        loact = loact.groupby(["episode", "step"]).agg(certified=("certified", "all"), radius=("radius", "min"))
     lines = [f"  LoAct: {_mean(loact, 'certified'):.1%} of {len(loact)} steps certified, mean radius "
-             f"{_mean(loact, 'radius'):.4g}" + (" (within the action tolerance)" if box else "")]
+             f"{_mean(loact, 'radius'):.4g}"
+             + (f"; mean width of the action interval at eps = sigma {width:.4g}" if box else "")]
     gre = pd.read_csv(run / RUN_FILES["gre"])
     attack = pd.read_csv(run / RUN_FILES["attack_global"])
     lines.append(f"  {'eps':>8}  {'GRe J_E':>9}  {'GRe J_p':>9}  {'attack mean':>11}  {'attack median':>13}")

@@ -46,16 +46,19 @@ _BOX_STAGES = ("train", "loact", "gre", "attack")
 _LOCAL_ATTACK = ("local_episodes", "local_m_grad", "local_eps_factors")
 
 
-def certify_args(p) -> None:
-    """`crop certify`'s options."""
+def certify_args(p, algo_type, sigma_type, count_type) -> None:
+    """`crop certify`'s options, checked by the command line's own types (crop.workflow.cli: a label as the
+    config's, σ > 0, a count ≥ 1); --env is checked with the file, in one line."""
     p.add_argument("policy", help="your agent's file: a Stable-Baselines3 .zip (DQN, PPO, A2C, SAC, TD3, DDPG), a "
                                   "CleanRL checkpoint or a PyTorch state dict; its kind is read from the file")
-    p.add_argument("--env", required=True, help="the Gymnasium id to certify it on (its spaces must be the agent's)")
-    p.add_argument("--algo", default="Mine", help="the label it gets in the tables, figures and folders")
-    p.add_argument("--sigma", type=float, nargs="+", help=f"the σ to certify (default: quick {QUICK_SIGMAS}, "
-                                                          "paper: the paper's for the environment)")
+    p.add_argument("--env", required=True, help="the Gymnasium id to certify it on, with Discrete or Box actions "
+                                                "(its observation and action spaces must be the agent's)")
+    p.add_argument("--algo", type=algo_type, default="Mine",
+                   help="the label it gets in the tables, figures and folders")
+    p.add_argument("--sigma", type=sigma_type, nargs="+",
+                   help=f"the σ to certify (default: quick {QUICK_SIGMAS}, paper: the paper's for the environment)")
     p.add_argument("--out", default="certify", help="the folder of config.yaml, results/ and report.html")
-    p.add_argument("--cores", type=int, default=2, help="cores Snakemake may use")
+    p.add_argument("--cores", type=count_type, default=2, help="cores Snakemake may use")
     p.add_argument("--budget", choices=BUDGETS, default="quick",
                    help="quick: a few CPU-minutes for a classic-control agent; paper: the paper's sizes")
     p.add_argument("--reward-range", type=float, nargs=2, metavar=("LOW", "HIGH"),

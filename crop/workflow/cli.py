@@ -332,7 +332,8 @@ COMMANDS = {
 
 # What each subcommand runs (``module:function``, imported when it runs: the parser needs none of them); a
 # per-run stage's handler is its row's.
-HANDLERS = {"certify": "crop.handlers.certify:cmd_certify", "train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
+HANDLERS = {"certify": "crop.handlers.certify:cmd_certify",
+            "train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
             "fetch": "crop.handlers.policies:cmd_fetch", "checkpoint": "crop.handlers.policies:cmd_checkpoint",
             "import": "crop.handlers.policies:cmd_import", "aggregate": "crop.handlers.stages:cmd_aggregate",
             "audit": "crop.handlers.stages:cmd_audit", "validate-config": "crop.workflow.cli:cmd_validate_config",
@@ -415,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     _report_args(parsers["aggregate"], parsers["audit"])
     parsers["validate-config"].add_argument("config", help="the workflow config file (YAML)")
     _plan_args(parsers["plan"], parsers["calibrate"])
-    certify_args(parsers["certify"])
+    certify_args(parsers["certify"], _algo, _schema_type({"exclusiveMinimum": 0}), _schema_type(POS_INT))
     for name in ("validate-config", "plan"):
         _trust_env_arg(parsers[name], "a module:Id environment id of the config that may import its module, as "
                                       "if the config set import_module: true for it (a received config imports "
