@@ -86,8 +86,8 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     out = Path(args.out).absolute()
     cfg = certify_config(args.env, args.algo, policy, out, sizes, args.sigma or sigmas,
                          _rewards(args.env, args.reward_range), box)
-    try:
-        check_policy_files(validate_config(cfg, "the config"), "the config")
+    try:   # the checked config has the smoothing target filled in (probs, action), as the workflow's
+        checked = check_policy_files(validate_config(cfg, "the config"), "the config")
     except ConfigError as exc:
         raise InputError(str(exc)) from None
     if not SNAKEFILE.is_file():
@@ -102,7 +102,7 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     print(f"agent:  {policy.name}: {_KIND[info['network']]}, {info['format']} format, "
           f"{info['net_spec'].get('arch')} {info['net_spec'].get('hidden', '')}".rstrip(), flush=True)
     print(f"config: {path} ({args.budget} budget)", flush=True)
-    return path, cfg, box
+    return path, checked, box
 
 
 def snakemake(*argv: str) -> subprocess.CompletedProcess:
