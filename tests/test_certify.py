@@ -110,7 +110,7 @@ def test_certify_a_cartpole_dqn_end_to_end(tmp_path):
         a = attack[(attack["eps"] - g["eps"]).abs() < 1e-12]
         assert row.group(3) == (f"{a['return'].mean():.4g}" if len(a) else "—")
     lore = pd.read_csv(run / "lore.csv")
-    assert f"LoRe: return over the first H steps >= {lore['lower_bound'].iloc[0]:.4g}" in table
+    assert f"LoRe: return over the first 3 steps >= {lore['lower_bound'].iloc[0]:.4g} at eps 0" in table
     from crop.report.audit import verdict_line
 
     audit = json.loads((tmp_path / "mine/results/audit/audit.json").read_text())

@@ -115,7 +115,7 @@ def _mean(df: pd.DataFrame, col: str) -> float:
     return float(df[col].mean()) if col in df else float("nan")
 
 
-def _sigma_lines(run: Path, box: bool) -> list[str]:
+def _sigma_lines(run: Path, box: bool, lore_h: int | None) -> list[str]:
     """One σ's rows: LoAct's certified fraction and mean radius (Theorem 1; a Box agent: the steps whose
     every action dimension stays within its tolerance, and the certified action interval's width), GRe's
     bounds at each ε beside the global attack's returns (Theorems 2–3), LoRe's bound (Algorithm 3) where it
@@ -140,7 +140,7 @@ def _sigma_lines(run: Path, box: bool) -> list[str]:
                      f"{mean:>11}  {median:>13}")
     if not box and (run / RUN_FILES["lore"]).is_file():
         lore = pd.read_csv(run / RUN_FILES["lore"])
-        lines.append("  LoRe: return over the first H steps >= " + ", ".join(
+        lines.append(f"  LoRe: return over the first {lore_h} steps >= " + ", ".join(
             f"{r['lower_bound']:.4g} at eps {r['eps']:.4g}" for _, r in lore.iterrows()))
     return lines
 
@@ -153,19 +153,21 @@ def results_table(cfg: dict, box: bool) -> list[str]:
     lines = []
     for env, algo, sigma_label, target in run_targets(cfg):
         lines.append(f"{env} {algo} σ = {sigma_label}" + ("" if target == "q" else f" (target {target})"))
-        lines += _sigma_lines(run_dir(cfg["results"], env, algo, sigma_label, target), box)
+        lore_h = cfg["environments"][env].get("lore", {}).get("horizon")
+        lines += _sigma_lines(run_dir(cfg["results"], env, algo, sigma_label, target), box, lore_h)
     return lines
 
 
 def cmd_certify(args) -> None:
     config, cfg, box = _write_config(args)
-    if snakemake("--cores", str(args.cores), "--configfile", str(config)).returncode != 0:
+    # progress ("N of M steps (P%) done") without each job's file lists: those are in the run's log
+    if snakemake("--cores", str(args.cores), "--configfile", str(config), "--quiet", "rules", "host").returncode:
         print(f"crop certify: error: the workflow failed (its log is above); rerun: snakemake -s {SNAKEFILE} "
               f"--cores {args.cores} --configfile {config}", file=sys.stderr)
         sys.exit(1)
     results = Path(cfg["results"])
     report = config.parent / "report.html"
-    made = snakemake("--report", str(report), "--configfile", str(config)).returncode == 0
+    made = snakemake("--report", str(report), "--configfile", str(config), "--quiet", "all").returncode == 0
     print("\n".join(results_table(cfg, box)))
     from crop.report.audit import verdict_line
 
