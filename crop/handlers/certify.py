@@ -95,7 +95,10 @@ def _write_config(args) -> tuple[Path, dict, bool]:
                          "of the repository (pip install -e)")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.yaml"
-    path.write_text("# crop certify " + " ".join(shlex.quote(a) for a in sys.argv[2:]) + "\n"
+    command = ["crop", "certify", str(policy), "--env", args.env, "--algo", args.algo, "--sigma",
+               *map(str, cfg["environments"][args.env]["sigmas"]), "--budget", args.budget, "--out", str(out),
+               *(["--reward-range", *map(str, args.reward_range)] if args.reward_range else [])]
+    path.write_text(f"# written by: {shlex.join(command)}\n"
                     f"# repeat: snakemake -s {SNAKEFILE} --cores {args.cores} --configfile {path}\n"
                     "# (every path is absolute: any working directory will do)\n"
                     + yaml.safe_dump(cfg, sort_keys=False))
