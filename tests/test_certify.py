@@ -81,6 +81,8 @@ def test_each_budget_writes_a_config_the_workflow_accepts(env, box, budget, tmp_
     assert cfg["results"] == str(tmp_path / "out" / "results")
     ec = validate_config(cfg, "crop certify")["environments"][env]
     assert ec["files"]["Mine"]["path"] == str(tmp_path / "p.zip")
+    if budget == "quick":   # the global attack at every ε GRe bounds: each row of the table has both
+        assert sizes["attack"]["global_eps_factors"] == sizes["gre"]["eps_factors"]
     assert ("lore" in cfg["environments"][env]) != box and ("qrange" in cfg["environments"][env]) != box
 
 

@@ -26,7 +26,7 @@ QUICK = {
     "gre": {"m": 500, "horizon": 50, "eps_factors": [0.0, 0.05, 0.1, 0.2]},
     "lore": {"m": 1000, "horizon": 3},
     "attack": {"pgd_steps": 5, "local_episodes": 1, "local_m_grad": 16, "local_eps_factors": [0.0, 1.0],
-               "global_episodes": "auto", "global_n_eot": 4, "global_eps_factors": [0.0, 0.1, 0.2]},
+               "global_episodes": "auto", "global_n_eot": 4, "global_eps_factors": [0.0, 0.05, 0.1, 0.2]},
 }
 QUICK_SIGMAS = [0.05, 0.1]
 BUDGETS = ("quick", "paper")
