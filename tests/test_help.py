@@ -61,7 +61,7 @@ def _accepts(command: str, env: str, tmp_path) -> bool:
             except InputError:
                 pass
         return ok
-    if command in ("import", "checkpoint"):   # checkpoint's source: file is crop import's check
+    if command in ("import", "checkpoint", "certify"):   # theirs is crop import's check
         from crop.agents.importing import PolicyImportError, check_policy_file
         from crop.envs import default_profile
 

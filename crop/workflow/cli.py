@@ -14,9 +14,11 @@ import sys
 
 from crop.io import InputError, json_object
 from crop.names import BOUND_NAMES
+from crop.workflow.certify_config import certify_args
 from crop.workflow.cli_options import (
     POS_INT,
     HelpFormatter,
+    algo_type,
     check_setting,
     common_args,
     fetch_args,
@@ -40,6 +42,11 @@ __all__ = ["main", "build_parser", "InputError", "BOUND_NAMES"]
 # subcommand: (one-line help, description); a per-run stage's are its row's, in the stage table's order after
 # the checkpoint's subcommands (crop.workflow.stage_table)
 COMMANDS = {
+    "certify": ("certify your own agent in one command: detect it, write a config, run the workflow, report",
+                "Certify a policy file (SB3 or CleanRL DQN, PPO, A2C, SAC, TD3, DDPG, or a state dict) on --env: its "
+                "kind is read from the file and checked against the environment's spaces, DIR/config.yaml is "
+                "written (snakemake --configfile repeats the run), the workflow runs, and a table per σ, the "
+                "audit's verdict and a one-file HTML report follow (docs/own-policy.md)."),
     "train": ("train a Q-network locally (Double DQN and its variants; Discrete actions)",
               "Train a policy with the recipe of its algorithm (crop/train), seeded; the greedy policy must pass "
               "the acceptance test (target return) before model.pt and its record model.json are written."),
@@ -96,7 +103,8 @@ COMMANDS = {
 
 # What each subcommand runs (``module:function``, imported when it runs: the parser needs none of them); a
 # per-run stage's handler is its row's.
-HANDLERS = {"train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
+HANDLERS = {"certify": "crop.handlers.certify:cmd_certify",
+            "train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
             "fetch": "crop.handlers.policies:cmd_fetch", "checkpoint": "crop.handlers.policies:cmd_checkpoint",
             "import": "crop.handlers.policies:cmd_import", "aggregate": "crop.handlers.report:cmd_aggregate",
             "audit": "crop.handlers.report:cmd_audit", "validate-config": "crop.workflow.commands:cmd_validate_config",
@@ -157,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_args(parsers["aggregate"], parsers["audit"])
     parsers["validate-config"].add_argument("config", help="the workflow config file (YAML)")
     plan_args(parsers["plan"], parsers["calibrate"])
+    certify_args(parsers["certify"], algo_type, schema_type({"exclusiveMinimum": 0}), schema_type(POS_INT))
     for name in ("validate-config", "plan"):
         trust_env_arg(parsers[name], "a module:Id environment id of the config that may import its module, as "
                                       "if the config set import_module: true for it (a received config imports "

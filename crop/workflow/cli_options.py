@@ -98,7 +98,7 @@ def _env(text: str) -> str:
     return text
 
 
-def _algo(text: str) -> str:
+def algo_type(text: str) -> str:
     """A label as the config's (crop/schemas: $defs.label): the paper's nine or one of your own."""
     import re
 
@@ -142,7 +142,7 @@ def _env_help(command: str) -> str:
 
 def common_args(p, sigma: bool = True, checkpoint: bool = True) -> None:
     p.add_argument("--env", type=_env, required=True, help=_env_help(p.prog.split()[-1]))
-    p.add_argument("--algo", type=_algo, required=True, help=_accepted("algo"))
+    p.add_argument("--algo", type=algo_type, required=True, help=_accepted("algo"))
     if sigma:
         p.add_argument("--sigma", type=schema_type(schema_node("environment.sigmas")["items"]), required=True,
                        help="standard deviation σ of the smoothing noise")

@@ -1,0 +1,179 @@
+"""`crop certify POLICY --env ID`: your own agent certified in one command.
+
+The agent's kind is read from the file by `crop import`'s own reader (crop.agents.importing: a Q-network, a
+policy network or a continuous-action actor; SB3, CleanRL or a state dict) and checked against the
+environment's spaces before anything is written.  Then DIR/config.yaml (crop.workflow.certify_config) is
+written and the whole workflow runs on it — the checkpoint, LoAct (Theorem 1; per action dimension for a Box
+agent), GRe (Theorems 2–3), LoRe (Algorithm 3), the attacks, tables, figures and the audit — followed by the
+one-file HTML report.  The table printed per σ is read back from the run's own result files.
+
+Snakemake runs as a child process of this interpreter (``python -m snakemake``), not through
+``snakemake.api``: the Snakefile's ``onstart``/``onsuccess`` hooks, Snakemake's logging setup and its
+signal handling then stay out of this process, its progress lines go straight to the terminal, and the run is
+exactly ``snakemake --configfile DIR/config.yaml``, which repeats it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from crop.io import InputError
+from crop.workflow.certify_config import REPO, REWARDS, budget_sizes, certify_config
+
+SNAKEFILE = REPO / "Snakefile"
+_KIND = {"q": "a Q-network (DQN-style; smoothed Q-values)",
+         "policy": "a policy network (PPO/A2C-style; smoothed action probabilities)",
+         "actor": "a continuous-action actor (SAC/TD3/DDPG/PPO on Box actions; percentile smoothing)"}
+
+
+def _agent(path: Path, env: str) -> tuple[dict, bool]:
+    """The file's import record (crop import's detection and checks: a file that is no agent, an actor for a
+    Discrete environment, a Q-network or policy network for a Box one, sizes that differ are each refused in
+    one line) and whether ``env`` has Box actions."""
+    from crop.agents.importing import check_policy_file
+    from crop.envs import UnknownEnvError, action_bounds, default_profile, env_family
+    from crop.models import CheckpointError
+
+    try:
+        env_family(env)
+        box = action_bounds(env) is not None
+    except UnknownEnvError as exc:
+        raise InputError(f"--env: {exc}") from None
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        _, info = check_policy_file(path, "mlp", "auto", None, env, default_profile(env))
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    return info, box
+
+
+def _rewards(env: str, given) -> dict | None:
+    """The config's rewards block: none for the paper's and Atari environments (their facts are known), else
+    --reward-range, else the known facts of :data:`REWARDS`; InputError naming --reward-range otherwise."""
+    from crop.envs import ENV_SPECS, env_family
+
+    if env in ENV_SPECS:
+        if given:
+            raise InputError(f"--reward-range: {env} is one of the paper's environments, whose reward range is "
+                             "the paper's; leave it out")
+        return None
+    if given:
+        return {"range": [float(given[0]), float(given[1])]}
+    if env in REWARDS:
+        return REWARDS[env]
+    if env_family(env) == "atari":
+        return None
+    raise InputError(f"--reward-range: GRe and LoRe need the per-step reward range of {env}, which the environment "
+                     "does not declare; give it as --reward-range LOW HIGH")
+
+
+def _write_config(args) -> tuple[Path, dict, bool]:
+    """Every check, then DIR/config.yaml; nothing is written before all checks pass."""
+    import yaml
+
+    from crop.workflow.config import ConfigError, check_policy_files, validate_config
+
+    policy = Path(args.policy).absolute()
+    info, box = _agent(policy, args.env)
+    sizes, sigmas = budget_sizes(args.budget, args.env)
+    out = Path(args.out).absolute()
+    cfg = certify_config(args.env, args.algo, policy, out, sizes, args.sigma or sigmas,
+                         _rewards(args.env, args.reward_range), box)
+    try:   # the checked config has the smoothing target filled in (probs, action), as the workflow's
+        checked = check_policy_files(validate_config(cfg, "the config"), "the config")
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    if not SNAKEFILE.is_file():
+        raise InputError(f"{SNAKEFILE}: the workflow's Snakefile is not there; run crop certify from a checkout "
+                         "of the repository (pip install -e)")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.yaml"
+    command = ["crop", "certify", str(policy), "--env", args.env, "--algo", args.algo, "--sigma",
+               *map(str, cfg["environments"][args.env]["sigmas"]), "--budget", args.budget, "--out", str(out),
+               *(["--reward-range", *map(str, args.reward_range)] if args.reward_range else [])]
+    path.write_text(f"# written by: {shlex.join(command)}\n"
+                    f"# repeat: snakemake -s {SNAKEFILE} --cores {args.cores} --configfile {path}\n"
+                    "# (every path is absolute: any working directory will do)\n"
+                    + yaml.safe_dump(cfg, sort_keys=False))
+    print(f"agent:  {policy.name}: {_KIND[info['network']]}, {info['format']} format, "
+          f"{info['net_spec'].get('arch')} {info['net_spec'].get('hidden', '')}".rstrip(), flush=True)
+    print(f"config: {path} ({args.budget} budget)", flush=True)
+    return path, checked, box
+
+
+def snakemake(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m snakemake -s SNAKEFILE ARGV…`` with this interpreter's scripts (crop) first on PATH."""
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), *argv], env=env)
+
+
+def _mean(df: pd.DataFrame, col: str) -> float:
+    return float(df[col].mean()) if col in df else float("nan")
+
+
+def _sigma_lines(run: Path, box: bool, lore_h: int | None) -> list[str]:
+    """One σ's rows: LoAct's certified fraction and mean radius (Theorem 1; a Box agent: the steps whose
+    every action dimension stays within its tolerance, and the certified action interval's width), GRe's
+    bounds at each ε beside the global attack's returns (Theorems 2–3), LoRe's bound (Algorithm 3) where it
+    applies."""
+    from crop.workflow.layout import RUN_FILES
+
+    loact = pd.read_csv(run / RUN_FILES["loact"])
+    if box:   # a step is certified when every action dimension is, at the smallest radius over them
+        width = (loact["upper_e1"] - loact["lower_e1"]).mean()
+        loact = loact.groupby(["episode", "step"]).agg(certified=("certified", "all"), radius=("radius", "min"))
+    lines = [f"  LoAct: {_mean(loact, 'certified'):.1%} of {len(loact)} steps certified, mean radius "
+             f"{_mean(loact, 'radius'):.4g}"
+             + (f"; mean width of the action interval at eps = sigma {width:.4g}" if box else "")]
+    gre = pd.read_csv(run / RUN_FILES["gre"])
+    attack = pd.read_csv(run / RUN_FILES["attack_global"])
+    lines.append(f"  {'eps':>8}  {'GRe J_E':>9}  {'GRe J_p':>9}  {'attack mean':>11}  {'attack median':>13}")
+    for _, g in gre.iterrows():
+        a = attack[(attack["eps"] - g["eps"]).abs() < 1e-12]
+        mean = f"{a['return'].mean():.4g}" if len(a) else "—"
+        median = f"{a['return'].median():.4g}" if len(a) else "—"
+        lines.append(f"  {g['eps']:>8.4g}  {g['expectation_bound']:>9.4g}  {g['percentile_bound']:>9.4g}  "
+                     f"{mean:>11}  {median:>13}")
+    if not box and (run / RUN_FILES["lore"]).is_file():
+        lore = pd.read_csv(run / RUN_FILES["lore"])
+        lines.append(f"  LoRe: return over the first {lore_h} steps >= " + ", ".join(
+            f"{r['lower_bound']:.4g} at eps {r['eps']:.4g}" for _, r in lore.iterrows()))
+    return lines
+
+
+def results_table(cfg: dict, box: bool) -> list[str]:
+    """The per-σ table of a finished run of ``cfg`` (one environment, one label)."""
+    from crop.workflow.config import run_targets
+    from crop.workflow.layout import run_dir
+
+    lines = []
+    for env, algo, sigma_label, target in run_targets(cfg):
+        lines.append(f"{env} {algo} σ = {sigma_label}" + ("" if target == "q" else f" (target {target})"))
+        lore_h = cfg["environments"][env].get("lore", {}).get("horizon")
+        lines += _sigma_lines(run_dir(cfg["results"], env, algo, sigma_label, target), box, lore_h)
+    return lines
+
+
+def cmd_certify(args) -> None:
+    config, cfg, box = _write_config(args)
+    # progress ("N of M steps (P%) done") without each job's file lists: those are in the run's log
+    if snakemake("--cores", str(args.cores), "--configfile", str(config), "--quiet", "rules", "host").returncode:
+        print(f"crop certify: error: the workflow failed (its log is above); rerun: snakemake -s {SNAKEFILE} "
+              f"--cores {args.cores} --configfile {config}", file=sys.stderr)
+        sys.exit(1)
+    results = Path(cfg["results"])
+    report = config.parent / "report.html"
+    made = snakemake("--report", str(report), "--configfile", str(config), "--quiet", "all").returncode == 0
+    print("\n".join(results_table(cfg, box)))
+    from crop.report.audit import verdict_line
+
+    audit = results / "audit" / "audit.json"
+    print(f"audit:  {verdict_line(json.loads(audit.read_text()))} ({audit.with_suffix('.md')})")
+    print(f"report: {report}" if made else "report: not written (snakemake --report failed; its log is above)")

@@ -1,0 +1,97 @@
+"""The workflow config `crop certify` writes: one environment, one policy file under one label, the σ to
+certify and the stage sizes of a budget (docs/own-policy.md, "In one command").
+
+``quick`` is sized to finish a CartPole, Acrobot or Pendulum agent in a few CPU-minutes while every stage
+still runs and the audit has checks to make: LoAct and GRe on short horizons (H = 50) with m in the
+thousands and hundreds, LoRe to depth 3, the attacks with few PGD steps and ``global_episodes: auto`` (the
+fewest episodes that let each GRe percentile check fail on its own, as config.yaml).  ``paper`` takes the
+paper's sizes (Appendix E) from configs/paper.yaml: the environment's own block where the paper has it, else
+CartPole's, the protocol of the paper's vector environment.
+
+Every path in the config is absolute (the policy file, ``results``), so the config re-runs the same DAG from
+any working directory: ``snakemake -s REPO/Snakefile --cores N --configfile DIR/config.yaml``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+#: The repository the package runs from (the Snakefile and configs/paper.yaml).
+REPO = Path(__file__).resolve().parents[2]
+
+#: The stages' sizes per budget; ``paper`` is read from configs/paper.yaml (:func:`budget_sizes`).
+QUICK = {
+    "train": {"eval_episodes": 3},
+    "qrange": {"m": 1000, "episodes": 1, "horizon": 50},
+    "loact": {"m": 1000, "episodes": 2, "horizon": 50},
+    "gre": {"m": 500, "horizon": 50, "eps_factors": [0.0, 0.05, 0.1, 0.2]},
+    "lore": {"m": 1000, "horizon": 3},
+    "attack": {"pgd_steps": 5, "local_episodes": 1, "local_m_grad": 16, "local_eps_factors": [0.0, 1.0],
+               "global_episodes": "auto", "global_n_eot": 4, "global_eps_factors": [0.0, 0.05, 0.1, 0.2]},
+}
+QUICK_SIGMAS = [0.05, 0.1]
+BUDGETS = ("quick", "paper")
+
+#: Reward facts of the Gymnasium environments crop certifies without a ``--reward-range`` (their
+#: specifications): the per-step range and, where an episode's length is capped, the whole game's range.
+REWARDS = {
+    "CartPole-v1": {"range": [0.0, 1.0], "return_range": [0.0, 500.0]},      # +1 per step, at most 500
+    "Acrobot-v1": {"range": [-1.0, 0.0], "return_range": [-500.0, 0.0]},     # -1 per step until the goal
+    "MountainCar-v0": {"range": [-1.0, 0.0], "return_range": [-200.0, 0.0]},
+    "Pendulum-v1": {"range": [-16.2736045, 0.0]},                          # -(π² + 0.1·8² + 0.001·2²)
+    "MountainCarContinuous-v0": {"range": [-0.1, 100.0]},                  # -0.1·a², +100 at the flag
+}
+
+#: What a Box-action environment runs (LoAct per dimension, GRe, the global attack; docs/own-policy.md).
+_BOX_STAGES = ("train", "loact", "gre", "attack")
+_LOCAL_ATTACK = ("local_episodes", "local_m_grad", "local_eps_factors")
+
+
+def certify_args(p, algo_type, sigma_type, count_type) -> None:
+    """`crop certify`'s options, checked by the command line's own types (crop.workflow.cli: a label as the
+    config's, σ > 0, a count ≥ 1); --env is checked with the file, in one line."""
+    p.add_argument("policy", help="your agent's file: a Stable-Baselines3 .zip (DQN, PPO, A2C, SAC, TD3, DDPG), a "
+                                  "CleanRL checkpoint or a PyTorch state dict; its kind is read from the file")
+    p.add_argument("--env", required=True, help="the Gymnasium id to certify it on, with Discrete or Box actions "
+                                                "(its observation and action spaces must be the agent's)")
+    p.add_argument("--algo", type=algo_type, default="Mine",
+                   help="the label it gets in the tables, figures and folders")
+    p.add_argument("--sigma", type=sigma_type, nargs="+",
+                   help=f"the σ to certify (default: quick {QUICK_SIGMAS}, paper: the paper's for the environment)")
+    p.add_argument("--out", default="certify", help="the folder of config.yaml, results/ and report.html")
+    p.add_argument("--cores", type=count_type, default=2, help="cores Snakemake may use")
+    p.add_argument("--budget", choices=BUDGETS, default="quick",
+                   help="quick: a few CPU-minutes for a classic-control agent; paper: the paper's sizes")
+    p.add_argument("--reward-range", type=float, nargs=2, metavar=("LOW", "HIGH"),
+                   help="the per-step reward range (GRe and LoRe need it; known for "
+                        f"{', '.join(REWARDS)} and the paper's environments)")
+
+
+def _paper_block(env: str) -> tuple[dict, list[float]]:
+    """configs/paper.yaml's block of ``env``, else its CartPole-v0 block (the vector protocol)."""
+    import yaml
+
+    envs = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())["environments"]
+    return envs.get(env, envs["CartPole-v0"]), envs.get(env, envs["CartPole-v0"])["sigmas"]
+
+
+def budget_sizes(budget: str, env: str) -> tuple[dict, list[float]]:
+    """``({stage: settings}, default σ)`` of ``budget`` for ``env``."""
+    if budget == "quick":
+        return {k: dict(v) for k, v in QUICK.items()}, list(QUICK_SIGMAS)
+    block, sigmas = _paper_block(env)
+    return {k: dict(block[k]) for k in QUICK if k in block and k != "train"}, list(sigmas)
+
+
+def certify_config(env: str, label: str, policy: Path, out: Path, sizes: dict, sigmas: list[float],
+                   rewards: dict | None, box: bool) -> dict:
+    """The workflow config of one policy file (absolute ``policy``) certified on ``env``, results in
+    ``out``/results; a Box-action environment gets its stages only (no V range, LoRe or local attack)."""
+    ec = {"source": "file", "files": {label: {"path": str(policy)}}, "algorithms": [label],
+          "sigmas": [float(s) for s in sigmas]}
+    if rewards:
+        ec["rewards"] = dict(rewards)
+    for stage, settings in sizes.items():
+        if box and stage not in _BOX_STAGES:
+            continue
+        ec[stage] = {k: v for k, v in settings.items() if not (box and k in _LOCAL_ATTACK)}
+    return {"results": str(out / "results"), "seed": 0, "environments": {env: ec}}
