@@ -11,6 +11,10 @@ machine runs):
 
 The two paths alternate ``--repeats`` times; the best of each is reported.  GRe's returns are checked equal
 byte for byte between the two paths.  ``--profile`` prints the top of a cProfile of each plain loop.
+
+Measured with the defaults on a shared 2-core machine (load average 3.9): stock 59.5 plain steps and 60.5 GRe
+trajectory steps per CPU second, crop 87.3 and 85.4 (1.47× and 1.41×), GRe's returns byte-identical.  Of that,
+one observation takes 0.26 ms instead of 3.0 ms, one ``neighbour_vehicles`` 31 µs instead of 39 µs (21 vehicles).
 """
 from __future__ import annotations
 
