@@ -388,7 +388,9 @@ def make_env(env_id: str, profile: str | None = None) -> gym.Env:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             env = gym.make("highway-fast-v0")
-        return _Flatten(env)
+        from crop.envs.highway import speed_up
+
+        return _Flatten(speed_up(env))  # the same bytes as the stock step, faster (crop/envs/highway.py)
     if env_id.endswith("NoFrameskip-v4"):
         from crop.envs.atari import make_atari
 
