@@ -121,11 +121,17 @@ def toy_seconds(cfg, job, u):
     return cfg["environments"][job.env]["toy"]["rounds"] * 1000 * u("env_step_s"), "toy rounds"
 
 
+def toy_device(cfg, env):
+    """The toy counts: the CPU, whatever the environment's device."""
+    return "cpu"
+
+
 add_stage(StageRow(
     "toy", "a toy stage", "a toy stage's help", "A toy stage: writes its settings.", "toy_stage:cmd_toy",
     (Output("toy", "toy.json", "out", "toy.json: its settings", meta=False),),
     {"rounds": "toy.rounds", "alpha": "/alpha"}, v_range=True, replicate=True, cost=toy_seconds, memory=500,
-    block=("toy", BLOCK), flags=(Flag("knob", {"type": "integer", "minimum": 1}, "a flag the rule leaves out"),)))
+    device=toy_device, block=("toy", BLOCK),
+    flags=(Flag("knob", {"type": "integer", "minimum": 1}, "a flag the rule leaves out"),)))
 
 
 def cmd_toy(args):
@@ -139,7 +145,8 @@ from crop.workflow.config import load_config
 from crop.workflow.stage_table import layout_table
 assert layout.RUN_FILES['toy'] == 'toy.json' and 'toy' in layout.REPLICATE_FILES
 assert integrity.STAGE_FILES['toy'] == ('toy',)
-assert '| `toy`, `toy_replicate` | a toy stage |' in layout_table() and '500 MB' in layout_table()
+assert '| `toy`, `toy_replicate` | a toy stage |' in layout_table()
+assert '500 MB, `toy_stage:toy_device`' in layout_table()
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     main(['plan', '--configfile', sys.argv[3], '--json'])
@@ -179,7 +186,7 @@ def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_a_price_and_run_files(
         words = shlex.split(shell.removeprefix("Shell command: "))
         assert words[:2] == ["crop", "toy"] and json.loads(words[words.index("--settings") + 1]) == \
             {"rounds": 5, "alpha": 0.05}
-        assert "--knob" not in words and "--qrange" in words
+        assert "--knob" not in words and "--qrange" in words and words[words.index("--device") + 1] == "cpu"
         assert re.search(r"resources: .*\bmem_mb=500\b", block), block   # its row's memory
     # the aggregate and the audit wait for it
     assert re.search(r"rule audit:\n(?:.*\n)*?\s+input: .*sigma-0.1/toy.json", text)
@@ -191,17 +198,20 @@ def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_a_price_and_run_files(
                                                                "target": "vote"}
 
 
-def test_a_row_without_a_cost_function_or_memory_is_refused_when_it_is_made():
+def test_a_row_without_a_cost_memory_or_device_function_is_refused_when_it_is_made():
     from crop.workflow.stage_table import StageRow
 
     args = ("toy", "t", "h", "d", "toy:cmd", (), {}, False, False)
     with pytest.raises(ValueError, match=r"^stage toy: cost = None names no cost function \(module:function"):
-        StageRow(*args, cost=None, memory=500)
+        StageRow(*args, cost=None, memory=500, device="toy:device")
     with pytest.raises(ValueError, match="^stage toy: cost = 'toy' names no cost function"):
-        StageRow(*args, cost="toy", memory=500)
+        StageRow(*args, cost="toy", memory=500, device="toy:device")
     with pytest.raises(ValueError, match="^stage toy: memory = None names no memory"):
-        StageRow(*args, cost="toy:seconds", memory=None)
-    assert StageRow(*args, cost="toy:seconds", memory="toy:memory").memory == "toy:memory"
+        StageRow(*args, cost="toy:seconds", memory=None, device="toy:device")
+    with pytest.raises(ValueError, match=r"^stage toy: device = 'cpu' names no device function \(module:function"):
+        StageRow(*args, cost="toy:seconds", memory=500, device="cpu")
+    row = StageRow(*args, cost="toy:seconds", memory="toy:memory", device="toy:device")
+    assert (row.memory, row.device) == ("toy:memory", "toy:device")
 
 
 def test_a_stage_is_refused_once_the_layout_has_read_the_table():

@@ -15,9 +15,9 @@ a stage         its row's cost function (qrange, loact, gre, lore, attack_local,
 aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
 ==============  =============================================================================================
 
-GRe runs on CPU cores and asks for no GPU (:func:`stage_device`): its time is the environments' stepping,
-and the network's batched forward is a small part of it even on a CPU core (docs/speed.md), so it leaves
-the node's GPU to the stages that need it, and several GRe jobs share a node.
+GRe runs on CPU cores and asks for no GPU (its row's device function, :func:`stage_device`): its time is
+the environments' stepping, and the network's batched forward is a small part of it even on a CPU core
+(docs/speed.md), so it leaves the node's GPU to the stages that need it, and several GRe jobs share a node.
 
 Unit costs are per core (torch threads: 1); a job's threads shorten only GRe (its worker processes), so
 a job with more threads is predicted long.  Episodes are counted at their full horizon (an episode that
@@ -45,7 +45,7 @@ from crop.workflow.cost_units import (
     shipped_table,
     unit_costs,
 )
-from crop.workflow.stage_costs import MAX_PRICED_NODES, STAGE_MEM_MB, lore_nodes, lore_transitions
+from crop.workflow.stage_costs import MAX_PRICED_NODES, STAGE_MEM_MB, env_device, lore_nodes, lore_transitions
 from crop.workflow.stage_table import STAGES
 
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
@@ -143,25 +143,15 @@ def slurm_caps(cfg: dict) -> tuple[int, int]:
 # ----------------------------------------------------------------------------------------------- the DAG
 
 def stage_device(cfg: dict, rule: str, env: str) -> str:
-    """The ``--device`` of a stage's jobs: the environment's ``device`` (else the config's), except a stage
-    whose row is ``cpu_only`` (GRe), which runs on the job's CPU cores: its time is stepping m environments
-    (Atari, highway: a millisecond and more per step and core), beside which the batched forward is small even
-    on a core (docs/speed.md), so a GPU would idle through nearly all of such a job while the stages that need
-    it wait."""
-    if _row(rule).cpu_only:
-        return "cpu"
-    return _env_device(cfg, env)
-
-
-def _env_device(cfg: dict, env: str) -> str:
-    """Where an environment's networks run: its own ``device``, else the config's."""
-    return cfg["environments"][env].get("device") or cfg["device"]
+    """The ``--device`` of a stage's jobs: its row's device function's (:mod:`crop.workflow.stage_costs`)."""
+    return _function(_row(rule).device)(cfg, env)
 
 
 def stage_gpus(cfg: dict) -> int:
-    """GPUs a certification or attack job asks for where it may use CUDA: one when any environment's stages
-    run on a device other than the CPU (:func:`stage_device`), none otherwise."""
-    return int(any(_env_device(cfg, env) != "cpu" for env in cfg["environments"]))
+    """GPUs a certification or attack job asks for where it may use CUDA: one when any environment's networks
+    run on a device other than the CPU (:func:`crop.workflow.stage_costs.env_device`), none otherwise; a
+    stage's jobs ask for them where :func:`stage_device` is not the CPU."""
+    return int(any(env_device(cfg, env) != "cpu" for env in cfg["environments"]))
 
 
 def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:

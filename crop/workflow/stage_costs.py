@@ -1,10 +1,12 @@
-"""Each per-run stage's cost: the work its job does, in the calibration table's units, and the memory it
-needs.  A stage's row (:mod:`crop.workflow.stage_table`) names its functions here; :mod:`crop.workflow.cost`
-adds what every job shares (start-up, headroom, caps, totals) and knows no stage by name.
+"""Each per-run stage's cost: the work its job does, in the calibration table's units, the memory it
+needs and the device it runs on.  A stage's row (:mod:`crop.workflow.stage_table`) names its functions
+here; :mod:`crop.workflow.cost` adds what every job shares (start-up, headroom, caps, totals) and knows no
+stage by name.
 
 A cost function is ``(cfg, job, u) -> (seconds, note)`` and a memory function ``(cfg, job, u) -> MB``: ``cfg``
 a validated config, ``job`` a :class:`crop.workflow.cost.Job` (its rule, env, algo, sigma, device and threads),
-``u`` the job's :class:`crop.workflow.cost_units.Units` (``u("smooth_sample_s")``).  S = episodes × H states;
+``u`` the job's :class:`crop.workflow.cost_units.Units` (``u("smooth_sample_s")``).  A device function is
+``(cfg, env) -> device``: its jobs' ``--device``, a GPU asked for where it is not ``"cpu"``.  S = episodes × H states;
 an episode is counted at its full horizon and LoRe's tree at its worst case for what can be known before the
 run, so a prediction errs long.  No torch here (environments' facts only).
 """
@@ -19,14 +21,27 @@ from crop.workflow import layout
 from crop.workflow.cost_units import CostError
 
 __all__ = ["qrange_seconds", "loact_seconds", "gre_seconds", "gre_memory", "lore_seconds", "lore_memory",
-           "lore_reads", "attack_local_seconds", "attack_global_seconds", "lore_nodes", "lore_transitions",
-           "global_episodes", "MAX_PRICED_NODES", "STAGE_MEM_MB"]
+           "lore_reads", "attack_local_seconds", "attack_global_seconds", "env_device", "cpu_device", "lore_nodes",
+           "lore_transitions", "global_episodes", "MAX_PRICED_NODES", "STAGE_MEM_MB"]
 
 #: Memory (MB) of a stage's job beside what its own memory function adds.
 STAGE_MEM_MB = 1000
 
 #: Above this many nodes a LoRe tree cannot be priced: the config needs lore.max_nodes (or a smaller horizon).
 MAX_PRICED_NODES = 1e12
+
+
+def env_device(cfg: dict, env: str) -> str:
+    """Where an environment's networks run: its own ``device``, else the config's."""
+    return cfg["environments"][env].get("device") or cfg["device"]
+
+
+def cpu_device(cfg: dict, env: str) -> str:
+    """The job's CPU cores whatever the device configured (GRe): its time is stepping m environments (Atari,
+    highway: a millisecond and more per step and core), beside which the batched forward is small even on a
+    core (docs/speed.md), so a GPU would idle through nearly all of such a job while the stages that need it
+    wait."""
+    return "cpu"
 
 
 def _rollouts(block: dict, u) -> float:

@@ -1,6 +1,6 @@
 """The workflow's per-run stages, one row each: everything about a stage — what it writes, whether it reads the
 V range, the config settings it takes, the function its ``crop`` subcommand runs, its help, its extra flags,
-what its jobs cost and ask of a cluster (its cost and memory functions), whether it is replicated, what the
+what its jobs cost and ask of a cluster (its cost, memory and device functions), whether it is replicated, what the
 report's captions quote of its settings.
 
 Every other statement of these facts is derived from this table: the per-run rules (one rule per row, and a
@@ -73,7 +73,7 @@ class StageRow:
     cost: str | Callable            # ``module:function`` (cfg, job, units) -> (seconds, note): its work priced
     #                                 from the unit costs (crop/workflow/stage_costs.py); cost.py adds the rest
     memory: int | str | Callable    # MB of a job, or ``module:function`` (cfg, job, units) -> MB
-    cpu_only: bool = False          # asks for no GPU: runs on the job's CPU cores whatever the device configured
+    device: str | Callable          # ``module:function`` (cfg, env) -> its jobs' ``--device``; a GPU where not "cpu"
     reads: str | Callable | None = None   # ``module:function`` (cfg, job) -> the file its price reads, or None
     block: tuple[str, dict] | None = None  # (name, schema node) of an environment block of its own settings
     flags: tuple[Flag, ...] = field(default=())
@@ -82,7 +82,7 @@ class StageRow:
     #                                 (target action, crop.workflow.layout.run_stages) do not have it
 
     def __post_init__(self):
-        for name in ("cost", "memory"):
+        for name in ("cost", "memory", "device"):
             value = getattr(self, name)
             if not (callable(value) or isinstance(value, str) and _is_function(value)
                     or name == "memory" and isinstance(value, int) and not isinstance(value, bool) and value > 0):
@@ -104,7 +104,8 @@ class StageRow:
 
 
 _WANT = {"cost": "cost function (module:function: a job's seconds from the unit costs)",
-         "memory": "memory (MB > 0, or module:function: a job's MB)"}
+         "memory": "memory (MB > 0, or module:function: a job's MB)",
+         "device": "device function (module:function: its jobs' --device)"}
 
 
 def _is_function(spec: str) -> bool:
@@ -126,6 +127,7 @@ def _cost(name: str) -> str:
 
 
 _POS_INT = {"type": "integer", "minimum": 1}
+_ENV_DEVICE = _cost("env_device")
 
 #: The per-run stages in the order a run folder's files are listed.
 STAGES: dict[str, StageRow] = {row.command: row for row in (
@@ -139,6 +141,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         {"m": "qrange.m", "episodes": "qrange.episodes", "horizon": "qrange.horizon", "method": "qrange.method",
          "quantile": "qrange.quantile"},
         v_range=False, replicate=True, cost=_cost("qrange_seconds"), memory=1000,
+        device=_ENV_DEVICE,
         discrete="the V range bounds Q-values over a finite set of actions"),
     StageRow(
         "loact", "LoAct: certified radius of every step of clean episodes (Algorithm 1, Theorem 1)",
@@ -160,6 +163,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "action_tolerance": "loact.action_tolerance", "reward_range": "rewards.range",
          "clip_rewards": "rewards.clip"},
         v_range=True, replicate=True, cost=_cost("loact_seconds"), memory=1000,
+        device=_ENV_DEVICE,
         caption="m = {m} noise samples per state, {episodes} clean episodes of at most {horizon} steps"),
     StageRow(
         "gre", "GRe: expectation and percentile bounds from m σ-randomized trajectories (Algorithm 2)",
@@ -173,9 +177,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "eps_factors": "gre.eps_factors", "batch": "gre.batch", "alpha": "/alpha", "reward_range": "rewards.range",
          "return_range": "rewards.return_range", "clip_rewards": "rewards.clip"},
         v_range=False, replicate=False, cost=_cost("gre_seconds"), memory=_cost("gre_memory"),
-        # its time is stepping m environments, beside which the batched forward is small even on a core
-        # (docs/speed.md): a GPU would idle through nearly all of such a job while the stages that need it wait
-        cpu_only=True,
+        device=_cost("cpu_device"),
         flags=(Flag("workers", _POS_INT, "processes stepping the environments (default: --threads)"),),
         caption="m = {m} randomized trajectories of H = {horizon} steps, γ = {gamma}, ε/σ ∈ {{{eps_factors:eps}}}"),
     StageRow(
@@ -191,7 +193,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "lore.alpha_mode", "reward_range": "rewards.range",
          "max_nodes": "lore.max_nodes"},
         v_range=True, replicate=False, cost=_cost("lore_seconds"), memory=_cost("lore_memory"),
-        reads=_cost("lore_reads"),
+        device=_ENV_DEVICE, reads=_cost("lore_reads"),
         flags=(Flag("checkpoint_every", {"exclusiveMinimum": 0},
                     "seconds between saves of the resumable search state (OUT.resume; default: LoRe's)"),),
         caption="m = {m} noise samples per state, horizon H = {horizon}, γ = {gamma}",
@@ -209,6 +211,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "m_grad": "attack.local_m_grad", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.local_eps_factors",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode"},
         v_range=True, replicate=False, cost=_cost("attack_local_seconds"), memory=1000,
+        device=_ENV_DEVICE,
         caption="local (from LoRe's initial state and others): {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}",
         discrete="the local attack targets LoAct's smoothed argmax over a finite set of actions"),
     StageRow(
@@ -222,6 +225,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "n_eot": "attack.global_n_eot", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.global_eps_factors",
          "reward_range": "rewards.range", "clip_rewards": "rewards.clip"},
         v_range=False, replicate=False, cost=_cost("attack_global_seconds"), memory=1000,
+        device=_ENV_DEVICE,
         caption="{pgd_steps}-step ℓ2 PGD; global: {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}"),
 )}
 
@@ -334,7 +338,7 @@ TABLE_END = "<!-- end of the stage table -->"
 
 def layout_table() -> str:
     """The rules/flags table of docs/layout.md, one line per row: its rule(s), what it computes, subcommand,
-    files, inputs, settings (flag: config key), the flags a user may add, its memory and device."""
+    files, inputs, settings (flag: config key), the flags a user may add, its memory and device functions."""
     def code(xs):
         return ", ".join(f"`{x}`" for x in xs) or "—"
 
@@ -351,7 +355,7 @@ def layout_table() -> str:
         memory = f"{row.memory} MB" if isinstance(row.memory, int) else f"`{_name(row.memory)}`"
         lines.append(f"| {code(rules)} | {row.title} | `crop {row.command}` (`{row.handler}`) | {code(writes)} | "
                      f"{code(reads)} | {code(settings)} | {code(flags)} | {memory}, "
-                     f"{'CPU' if row.cpu_only else 'the environment device'} | `{_name(row.cost)}` |")
+                     f"`{_name(row.device)}` | `{_name(row.cost)}` |")
     return "\n".join([TABLE_BEGIN, *lines, TABLE_END])
 
 
