@@ -56,13 +56,14 @@ class TrainingFailed(RuntimeError):
 @dataclass
 class DQNConfig:
     """One Double-DQN run's settings.  The training budget shared by every environment (hidden, total_steps,
-    eval_episodes, prioritized) defaults to the schema's ``train`` block; the rest is the DQN table the schema's
-    ``train.dqn`` overrides: these defaults, then the environment's (:data:`crop.train.ENV_DQN_DEFAULTS`), then
-    the recipe's (:attr:`crop.train.recipes.Recipe.dqn_defaults`), merged by :func:`crop.train.dqn_config`."""
+    min_steps, eval_episodes, target_return, prioritized) defaults to the schema's ``train`` block; the rest is
+    the DQN table the schema's ``train.dqn`` overrides: these defaults, then the environment's
+    (:data:`crop.train.ENV_DQN_DEFAULTS`), then the recipe's (:attr:`crop.train.recipes.Recipe.dqn_defaults`),
+    merged by :func:`crop.train.dqn_config`."""
 
     hidden: list = default_of("environment.train.hidden")
     total_steps: int = default_of("environment.train.total_steps")
-    min_steps: int = 0           # no acceptance before this many steps (a trained, not a lucky, Q)
+    min_steps: int = default_of("environment.train.min_steps")  # no acceptance before (a trained, not a lucky, Q)
     learning_starts: int = 1000
     buffer_size: int = 50000
     batch_size: int = 64
@@ -78,7 +79,9 @@ class DQNConfig:
     eval_every: int = 1000
     eval_episodes: int = default_of("environment.train.eval_episodes")
     quick_eval_episodes: int = 10
-    target_return: float | None = 195.0
+    # None: no acceptance threshold (train total_steps); a config's null, the environment's own threshold, is
+    # resolved before it gets here (crop.workflow.config.target_return)
+    target_return: float | None = default_of("environment.train.target_return")
     max_grad_norm: float = 10.0
     # proportional prioritized replay (α, β annealed to 1 over total_steps)
     prioritized: bool = default_of("environment.train.prioritized")
