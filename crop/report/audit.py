@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crop.io import atomic_write_text, write_json
+from crop.names import default_of
 from crop.report.audit_md import audit_markdown, plain_verdict, verdict_line
 from crop.report.checks import run_checks
 from crop.report.clips import reward_clips
@@ -102,13 +103,13 @@ class AuditOptions:
     ``config``: the workflow config the folder should come from (a path); the files its jobs write and the
     folder lacks are listed (``expected_missing``, WARN: :func:`crop.report.completeness.config_missing`)."""
 
-    alpha: float = 0.05
+    alpha: float = default_of("audit.alpha")
     reference: str | Path | None = None
     tolerances: str | Path | None = None
     abs_tol: float | None = None
     rel_tol: float | None = None
     config_hash: str | None = None
-    strict: bool = False
+    strict: bool = default_of("audit.strict")
     trusted_envs: tuple[str, ...] = ()
     rerun: int = 0
     rerun_seed: int = 0
