@@ -351,7 +351,7 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
     j_min = 0.0
     kw = dict(sigma=sigma, horizon=30, alpha=0.02, percentiles=[0.5], j_min=j_min, j_max=40.0)
     gre = gre_bounds(returns, eps_grid=[0.0, 0.005, 0.02], **kw)
-    raw = gre.drop_duplicates("eps").set_index("eps")["expectation_bound"]
+    raw = gre.drop_duplicates("eps").set_index("eps")["expectation_bound_raw"]
     assert raw.loc[0.02] < j_min < raw.loc[0.0]  # the precondition: one vacuous ε, one not
     rewrite_csv(d / RUN_FILES["gre"], gre)
     data = load_runs(tmp_path, runs_of(runs))
@@ -495,7 +495,7 @@ def _far_j_min(root):
     d = runs[(CART, "StdTrain", "0.1")]
     gre = pd.read_csv(d / RUN_FILES["gre"]).sort_values("eps").reset_index(drop=True)
     gre["j_min"] = -3000.0
-    gre.loc[gre.index[-2:], "expectation_bound"] = [-3500.0, -4000.0]
+    gre.loc[gre.index[-2:], ["expectation_bound", "expectation_bound_raw"]] = [[-3000.0, -3500.0], [-3000.0, -4000.0]]
     gre.loc[gre.index[-1], ["percentile_bound", "percentile_certified", "k"]] = [np.nan, False, np.nan]
     rewrite_csv(d / RUN_FILES["gre"], gre)
     return load_runs(root, runs_of(runs)), gre
