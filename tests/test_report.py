@@ -160,6 +160,9 @@ def test_pong_periodic_figure_shows_the_recorded_frames(data):
         plot = next(ax for ax in fig.axes if not ax.images)
         x = plot.get_lines()[0].get_xdata()
         assert x.min() == steps.min() and x.max() == steps.max()
+        fig.canvas.draw()   # the frames' letters above the radius plot, never over its curve
+        top = plot.get_window_extent().y1
+        assert len(plot.texts) == len(images) and all(t.get_window_extent().y0 >= top for t in plot.texts)
     finally:
         for f in figs.values():
             matplotlib.pyplot.close(f)
