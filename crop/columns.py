@@ -9,7 +9,8 @@ loact.csv              EPISODE, STEP, CERTIFIED, RADIUS (Theorem 1), Q_TOP_LOWER
                        Q_OTHERS_UPPER_MAX (max U(a), a ≠ a₁) — one row per step of LoAct's episodes
 loact_episodes.csv     EPISODE, RETURN, STEPS — one row per episode
 certified_ratio.csv    R, EPISODE, ETA (η_r, Section 6.1)
-gre.csv                EPS, P, EXPECTATION_BOUND (J̲_E, Theorem 2), PERCENTILE_BOUND (J̲_p, Theorem 3),
+gre.csv                EPS, P, EXPECTATION_BOUND (max(J̲_E, J_min), Theorem 2; EXPECTATION_BOUND_RAW: J̲_E),
+                       PERCENTILE_BOUND (J̲_p, Theorem 3),
                        PERCENTILE_CERTIFIED, HORIZON, ALPHA, SIGMA, J_MIN, J_MAX — one row per (ε, p)
 gre_returns.csv        RETURN — one row per σ-randomized trajectory
 lore.csv               EPS, LOWER_BOUND (J̲, Theorem 4) — the step function (ε_i, J̲_i)
@@ -37,6 +38,7 @@ ETA = "eta"
 EPS = "eps"
 P = "p"
 EXPECTATION_BOUND = "expectation_bound"
+EXPECTATION_BOUND_RAW = "expectation_bound_raw"
 PERCENTILE_BOUND = "percentile_bound"
 PERCENTILE_CERTIFIED = "percentile_certified"
 HORIZON = "horizon"

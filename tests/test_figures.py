@@ -351,7 +351,7 @@ def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
     j_min = 0.0
     kw = dict(sigma=sigma, horizon=30, alpha=0.02, percentiles=[0.5], j_min=j_min, j_max=40.0)
     gre = gre_bounds(returns, eps_grid=[0.0, 0.005, 0.02], **kw)
-    raw = gre.drop_duplicates("eps").set_index("eps")["expectation_bound"]
+    raw = gre.drop_duplicates("eps").set_index("eps")["expectation_bound_raw"]
     assert raw.loc[0.02] < j_min < raw.loc[0.0]  # the precondition: one vacuous ε, one not
     rewrite_csv(d / RUN_FILES["gre"], gre)
     data = load_runs(tmp_path, runs_of(runs))
@@ -495,7 +495,7 @@ def _far_j_min(root):
     d = runs[(CART, "StdTrain", "0.1")]
     gre = pd.read_csv(d / RUN_FILES["gre"]).sort_values("eps").reset_index(drop=True)
     gre["j_min"] = -3000.0
-    gre.loc[gre.index[-2:], "expectation_bound"] = [-3500.0, -4000.0]
+    gre.loc[gre.index[-2:], ["expectation_bound", "expectation_bound_raw"]] = [[-3000.0, -3500.0], [-3000.0, -4000.0]]
     gre.loc[gre.index[-1], ["percentile_bound", "percentile_certified", "k"]] = [np.nan, False, np.nan]
     rewrite_csv(d / RUN_FILES["gre"], gre)
     return load_runs(root, runs_of(runs)), gre
@@ -632,5 +632,53 @@ def test_stepwise_is_one_thin_smooth_line_per_series_with_episode_ends_marked(tm
             assert len(ends) == 1 and sorted(ends[0].get_xdata()) == [119, 149], stem
             assert not any((ln.get_gid() or "") == "episode-over:AdvTrain" for ln in ax.get_lines()), stem
             assert any("episode over" in t for t in _legend_texts(figs[stem])), stem
+    finally:
+        _close_all(figs)
+
+
+def test_lore_vacuous_points_are_marked_and_the_legend_says_so_once(tmp_path):
+    """A LoRe bound at J_min (CartPole's 0 over LoRe's horizon) is a hollow ▽ at J_min in LoRe's panel, as in
+    GRe's; in the grid, where GRe's vacuous points sit at the lower edge (J_min = −3000 off the axis) and LoRe's
+    at J_min, the legend has one ▽ entry that names both."""
+    data, _ = _far_j_min(tmp_path)
+    run = data[(CART, "StdTrain", "0.1")]
+    run["lore"] = pd.DataFrame({"eps": [0.0, 0.05, 0.15], "lower_bound": [6.0, 4.0, 0.0]})
+    figs = _all_figures(data, CART)
+    try:
+        for ax in (figs["CartPole_adasearch_sigma-0.1"].axes[0], figs["CartPole_all_bounds"].axes[2]):
+            marks = [ln for ln in ax.get_lines() if ln.get_gid() == "vacuous:StdTrain"]
+            assert len(marks) == 1 and list(marks[0].get_xdata()) == [0.15] and list(marks[0].get_ydata()) == [0.0]
+            assert marks[0].get_marker() == "v" and marks[0].get_markerfacecolor() == "white"
+            assert ax.get_ylim()[0] <= 0.0
+        single = [t for t in _legend_texts(figs["CartPole_adasearch_sigma-0.1"]) if "vacuous" in t]
+        assert len(single) == 1 and "drawn at $J_{\\min}$" in single[0] and "= 0)" in single[0], single
+        notes = [t for t in _legend_texts(figs["CartPole_all_bounds"]) if "vacuous" in t]
+        assert len(notes) == 1 and "-3000 or 0" in notes[0] and "lower edge" in notes[0], notes
+    finally:
+        _close_all(figs)
+
+
+def test_gre_csv_bounds_are_at_least_j_min_and_drawn_as_written(tmp_path):
+    """Every bound gre.csv holds is ≥ J_min (Theorem 2's below it is clipped to it, its value kept in
+    expectation_bound_raw), the agreement check recomputes the same, and the figure draws what gre.csv holds."""
+    from crop.report.agreement import run_disagreements
+
+    runs = make_results(tmp_path, {CART: {"StdTrain": [0.1]}})
+    d = runs[(CART, "StdTrain", "0.1")]
+    returns = pd.read_csv(d / RUN_FILES["gre_returns"])["return"].to_numpy()
+    rewrite_csv(d / RUN_FILES["gre"], gre_bounds(returns, sigma=0.1, horizon=30, alpha=0.02, percentiles=[0.5],
+                                                 eps_grid=[0.0, 0.005, 0.02], j_min=0.0, j_max=40.0))
+    gre = pd.read_csv(d / RUN_FILES["gre"]).drop_duplicates("eps").sort_values("eps")
+    assert (gre["expectation_bound_raw"] < 0.0).any()   # the precondition: Theorem 2 below J_min somewhere
+    for col in ("expectation_bound", "cdf_expectation_bound", "percentile_bound"):
+        assert (gre[col].dropna() >= gre["j_min"].iloc[0]).all(), col
+    assert run_disagreements(d) == []
+    data = load_runs(tmp_path, runs_of(runs))
+    figs = _all_figures(data, CART)
+    try:
+        ax = figs["CartPole_global_mean_sigma-0.1"].axes[0]
+        bound = next(ln for ln in ax.get_lines() if ln.get_gid() == "bound:StdTrain")
+        assert list(bound.get_xdata()[:3]) == list(gre["eps"])
+        assert list(bound.get_ydata()[:3]) == list(gre["expectation_bound"])
     finally:
         _close_all(figs)

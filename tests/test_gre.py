@@ -58,8 +58,10 @@ def test_bounds_by_definition():
     t = gre_bounds(returns, sigma=0.1, horizon=200, alpha=0.05, eps_grid=[0.0, 0.001, 0.05],
                    percentiles=[0.5, 0.1], j_min=0.0, j_max=200.0)
     for _, r in t.iterrows():
-        assert r["expectation_bound"] == pytest.approx(
-            stats.expectation_bound(returns.mean(), 0, 200, 1000, 0.05, 0.1, r["eps"], 200))
+        formula = stats.expectation_bound(returns.mean(), 0, 200, 1000, 0.05, 0.1, r["eps"], 200)
+        assert r["expectation_bound_raw"] == pytest.approx(formula)
+        # below J_min Theorem 2 says no more than J_min: the bound reported is clipped to it, as the CDF bound is
+        assert r["expectation_bound"] == pytest.approx(max(formula, 0.0)) and r["expectation_bound"] >= 0.0
         assert r["cdf_expectation_bound"] == pytest.approx(
             stats.cdf_expectation_bound(returns, 0, 200, 0.05, 0.1, r["eps"], 200))
         assert 0.0 <= r["cdf_expectation_bound"] <= 200.0  # never looser than trivially J_min
@@ -68,7 +70,9 @@ def test_bounds_by_definition():
             assert not r["percentile_certified"] and math.isnan(r["percentile_bound"])
         else:
             assert r["percentile_certified"] and r["percentile_bound"] == np.sort(returns)[k - 1]
-    # at ε = 0.05, √200·0.05/0.1 ≈ 7: p′ ≈ 0, no order statistic qualifies
+    # at ε = 0.05, √200·0.05/0.1 ≈ 7: p′ ≈ 0, no order statistic qualifies; Theorem 2's bound lies below J_min
+    assert (t[t["eps"] == 0.05]["expectation_bound_raw"] < 0.0).all()
+    assert (t[t["eps"] == 0.05]["expectation_bound"] == 0.0).all()
     assert not t[(t["eps"] == 0.05)]["percentile_certified"].any()
     # at ε = 0 the CDF bound is never below Theorem 2's; with ε it falls, but far more slowly
     e0 = t[t["eps"] == 0.0].iloc[0]

@@ -7,7 +7,10 @@ lie in [J_min, J_max], whatever the actions are.  All m trajectories advance in 
 forward per time step.
 Step 2 turns the m returns into
   * the expectation bound J̲_E = F̃ − Δ_conf − (J_max − J_min)/σ·√(2/π)·ε√H            (Theorem 2;
-    column ``expectation_bound``, Δ_conf = (J_max − J_min)·sqrt(ln(1/α)/(2m)), Hoeffding),
+    Δ_conf = (J_max − J_min)·sqrt(ln(1/α)/(2m)), Hoeffding): column ``expectation_bound`` holds
+    max(J̲_E, J_min) — below J_min (large ε) it says no more than the trivial bound J_min on every return,
+    and is *vacuous* — and ``expectation_bound_raw`` the value of the formula, below J_min or not; the
+    tables and figures show the first,
   * the CDF-based expectation bound of Kumar, Levine & Feizi (ICLR 2022, "Policy smoothing for provably
     robust RL"), from the same m returns (column ``cdf_expectation_bound``,
     :func:`crop.smoothing.stats.cdf_expectation_bound`):
@@ -190,8 +193,9 @@ def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
 
 def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float, eps_grid, percentiles,
                j_min: float, j_max: float) -> pd.DataFrame:
-    """Expectation bounds (Theorem 2's J̲_E and the CDF-based J̲_CDF) and percentile bounds over a grid of ε
-    (one row per (ε, p); the expectation bounds do not depend on p and repeat)."""
+    """Expectation bounds (Theorem 2's J̲_E, clipped to J_min and raw, and the CDF-based J̲_CDF, never below
+    J_min) and percentile bounds over a grid of ε (one row per (ε, p); the expectation bounds do not depend
+    on p and repeat)."""
     returns = np.asarray(returns, dtype=np.float64)
     m = returns.size
     if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:
@@ -208,7 +212,8 @@ def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float,
             p_prime = stats.percentile_p_prime(float(p), float(eps), horizon, sigma)
             k = stats.percentile_order_index(m, p_prime, alpha)
             rows.append({
-                cols.EPS: float(eps), cols.P: float(p), cols.EXPECTATION_BOUND: e_bound,
+                cols.EPS: float(eps), cols.P: float(p), cols.EXPECTATION_BOUND: max(e_bound, j_min),
+                cols.EXPECTATION_BOUND_RAW: e_bound,
                 "cdf_expectation_bound": float(cdf_bound),
                 cols.PERCENTILE_BOUND: float(ordered[k - 1]) if k is not None else math.nan,
                 cols.PERCENTILE_CERTIFIED: k is not None, "k": k if k is not None else pd.NA,

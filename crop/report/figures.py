@@ -26,7 +26,14 @@ from crop.io import atomic_write_bytes  # noqa: E402
 from crop.report.clips import clip_text  # noqa: E402
 from crop.report.intervals import run_interval  # noqa: E402
 from crop.report.metrics import per_step_mean_radius  # noqa: E402
-from crop.report.return_panels import gre_curve, panel_adasearch, panel_global, return_span, set_ylim  # noqa: E402
+from crop.report.return_panels import (  # noqa: E402
+    gre_curve,
+    merge_vacuous,
+    panel_adasearch,
+    panel_global,
+    return_span,
+    set_ylim,
+)
 from crop.report.style import (  # noqa: E402
     BOUND_Z,
     LABELS,
@@ -181,10 +188,11 @@ def _panel_ratio(ax, runs: dict, sigma: float) -> list:
 
 
 _PANELS = {
-    "stepwise": (_panel_stepwise, LABELS["t"], LABELS["r"]),
-    "certified_ratio": (_panel_ratio, "radius $r$", LABELS["eta"]),
-    "global_mean": (lambda ax, runs, sigma: panel_global(ax, runs, sigma, "mean"), LABELS["eps"], LABELS["J_E"]),
-    "global_median": (lambda ax, runs, sigma: panel_global(ax, runs, sigma, "median"), LABELS["eps"],
+    "stepwise": (lambda ax, runs, sigma, env: _panel_stepwise(ax, runs, sigma), LABELS["t"], LABELS["r"]),
+    "certified_ratio": (lambda ax, runs, sigma, env: _panel_ratio(ax, runs, sigma), "radius $r$", LABELS["eta"]),
+    "global_mean": (lambda ax, runs, sigma, env: panel_global(ax, runs, sigma, "mean"), LABELS["eps"],
+                    LABELS["J_E"]),
+    "global_median": (lambda ax, runs, sigma, env: panel_global(ax, runs, sigma, "median"), LABELS["eps"],
                       LABELS["J_p"]),
     "adasearch": (panel_adasearch, LABELS["eps"], LABELS["J"]),
 }
@@ -209,15 +217,15 @@ def _single_panel_figure(kind: str, env: str, lab: str, runs: dict):
     if kind in _CLIPPED:
         ylabel = _clip_label(ylabel, runs.values())
     fig, ax = _single(f"{env_spec(env).paper_name}, σ={lab}", xlabel, ylabel)
-    notes = draw(ax, runs, float(lab))
+    notes = draw(ax, runs, float(lab), env)
     axes_legend(ax, algo_handles(runs) + (style_handles() if kind in _STYLE_KEY else []) + notes)
     return fig
 
 
 def _unique(handles: list) -> list:
-    """Legend entries, each label once (panels of one row say the same)."""
+    """Legend entries, each label once (panels of one row say the same), the vacuous points' one entry."""
     seen: dict[str, object] = {}
-    for h in handles:
+    for h in merge_vacuous(handles):
         seen.setdefault(h.get_label(), h)
     return list(seen.values())
 
@@ -233,7 +241,7 @@ def _grid_figure(env: str, data: dict, algos, rows, labels, row_names=None):
             ylabel = _clip_label(ylabel, [d for lab in labels for d in _runs_at(data, env, lab, algos).values()])
         for j, lab in enumerate(labels):
             ax = axes[i][j]
-            notes += draw(ax, _runs_at(data, env, lab, algos), float(lab))
+            notes += draw(ax, _runs_at(data, env, lab, algos), float(lab), env)
             if i == 0:
                 ax.set_title(f"σ={lab}", fontsize=9)
             ax.set_xlabel(xlabel, fontsize=8)
@@ -334,14 +342,15 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
     ax.set_xlabel(LABELS["t"], fontsize=8)
     ax.set_ylabel(LABELS["r"], fontsize=8)
     ax.set_title(f"{env_spec(env).paper_name}, {algo_label(algo)}, σ={lab}: LoAct episode 0, steps {lo}–{hi}",
-                 fontsize=9)
+                 fontsize=9, pad=14)
     ax.tick_params(labelsize=7)
     for n, i in enumerate(picks):
         t = int(steps[i])
         letter = chr(ord("a") + n)
         ax.axvline(t, color="0.3", ls=":", lw=0.8)
-        ax.annotate(letter, (t, 0.97), xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=8,
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+        # above the frame, not over the curve: a letter inside the axes can cover a peak of the radius
+        ax.annotate(letter, (t, 1.0), xycoords=("data", "axes fraction"), xytext=(0, 2), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=8, annotation_clip=False)
         fa = fig.add_subplot(gs[1, n])
         fa.imshow(frames[i], cmap="gray" if frames.ndim == 3 else None, interpolation="nearest")
         r = ep0.get(t, math.nan)

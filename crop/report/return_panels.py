@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from crop import columns as cols
+from crop.report.check_inputs import spec_fact
 from crop.report.metrics import lore_valid_until
 from crop.report.style import (
     BOUND_Z,
@@ -29,7 +30,7 @@ from crop.report.style import (
 )
 
 __all__ = ["gre_curve", "panel_global", "panel_adasearch", "set_ylim", "return_span", "note_handle",
-           "VACUOUS_TOL", "VACUOUS_MARKER"]
+           "merge_vacuous", "lore_j_min", "VACUOUS_TOL", "VACUOUS_MARKER"]
 
 #: A bound within this of J_min claims nothing (the audit's tolerance, crop.report.checks.TOL).
 VACUOUS_TOL = 1e-9
@@ -77,10 +78,42 @@ def _fit_returns(ax, claims: list, j_min: float, j_max: float) -> bool:
     return bool(np.isfinite(j_min) and ax.get_ylim()[0] <= j_min)
 
 
+class _VacuousNote(Line2D):
+    """The legend entry of a panel's vacuous points, with the J_min they are measured against and whether they
+    are drawn at it (``on_axis``) or at the lower edge: :func:`merge_vacuous` makes the entries of several
+    panels one."""
+
+    def __init__(self, j_mins, on_axis):
+        self.j_mins, self.on_axis = tuple(sorted(set(j_mins))), tuple(sorted(set(on_axis)))
+        where = {(True,): r"drawn at $J_{\min}$", (False,): "drawn at the lower edge"}.get(
+            self.on_axis, r"drawn at $J_{\min}$, or at the lower edge where $J_{\min}$ is off the axis")
+        values = " or ".join(f"{j:.5g}" for j in self.j_mins)
+        super().__init__([], [], color="0.25", ms=5, **VACUOUS_MARKER,
+                         label=rf"vacuous bound (≤ $J_{{\min}}$ = {values}): {where}", gid="vacuous")
+
+
 def _vacuous_handle(j_min: float, on_axis: bool) -> Line2D:
-    where = r"drawn at $J_{\min}$" if on_axis else r"drawn at the lower edge"
-    return Line2D([], [], color="0.25", ms=5, **VACUOUS_MARKER,
-                  label=rf"vacuous bound (≤ $J_{{\min}}$ = {j_min:.5g}): {where}")
+    return _VacuousNote([j_min], [on_axis])
+
+
+def merge_vacuous(handles: list) -> list:
+    """``handles`` with their vacuous-point entries (one per panel that has such points) made one, where the
+    first of them was: a figure's legend says what ▽ means once."""
+    notes = [h for h in handles if isinstance(h, _VacuousNote)]
+    if len(notes) <= 1:
+        return list(handles)
+    merged = _VacuousNote([j for h in notes for j in h.j_mins], [o for h in notes for o in h.on_axis])
+    first = handles.index(notes[0])
+    rest = [h for h in handles if not isinstance(h, _VacuousNote)]
+    return rest[:first] + [merged] + rest[first:]
+
+
+def _draw_vacuous(ax, vacuous_at: list, edge: float) -> None:
+    """Each series' vacuous points (``vacuous_at``: (algorithm, ε values)) as hollow ▽ at ``edge``: on the
+    edge, not clipped by it, above the curves, sized as the series' markers (coinciding points nest)."""
+    for a, x in vacuous_at:
+        ax.plot(x, np.full(len(x), edge), color=series_color(a), ms=marker_size(a), clip_on=False,
+                zorder=BOUND_Z + 2, gid=f"vacuous:{a}", **VACUOUS_MARKER)
 
 
 def _gre_rows(d: dict, kind: str) -> pd.DataFrame:
@@ -146,41 +179,56 @@ def panel_global(ax, runs: dict, sigma: float, kind: str) -> list:
             vacuous_at.append((a, eps[vacuous]))
     on_axis = _fit_returns(ax, claims, float(j_lo), float(j_hi))
     edge = float(j_lo) if on_axis else ax.get_ylim()[0]
-    for a, x in vacuous_at:   # on the edge, not clipped by it, above the curves
-        # sized as the series' markers: coinciding points of several series nest
-        ax.plot(x, np.full(len(x), edge), color=series_color(a), ms=marker_size(a), clip_on=False,
-                zorder=BOUND_Z + 2, gid=f"vacuous:{a}", **VACUOUS_MARKER)
+    _draw_vacuous(ax, vacuous_at, edge)
     ax.set_xlim(0, x_end * 1.02 if x_end > 0 else None)
     return ([_vacuous_handle(float(j_lo), on_axis)] if vacuous_at else []) + notes
 
 
-def panel_adasearch(ax, runs: dict, sigma: float) -> list:
-    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed).  Never
-    drawn for continuous-action agents, which have neither (crop.workflow.layout.has_lore).  Returns legend entries: the
-    algorithms whose bounded search spent its node budget (lore.max_nodes), a bound ≤ the full search's, still
-    sound."""
+def lore_j_min(d: dict, env: str) -> float:
+    """The least return over LoRe's horizon (its ``settings``' horizon and γ; the audit's J_min for LoRe,
+    crop.report.checks); −∞ where the run records no horizon or ``env`` is unknown."""
+    ls = (d.get("lore_meta") or {}).get("settings") or {}
+    rng = spec_fact(env, "return_range", int(ls["horizon"]), float(ls.get("gamma", 1.0))) if ls.get("horizon") else None
+    return float(rng[0]) if rng else -np.inf
+
+
+def panel_adasearch(ax, runs: dict, sigma: float, env: str) -> list:
+    """LoRe's bound J̲ vs ε (solid step function) and the local PGD return from the same s₀ (dashed); the
+    return axis fitted as GRe's (:func:`_fit_returns`; J_min considered only where a point is vacuous), each
+    vacuous point (J̲ at J_min, :func:`lore_j_min`) a hollow ▽ as in GRe's panels.  Never drawn for
+    continuous-action agents, which have neither (crop.workflow.layout.has_lore).  Returns legend entries:
+    the vacuous points, and the algorithms whose bounded search spent its node budget (lore.max_nodes), a
+    bound ≤ the full search's, still sound."""
     xmax = 0.0
     for d in runs.values():
         xmax = max(xmax, float(d["attack_local"][cols.EPS].max()), float(d["lore"][cols.EPS].max()))
-    lo, hi = np.inf, -np.inf
+    j_lo = np.inf
+    claims, vacuous_at = [], []
     for a, d in runs.items():
         lore = d["lore"].sort_values(cols.EPS)
         end = min(xmax, lore_valid_until(d))
         keep = lore[lore[cols.EPS] <= end]
-        xs = np.append(keep[cols.EPS].to_numpy(), end)
-        ys = np.append(keep[cols.LOWER_BOUND].to_numpy(), keep[cols.LOWER_BOUND].iloc[-1])
+        j_min = lore_j_min(d, env)
+        j_lo = min(j_lo, j_min)
+        ys = np.maximum(keep[cols.LOWER_BOUND].to_numpy(float), j_min)   # the trivial bound where J̲ says less
+        vacuous = ~(ys > j_min + VACUOUS_TOL)
+        xs, ys = np.append(keep[cols.EPS].to_numpy(float), end), np.append(ys, ys[-1])
         ax.step(xs, ys, where="post", color=series_color(a), label=algo_label(a), lw=line_width(a), zorder=BOUND_Z,
                 marker=series_marker(a), ms=marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
         att = d["attack_local"]
         g = att[att[cols.SAME_START_AS_LORE].astype(bool)].groupby(cols.EPS)[cols.RETURN].min()
         attack_line(ax, g.index, g.to_numpy(), a)
-        vals = np.concatenate([ys, g.to_numpy(float)])
-        lo, hi = min(lo, np.nanmin(vals)), max(hi, np.nanmax(vals))
-    set_ylim(ax, lo, hi, return_span(lo, hi))
+        claims += [ys[:-1][~vacuous], g.to_numpy(float)]
+        if vacuous.any():
+            vacuous_at.append((a, xs[:-1][vacuous]))
+    # J_min joins the axis only for a vacuous point to sit at: without one LoRe's axis is its claims'
+    on_axis = _fit_returns(ax, claims, float(j_lo) if vacuous_at else -np.inf, np.inf)
+    _draw_vacuous(ax, vacuous_at, float(j_lo) if on_axis else ax.get_ylim()[0])
     ax.set_xlim(0, xmax * 1.02 if xmax > 0 else None)
+    notes = [_vacuous_handle(float(j_lo), on_axis)] if vacuous_at else []
     truncated = [algo_label(a) for a, d in runs.items() if (d.get("lore_meta") or {}).get("truncated")]
-    if not truncated:
-        return []
-    handle = note_handle("truncated search (node budget): " + ", ".join(truncated))
-    handle.set_gid("lore-truncated")
-    return [handle]
+    if truncated:
+        handle = note_handle("truncated search (node budget): " + ", ".join(truncated))
+        handle.set_gid("lore-truncated")
+        notes.append(handle)
+    return notes

@@ -193,6 +193,16 @@ def _eps(factor: float, sigma: float) -> float:
     return float(f"{factor * sigma:.12g}")
 
 
+def _expectation_bound_raw(run: dict, eps: float, clipped: float) -> float:
+    """Theorem 2's J̲_E at ``eps`` as computed (gre.csv's ``expectation_bound_raw``), ``clipped`` where gre.csv
+    has no such row."""
+    gre = run.get("gre")
+    if gre is None or cols.EXPECTATION_BOUND_RAW not in gre or math.isnan(clipped):
+        return clipped
+    g = gre[np.isclose(gre[cols.EPS], eps, rtol=1e-9, atol=1e-12)]
+    return float(g[cols.EXPECTATION_BOUND_RAW].iloc[0]) if len(g) else clipped
+
+
 def _lore_truncated_at(meta: dict, eps: float) -> bool:
     """A bounded LoRe search spent its node budget and its bound at ``eps`` is not the full search's: ε at or
     above the ε it stopped at (``exact_below_eps``; every ε where a run records no such ε)."""
@@ -229,8 +239,9 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
                                                          "pgd_local_return")}
             vals = {m: math.nan if v is None else v for m, v in vals.items()}
             vals["percentile_bound_p50"] = vals.pop("percentile_bound")
-            # Theorem 2's linear bound falls below J_min at large ε: vacuous, reported as J_min (marked †)
-            raw_eb = vals["expectation_bound"]
+            # Theorem 2's linear bound falls below J_min at large ε: vacuous, reported as J_min (marked †), as
+            # gre.csv's expectation_bound holds it (expectation_bound_raw: the formula's value)
+            raw_eb = _expectation_bound_raw(d, eps, vals["expectation_bound"])
             j_min = float(d["gre"][cols.J_MIN].iloc[0]) if "gre" in d and len(d["gre"]) else -math.inf
             vals["expectation_bound"] = max(raw_eb, j_min) if not math.isnan(raw_eb) else raw_eb
             bound_rows.append({"algo": a, "sigma": sigma, "eps": eps, "expectation_bound": vals["expectation_bound"],
