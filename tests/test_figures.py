@@ -682,3 +682,21 @@ def test_gre_csv_bounds_are_at_least_j_min_and_drawn_as_written(tmp_path):
         assert list(bound.get_ydata()[:3]) == list(gre["expectation_bound"])
     finally:
         _close_all(figs)
+
+
+def test_a_gre_csv_of_the_previous_release_still_agrees_with_its_returns(tmp_path):
+    """Before the raw column, gre.csv held Theorem 2's value itself as expectation_bound: a folder made then is
+    not a disagreement; the same file with a changed bound still is."""
+    from crop.report.agreement import run_disagreements
+
+    runs = make_results(tmp_path, {CART: {"StdTrain": [0.1]}})
+    d = runs[(CART, "StdTrain", "0.1")]
+    returns = pd.read_csv(d / RUN_FILES["gre_returns"])["return"].to_numpy()
+    table = gre_bounds(returns, sigma=0.1, horizon=30, alpha=0.02, percentiles=[0.5], eps_grid=[0.0, 0.005, 0.02],
+                       j_min=0.0, j_max=40.0)
+    old = table.assign(expectation_bound=table["expectation_bound_raw"]).drop(columns="expectation_bound_raw")
+    assert (old["expectation_bound"] < 0.0).any()   # the precondition: a value the new rule would clip
+    rewrite_csv(d / RUN_FILES["gre"], old)
+    assert run_disagreements(d) == []
+    rewrite_csv(d / RUN_FILES["gre"], old.assign(expectation_bound=old["expectation_bound"] + 1.0))
+    assert [p["file"].rsplit("/", 1)[-1] for p in run_disagreements(d)] == [RUN_FILES["gre"]]
