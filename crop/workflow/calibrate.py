@@ -5,8 +5,8 @@ depend on them): the smoothed step per state and noise sample (:class:`crop.smoo
 engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
 LoRe transition (small full searches of two depths, differenced), GRe's workflow path per trajectory step,
 per trajectory and per slot of its pool (:func:`crop.certify.gre.sample_randomized_returns` with one worker, timed by
-phase), a training step
-(:func:`crop.train.dqn.train_dqn`, updates from the first step, no evaluation); and a job's fixed start
+phase), a training's
+environment step and gradient update (:func:`train_costs`); and a job's fixed start
 cost (a fresh interpreter importing what a stage imports).  All on one core (torch threads: 1).  Each is
 the best of a few repetitions: on a shared machine the best is the least disturbed by other processes.
 """
@@ -141,7 +141,6 @@ def _env_costs(env: str, device: str, log) -> dict:
     from crop.envs import make_env, snapshot, to_obs
     from crop.models import build_network
     from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
-    from crop.train.dqn import DQNConfig, train_dqn
 
     e = make_env(env)
     obs, _ = e.reset(seed=0)
@@ -189,25 +188,39 @@ def _env_costs(env: str, device: str, log) -> dict:
         f"{out['gre_reset_s'] * 1e3:.0f} ms to reset a trajectory's environment, "
         f"{out['gre_start_s'] * 1e3:.0f} ms to make a slot's")
 
-    # Two lengths, so that what a training run pays once (making the environment, the final evaluation)
-    # cancels out of the per-step cost.
-    ts = 100 if image else (200 if env.startswith("highway") else 1000)
+    out.update(train_costs(env, device))
+    log(f"{env}: training {1 / out['train_step_s']:.0f} env steps/s, "
+        f"a gradient update {out['train_update_s'] * 1e3:.2f} ms")
+    return out
 
-    def train(steps):
-        cfg = DQNConfig(hidden=[256, 256] if env.startswith("highway") else [128, 128], total_steps=steps,
-                        learning_starts=0, buffer_size=max(3 * ts, 1000), eval_every=10 * steps,
-                        eval_episodes=1, quick_eval_episodes=1, target_return=None, eval_max_steps=1,
-                        device=device)
+
+def train_costs(env: str, device: str) -> dict:
+    """A training's units (:func:`crop.workflow.cost.training_work`) from :func:`crop.train.dqn.train_dqn` with
+    the environment's DQN settings (StdTrain's network, batch and replay): ``train_step_s``, an environment step
+    with a greedy action (ε = 0) and no update, from runs of n and 3n steps (what a run pays once, making its
+    environment and its one-step final evaluation, cancels out); ``train_update_s``, a gradient update of a
+    batch every step from the first, over a run of n steps with updates against the one without."""
+    from crop.train import dqn_config
+    from crop.train.dqn import train_dqn
+
+    n = 100 if env in ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4") else (150 if env.startswith("highway") else 500)
+
+    def train(steps: int, updates: bool) -> float:
+        cfg = dqn_config(env, "StdTrain", {"learning_starts": 0 if updates else steps, "train_every": 1,
+                                           "buffer_size": 1000, "eps_start": 0.0, "eps_end": 0.0,
+                                           "eval_every": 10 * steps, "quick_eval_episodes": 1, "eval_max_steps": 1,
+                                           "device": device}, {"total_steps": steps, "target_return": None,
+                                                               "eval_episodes": 1})
         t = time.perf_counter()
         train_dqn(env, 0, cfg, progress=False)
         return time.perf_counter() - t
 
-    long, short = train(3 * ts), train(ts)
-    # Timing noise can leave the difference at nothing: then the longer run's whole time per step (its start
+    short, long, learning = train(n, False), train(3 * n, False), train(n, True)
+    # Timing noise can leave a difference at nothing: then the longer run's whole time per step (its start
     # included), which errs long, never a free step (a calibration holds no zero: crop.workflow.cost_units).
-    out["train_step_s"] = (long - short) / (2 * ts) if long > short else long / (3 * ts)
-    log(f"{env}: training {1 / out['train_step_s']:.0f} steps/s")
-    return out
+    step = (long - short) / (2 * n) if long > short else long / (3 * n)
+    update = (learning - short) / n if learning > short else learning / n
+    return {"train_step_s": step, "train_update_s": update}
 
 
 def _lore_transition_s(env: str, net, k: int, smooth_sample_s: float, device: str) -> float:

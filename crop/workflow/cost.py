@@ -10,7 +10,8 @@ function and its memory its row's memory (:class:`crop.workflow.stage_table.Stag
 ==============  =============================================================================================
 job             seconds (every job adds the table's ``start_s``: imports, loading)
 ==============  =============================================================================================
-checkpoint      trained: ``total_steps`` × ``train_step_s``; published, derived or your own file: ``fetch_s``
+checkpoint      trained: (env + evaluation steps) × ``train_step_s`` + (updates + PGD) × ``train_update_s``
+                (:func:`training_work`); published, derived or your own file: ``fetch_s``
 a stage         its row's cost function (qrange, loact, gre, lore, attack_local, attack_global: stage_costs)
 aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
 ==============  =============================================================================================
@@ -49,7 +50,7 @@ from crop.workflow.stage_costs import MAX_PRICED_NODES, STAGE_MEM_MB, env_device
 from crop.workflow.stage_table import STAGES
 
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
-           "lore_transitions", "MAX_PRICED_NODES", "Units",
+           "lore_transitions", "MAX_PRICED_NODES", "Units", "training_settings", "training_work",
            "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "JobResources",
            "makespan", "slurm_caps", "shipped_table", "GLOBAL_UNITS", "MAX_RUNTIME", "MAX_MEM_MB",
            "stage_device", "stage_gpus"]
@@ -108,15 +109,84 @@ def _row(rule: str):
     return STAGES.get(rule.removesuffix("_replicate").replace("_", "-"))
 
 
+#: The trainer's settings the model counts (:class:`crop.train.dqn.DQNConfig`, :data:`crop.train.ENV_DQN_DEFAULTS`),
+#: mirrored here because the model imports no torch; tests/test_cost_training.py holds them equal to the trainer's.
+_DQN = {"learning_starts": 1000, "train_every": 2, "eval_every": 1000, "quick_eval_episodes": 10,
+        "eval_max_steps": None}
+_ATARI_DQN = {"learning_starts": 80_000, "train_every": 4, "eval_every": 50_000, "quick_eval_episodes": 3,
+              "eval_max_steps": 27_000}
+_ENV_DQN = {"highway-fast-v0": {"learning_starts": 200, "train_every": 1, "eval_every": 500},
+            "PongNoFrameskip-v4": _ATARI_DQN, "FreewayNoFrameskip-v4": _ATARI_DQN}
+#: The recipes that run PGD in every update once their ε ramp starts (:mod:`crop.train.recipes`): its ``steps``,
+#: the ``fraction`` of the batch attacked (SA-MDP-PGD: the regulariser's inner maximum, every sample) and
+#: ``ramp_start`` per environment (a robust recipe's ε is 0 before it, and no PGD runs).
+_PGD = {"AdvTrain": {"steps": 5, "fraction": 0.5, "ramp_start": 2000},
+        "SA-MDP-PGD": {"steps": 5, "fraction": 1.0, "ramp_start": 5000}}
+_ATARI = ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
+_PGD_RAMP = {"AdvTrain": {"highway-fast-v0": 200, **dict.fromkeys(_ATARI, 100_000)},
+             "SA-MDP-PGD": {"highway-fast-v0": 500, **dict.fromkeys(_ATARI, 100_000)}}
+#: An evaluation episode's steps where the DQN settings do not cut it (eval_max_steps): the environment's own
+#: end (CartPole-v0: 200 steps; highway-fast-v0: 30 decisions); other environments: the config's GRe horizon.
+_EPISODE_STEPS = {"CartPole-v0": 200, "highway-fast-v0": 30}
+
+
+def training_settings(env: str, algo: str, settings: dict) -> dict:
+    """What the model counts of a training of ``algo`` on ``env`` under a config's ``train`` settings
+    (:func:`crop.workflow.config.train_settings`): the DQN schedule (total_steps, learning_starts,
+    train_every, eval_every, quick_eval_episodes, eval_episodes, eval_max_steps, target_return) and the
+    recipe's PGD (pgd_steps, pgd_fraction, pgd_start; 0 steps for a recipe without PGD)."""
+    from crop.names import schema_default
+    from crop.workflow.config import target_return
+
+    dqn = {**_DQN, **_ENV_DQN.get(env, {}), **(settings.get("dqn") or {})}
+    out = {k: dqn[k] for k in _DQN}
+    out["total_steps"] = settings.get("total_steps", schema_default("environment.train.total_steps"))
+    out["eval_episodes"] = settings.get("eval_episodes", schema_default("environment.train.eval_episodes"))
+    out["target_return"] = target_return(env, settings.get("target_return"))
+    pgd = {**_PGD.get(algo, {"steps": 0, "fraction": 0.0, "ramp_start": 0})}
+    pgd["ramp_start"] = _PGD_RAMP.get(algo, {}).get(env, pgd["ramp_start"])
+    pgd.update({k: v for k, v in ((settings.get("recipes") or {}).get(algo) or {}).items() if k in pgd})
+    out.update(pgd_steps=int(pgd["steps"]), pgd_fraction=float(pgd["fraction"]), pgd_start=int(pgd["ramp_start"]))
+    return out
+
+
+def _multiples(k: int, start: int, stop: int) -> int:
+    """How many steps s in [start, stop) have s % k == 0."""
+    start = max(start, 0)
+    return max(0, -(-stop // k) - -(-start // k)) if stop > start else 0
+
+
+def training_work(s: dict, episode_steps: int) -> dict:
+    """A training's work in the units it is priced by (:func:`crop.train.dqn.train_dqn`, read top to bottom):
+    ``env_steps`` (act, step, store), ``updates`` (one gradient update of a batch every ``train_every`` steps
+    from ``learning_starts``), ``pgd_updates`` (the updates' PGD: pgd_steps × the fraction attacked, each step a
+    forward and backward of that fraction, per update from the recipe's ramp start) and ``eval_steps`` (greedy
+    episodes of ``episode_steps``: ``quick_eval_episodes`` every ``eval_every`` steps from ``learning_starts``
+    and one acceptance evaluation of ``eval_episodes`` with a target return; without one, the final
+    ``eval_episodes``).  All at ``total_steps``: a training accepted sooner costs less."""
+    n = s["total_steps"]
+    updates = _multiples(s["train_every"], s["learning_starts"], n)
+    attacked = _multiples(s["train_every"], max(s["learning_starts"], s["pgd_start"]), n)
+    quick = _multiples(s["eval_every"], s["learning_starts"], n) if s["target_return"] is not None else 0
+    episodes = quick * s["quick_eval_episodes"] + s["eval_episodes"]
+    return {"env_steps": n, "updates": updates, "pgd_updates": attacked * s["pgd_steps"] * s["pgd_fraction"],
+            "eval_steps": episodes * episode_steps}
+
+
 def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
+    """A checkpoint's seconds: a download (``fetch_s``), or a training's work (:func:`training_work`) priced as
+    (env steps + evaluation steps) × ``train_step_s`` + (updates + PGD updates) × ``train_update_s``."""
     from crop.agents.registry import checkpoint_source
 
     ec = cfg["environments"][job.env]
     src = checkpoint_source(job.env, job.algo, ec["source"], ec.get("files"))
+    u = Units(t, job.env, job.device)
     if src["kind"] != "train":
-        return Units(t, job.env, job.device)("fetch_s")
-    steps = train_settings(ec, job.algo)["total_steps"]
-    return steps * Units(t, job.env, job.device)("train_step_s")
+        return u("fetch_s")
+    s = training_settings(job.env, job.algo, train_settings(ec, job.algo))
+    w = training_work(s, s["eval_max_steps"] or _EPISODE_STEPS.get(job.env) or ec["gre"]["horizon"])
+    return (w["env_steps"] + w["eval_steps"]) * u("train_step_s") + \
+        (w["updates"] + w["pgd_updates"]) * u("train_update_s")
 
 
 def runtime_minutes(seconds: float, cap: int | None = None) -> int:
