@@ -280,11 +280,13 @@ def test_gre_prices_a_pool_start_per_slot_and_a_reset_per_trajectory(tmp_path):
     when every trajectory made its environment) prices as before."""
     cfg = load_config(PAPER)
     table = cost.shipped_table("cpu")
+    del table["envs"]["PongNoFrameskip-v4"]["gre_start_s"]
+    without, with_start = tmp_path / "without.json", tmp_path / "with.json"
+    without.write_text(json.dumps({"cpu": table}))
     table["envs"]["PongNoFrameskip-v4"]["gre_start_s"] = 0.5
-    path = tmp_path / "calibration.json"
-    path.write_text(json.dumps({"cpu": table}))
-    before, _ = cost.predict(cfg, gpus=1)
-    after, _ = cost.predict(cfg, gpus=1, calibration=path)
+    with_start.write_text(json.dumps({"cpu": table}))
+    before, _ = cost.predict(cfg, gpus=1, calibration=without)
+    after, _ = cost.predict(cfg, gpus=1, calibration=with_start)
     pairs = [(b, a) for b, a in zip(before, after) if b.rule.startswith("gre")]
     g = cfg["environments"]["PongNoFrameskip-v4"]["gre"]
     assert g.get("batch") is None and g["m"] == 10000

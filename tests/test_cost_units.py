@@ -146,7 +146,7 @@ def test_an_optional_unit_may_be_absent_but_is_checked_when_given(tmp_path, caps
 
     table = json.loads(json.dumps(cost.unit_costs("cpu")[0]))
     env = table["envs"]["PongNoFrameskip-v4"]
-    assert "gre_start_s" not in env
+    env.pop("gre_start_s", None)
     check_table(table, "cpu", "t")
     env["gre_start_s"] = 0.2
     check_table(table, "cpu", "t")
