@@ -1,5 +1,6 @@
 # Shared set-up: validate the config (before any job is scheduled), input functions, and the per-run rules'
-# blocks (rules/stages.smk) built from the stage table (crop/workflow/stage_table.py); every path comes from crop/layout.py.
+# blocks (rules/stages.smk) built from the stage table (crop/workflow/stage_table.py); every path comes from
+# crop/workflow/layout.py.
 import json
 import os
 import re
