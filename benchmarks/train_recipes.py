@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from crop.io import derive_seed  # noqa: E402
-from crop.train import TrainingFailed, greedy_returns, prepare_training, train_policy  # noqa: E402
+from crop.train import prepare_training, train_policy  # noqa: E402
+from crop.train.dqn import TrainingFailed, greedy_returns  # noqa: E402
 from crop.workflow.config import ALGORITHMS, target_return, train_defaults  # noqa: E402
 
 

@@ -237,7 +237,7 @@ def checkpoint_mem_mb(w):
     (EnvSpec.replay_mb)."""
     if policy_source(w.env, w.algo)["kind"] != "train":
         return 1500
-    from crop.train import dqn_config  # torch: only when a policy is trained here
+    from crop.train import dqn_config  # the trainer's defaults (no torch)
 
     dqn = dqn_config(w.env, w.algo, env_cfg(w)["train"].get("dqn"))
     return 1500 + env_spec(w.env).replay_mb(dqn.buffer_size)
@@ -247,7 +247,7 @@ def checkpoint_gpus(w):
     """One GPU for a policy trained here on a device other than the CPU (train.dqn.device)."""
     if policy_source(w.env, w.algo)["kind"] != "train":
         return 0
-    from crop.train import dqn_config  # torch: only when a policy is trained here
+    from crop.train import dqn_config  # the trainer's defaults (no torch)
 
     return 0 if dqn_config(w.env, w.algo, env_cfg(w)["train"].get("dqn")).device == "cpu" else 1
 

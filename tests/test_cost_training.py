@@ -3,6 +3,8 @@ crop.train.dqn.train_dqn does: environment steps, gradient updates every ``train
 ``learning_starts``, the recipe's PGD on the attacked fraction of each batch from its ramp start, and the
 greedy evaluations (quick ones every ``eval_every`` steps, the acceptance or final one)."""
 import copy
+import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +16,7 @@ ENVS = ("CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrames
 
 @pytest.mark.parametrize("env", ENVS)
 @pytest.mark.parametrize("algo", ["StdTrain", "AdvTrain", "SA-MDP-PGD", "GaussAug"])
-def test_mirrored_settings_are_the_trainers(env, algo):
+def test_the_model_counts_the_trainers_settings(env, algo):
     from crop.train import prepare_training
     from crop.train.recipes import recipe_for
 
@@ -74,3 +76,14 @@ def test_paper_config_prices_every_training_by_its_work():
             continue
         s = cost.training_settings(env, "AdvTrain", train_settings(ec, "AdvTrain"))
         assert s["total_steps"] == ec["train"]["total_steps"]
+
+
+def test_the_trainers_defaults_cost_no_torch():
+    """The cost model and the rules (a checkpoint job's memory and GPU) read the trainer's defaults from
+    crop/train/defaults.py: the table the trainer itself reads, without importing torch."""
+    code = ("import sys; from crop.train import dqn_config; from crop.workflow import cost; "
+            "assert dqn_config('PongNoFrameskip-v4', 'SA-MDP-PGD').buffer_size == 100_000; "
+            "assert cost.training_settings('PongNoFrameskip-v4', 'SA-MDP-PGD', {})['pgd_steps'] == 5; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

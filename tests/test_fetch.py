@@ -228,7 +228,7 @@ def test_fetched_model_json_records_the_clean_greedy_return(tmp_path):
           "--cache", str(tmp_path / "cache"), "--out", str(out)])
     rec = json.loads(out.with_suffix(".json").read_text())
     from crop.io import derive_seed
-    from crop.train import greedy_returns
+    from crop.train.dqn import greedy_returns
 
     net = load_network(out, rec["net_spec"], expected_sha256=rec["sha256"])
     rets = greedy_returns(net, "highway-fast-v0", [derive_seed(0, "accept-eval", i) for i in range(2)], "flat25")

@@ -16,7 +16,7 @@ from torch import nn
 from crop.agents.importing import PolicyImportError, import_policy
 from crop.io import derive_seed, sha256_file
 from crop.models import load_network
-from crop.train import greedy_returns
+from crop.train.dqn import greedy_returns
 from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.layout import RUN_FILES

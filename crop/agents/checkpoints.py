@@ -332,7 +332,8 @@ def clean_greedy_return(net, env: str, profile: str | None, episodes: int, seed:
     Nothing is retrained, so ``target`` (the trained policies' threshold) is reported, not enforced."""
     from crop.io import derive_seed
     from crop.progress import pbar
-    from crop.train import ENV_DQN_DEFAULTS, greedy_returns
+    from crop.train.defaults import ENV_DQN_DEFAULTS
+    from crop.train.dqn import greedy_returns
 
     max_steps = ENV_DQN_DEFAULTS.get(env, {}).get("eval_max_steps")
     seeds = [derive_seed(seed, "accept-eval", i) for i in range(episodes)]

@@ -59,7 +59,8 @@ def cmd_train(args) -> None:
     """Train a policy.  Its state is saved to OUT.resume every --checkpoint-every seconds and on SIGTERM (exit
     status 143), and the same command resumes from it; it is deleted once model.pt and model.json are written,
     or when training fails its acceptance test (a final result as well)."""
-    from crop.train import TrainingFailed, prepare_training, train_policy
+    from crop.train import prepare_training, train_policy
+    from crop.train.dqn import TrainingFailed
     from crop.train.resume import CHECKPOINT_EVERY, ResumeOptions
 
     started, src = setup(args), _source(args, "train", "train", "is not trained locally")
@@ -90,7 +91,7 @@ def _acceptance(args, net, episodes: int, profile, target) -> tuple[dict, float]
     """The clean greedy return of a derived policy and the CPU seconds it took; nothing can be retrained, so
     the trained policies' threshold is reported, not enforced."""
     from crop.io import derive_seed
-    from crop.train import greedy_returns
+    from crop.train.dqn import greedy_returns
 
     t0 = time.process_time()
     rets = greedy_returns(net, args.env, [derive_seed(args.seed, "accept-eval", i) for i in range(episodes)], profile)

@@ -41,9 +41,9 @@ from crop.envs import env_spec, make_env, to_obs
 from crop.io import derive_seed
 from crop.models import build_network
 from crop.models.noisy import resample_noise
-from crop.names import default_of
 from crop.progress import pbar
 from crop.smoothing.engine import resolve_device
+from crop.train.defaults import DQNConfig
 from crop.train.resume import Checkpointer, Progress, ResumeOptions, State, load, training_key
 
 __all__ = ["DQNConfig", "TrainingFailed", "Batch", "TrainContext", "train_dqn", "greedy_returns"]
@@ -51,45 +51,6 @@ __all__ = ["DQNConfig", "TrainingFailed", "Batch", "TrainContext", "train_dqn", 
 
 class TrainingFailed(RuntimeError):
     pass
-
-
-@dataclass
-class DQNConfig:
-    """One Double-DQN run's settings.  The training budget shared by every environment (hidden, total_steps,
-    min_steps, eval_episodes, target_return, prioritized) defaults to the schema's ``train`` block; the rest is
-    the DQN table the schema's ``train.dqn`` overrides: these defaults, then the environment's
-    (:data:`crop.train.ENV_DQN_DEFAULTS`), then the recipe's (:attr:`crop.train.recipes.Recipe.dqn_defaults`),
-    merged by :func:`crop.train.dqn_config`."""
-
-    hidden: list = default_of("environment.train.hidden")
-    total_steps: int = default_of("environment.train.total_steps")
-    min_steps: int = default_of("environment.train.min_steps")  # no acceptance before (a trained, not a lucky, Q)
-    learning_starts: int = 1000
-    buffer_size: int = 50000
-    batch_size: int = 64
-    lr: float = 1e-3
-    lr_end: float | None = None  # linear decay of the learning rate to lr_end over lr_decay_steps (None: constant)
-    lr_decay_steps: int = 0
-    gamma: float = 0.99
-    target_update: int = 500
-    train_every: int = 2
-    eps_start: float = 1.0
-    eps_end: float = 0.02
-    eps_decay_steps: int = 10000
-    eval_every: int = 1000
-    eval_episodes: int = default_of("environment.train.eval_episodes")
-    quick_eval_episodes: int = 10
-    # None: no acceptance threshold (train total_steps); a config's null, the environment's own threshold, is
-    # resolved before it gets here (crop.workflow.config.target_return)
-    target_return: float | None = default_of("environment.train.target_return")
-    max_grad_norm: float = 10.0
-    # proportional prioritized replay (α, β annealed to 1 over total_steps)
-    prioritized: bool = default_of("environment.train.prioritized")
-    per_alpha: float = 0.6
-    per_beta0: float = 0.4
-    eps_decay_fraction: float | None = None  # ε decays over this fraction of total_steps (replaces eps_decay_steps)
-    eval_max_steps: int | None = None  # greedy evaluation episodes cut after this many steps (None: the env's own end)
-    device: str = "cpu"          # cpu | cuda | auto (cuda if available); CPU runs are bit-for-bit reproducible
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Each recipe changes the *data* of a sampled batch (``perturb``) or the *loss* (``loss``), or, for CARRL,
 nothing in training at all (a test-time policy derived from StdTrain's network).  Hyper-parameters have
-per-environment defaults here (``defaults`` ← ``env_defaults[env]``); a config's
+per-environment defaults in crop/train/defaults.py (``HYPERPARAMETERS``); a config's
 ``train.recipes.<algo>`` block overrides them key by key, and every value used is recorded in model.json.
 
 Threat models.  CROP certifies ℓ2 perturbations of the observation, so the methods that attack with a
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from crop.certify.attack import pgd_l2
 from crop.models.bounds_ibp import CrownSettings, crown_bounds, ibp_bounds, margin_spec, parse_norm
+from crop.train.defaults import recipe_hyperparameters
 
 __all__ = ["Recipe", "RECIPES", "recipe_for", "pgd"]
 
@@ -80,32 +81,18 @@ def _weighted_mean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------- recipes
 
-_ATARI = ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
-
-
-def _atari(**hp) -> dict:
-    return {env: dict(hp) for env in _ATARI}
-
-
 class Recipe:
     """StdTrain: Double DQN (van Hasselt et al., 2016), the base of every variant."""
 
     name = "StdTrain"
     kind = "train"                # "train", or "derive" (CARRL: built from another algorithm's checkpoint)
     exploration = "epsilon"       # or "noisy" (NoisyNet: parameter noise instead of ε-greedy)
-    defaults: dict = {}
-    env_defaults: dict = {}
-    dqn_defaults: dict = {}       # env → DQNConfig overrides this recipe needs (on top of ENV_DQN_DEFAULTS)
     images = True                 # trains on image observations (a CNN)
 
     # -- hyper-parameters
     def hyperparameters(self, env_id: str, overrides: dict | None = None) -> dict:
-        hp = {**self.defaults, **self.env_defaults.get(env_id, {})}
-        overrides = dict(overrides or {})
-        unknown = sorted(set(overrides) - set(hp))
-        if unknown:
-            raise ValueError(f"{self.name}: unknown hyper-parameter(s) {unknown}; known: {sorted(hp)}")
-        hp.update(overrides)
+        """Its hyper-parameters on ``env_id`` (crop/train/defaults.py, then ``overrides``), checked."""
+        hp = recipe_hyperparameters(self.name, env_id, overrides)
         self.validate(hp)
         return hp
 
@@ -165,7 +152,6 @@ class GaussAug(Recipe):
     (With σ = 0.05 on CartPole, seed 0 never passed the acceptance test within 100,000 steps.)"""
 
     name = "GaussAug"
-    defaults = {"sigma": 0.005}
 
     def perturb(self, ctx, batch):
         sigma = float(ctx.hp["sigma"])
@@ -181,9 +167,6 @@ class AdvTrain(Recipe):
     certified policies.  ε ramps from 0 over ``ramp_steps`` after ``ramp_start``."""
 
     name = "AdvTrain"
-    defaults = {"eps": 0.1, "norm": 2, "steps": 5, "fraction": 0.5, "ramp_start": 2000, "ramp_steps": 8000}
-    env_defaults = {"highway-fast-v0": {"eps": 0.05, "ramp_start": 200, "ramp_steps": 1000},
-                    **_atari(eps=0.05, ramp_start=100_000, ramp_steps=400_000)}
 
     def perturb(self, ctx, batch):
         eps = self.eps_now(ctx)
@@ -213,15 +196,6 @@ class GradDQN(Recipe):
     ``fraction`` (all) of each batch.  ℓ2, ε ramped like AdvTrain."""
 
     name = "GradDQN"
-    defaults = {"eps": 0.1, "norm": 2, "candidates": 10, "fraction": 1.0, "ramp_start": 2000,
-                "ramp_steps": 8000}
-    env_defaults = {"highway-fast-v0": {"eps": 0.05, "ramp_start": 200, "ramp_steps": 1000},
-                    **_atari(eps=0.05, ramp_start=100_000, ramp_steps=400_000)}
-    # Measured on CartPole (seed 0): with a target update every 500 steps the greedy policies of GradDQN
-    # and NoisyNet sat on a plateau at ~100 return (the cart running off the track) from min_steps until
-    # 58,000 and 61,000 steps; every 100 steps they pass at 20,000 and 25,000.  (With 100 for every
-    # recipe, RadialRL (then at ε = 0.05) diverged and GaussAug needed 65,000 steps: a per-recipe setting.)
-    dqn_defaults = {"CartPole-v0": {"target_update": 100}}
 
     def validate(self, hp):
         super().validate(hp)
@@ -272,11 +246,6 @@ class _SAMDP(Recipe):
     ``ramp_steps`` (SA-DQN: start after 25 % of training, κ = 0.005, c = 1, PGD 5 steps with random start;
     our κ and c are in CartPole's/highway's Q scale)."""
 
-    defaults = {"eps": 0.02, "norm": "inf", "kappa": 0.1, "hinge_c": 0.1, "ramp_start": 5000,
-                "ramp_steps": 10000}
-    env_defaults = {"highway-fast-v0": {"eps": 0.005, "ramp_start": 500, "ramp_steps": 1500},
-                    **_atari(eps=1 / 255, kappa=0.005, hinge_c=1.0, ramp_start=100_000, ramp_steps=400_000)}
-
     def inner_max(self, ctx, s, labels, eps) -> torch.Tensor:
         raise NotImplementedError
 
@@ -299,7 +268,6 @@ class _SAMDP(Recipe):
 class SAMDP_PGD(_SAMDP):
     __doc__ = _SAMDP.__doc__ + "\n    Inner maximisation by PGD (``steps`` = 5) on the action margin."
     name = "SA-MDP-PGD"
-    defaults = {**_SAMDP.defaults, "steps": 5}
 
     def inner_max(self, ctx, s, labels, eps):
         delta = pgd(lambda z: action_margin(ctx.q(ctx.clamp(z)), labels), s, eps, ctx.hp["norm"],
@@ -335,9 +303,6 @@ class RadialRL(Recipe):
     reference uses min(d², |d|); we use the same Huber loss as the TD term.)"""
 
     name = "RadialRL"
-    defaults = {"eps": 0.02, "norm": "inf", "kappa_end": 0.5, "ramp_start": 0, "ramp_steps": 20000}
-    env_defaults = {"highway-fast-v0": {"eps": 0.005, "ramp_steps": 2000},
-                    **_atari(eps=1 / 255, ramp_start=100_000, ramp_steps=400_000)}
 
     def worst_case_loss(self, ctx, batch, q_all, y, eps) -> torch.Tensor:
         """Per-sample worst-case loss; ≥ the TD loss of the taken action, since lb ≤ Q(s, a) ≤ ub."""
@@ -367,8 +332,6 @@ class NoisyNet(Recipe):
     name = "NoisyNet"
     exploration = "noisy"
     images = False                # noisy linear layers only (crop/models/noisy.py)
-    defaults = {"sigma0": 0.5}
-    dqn_defaults = {"CartPole-v0": {"target_update": 100}}   # see GradDQN
 
     def validate(self, hp):
         super().validate(hp)
@@ -388,8 +351,6 @@ class CARRL(Recipe):
     name = "CARRL"
     kind = "derive"
     images = False                # CROWN bounds of an MLP base (crop/models/carrl.py)
-    defaults = {"eps": 0.1, "norm": 2, "method": "crown"}
-    env_defaults = {"highway-fast-v0": {"eps": 0.05}}
 
     def validate(self, hp):
         super().validate(hp)

@@ -109,22 +109,6 @@ def _row(rule: str):
     return STAGES.get(rule.removesuffix("_replicate").replace("_", "-"))
 
 
-#: The trainer's settings the model counts (:class:`crop.train.dqn.DQNConfig`, :data:`crop.train.ENV_DQN_DEFAULTS`),
-#: mirrored here because the model imports no torch; tests/test_cost_training.py holds them equal to the trainer's.
-_DQN = {"learning_starts": 1000, "train_every": 2, "eval_every": 1000, "quick_eval_episodes": 10,
-        "eval_max_steps": None}
-_ATARI_DQN = {"learning_starts": 80_000, "train_every": 4, "eval_every": 50_000, "quick_eval_episodes": 3,
-              "eval_max_steps": 27_000}
-_ENV_DQN = {"highway-fast-v0": {"learning_starts": 200, "train_every": 1, "eval_every": 500},
-            "PongNoFrameskip-v4": _ATARI_DQN, "FreewayNoFrameskip-v4": _ATARI_DQN}
-#: The recipes that run PGD in every update once their ε ramp starts (:mod:`crop.train.recipes`): its ``steps``,
-#: the ``fraction`` of the batch attacked (SA-MDP-PGD: the regulariser's inner maximum, every sample) and
-#: ``ramp_start`` per environment (a robust recipe's ε is 0 before it, and no PGD runs).
-_PGD = {"AdvTrain": {"steps": 5, "fraction": 0.5, "ramp_start": 2000},
-        "SA-MDP-PGD": {"steps": 5, "fraction": 1.0, "ramp_start": 5000}}
-_ATARI = ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
-_PGD_RAMP = {"AdvTrain": {"highway-fast-v0": 200, **dict.fromkeys(_ATARI, 100_000)},
-             "SA-MDP-PGD": {"highway-fast-v0": 500, **dict.fromkeys(_ATARI, 100_000)}}
 #: An evaluation episode's steps where the DQN settings do not cut it (eval_max_steps): the environment's own
 #: end (CartPole-v0: 200 steps; highway-fast-v0: 30 decisions); other environments: the config's GRe horizon.
 _EPISODE_STEPS = {"CartPole-v0": 200, "highway-fast-v0": 30}
@@ -136,17 +120,17 @@ def training_settings(env: str, algo: str, settings: dict) -> dict:
     train_every, eval_every, quick_eval_episodes, eval_episodes, eval_max_steps, target_return) and the
     recipe's PGD (pgd_steps, pgd_fraction, pgd_start; 0 steps for a recipe without PGD)."""
     from crop.names import schema_default
+    from crop.train.defaults import dqn_config, pgd_schedule, recipe_hyperparameters
     from crop.workflow.config import target_return
 
-    dqn = {**_DQN, **_ENV_DQN.get(env, {}), **(settings.get("dqn") or {})}
-    out = {k: dqn[k] for k in _DQN}
+    dqn = dqn_config(env, algo, settings.get("dqn"))
+    out = {k: getattr(dqn, k) for k in ("learning_starts", "train_every", "eval_every", "quick_eval_episodes",
+                                         "eval_max_steps")}
     out["total_steps"] = settings.get("total_steps", schema_default("environment.train.total_steps"))
     out["eval_episodes"] = settings.get("eval_episodes", schema_default("environment.train.eval_episodes"))
     out["target_return"] = target_return(env, settings.get("target_return"))
-    pgd = {**_PGD.get(algo, {"steps": 0, "fraction": 0.0, "ramp_start": 0})}
-    pgd["ramp_start"] = _PGD_RAMP.get(algo, {}).get(env, pgd["ramp_start"])
-    pgd.update({k: v for k, v in ((settings.get("recipes") or {}).get(algo) or {}).items() if k in pgd})
-    out.update(pgd_steps=int(pgd["steps"]), pgd_fraction=float(pgd["fraction"]), pgd_start=int(pgd["ramp_start"]))
+    hp = recipe_hyperparameters(algo, env, (settings.get("recipes") or {}).get(algo))
+    out["pgd_steps"], out["pgd_fraction"], out["pgd_start"] = pgd_schedule(algo, hp)
     return out
 
 
