@@ -12,6 +12,7 @@ rule checkpoint:
         record=CHECKPOINT_RECORD,
     log:
         f"{R}/logs/{{env}}/{{algo}}/checkpoint.log",
+    priority: gpu_first(checkpoint_gpus)
     conda:
         "../envs/crop.yaml"
     resources:

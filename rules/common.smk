@@ -7,7 +7,7 @@ import re
 import shlex
 
 from crop.workflow import layout
-from crop.workflow.cost import CostError, JobResources, stage_device, stage_gpus
+from crop.workflow.cost import CostError, JobResources, job_priority, stage_device, stage_gpus
 from crop.envs import env_spec
 from crop.workflow.config import (
     ConfigError,
@@ -113,14 +113,26 @@ def predicted(name, key, gpus=None):
     return resource
 
 
-def stage_resources(name):
-    """GPUs (Snakemake's standard resource `gpu`, see GPUS; none where the job runs on the CPU, see
-    crop.workflow.cost.stage_device), memory and minutes of a stage's jobs."""
+def stage_job_gpus(name):
+    """GPUs of a stage's job (Snakemake's standard resource `gpu`, see GPUS): none where it runs on the CPU
+    (crop.workflow.cost.stage_device)."""
     r = stage(name).rule
 
     def gpus(w):
         return GPUS if stage_device(CFG, r, w.env) != "cpu" else 0
 
+    return gpus
+
+
+def gpu_first(gpus):
+    """A rule's `priority:`: a job that holds a GPU before the other ready jobs (crop.workflow.cost.job_priority,
+    which the plan's makespan orders by too)."""
+    return lambda w: job_priority(gpus(w))
+
+
+def stage_resources(name):
+    """GPUs (stage_job_gpus), memory and minutes of a stage's jobs."""
+    r, gpus = stage(name).rule, stage_job_gpus(name)
     return {
         "gpu": gpus,
         "mem_mb": predicted(r, "mem_mb", gpus),

@@ -17,6 +17,7 @@ for row in STAGES.values():
                 stage_log(row.command, replicate),
             benchmark:
                 stage_benchmark(row.command, replicate)
+            priority: gpu_first(stage_job_gpus(row.command))
             conda:
                 "../envs/crop.yaml"
             threads: CFG["threads"]

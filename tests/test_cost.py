@@ -97,6 +97,15 @@ def test_makespan_respects_cores_gpus_and_dependencies():
     assert cost.makespan(g, cores=16, gpus=2) == 10
 
 
+def test_a_job_on_the_gpu_goes_first():
+    """Two 4-thread CPU jobs (12 s) fill 8 cores; a chain of two GPU jobs (4 threads, 10 s each) waiting behind
+    them would idle the GPU until 12 s (32 s in all).  GPU jobs first: B beside A1, then C beside A2 (24 s)."""
+    jobs = [cost.Job("a1", seconds=12, threads=4), cost.Job("a2", seconds=12, threads=4),
+            cost.Job("b", seconds=10, threads=4, gpus=1), cost.Job("c", seconds=10, threads=4, gpus=1, needs=[2])]
+    assert cost.makespan(jobs, cores=8, gpus=1) == 24
+    assert cost.job_priority(1) > cost.job_priority(0)
+
+
 # --------------------------------------------------------------------------------------------- crop plan
 
 def test_plan_json_has_exactly_the_issue_s_fields(capsys):

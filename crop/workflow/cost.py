@@ -53,7 +53,7 @@ __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predic
            "lore_transitions", "MAX_PRICED_NODES", "Units", "training_settings", "training_work",
            "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "JobResources",
            "makespan", "slurm_caps", "shipped_table", "GLOBAL_UNITS", "MAX_RUNTIME", "MAX_MEM_MB",
-           "stage_device", "stage_gpus"]
+           "stage_device", "stage_gpus", "job_priority"]
 
 #: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model aims at 0.5–2× of a job's
 #: measured time (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the
@@ -109,9 +109,11 @@ def _row(rule: str):
     return STAGES.get(rule.removesuffix("_replicate").replace("_", "-"))
 
 
-#: An evaluation episode's steps where the DQN settings do not cut it (eval_max_steps): the environment's own
-#: end (CartPole-v0: 200 steps; highway-fast-v0: 30 decisions); other environments: the config's GRe horizon.
-_EPISODE_STEPS = {"CartPole-v0": 200, "highway-fast-v0": 30}
+#: An evaluation episode's steps where the environment's own end fixes them: CartPole-v0's 200 steps,
+#: highway-fast-v0's 30 decisions, Freeway's 2 min 16 s clock (2,043 and 2,047 decisions measured under the
+#: ``cleanrl`` profile, always-up and random play).  Elsewhere the DQN settings' cut (eval_max_steps), else the
+#: config's GRe horizon.
+_EPISODE_STEPS = {"CartPole-v0": 200, "highway-fast-v0": 30, "FreewayNoFrameskip-v4": 2050}
 
 
 def training_settings(env: str, algo: str, settings: dict) -> dict:
@@ -168,7 +170,9 @@ def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
     if src["kind"] != "train":
         return u("fetch_s")
     s = training_settings(job.env, job.algo, train_settings(ec, job.algo))
-    w = training_work(s, s["eval_max_steps"] or _EPISODE_STEPS.get(job.env) or ec["gre"]["horizon"])
+    episode = min(n for n in (s["eval_max_steps"], _EPISODE_STEPS.get(job.env)) if n) \
+        if s["eval_max_steps"] or job.env in _EPISODE_STEPS else ec["gre"]["horizon"]
+    w = training_work(s, episode)
     return (w["env_steps"] + w["eval_steps"]) * u("train_step_s") + \
         (w["updates"] + w["pgd_updates"]) * u("train_update_s")
 
@@ -353,10 +357,19 @@ class JobResources:
 
 # ----------------------------------------------------------------------------------------------- the plan
 
+def job_priority(gpus: int) -> int:
+    """A job's Snakemake ``priority:`` (the rules'): a job that holds a GPU goes before every other ready job.
+    On one node the GPU is the scarce resource: behind a queue of 4-thread GRe jobs that fill the cores, the
+    GPU's jobs (each also needs threads) would wait and the GPU idle (paper plan: 20.4 h on one node ordered
+    longest first, 16.5 h GPU jobs first)."""
+    return 1 if gpus else 0
+
+
 def makespan(plan_jobs: list[Job], cores: int, gpus: int, nodes: int = 1) -> float:
     """Seconds until the last job ends on ``nodes`` machines of ``cores`` cores and ``gpus`` GPUs each: list
     scheduling in the DAG's order (a job starts when its inputs exist and a node has its threads and GPU
-    free; the longest ready job first), as a cluster's queue would run them."""
+    free; of the ready jobs, the higher :func:`job_priority` first, then the longest), as the workflow's
+    scheduler would run them."""
     free = [[cores, gpus] for _ in range(nodes)]
     done_at = [math.nan] * len(plan_jobs)
     waiting = {i: set(j.needs) for i, j in enumerate(plan_jobs)}
@@ -367,22 +380,22 @@ def makespan(plan_jobs: list[Job], cores: int, gpus: int, nodes: int = 1) -> flo
     def release():
         for i in [i for i, deps in waiting.items() if not deps]:
             del waiting[i]
-            heapq.heappush(ready, (-plan_jobs[i].seconds, i))
+            heapq.heappush(ready, (-job_priority(plan_jobs[i].gpus), -plan_jobs[i].seconds, i))
 
     release()
     while ready or running:
         postponed = []
         while ready:
-            neg, i = heapq.heappop(ready)
-            j = plan_jobs[i]
+            item = heapq.heappop(ready)
+            j = plan_jobs[item[-1]]
             need_c, need_g = min(j.threads, cores), min(j.gpus, gpus)
             node = next((n for n, (c, g) in enumerate(free) if c >= need_c and g >= need_g), None)
             if node is None:
-                postponed.append((neg, i))
+                postponed.append(item)
                 continue
             free[node][0] -= need_c
             free[node][1] -= need_g
-            heapq.heappush(running, (now + j.seconds, i, node))
+            heapq.heappush(running, (now + j.seconds, item[-1], node))
         for item in postponed:
             heapq.heappush(ready, item)
         if not running:
