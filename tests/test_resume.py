@@ -272,22 +272,30 @@ def test_a_damaged_or_hostile_resume_file_is_ignored(tmp_path, capsys, tamper):
     assert table.equals(clean_table) and not (tmp_path / "pwned").exists()
 
 
-def test_a_bounded_search_resumes_byte_identically_and_its_budget_keys_the_file(tmp_path):
-    """max_nodes: a killed bounded search resumes to the uninterrupted bounded result (truncated); a resume
-    file written under another budget belongs to another run and is ignored."""
+@pytest.mark.parametrize("order,double,lives", [("depth-first", False, 2), ("best-first", False, 2),
+                                               ("best-first", False, 5), ("best-first", True, 2),
+                                               ("best-first", True, 6), ("depth-first", True, 4)])
+def test_a_bounded_search_resumes_byte_identically_and_its_budget_keys_the_file(tmp_path, order, double, lives):
+    """max_nodes, in either order, with or without the bound at twice the budget: a killed bounded search
+    resumes to the uninterrupted bounded result (truncated), its record included; a resume file written under
+    another budget belongs to another run and is ignored."""
     net_kw, sm_args, kw = _case("toy")
-    kw = {**kw, "max_nodes": 20, "reward_min": 0.0}
+    kw = {**kw, "max_nodes": 20, "reward_min": 0.0, "order": order, "report_double": double, "batch": 2}
     clean, clean_info = _run(_smoothed(net_kw, sm_args, seed=7), None, 60.0, **kw)
     assert clean_info["truncated"] is True and clean_info["nodes"] == 20
+    assert (clean_info["double_budget"] is not None) == double
+    volatile = ("resumed", "runtime_s", "nodes_per_s")
     for budget, resumed in ((21, False), (20, True)):
         resume = tmp_path / f"lore-{budget}.resume"
         with pytest.raises(Killed):
-            _run(_smoothed(net_kw, sm_args, seed=7, lives=2), resume, 0.0, **kw)
+            _run(_smoothed(net_kw, sm_args, seed=7, lives=lives), resume, 0.0, **kw)
         table, info = _run(_smoothed(net_kw, sm_args, seed=7), resume, 1e9,
                            **{**kw, "max_nodes": budget})
         assert info["resumed"] is resumed
         if resumed:
             assert table == clean and info["truncated"] is True
+            assert {k: v for k, v in info.items() if k not in volatile} == \
+                {k: v for k, v in clean_info.items() if k not in volatile}
 
 
 class _FlatLinear(__import__("torch").nn.Module):
@@ -526,7 +534,8 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
         assert search.key() != dying.key() and search.load(resume, None) is False, name
     other = {"horizon": 9, "env_seed": 1, "gamma": 0.8, "reward_fn": lambda r: max(r, 0.0), "reward_key": "clip",
              "eps_max": 1.0, "prune": False, "alpha_of": lambda i: 0.01 / i ** 2, "batch": 3,
-             "max_nodes": 50, "reward_min": -1.0, "run_key": {"checkpoint_sha256": "0" * 64}}
+             "max_nodes": 50, "reward_min": -1.0, "order": "depth-first", "report_double": True,
+             "run_key": {"checkpoint_sha256": "0" * 64}}
     names = {f.name for f in fields(Problem)} | {f.name for f in fields(Search)} | {"run_key"}
     assert set(other) == names, "a new setting needs a changed value here"
     for name, value in other.items():
@@ -535,7 +544,8 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
         elif name in Problem.__dataclass_fields__:
             changed = replace(base, problem=replace(base.problem, **{name: value}))
         else:
-            extra = {"reward_min": -1.0} if name == "max_nodes" else {}
+            extra = {"max_nodes": {"reward_min": -1.0}, "report_double": {"max_nodes": 50, "reward_min": -1.0}}.get(
+                name, {})
             changed = replace(base, search=replace(base.search, **{name: value}, **extra))
         search = LoRe(dying.env_id, _smoothed(net_kw, sm_args, seed=2), changed, make=dying.make)
         assert search.key() != dying.key() and search.load(resume, None) is False, name
