@@ -10,6 +10,11 @@ bound above J_min at the smallest ε in at least half of the jobs.
                                                    [--target vote] [--budget-s 1500]
 
 Jobs run one after another until ``--budget-s`` seconds have passed (a job started runs to its end).
+
+``--toy``: instead, a small synthetic tree where the order matters (a 1-D walk with signed rewards, r_min = −1,
+H = 5, γ = 0.9, every action inseparable at ε = 0: a full ternary tree), one certificate per observation shared
+by every run, the bound at ε = 0 of both orders at a range of budgets and the smallest budget reaching the exact
+bound.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pandas as pd
 
 from crop.certify.lore import lore_bound_at
@@ -46,9 +53,68 @@ def run_job(checkpoint: Path, env: str, algo: str, order: str, a: argparse.Names
     return {"meta": meta, "seconds": time.time() - started, "line": done.stdout.strip().splitlines()[-1]}
 
 
+class _Walk(gym.Env):
+    """A 1-D walk: actions left/stay/right by 0.35, reward 1 − |pos| (negative past ±1, which ends it)."""
+
+    observation_space = gym.spaces.Box(-5, 5, (2,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        self.pos, self.t = 0.1, 0
+        return np.array([self.pos, 0.0], np.float32), {}
+
+    def step(self, a):
+        self.pos, self.t = round(self.pos + (int(a) - 1) * 0.35, 6), self.t + 1
+        return np.array([self.pos, self.t / 10], np.float32), 1.0 - abs(self.pos), abs(self.pos) > 1, False, {}
+
+
+def toy() -> None:
+    """The synthetic comparison (``--toy``)."""
+    import torch
+
+    from crop.certify.lore import LoReSettings, Problem, Search, run_lore
+    from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
+
+    class Fixed(SmoothedNetwork):   # one estimate per observation, shared by every run
+        cache: dict = {}
+
+        def estimate_batch(self, obs_batch, indices=None, alpha=None):
+            out = []
+            for o in obs_batch:
+                if o.tobytes() not in self.cache:
+                    self.cache[o.tobytes()] = super().estimate_batch(o[None], alpha=None)[0]
+                out.append(self.cache[o.tobytes()])
+            return out
+
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    with torch.no_grad():
+        for prm in net.parameters():
+            prm.mul_(0.3)
+    sm = Fixed(net, SmoothingSettings(0.3, 200, -6.0, 6.0, 0.05, seed=0), 3)
+
+    def bound(order, budget):
+        search = Search(prune=False, max_nodes=budget, reward_min=None if budget is None else -1.0, order=order)
+        r = run_lore("walk", sm, LoReSettings(Problem(5, 0, 0.9), search), make=_Walk, progress=False)
+        return float(r.table["lower_bound"].iloc[0]), r.info
+
+    exact, info = bound("depth-first", None)
+    j_min = -sum(0.9 ** k for k in range(5))
+    print(f"toy walk: {info['nodes']} nodes, exact bound at ε=0 {exact:.4g}, J_min {j_min:.4g}")
+    first = {}
+    for budget in (10, 30, 60, 100, 150, 200, 250, 300, 350):
+        row = {o: bound(o, budget)[0] for o in ORDERS}
+        print(f"  budget {budget:4d}: " + ", ".join(f"{o} {b:8.4g}" for o, b in row.items()))
+    for o in ORDERS:
+        first[o] = next((b for b in range(1, info["nodes"] + 1) if bound(o, b)[0] >= exact), None)
+    print("smallest budget reaching the exact bound: " + ", ".join(f"{o} {b}" for o, b in first.items()) +
+          f" (ratio {first['depth-first'] / first['best-first']:.2f})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("root", type=Path)
+    p.add_argument("root", type=Path, nargs="?")
+    p.add_argument("--toy", action="store_true")
     p.add_argument("--max-nodes", type=int, default=500)
     p.add_argument("--m", type=int, default=128)
     p.add_argument("--horizon", type=int, default=200)
@@ -56,6 +122,8 @@ def main() -> None:
     p.add_argument("--target", default="vote")
     p.add_argument("--budget-s", type=float, default=1500.0)
     a = p.parse_args()
+    if a.toy or a.root is None:
+        return toy()
     jobs = sorted(a.root.glob("*/*/checkpoint/model.pt"))
     started, rows = time.time(), []
     print(f"max_nodes {a.max_nodes} (and twice it), m {a.m}, H {a.horizon}, σ {a.sigma}, target {a.target}")

@@ -274,7 +274,7 @@ def test_a_damaged_or_hostile_resume_file_is_ignored(tmp_path, capsys, tamper):
 
 @pytest.mark.parametrize("order,double,lives", [("depth-first", False, 2), ("best-first", False, 2),
                                                ("best-first", False, 5), ("best-first", True, 2),
-                                               ("best-first", True, 6), ("depth-first", True, 4)])
+                                               ("best-first", True, 6), ("depth-first", True, 10)])
 def test_a_bounded_search_resumes_byte_identically_and_its_budget_keys_the_file(tmp_path, order, double, lives):
     """max_nodes, in either order, with or without the bound at twice the budget: a killed bounded search
     resumes to the uninterrupted bounded result (truncated), its record included; a resume file written under
