@@ -234,7 +234,8 @@ def test_batched_lore_equals_brute_force_with_family_alphas(mlp_factory, signed,
 
 
 @pytest.mark.parametrize("bad", [{"horizon": -1}, {"gamma": 1.5}, {"eps_max": -0.1}, {"batch": 0},
-                                 {"max_nodes": 0, "reward_min": 0.0}, {"max_nodes": 10}])
+                                 {"max_nodes": 0, "reward_min": 0.0}, {"max_nodes": 10},
+                                 {"order": "breadth-first"}, {"report_double": True}])
 def test_lore_settings_refuse_a_bad_value_naming_it(bad):
     """LoReSettings' parts check their values once, when made: one line naming the bad field."""
     with pytest.raises(ValueError, match=next(iter(bad))):
@@ -250,9 +251,10 @@ def _bounds(table, valid_until, grid):
 @pytest.mark.parametrize("signed,prune,gamma", [(False, True, 1.0), (True, False, 0.9), (True, False, 1.0)])
 def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suffices(mlp_factory, signed, prune,
                                                                                      gamma):
-    """Bounded LoRe (max_nodes): at every ε its bound is ≤ the unbounded search's (which is the brute force's,
-    above), equal to it exactly when the budget is not hit, and non-decreasing in the budget; ``truncated``
-    holds exactly when the budget is below the unbounded tree's node count."""
+    """Bounded LoRe (max_nodes), depth-first (the same operations as the unbounded search, so the same noise per
+    state): at every ε its bound is ≤ the unbounded search's (which is the brute force's, above), equal to it
+    exactly when the budget is not hit, and non-decreasing in the budget; ``truncated`` holds exactly when the
+    budget is below the unbounded tree's node count.  Best-first: tests/test_lore_budget.py."""
     horizon = 6
     make = lambda: ToyWalk(signed=signed)  # noqa: E731
     reward_min = -1.0 if signed else 0.0  # ToyWalk's rewards are 1 − |pos| ≥ −0.35 (≥ 0 unsigned)
@@ -261,7 +263,7 @@ def test_bounded_search_is_below_the_unbounded_one_and_equal_when_the_budget_suf
         sm = SmoothedNetwork(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0),
                        SmoothingSettings(0.3, 2000, -6.0, 6.0, 0.05, seed=0), 3)
         return lore("toy", sm, horizon, 0, prune=prune, make=make, progress=False, gamma=gamma,
-                        max_nodes=max_nodes, reward_min=reward_min)
+                        max_nodes=max_nodes, reward_min=reward_min, order="depth-first")
 
     full, full_info = run(None)
     n = full_info["nodes"]
@@ -309,16 +311,17 @@ class FloorWalk(gym.Env):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("order", ["best-first", "depth-first"])
 @pytest.mark.parametrize("gamma,horizon", [(1.0, 3), (0.9, 5), (1.0, 6)])
 def test_bounded_search_stays_below_the_unbounded_one_where_the_lowest_reward_is_reached(mlp_factory, gamma,
-                                                                                         horizon):
+                                                                                         horizon, order):
     """Where every leaf collects the declared lowest reward, an open subtree's worst case equals its leaves'
     return in the reals; computed, it must not come out above the unbounded search's bound by rounding."""
     def run(max_nodes):
         net = mlp_factory(n_in=2, n_out=2, hidden=(8,), seed=0)
         sm = SmoothedNetwork(net, SmoothingSettings(0.3, 500, -6.0, 6.0, 0.05, seed=0), 2)
         return lore("toy", sm, horizon, 0, prune=False, make=FloorWalk, progress=False, gamma=gamma,
-                        max_nodes=max_nodes, reward_min=-0.1)
+                        max_nodes=max_nodes, reward_min=-0.1, order=order)
 
     full, info = run(None)
     grid = sorted({0.0, *full["eps"], 10.0})

@@ -185,18 +185,29 @@ def test_lore_survives_sigkill_and_sigterm(tmp_path, bound, sig):
 
 @pytest.mark.slow
 def test_the_stage_records_a_truncated_bounded_search(tmp_path):
-    """crop lore --max-nodes: lore.meta.json records the nodes and truncated at its top; the bound is below
-    the unbounded one's."""
+    """crop lore --max-nodes: lore.meta.json records the nodes, truncated and what was explored at its top; the
+    depth-first bound is below the unbounded one's (the same noise per state); --report-double records the bound
+    at twice the budget and prints it; --report-double without a budget is one line naming both options."""
     import pandas as pd
 
-    runs = {}
-    for name, extra in (("bounded", ["--max-nodes", "40"]), ("full", [])):
+    runs, lines = {}, {}
+    for name, extra in (("bounded", ["--max-nodes", "40", "--order", "depth-first"]), ("full", []),
+                        ("best", ["--max-nodes", "40", "--report-double"])):
         cmd = _setup(tmp_path / name, "hoeffding")
         cmd[cmd.index("--horizon") + 1] = "8"
-        subprocess.run(cmd + extra, check=True, capture_output=True, timeout=600)
+        lines[name] = subprocess.run(cmd + extra, check=True, capture_output=True, text=True,
+                                     timeout=600).stdout.strip().splitlines()[-1]
         runs[name] = (pd.read_csv(tmp_path / name / RUN_FILES["lore"]),
                       json.loads((tmp_path / name / meta_name(RUN_FILES["lore"])).read_text()))
-    (bounded, meta), (full, full_meta) = runs["bounded"], runs["full"]
+    (bounded, meta), (full, full_meta), (_, best) = runs["bounded"], runs["full"], runs["best"]
+    assert best["truncated"] is True and best["search"]["order"] == "best-first" and 0 < best["explored"] < 1
+    double = best["search"]["double_budget"]
+    assert double["max_nodes"] == 80 and double["nodes"] <= 80 and "at 80 nodes" in lines["best"]
+    assert f"explored {best['search']['explored_nodes']} of {best['search']['known_nodes']}" in lines["best"]
+    assert full_meta["explored"] == 1.0 and "explored" not in lines["full"]
+    bad = subprocess.run(_setup(tmp_path / "bad", "hoeffding") + ["--report-double"], capture_output=True,
+                         text=True, timeout=600)
+    assert bad.returncode != 0 and "--report-double" in bad.stderr and "--max-nodes" in bad.stderr
     assert meta["nodes"] == 40 and meta["truncated"] is True and meta["settings"]["max_nodes"] == 40
     assert meta["exact_below_eps"] == meta["search"]["exact_below_eps"] >= 0.0
     assert full_meta["truncated"] is False and full_meta["nodes"] > 40
@@ -272,22 +283,30 @@ def test_a_damaged_or_hostile_resume_file_is_ignored(tmp_path, capsys, tamper):
     assert table.equals(clean_table) and not (tmp_path / "pwned").exists()
 
 
-def test_a_bounded_search_resumes_byte_identically_and_its_budget_keys_the_file(tmp_path):
-    """max_nodes: a killed bounded search resumes to the uninterrupted bounded result (truncated); a resume
-    file written under another budget belongs to another run and is ignored."""
+@pytest.mark.parametrize("order,double,lives", [("depth-first", False, 2), ("best-first", False, 2),
+                                               ("best-first", False, 5), ("best-first", True, 2),
+                                               ("best-first", True, 6), ("depth-first", True, 10)])
+def test_a_bounded_search_resumes_byte_identically_and_its_budget_keys_the_file(tmp_path, order, double, lives):
+    """max_nodes, in either order, with or without the bound at twice the budget: a killed bounded search
+    resumes to the uninterrupted bounded result (truncated), its record included; a resume file written under
+    another budget belongs to another run and is ignored."""
     net_kw, sm_args, kw = _case("toy")
-    kw = {**kw, "max_nodes": 20, "reward_min": 0.0}
+    kw = {**kw, "max_nodes": 20, "reward_min": 0.0, "order": order, "report_double": double, "batch": 2}
     clean, clean_info = _run(_smoothed(net_kw, sm_args, seed=7), None, 60.0, **kw)
     assert clean_info["truncated"] is True and clean_info["nodes"] == 20
+    assert (clean_info["double_budget"] is not None) == double
+    volatile = ("resumed", "runtime_s", "nodes_per_s")
     for budget, resumed in ((21, False), (20, True)):
         resume = tmp_path / f"lore-{budget}.resume"
         with pytest.raises(Killed):
-            _run(_smoothed(net_kw, sm_args, seed=7, lives=2), resume, 0.0, **kw)
+            _run(_smoothed(net_kw, sm_args, seed=7, lives=lives), resume, 0.0, **kw)
         table, info = _run(_smoothed(net_kw, sm_args, seed=7), resume, 1e9,
                            **{**kw, "max_nodes": budget})
         assert info["resumed"] is resumed
         if resumed:
             assert table == clean and info["truncated"] is True
+            assert {k: v for k, v in info.items() if k not in volatile} == \
+                {k: v for k, v in clean_info.items() if k not in volatile}
 
 
 class _FlatLinear(__import__("torch").nn.Module):
@@ -305,9 +324,10 @@ class _FlatLinear(__import__("torch").nn.Module):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("order", ["best-first", "depth-first"])
 @pytest.mark.parametrize("env,n_in,n_actions,sigma", [("highway-fast-v0", 25, 5, 0.5),
                                                       ("PongNoFrameskip-v4", 4 * 84 * 84, 6, 0.5)])
-def test_highway_and_atari_replay_their_resumed_nodes(tmp_path, env, n_in, n_actions, sigma):
+def test_highway_and_atari_replay_their_resumed_nodes(tmp_path, env, n_in, n_actions, sigma, order):
     """The resume file stores action paths, not snapshots: highway-env and ALE replay them from the seeded
     reset exactly (each node's return and observation digest checked), so a search killed mid-way resumes to
     the uninterrupted result, byte for byte (bounded, so that it stays small)."""
@@ -315,15 +335,15 @@ def test_highway_and_atari_replay_their_resumed_nodes(tmp_path, env, n_in, n_act
         return cls(_FlatLinear(n_in, n_actions, 4), SmoothingSettings(sigma, 64, -2.0, 2.0, 0.05, seed=3), n_actions,
                    **kw)
 
-    kw = dict(env_id=env, horizon=6, env_seed=11, batch=4, max_nodes=60, reward_min=0.0,
-              reward_fn=lambda r: max(float(r), 0.0))
+    kw = dict(env_id=env, horizon=6, env_seed=11, batch=2, max_nodes=60, reward_min=0.0,
+              reward_fn=lambda r: max(float(r), 0.0), order=order)
     clean, clean_info = _run(smoother(), None, 60.0, **kw)
     resume = tmp_path / "lore.resume"
-    with pytest.raises(Killed):
-        _run(smoother(DyingSmoother, lives=3), resume, 0.0, **kw)
+    with pytest.raises(Killed):   # killed half-way through its smoothing calls
+        _run(smoother(DyingSmoother, lives=clean_info["smoothing_calls"] // 2), resume, 0.0, **kw)
     resumed, info = _run(smoother(), resume, 1e9, **kw)
     assert info["resumed"] is True and resumed == clean and info["nodes"] == clean_info["nodes"] > 10
-    assert info["distinct_states_smoothed"] > 12, "states must be smoothed after the resume to bite"
+    assert info["smoothing_calls"] > clean_info["smoothing_calls"] // 2 >= 1, "smoothed on both sides of the kill"
 
 
 @pytest.mark.parametrize("change", ["network", "profile", "reward", "run_key"])
@@ -526,7 +546,8 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
         assert search.key() != dying.key() and search.load(resume, None) is False, name
     other = {"horizon": 9, "env_seed": 1, "gamma": 0.8, "reward_fn": lambda r: max(r, 0.0), "reward_key": "clip",
              "eps_max": 1.0, "prune": False, "alpha_of": lambda i: 0.01 / i ** 2, "batch": 3,
-             "max_nodes": 50, "reward_min": -1.0, "run_key": {"checkpoint_sha256": "0" * 64}}
+             "max_nodes": 50, "reward_min": -1.0, "order": "depth-first", "report_double": True,
+             "run_key": {"checkpoint_sha256": "0" * 64}}
     names = {f.name for f in fields(Problem)} | {f.name for f in fields(Search)} | {"run_key"}
     assert set(other) == names, "a new setting needs a changed value here"
     for name, value in other.items():
@@ -535,7 +556,8 @@ def test_every_setting_is_in_the_resume_key(tmp_path):
         elif name in Problem.__dataclass_fields__:
             changed = replace(base, problem=replace(base.problem, **{name: value}))
         else:
-            extra = {"reward_min": -1.0} if name == "max_nodes" else {}
+            extra = {"max_nodes": {"reward_min": -1.0}, "report_double": {"max_nodes": 50, "reward_min": -1.0}}.get(
+                name, {})
             changed = replace(base, search=replace(base.search, **{name: value}, **extra))
         search = LoRe(dying.env_id, _smoothed(net_kw, sm_args, seed=2), changed, make=dying.make)
         assert search.key() != dying.key() and search.load(resume, None) is False, name

@@ -15,16 +15,12 @@ Details that the official implementation got wrong and this one keeps:
     reward is negative;
   * every distinct observation is smoothed once (memoised), with fresh noise.
 
-Many states per launch: when the search needs a certificate it does not have, it smooths, in one
-:meth:`SmoothedNetwork.estimate_batch` call, that node together with every other *pending* node — a node on the
-depth-first stack whose state is known, that is not a leaf, not pruned by the bound so far and not yet
-smoothed — up to ``batch`` distinct observations (the current node first, then the stack from its top, i.e.
-in the order the search would reach them).  Given the certificates, the search's result does not depend on
-``batch`` (it only reads the memo); ``batch`` decides which noise each state draws (the stream is consumed
-batch by batch), and a pending node later pruned may have been smoothed for nothing (it still counts in the
-union bound, which only makes the confidence conservative).  ``batch=1`` smooths one state per call, in the
-order the search reaches them.  Under ``alpha_mode: family`` the i-th state *smoothed* (in batch order)
-gets α_i.
+Many states per launch: a certificate the search lacks is smoothed in one :meth:`SmoothedNetwork.estimate_batch`
+call with every other *pending* node — an open node not a leaf, not pruned, not yet smoothed — up to ``batch``
+distinct observations, in the order the search would reach them.  Given the certificates the result does not
+depend on ``batch``; it decides which noise each state draws, and a pending node later pruned may have been
+smoothed for nothing (it still counts in the union bound: conservative).  Under ``alpha_mode: family`` the i-th
+state *smoothed* gets α_i.
 Confidence (union bound over the N distinct states smoothed, no independence needed): with a constant
 per-state α (``alpha_mode: state``) the whole tree holds with prob ≥ 1 − N·α; with the summable schedule
 α_i = α·6/(π² i²) for the i-th state (``alpha_mode: family``, :func:`crop.smoothing.stats.lore_state_alpha`) it holds
@@ -32,13 +28,11 @@ with prob ≥ 1 − Σ_{i≤N} α_i ≥ 1 − α whatever N turns out to be.  Th
 its noise is fresh, so the bound holds although which state comes i-th depends on earlier certificates.
 Reported as ``confidence_union`` with the α actually spent.
 
-Bounded search (``max_nodes``): the search stops expanding once the tree holds ``max_nodes`` nodes and still
-returns a sound bound.  A node n it leaves unexpanded (on the stack, or waiting in the queue for an ε it has
-reached) contributes its worst case J_n + min(0, r_min·Σ_{k=t_n}^{H-1} γ^k) — the return so far plus J_min of
-the remaining steps from the reward range, summed step by step as a leaf's return is and rounded down — instead
-of the leaves below it; the bound at every ε is the
-minimum of the leaves reached and those contributions (proof: docs/statistics.md, "Bounded LoRe").  It is
-≤ the unbounded search's bound at every ε, equal when the budget is not hit, and ``truncated`` says which.
+Bounded search (``max_nodes``, :mod:`crop.certify.lore_budget`): the search stops expanding once the tree holds
+``max_nodes`` nodes and still returns a sound bound: a node n it leaves open (on the stack, or waiting in the queue
+for an ε it has reached) contributes its worst case w(n) = J_n + min(0, r_min·Σ_{k=t_n}^{H-1} γ^k) instead of the
+leaves below it (proof: docs/statistics.md, "Bounded LoRe"); ``truncated`` says whether the budget was hit.  Under
+a budget the open nodes are expanded best-first on w(n) (``order``), which raises the bound soonest.
 
 Long searches are resumable (:mod:`crop.certify.lore_resume`): the search state is written to a resume file at
 most every :class:`Resume`'s ``every`` seconds and on SIGTERM (a cluster's wall-time kill; the process then exits
@@ -63,7 +57,7 @@ import numpy as np
 import pandas as pd
 
 from crop import columns as cols
-from crop.certify import lore_resume
+from crop.certify import lore_budget, lore_resume
 from crop.certify.loact import Certificate, certify_estimate
 from crop.certify.lore_resume import CHECKPOINT_EVERY, Resume, fn_digest, key_of, schedule_key, state_digest
 from crop.envs import make_env, restore, snapshot, to_obs
@@ -139,7 +133,8 @@ class Search:
     ``lambda i: stats.lore_state_alpha(alpha, "family", i)``; None: the smoother's α for every state);
     ``batch`` (at most this many pending nodes smoothed in one call); ``max_nodes`` (the node budget, the root
     included, with ``reward_min``: the lowest reward per step as the search counts it, which the open
-    subtrees' worst case needs)."""
+    subtrees' worst case needs; ``order``: the order a bounded search expands its open nodes in, and
+    ``report_double``: also the bound at twice the budget, :mod:`crop.certify.lore_budget`)."""
 
     eps_max: float = math.inf
     prune: bool = True
@@ -147,6 +142,8 @@ class Search:
     batch: int = 64
     max_nodes: int | None = default_of("environment.lore.max_nodes")
     reward_min: float | None = None
+    order: str = default_of("environment.lore.order")
+    report_double: bool = default_of("environment.lore.report_double")
 
     def __post_init__(self):
         if int(self.batch) < 1:
@@ -154,6 +151,10 @@ class Search:
         if self.max_nodes is not None and (int(self.max_nodes) < 1 or self.reward_min is None):
             raise ValueError(f"max_nodes must be >= 1 and comes with reward_min, got {self.max_nodes}, "
                              f"{self.reward_min}")
+        if self.order not in lore_budget.ORDERS:
+            raise ValueError(f"order must be one of {', '.join(lore_budget.ORDERS)}, got {self.order!r}")
+        if self.report_double and self.max_nodes is None:
+            raise ValueError("report_double needs max_nodes (the bound at twice the budget)")
         if not self.eps_max >= 0:
             raise ValueError(f"eps_max must be >= 0, got {self.eps_max}")
         _coerce(self, batch=int, max_nodes=int, reward_min=float)
@@ -187,19 +188,13 @@ class LoReResult:
 class LoRe:
     """Algorithm 3 from one initial state: the bound J̲ of Theorem 4 at every critical ε, by adaptive search.
 
-    Read like Cohen et al.'s ``Smooth.certify``: build it with the smoothed Q (:class:`SmoothedNetwork`) and the
-    environment, then :meth:`certify` returns the table of pairs (ε_i, J̲_i).  Its fields are Algorithm 3's
-    state: the depth-first ``stack`` of nodes to expand at the current ``eps``, the priority ``queue`` of
-    (r(a), tie, node, a) for actions not yet possible (keyed by Theorem 4's radius r(a)), the memoised
-    certificates ``memo`` (one per distinct observation, with its per-state α in ``alphas``), the bound
-    ``J`` so far (the smallest return over the leaves reached) and the recorded ``pairs``.  :meth:`save`
-    and :meth:`load` (:mod:`crop.certify.lore_resume`) write and read exactly these fields (an open node as its
-    action path from s₀, and the smoother's random state) so that a killed search resumes where it stopped.
-
-    Build it with the environment (``env_id``, built by ``make`` when given, else ``make_env(env_id, profile)``),
-    the smoother and its :class:`LoReSettings` (read as ``self.problem`` and ``self.search``).  :meth:`key`, the
-    resume file's key, is the settings' whole key with the environment, the smoother's settings and the
-    network's digest.  One object runs one search.
+    Read like Cohen et al.'s ``Smooth.certify``: build it with the environment (``env_id``, built by ``make``
+    when given, else ``make_env(env_id, profile)``), the smoother and its :class:`LoReSettings`; :meth:`certify`
+    returns the table of pairs (ε_i, J̲_i).  Its fields are Algorithm 3's state: the ``stack`` of open items at
+    the current ``eps``, the priority ``queue`` of (r(a), tie, node, a) for actions not yet possible, the
+    memoised certificates ``memo`` (per-state α in ``alphas``), the bound ``J`` so far (the smallest return over
+    the leaves reached) and the recorded ``pairs``; :meth:`save` and :meth:`load` (:mod:`crop.certify.lore_resume`)
+    write and read exactly these so that a killed search resumes where it stopped.  One object runs one search.
     """
 
     def __init__(self, env_id: str, smoother: SmoothedNetwork, settings: LoReSettings, *,
@@ -210,7 +205,9 @@ class LoRe:
         self._network = None                                   # its network digest, once computed
         # Algorithm 3's state (everything save/load carries)
         self.queue: list = []                      # heap of (r(a), tie, node, a)
-        self.stack: list[_Node] = []               # nodes to expand depth-first at ε = eps
+        self.stack: list = []                      # open items at ε = eps: nodes (depth-first), or a heap of
+        #                                            (w(n), -t, -seq, node, a) (best-first; a ≥ 0: the child via a)
+        self.best_first = self.search.max_nodes is not None and self.search.order == "best-first"
         self.memo: dict[bytes, Certificate] = {}   # observation bytes -> its certificate
         self.alphas: list[float] = []              # per-state α actually used, in smoothing order
         self.smoothed: list[tuple[int, float, float]] = []  # per state, in smoothing order: (t, ε, L(a₁))
@@ -222,6 +219,9 @@ class LoRe:
         self.valid_until = math.inf                # the next critical ε beyond eps_max, if the search stopped
         self.truncated = False                     # the budget refused a child: open subtrees count their worst case
         self.exact_below = None                    # truncated: the ε it stopped at (pairs below it are exact)
+        self.closed = None                         # truncated: what closing the search found (lore_budget.closing)
+        self.at_budget = None                      # report_double: the result captured at max_nodes
+        self.double = None                         # report_double: the search's own result at 2·max_nodes
         self.env = None
         self._bar = None
         self._autosave = None                      # (resume file, seconds between saves, time of last save)
@@ -241,7 +241,7 @@ class LoRe:
         self._bar = pbar(desc=f"LoRe σ={self.smoother.sigma:g}", unit="node", progress=progress)
         resumed = resume is not None and self.load(resume.path, root)
         if not resumed:
-            self.stack.append(root)  # Algorithm 3 starts at s₀ with ε = 0
+            self.push(root)  # Algorithm 3 starts at s₀ with ε = 0
         if resume is not None:
             self._autosave = (resume.path, resume.every, time.time())
         # The search as a loop over (stack, queue) alone, so it can be saved and resumed at any node.
@@ -251,10 +251,16 @@ class LoRe:
                 self.drain(self.eps)
                 if self.queue and self.queue[0][0] <= self.eps and not self.truncated:
                     # equal radii: expand all before recording
-                    if self.pruned(self.queue[0][2]) or not self.spent():
+                    if self.best_first:  # every child of this ε joins the open items, ordered by w(parent)
+                        while self.queue and self.queue[0][0] <= self.eps:
+                            _, _, node, a = heapq.heappop(self.queue)
+                            if not self.pruned(node):
+                                self.push(node, a)
+                        continue
+                    if self.pruned(self.queue[0][2]) or not self.refuse():
                         _, _, node, a = heapq.heappop(self.queue)
                         if not self.pruned(node):
-                            self.stack.append(self.expand(node, a))
+                            self.push(self.expand(node, a))
                         continue
                     self.truncated = True  # the budget refuses a child the tree holds at ε
                 if self.truncated:
@@ -267,6 +273,8 @@ class LoRe:
                     self.valid_until = self.queue[0][0]
                     break
                 self.eps = self.queue[0][0]  # the next critical ε: the smallest radius not yet reached
+        if self.search.report_double:
+            lore_budget.settle(self)
         self._bar.close()
         self.env.close()
         if resume is not None and resume.remove and os.path.exists(resume.path):
@@ -274,13 +282,23 @@ class LoRe:
         return self.bound_table(), self.info(resumed, started)
 
     def drain(self, eps: float) -> None:
-        """Depth-first expansion of everything on the stack at perturbation ``eps``: at each node every
-        action with r(a) ≤ ε is followed, the others wait in the queue keyed by r(a).  The first child the
-        node budget refuses stops the search (:meth:`close`), the actions of that node waiting in the queue."""
+        """Expansion of every open item at perturbation ``eps`` (depth-first, or best-first on w(n) under a
+        budget): at each node every action with r(a) ≤ ε is followed, the others wait in the queue keyed by
+        r(a).  The first child the node budget refuses stops the search (:meth:`close`)."""
         while self.stack:
             lore_resume.checkpoint(self)
-            node = self.stack.pop()
+            if self.best_first:
+                _, _, _, node, a = self.stack[0]
+                if a >= 0 and not self.pruned(node) and self.refuse():
+                    self.truncated = True  # the budget refuses a child the tree holds at ε
+                    return
+                heapq.heappop(self.stack)
+            else:
+                node, a = self.stack.pop(), -1
             if self.pruned(node):
+                continue
+            if a >= 0:
+                self.push(self.expand(node, a))
                 continue
             if node.leaf:
                 self.leaves += 1
@@ -289,10 +307,11 @@ class LoRe:
             c = self.certificate(node)
             # Explore the policy's own action last (pushed first) so each branch's cheaper alternatives
             # are visited depth-first in a stable order.
-            for a in sorted(range(len(c.radii)), key=lambda a: (a != c.action, a)):
+            order = sorted(range(len(c.radii)), key=lambda a: (a != c.action, a))
+            for i, a in enumerate(order):
                 r = float(c.radii[a])
-                if r <= eps and not self.spent():
-                    self.stack.append(self.expand(node, a))
+                if r <= eps and not self.refuse(node, [float(c.radii[b]) for b in order[i:]]):
+                    self.push(self.expand(node, a))
                 else:
                     self.truncated |= r <= eps  # the budget refuses a child the tree holds at ε
                     self.tie += 1
@@ -305,48 +324,38 @@ class LoRe:
         if not self.pairs or bound != self.pairs[-1][1]:
             self.pairs.append((eps, bound))
 
-    def spent(self) -> bool:
-        """The node budget is spent: the tree holds ``max_nodes`` nodes (the root and every child created)."""
-        return self.search.max_nodes is not None and self.transitions + 1 >= self.search.max_nodes
+    def refuse(self, node: _Node | None = None, radii: list[float] = ()) -> bool:
+        """The node budget refuses the next child (of ``node``, whose children yet to create have ``radii``): the
+        tree holds ``max_nodes`` nodes (the root and every child created); ``report_double``: twice that, the
+        result at ``max_nodes`` captured when that budget first refuses."""
+        if self.search.max_nodes is None:
+            return False
+        if self.search.report_double and self.at_budget is None and self.transitions + 1 >= self.search.max_nodes:
+            self.at_budget = lore_budget.closing(self, node, sum(r <= self.eps for r in radii))
+        return self.transitions + 1 >= self.search.max_nodes * (2 if self.search.report_double else 1)
 
-    def worst(self, nodes: list[_Node]) -> dict[int, float]:
-        """The lowest return of any trajectory through each open node (its leaves, at any ε), by ``id``: the
-        return so far plus J_min of its remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k) (it may terminate at
-        any step).  With r_min < 0 it is summed as a leaf's return is, J ← J + γ^k·r_min step by step
-        (rounding to nearest is monotone, so no leaf below the node is computed lower), then rounded down one
-        more step: it is ≤ every computed leaf return below the node, not only up to rounding."""
-        J = np.array([n.J for n in nodes], np.float64)
-        if self.search.reward_min < 0 and nodes:
-            t = np.array([n.t for n in nodes], np.int64)
-            inner = ~np.array([n.leaf for n in nodes], bool)
-            for k in range(int(t[inner].min()) if inner.any() else self.problem.horizon, self.problem.horizon):
-                live = inner & (t <= k)
-                J[live] = J[live] + (self.problem.gamma ** k) * self.search.reward_min
-            J[inner] = np.nextafter(J[inner], -np.inf)
-        return {id(n): float(j) for n, j in zip(nodes, J)}
+    def push(self, node: _Node, a: int = -1) -> None:
+        """An open item: ``node`` to expand (``a`` = -1) or, best-first, the child of ``node`` via ``a``."""
+        if self.best_first:
+            self.tie += 1
+            heapq.heappush(self.stack, (lore_budget.key(self, node), -node.t, -self.tie, node, a))
+        else:
+            self.stack.append(node)
+
+    def open_items(self) -> list[tuple[_Node, int]]:
+        """The open items (node, a) in the order the search would take them."""
+        if self.best_first:
+            return [(i[3], i[4]) for i in sorted(self.stack, key=lambda i: i[:3])]
+        return [(n, -1) for n in reversed(self.stack)]
 
     def close(self) -> None:
         """The budget refused a child: the bound at the current ε and at each later critical ε (up to
-        ``eps_max``) is the minimum of the leaves reached and the worst case (:meth:`worst`) of every open node
-        the tree holds at that ε — left on the stack, or in the queue with r(a) ≤ ε.  A pruned node cannot
-        lower it (its return so far already reaches the leaves' minimum).  The pairs recorded before, at
+        ``eps_max``) is the minimum of the leaves reached and the worst case w(n) of every open node
+        the tree holds at that ε (:func:`crop.certify.lore_budget.closing`).  The pairs recorded before, at
         ε < ``exact_below`` (the current ε), are the full search's."""
-        self.exact_below = self.eps
-        worst = self.worst([n for n in [*self.stack, *(q[2] for q in self.queue)] if not self.pruned(n)])
-        bound = min([self.J] + [worst[id(n)] for n in self.stack if not self.pruned(n)])
-        self.stack.clear()
-        while True:
-            while self.queue and self.queue[0][0] <= self.eps:
-                _, _, node, _ = heapq.heappop(self.queue)
-                if not self.pruned(node):
-                    bound = min(bound, worst[id(node)])
-            self.record(self.eps, bound)
-            if not self.queue:
-                break
-            if self.queue[0][0] > self.search.eps_max:
-                self.valid_until = self.queue[0][0]
-                break
-            self.eps = self.queue[0][0]
+        self.closed = lore_budget.closing(self)
+        self.pairs, self.valid_until = self.closed["pairs"], self.closed["valid_until"]
+        self.exact_below, self.eps, self.stack, self.queue = self.eps, self.closed["eps"], [], []
 
     def pruned(self, node: _Node) -> bool:
         """A node whose return so far already reaches the bound cannot lower it (rewards ≥ 0 only)."""
@@ -362,16 +371,16 @@ class LoRe:
         return self.memo[key]
 
     def pending(self, node: _Node) -> list[_Node]:
-        """``node`` and the stack's nodes (top first) that the search may still need a certificate for: not
+        """``node`` and the open nodes (in the order the search takes them) that may still need a certificate: not
         leaves, not pruned now (the bound only falls, so a node pruned now stays pruned), not yet smoothed;
         one per distinct observation, at most ``batch``.  Depends only on the saved search state, so a
         resumed search forms the same batches."""
         out, seen = [node], {node.obs.tobytes()}
-        for n in reversed(self.stack):
+        for n, a in self.open_items():
             if len(out) >= self.search.batch:
                 break
             k = n.obs.tobytes()
-            if k not in seen and k not in self.memo and not n.leaf and not self.pruned(n):
+            if a < 0 and k not in seen and k not in self.memo and not n.leaf and not self.pruned(n):
                 seen.add(k)
                 out.append(n)
         return out
@@ -454,29 +463,21 @@ class LoRe:
 
     def info(self, resumed: bool, started: float) -> dict:
         """What the search did and the confidence it holds with (union bound over the states smoothed)."""
-        n = len(self.memo)
-        alphas = self.alphas
+        alphas, elapsed = self.alphas, max(time.time() - started, 1e-9)
         return {
-            "distinct_states_smoothed": n,
-            "smoothing_calls": self.smoothing_calls,
-            "batch": self.search.batch,
-            "resumed": resumed,
-            "transitions": self.transitions,
-            "nodes": self.transitions + 1,
-            "max_nodes": self.search.max_nodes,
-            "truncated": self.truncated,
+            "distinct_states_smoothed": len(self.memo), "smoothing_calls": self.smoothing_calls,
+            "batch": self.search.batch, "resumed": resumed, "transitions": self.transitions,
+            "nodes": self.transitions + 1, "max_nodes": self.search.max_nodes, "truncated": self.truncated,
             "exact_below_eps": self.exact_below,
-            "leaves": self.leaves,
-            "valid_until_eps": self.valid_until,
-            "eps_max": self.search.eps_max,
+            "order": self.search.order if self.search.max_nodes is not None else "depth-first",
+            **lore_budget.explored(self), "double_budget": self.double,
+            "leaves": self.leaves, "valid_until_eps": self.valid_until, "eps_max": self.search.eps_max,
             "pruning": self.search.prune,
             "per_state_alpha": self.smoother.alpha if self.search.alpha_of is None else None,
             "per_state_alpha_first": alphas[0] if alphas else None,
             "per_state_alpha_last": alphas[-1] if alphas else None,
-            "alpha_spent": float(sum(alphas)),
-            "confidence_union": stats.union_confidence(alphas),
-            "runtime_s": round(time.time() - started, 3),
-            "nodes_per_s": round(self.transitions / max(time.time() - started, 1e-9), 2),
+            "alpha_spent": float(sum(alphas)), "confidence_union": stats.union_confidence(alphas),
+            "runtime_s": round(time.time() - started, 3), "nodes_per_s": round(self.transitions / elapsed, 2),
         }
 
 

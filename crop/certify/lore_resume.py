@@ -38,7 +38,7 @@ __all__ = ["Resume", "CHECKPOINT_EVERY", "RESUME_FORMAT", "resume_key", "save", 
 CHECKPOINT_EVERY = 60.0
 
 #: Version of the resume file's layout: a file of another layout never matches, the search starts afresh.
-RESUME_FORMAT = 7
+RESUME_FORMAT = 8
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ def state_digest(obs: np.ndarray) -> bytes:
 
 
 #: The resume file's members: name -> (dtype, dimensions); the file holds exactly these, stored uncompressed.
-_MEMBERS = {"header": ("u1", 1), "generator": ("u1", 1), "stack": ("i8", 1), "queue_r": ("f8", 1),
+_MEMBERS = {"header": ("u1", 1), "generator": ("u1", 1), "stack": ("i8", 1), "stack_a": ("i8", 1),
+            "stack_seq": ("i8", 1), "queue_r": ("f8", 1),
             "queue_tie": ("i8", 1), "queue_node": ("i8", 1), "queue_a": ("i8", 1), "path_actions": ("i8", 1),
             "path_ends": ("i8", 1), "node_J": ("f8", 1), "node_leaf": ("?", 1), "node_digest": ("u1", 2),
             "memo_keys": ("u1", 1), "memo_ends": ("i8", 1), "memo_action": ("i8", 1), "memo_certified": ("?", 1),
@@ -183,7 +184,8 @@ def save(search, path) -> None:
     from crop.io import atomic_write_bytes
 
     nodes, index = [], {}
-    for n in [*search.stack, *(q[2] for q in search.queue)]:
+    rows = _stack_rows(search)
+    for n in [*(r[0] for r in rows), *(q[2] for q in search.queue)]:
         if id(n) not in index:
             index[id(n)] = len(nodes)
             nodes.append(n)
@@ -195,11 +197,13 @@ def save(search, path) -> None:
               "alphas": search.alphas, "pairs": search.pairs, "eps": search.eps, "J": search.J,
               "transitions": search.transitions, "leaves": search.leaves, "tie": search.tie,
               "smoothing_calls": search.smoothing_calls, "truncated": search.truncated,
-              "exact_below": search.exact_below}
+              "exact_below": search.exact_below, "at_budget": search.at_budget}
     arrays = {
         "header": np.frombuffer(json.dumps(header).encode(), np.uint8),
         "generator": np.asarray(state["generator"].cpu().numpy(), np.uint8),
-        "stack": np.array([index[id(n)] for n in search.stack], np.int64),
+        "stack": np.array([index[id(n)] for n, _, _ in rows], np.int64),
+        "stack_a": np.array([a for _, a, _ in rows], np.int64),
+        "stack_seq": np.array([seq for _, _, seq in rows], np.int64),
         "queue_r": np.array([q[0] for q in search.queue], np.float64),
         "queue_tie": np.array([q[1] for q in search.queue], np.int64),
         "queue_node": np.array([index[id(q[2])] for q in search.queue], np.int64),
@@ -222,6 +226,41 @@ def save(search, path) -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def _stack_rows(search) -> list[tuple]:
+    """The stack as stored, in its list order: (node, a, seq) — a depth-first stack's nodes with a = -1, seq = 0;
+    a best-first heap's items (whose key, w(n) and depth, the replayed node gives back bit for bit)."""
+    if search.best_first:
+        return [(node, a, -neg_seq) for _, _, neg_seq, node, a in search.stack]
+    return [(n, -1, 0) for n in search.stack]
+
+
+def _stack_of(search, nodes: list, f: dict, memo: dict, eps: float, tie: int) -> list:
+    """The stack of a resume file's rows, checked: best-first, a child waiting for its parent (a ≥ 0) is one the
+    parent's certificate allows at ε, each item's seq unique and within the tie counter; depth-first, nodes only."""
+    from crop.certify.lore_budget import key
+
+    a, seq = f["stack_a"], f["stack_seq"]
+    if not len(a) == len(seq) == len(f["stack"]):
+        raise ValueError("stack arrays of different lengths")
+    if not search.best_first:
+        if np.any(a != -1) or np.any(seq != 0):
+            raise ValueError("a depth-first stack holds nodes only")
+        return [nodes[i] for i in f["stack"]]
+    if len(seq) and (len(np.unique(seq)) != len(seq) or seq.min() < 1 or seq.max() > tie or a.min() < -1 or
+                     a.max() >= search.smoother.n_actions):
+        raise ValueError("best-first stack items with seq not unique or beyond the tie counter, or a bad action")
+    out = []
+    for i, ai, si in zip(f["stack"], a, seq, strict=True):
+        node = nodes[i]
+        cert = memo.get(node.obs.tobytes())
+        if ai >= 0 and (cert is None or not float(cert.radii[ai]) <= eps):
+            raise ValueError(f"a waiting child that its parent's certificate does not allow at eps (t={node.t})")
+        out.append((key(search, node), -node.t, -int(si), node, int(ai)))
+    if any(out[(j - 1) // 2][:3] > out[j][:3] for j in range(1, len(out))):
+        raise ValueError("the best-first stack is not a heap")
+    return out
 
 
 def load(search, path, root) -> bool:
@@ -323,7 +362,10 @@ def _restore(search, header: dict, f: dict, root) -> tuple[dict, dict]:
                              or np.any(f["memo_eps"] > eps)):
         raise ValueError("a smoothed state's depth outside the horizon, or its eps beyond the current eps")
     smoothed = [(int(t), float(e), float(low)) for t, e, low in zip(f["memo_t"], f["memo_eps"], f["memo_lower"])]
-    state = {"queue": queue, "stack": [nodes[i] for i in f["stack"]], "memo": memo, "alphas": alphas,
+    from crop.certify.lore_budget import at_budget_state
+
+    state = {"queue": queue, "stack": _stack_of(search, nodes, f, memo, eps, scalars["tie"]), "memo": memo,
+             "alphas": alphas, "at_budget": at_budget_state(header.get("at_budget"), len(keys), eps),
              "smoothed": smoothed,
              "pairs": pairs, "eps": eps, "J": J, "truncated": header["truncated"], "exact_below": exact_below,
              **{k: scalars[k] for k in ("transitions", "leaves", "tie", "smoothing_calls")}}

@@ -362,6 +362,9 @@ def cmd_lore(args) -> None:
 
     spec = _spec_with_facts(args)
     _lore_checks(spec, args)
+    if args.report_double and args.max_nodes is None:
+        raise InputError("--report-double (lore.report_double) reports the bound at twice the node budget: it "
+                         "needs --max-nodes (lore.max_nodes)")
     every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
     st = StageRun(args, checkpoint_every=every)
     sm = st.smoother(args.alpha)
@@ -370,7 +373,9 @@ def cmd_lore(args) -> None:
     reward_fn = spec.lore_reward_fn()
     alpha_of = None if args.alpha_mode == "state" else (lambda i: lore_state_alpha(args.alpha, "family", i))
     # A bounded search counts an open subtree at its worst case, from the lowest reward as the search counts it
-    # (the modification max(r, 0) is monotone: it maps the range's low end to the new one).
+    # (the modification max(r, 0) is monotone: it maps the range's low end to the new one).  Nothing tighter is
+    # sound here: the game's score range (rewards.return_range) bounds a whole game's score, not the counted
+    # return of a prefix, and with max(r, 0) (Pong, Freeway) r_min = 0 already makes w(n) the return so far.
     reward_min = None
     if args.max_nodes is not None:
         _return_range(spec, args)  # one line where the reward range is missing
@@ -379,7 +384,8 @@ def cmd_lore(args) -> None:
         Problem(args.horizon, _episode_seeds(args.seed, args.env, 1)[0], args.gamma, reward_fn, spec.lore_reward),
         Search(math.inf if args.eps_max_factor is None else args.eps_max_factor * args.sigma,
                prune=spec.nonnegative_rewards or reward_fn is not None, alpha_of=alpha_of,
-               max_nodes=args.max_nodes, reward_min=reward_min),
+               max_nodes=args.max_nodes, reward_min=reward_min, order=args.order,
+               report_double=args.report_double),
         run_key={"checkpoint_sha256": sha256_file(args.checkpoint)})
     result = run_lore(args.env, sm, settings, profile=st.profile, progress=args.progress,
                       resume=Resume(resume, every, remove=False))
@@ -387,6 +393,7 @@ def cmd_lore(args) -> None:
     info["reward_modification"] = spec.lore_reward
     # nodes and truncated also at the top: a truncated bound is marked in the figures and tables
     st.write({"nodes": info["nodes"], "truncated": info["truncated"], "exact_below_eps": info["exact_below_eps"],
+              "explored": info["explored"],
               "target": st.target, "v_min": st.v_min, "v_max": st.v_max, "search": info, "alpha_mode": args.alpha_mode,
               "per_state_alpha_schedule": lore_schedule_text(args.alpha, args.alpha_mode),
               "confidence": {"per_state_lowest": 1 - (info["per_state_alpha_first"] or args.alpha),
@@ -398,7 +405,21 @@ def cmd_lore(args) -> None:
     print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
           f"{info['nodes']} nodes{' (budget spent: truncated)' if info['truncated'] else ''}, "
           f"{info['distinct_states_smoothed']} states smoothed, {info['nodes_per_s']} nodes/s, "
-          f"bound at ε=0: {table['lower_bound'].iloc[0]}")
+          f"bound at ε=0: {table['lower_bound'].iloc[0]}{_lore_budget_text(info)}")
+
+
+def _lore_budget_text(info: dict) -> str:
+    """What a bounded search adds to LoRe's line: its order, how much of the tree it explored, and the bound at
+    twice the budget where it was asked for."""
+    if info["max_nodes"] is None:
+        return ""
+    out = f" ({info['order']}; explored {info['explored_nodes']} of {info['known_nodes']} nodes known"
+    if info["explored_at_eps"] is not None:
+        out += f" at ε={info['explored_at_eps']:g}"
+    double = info["double_budget"]
+    if double is not None:
+        out += f"; at {double['max_nodes']} nodes: {double['lower_bound_at_smallest_eps']}"
+    return out + ")"
 
 
 def cmd_attack_local(args) -> None:

@@ -133,7 +133,8 @@ def _lore_tree(cfg: dict, job) -> tuple[float, float]:
     from crop.envs import env_spec  # gymnasium, not torch
 
     lo = cfg["environments"][job.env]["lore"]
-    tree = (lo["horizon"], env_spec(job.env).n_actions, _certified_fraction(cfg, job), lo.get("max_nodes"))
+    budget = lo.get("max_nodes") and lo["max_nodes"] * (2 if lo.get("report_double") else 1)  # it runs to twice
+    tree = (lo["horizon"], env_spec(job.env).n_actions, _certified_fraction(cfg, job), budget)
     return lore_nodes(*tree), lore_transitions(*tree)
 
 

@@ -191,7 +191,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
               "(optional)", "out_states", False)),
         {"m": "lore.m", "horizon": "lore.horizon", "gamma": "lore.gamma", "eps_max_factor": "lore.eps_max_factor",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "lore.alpha_mode", "reward_range": "rewards.range",
-         "max_nodes": "lore.max_nodes"},
+         "max_nodes": "lore.max_nodes", "order": "lore.order", "report_double": "lore.report_double"},
         v_range=True, replicate=False, cost=_cost("lore_seconds"), memory=_cost("lore_memory"),
         device=_ENV_DEVICE, reads=_cost("lore_reads"),
         flags=(Flag("checkpoint_every", {"exclusiveMinimum": 0},
