@@ -176,6 +176,7 @@ def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
             return _log_steps(pool, seen.setdefault(kind, {}))
         return make
 
+    monkeypatch.setattr(crop.certify.gre, "HALF_MIN", 1)   # AtariPool's 3 trajectories as halves of 1 and 2
     returns = {}
     for kind, workers in (("env", 1), ("atari", 2)):
         monkeypatch.setattr(crop.certify.gre, "make_env_pool", recording(kind))
@@ -344,6 +345,7 @@ def test_reused_slots_give_the_returns_of_new_environments(env_id, monkeypatch):
     and step by step the observations and rewards, of a new pool for every block."""
     import crop.certify.gre
 
+    monkeypatch.setattr(crop.certify.gre, "HALF_MIN", 1)   # blocks of 2 run as halves where the pool has workers
     net, horizon, sigma, profile = _reuse_case(env_id)
     settings = GReSettings(sigma, 5, horizon, 1.0, seed=2, env_seed=30, batch=2, workers=2)
     made, log, expected_log = [], {}, {}
@@ -358,13 +360,14 @@ def test_reused_slots_give_the_returns_of_new_environments(env_id, monkeypatch):
         assert len(set(reused)) > 2, "trajectories that end at different times"
 
 
-def test_halves_in_flight_give_the_returns_of_one_lockstep(mlp_factory):
+def test_halves_in_flight_give_the_returns_of_one_lockstep(mlp_factory, monkeypatch):
     """With the environments in worker processes a block runs as two halves, one stepping while the other's
     noise and forward are computed: byte for byte the returns of the whole block stepped at once in one process
     (CartPole's noise group of 4,096 trajectories straddles the halves, so each half's stream is checked)."""
     import crop.certify.gre
     from crop.envs.vector import EnvPool
 
+    monkeypatch.setattr(crop.certify.gre, "HALF_MIN", 3)
     net = mlp_factory(4, 2, (64,), 1).eval()
     settings = GReSettings(0.5, 6, 60, 0.99, seed=3, env_seed=11, batch=6, workers=2)
     out, in_flight = {}, []

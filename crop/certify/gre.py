@@ -144,6 +144,10 @@ class TrajectoryNoise:
         return out
 
 
+#: Trajectories a half must hold for a block to be split into double-buffered halves: below it the second forward
+#: call and message per step cost more than the overlap saves on a loaded machine (docs/speed.md).
+HALF_MIN = 16
+
 #: Devices on which GRe moves an Atari pool's pixels (not floats) to the network (tests add "cpu").
 PIXELS_ON = ("cuda",)
 
@@ -153,7 +157,8 @@ def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
     ``pool``: one batched forward per time step.  A seeded reset restores all of an environment's state
     (tests/test_gre.py), so a reused environment starts its trajectory as a new one would.
 
-    Where the pool steps in worker processes the block runs as two halves, double-buffered: while the workers
+    Where the pool steps in worker processes and the block has 2 × :data:`HALF_MIN` trajectories or more, it runs
+    as two halves, double-buffered: while the workers
     step one half, this process draws the other half's noise and runs its forward.  Each half draws from its
     own :class:`TrajectoryNoise` over its trajectories, which gives every trajectory the noise a single
     one over the block would (the streams do not depend on the blocking), so the returns do not change."""
@@ -164,7 +169,7 @@ def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
     pixels = dev.type in PIXELS_ON and hasattr(pool, "scale")
     # environment k of the pool: seed env_seed + b0 + k
     obs = pool.reset(int(env_seed) + b0, m, pixels=True) if pixels else pool.reset(int(env_seed) + b0, m)
-    cuts = [0, m // 2, m] if m > 1 and getattr(pool, "in_processes", False) else [0, m]
+    cuts = [0, m // 2, m] if m >= 2 * HALF_MIN and getattr(pool, "in_processes", False) else [0, m]
     halves = [(lo, hi, TrajectoryNoise(seed, b0 + lo, hi - lo, obs.shape[1:], dev)) for lo, hi in zip(cuts, cuts[1:])]
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
