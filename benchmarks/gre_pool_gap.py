@@ -54,11 +54,12 @@ def main():
     ap.add_argument("--m", type=int, default=64)
     ap.add_argument("--horizon", type=int, default=100)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--save")
     ap.add_argument("--compare")
     a = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     net = build_network({"arch": "nature_cnn", "in_channels": 4, "out": 6}).eval()
     w_runs, b_runs, returns = [], [], None
@@ -69,7 +70,10 @@ def main():
         b_runs.append(bare(a.env, net, a.m, a.horizon, a.workers))
     steps = a.m * a.horizon
     (wt, wl, wc), (bt, bl, bc) = min(w_runs, key=lambda r: r[1]), min(b_runs, key=lambda r: r[1])
-    print(f"# {a.env}: m = {a.m}, H = {a.horizon}, {a.workers} workers, best of {a.repeats} (by the loop)")
+    import crop
+
+    print(f"# crop from {crop.__file__}; {a.env}: m = {a.m}, H = {a.horizon}, {a.workers} workers, {a.threads} torch "
+          f"threads, best of {a.repeats} (by the loop)")
     for name, (t, loop, close) in (("workflow", (wt, wl, wc)), ("bare AtariPool", (bt, bl, bc))):
         print(f"{name}: {t:.2f} s in all: start {t - loop - close:.2f} s, loop {loop:.2f} s = {steps / loop:.0f} "
               f"steps/s, closing {close:.2f} s")

@@ -106,12 +106,21 @@ def gre(env_id: str, m: int, batch: int, horizon: int, tiny: bool = False) -> di
             t["steps"] += len(idx)
             return step(idx, *a, **k)
 
+        def counted_start(idx, *a, **k):
+            t["steps"] += len(idx)
+            return start(idx, *a, **k)
+
         def timed_close():
             t0 = time.perf_counter()
             close()
             t["closing"] += time.perf_counter() - t0
 
-        pool.reset, pool.step, pool.close = timed_reset, counted_step, timed_close
+        pool.reset, pool.close = timed_reset, timed_close
+        start = getattr(pool, "step_async", None)   # a pool's step goes through it where it has one
+        if start is None:
+            pool.step = counted_step
+        else:
+            pool.step_async = counted_start
         return pool
 
     g.make_env_pool = timed

@@ -1,5 +1,6 @@
 """GRe (Algorithm 2): lockstep rollouts equal one-at-a-time rollouts; bounds follow Theorems 2–3."""
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -172,16 +173,10 @@ def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
             pool = make_env_pool(env_id, num_envs, profile, workers) if kind == "atari" else \
                 EnvPool(env_id, num_envs, workers, profile)
             assert isinstance(pool, AtariPool if kind == "atari" else EnvPool)
-            step, log = pool.step, seen.setdefault(kind, [])
-
-            def logged(idx, actions, **kw):
-                out = step(idx, actions, **kw)
-                log.append((np.asarray(idx).tolist(), np.asarray(out[0], np.float32).tobytes(), out[1].tolist()))
-                return out
-            pool.step = logged
-            return pool
+            return _log_steps(pool, seen.setdefault(kind, {}))
         return make
 
+    monkeypatch.setattr(crop.certify.gre, "HALF_MIN", 1)   # AtariPool's 3 trajectories as halves of 1 and 2
     returns = {}
     for kind, workers in (("env", 1), ("atari", 2)):
         monkeypatch.setattr(crop.certify.gre, "make_env_pool", recording(kind))
@@ -196,8 +191,8 @@ def test_gre_on_pong_gives_the_same_returns_through_the_atari_pool(monkeypatch):
                                                   progress=False)
     np.testing.assert_array_equal(returns["atari"], returns["env"])
     np.testing.assert_array_equal(returns["pixels"], returns["env"])
-    assert len(seen["atari"]) == len(seen["env"]) == 120 and seen["atari"] == seen["env"]
-    assert any(r for _, _, rew in seen["env"] for r in rew), "a point must be scored for the returns to bite"
+    assert [len(seen["env"][i]) for i in range(3)] == [120] * 3 and seen["atari"] == seen["env"]
+    assert any(r for steps in seen["env"].values() for _, r in steps), "a point must be scored for the returns to bite"
 
 
 # ------------------------------------------------------------------ reused environments: one per slot of the pool
@@ -276,22 +271,40 @@ def test_a_kept_rom_that_is_not_restored_is_caught():
         fresh.close()
 
 
-def _recorded(pool, log: list):
-    """``pool`` whose resets and steps append what they return to ``log`` (indices, observation bytes, rewards)."""
-    reset, step = pool.reset, pool.step
+def _log_steps(pool, log: dict):
+    """``pool`` whose steps append what each environment returns to ``log[its index]`` (observation bytes,
+    reward), whether GRe steps all its live trajectories at once or in halves in flight together
+    (``step_async``, through which the pools' ``step`` goes)."""
+    def record(idx, out):
+        for k, i in enumerate(np.asarray(idx).tolist()):
+            log.setdefault(i, []).append((np.asarray(out[0][k], np.float32).tobytes(), float(out[1][k])))
+        return out
+
+    if hasattr(pool, "step_async"):
+        start = pool.step_async
+
+        def logged_async(idx, actions, **k):
+            collect = start(idx, actions, **k)
+            return lambda: record(idx, collect())
+        pool.step_async = logged_async
+    else:
+        step = pool.step
+        pool.step = lambda idx, actions, **k: record(idx, step(idx, actions, **k))
+    return pool
+
+
+def _recorded(pool, log: dict):
+    """``pool`` whose resets append their observations' bytes to ``log["reset"]`` and whose steps log what each
+    environment returns (:func:`_log_steps`)."""
+    reset = pool.reset
 
     def logged_reset(*a, **k):
         obs = reset(*a, **k)
-        log.append(("reset", np.asarray(obs, np.float32).tobytes()))
+        log.setdefault("reset", []).append(np.asarray(obs, np.float32).tobytes())
         return obs
 
-    def logged_step(idx, actions, **k):
-        out = step(idx, actions, **k)
-        log.append((np.asarray(idx).tolist(), np.asarray(out[0], np.float32).tobytes(), np.asarray(out[1]).tolist()))
-        return out
-
-    pool.reset, pool.step = logged_reset, logged_step
-    return pool
+    pool.reset = logged_reset
+    return _log_steps(pool, log)
 
 
 def _fresh_per_block(env_id, net, settings, profile, log):
@@ -332,15 +345,52 @@ def test_reused_slots_give_the_returns_of_new_environments(env_id, monkeypatch):
     and step by step the observations and rewards, of a new pool for every block."""
     import crop.certify.gre
 
+    monkeypatch.setattr(crop.certify.gre, "HALF_MIN", 1)   # blocks of 2 run as halves where the pool has workers
     net, horizon, sigma, profile = _reuse_case(env_id)
     settings = GReSettings(sigma, 5, horizon, 1.0, seed=2, env_seed=30, batch=2, workers=2)
-    made, log, expected_log = [], [], []
+    made, log, expected_log = [], {}, {}
     make = crop.certify.gre.make_env_pool
     monkeypatch.setattr(crop.certify.gre, "make_env_pool",
                         lambda *a, **k: made.append(a) or _recorded(make(*a, **k), log))
     reused = sample_randomized_returns(env_id, net.eval(), settings, profile=profile, progress=False)
     assert [a[1] for a in made] == [2], "one pool of two slots for the three blocks"
     np.testing.assert_array_equal(reused, _fresh_per_block(env_id, net, settings, profile, expected_log))
-    assert log == expected_log and sum(entry[0] == "reset" for entry in log) == 3
+    assert log == expected_log and len(log["reset"]) == 3
     if env_id == "CartPole-v0":
         assert len(set(reused)) > 2, "trajectories that end at different times"
+
+
+def test_halves_in_flight_give_the_returns_of_one_lockstep(mlp_factory, monkeypatch):
+    """With the environments in worker processes a block runs as two halves, one stepping while the other's
+    noise and forward are computed: byte for byte the returns of the whole block stepped at once in one process
+    (CartPole's noise group of 4,096 trajectories straddles the halves, so each half's stream is checked)."""
+    import crop.certify.gre
+    from crop.envs.vector import EnvPool
+
+    monkeypatch.setattr(crop.certify.gre, "HALF_MIN", 3)
+    net = mlp_factory(4, 2, (64,), 1).eval()
+    settings = GReSettings(0.5, 6, 60, 0.99, seed=3, env_seed=11, batch=6, workers=2)
+    out, in_flight = {}, []
+    for workers in (1, 2, "another seed"):
+        pool = EnvPool("CartPole-v0", 6, 1 if workers == "another seed" else workers)
+        if workers == 2:
+            start, flying = pool.step_async, []
+
+            def counted(idx, actions, start=start, flying=flying):
+                flying.append(len(idx))
+                in_flight.append(list(flying))
+                collect = start(idx, actions)
+
+                def done():
+                    flying.pop(0)
+                    return collect()
+                return done
+            pool.step_async = counted
+        try:
+            run = replace(settings, seed=4) if workers == "another seed" else settings
+            out[workers] = crop.certify.gre._lockstep(pool, net, torch.device("cpu"), run, 0, 6, False)
+        finally:
+            pool.close()
+    np.testing.assert_array_equal(out[2], out[1])
+    assert (out["another seed"] != out[1]).all(), "every trajectory's return depends on its noise"
+    assert [3, 3] in in_flight, "both halves in flight together"

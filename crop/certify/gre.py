@@ -144,6 +144,10 @@ class TrajectoryNoise:
         return out
 
 
+#: Trajectories a half must hold for a block to be split into double-buffered halves: below it the second forward
+#: call and message per step cost more than the overlap saves on a loaded machine (docs/speed.md).
+HALF_MIN = 16
+
 #: Devices on which GRe moves an Atari pool's pixels (not floats) to the network (tests add "cpu").
 PIXELS_ON = ("cuda",)
 
@@ -151,7 +155,13 @@ PIXELS_ON = ("cuda",)
 def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
     """The m trajectories b0, …, b0 + m − 1 of ``settings`` in lockstep on the first m environments of
     ``pool``: one batched forward per time step.  A seeded reset restores all of an environment's state
-    (tests/test_gre.py), so a reused environment starts its trajectory as a new one would."""
+    (tests/test_gre.py), so a reused environment starts its trajectory as a new one would.
+
+    Where the pool steps in worker processes and the block has 2 × :data:`HALF_MIN` trajectories or more, it runs
+    as two halves, double-buffered: while the workers
+    step one half, this process draws the other half's noise and runs its forward.  Each half draws from its
+    own :class:`TrajectoryNoise` over its trajectories, which gives every trajectory the noise a single
+    one over the block would (the streams do not depend on the blocking), so the returns do not change."""
     sigma, horizon, gamma, chunk = settings.sigma, settings.horizon, settings.gamma, settings.chunk
     seed, env_seed, reward_clip = settings.seed, settings.env_seed, settings.reward_clip
     # Atari on a GPU: the pool's stored pixels (uint8: a quarter of the bytes) go to the device and become the
@@ -159,36 +169,66 @@ def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
     pixels = dev.type in PIXELS_ON and hasattr(pool, "scale")
     # environment k of the pool: seed env_seed + b0 + k
     obs = pool.reset(int(env_seed) + b0, m, pixels=True) if pixels else pool.reset(int(env_seed) + b0, m)
-    noise = TrajectoryNoise(seed, b0, m, obs.shape[1:], dev)
+    cuts = [0, m // 2, m] if m >= 2 * HALF_MIN and getattr(pool, "in_processes", False) else [0, m]
+    halves = [(lo, hi, TrajectoryNoise(seed, b0 + lo, hi - lo, obs.shape[1:], dev)) for lo, hi in zip(cuts, cuts[1:])]
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
-    discount = 1.0
+    discount = [1.0] * len(halves)   # γ^t of each half's step in flight
+    flight = [None] * len(halves)    # (trajectories, collect) of each half's step in flight
     out_shape = (int(net.low.numel()),) if getattr(net, "continuous", False) else None
-    for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}", progress=progress):
-        idx = np.nonzero(alive)[0]  # finished trajectories are not stepped again
+
+    def act(idx, local, noise, t):
+        """π(s + Δ) of the trajectories ``idx`` (``local`` in ``noise``'s) at step t: a Q-network's greedy action
+        (or a policy network's logits'), a continuous actor's output."""
         if pixels:
             x = torch.as_tensor(obs[idx], device=dev).to(torch.float32) * pool.scale
         else:
             x = torch.as_tensor(np.asarray(obs[idx], dtype=np.float32), device=dev)
-        noisy = noise.step(idx).mul_(sigma).add_(x)
-        # π(s + Δ): the greedy action of a Q-network (or a policy network's logits), a continuous actor's output
+        noisy = noise.step(local).mul_(sigma).add_(x)
         actions = torch.empty((len(idx), *(out_shape or ())), dtype=torch.float32 if out_shape else torch.int64,
                               device=dev)
         for s in range(0, len(idx), chunk):
             q = net(noisy[s:s + chunk])
             if not torch.isfinite(q).all():
-                raise NonFiniteQError(f"the {network_name(net)} returned NaN or inf at step {t} (trajectories {s}…)")
+                raise NonFiniteQError(f"the {network_name(net)} returned NaN or inf at step {t} (trajectories "
+                                      f"{b0 + idx[s]}…)")
             actions[s:s + chunk] = q if out_shape else q.argmax(1)
-        a = actions.cpu().numpy()
-        o, reward, terminated, truncated = pool.step(idx, a, pixels=True) if pixels else pool.step(idx, a)
+        return actions.cpu().numpy()
+
+    def settle(k):
+        """Takes in half k's step in flight."""
+        idx, collect = flight[k]
+        flight[k] = None
+        o, reward, terminated, truncated = collect()
         obs[idx] = o
         reward = np.asarray(reward, dtype=np.float64)
-        returns[idx] += discount * (reward if reward_clip is None else np.clip(reward, *reward_clip))
+        returns[idx] += discount[k] * (reward if reward_clip is None else np.clip(reward, *reward_clip))
         alive[idx] &= ~(np.asarray(terminated) | np.asarray(truncated))
-        discount *= gamma
-        if not alive.any():
+        discount[k] *= gamma
+
+    for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}", progress=progress):
+        for k, (lo, hi, noise) in enumerate(halves):
+            if flight[k] is not None:
+                settle(k)
+            idx = lo + np.nonzero(alive[lo:hi])[0]   # finished trajectories are not stepped again
+            if idx.size:
+                flight[k] = (idx, _start_step(pool, idx, act(idx, idx - lo, noise, t), pixels))
+        if all(f is None for f in flight):
             break
+    for k in range(len(halves)):
+        if flight[k] is not None:
+            settle(k)
     return returns
+
+
+def _start_step(pool, idx, actions, pixels: bool):
+    """``pool.step(idx, actions)``, collected by calling the function returned: started in the pool's worker
+    processes where it has them, taken now otherwise."""
+    kw = {"pixels": True} if pixels else {}
+    if getattr(pool, "in_processes", False):
+        return pool.step_async(idx, actions, **kw)
+    out = pool.step(idx, actions, **kw)
+    return lambda: out
 
 
 def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float, eps_grid, percentiles,

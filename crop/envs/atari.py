@@ -419,7 +419,15 @@ class AtariPool:
         self._wait(self.conns)
         return self.pixels[:n].copy() if pixels else self.to_float(self.pixels[:n])
 
+    #: The envs step in worker processes: a caller can work while they do (:meth:`step_async`).
+    in_processes = True
+
     def step(self, idx, actions, pixels: bool = False):
+        return self.step_async(idx, actions, pixels)()
+
+    def step_async(self, idx, actions, pixels: bool = False):
+        """Starts ``step(idx, actions, pixels)`` and returns the function that waits for it and returns its
+        result; steps started on disjoint envs may be in flight together, collected in the order started."""
         idx, actions = np.asarray(idx, dtype=np.int64), np.asarray(actions)
         shard = np.searchsorted(self.bounds, idx, side="right") - 1
         asked = []
@@ -428,11 +436,14 @@ class AtariPool:
             if sel.any():
                 c.send(("step", (idx[sel], actions[sel])))
                 asked.append(c)
-        self._wait(asked)
-        obs = self.pixels[idx]
-        done = self._done[idx]
-        rew, term, trunc = self._rew[idx].copy(), done[:, 0].copy(), done[:, 1].copy()
-        return (obs if pixels else self.to_float(obs)), rew, term, trunc
+
+        def collect():
+            self._wait(asked)
+            obs = self.pixels[idx]
+            done = self._done[idx]
+            rew, term, trunc = self._rew[idx].copy(), done[:, 0].copy(), done[:, 1].copy()
+            return (obs if pixels else self.to_float(obs)), rew, term, trunc
+        return collect
 
     def close(self):
         from crop.envs.vector import stop_workers

@@ -107,10 +107,22 @@ class EnvPool:
             c.send(("reset", (int(seed) + int(self.bounds[i]), n - int(self.bounds[i]))))
         return np.concatenate([c.recv() for c in self.conns])
 
+    @property
+    def in_processes(self) -> bool:
+        """Whether the environments step in worker processes, so that a caller can work while they do."""
+        return self.envs is None
+
     def step(self, idx, actions):
+        return self.step_async(idx, actions)()
+
+    def step_async(self, idx, actions):
+        """Starts ``step(idx, actions)`` and returns the function that waits for it and returns its result (in
+        one process: the step is taken now); steps started on disjoint environments may be in flight
+        together, collected in the order started."""
         idx, actions = np.asarray(idx), np.asarray(actions)
         if self.envs is not None:
-            return _step(self.envs, idx, actions)
+            out = _step(self.envs, idx, actions)
+            return lambda: out
         shard = np.searchsorted(self.bounds, idx, side="right") - 1
         asked = []
         for i, c in enumerate(self.conns):
@@ -118,15 +130,18 @@ class EnvPool:
             if sel.size:
                 c.send(("step", (idx[sel] - self.bounds[i], actions[sel])))
                 asked.append((i, sel))
-        out = [None] * 4
-        parts = [(sel, self.conns[i].recv()) for i, sel in asked]
-        for j in range(4):
-            first = parts[0][1][j]
-            arr = np.empty((len(idx), *first.shape[1:]), dtype=first.dtype)
-            for sel, res in parts:
-                arr[sel] = res[j]
-            out[j] = arr
-        return tuple(out)
+
+        def collect():
+            out = [None] * 4
+            parts = [(sel, self.conns[i].recv()) for i, sel in asked]
+            for j in range(4):
+                first = parts[0][1][j]
+                arr = np.empty((len(idx), *first.shape[1:]), dtype=first.dtype)
+                for sel, res in parts:
+                    arr[sel] = res[j]
+                out[j] = arr
+            return tuple(out)
+        return collect
 
     def close(self):
         if self.envs is not None:
