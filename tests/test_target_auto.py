@@ -113,7 +113,7 @@ def test_an_auto_run_is_the_run_of_the_chosen_target(auto_run):
     assert "target_choice" not in q and "loact_m" not in q["provenance"]["settings"]
     assert (d / "auto.csv").read_bytes() == (d / f"{choice['chosen']}.csv").read_bytes()
     meta = json.loads((d / meta_name("auto.csv")).read_text())
-    assert meta["target"] == choice["chosen"] and meta["settings"]["target_choice"] == choice
+    assert meta["target"] == meta["settings"]["target"] == choice["chosen"] and meta["target_choice"] == choice
     assert set(meta["inputs"]) == {"checkpoint", "qrange"}
     # the prediction is of the certification that follows: the chosen target's actual mean radius is near it
     actual = {t: pd.read_csv(d / f"{t}.csv")["radius"].mean() for t in ("q", "vote")}

@@ -129,8 +129,7 @@ class StageRun:
         self.choice = None
         if self.target == AUTO_TARGET and self.row.v_range:   # the target chosen by qrange's pilot, as if given
             self.target, self.choice = resolve_auto(args, self.meta, self.seed)
-        choice = {"target_choice": self.choice} if self.choice else {}
-        self.resolved = {**resolved, **({"target": self.target, **choice} if self.row.v_range else {})}
+        self.resolved = {**resolved, **({"target": self.target} if self.row.v_range else {})}
         # The V range is the q target's only: probs and vote lie in [0, 1] (Theorem 1 with V range [0, 1]).
         qrange = self.row.v_range and self.target == "q"
         self.inputs = ("checkpoint", "qrange") if qrange or self.choice else ("checkpoint",)
@@ -162,7 +161,8 @@ class StageRun:
         inputs = {n: {"path": str(getattr(a, n)), "sha256": sha256_file(getattr(a, n))} for n in self.inputs}
         prov = provenance(self.name, recorded_settings(a, **self.resolved), seed=self.seed, inputs=inputs,
                           device=self.device, started=self.started)
-        return {**prov, **info}
+        # --target auto: settings.target is the chosen target; the pilot's record beside it
+        return {**prov, **({"target_choice": self.choice} if self.choice else {}), **info}
 
     def write(self, info: dict, **outputs) -> None:
         """``outputs``: an output's key in the stage table → a table, or ``(writer, rows)``; an optional output
