@@ -234,3 +234,24 @@ def test_the_rules_pass_the_pilot_to_qrange_and_the_choice_to_the_certifiers(tmp
     for stage in ("loact", "lore", "attack-local"):
         cmd = next(ln for ln in lines if f"crop {stage} " in ln)
         assert "--target auto --qrange" in cmd and "StdTrain@auto/sigma-0.2/qrange.json" in cmd, cmd
+
+
+def test_the_audit_rerun_checks_the_pilot_flags_and_accepts_the_chosen_target():
+    from crop.report.rerun import _checked_settings, _NotRun, _same_run
+    from crop.workflow.stage_table import STAGES
+
+    row = STAGES["qrange"]
+    settings = {"command": "qrange", "env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.1, "m": 200,
+                "episodes": 2, "horizon": 20, "target": "auto", "loact_m": 1000, "loact_horizon": 20, "alpha": 0.05,
+                "alpha_mode": "state", "bound": "hoeffding"}
+    assert _checked_settings({"settings": settings}, row)["loact_m"] == 1000
+    for bad in ({"alpha_mode": "--out=/etc/x"}, {"loact_m": "1 --out=/x"}, {"bound": "none"}, {"alpha": 2.0}):
+        with pytest.raises(_NotRun):
+            _checked_settings({"settings": {**settings, **bad}}, row)
+    run = "CartPole-v0/StdTrain@auto/sigma-0.1"
+    same = {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.1}
+    for chosen in ("q", "vote", "auto"):
+        _same_run({**same, "target": chosen}, run)
+    for wrong, where in (("--qrange=/x", run), ("vote", "CartPole-v0/StdTrain@probs/sigma-0.1")):
+        with pytest.raises(ValueError, match="recorded target"):
+            _same_run({**same, "target": wrong}, where)
