@@ -255,3 +255,17 @@ def test_the_audit_rerun_checks_the_pilot_flags_and_accepts_the_chosen_target():
     for wrong, where in (("--qrange=/x", run), ("vote", "CartPole-v0/StdTrain@probs/sigma-0.1")):
         with pytest.raises(ValueError, match="recorded target"):
             _same_run({**same, "target": wrong}, where)
+
+
+def test_a_policy_network_chooses_between_probs_and_vote_without_a_v_range(tmp_path):
+    base = _checkpoint(tmp_path)
+    rec = read_json(tmp_path / "model.json")
+    write_json(tmp_path / "model.json", {**rec, "network": "policy"})
+    pilot = [*PILOT[:-1], "clopper_pearson"]
+    main(["qrange", *base, *QRANGE, *pilot, "--out", str(tmp_path / "qa.json")])
+    qa = read_json(tmp_path / "qa.json")
+    assert "v_min" not in qa and qa["target_choice"]["candidates"] == ["probs", "vote"]
+    for t in ("auto", qa["target_choice"]["chosen"]):
+        main(["loact", *base, *LOACT, "--bound", "clopper_pearson", "--target", t,
+              "--qrange", str(tmp_path / "qa.json"), "--out", str(tmp_path / f"{t}.csv")])
+    assert (tmp_path / "auto.csv").read_bytes() == (tmp_path / f"{qa['target_choice']['chosen']}.csv").read_bytes()
