@@ -3,7 +3,7 @@
 the pilot's time beside LoAct's.
 
     nice -n 5 python benchmarks/target_auto.py RESULTS [--episodes 10] [--envs CartPole-v0 highway-fast-v0]
-        [--out target_auto.csv]
+        [--algos StdTrain ...] [--out target_auto.csv]
 
 RESULTS holds trained checkpoints as the workflow lays them out (RESULTS/ENV/ALGO/checkpoint/model.pt and
 model.json); they are only read.  Every run (env, algo, σ) of config.yaml whose checkpoint exists is measured
@@ -128,6 +128,7 @@ def main(argv=None) -> None:
     p.add_argument("results", type=Path, help="folder of trained checkpoints (RESULTS/ENV/ALGO/checkpoint)")
     p.add_argument("--config", type=Path, default=ROOT / "config.yaml")
     p.add_argument("--envs", nargs="+")
+    p.add_argument("--algos", nargs="+", help="only these algorithms (default: the config's)")
     p.add_argument("--episodes", type=int, help="LoAct's episodes (default: the config's)")
     p.add_argument("--out", type=Path, default=Path("target_auto.csv"))
     a = p.parse_args(argv)
@@ -139,6 +140,8 @@ def main(argv=None) -> None:
         if a.envs and env not in a.envs:
             continue
         for algo in ec["algorithms"]:
+            if a.algos and algo not in a.algos:
+                continue
             if not (a.results / env / algo / "checkpoint" / "model.pt").exists():
                 missing.append(f"{env}/{algo}")
                 continue
