@@ -21,7 +21,7 @@ import functools
 from importlib import resources
 
 __all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "ACTION_TARGET", "MAX_PARAMETERS",
-           "smoothing_targets", "NETWORK_NAMES", "network_name", "schema_default"]
+           "smoothing_targets", "AUTO_TARGET", "NETWORK_NAMES", "network_name", "schema_default"]
 
 #: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.agents.checkpoints
 #: MAX_MEMBER_BYTES), so no accepted file can fill a larger network.
@@ -37,6 +37,9 @@ ALPHA_MODES = ("state", "family")
 DEVICES = ("cpu", "cuda", "auto")
 
 TARGET_NAMES = ("q", "probs", "vote")
+#: ``target: auto``: one of a network's targets per run, chosen by the qrange stage's pilot
+#: (crop/certify/pilot.py); its runs live in ENV/ALGO@auto/sigma-S.
+AUTO_TARGET = "auto"
 
 #: The networks crop smooths, by their model.json ``network``: a Q-network (DQN), a policy network (PPO, A2C:
 #: its logits, smoothed as probabilities or votes) and a continuous-action agent's deterministic actor.
@@ -47,8 +50,8 @@ ACTION_TARGET = "action"
 
 
 def smoothing_targets(env_cfg: dict) -> list[str]:
-    """An environment's smoothing targets (each one of :data:`TARGET_NAMES`): its config's ``targets`` when
-    given, else [``target``] (default q)."""
+    """An environment's smoothing targets (each one of :data:`TARGET_NAMES` or :data:`AUTO_TARGET`): its
+    config's ``targets`` when given, else [``target``] (default q)."""
     return list(env_cfg.get("targets") or [env_cfg.get("target", "q")])
 
 

@@ -66,7 +66,7 @@ ALGOS = sorted(
 # {algo} of a run folder is ALGO, or ALGO@TARGET for a smoothing target other than q (crop/workflow/layout.py).
 wildcard_constraints:
     env="|".join(map(re.escape, ENVS)),
-    algo="(?:" + "|".join(map(re.escape, ALGOS)) + ")(?:@(?:probs|vote|action))?",
+    algo="(?:" + "|".join(map(re.escape, ALGOS)) + ")(?:@(?:probs|vote|auto|action))?",
     sigma=r"[0-9][0-9.e+-]*",
     rep=r"[1-9][0-9]*",
 
@@ -165,7 +165,11 @@ def stage_args(name, replicate=False):
         words += ["--device", stage_device(CFG, row.rule, w.env)]
         words += ["--chunk", CFG["chunk"], "--threads", threads, "--checkpoint", input.model]
         if row.v_range and target != layout.ACTION_TARGET:  # an actor's target is its file's, never given
-            words += ["--target", target, *(["--qrange", input.qrange] if target == "q" else [])]
+            words += ["--target", target, *(["--qrange", input.qrange] if target in layout.QRANGE_TARGETS else [])]
+        if row.command == "qrange" and target == layout.AUTO_TARGET:  # the pilot predicts LoAct's radius at its sizes
+            loact = stage_settings(CFG, w.env, "loact")
+            words += ["--target", target, "--loact-m", loact["m"], "--loact-horizon", loact["horizon"]]
+            words += ["--alpha", loact["alpha"], "--alpha-mode", loact["alpha_mode"], "--bound", loact["bound"]]
         words += ["--settings", json.dumps(stage_settings(CFG, w.env, row.command), sort_keys=True)]
         for o in row.outputs:
             words += [f"--{o.option.replace('_', '-')}", output[o.key]]
@@ -188,8 +192,9 @@ def run_checkpoint_record(w):
 
 
 def qrange_input(w):
-    """qrange.json for the q target; nothing for probs and vote (bounded in [0, 1]: no qrange job)."""
-    if layout.split_run_algo(w.algo)[1] != "q":
+    """qrange.json for the targets q and auto (its pilot's choice); nothing for probs and vote (bounded in
+    [0, 1]: no qrange job)."""
+    if layout.split_run_algo(w.algo)[1] not in layout.QRANGE_TARGETS:
         return []
     rep = int(w.rep) if "rep" in w.keys() else 0  # replicate k >= 1 reads its own V range
     return str(layout.run_dir(R, w.env, w.algo, w.sigma, replicate=rep) / layout.RUN_FILES["qrange"])

@@ -23,18 +23,19 @@ certificate.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from crop.certify.pilot import PilotSettings, pilot_states, run_pilot
 from crop.envs import make_env, to_obs
 from crop.names import default_of, network_name
 from crop.progress import pbar
 from crop.smoothing.engine import Engine, block_plan, check_noise, resolve_device
 from crop.smoothing.smoothed import NonFiniteQError
 
-__all__ = ["QRangeSettings", "estimate_qrange", "load_qrange", "METHODS"]
+__all__ = ["QRangeSettings", "estimate_qrange", "load_qrange", "check_qrange_run", "METHODS"]
 
 METHODS = ("smoothed", "samples", "quantile")
 
@@ -88,7 +89,7 @@ class QRangeSettings:
 
 @torch.inference_mode()
 def estimate_qrange(env_id: str, net: torch.nn.Module, settings: QRangeSettings, *, profile: str | None = None,
-                    progress: bool | None = None) -> dict:
+                    progress: bool | None = None, pilot: PilotSettings | None = None) -> dict:
     """V range of ``net`` under N(0, σ²I) noise along ``episodes`` rollouts of the unclipped smoothed
     policy (≤ ``horizon`` steps, m noise samples per state); ``settings``: :class:`QRangeSettings`.
 
@@ -100,6 +101,11 @@ def estimate_qrange(env_id: str, net: torch.nn.Module, settings: QRangeSettings,
     R ≥ m, otherwise pieces of ≤ R samples of one state.  The network sees ``chunk`` rows at a time on the CPU
     (the whole block on CUDA).  The noise stream and the actions taken do not depend on ``method``: the three
     methods visit the same states.
+
+    ``pilot`` (``target: auto``, :mod:`crop.certify.pilot`): after the V range, the same generator goes on to
+    the pilot on up to :data:`crop.certify.pilot.MAX_PILOT_STATES` of the visited states (evenly spaced in
+    visit order), with ``q`` clipped to the V range just estimated; the result gains ``target_choice``.  The
+    pilot's draws come after every V-range draw, so the V range is the same with or without it.
     """
     sigma, m, episodes, horizon = settings.sigma, settings.m, settings.episodes, settings.horizon
     episode_seeds, seed, chunk = settings.episode_seeds, settings.seed, settings.chunk
@@ -109,7 +115,7 @@ def estimate_qrange(env_id: str, net: torch.nn.Module, settings: QRangeSettings,
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
     ext = _Extremes(method, quantile)
-    states = 0
+    states, visited = 0, []
     bar = pbar(total=episodes * horizon, desc=f"qrange σ={sigma:g}", progress=progress)
     envs = [make_env(env_id, profile) for _ in range(episodes)]
     obs = [to_obs(env.reset(seed=int(episode_seeds[ep]))[0]) for ep, env in enumerate(envs)]
@@ -118,6 +124,8 @@ def estimate_qrange(env_id: str, net: torch.nn.Module, settings: QRangeSettings,
         if not live:
             break
         x = torch.as_tensor(np.stack([obs[ep] for ep in live]), device=dev)
+        if pilot is not None:
+            visited += [o.copy() for o in x.cpu().numpy()]
         shape, n = tuple(x.shape[1:]), len(live)
         rows = max(int(chunk), NOISE_BLOCK_FLOATS // max(int(np.prod(shape)), 1))
         step = rows if dev.type == "cuda" else int(chunk)
@@ -158,25 +166,39 @@ def estimate_qrange(env_id: str, net: torch.nn.Module, settings: QRangeSettings,
     for env in envs:
         env.close()
     bar.close()
-    if not ext.v_max > ext.v_min:
+    if not ext.v_max > ext.v_min and (pilot is None or "q" in pilot.targets):
         raise ValueError(f"degenerate Q range [{ext.v_min}, {ext.v_max}] ({method}): the values are constant")
-    return {"v_min": ext.v_min, "v_max": ext.v_max, "method": method,
-            "quantile": quantile if method == "quantile" else None, "states": states,
-            "samples_per_state": m, "episodes": episodes, "returns": returns}
+    res = {"v_min": ext.v_min, "v_max": ext.v_max, "method": method,
+           "quantile": quantile if method == "quantile" else None, "states": states,
+           "samples_per_state": m, "episodes": episodes, "returns": returns}
+    if pilot is not None:
+        v_range = (ext.v_min, ext.v_max) if "q" in pilot.targets else None
+        chosen = np.stack([visited[i] for i in pilot_states(len(visited))])
+        res["target_choice"] = {**run_pilot(net, chosen, g, replace(pilot, v_range=v_range)), "pilot_seed": int(seed),
+                                "stream": "the qrange stage's generator (seed pilot_seed), after its V-range draws"}
+    return res
 
 
 def load_qrange(path, env: str, algo: str, sigma: float) -> tuple[float, float]:
     """``(v_min, v_max)`` of a qrange.json, verified to be for ``env``/``algo``/``sigma`` and a proper range;
     raises :class:`crop.io.InputError` (bad input, before any work)."""
-    import math
-
     from crop.io import InputError, read_json
 
     q = read_json(path)
-    if q.get("env") != env or q.get("algo") != algo or not math.isclose(q.get("sigma", -1), sigma):
-        raise InputError(f"{path}: Q range was estimated for {q.get('env')}/{q.get('algo')}/σ={q.get('sigma')}, "
-                         f"not {env}/{algo}/σ={sigma}")
+    check_qrange_run(path, q, env, algo, sigma)
     v_min, v_max = q.get("v_min"), q.get("v_max")
     if not (isinstance(v_min, (int, float)) and isinstance(v_max, (int, float)) and v_max > v_min):
         raise InputError(f"{path}: invalid Q range [{v_min}, {v_max}]")
     return float(v_min), float(v_max)
+
+
+def check_qrange_run(path, q: dict, env: str, algo: str, sigma: float) -> None:
+    """Refuse (:class:`crop.io.InputError`, one line) a qrange.json ``q`` made for another env/algo/σ."""
+    import math
+
+    from crop.io import InputError
+
+    s = q.get("sigma")
+    if q.get("env") != env or q.get("algo") != algo or not (isinstance(s, (int, float)) and math.isclose(s, sigma)):
+        raise InputError(f"{path}: Q range was estimated for {q.get('env')}/{q.get('algo')}/σ={q.get('sigma')}, "
+                         f"not {env}/{algo}/σ={sigma}")

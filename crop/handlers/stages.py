@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 from crop import columns as cols
+from crop.handlers.auto_target import pilot_flags, pilot_settings, predicted_text, resolve_auto
 from crop.io import InputError, write_frames
+from crop.names import AUTO_TARGET
 from crop.workflow.stage_table import STAGES
 
 __all__ = ["StageRun", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global"]
@@ -63,11 +65,14 @@ def _stage_seed(args, stage: str) -> int:
 def resolve_target(args, meta: dict) -> str:
     """The smoothing target of a stage: ``--target``, else the checkpoint's default (``probs`` for a policy
     network, ``q`` for a Q-network); ``q`` of a policy network is refused (it has no Q-values), and so is
-    ``probs`` of a Q-network (softmax(Q) depends on the Q-values' scale: not a policy's probabilities)."""
+    ``probs`` of a Q-network (softmax(Q) depends on the Q-values' scale: not a policy's probabilities).
+    ``auto`` is returned as such (:func:`resolve_auto` reads the choice)."""
     network = meta.get("network", "q")
     if network == "actor":
         return _actor_target(args)
     target = getattr(args, "target", None) or ("probs" if network == "policy" else "q")
+    if target == AUTO_TARGET:
+        return AUTO_TARGET
     if network == "policy" and target == "q":
         raise InputError(f"{args.checkpoint}: a policy network (model.json network: policy) has no Q-values to "
                          "smooth; use --target probs or vote (config: target)")
@@ -91,6 +96,9 @@ def _actor_target(args) -> str:
                          f"{_DISCRETE_ONLY[args.command]}, which a Box action space does not have; crop gre, "
                          "crop attack-global and crop loact (per action dimension) certify it")
     target = getattr(args, "target", None)
+    if target == AUTO_TARGET:
+        raise InputError(f"{args.checkpoint}: --target auto: a continuous-action agent (model.json network: actor) "
+                         "has no smoothing targets to choose among; leave the target out (config: target)")
     if target:
         what = {"q": "Q-values", "probs": "action probabilities", "vote": "greedy-action votes"}.get(target, target)
         raise InputError(f"{args.checkpoint}: a continuous-action agent (model.json network: actor) has no {what} "
@@ -117,17 +125,20 @@ class StageRun:
         self.net, self.meta = load_checkpoint(args.checkpoint, args.env, args.algo)
         self.profile = self.meta.get("profile")
         self.target = resolve_target(args, self.meta)
+        self.seed = _stage_seed(args, args.command)
+        self.choice = None
+        if self.target == AUTO_TARGET and self.row.v_range:   # the target chosen by qrange's pilot, as if given
+            self.target, self.choice = resolve_auto(args, self.meta, self.seed)
         self.resolved = {**resolved, **({"target": self.target} if self.row.v_range else {})}
         # The V range is the q target's only: probs and vote lie in [0, 1] (Theorem 1 with V range [0, 1]).
         qrange = self.row.v_range and self.target == "q"
-        self.inputs = ("checkpoint", "qrange") if qrange else ("checkpoint",)
+        self.inputs = ("checkpoint", "qrange") if qrange or self.choice else ("checkpoint",)
         if qrange:
             if not getattr(args, "qrange", None):
                 raise InputError("the q target needs --qrange (qrange.json of the same env/algo/sigma)")
             self.v_min, self.v_max = load_qrange(args.qrange, args.env, args.algo, args.sigma)
         elif self.target in TARGET_RANGE:
             self.v_min, self.v_max = TARGET_RANGE[self.target]
-        self.seed = _stage_seed(args, args.command)
         self.device = args.device
 
     def smoother(self, alpha: float):
@@ -150,7 +161,8 @@ class StageRun:
         inputs = {n: {"path": str(getattr(a, n)), "sha256": sha256_file(getattr(a, n))} for n in self.inputs}
         prov = provenance(self.name, recorded_settings(a, **self.resolved), seed=self.seed, inputs=inputs,
                           device=self.device, started=self.started)
-        return {**prov, **info}
+        # --target auto: settings.target is the chosen target; the pilot's record beside it
+        return {**prov, **({"target_choice": self.choice} if self.choice else {}), **info}
 
     def write(self, info: dict, **outputs) -> None:
         """``outputs``: an output's key in the stage table → a table, or ``(writer, rows)``; an optional output
@@ -171,18 +183,25 @@ def cmd_qrange(args) -> None:
     from crop.certify.qrange import QRangeSettings, estimate_qrange
     from crop.io import write_json
 
+    flags = pilot_flags(args)   # before any work: the pilot's flags checked
     st = StageRun(args)
-    if st.target != "q":
+    if st.target not in ("q", AUTO_TARGET):
         raise InputError(f"{args.checkpoint}: a policy network has no V range to estimate (its targets probs and "
-                         "vote lie in [0, 1])")
+                         "vote lie in [0, 1]); --target auto estimates none either, only the pilot's choice")
     settings = QRangeSettings(args.sigma, args.m, args.episodes, args.horizon,
                               _episode_seeds(args.seed, args.env, args.episodes, "qrange-episode"), seed=st.seed,
                               chunk=args.chunk, device=args.device, method=args.method, quantile=args.quantile)
-    res = estimate_qrange(args.env, st.net, settings, profile=st.profile, progress=args.progress)
+    pilot = pilot_settings(args, flags, st.meta) if flags else None
+    res = estimate_qrange(args.env, st.net, settings, profile=st.profile, progress=args.progress, pilot=pilot)
+    if pilot is not None and "q" not in pilot.targets:   # a policy network: no V range, only the pilot
+        res = {k: res[k] for k in ("states", "samples_per_state", "episodes", "returns", "target_choice")}
     write_json(args.out, {"env": args.env, "algo": args.algo, "sigma": args.sigma, **res,
                           "checkpoint_sha256": st.meta["sha256"], "provenance": st.provenance()})
-    print(f"qrange {args.env}/{args.algo} σ={args.sigma}: [{res['v_min']:.6g}, {res['v_max']:.6g}] "
-          f"({args.method}) from {res['states']} states × {args.m} samples")
+    vr = f"[{res['v_min']:.6g}, {res['v_max']:.6g}] ({args.method})" if "v_min" in res else "no V range"
+    choice = res.get("target_choice")
+    chose = f"; target auto chose {choice['chosen']} ({predicted_text(choice)})" if choice else ""
+    print(f"qrange {args.env}/{args.algo} σ={args.sigma}: {vr} from {res['states']} states × {args.m} samples"
+          f"{chose}")
 
 
 def cmd_loact(args) -> None:

@@ -2,7 +2,7 @@
 the protocol that drew it."""
 from __future__ import annotations
 
-from crop.names import ACTION_TARGET
+from crop.names import ACTION_TARGET, AUTO_TARGET, smoothing_targets
 from crop.workflow.config import sigma_label
 from crop.workflow.stage_table import caption, stage_settings
 
@@ -55,7 +55,10 @@ def caption_settings(cfg: dict) -> Words:
         if ec.get("target") == ACTION_TARGET:   # crop.workflow.layout.has_lore: no adasearch figures, no J̲ row
             out[env]["no_lore"] = ("continuous actions (a Box): no LoRe or local attack, whose tree branches over a "
                                    "finite set of actions, so no adasearch figure and no J̲ row")
+        if AUTO_TARGET in smoothing_targets(ec):
+            out[env]["auto"] = ("target auto: each run's smoothing target chosen before certification by a pilot on "
+                                "the qrange stage's own states and noise, labelled \"ALGO (auto: TARGET)\"")
     text = "; ".join(f"{env}: {v['algorithms']} at σ ∈ {{{v['sigmas']}}}; LoAct {v['loact']}; GRe {v['gre']}; "
                      f"LoRe {v['lore']}; attacks {v['attack']}" + (f"; {v['clip']}" if v.get("clip") else "")
-                     for env, v in out.items())
+                     + (f"; {v['auto']}" if v.get("auto") else "") for env, v in out.items())
     return Words(out, text)

@@ -45,6 +45,7 @@ from crop.report.style import (  # noqa: E402
     line_width,
     marker_size,
     math_font,
+    register_auto_choices,
     series_color,
     series_marker,
     series_order,
@@ -361,6 +362,7 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
 
 def iter_env_figures(env: str, data: dict):
     """Yield (stem, Figure) for every figure of ``env`` in :func:`crop.workflow.layout.figure_families`."""
+    register_auto_choices(env, data)
     keys = [k for k in data if k[0] == env]
     algos = series_order(k[1] for k in keys)
     labels = sorted({k[2] for k in keys}, key=float)

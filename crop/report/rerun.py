@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 from crop.io import InputError, meta_path, read_json, sha256_file
-from crop.names import TARGET_NAMES
+from crop.names import AUTO_TARGET, TARGET_NAMES
 from crop.report.metrics import parse_run
 from crop.workflow.layout import checkpoint_path, split_run_algo
 from crop.workflow.stage_table import STAGES
@@ -154,7 +154,7 @@ def _record_schema(row) -> dict:
     s = schema()
     props = {option: node for option, (_, node) in row.options.items()}
     props.update({key: s["properties"][key] for key in _COMMON})
-    props.update({f.option: {"type": "number", **f.node} for f in row.flags})
+    props.update({f.option: f.node if "enum" in f.node else {"type": "number", **f.node} for f in row.flags})
     props.update({"command": {"const": row.command}, "sigma": {"type": "number", "exclusiveMinimum": 0},
                   "env": {"type": "string"}, "algo": {"type": "string"}, "target": {"type": "string"},
                   "progress": {"type": "boolean"}})
@@ -218,7 +218,8 @@ def _same_run(settings: dict, run: str) -> None:
         same_sigma = False
     wrong = [k for k, ok in (("env", settings.get("env") == env), ("algo", settings.get("algo") == algo),
                              ("sigma", same_sigma),
-                             ("target", settings.get("target") in (None, target))) if not ok]
+                             ("target", settings.get("target") in (None, target)
+                              or target == AUTO_TARGET and settings.get("target") in TARGET_NAMES)) if not ok]
     if wrong:
         raise ValueError(f"the recorded {', '.join(wrong)} ({', '.join(repr(settings.get(k)) for k in wrong)}) "
                          f"not the run folder's {run}: not re-run")
@@ -249,10 +250,14 @@ def _argv(rec: dict, values: dict, row, results: Path, run: str, scratch: Path) 
     argv = [row.command, f"--env={env}", f"--algo={algo}", f"--sigma={float(values['sigma'])!r}", "--device=cpu",
             f"--checkpoint={checkpoint}"]
     argv += [f"--{k}={values[k]}" for k in ("seed", "threads", "chunk") if k in values]
-    if row.v_range and target in TARGET_NAMES:
+    if row.v_range and target in (*TARGET_NAMES, AUTO_TARGET):
         argv.append(f"--target={target}")
-        if target == "q":
+        if target in ("q", AUTO_TARGET):   # auto: the target the pilot chose, read from it
             argv.append(f"--qrange={_verified(rec, row, 'qrange', results / run / 'qrange.json')}")
+    if row.command == "qrange" and target == AUTO_TARGET:   # the pilot's flags, each checked by its flag's node
+        argv.append(f"--target={AUTO_TARGET}")
+        argv += [f"--{f.option.replace('_', '-')}={values[f.option]}" for f in row.flags
+                 if f.option != "target" and f.option in values]
     settings = {k: values[k] for k in row.options if k in values}
     argv.append("--settings=" + json.dumps(settings, allow_nan=False))
     argv += [f"--{o.option.replace('_', '-')}={scratch / o.file}" for o in row.outputs]

@@ -18,12 +18,13 @@ import numpy as np
 from matplotlib import patheffects
 from matplotlib.lines import Line2D
 
-from crop.names import TARGET_NAMES
+from crop.names import AUTO_TARGET, TARGET_NAMES
 from crop.workflow.config import ALGORITHMS
-from crop.workflow.layout import ACTION_TARGET, split_run_algo
+from crop.workflow.layout import ACTION_TARGET, series_label, split_run_algo
 
 __all__ = ["ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "EXTRA_COLORS", "EXTRA_MARKERS", "LABELS",
-           "TARGET_MARKERS", "BOUND_Z", "ATTACK_Z", "ATTACK_STYLE", "register_labels", "algo_color",
+           "TARGET_MARKERS", "BOUND_Z", "ATTACK_Z", "ATTACK_STYLE", "register_labels", "register_auto_choices",
+           "algo_color",
            "algo_marker", "algo_index", "algo_label", "series_color", "series_marker", "series_key",
            "series_order", "math_font", "marker_size", "line_width", "bound_line", "attack_line", "algo_handles",
            "style_handles", "legend_columns", "top_legend", "axes_legend"]
@@ -99,13 +100,45 @@ LABELS = {
 # A smoothing target other than q (run folder ALGO@TARGET, crop/workflow/layout.py) is drawn in its algorithm's colour
 # with the target's own marker, and labelled "StdTrain (vote)"; a continuous-action agent's (action, its only
 # target) keeps its algorithm's marker and is labelled "MySAC (action)".
-TARGET_MARKERS = {"probs": "p", "vote": "d"}
+TARGET_MARKERS = {"probs": "p", "vote": "d", AUTO_TARGET: "h"}
+
+#: ``target: auto``'s choices of the environment being drawn or tabulated: ALGO@auto and its table name
+#: "ALGO (auto)" → {σ: the chosen target} (:func:`register_auto_choices`), so its label says which target each
+#: number is of.
+_AUTO_CHOICES: dict[str, dict[float, str]] = {}
 
 
-def algo_label(algo: str) -> str:
+def register_auto_choices(env: str, data: dict) -> None:
+    """Read the target each auto run of ``env`` used (LoAct's recorded ``target``) from ``data``
+    (:func:`crop.report.metrics.load_runs`) for :func:`algo_label`; the previous environment's are forgotten."""
+    _AUTO_CHOICES.clear()
+    for (e, algo, lab), d in data.items():
+        chosen = (d.get("loact_settings") or {}).get("target")
+        if e == env and split_run_algo(algo)[1] == AUTO_TARGET and chosen:
+            choices = _AUTO_CHOICES.setdefault(algo, {})
+            choices[float(lab)] = str(chosen)
+            _AUTO_CHOICES[series_label(algo)] = choices
+
+
+def algo_label(algo: str, sigma: float | None = None) -> str:
+    """An algorithm's display name: "StdTrain", "StdTrain (vote)"; an auto run's with the target it chose,
+    "StdTrain (auto: vote)" (at ``sigma``, or where one target was chosen at every σ), else per σ
+    "StdTrain (auto: q at σ 0.01; vote at σ 0.05, 0.1)"."""
     base, target = split_run_algo(algo)
     label = ALGO_LABELS.get(base, base)
-    return label if target == "q" else f"{label} ({target})"
+    if algo in _AUTO_CHOICES and target != AUTO_TARGET:   # the tables' name of an auto run, "ALGO (auto)"
+        label = label.removesuffix(f" ({AUTO_TARGET})")
+    elif target != AUTO_TARGET:
+        return label if target == "q" else f"{label} ({target})"
+    chosen = _AUTO_CHOICES.get(algo, {})
+    if sigma is not None and float(sigma) in chosen:
+        return f"{label} (auto: {chosen[float(sigma)]})"
+    if len(set(chosen.values())) == 1:
+        return f"{label} (auto: {next(iter(chosen.values()))})"
+    by_target = {t: ", ".join(f"{s:g}" for s in sorted(x for x, c in chosen.items() if c == t))
+                 for t in sorted(set(chosen.values()), key=TARGET_NAMES.index)}
+    return f"{label} (auto: {'; '.join(f'{t} at σ {s}' for t, s in by_target.items())})" if chosen \
+        else f"{label} (auto)"
 
 
 def series_color(algo: str) -> str:
@@ -124,7 +157,7 @@ def _rank(algo: str) -> int:
 
 
 #: The order of a label's targets: the discrete ones, then a continuous-action agent's (its only one).
-_TARGETS = (*TARGET_NAMES, ACTION_TARGET)
+_TARGETS = (*TARGET_NAMES, AUTO_TARGET, ACTION_TARGET)
 
 
 def series_key(algo: str) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from crop.report.clips import clip_text
 from crop.report.intervals import INTERVAL_METRICS, METHOD_EPISODES, METHOD_REPLICATES, run_interval
 from crop.report.markdown import pipe_table
 from crop.report.metrics import CONVENTIONS, metric_value
-from crop.report.style import algo_label, series_key, series_order
+from crop.report.style import algo_label, register_auto_choices, series_key, series_order
 from crop.workflow.layout import ACTION_TARGET, TABLES, series_label, split_run_algo, table_files
 
 __all__ = ["env_tables", "env_table_texts", "write_env_tables", "latex_table", "markdown_table", "TIGHTNESS_COLUMNS",
@@ -170,8 +170,9 @@ def markdown_table(df: pd.DataFrame, caption: str) -> str:
     names of the algorithms, 4 significant digits and — for an empty cell (never ``nan``)."""
     df, marks = _vacuous_marks(df)
     out = df.copy()
-    if "algo" in out:
-        out["algo"] = out["algo"].map(algo_label)
+    if "algo" in out:   # a row per σ names the target an auto run chose there
+        out["algo"] = [algo_label(a, s) for a, s in zip(out["algo"], out["sigma"])] if "sigma" in out \
+            else out["algo"].map(algo_label)
     out = out.astype(object).where(out.notna(), None)  # tabulate prints missingval for None only
     for col, mark in marks.items():
         out[col] = [v if v is None else f"{v:.4g}" + (" †" if m else "") for v, m in zip(out[col], mark)]
@@ -314,6 +315,7 @@ def env_table_texts(env: str, data: dict, table_eps_factors) -> dict[str, str]:
     (:mod:`crop.report.agreement`)."""
     spec = env_spec(env)
     texts: dict[str, str] = {}
+    register_auto_choices(env, data)
     for name, (df, caption) in env_tables(env, data, table_eps_factors).items():
         if "algo" in df:  # rows of another smoothing target: "StdTrain (vote)" (q's rows keep the plain name)
             df = df.assign(algo=df["algo"].map(series_label))

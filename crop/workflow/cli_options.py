@@ -7,7 +7,7 @@ import argparse
 import math
 
 from crop.io import InputError
-from crop.names import ALPHA_MODES, BOUND_NAMES, DEVICES, TARGET_NAMES
+from crop.names import ALPHA_MODES, AUTO_TARGET, BOUND_NAMES, DEVICES, TARGET_NAMES
 from crop.workflow.stage_table import STAGES, StageRow
 
 __all__ = ["CHOICES", "POS_INT", "HelpFormatter", "schema_type", "schema_help", "schema_node", "common_args",
@@ -204,8 +204,9 @@ def stage_args(p, row: StageRow) -> None:
     flag not given takes the --settings block's value, else the schema's default), its outputs."""
     common_args(p)
     if row.v_range:
-        p.add_argument("--target", choices=TARGET_NAMES, help=schema_help(schema_node("environment.target")))
-        p.add_argument("--qrange", help="qrange.json of the same env/algo/sigma (the q target only)")
+        p.add_argument("--target", choices=(*TARGET_NAMES, AUTO_TARGET),
+                       help=schema_help(schema_node("environment.target")))
+        p.add_argument("--qrange", help="qrange.json of the same env/algo/sigma (the targets q and auto)")
     p.add_argument("--settings", help="the stage's settings block as JSON (option: value; what the workflow "
                                       "passes, crop.workflow.stage_table.stage_settings); flags given as "
                                       "well take precedence")
@@ -216,7 +217,8 @@ def stage_args(p, row: StageRow) -> None:
     for out in row.outputs:
         p.add_argument("--" + out.option.replace("_", "-"), required=out.required, help=out.help)
     for flag in row.flags:
-        p.add_argument("--" + flag.option.replace("_", "-"), type=schema_type(flag.node), help=flag.help)
+        kind = {"choices": flag.node["enum"]} if "enum" in flag.node else {"type": schema_type(flag.node)}
+        p.add_argument("--" + flag.option.replace("_", "-"), **kind, help=flag.help)
 
 
 def report_args(agg, aud) -> None:

@@ -246,8 +246,9 @@ def _continuous_target(env: str, ec: dict, given: dict, source: str) -> None:
     where = f"{source}: environments.{env}"
     for key in ("target", "targets"):
         if key in given:
-            raise ConfigError(f"{where}.{key}: its actions are continuous (a Box), so there are no Q-values, "
-                              "probabilities or votes over a finite set of actions to smooth; leave it out "
+            what = "no targets for auto to choose among" if "auto" in str(given[key]) else \
+                "no Q-values, probabilities or votes over a finite set of actions to smooth"
+            raise ConfigError(f"{where}.{key}: its actions are continuous (a Box), so there are {what}; leave it out "
                               "(LoAct certifies the action per dimension by percentile smoothing)")
     if ec["source"] != "file":
         raise ConfigError(f"{where}.source: its actions are continuous (a Box), and crop trains and fetches "

@@ -3,7 +3,8 @@
 Per (env, algo, σ):   results/{env}/{algo}/sigma-{σ}/{qrange.json, loact.csv, gre.csv, lore.csv, …}
                       (+ frames.npz for Atari: raw RGB frames of LoAct episode 0, read by the Pong figure)
                       Another smoothing target than q: results/{env}/{algo}@{target}/sigma-{σ}/
-                      (:func:`run_dir`; no qrange.json there, :func:`run_files`).  "@" is in no method label
+                      (:func:`run_dir`; no qrange.json there but for target auto, whose qrange.json
+                      carries the pilot's choice, :func:`run_files`).  "@" is in no method label
                       (letters, digits and -_.+), so ``{algo}@{target}`` never names another algorithm's runs;
                       its tables and figures call it "{algo} ({target})" (:func:`series_label`).
 Replicate k ≥ 1:      results/{env}/{algo}/sigma-{σ}/rep-{k}/{qrange.json, loact.csv, loact_episodes.csv, …}
@@ -49,7 +50,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from crop.envs import env_spec
-from crop.names import ACTION_TARGET
+from crop.names import ACTION_TARGET, AUTO_TARGET
 from crop.workflow import stage_table
 
 #: ``{key: file name}`` of a complete run folder (the stage table's outputs, crop/workflow/stage_table.py).
@@ -96,10 +97,17 @@ def series_label(name: str) -> str:
 
 def run_stages(target: str = "q") -> list[str]:
     """The stages a run of ``target`` runs (the one place that decides): every row of the stage table, less
-    qrange for the targets bounded in [0, 1] (probs, vote), which need no V range, and less every stage
-    that needs a finite set of actions (the row's ``discrete``) for a continuous-action agent's target."""
+    qrange for the targets bounded in [0, 1] (probs, vote), which need no V range (auto keeps it: its pilot
+    chooses the target there), and less every stage that needs a finite set of actions (the row's
+    ``discrete``) for a continuous-action agent's target."""
     return [name for name, row in stage_table.STAGES.items()
-            if not (name == "qrange" and target != "q") and not (row.discrete and target == ACTION_TARGET)]
+            if not (name == "qrange" and target not in QRANGE_TARGETS)
+            and not (row.discrete and target == ACTION_TARGET)]
+
+
+#: The targets whose runs have a qrange stage: q (the V range) and auto (the pilot's choice, and the V range
+#: of a Q-network).
+QRANGE_TARGETS = ("q", AUTO_TARGET)
 
 
 def run_files(target: str = "q") -> dict:

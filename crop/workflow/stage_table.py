@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crop.io import META_SUFFIX, meta_name
+from crop.names import ALPHA_MODES, BOUND_NAMES
 
 __all__ = ["Output", "Flag", "StageRow", "STAGES", "stage", "add_stage", "RUN_FILES", "META_SUFFIX", "meta_name",
            "stage_options", "stage_settings", "caption", "layout_table",
@@ -50,7 +51,8 @@ class Output:
 
 @dataclass(frozen=True)
 class Flag:
-    """A flag of a stage's subcommand that is no config setting: the rule does not pass it, a user may."""
+    """A flag of a stage's subcommand that is no config setting: a user may give it; the rule passes it only
+    where a run needs it (qrange's pilot flags, for ``target: auto``)."""
 
     option: str             # ``checkpoint_every`` → ``--checkpoint-every``
     node: dict              # its type and bounds, as a schema node
@@ -129,6 +131,18 @@ def _cost(name: str) -> str:
 _POS_INT = {"type": "integer", "minimum": 1}
 _ENV_DEVICE = _cost("env_device")
 
+#: The qrange stage's flags of ``target: auto`` (crop/certify/pilot.py): the pilot predicts LoAct's radius at
+#: LoAct's own sizes; the rules pass them for an auto run only (a run of a fixed target has none).
+_PILOT_FLAGS = (
+    Flag("target", {"enum": ["auto"]}, "auto: after the V range, choose the run's smoothing target by a pilot "
+                                      "on this stage's states and noise (config: target auto)"),
+    Flag("loact_m", _POS_INT, "LoAct's m, the samples per state the pilot predicts radii for (--target auto)"),
+    Flag("loact_horizon", _POS_INT, "LoAct's horizon H, for its per-state alpha (--target auto)"),
+    Flag("alpha", {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}, "LoAct's alpha (--target auto)"),
+    Flag("alpha_mode", {"enum": list(ALPHA_MODES)}, "LoAct's alpha_mode (--target auto)"),
+    Flag("bound", {"enum": list(BOUND_NAMES)}, "LoAct's confidence bound (--target auto)"),
+)
+
 #: The per-run stages in the order a run folder's files are listed.
 STAGES: dict[str, StageRow] = {row.command: row for row in (
     StageRow(
@@ -141,7 +155,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         {"m": "qrange.m", "episodes": "qrange.episodes", "horizon": "qrange.horizon", "method": "qrange.method",
          "quantile": "qrange.quantile"},
         v_range=False, replicate=True, cost=_cost("qrange_seconds"), memory=1000,
-        device=_ENV_DEVICE,
+        device=_ENV_DEVICE, flags=_PILOT_FLAGS,
         discrete="the V range bounds Q-values over a finite set of actions"),
     StageRow(
         "loact", "LoAct: certified radius of every step of clean episodes (Algorithm 1, Theorem 1)",
