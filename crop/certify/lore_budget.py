@@ -46,14 +46,9 @@ def worst(search, nodes: list) -> dict[int, float]:
 
 
 def key(search, node) -> float:
-    """A node's worst case w(n) as :func:`worst` computes it (one node, the same floating-point steps): the
-    best-first order's key."""
-    J, r_min = node.J, search.search.reward_min
-    if r_min >= 0 or node.leaf:
-        return float(J)
-    for k in range(node.t, search.problem.horizon):
-        J = J + (search.problem.gamma ** k) * r_min
-    return float(np.nextafter(J, -np.inf))
+    """The best-first order's key: the node's worst case w(n), exactly as :func:`worst` computes it for the
+    closing bound."""
+    return worst(search, [node])[id(node)]
 
 
 def _record(pairs: list, eps: float, bound: float) -> None:

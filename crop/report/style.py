@@ -114,7 +114,8 @@ def register_auto_choices(env: str, data: dict) -> None:
     _AUTO_CHOICES.clear()
     for (e, algo, lab), d in data.items():
         chosen = (d.get("loact_settings") or {}).get("target")
-        if e == env and split_run_algo(algo)[1] == AUTO_TARGET and chosen:
+        # a received folder's recorded target reaches a label only as one of the names crop knows
+        if e == env and split_run_algo(algo)[1] == AUTO_TARGET and chosen in TARGET_NAMES:
             choices = _AUTO_CHOICES.setdefault(algo, {})
             choices[float(lab)] = str(chosen)
             _AUTO_CHOICES[series_label(algo)] = choices
