@@ -335,3 +335,41 @@ def test_a_field_no_schema_names_is_a_problem_of_its_run_not_a_traceback(receive
     assert [p["run"] for p in rep["integrity"]] == [str(_run(received, "GaussAug").relative_to(received))]
     assert "cannot be read as the audit reads it (TypeError: float() argument" in rep["integrity"][0]["problem"]
     assert rep["checked"] > 0 and len(rep["provenance"]) == 2
+
+
+@pytest.mark.slow
+def test_no_received_record_makes_the_audit_raise(received, tmp_path):
+    """Every record of a run and its checkpoint replaced whole, and each of its fields (and the fields of its
+    settings, inputs, output and search) set to a value of another type: the audit always ends in a verdict, the
+    record's run with an integrity problem or audited as before, never a traceback."""
+    from crop.report.audit import AuditOptions, audit
+
+    run = _run(received, "GaussAug")
+    records = sorted(run.glob("*.json")) + [layout.checkpoint_record(received, "CartPole-v0", "GaussAug")]
+    cases = []
+    for path in records:
+        rec = read_json(path)
+        cases += [(path, None, text) for text in ("[1]", '"x"', "null", "{not json")]
+        fields = [(k,) for k in rec] + [(k, k2) for k in ("settings", "inputs", "output", "search")
+                                        if isinstance(rec.get(k), dict) for k2 in rec[k]]
+        cases += [(path, f, v) for f in fields for v in ([1], "x", None)]
+    raised = []
+    for i, (path, field, value) in enumerate(cases):
+        root = tmp_path / f"r{i}"
+        shutil.copytree(received, root, ignore=shutil.ignore_patterns("audit"))
+        target = root / path.relative_to(received)
+        if field is None:
+            target.write_text(value)
+        else:
+            rec = read_json(target)
+            node = rec
+            for k in field[:-1]:
+                node = node[k]
+            node[field[-1]] = value
+            write_json(target, rec)
+        try:
+            audit(root, root / "audit", AuditOptions())
+        except Exception as exc:   # noqa: BLE001 — any exception is the failure this test looks for
+            raised.append(f"{path.name} {'.'.join(field or ('(whole)',))}={value!r}: {type(exc).__name__}: {exc}")
+        shutil.rmtree(root)
+    assert len(cases) > 200 and raised == [], raised[:5]
