@@ -8,6 +8,9 @@ bound above J_min at the smallest ε in at least half of the jobs.
 
     nice -n 5 python benchmarks/lore_budget.py ROOT [--max-nodes 500] [--m 128] [--horizon 200] [--sigma 0.01]
                                                    [--target vote] [--budget-s 1500]
+                                                   [--qrange-m 1000] [--qrange-horizon H]
+
+With ``--target q`` each network's V range comes from a ``crop qrange`` run first (3 episodes).
 
 Jobs run one after another until ``--budget-s`` seconds have passed (a job started runs to its end).
 
@@ -45,12 +48,24 @@ def run_job(checkpoint: Path, env: str, algo: str, order: str, a: argparse.Names
            "--checkpoint", str(checkpoint), "--target", a.target, "--m", str(a.m), "--horizon", str(a.horizon),
            "--max-nodes", str(a.max_nodes), "--order", order, "--report-double", "--out", str(csv),
            "--no-progress"]
+    if a.target == "q":   # Q-values are clipped to the V range: the qrange stage's, once per network
+        qrange = out / f"{env}-{algo}-qrange.json"
+        if not qrange.exists():
+            _run([sys.executable, "-m", "crop", "qrange", "--env", env, "--algo", algo, "--sigma", str(a.sigma),
+                  "--checkpoint", str(checkpoint), "--m", str(a.qrange_m), "--episodes", "3", "--horizon",
+                  str(a.qrange_horizon or a.horizon), "--out", str(qrange), "--no-progress"])
+        cmd += ["--qrange", str(qrange)]
     started = time.time()
+    done = _run(cmd)
+    meta = json.loads(Path(meta_name(str(csv))).read_text())
+    return {"meta": meta, "seconds": time.time() - started, "line": done.stdout.strip().splitlines()[-1]}
+
+
+def _run(cmd: list) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    meta = json.loads(Path(meta_name(str(csv))).read_text())
-    return {"meta": meta, "seconds": time.time() - started, "line": done.stdout.strip().splitlines()[-1]}
+    return done
 
 
 class _Walk(gym.Env):
@@ -120,6 +135,8 @@ def main() -> None:
     p.add_argument("--horizon", type=int, default=200)
     p.add_argument("--sigma", type=float, default=0.01)
     p.add_argument("--target", default="vote")
+    p.add_argument("--qrange-m", type=int, default=1000, help="the V range's samples per state (target q)")
+    p.add_argument("--qrange-horizon", type=int, help="the V range's episode length (target q; default: --horizon)")
     p.add_argument("--budget-s", type=float, default=1500.0)
     a = p.parse_args()
     if a.toy or a.root is None:
@@ -146,7 +163,7 @@ def main() -> None:
                 rows.append((env, order, s["truncated"], bound0, j_min))
                 double = pd.DataFrame(d["pairs"], columns=["eps", "lower_bound"])
                 at_k2 = lore_bound_at(double, eps_k) if eps_k is not None else math.nan
-                print(f"{env[:-14] + '/' + algo:36s} {order:11s} {str(s['truncated']):5s} {bound0:8.3g} {j_min:6.3g} "
+                print(f"{env.removesuffix('NoFrameskip-v4') + '/' + algo:36s} {order:11s} {str(s['truncated']):5s} {bound0:8.3g} {j_min:6.3g} "
                       f"{eps_k if eps_k is not None else math.nan:<9.3g} {at_k:8.3g}  "
                       f"{s['explored_nodes']:6d}/{s['known_nodes']:<7d} {at_k2:8.3g}  {r['seconds']:5.0f}s", flush=True)
     for order in ORDERS:

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from crop.io import meta_path
+from crop.io import meta_name, meta_path, read_json, write_json
 from crop.report import aggregate as agg
 from crop.report.audit import AuditOptions, audit, verdict_line
 from crop.workflow import layout
@@ -274,3 +274,102 @@ def test_runs_the_tables_do_not_cite_are_no_false_alarm(received):
     make_run(received, "CartPole-v0", "GaussAug", 0.05, sha, seed=7)
     rep = audit(received, received / "audit")
     assert rep["verdict"] == "PASS" and rep["integrity"] == []
+
+
+def _set(path: Path, dotted: str, value) -> None:
+    rec = read_json(path)
+    *parents, key = dotted.split(".")
+    node = rec
+    for k in parents:
+        node = node[k]
+    node[key] = value
+    write_json(path, rec)
+
+
+@pytest.mark.parametrize("name,dotted,value,needle", [
+    (meta_name(RUN_FILES["loact"]), None, "[1]", "(top level): [1] is not a mapping"),
+    (meta_name(RUN_FILES["loact"]), None, "{not json", "not readable as JSON (JSONDecodeError"),
+    (meta_name(RUN_FILES["loact"]), None, "null", "(top level): None is not a mapping"),
+    (meta_name(RUN_FILES["loact"]), "settings.horizon", "5", "settings.horizon: '5' is not an integer or null"),
+    (meta_name(RUN_FILES["loact"]), "inputs", 3, "inputs: 3 is not a mapping or null"),
+    (meta_name(RUN_FILES["loact"]), "inputs.checkpoint", [1], "inputs.checkpoint: [1] is not a mapping or null"),
+    (meta_name(RUN_FILES["attack_global"]), "output", None, "output: None is not a mapping"),
+    (meta_name(RUN_FILES["attack_global"]), "seed", [1], "seed: [1] is not an integer or null"),
+    (meta_name(RUN_FILES["loact"]), "v_max", "x", "v_max: 'x' is not a number or null"),
+    (meta_name(RUN_FILES["loact"]), "stage", 3, "stage: 3 is not a string or null"),
+    (RUN_FILES["qrange"], "target_choice", [1], "target_choice: [1] is not a mapping or null"),
+    (RUN_FILES["qrange"], "provenance.settings", "x", "provenance.settings: 'x' is not a mapping"),
+    ("model.json", "net_spec", "x", "net_spec: 'x' is not a mapping or null"),
+    ("model.json", "sha256", 3, "sha256: 3 is not a string or null"),
+])
+def test_a_record_the_report_cannot_read_is_one_problem_naming_file_and_field(received, tmp_path, name, dotted,
+                                                                             value, needle):
+    """Records written by someone else: the run whose record it is is not read
+    further; the folder's other runs are audited as before."""
+    path = layout.checkpoint_record(received, "CartPole-v0", "GaussAug") if name == "model.json" \
+        else _run(received, "GaussAug") / name
+    if dotted is None:
+        path.write_text(value)
+    else:
+        _set(path, dotted, value)
+    assert audit_cli(received, "--out-dir", tmp_path / "a") == 1   # FAIL, not a traceback
+    rep = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert [needle in p for p in _problems(rep, path)] == [True], rep["integrity"]
+    assert rep["verdict"] == "FAIL" and needle in (tmp_path / "a" / "audit.md").read_text()
+    assert sorted(p["run"] for p in rep["provenance"]) == [str(_run(received, "StdTrain", lab).relative_to(received))
+                                                          for lab in ("0.05", "0.1")]
+
+
+def test_a_field_no_schema_names_is_a_problem_of_its_run_not_a_traceback(received, tmp_path, monkeypatch):
+    """The audit's last guard: whatever a received value makes a check raise is a problem of that run."""
+    from crop.report import audit as audit_module
+    from crop.report.checks import run_checks
+
+    def checks(received, run, full):
+        if "GaussAug" in run:
+            raise TypeError("float() argument must be a string or a real number, not 'list'")
+        return run_checks(received, run, full)
+    monkeypatch.setattr(audit_module, "run_checks", checks)
+    assert audit_cli(received, "--out-dir", tmp_path / "a") == 1
+    rep = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert [p["run"] for p in rep["integrity"]] == [str(_run(received, "GaussAug").relative_to(received))]
+    assert "cannot be read as the audit reads it (TypeError: float() argument" in rep["integrity"][0]["problem"]
+    assert rep["checked"] > 0 and len(rep["provenance"]) == 2
+
+
+@pytest.mark.slow
+def test_no_received_record_makes_the_audit_raise(received, tmp_path):
+    """Every record of a run and its checkpoint replaced whole, and each of its fields (and the fields of its
+    settings, inputs, output and search) set to a value of another type: the audit always ends in a verdict, the
+    record's run with an integrity problem or audited as before, never a traceback."""
+    from crop.report.audit import AuditOptions, audit
+
+    run = _run(received, "GaussAug")
+    records = sorted(run.glob("*.json")) + [layout.checkpoint_record(received, "CartPole-v0", "GaussAug")]
+    cases = []
+    for path in records:
+        rec = read_json(path)
+        cases += [(path, None, text) for text in ("[1]", '"x"', "null", "{not json")]
+        fields = [(k,) for k in rec] + [(k, k2) for k in ("settings", "inputs", "output", "search")
+                                        if isinstance(rec.get(k), dict) for k2 in rec[k]]
+        cases += [(path, f, v) for f in fields for v in ([1], "x", None)]
+    raised = []
+    for i, (path, field, value) in enumerate(cases):
+        root = tmp_path / f"r{i}"
+        shutil.copytree(received, root, ignore=shutil.ignore_patterns("audit"))
+        target = root / path.relative_to(received)
+        if field is None:
+            target.write_text(value)
+        else:
+            rec = read_json(target)
+            node = rec
+            for k in field[:-1]:
+                node = node[k]
+            node[field[-1]] = value
+            write_json(target, rec)
+        try:
+            audit(root, root / "audit", AuditOptions())
+        except Exception as exc:   # noqa: BLE001 — any exception is the failure this test looks for
+            raised.append(f"{path.name} {'.'.join(field or ('(whole)',))}={value!r}: {type(exc).__name__}: {exc}")
+        shutil.rmtree(root)
+    assert len(cases) > 200 and raised == [], raised[:5]

@@ -265,3 +265,16 @@ def test_an_environment_without_units_is_priced_by_its_family():
     assert atari["env_step_s"] == max(pong["env_step_s"], freeway["env_step_s"])
     assert atari["gre_step_s"] == max(pong["gre_step_s"], freeway["gre_step_s"])
     assert rerun._stand_in_units(table, "CartPole-v0") is table
+
+
+def test_every_record_the_workflow_writes_is_one_the_report_reads(received):
+    from crop.report.records import record_problem
+
+    records = sorted(received.rglob("*.json"))
+    assert len(records) >= 6 and [p.name for p in records if record_problem(p)] == []
+
+
+def test_the_rerun_does_not_draw_a_run_whose_records_cannot_be_read(results):
+    (results / RUN / meta_name(RUN_FILES["loact"])).write_text("[1]")
+    rr = rerun_jobs(results, [RUN], 5)
+    assert rr["jobs"] == [] and {j["stage"] for j in rr["not_eligible_list"]} == {"qrange", "loact", "attack_global"}

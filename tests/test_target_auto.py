@@ -257,6 +257,29 @@ def test_the_audit_rerun_checks_the_pilot_flags_and_accepts_the_chosen_target():
             _same_run({**same, "target": wrong}, where)
 
 
+@pytest.mark.parametrize("stage_target,chosen,needle", [
+    ("vote", "vote", None),
+    ("q", "vote", "settings.target is 'q', but this auto run's pilot chose 'vote'"),
+    ("vote", "auto", "target_choice.chosen is 'auto', not one of q, probs, vote"),
+])
+def test_the_audit_names_an_auto_runs_target_and_refuses_stages_that_certified_another(tmp_path, stage_target,
+                                                                                        chosen, needle):
+    from crop.report.provenance import run_provenance
+
+    run = "CartPole-v0/StdTrain@auto/sigma-0.1"
+    d = tmp_path / run
+    d.mkdir(parents=True)
+    write_json(d / "qrange.json", {"target_choice": {"chosen": chosen}})
+    write_json(d / meta_name("loact.csv"), {"stage": "loact", "settings": {"target": stage_target}})
+    prov, problems, _ = run_provenance(tmp_path, run)
+    found = [p["problem"] for p in problems]
+    if needle is None:
+        assert prov["target"] == "auto: vote" and not found
+    else:
+        assert len(found) == 1 and needle in found[0], found
+        assert prov["target"] == ("auto: vote" if chosen == "vote" else "auto")
+
+
 def test_a_policy_network_chooses_between_probs_and_vote_without_a_v_range(tmp_path):
     base = _checkpoint(tmp_path)
     rec = read_json(tmp_path / "model.json")

@@ -169,13 +169,14 @@ def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
     pixels = dev.type in PIXELS_ON and hasattr(pool, "scale")
     # environment k of the pool: seed env_seed + b0 + k
     obs = pool.reset(int(env_seed) + b0, m, pixels=True) if pixels else pool.reset(int(env_seed) + b0, m)
-    cuts = [0, m // 2, m] if m >= 2 * HALF_MIN and getattr(pool, "in_processes", False) else [0, m]
+    cuts = [0, m // 2, m] if m >= 2 * HALF_MIN and pool.in_processes else [0, m]
     halves = [(lo, hi, TrajectoryNoise(seed, b0 + lo, hi - lo, obs.shape[1:], dev)) for lo, hi in zip(cuts, cuts[1:])]
     alive = np.ones(m, dtype=bool)
     returns = np.zeros(m, dtype=np.float64)
     discount = [1.0] * len(halves)   # γ^t of each half's step in flight
     flight = [None] * len(halves)    # (trajectories, collect) of each half's step in flight
     out_shape = (int(net.low.numel()),) if getattr(net, "continuous", False) else None
+    step_kw = {"pixels": True} if pixels else {}
 
     def act(idx, local, noise, t):
         """π(s + Δ) of the trajectories ``idx`` (``local`` in ``noise``'s) at step t: a Q-network's greedy action
@@ -212,23 +213,13 @@ def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
                 settle(k)
             idx = lo + np.nonzero(alive[lo:hi])[0]   # finished trajectories are not stepped again
             if idx.size:
-                flight[k] = (idx, _start_step(pool, idx, act(idx, idx - lo, noise, t), pixels))
+                flight[k] = (idx, pool.step_async(idx, act(idx, idx - lo, noise, t), **step_kw))
         if all(f is None for f in flight):
             break
     for k in range(len(halves)):
         if flight[k] is not None:
             settle(k)
     return returns
-
-
-def _start_step(pool, idx, actions, pixels: bool):
-    """``pool.step(idx, actions)``, collected by calling the function returned: started in the pool's worker
-    processes where it has them, taken now otherwise."""
-    kw = {"pixels": True} if pixels else {}
-    if getattr(pool, "in_processes", False):
-        return pool.step_async(idx, actions, **kw)
-    out = pool.step(idx, actions, **kw)
-    return lambda: out
 
 
 def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float, eps_grid, percentiles,

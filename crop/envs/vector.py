@@ -194,11 +194,19 @@ class CartPolePool:
         self.venv.state[:] = cartpole_initial_states(np.arange(self.num_envs) + int(seed)).T
         return self.venv.state.T[:self.num_envs if n is None else int(n)].astype(np.float32)
 
+    #: One array operation in this process: nothing to overlap with (GRe then steps a block whole).
+    in_processes = False
+
     def step(self, idx, actions):
         self._actions[:] = 0
         self._actions[idx] = actions
         obs, r, term, trunc, _ = self.venv.step(self._actions)
         return obs[idx], np.asarray(r)[idx], np.asarray(term)[idx], np.asarray(trunc)[idx]
+
+    def step_async(self, idx, actions):
+        """:meth:`step`, taken now; the function returned gives its result (the pools' common interface)."""
+        out = self.step(idx, actions)
+        return lambda: out
 
     def close(self):
         self.venv.close()

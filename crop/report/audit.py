@@ -130,8 +130,6 @@ def audit(results: Path, out_dir: Path, options: AuditOptions = AuditOptions(), 
 
 
 def _audit(results: Path, out_dir: Path, runs, o: AuditOptions) -> dict:
-    from crop.report.agreement import run_disagreements
-    from crop.report.provenance import run_provenance
     from crop.report.reference import compare_reference, load_reference, load_tolerances, reference_summary
 
     ref = load_reference(o.reference) if o.reference is not None else None
@@ -146,34 +144,22 @@ def _audit(results: Path, out_dir: Path, runs, o: AuditOptions) -> dict:
     clipped: dict = {}   # run → {stage: [low, high]}: the stages whose returns are of clipped rewards
     incomplete, partial = [], []
     for run in runs:
-        full, absent, half = stages_present(results / run)
-        gone = recorded_missing(results / run)   # written or read by the folder's own records, and gone
-        if half or not full:
-            incomplete.append(run)
-        if not full:
-            integrity.append({"run": run, "file": str(results / run),
-                              "problem": "incomplete run, not audited (no result file)"})
-            integrity += [{"run": run, **p} for p in gone]
-            continue
-        integrity += [{"run": run, **p} for p in half]
-        problems = check_integrity(results / run, only_present=True) + gone
-        integrity += [{"run": run, **p} for p in problems]
-        if problems or half:
-            continue
-        # A summary its per-step file contradicts FAILs the audit; the checks still run on the files as they are.
-        integrity += [{"run": run, **p} for p in run_disagreements(results / run)]
-        if absent:
-            partial.append({"run": run, "stages": full, "absent": absent})
-        prov, prov_problems, prov_warnings = run_provenance(results, run)
-        prov["config_hash"] = o.config_hash
-        provs.append(prov)
-        integrity += prov_problems
-        warnings += prov_warnings
-        items += run_checks(results, run, full)
-        sound_runs.append(run)
-        clips = {k: v for k, v in reward_clips(results / run).items() if v is not None}
-        if clips:
-            clipped[run] = {k: list(v) for k, v in clips.items()}
+        try:
+            r = _audit_run(results, run, o)
+        except _UNREADABLE as exc:   # a field of a type no schema names: a problem of the run, never a traceback
+            r = {"integrity": [{"run": run, "file": str(results / run),
+                                "problem": f"a record of this run cannot be read as the audit reads it "
+                                           f"({type(exc).__name__}: {str(exc)[:200]}); its run is not audited"}]}
+        integrity += r.get("integrity", [])
+        warnings += r.get("warnings", [])
+        incomplete += [run] if r.get("incomplete") else []
+        partial += [r["partial"]] if r.get("partial") else []
+        if "items" in r:
+            provs.append(r["prov"])
+            items += r["items"]
+            sound_runs.append(run)
+        if r.get("clips"):
+            clipped[run] = r["clips"]
     integrity += _folder_problems(results)
     expected = _expected_missing(results, o.config, integrity, tuple(o.trusted_envs))
     if o.config_hash is None:
@@ -219,6 +205,46 @@ def _audit(results: Path, out_dir: Path, runs, o: AuditOptions) -> dict:
     write_json(out_dir / "audit.json", report)
     atomic_write_text(out_dir / "audit.md", audit_markdown(report))
     return report
+
+
+#: What a received record's field of an unexpected type raises where the report reads it.
+_UNREADABLE = (TypeError, ValueError, KeyError, AttributeError, IndexError, ArithmeticError)
+
+
+def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
+    """One run folder's part of the audit: ``integrity`` problems, ``warnings``, ``incomplete`` (some stage
+    lacks its files), ``partial`` (stages absent), and for a run whose files are whole its ``prov``, its checks
+    (``items``) and its reward ``clips``.  A record the report cannot read
+    (:func:`crop.report.records.run_record_problems`) is a problem, and nothing else of the run is read."""
+    from crop.report.agreement import run_disagreements
+    from crop.report.provenance import run_provenance
+    from crop.report.records import run_record_problems
+
+    unreadable = run_record_problems(results / run)
+    if unreadable:
+        return {"integrity": [{"run": run, **p} for p in unreadable]}
+    full, absent, half = stages_present(results / run)
+    gone = recorded_missing(results / run)   # written or read by the folder's own records, and gone
+    out = {"incomplete": bool(half or not full)}
+    if not full:
+        out["integrity"] = [{"run": run, "file": str(results / run),
+                             "problem": "incomplete run, not audited (no result file)"}] + \
+            [{"run": run, **p} for p in gone]
+        return out
+    problems = half + check_integrity(results / run, only_present=True) + gone
+    out["integrity"] = [{"run": run, **p} for p in problems]
+    if problems:
+        return out
+    # A summary its per-step file contradicts FAILs the audit; the checks still run on the files as they are.
+    out["integrity"] += [{"run": run, **p} for p in run_disagreements(results / run)]
+    if absent:
+        out["partial"] = {"run": run, "stages": full, "absent": absent}
+    prov, prov_problems, prov_warnings = run_provenance(results, run)
+    prov["config_hash"] = o.config_hash
+    out["integrity"] += prov_problems
+    out.update(prov=prov, warnings=prov_warnings, items=run_checks(results, run, full),
+               clips={k: list(v) for k, v in reward_clips(results / run).items() if v is not None})
+    return out
 
 
 def _folder_problems(results: Path) -> list[dict]:

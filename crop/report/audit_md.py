@@ -350,7 +350,7 @@ def _md_provenance(rep: dict) -> list[str]:
     lines: list[str] = []
     if rep["provenance"]:
         lines += ["## Provenance", ""]
-        rows = [{"env": p["env"], "algo": p["algo"], "sigma": p["sigma"],
+        rows = [{"env": p["env"], "algo": p["algo"], "sigma": p["sigma"], "target": p.get("target"),
                  "checkpoint": (p["checkpoint_sha256"] or "—")[:12], "source": p["checkpoint_source"] or "—",
                  "verified": p["checkpoint"].get("file_verified"),
                  "commit": ", ".join(c[:12] for c in p["git_commits"]),

@@ -53,12 +53,16 @@ def stages_present(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
 
 
 def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
-    """Files whose content no longer matches the hash recorded when they were written, and (a replicate
+    """Records the report cannot read (:func:`crop.report.records.run_record_problems`: then nothing else is
+    checked), files whose content no longer matches the hash recorded when they were written, and (a replicate
     folder) return stages that ran with another reward clip than the run's (:func:`replicate_clip_problems`);
     with ``only_present``, the files of a partial run's stages only (absent stages are not problems)."""
+    from crop.report.records import run_record_problems
     from crop.workflow.layout import run_files, run_target
 
-    problems = []
+    problems = run_record_problems(run_dir)
+    if problems:   # what follows reads those records
+        return problems
     for key, name in run_files(run_target(run_dir)).items():  # a probs/vote run has no qrange.json
         f = run_dir / name
         if not f.is_file():
@@ -77,7 +81,7 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
         if not m.is_file():
             problems.append({"file": str(f), "problem": "no provenance file"})
             continue
-        rec = read_json(m).get("output", {})
+        rec = read_json(m).get("output") or {}
         if rec.get("sha256") != sha256_file(f):
             # Snakemake will not recompute a file that exists and is newer than its inputs: say how.
             rule = _RULE[key]

@@ -47,16 +47,19 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
     if isinstance(q.get("provenance"), dict):
         stages["qrange"] = {**q["provenance"], "_file": RUN_FILES["qrange"],
                             "_checkpoint": q.get("checkpoint_sha256")}
+    metas = {}
     for name, fname in RUN_FILES.items():
         if fname.endswith(".json"):
             continue
         m = meta_path(d / fname)
         if not m.is_file():
             continue
-        meta = read_json(m)
+        meta = metas[fname] = read_json(m)
         stage = meta.get("stage") or name
         ck = ((meta.get("inputs") or {}).get("checkpoint") or {}).get("sha256")
         stages.setdefault(stage, {**meta, "_file": fname, "_checkpoint": ck})
+    target, target_problems = _run_target(run, d, split_run_algo(algo)[1], q, metas)
+    problems += target_problems
 
     ckpt = checkpoint_path(results, env, split_run_algo(algo)[0])  # StdTrain@vote reads StdTrain's
     rec_file = ckpt.with_suffix(".json")
@@ -99,7 +102,7 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
         if isinstance(record.get("clean_greedy_return"), dict):
             ck_info["clean_greedy_return"] = record["clean_greedy_return"].get("mean")
     latest = max((str(v.get("finished_utc")) for v in stages.values() if v.get("finished_utc")), default=None)
-    prov = {"run": run, "env": env, "algo": algo, "sigma": float(lab), "checkpoint": ck_info,
+    prov = {"run": run, "env": env, "algo": algo, "sigma": float(lab), "target": target, "checkpoint": ck_info,
             "checkpoint_sha256": reference_sha, "checkpoint_source": ck_info.get("source"),
             "git_commits": commits, "git_commit": commits[0] if len(commits) == 1 else (commits or [None])[-1],
             "versions": next((v.get("versions") for v in stages.values() if v.get("versions")), None),
@@ -110,3 +113,30 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
             "runtime_total_s": round(sum(float(t) for t in runtimes.values() if t is not None), 3),
             "finished_utc": latest}
     return prov, problems, warnings
+
+
+def _run_target(run: str, d: Path, target: str, q: dict, metas: dict) -> tuple[str, list[dict]]:
+    """(the run's smoothing target as the audit shows it, problems): the folder's target, or for a
+    ``target: auto`` run "auto: T" with T the target its pilot chose (qrange.json's ``target_choice``), which
+    every stage that records a target must have certified — a received folder whose LoAct says ``vote``
+    beside a pilot that chose ``q`` does not belong together."""
+    from crop.names import AUTO_TARGET, TARGET_NAMES
+    from crop.io import meta_name
+    from crop.workflow.layout import RUN_FILES
+
+    if target != AUTO_TARGET:
+        return target, []
+    choice = q.get("target_choice") if q else None
+    chosen = choice.get("chosen") if isinstance(choice, dict) else None
+    if q and chosen not in TARGET_NAMES:
+        return AUTO_TARGET, [{"run": run, "file": str(d / RUN_FILES["qrange"]),
+                              "problem": f"target_choice.chosen is {chosen!r}, not one of {', '.join(TARGET_NAMES)}: "
+                                         "the target this auto run certified is not recorded"}]
+    problems = []
+    for fname, meta in sorted(metas.items()):
+        used = (meta.get("settings") or {}).get("target") if isinstance(meta.get("settings"), dict) else None
+        if used is not None and chosen is not None and used != chosen:
+            problems.append({"run": run, "file": str(d / meta_name(fname)),
+                             "problem": f"settings.target is {used!r}, but this auto run's pilot chose {chosen!r} "
+                                        f"({RUN_FILES['qrange']})"})
+    return (f"{AUTO_TARGET}: {chosen}" if chosen else AUTO_TARGET), problems

@@ -57,6 +57,7 @@ import pandas as pd
 from crop.io import InputError, meta_path, read_json, sha256_file
 from crop.names import AUTO_TARGET, TARGET_NAMES
 from crop.report.metrics import parse_run
+from crop.report.records import error_line
 from crop.workflow.layout import checkpoint_path, split_run_algo
 from crop.workflow.stage_table import STAGES
 
@@ -86,8 +87,6 @@ _CHILD = ("import json, sys\nfrom crop.envs import untrusted_env_ids\nfrom crop.
 # computes: GRe's workers, LoRe's save interval; progress bars), checked for their type only.
 _COMMON = ("seed", "device", "threads", "chunk")
 _PATHS = {"type": ["string", "null"]}
-_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "array": "a list",
-               "boolean": "true or false", "null": "null", "object": "a mapping"}
 
 
 #: How a process that ran out of its memory cap says so (Python, C++, glibc, OpenBLAS).
@@ -117,9 +116,17 @@ def _record_name(row) -> str:
 
 
 def _jobs(results: Path, runs) -> tuple[list[tuple[str, object, dict]], list[dict]]:
-    """(the stage jobs that recorded their settings, the stages present without them: not eligible)."""
+    """(the stage jobs that recorded their settings, the stages present without them or in a run whose records
+    the report cannot read (:func:`crop.report.records.run_record_problems`, the audit's integrity problem):
+    not eligible)."""
+    from crop.report.records import run_record_problems
+
     jobs, not_eligible = [], []
     for run in runs:
+        if run_record_problems(results / run):
+            not_eligible += [{"run": run, "stage": row.rule} for row in STAGES.values()
+                             if (results / run / row.outputs[0].file).is_file()]
+            continue
         for row in STAGES.values():
             if not (results / run / row.outputs[0].file).is_file():
                 continue
@@ -164,18 +171,6 @@ def _record_schema(row) -> dict:
             "required": ["command", "env", "algo", "sigma"]}
 
 
-def _error_line(err) -> str:
-    """One line for a schema error of a record: its path and what is wrong, in the config's words."""
-    from crop.workflow.schema import _as_list, _message, _path
-
-    if err.validator == "type":
-        want = " or ".join(_TYPE_WORDS.get(t, t) for t in _as_list(err.validator_value))
-        return f"{_path(err.absolute_path)}: {err.instance!r} is not {want}"
-    if err.validator == "const":
-        return f"{_path(err.absolute_path)}: {err.instance!r} is not {err.validator_value!r}"
-    return _message(err)
-
-
 def _checked_settings(rec: dict, row) -> dict:
     """The recorded settings that are not null, each checked against its schema node before any command is
     built; :class:`_NotRun` naming the first bad key (``loact.meta.json settings.frames_window[2]: …``).  A null
@@ -203,7 +198,7 @@ def _checked_settings(rec: dict, row) -> dict:
         err = errors[0]
         while err.context:
             err = sorted(err.context, key=lambda e: len(e.absolute_path))[-1]
-        raise _NotRun(f"{where}: {err.message}" if err.validator == "required" else f"{where}.{_error_line(err)}")
+        raise _NotRun(f"{where}: {err.message}" if err.validator == "required" else f"{where}.{error_line(err)}")
     return values
 
 

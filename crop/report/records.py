@@ -1,0 +1,130 @@
+"""A received folder's records, checked before the report reads them: every stage's ``.meta.json``, a run's
+``qrange.json`` and its checkpoint's ``model.json`` must be JSON objects whose fields the report reads have the
+JSON type it reads them as.  A record that is not one is an integrity problem naming the file and its first
+bad field (``loact.meta.json: settings.horizon: 'x' is not an integer``), and nothing of its run is read
+further: a folder written by someone else cannot turn the audit into a traceback.
+
+Fields the schemas do not name may hold anything (the report does not read them); a named field may be absent.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from crop.io import META_SUFFIX
+
+__all__ = ["record_problem", "run_record_problems", "error_line", "SCHEMAS"]
+
+
+def _of(*types: str, **more) -> dict:
+    return {"type": list(types) if len(types) > 1 else types[0], **more}
+
+
+_NUM, _INT, _STR, _BOOL, _OBJ = _of("number", "null"), _of("integer", "null"), _of("string", "null"), \
+    _of("boolean", "null"), _of("object", "null")
+_NUMBERS = _of("array", "null", items=_of("number"))
+_PAIR = _of("array", "null", items=_of("number"), minItems=2, maxItems=2)
+
+#: The settings a stage records (its command line's values) that the report reads, by their JSON type (the
+#: re-run checks every setting against its config node itself, :mod:`crop.report.rerun`).
+SETTINGS = _of("object", properties={
+    "env": _STR, "algo": _STR, "target": _STR, "sigma": _NUM, "alpha": _NUM, "gamma": _NUM, "m": _INT,
+    "horizon": _INT, "reward_range": _PAIR, "return_range": _PAIR})
+
+#: What every stage records of how it ran (crop.io's provenance), in a meta file or qrange.json's block.
+_PROVENANCE = {
+    "stage": _STR, "seed": _INT, "device": _STR, "git_commit": _STR, "finished_utc": _STR, "runtime_s": _NUM,
+    "platform": _STR, "argv": _of("array", "null", items=_of("string")),
+    "versions": _of("object", "null", additionalProperties=_STR), "settings": SETTINGS,
+    "inputs": _of("object", "null", additionalProperties=_of("object", "null", properties={"path": _STR,
+                                                                                          "sha256": _STR})),
+}
+
+#: ``target: auto``'s record of the pilot's choice (crop.certify.pilot).
+_CHOICE = _of("object", "null", properties={"chosen": _STR, "pilot_seed": _INT,
+                                            "candidates": _of("array", "null", items=_of("string")),
+                                            "predicted": _OBJ})
+
+_META = _of("object", properties={
+    **_PROVENANCE,
+    "output": _of("object", properties={"file": _STR, "sha256": _STR, "rows": _INT, "bytes": _INT}),
+    "target": _STR, "target_choice": _CHOICE, "reward_clip": _PAIR, "reward_modification": _STR,
+    "alpha_mode": _STR, "confidence": _OBJ,
+    **dict.fromkeys(("v_min", "v_max", "per_state_alpha", "per_bound_alpha", "exact_below_eps", "j_min", "j_max",
+                     "percentile"), _NUM),
+    "nodes": _INT, "truncated": _BOOL, "eps_factors": _NUMBERS,
+    "search": _of("object", "null", properties={
+        **dict.fromkeys(("alpha_spent", "exact_below_eps", "per_state_alpha", "per_state_alpha_first",
+                         "per_state_alpha_last", "eps_max", "valid_until_eps", "runtime_s"), _NUM),
+        **dict.fromkeys(("nodes", "max_nodes", "leaves", "transitions", "explored_nodes", "known_nodes",
+                         "distinct_states_smoothed"), _INT),
+        "truncated": _BOOL, "pruning": _BOOL, "reward_modification": _STR, "double_budget": _OBJ}),
+})
+
+_QRANGE = _of("object", properties={
+    "env": _STR, "algo": _STR, "sigma": _NUM, "v_min": _NUM, "v_max": _NUM, "checkpoint_sha256": _STR,
+    "states": _INT, "samples_per_state": _INT, "episodes": _INT, "method": _STR, "quantile": _NUM,
+    "returns": _NUMBERS, "target_choice": _CHOICE, "provenance": _of("object", "null", properties=_PROVENANCE)})
+
+_MODEL = _of("object", properties={
+    **dict.fromkeys(("env", "algo", "sha256", "source", "recipe", "profile", "url", "network"), _STR),
+    "net_spec": _OBJ, "hyperparameters": _OBJ, "training": _OBJ, "imported_from": _OBJ,
+    "provenance": _of("object", "null", properties=_PROVENANCE),
+    "clean_greedy_return": _of("object", "null", properties={"mean": _NUM, "min": _NUM, "std": _NUM,
+                                                             "episodes": _INT})})
+
+#: The schema of a record by its file name (every ``*.meta.json`` has the meta schema).
+SCHEMAS = {"qrange.json": _QRANGE, "model.json": _MODEL}
+
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "array": "a list",
+               "boolean": "true or false", "null": "null", "object": "a mapping"}
+
+
+def error_line(err) -> str:
+    """One line for a schema error of a record: its path and what is wrong, in the config's words."""
+    from crop.workflow.schema import _as_list, _message, _path
+
+    if err.validator == "type":
+        want = " or ".join(_TYPE_WORDS.get(t, t) for t in _as_list(err.validator_value))
+        return f"{_path(err.absolute_path)}: {err.instance!r} is not {want}"
+    if err.validator == "const":
+        return f"{_path(err.absolute_path)}: {err.instance!r} is not {err.validator_value!r}"
+    return _message(err)
+
+
+def record_problem(path: Path) -> str | None:
+    """What keeps the report from reading the record at ``path``, in one line, or None: not JSON, or its
+    first field (the shallowest, then in order) whose value is not of the type the report reads."""
+    import jsonschema
+
+    from crop.workflow.schema import _is_integer
+
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            rec = json.load(f)
+    except (ValueError, OSError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return f"not readable as JSON ({type(exc).__name__}: {exc})"
+    schema = _META if path.name.endswith(META_SUFFIX) else SCHEMAS.get(path.name, _of("object"))
+    cls = jsonschema.validators.validator_for(schema)
+    cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", _is_integer))
+    errors = sorted(cls(schema).iter_errors(rec), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    return error_line(errors[0]) if errors else None
+
+
+def run_record_problems(run_dir: Path) -> list[dict]:
+    """The records of a run (or replicate) folder the report cannot read — its ``*.json`` files and its
+    checkpoint's ``model.json`` — one problem each (``{"file", "problem"}``)."""
+    from crop.workflow.layout import base_run, split_run_algo
+
+    run_dir = Path(run_dir)
+    base = Path(base_run(run_dir))   # ENV/ALGO[@TARGET]/sigma-S; the checkpoint is ENV/ALGO/checkpoint/
+    model = base.parent.parent / split_run_algo(base.parent.name)[0] / "checkpoint" / "model.json"
+    files = sorted(run_dir.glob("*.json"))
+    problems = []
+    for f in files + ([model] if model.is_file() else []):
+        found = record_problem(f)
+        if found:
+            problems.append({"file": str(f), "problem": f"{found}; the report cannot read this record, so "
+                                                        "nothing of its run is read (rerun the stage that wrote it)"})
+    return problems
