@@ -163,7 +163,8 @@ def main() -> None:
                 rows.append((env, order, s["truncated"], bound0, j_min))
                 double = pd.DataFrame(d["pairs"], columns=["eps", "lower_bound"])
                 at_k2 = lore_bound_at(double, eps_k) if eps_k is not None else math.nan
-                print(f"{env.removesuffix('NoFrameskip-v4') + '/' + algo:36s} {order:11s} {str(s['truncated']):5s} {bound0:8.3g} {j_min:6.3g} "
+                job = f"{env.removesuffix('NoFrameskip-v4')}/{algo}"
+                print(f"{job:36s} {order:11s} {str(s['truncated']):5s} {bound0:8.3g} {j_min:6.3g} "
                       f"{eps_k if eps_k is not None else math.nan:<9.3g} {at_k:8.3g}  "
                       f"{s['explored_nodes']:6d}/{s['known_nodes']:<7d} {at_k2:8.3g}  {r['seconds']:5.0f}s", flush=True)
     for order in ORDERS:

@@ -120,21 +120,20 @@ def _run_target(run: str, d: Path, target: str, q: dict, metas: dict) -> tuple[s
     ``target: auto`` run "auto: T" with T the target its pilot chose (qrange.json's ``target_choice``), which
     every stage that records a target must have certified — a received folder whose LoAct says ``vote``
     beside a pilot that chose ``q`` does not belong together."""
-    from crop.names import AUTO_TARGET, TARGET_NAMES
     from crop.io import meta_name
+    from crop.names import AUTO_TARGET, TARGET_NAMES
     from crop.workflow.layout import RUN_FILES
 
     if target != AUTO_TARGET:
         return target, []
-    choice = q.get("target_choice") if q else None
-    chosen = choice.get("chosen") if isinstance(choice, dict) else None
+    chosen = (q.get("target_choice") or {}).get("chosen")   # records checked: crop.report.records
     if q and chosen not in TARGET_NAMES:
         return AUTO_TARGET, [{"run": run, "file": str(d / RUN_FILES["qrange"]),
                               "problem": f"target_choice.chosen is {chosen!r}, not one of {', '.join(TARGET_NAMES)}: "
                                          "the target this auto run certified is not recorded"}]
     problems = []
     for fname, meta in sorted(metas.items()):
-        used = (meta.get("settings") or {}).get("target") if isinstance(meta.get("settings"), dict) else None
+        used = (meta.get("settings") or {}).get("target")
         if used is not None and chosen is not None and used != chosen:
             problems.append({"run": run, "file": str(d / meta_name(fname)),
                              "problem": f"settings.target is {used!r}, but this auto run's pilot chose {chosen!r} "

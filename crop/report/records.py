@@ -80,15 +80,21 @@ _TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a strin
                "boolean": "true or false", "null": "null", "object": "a mapping"}
 
 
+def _shown(value) -> str:
+    """A received value as a line shows it: its repr, cut at 200 characters (a record may hold a long list)."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
 def error_line(err) -> str:
     """One line for a schema error of a record: its path and what is wrong, in the config's words."""
     from crop.workflow.schema import _as_list, _message, _path
 
     if err.validator == "type":
         want = " or ".join(_TYPE_WORDS.get(t, t) for t in _as_list(err.validator_value))
-        return f"{_path(err.absolute_path)}: {err.instance!r} is not {want}"
+        return f"{_path(err.absolute_path)}: {_shown(err.instance)} is not {want}"
     if err.validator == "const":
-        return f"{_path(err.absolute_path)}: {err.instance!r} is not {err.validator_value!r}"
+        return f"{_path(err.absolute_path)}: {_shown(err.instance)} is not {err.validator_value!r}"
     return _message(err)
 
 
