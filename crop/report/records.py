@@ -8,6 +8,7 @@ Fields the schemas do not name may hold anything (the report does not read them)
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -98,23 +99,31 @@ def error_line(err) -> str:
     return _message(err)
 
 
-def record_problem(path: Path) -> str | None:
-    """What keeps the report from reading the record at ``path``, in one line, or None: not JSON, or its
-    first field (the shallowest, then in order) whose value is not of the type the report reads."""
+@functools.cache
+def _validator(kind: str):
+    """The validator of a kind of record (:data:`SCHEMAS`'s name, or the meta files' suffix), made once."""
     import jsonschema
 
     from crop.workflow.schema import _is_integer
 
+    schema = _META if kind == META_SUFFIX else SCHEMAS.get(kind, _of("object"))
+    cls = jsonschema.validators.validator_for(schema)
+    cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", _is_integer))
+    return cls(schema)
+
+
+def record_problem(path: Path) -> str | None:
+    """What keeps the report from reading the record at ``path``, in one line, or None: not JSON, or its
+    first field (the shallowest, then in order) whose value is not of the type the report reads."""
     path = Path(path)
     try:
         with open(path, encoding="utf-8") as f:
             rec = json.load(f)
     except (ValueError, OSError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return f"not readable as JSON ({type(exc).__name__}: {exc})"
-    schema = _META if path.name.endswith(META_SUFFIX) else SCHEMAS.get(path.name, _of("object"))
-    cls = jsonschema.validators.validator_for(schema)
-    cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", _is_integer))
-    errors = sorted(cls(schema).iter_errors(rec), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    kind = META_SUFFIX if path.name.endswith(META_SUFFIX) else path.name
+    errors = sorted(_validator(kind).iter_errors(rec),
+                    key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     return error_line(errors[0]) if errors else None
 
 
