@@ -64,3 +64,52 @@ def test_a_failed_checkpoint_job_leaves_the_other_runs_tables_figures_and_a_warn
     assert len(missing) == 3, missing   # nothing of the CartPole run is missing
     assert "highway-fast-v0/StdTrain/checkpoint.log" in (res / "audit" / "audit.md").read_text()
     assert not (res / "highway-fast-v0" / "StdTrain" / "sigma-0.1").exists()
+
+
+def _quickstart(plan: dict) -> dict:
+    """The quick start's config for the CartPole runs of ``plan`` = {algo: [σ, …]}, validated."""
+    cfg = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
+    env = cfg["environments"]["CartPole-v0"]
+    env["algorithms"], env["sigmas"] = list(plan), sorted({s for ss in plan.values() for s in ss})
+    return validate_config(cfg, "config")
+
+
+def test_expected_missing_names_the_failed_job_and_its_log_or_the_one_a_run_waited_on(tmp_path):
+    """A folder whose GaussAug checkpoint job failed (its log is there, its model is not): the checkpoint folder
+    names its job and log, GaussAug's run folder names the job it waited on; without the log, neither says why."""
+    from crop.report.completeness import config_missing
+
+    from synthetic_results import make_results
+
+    make_results(tmp_path, {"CartPole-v0": {"StdTrain": [0.1]}})
+    cfg = _quickstart({"StdTrain": [0.1], "GaussAug": [0.1]})
+    ck, run = tmp_path / "CartPole-v0" / "GaussAug" / "checkpoint", tmp_path / "CartPole-v0" / "GaussAug" / "sigma-0.1"
+    quiet = {m["file"]: m["problem"] for m in config_missing(tmp_path, cfg)}
+    assert "failed" not in quiet[str(ck)] and "failed" not in quiet[str(run)]
+    log = tmp_path / "logs" / "CartPole-v0" / "GaussAug" / "checkpoint.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("crop checkpoint: error: …\n")
+    said = {m["file"]: m["problem"] for m in config_missing(tmp_path, cfg)}
+    assert said[str(ck)].endswith(f"; its job checkpoint CartPole-v0/GaussAug failed: log {log}")
+    assert said[str(run)].endswith(f"; not run: job checkpoint CartPole-v0/GaussAug failed (log {log})")
+    assert not any(str(tmp_path / "CartPole-v0" / "StdTrain") in f for f in said)   # the finished run: nothing
+
+
+class _Job:
+    def __init__(self, rule):
+        self.rule = type("Rule", (), {"name": rule})()
+
+
+@pytest.mark.parametrize("failed, rules, wanted", [
+    ({"a job"}, ["checkpoint", "aggregate", "audit"], True),     # a job failed in a run of the default target
+    (set(), ["checkpoint", "aggregate", "audit"], False),        # an interrupt: nothing failed
+    ({"a job"}, ["checkpoint", "loact"], False),                 # a run asked for some run files only
+])
+def test_the_report_of_what_finished_follows_a_failed_job_of_a_run_that_wanted_tables(failed, rules, wanted):
+    from types import SimpleNamespace
+
+    from crop.workflow.partial import wants_report
+
+    workflow = SimpleNamespace(scheduler=SimpleNamespace(failed=failed),
+                               dag=SimpleNamespace(jobs=[_Job(r) for r in rules]))
+    assert wants_report(workflow) is wanted
