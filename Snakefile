@@ -76,3 +76,23 @@ onsuccess:
     from crop.report.summary import print_summary
 
     print_summary(R, workflow.overwrite_configfiles)
+
+
+# When a job failed (with keep-going, both profiles' setting: once every job that could run has run): the
+# figures, tables and audit of every run that finished, what failed listed as missing with its job's log
+# (crop/workflow/partial.py; docs/hpc.md).  Not after an interrupt (Ctrl-C, SIGTERM), nor for a run asked
+# for some run files only.
+onerror:
+    from crop.report.summary import print_summary
+    from crop.workflow.partial import report_finished, wants_report
+
+    words = ["--table-eps-factors", *floats(CFG["report"]["table_eps_factors"]).split()]
+    if wants_report(workflow) and report_finished(
+        R,
+        CFG,
+        VALID,
+        aggregate_words=words,
+        audit_words=shlex.split(audit_options()),
+        say=logger.warning,
+    ):
+        print_summary(R, workflow.overwrite_configfiles)

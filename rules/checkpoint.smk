@@ -11,7 +11,7 @@ rule checkpoint:
         model=CHECKPOINT,
         record=CHECKPOINT_RECORD,
     log:
-        f"{R}/logs/{{env}}/{{algo}}/checkpoint.log",
+        str(layout.job_log(R, "checkpoint", "{env}", "{algo}")),
     priority: gpu_first(checkpoint_gpus)
     conda:
         "../envs/crop.yaml"

@@ -13,15 +13,13 @@ from crop.workflow.config import (
     ConfigError,
     certifications,
     check_policy_files,
-    run_targets,
-    sigma_label,
-    smoothing_targets,
     train_settings,
     trusted_env_ids,
     validate_config,
 )
 from crop.agents.registry import checkpoint_source
 from crop.report.provenance import config_hash
+from crop.workflow.partial import config_plan, config_run_files
 from crop.workflow.stage_table import STAGES, meta_name, stage, stage_settings
 
 # Every policy file is opened and checked here too (crop validate-config's checks), before any job; a policy
@@ -95,7 +93,8 @@ def stage_outputs(name, replicate=False):
 
 
 def stage_log(name, replicate=False, kind="logs", ext="log"):
-    return f"{run_pattern(f'{R}/{kind}', replicate)}/{stage(name).rule}.{ext}"
+    rep = "{rep}" if replicate else 0
+    return str(layout.job_log(R, stage(name).rule, "{env}", "{algo}", "{sigma}", rep, kind, ext))
 
 
 def stage_benchmark(name, replicate=False):
@@ -214,26 +213,11 @@ def base_checkpoint(w):
     }
 
 
-def replicate_files():
-    """The files of replicates 1 … N-1 of every run (none with the default `replicates: 1`); no V range for
-    the targets bounded in [0, 1]."""
-    return [
-        str(layout.run_dir(R, env, algo, sig, t, replicate=k) / layout.RUN_FILES[name])
-        for env, algo, sig, t in run_targets(CFG)
-        for k in range(1, CFG["replicates"])
-        for name in layout.REPLICATE_FILES
-        if name in layout.run_files(t)
-    ]
-
-
 def all_run_files():
-    """Every result file of every run of the config (frames.npz among them: the Pong periodic figure's)."""
-    runs = [
-        str(layout.run_dir(R, env, algo, sig, t) / name)
-        for env, algo, sig, t in run_targets(CFG)
-        for name in layout.run_files(t).values()
-    ]
-    return [*runs, *replicate_files()]
+    """Every result file of every run of the config (frames.npz among them: the Pong periodic figure's), then
+    those of replicates 1 … N-1 (none with the default `replicates: 1`)."""
+    runs = config_run_files(CFG, R).values()
+    return [f for main, _ in runs for f in main] + [f for _, reps in runs for f in reps]
 
 
 def checkpoint_records():
@@ -303,21 +287,10 @@ FIGURES = f"{R}/figures"
 TABLES = f"{R}/tables"
 
 
-def plan():
-    """{env: (algorithms, σ labels)} of the config: what the aggregate rule draws and tabulates."""
-    return {
-        env: (
-            [layout.run_algo(a, t) for a in ec["algorithms"] for t in smoothing_targets(ec)],
-            [sigma_label(s) for s in ec["sigmas"]],
-        )
-        for env, ec in CFG["environments"].items()
-    }
-
-
 def figure_outputs(fmt, family=None):
     """Figure files the aggregate rule writes in format ``fmt`` (of one family of crop.workflow.layout, or all)."""
     out = []
-    for env, (algos, labels) in plan().items():
+    for env, (algos, labels) in config_plan(CFG).items():
         for fam, stems in layout.figure_families(env, labels, algos).items():
             if family in (None, fam):
                 out += [f"{FIGURES}/{stem}.{fmt}" for stem in stems]

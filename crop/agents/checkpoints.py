@@ -11,12 +11,18 @@ and safe extraction from archives.  Downloaded files are untrusted until their h
   and must still match the pinned hash.  The mirror is an http(s)/ftp URL, a ``file://`` URL or a plain
   folder: a local file is copied by pooch's own machinery (a custom downloader), so the same sha256 rules
   apply to it as to a download.
+* Concurrency: however many processes ask for one archive at once, on however many nodes sharing the cache,
+  it is downloaded once: under its lock in the cache (``CACHE/NAME.lock``, :mod:`crop.agents.cache_lock`),
+  into a staging folder of its own, and moved into place whole; the lock file's pins are read, added to and
+  written under that file's own lock.  ``crop fetch --configfile`` fills the cache ahead of a run (compute
+  nodes without internet).
 * Archives: every member name is checked (no absolute paths, no ``..``, no links leaving the archive, no
   device files — ``tarfile.data_filter`` semantics), and only the wanted regular member is streamed to
   our own path, with a byte limit that also stops decompression bombs.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,10 +34,11 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
+from crop.agents.cache_lock import held, say
 from crop.io import atomic_write_text, sha256_file, temp_file
 
-__all__ = ["ArchiveError", "FetchError", "fetch_published", "fetch_checkpoint", "extract_member", "mirror_url",
-           "DEFAULT_LOCK", "MAX_MEMBER_BYTES", "cache_dir", "local_path", "clean_greedy_return"]
+__all__ = ["ArchiveError", "FetchError", "cached_archive", "fetch_published", "fetch_checkpoint", "extract_member",
+           "mirror_url", "DEFAULT_LOCK", "MAX_MEMBER_BYTES", "cache_dir", "local_path", "clean_greedy_return"]
 
 DEFAULT_LOCK = "checkpoints.lock.json"
 MAX_MEMBER_BYTES = 1 << 30          # 1 GiB for one checkpoint file
@@ -130,15 +137,17 @@ def _reason(exc: Exception, url: str) -> str:
     return f"{type(exc).__name__}: {first[:200]}"
 
 
-def _download(url: str, known_sha256: str | None, fname: str, cache: Path, progress: bool | None,
+def _download(url: str, known_sha256: str | None, fname: str, folder: Path, progress: bool | None,
               mirrored: bool = False) -> Path:
+    """``folder/fname`` through pooch: downloaded (or copied from a local mirror) unless a whole one is there
+    already, checked against ``known_sha256`` when given (a mismatch keeps no file)."""
     import pooch
 
     local = local_path(url)
-    cache.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     try:
         path = pooch.retrieve(url, known_hash=f"sha256:{known_sha256}" if known_sha256 else None, fname=fname,
-                              path=cache, progressbar=bool(progress) and local is None,
+                              path=folder, progressbar=bool(progress) and local is None,
                               downloader=_CopyFrom(local) if local is not None else None)
     except FetchError:
         raise
@@ -150,54 +159,104 @@ def _download(url: str, known_sha256: str | None, fname: str, cache: Path, progr
     return Path(path)
 
 
+def _pin(lock_path: Path, original: str, digest: str, url: str) -> None:
+    """Pin the first download of an unpinned source in the lock file: read, add, write under the lock file's own
+    lock, so that concurrent first downloads of other sources keep their pins.  A pin another process wrote
+    meanwhile (another cache) must be this one."""
+    with held(lock_path.with_name(lock_path.name + ".lock"), f"pinning {original} in {lock_path.name}"):
+        data = _read_lock(lock_path)
+        pinned = (data.get(original) or {}).get("sha256")
+        if pinned not in (None, digest):
+            raise FetchError(f"{url}: sha256 {digest} differs from the {pinned} pinned meanwhile in {lock_path}; "
+                             "refusing it")
+        if pinned is None:
+            data[original] = {"sha256": digest, "fetched_from": url,
+                              "pinned_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            atomic_write_text(lock_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _clear_partial(staging: Path, name: str) -> None:
+    """Remove what a fetch that ended without finishing left in the archive's staging folder: pooch's
+    half-written temporary files.  A whole download there (``name``: pooch moves it in only once complete) is
+    kept, and checked like any other."""
+    for f in sorted(staging.iterdir()) if staging.is_dir() else []:
+        if f.name != name and f.is_file():
+            say(f"{f}: a half-written download of {name} ({f.stat().st_size} bytes) left by a fetch that ended "
+                "without finishing; removed")
+            f.unlink(missing_ok=True)
+
+
+def cached_archive(entry: dict, *, mirror: str | None = None, cache=None,
+                   lock: str | os.PathLike | None = DEFAULT_LOCK, progress: bool | None = None) -> dict:
+    """The verified file of a published source in the cache, downloaded once however many processes ask for it
+    at once: ``{"path", "url", "fetched_from", "download_sha256", "pinned_by_lock"}``.
+
+    Under the archive's lock (``CACHE/NAME.lock``, :mod:`crop.agents.cache_lock`), the file ``CACHE/{sha256[:16]}-NAME``
+    is used when its sha256 is the pinned one; else it is downloaded into ``CACHE/NAME.partial/``, checked,
+    pinned in the lock file where the publisher gives no checksum, and moved into place in one rename.  A cache
+    file of another sha256 (half-written, changed) is fetched again, with one line saying so."""
+    url = mirror_url(entry, mirror)
+    original = entry["url"]
+    lock_path = Path(lock) if lock else None
+    if entry.get("sha256") is None and lock_path is None:
+        raise FetchError(f"{original}: the publisher gives no checksum and no lock file is configured")
+    name = PurePosixPath(urlparse(original).path).name or "download"
+    cache = cache_dir(cache)
+    with held(cache / f"{name}.lock", f"fetching {name}"):
+        known, pinned_by_lock = entry.get("sha256"), False
+        if known is None:  # read under the lock: a process that held it before may have pinned it
+            rec = _read_lock(lock_path).get(original)
+            known, pinned_by_lock = (rec["sha256"], True) if rec is not None else (None, False)
+        final = cache / f"{known[:16]}-{name}" if known else None
+        if final is not None and final.is_file():
+            digest = sha256_file(final)
+            if digest == known:
+                return {"path": final, "url": original, "fetched_from": url, "download_sha256": digest,
+                        "pinned_by_lock": pinned_by_lock}
+            say(f"{final}: a cache file whose sha256 {digest} is not the pinned {known} (half-written or changed); "
+                "fetching it again")
+            final.unlink()
+        staging = cache / f"{name}.partial"
+        _clear_partial(staging, name)
+        try:
+            path = _download(url, known, name, staging, progress, mirrored=url != original)
+            digest = sha256_file(path)
+            if known is None:  # first download of an unpinned source: pin it so every later fetch must match
+                _pin(lock_path, original, digest, url)
+            elif digest != known:  # defence in depth: pooch already checked
+                path.unlink(missing_ok=True)
+                raise FetchError(f"{url}: sha256 {digest} differs from the pinned {known}; refusing it")
+            final = cache / f"{digest[:16]}-{name}"
+            os.replace(path, final)
+        finally:
+            with contextlib.suppress(OSError):   # kept only while it holds a whole download not yet in place
+                staging.rmdir()
+    return {"path": final, "url": original, "fetched_from": url, "download_sha256": digest,
+            "pinned_by_lock": pinned_by_lock or entry.get("sha256") is None}
+
+
 def fetch_published(entry: dict, dest: Path, *, mirror: str | None = None, cache=None,
                     lock: str | os.PathLike | None = DEFAULT_LOCK, progress: bool | None = None) -> dict:
-    """Download (or take from the cache) a published checkpoint and write it to ``dest``.
+    """Download (or take from the cache, :func:`cached_archive`) a published checkpoint and write it to ``dest``.
 
     ``entry``: ``url``, ``sha256`` (of the file, or of the archive when ``member`` is set) or none,
     ``member`` (path inside an archive), ``mirror_path``.  Returns provenance for the checkpoint record.
     ``dest`` is written atomically only after every check passed.
     """
-    url = mirror_url(entry, mirror)
-    original = entry["url"]
-    known = entry.get("sha256")
-    lock_path = Path(lock) if lock else None
-    pinned_by_lock = False
-    if known is None:
-        if lock_path is None:
-            raise FetchError(f"{original}: the publisher gives no checksum and no lock file is configured")
-        rec = _read_lock(lock_path).get(original)
-        if rec is not None:
-            known, pinned_by_lock = rec["sha256"], True
-    name = PurePosixPath(urlparse(original).path).name or "download"
-    fname = f"{known[:16]}-{name}" if known else f"unpinned-{name}"
-    path = _download(url, known, fname, cache_dir(cache), progress, mirrored=url != original)
-    digest = sha256_file(path)
-    if known is None:
-        # First download of an unpinned source: pin it so every later fetch must match.
-        data = _read_lock(lock_path)
-        data[original] = {"sha256": digest, "pinned_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          "fetched_from": url}
-        atomic_write_text(lock_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-        pinned_path = path.with_name(f"{digest[:16]}-{name}")
-        os.replace(path, pinned_path)
-        path = pinned_path
-    elif digest != known:  # defence in depth: pooch already checked
-        path.unlink(missing_ok=True)
-        raise FetchError(f"{url}: sha256 {digest} differs from the pinned {known}; refusing it")
+    got = cached_archive(entry, mirror=mirror, cache=cache, lock=lock, progress=progress)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if entry.get("member"):
-        extract_member(path, entry["member"], dest)
+        extract_member(got["path"], entry["member"], dest)
     else:
         fd, tmp = temp_file(dest)
-        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+        with os.fdopen(fd, "wb") as out, open(got["path"], "rb") as src:
             for block in iter(lambda: src.read(1 << 20), b""):
                 out.write(block)
         os.replace(tmp, dest)
-    return {"url": original, "fetched_from": url, "download_sha256": digest,
-            "pinned_by": "lock file" if (pinned_by_lock or entry.get("sha256") is None) else "registry",
-            "lock_file": str(lock_path) if entry.get("sha256") is None else None,
+    return {"url": got["url"], "fetched_from": got["fetched_from"], "download_sha256": got["download_sha256"],
+            "pinned_by": "lock file" if got["pinned_by_lock"] else "registry",
+            "lock_file": str(Path(lock)) if entry.get("sha256") is None else None,
             "member": entry.get("member")}
 
 
@@ -212,7 +271,10 @@ def fetch_checkpoint(entry: dict, out: str | os.PathLike, *, mirror: str | None 
     from crop.models import CheckpointError, load_network
 
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.fetching")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = temp_file(out)   # a name of its own: two fetches of one output never share it
+    os.close(fd)
+    tmp = Path(tmp)
     try:
         origin = fetch_published(entry, tmp, mirror=mirror, cache=cache, lock=lock, progress=progress)
         sha = sha256_file(tmp)

@@ -147,9 +147,16 @@ def cmd_derive(args) -> None:
 def cmd_fetch(args) -> None:
     """Download a published checkpoint (pinned sha256, mirror, lock file), check that it loads into its
     architecture, then write model.pt and its record model.json (with its clean greedy return)."""
-    from crop.agents.checkpoints import clean_greedy_return, fetch_checkpoint
+    from crop.agents.checkpoints import DEFAULT_LOCK, clean_greedy_return, fetch_checkpoint
     from crop.io import provenance, write_json
 
+    if getattr(args, "configfile", None):
+        return _fill_cache(args)
+    missing = [f"--{k}" for k in ("env", "algo", "out") if getattr(args, k) is None]
+    if missing:
+        raise InputError(f"give {', '.join(missing)} (or --configfile FILE: every checkpoint a config fetches, "
+                         "into the cache)")
+    args.lock = args.lock or DEFAULT_LOCK
     started = setup(args)
     src = _source(args, "published", "published", "has no published checkpoint")
     episodes, target = _eval_settings(args)
@@ -165,6 +172,46 @@ def cmd_fetch(args) -> None:
     print(f"fetched {args.env}/{args.algo} from {record['fetched_from']}"
           f"{' member ' + record['member'] if record.get('member') else ''}: greedy return {clean['mean']:.1f} "
           f"over {clean['episodes']} episodes; sha256 {record['sha256']}")
+
+
+def _fill_cache(args) -> None:
+    """Every published checkpoint the workflow config ``--configfile`` fetches, into the cache once each (its
+    checkpoints block's mirror, cache and lock unless given as flags): run on a login node, it leaves the
+    compute nodes nothing to download."""
+    from crop.agents.checkpoints import FetchError, cached_archive
+    from crop.agents.registry import checkpoint_source
+    from crop.workflow.config import ConfigError, load_config
+
+    if any(getattr(args, k) is not None for k in ("env", "algo", "out")):
+        raise InputError("--configfile fetches every checkpoint of the config: give it without --env, --algo, --out")
+    try:
+        cfg = load_config(args.configfile)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    c = cfg["checkpoints"]
+    mirror, cache, lock = args.mirror or c["mirror"], args.cache or c["cache"], args.lock or c["lock"]
+    archives: dict[str, tuple[dict, list[str]]] = {}   # url: (entry, the env/algo it holds)
+    for env, ec in cfg["environments"].items():
+        algos = list(ec["algorithms"])
+        algos += [s["base"] for a in ec["algorithms"]
+                  if (s := checkpoint_source(env, a, ec["source"], ec.get("files")))["kind"] == "derive"]
+        for algo in dict.fromkeys(algos):
+            src = checkpoint_source(env, algo, ec["source"], ec.get("files"))
+            if src["kind"] == "published":
+                archives.setdefault(src["url"], (src, []))[1].append(f"{env}/{algo}")
+    if not archives:
+        print(f"{args.configfile}: no checkpoint of this config is published (each is trained, derived or your own "
+              "file): nothing to fetch")
+        return
+    for entry, names in archives.values():
+        try:
+            got = cached_archive(entry, mirror=mirror, cache=cache, lock=lock, progress=args.progress)
+        except FetchError as exc:
+            raise InputError(str(exc)) from None
+        print(f"cached {got['path']} (sha256 {got['download_sha256']}, pinned by "
+              f"{'lock file ' + str(lock) if got['pinned_by_lock'] else 'registry'}) for {', '.join(names)}")
+    print(f"{len(archives)} archive(s) in the cache for {sum(len(n) for _, n in archives.values())} checkpoint(s) "
+          f"of {args.configfile}")
 
 
 # Episodes of the clean greedy return of `crop fetch` / `crop import` run by hand (few: a highway episode

@@ -10,9 +10,10 @@ record what it wrote, and a file gone from beside that record is one the sender 
   each run's algorithm and σ, a figure's name its environment and σ: a table citing a run that lacks a result
   file, or a figure or table of no run in the folder, has lost its input (FAIL) — :func:`report_inputs_missing`;
 * with the workflow's config, the jobs it builds (:func:`crop.workflow.cost.jobs`, the same enumeration as the
-  Snakefile's) name every run file and every table and figure: one the folder lacks is listed apart
-  (``expected_missing``: WARN, for the config may not be the one the folder was made with) —
-  :func:`config_missing`.
+  Snakefile's) name every checkpoint, run file and table and figure: one the folder lacks is listed apart
+  (``expected_missing``: WARN, for the config may not be the one the folder was made with, and a run that a
+  failed job cut short is still a sound account of what finished) — :func:`config_missing`, with the failed
+  job and its log where the folder's logs name one.
 
 Each problem is ``{"file", "problem"}`` as :func:`crop.report.integrity.check_integrity`'s.
 """
@@ -170,35 +171,87 @@ def table_runs(csv: Path, env: str, plan: dict) -> list[str]:
 
 
 def config_missing(results: Path, cfg: dict) -> list[dict]:
-    """The run files and the tables and figures that the workflow's jobs for ``cfg`` (a validated config,
-    :func:`crop.workflow.cost.jobs`) write, which are not in ``results``."""
+    """The checkpoints, run files and tables and figures that the workflow's jobs for ``cfg`` (a validated config,
+    :func:`crop.workflow.cost.jobs`) write, which are not in ``results``; each says why where the folder's logs
+    tell it (:func:`_why`): its job failed (its log), or a job it waits for did."""
     from crop.workflow import cost
-    from crop.workflow.layout import aggregate_files, run_dir
+    from crop.workflow.layout import aggregate_files, checkpoint_path, run_dir
 
     results = Path(results)
-    expected, plan = [], {}
-    for job in cost.jobs(cfg, gpus=0):
+    jobs = cost.jobs(cfg, gpus=0)
+    files: dict[int, list[Path]] = {}   # a job's outputs, by its index in ``jobs``
+    plan: dict = {}
+    for i, job in enumerate(jobs):
         stage = job.rule.removesuffix("_replicate").replace("_", "-")
-        if stage not in STAGES or job.env is None:
-            continue
-        d = run_dir(results, job.env, job.algo, job.sigma, replicate=job.rep or 0)
-        expected += [(d / f, stage) for f in STAGES[stage].files.values()]
-        algos, labels = plan.setdefault(job.env, ([], []))
-        algos += [job.algo] if job.algo not in algos else []
-        labels += [job.sigma] if job.sigma not in labels else []
-    expected += [(p, "aggregate") for p in aggregate_files(results / "figures", results / "tables", plan)]
+        if job.rule == "checkpoint":
+            model = checkpoint_path(results, job.env, job.algo)
+            files[i] = [model, model.with_suffix(".json")]
+        elif stage in STAGES and job.env is not None:
+            d = run_dir(results, job.env, job.algo, job.sigma, replicate=job.rep or 0)
+            files[i] = [d / f for f in STAGES[stage].files.values()]
+            algos, labels = plan.setdefault(job.env, ([], []))
+            algos += [job.algo] if job.algo not in algos else []
+            labels += [job.sigma] if job.sigma not in labels else []
+    expected = [(p, jobs[i].rule.removesuffix("_replicate"), i) for i, fs in files.items() for p in fs]
+    why = _why(results, jobs, files)
     groups: dict[Path, list] = {}
-    for p, rule in expected:
-        groups.setdefault(p.parent, []).append((p, rule.replace("-", "_")))
-    out = []
-    for folder, files in groups.items():   # a folder with none of its files: one line for it
-        gone = [(p, rule) for p, rule in files if not p.is_file()]
-        if len(gone) == len(files) > 1:
-            rules = ", ".join(dict.fromkeys(rule for _, rule in gone))
+    for p, rule, i in expected:
+        groups.setdefault(p.parent, []).append((p, rule, why.get(i, "")))
+    out, drawings = [], []
+    for env, env_plan in plan.items():   # an environment none of whose figures and tables is there: one line
+        drawn = aggregate_files(results / "figures", results / "tables", {env: env_plan})
+        if any(p.is_file() for p in drawn):
+            for p in drawn:
+                groups.setdefault(p.parent, []).append((p, "aggregate", ""))
+            continue
+        cut = any(why.get(i) for i in files if jobs[i].env == env)
+        names = sorted({f"{p.parent}/{p.name.split('_', 1)[0]}_*" for p in drawn})
+        drawings.append({"file": ", ".join(names),
+                         "problem": f"missing: the config's workflow draws {len(drawn)} figures and tables of {env} "
+                                    "here (rule aggregate) and the folder has none of them"
+                                    + ("; not drawn: a job of its runs failed (the lines above)" if cut else "")})
+    for folder, group in groups.items():   # a folder with none of its files: one line for it
+        gone = [g for g in group if not g[0].is_file()]
+        if len(gone) == len(group) > 1:
+            rules = ", ".join(dict.fromkeys(rule for _, rule, _ in gone))
+            causes = "; ".join(dict.fromkeys(w for _, _, w in gone if w))
             out.append({"file": str(folder), "problem": f"missing: the config's workflow writes {len(gone)} files "
-                                                        f"here (rules {rules}) and the folder has none of them"})
+                                                        f"here (rules {rules}) and the folder has none of them"
+                                                        + (f"; {causes}" if causes else "")})
         else:
-            out += [{"file": str(p), "problem": f"missing: the config's workflow writes it (rule {rule})"}
-                    for p, rule in gone]
-    return out
+            out += [{"file": str(p), "problem": f"missing: the config's workflow writes it (rule {rule})"
+                                                + (f"; {w}" if w else "")} for p, rule, w in gone]
+    return out + drawings
 
+
+def _why(results: Path, jobs: list, files: dict[int, list[Path]]) -> dict[int, str]:
+    """Why each job whose outputs are missing left them so, as far as the folder's logs tell
+    (:func:`crop.workflow.layout.job_log`): its log is there, so it ran and failed (or was stopped); else the first
+    job it waits for, directly or not, that ran and failed."""
+    from crop.workflow.layout import job_log
+
+    def log(i: int) -> Path:
+        j = jobs[i]
+        return job_log(results, j.rule.removesuffix("_replicate"), j.env, j.algo, j.sigma, j.rep or 0)
+
+    def name(i: int) -> str:
+        j = jobs[i]
+        rep = f"/{layout.REPLICATE_PREFIX}{j.rep}" if j.rep else ""
+        return f"{j.rule} {j.env}/{j.algo}" + (f"/sigma-{j.sigma}{rep}" if j.sigma else "")
+
+    failed = {i for i, fs in files.items() if not all(p.is_file() for p in fs) and log(i).is_file()}
+    why = {}
+    for i in (i for i, fs in files.items() if not all(p.is_file() for p in fs)):
+        if i in failed:
+            why[i] = f"its job {name(i)} failed: log {log(i)}"
+            continue
+        seen, todo = set(), list(jobs[i].needs)
+        while todo:
+            k = todo.pop(0)
+            if k in failed:
+                why[i] = f"not run: job {name(k)} failed (log {log(k)})"
+                break
+            if k not in seen:
+                seen.add(k)
+                todo += jobs[k].needs
+    return why

@@ -53,10 +53,11 @@ COMMANDS = {
     "derive": ("derive a Q-network from another algorithm's checkpoint (CARRL; Discrete actions)",
                "Build a policy from its base algorithm's checkpoint without training (CARRL from StdTrain), "
                "evaluate its greedy return and write model.pt and model.json."),
-    "fetch": ("download a published checkpoint (sha256-pinned)",
+    "fetch": ("download a published checkpoint (sha256-pinned), or every one a config needs into the cache",
               "Download a published checkpoint (crop/agents/registry.yaml) through the cache or a mirror, refuse it "
               "unless its sha256 matches the pinned one, check that it loads into its architecture, then write "
-              "model.pt and model.json."),
+              "model.pt and model.json. With --configfile: download every published checkpoint a workflow config "
+              "fetches into the cache, once each, for compute nodes without internet."),
     "checkpoint": ("obtain a checkpoint from the configured source (train, fetch, derive or import)",
                    "Obtain a policy's checkpoint from the source the config selects: train it here, fetch the "
                    "published one, derive it from its base checkpoint, or import your own policy file (the "
@@ -140,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     parsers = {name: sub.add_parser(name, help=h, description=d, formatter_class=fmt)
                for name, (h, d, _) in commands.items()}
     for name in ("train", "derive", "fetch", "checkpoint", "import"):
-        common_args(parsers[name], sigma=False, checkpoint=False)
+        common_args(parsers[name], sigma=False, checkpoint=False, required=name != "fetch")
     source = schema_node("environment.source")
     parsers["checkpoint"].add_argument("--source", choices=source["enum"], default=source["default"],
                                        help=schema_help(source))
@@ -159,7 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
         parsers[name].add_argument("--eval-episodes", type=schema_type(POS_INT),
                                    help="episodes of the clean greedy return recorded in model.json (default: 10)")
     for name in ("train", "derive", "fetch", "checkpoint", "import"):
-        parsers[name].add_argument("--out", required=True, help="model.pt (its record model.json is written beside)")
+        parsers[name].add_argument("--out", required=name != "fetch",
+                                   help="model.pt (its record model.json is written beside)")
+    parsers["fetch"].add_argument("--configfile", metavar="FILE",
+                                  help="instead of --env, --algo and --out: fill the cache with every published "
+                                       "checkpoint the workflow config FILE fetches (its checkpoints block's mirror, "
+                                       "cache and lock unless given here), e.g. on a login node for compute nodes "
+                                       "without internet (docs/hpc.md)")
     for name, row in STAGES.items():
         stage_args(parsers[name], row)
     report_args(parsers["aggregate"], parsers["audit"])

@@ -140,9 +140,9 @@ def _env_help(command: str) -> str:
     return _accepted("env") + (f" Discrete actions only: {why}." if why else "")
 
 
-def common_args(p, sigma: bool = True, checkpoint: bool = True) -> None:
-    p.add_argument("--env", type=_env, required=True, help=_env_help(p.prog.split()[-1]))
-    p.add_argument("--algo", type=algo_type, required=True, help=_accepted("algo"))
+def common_args(p, sigma: bool = True, checkpoint: bool = True, required: bool = True) -> None:
+    p.add_argument("--env", type=_env, required=required, help=_env_help(p.prog.split()[-1]))
+    p.add_argument("--algo", type=algo_type, required=required, help=_accepted("algo"))
     if sigma:
         p.add_argument("--sigma", type=schema_type(schema_node("environment.sigmas")["items"]), required=True,
                        help="standard deviation σ of the smoothing noise")
@@ -177,8 +177,8 @@ def train_args(p, budget: bool = True) -> None:
 def fetch_args(p) -> None:
     p.add_argument("--mirror", help="mirror: base URL, file:// URL or folder (default: $CROP_CHECKPOINT_MIRROR)")
     p.add_argument("--cache", help="download cache (default: $CROP_CACHE or the user cache)")
-    p.add_argument("--lock", default=schema_node("checkpoints")["properties"]["lock"]["default"],
-                   help="lock file pinning first downloads of sources published without a checksum")
+    p.add_argument("--lock", help="lock file pinning first downloads of sources published without a checksum "
+                                  f"(default: {schema_node('checkpoints')['properties']['lock']['default']})")
 
 
 def import_args(p) -> None:

@@ -12,6 +12,8 @@ Replicate k ≥ 1:      results/{env}/{algo}/sigma-{σ}/rep-{k}/{qrange.json, lo
                       :func:`replicate_seed`; replicate 0 is the run folder itself, so ``replicates: 1`` writes
                       exactly what a run without replicates writes)
 Per (env, algo):      results/{env}/{algo}/checkpoint/model.pt (+ model.json: sha256, architecture, source)
+Logs:                 results/logs/{env}/{algo}/checkpoint.log, results/logs/{env}/{algo}/sigma-{σ}/{rule}.log
+                      (:func:`job_log`), results/logs/{aggregate,audit}.log
 Figures:              results/figures/{Env}_{kind}[_sigma-{σ}].{pdf,png}  (the paper's file names)
 Tables:               results/tables/{Env}_{name}.{csv,md,tex}
 Audit:                results/audit/audit.{md,json}
@@ -164,6 +166,16 @@ def checkpoint_path(results, env: str, algo: str) -> Path:
 
 def checkpoint_record(results, env: str, algo: str) -> Path:
     return checkpoint_path(results, env, algo).with_suffix(".json")
+
+
+def job_log(results, rule: str, env: str, algo: str, sigma_label: str | None = None, replicate=0,
+            kind: str = "logs", ext: str = "log") -> Path:
+    """A job's log (``kind`` benchmarks, ``ext`` tsv: its benchmark file): ``results/logs/{env}/{algo}/{rule}.log`` for
+    a checkpoint job, ``results/logs/{env}/{algo}/sigma-{σ}[/rep-{k}]/{rule}.log`` for a run's stage (``rule``: the
+    stage's, replicates included)."""
+    if sigma_label is None:
+        return Path(results) / kind / env / algo / f"{rule}.{ext}"
+    return run_dir(Path(results) / kind, env, algo, sigma_label, replicate=replicate) / f"{rule}.{ext}"
 
 
 def needs_frames(env: str) -> bool:
