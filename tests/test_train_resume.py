@@ -153,6 +153,11 @@ def _tamper(path: Path, how: str, marker: Path) -> None:
         m = _members(path)
         m["more"] = np.zeros(3)
         _rewrite(path, m)
+    elif how == "bitflip":       # one bit of a weight flipped: the member's CRC-32 no longer matches
+        with zipfile.ZipFile(path) as z:
+            info = z.getinfo("q.0.weight.npy")
+        at = info.header_offset + 30 + len(info.filename) + len(info.extra) + 128 + 4   # past the .npy header
+        path.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
     elif how == "dev_zero":      # a zip reader would read it to the end of memory
         path.unlink()
         path.symlink_to("/dev/zero")
@@ -192,19 +197,20 @@ def _tamper(path: Path, how: str, marker: Path) -> None:
         _rewrite(path, m)
 
 
-HOSTILE = ["bytes", "truncated", "pickle", "shape", "extra", "obs", "ep_ret", "next_step", "dev_zero", "fifo",
-           "oversized", "nan_weight", "nan_reward", "nan_obs", "neg_second_moment", "adam_step", "lr_inf", "lr_1e3",
-           "ep_ret_inf", "max_prio_low"]
+HOSTILE = ["bytes", "truncated", "bitflip", "pickle", "shape", "extra", "obs", "ep_ret", "next_step", "dev_zero",
+           "fifo", "oversized", "nan_weight", "nan_reward", "nan_obs", "neg_second_moment", "adam_step", "lr_inf",
+           "lr_1e3", "ep_ret_inf", "max_prio_low"]
 
 
 @pytest.mark.parametrize("how", HOSTILE)
 def test_a_damaged_or_hostile_resume_file_is_ignored_with_one_line(tmp_path, capsys, saved, how):
     """Random bytes, a file cut short, a pickle inside the .npz (never unpickled: its payload would create
-    ``marker``), a tensor of another shape, an unknown member, a saved state the environment does not replay
-    or a step beyond the training; a symbolic link to /dev/zero, a FIFO, a file over the largest state's size;
-    a NaN weight, reward or ±inf observation in the buffer, a negative second moment or another step count in
-    Adam's state, a learning rate of inf or other than the setting's, an infinite return, a largest priority
-    below the stored ones: one line on stderr, and the uninterrupted model, byte for byte."""
+    ``marker``), a bit of a weight flipped, a tensor of another shape, an unknown member, a saved state the
+    environment does not replay or a step beyond the training; a symbolic link to /dev/zero, a FIFO, a file over
+    the largest state's size; a NaN weight, reward or ±inf observation in the buffer, a negative second moment
+    or another step count in Adam's state, a learning rate of inf or other than the setting's, an infinite
+    return, a largest priority below the stored ones: one line on stderr, and the uninterrupted model, byte for
+    byte."""
     path, clean = saved
     resume = tmp_path / "model.pt.resume"
     shutil.copy(path, resume)

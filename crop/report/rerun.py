@@ -21,7 +21,8 @@ them), so no recorded value can become an option.  The checkpoint, the V range a
 re-run's own paths — the run folder's model.pt and qrange.json, each verified by the sha256 the stage recorded
 (a missing one is refused), the outputs always in the scratch folder — never the record's.  Each job is bounded
 before it starts: ``crop plan``'s cost model (:func:`crop.workflow.cost.price`, this machine's CPU unit costs) predicts
-its time and memory from the recorded sizes (episodes, horizon, m, max_nodes, batch: each enters both), and a job
+its time and memory from the recorded sizes (episodes, horizon, m, max_nodes, batch: each enters both where it
+costs them; GRe's horizon costs no memory, a trajectory keeping its return only), and a job
 predicted over the budget (``--rerun-budget``, minutes a job) or over this machine's memory is not started, the
 refusal naming the sizes; a started one is ended, its child processes with it, past :data:`TIMEOUT_FACTOR` × its
 prediction + :data:`TIMEOUT_EXTRA_S`, and its data segment is capped at :data:`MEM_FACTOR` × its predicted memory

@@ -115,7 +115,8 @@ def gre_seconds(cfg: dict, job, u) -> tuple[float, str]:
 
 
 def gre_memory(cfg: dict, job, u) -> int:
-    """The environment's GRe block of m trajectories on the job's threads (EnvSpec.gre_mem_mb)."""
+    """The environment's GRe block of m trajectories (``gre.batch`` of them at a time) on the job's threads
+    (EnvSpec.gre_mem_mb); its horizon costs no memory (a trajectory steps in place and keeps its return only)."""
     from crop.envs import env_spec  # gymnasium, not torch
 
     g, spec = cfg["environments"][job.env]["gre"], env_spec(job.env)
