@@ -60,6 +60,7 @@ def _stopped(path: Path, step: int, algo="StdTrain", settings=SMALL, seed=3) -> 
     ("AdvTrain", SMALL, (450,)),          # its numpy generator, mid-ramp
     ("NoisyNet", SMALL, (333, 900)),      # noise instead of ε-greedy
     ("StdTrain", THRESHOLD, (200, 320)),  # evaluations before and after the stops, accepted at 450
+    ("StdTrain", {**SMALL, "dqn": {**SMALL["dqn"], "lr_end": 1e-4, "lr_decay_steps": 700}}, (451,)),  # lr decaying
 ])
 def test_a_training_stopped_and_resumed_writes_the_uninterrupted_model(tmp_path, capsys, algo, settings, stops):
     clean, clean_info = _train(algo, settings)
