@@ -43,6 +43,8 @@ __all__ = [
     "write_frames",
     "count_value",
     "real_value",
+    "finite_value",
+    "open_state_file",
     "sigterm_noted",
 ]
 
@@ -77,6 +79,37 @@ def real_value(v, name: str) -> float:
     if type(v) not in (int, float) or v != v:
         raise ValueError(f"{name} is not a number: {str(v)[:40]}")
     return float(v)
+
+
+def finite_value(v, name: str) -> float:
+    """``v``, a number read from an untrusted file that must be finite (a weight, a return, a learning rate):
+    an int or float that is neither NaN nor ±inf, else ValueError naming ``name``."""
+    x = real_value(v, name)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} is not a finite number: {x}")
+    return x
+
+
+def open_state_file(path: str | Path, most: int):
+    """``path`` opened for reading as an untrusted state file (a resume file): a regular file, not a symbolic
+    link (``O_NOFOLLOW``: checked on the file opened, not before), a device or a FIFO (``O_NONBLOCK``: opening
+    one does not wait), of at most ``most`` bytes (``inf``: any size); else ValueError saying which.  A zip
+    reader given ``/dev/zero`` reads it to the end of memory, hence the check before any byte is read."""
+    import stat
+
+    if os.path.islink(path):
+        raise ValueError("a symbolic link, not a regular file")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file (a device, FIFO or folder)")
+        if st.st_size > most:
+            raise ValueError(f"{st.st_size} bytes, over the {int(most)} bytes the largest state of this run takes")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -164,6 +164,22 @@ def test_a_job_predicted_over_the_budget_is_not_started(results, tmp_path):
     assert "rerun: 2 jobs, 0 differ, 1 not run" in md and "over the re-run budget of 1 min" in md
 
 
+def test_an_oversized_record_is_refused_by_the_budget_naming_its_size(results, monkeypatch):
+    """A recorded ``loact.episodes: 1000000`` (within the schema): each episode's making, tables and memory
+    enter the price, so it is predicted over the default budget and not started, the refusal naming the size;
+    a job predicted over this machine's memory is not started either, naming its sizes."""
+    _edit(results, RUN_FILES["loact"], lambda s: s.update(episodes=1_000_000))
+    rr = rerun_jobs(results, [RUN], 5)
+    job = next(j for j in rr["jobs"] if j["stage"] == "loact")
+    assert job["result"] == "not_run" and job["predicted_s"] > 60 * rerun.BUDGET_MINUTES
+    assert "loact.episodes = 1000000" in job["note"] and "over the re-run budget of 10 min" in job["note"]
+    _edit(results, RUN_FILES["loact"], lambda s: s.update(episodes=1))
+    monkeypatch.setattr(rerun, "_machine_mb", lambda: 10)
+    job = _only(results, "loact")
+    assert job["result"] == "not_run" and "loact.episodes = 1, loact.horizon = " in job["note"]
+    assert "MB of memory for" in job["note"] and "more than this machine's 10 MB: not started" in job["note"]
+
+
 def test_the_budget_is_a_positive_finite_number(results, tmp_path, capsys):
     from crop.workflow.cli import main
 

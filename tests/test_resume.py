@@ -455,6 +455,48 @@ def test_an_inconsistent_resume_file_is_ignored(tmp_path, capsys, change):
     assert info["resumed"] is False and err.count("ignoring the resume file") == 1 and table.equals(clean)
 
 
+def _nan_radius(f, h):
+    f["memo_radii"] = f["memo_radii"].copy()
+    f["memo_radii"][0, 0] = float("nan")
+
+
+def _negative_eps(f, h):
+    f["memo_eps"] = f["memo_eps"] - 1.0
+
+
+def _nan_lower(f, h):
+    f["memo_lower"] = f["memo_lower"] * float("nan")
+
+
+@pytest.mark.parametrize("how", ["dev_zero", "fifo", "oversized", _nan_radius, _negative_eps, _nan_lower,
+                                 _field("J", -float("inf")), _field("eps", -0.5)])
+def test_a_resume_file_that_is_no_regular_file_or_holds_impossible_numbers_is_ignored(tmp_path, capsys, how):
+    """A symbolic link to /dev/zero (a zip reader would read it to the end of memory), a FIFO (opening it would
+    wait), a file over the largest file the search's budget allows, a NaN radius or lower bound, a negative ε,
+    a return J of -inf: one line on stderr, the search starts afresh, and its result is the uninterrupted one."""
+    resume, make = _kill_and_resume_file(tmp_path, lives=6)
+    if how == "dev_zero":
+        resume.unlink()
+        resume.symlink_to("/dev/zero")
+    elif how == "fifo":
+        resume.unlink()
+        os.mkfifo(resume)
+    elif how == "oversized":
+        from crop.certify.lore_resume import largest_file
+
+        most = largest_file(make(), _root(make))   # the toy's tree: Σ_{d≤8} 3^d nodes, 12 MB
+        assert resume.stat().st_size < most < 2**25
+        with open(resume, "ab") as out:
+            out.truncate(int(most) + 1)
+    else:
+        _rewrite(resume, how)
+    clean, _ = make().certify(progress=False)
+    table, info = make().certify(resume=Resume(resume, 1e9), progress=False)
+    err = capsys.readouterr().err
+    assert info["resumed"] is False and err.count("ignoring the resume file") == 1, err[-600:]
+    assert table.equals(clean)
+
+
 def _root(make):
     """The root node of the search ``make()`` builds (what certify() passes to load())."""
     from crop.certify.lore import _Node

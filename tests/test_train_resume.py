@@ -60,6 +60,7 @@ def _stopped(path: Path, step: int, algo="StdTrain", settings=SMALL, seed=3) -> 
     ("AdvTrain", SMALL, (450,)),          # its numpy generator, mid-ramp
     ("NoisyNet", SMALL, (333, 900)),      # noise instead of ε-greedy
     ("StdTrain", THRESHOLD, (200, 320)),  # evaluations before and after the stops, accepted at 450
+    ("StdTrain", {**SMALL, "dqn": {**SMALL["dqn"], "lr_end": 1e-4, "lr_decay_steps": 700}}, (451,)),  # lr decaying
 ])
 def test_a_training_stopped_and_resumed_writes_the_uninterrupted_model(tmp_path, capsys, algo, settings, stops):
     clean, clean_info = _train(algo, settings)
@@ -153,6 +154,39 @@ def _tamper(path: Path, how: str, marker: Path) -> None:
         m = _members(path)
         m["more"] = np.zeros(3)
         _rewrite(path, m)
+    elif how == "bitflip":       # one bit of a weight flipped: the member's CRC-32 no longer matches
+        with zipfile.ZipFile(path) as z:
+            info = z.getinfo("q.0.weight.npy")
+        at = info.header_offset + 30 + len(info.filename) + len(info.extra) + 128 + 4   # past the .npy header
+        path.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
+    elif how == "dev_zero":      # a zip reader would read it to the end of memory
+        path.unlink()
+        path.symlink_to("/dev/zero")
+    elif how == "fifo":          # opening it for reading would wait for a writer
+        path.unlink()
+        os.mkfifo(path)
+    elif how == "oversized":     # over the most bytes the largest state of this training takes
+        with open(path, "ab") as f:
+            f.truncate(len(data) + (64 << 20))
+    elif how in ("nan_weight", "nan_reward", "nan_obs", "neg_second_moment", "adam_step"):
+        m = _members(path)
+        name, index, value = {"nan_weight": ("q.0.weight", (0, 0), np.nan), "nan_reward": ("buf.r", 7, np.nan),
+                              "nan_obs": ("buf.s2", (3, 1), np.inf), "adam_step": ("opt.0.step", (), 5.0),
+                              "neg_second_moment": ("opt.0.exp_avg_sq", (0, 0), -1e-8)}[how]
+        m[name] = m[name].copy()
+        m[name][index] = value
+        _rewrite(path, m)
+    elif how in ("lr_inf", "lr_1e3", "ep_ret_inf", "max_prio_low"):
+        m = _members(path)
+        h = json.loads(bytes(m["header"]).decode())
+        if how == "max_prio_low":   # below the stored priorities
+            h["max_prio"] = 1.0
+        elif how == "ep_ret_inf":
+            h["ep_ret"] = float("inf")
+        else:
+            h["lr"] = [float("inf") if how == "lr_inf" else 1e3]
+        m["header"] = np.frombuffer(json.dumps(h).encode(), np.uint8)
+        _rewrite(path, m)
     elif how in ("obs", "ep_ret", "next_step"):   # the environment does not replay it; an impossible step
         m = _members(path)
         if how == "obs":
@@ -164,11 +198,20 @@ def _tamper(path: Path, how: str, marker: Path) -> None:
         _rewrite(path, m)
 
 
-@pytest.mark.parametrize("how", ["bytes", "truncated", "pickle", "shape", "extra", "obs", "ep_ret", "next_step"])
+HOSTILE = ["bytes", "truncated", "bitflip", "pickle", "shape", "extra", "obs", "ep_ret", "next_step", "dev_zero",
+           "fifo", "oversized", "nan_weight", "nan_reward", "nan_obs", "neg_second_moment", "adam_step", "lr_inf",
+           "lr_1e3", "ep_ret_inf", "max_prio_low"]
+
+
+@pytest.mark.parametrize("how", HOSTILE)
 def test_a_damaged_or_hostile_resume_file_is_ignored_with_one_line(tmp_path, capsys, saved, how):
     """Random bytes, a file cut short, a pickle inside the .npz (never unpickled: its payload would create
-    ``marker``), a tensor of another shape, an unknown member, a saved state the environment does not replay
-    or a step beyond the training: one line on stderr, and the uninterrupted model."""
+    ``marker``), a bit of a weight flipped, a tensor of another shape, an unknown member, a saved state the
+    environment does not replay or a step beyond the training; a symbolic link to /dev/zero, a FIFO, a file over
+    the largest state's size; a NaN weight, reward or ±inf observation in the buffer, a negative second moment
+    or another step count in Adam's state, a learning rate of inf or other than the setting's, an infinite
+    return, a largest priority below the stored ones: one line on stderr, and the uninterrupted model, byte for
+    byte."""
     path, clean = saved
     resume = tmp_path / "model.pt.resume"
     shutil.copy(path, resume)

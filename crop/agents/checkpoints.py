@@ -268,7 +268,7 @@ def fetch_checkpoint(entry: dict, out: str | os.PathLike, *, mirror: str | None 
     ``clean_greedy_return`` = ``evaluate(net)`` when given.  Raises :class:`crop.io.InputError` (nothing is
     written then)."""
     from crop.io import InputError
-    from crop.models import CheckpointError, load_network
+    from crop.models import CheckpointError, load_network, non_finite
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -279,6 +279,9 @@ def fetch_checkpoint(entry: dict, out: str | os.PathLike, *, mirror: str | None 
         origin = fetch_published(entry, tmp, mirror=mirror, cache=cache, lock=lock, progress=progress)
         sha = sha256_file(tmp)
         net = load_network(tmp, entry["net_spec"], expected_sha256=sha)  # architecture and safe loading
+        bad = non_finite(net)
+        if bad:
+            raise CheckpointError(f"{entry['url']}: the network's {bad}; refusing it")
         clean = None if evaluate is None else evaluate(net)
         tmp.replace(out)
     except (FetchError, CheckpointError) as exc:

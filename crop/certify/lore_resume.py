@@ -6,6 +6,10 @@ reset as the search built it, checking each node's return and observation digest
 the search's settings (:class:`crop.certify.lore.LoReSettings`, its key derived from all their fields), the
 environment, the smoother's settings and the network's parameters (a digest); a file of another run, or one that
 cannot be read, is inconsistent or does not replay, is ignored with a line on stderr before anything of it is used.
+It must be a regular file (not a symbolic link, device or FIFO) of at most :func:`largest_file` bytes, and its
+numbers what a search computes: returns finite, radii and ε never NaN nor negative (a radius may be +inf: bounds
+that leave no doubt).  A finite edit that keeps the state consistent and replayable is not detected
+(docs/reliability.md).
 A run killed at any point and restarted with the same arguments continues from it and produces the same result,
 byte for byte.
 """
@@ -28,11 +32,11 @@ import numpy as np
 
 from crop.certify.loact import Certificate
 from crop.io import count_value as _count
+from crop.io import open_state_file, sigterm_noted
 from crop.io import real_value as _real
-from crop.io import sigterm_noted
 
 __all__ = ["Resume", "CHECKPOINT_EVERY", "RESUME_FORMAT", "resume_key", "save", "load", "checkpoint",
-           "save_on_sigterm"]
+           "save_on_sigterm", "largest_file"]
 
 #: Seconds between saves of the resumable search state.
 CHECKPOINT_EVERY = 60.0
@@ -263,6 +267,26 @@ def _stack_of(search, nodes: list, f: dict, memo: dict, eps: float, tie: int) ->
     return out
 
 
+def largest_file(search, root) -> float:
+    """The most bytes a resume file of this search can take: twice, for headroom, what its largest tree needs —
+    per node its action path (H actions), return, leaf flag and digest, its certificate (observation, action,
+    radius, |A| radii, α, depth, ε, lower bound), |A| waiting children and queued actions, and the header's
+    numbers — plus 1 MiB for the header and the members' own headers.  The tree is the node budget
+    (``max_nodes``, twice it with ``report_double``), else Σ_{d≤H} |A|^d (``inf`` when that overflows: the
+    file is then bounded by its members' sizes only)."""
+    s, n_actions = search.settings.search, search.smoother.n_actions
+    horizon = search.settings.problem.horizon
+    if s.max_nodes is not None:
+        nodes = float(s.max_nodes * (2 if s.report_double else 1))
+    else:
+        try:
+            nodes = float(sum(n_actions ** d for d in range(horizon + 1))) if n_actions > 1 else horizon + 1.0
+        except OverflowError:
+            nodes = math.inf
+    per_node = 8 * horizon + root.obs.nbytes + 154 + 128 * n_actions
+    return 2 * nodes * per_node + (1 << 20)
+
+
 def load(search, path, root) -> bool:
     """Restore the state saved by :func:`save` if ``path`` exists and belongs to this run.  The file is
     data and is checked like any input before anything of it is used: a zip of the known members only,
@@ -272,11 +296,11 @@ def load(search, path, root) -> bool:
     re-simulated) and the state's internal consistency (:func:`_restore`).  A file failing any check is
     ignored with one line on stderr; the search's fields and the smoother's random state change only
     once all checks have passed."""
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return False
     try:
-        with zipfile.ZipFile(path) as z:
-            members = _members(z, os.path.getsize(path))
+        with open_state_file(path, largest_file(search, root)) as fh, zipfile.ZipFile(fh) as z:
+            members = _members(z, os.fstat(fh.fileno()).st_size)
             header = json.loads(bytes(_read_npy(z, members["header"], "header")).decode())
             if not isinstance(header, dict) or header.get("key") != json.loads(json.dumps(resume_key(search))):
                 print(f"LoRe: {path} belongs to another run (other settings); starting afresh", file=sys.stderr)
@@ -298,6 +322,18 @@ def load(search, path, root) -> bool:
     return True
 
 
+def _numbers(f: dict) -> None:
+    """The arrays' numbers, as a search computes them: returns finite, radii and ε not NaN and >= 0 (+inf is a
+    radius), lower bounds not NaN."""
+    if not np.isfinite(f["node_J"]).all():
+        raise ValueError("node_J: a value that is not a finite number")
+    for name in ("queue_r", "memo_radius", "memo_radii", "memo_eps"):
+        if not (f[name] >= 0).all():   # NaN fails too
+            raise ValueError(f"{name}: a value that is NaN or negative")
+    if np.isnan(f["memo_lower"]).any():
+        raise ValueError("memo_lower: a value that is NaN")
+
+
 def _restore(search, header: dict, f: dict, root) -> tuple[dict, dict]:
     """The search state and the smoother's random state of a resume file's contents (nothing set yet);
     raises ValueError where they do not describe a consistent search of this run."""
@@ -306,6 +342,11 @@ def _restore(search, header: dict, f: dict, root) -> tuple[dict, dict]:
     n_actions, obs_bytes = search.smoother.n_actions, root.obs.nbytes
     scalars = {k: _count(header.get(k), k) for k in ("transitions", "leaves", "tie", "smoothing_calls", "calls")}
     eps, J = _real(header.get("eps"), "eps"), _real(header.get("J"), "J")
+    if eps < 0:
+        raise ValueError(f"eps {eps} below 0")
+    if J == -math.inf:
+        raise ValueError("a return J of -inf")
+    _numbers(f)
     exact_below = None if header.get("exact_below") is None else _real(header["exact_below"], "exact_below")
     if (exact_below is None) == header.get("truncated") or (exact_below is not None and exact_below > eps):
         raise ValueError("exact_below does not go with truncated, or lies beyond eps")

@@ -16,7 +16,7 @@ from torch import nn
 from crop.io import sha256_file
 from crop.names import MAX_PARAMETERS
 
-__all__ = ["build_network", "load_network", "load_checkpoint", "load_state", "save_q_network",
+__all__ = ["build_network", "load_network", "load_checkpoint", "load_state", "save_q_network", "non_finite",
            "load_refusal", "pickled_globals", "CheckpointError", "spec_summary", "n_actions", "input_shape",
            "fit_problem"]
 
@@ -277,10 +277,25 @@ def load_refusal(data: bytes, what: str) -> str:
             "refusing it")
 
 
+def non_finite(net: nn.Module) -> str | None:
+    """Where ``net``'s parameters and buffers hold a value that is not a finite number (``"0.weight: 3 of 64
+    values NaN or ±inf"``, the first such tensor), or None: a network that no writer of ``model.pt`` writes."""
+    for name, t in net.state_dict().items():
+        if t.is_floating_point() or t.is_complex():
+            bad = int((~torch.isfinite(t)).sum())
+            if bad:
+                return f"{name}: {bad} of {t.numel()} values NaN or ±inf"
+    return None
+
+
 def save_q_network(net: nn.Module, path: str | Path) -> None:
-    """Save a state dict (CPU tensors) atomically."""
+    """Save a state dict (CPU tensors) atomically; :class:`CheckpointError` (nothing written) where a value is
+    not a finite number (:func:`non_finite`)."""
     from crop.io import atomic_write_bytes
 
+    bad = non_finite(net)
+    if bad:
+        raise CheckpointError(f"{path}: not written: the network's {bad}")
     buf = io.BytesIO()
     torch.save({k: v.detach().cpu() for k, v in net.state_dict().items()}, buf)
     atomic_write_bytes(path, buf.getvalue())

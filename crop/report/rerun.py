@@ -21,10 +21,12 @@ them), so no recorded value can become an option.  The checkpoint, the V range a
 re-run's own paths — the run folder's model.pt and qrange.json, each verified by the sha256 the stage recorded
 (a missing one is refused), the outputs always in the scratch folder — never the record's.  Each job is bounded
 before it starts: ``crop plan``'s cost model (:func:`crop.workflow.cost.price`, this machine's CPU unit costs) predicts
-its time from the recorded sizes, and a job predicted over the budget (``--rerun-budget``, minutes a job) is not
-started; a started one is ended, its child processes with it, past :data:`TIMEOUT_FACTOR` × its prediction +
-:data:`TIMEOUT_EXTRA_S`, and its data segment is capped at :data:`MEM_FACTOR` × its predicted memory +
-:data:`MEM_EXTRA_MB`.
+its time and memory from the recorded sizes (episodes, horizon, m, max_nodes, batch: each enters both where it
+costs them; GRe's horizon costs no memory, a trajectory keeping its return only), and a job
+predicted over the budget (``--rerun-budget``, minutes a job) or over this machine's memory is not started, the
+refusal naming the sizes; a started one is ended, its child processes with it, past :data:`TIMEOUT_FACTOR` × its
+prediction + :data:`TIMEOUT_EXTRA_S`, and its data segment is capped at :data:`MEM_FACTOR` × its predicted memory
++ :data:`MEM_EXTRA_MB`.
 
 A job that is not re-run counts as ``not_run`` (the verdict is then at best WARN), with one line saying why: a
 record that fails the schema (naming the key), a missing sha256, a job predicted over the budget (with its
@@ -259,6 +261,22 @@ def _argv(rec: dict, values: dict, row, results: Path, run: str, scratch: Path) 
     return argv + ["--no-progress"]
 
 
+#: The settings a job's price grows with: a refusal names them, as the record gives them.
+_SIZES = ("episodes", "horizon", "m", "max_nodes", "batch", "pgd_steps", "n_eot")
+
+
+def _sizes(values: dict, row) -> str:
+    """The job's sizes by config key (``loact.episodes = 1000000, loact.horizon = 5, loact.m = 100``): the
+    recorded value, else the schema's default the stage took."""
+    return ", ".join(f"{key.lstrip('/')} = {values.get(option, node.get('default'))}"
+                     for option, (key, node) in row.options.items() if option in _SIZES)
+
+
+def _machine_mb() -> int:
+    """This machine's memory (MB)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+
+
 def _priced(values: dict, row, run: str):
     """The job's :class:`crop.workflow.cost.Job` priced by ``crop plan``'s model from the recorded sizes (the schema's
     default where a setting is not recorded, as the stage took it) and this machine's CPU unit costs
@@ -403,8 +421,11 @@ def _rerun_one(results: Path, run: str, row, rec: dict, budget_min: float, trust
         job = _priced(values, row, run)
         pred["predicted_s"] = round(job.seconds, 1)
         if job.seconds > 60 * budget_min:
-            raise _NotRun(f"predicted {job.seconds / 60:.3g} min (crop plan's cost model, CPU), over the re-run "
-                          f"budget of {budget_min:g} min a job (--rerun-budget): not started")
+            raise _NotRun(f"predicted {job.seconds / 60:.3g} min for {_sizes(values, row)} (crop plan's cost model, "
+                          f"CPU), over the re-run budget of {budget_min:g} min a job (--rerun-budget): not started")
+        if job.mem_mb > _machine_mb():
+            raise _NotRun(f"predicted {job.mem_mb} MB of memory for {_sizes(values, row)}, more than this machine's "
+                          f"{_machine_mb()} MB: not started")
         done = _run_child(_argv(rec, values, row, results, run, scratch), scratch, trusted_envs, job)
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["no message"])[-1]

@@ -53,6 +53,28 @@ class DQNConfig:
     eval_max_steps: int | None = None  # greedy evaluation episodes cut after this many steps (None: the env's own end)
     device: str = "cpu"          # cpu | cuda | auto (cuda if available); CPU runs are bit-for-bit reproducible
 
+    def lr_at(self, step: int) -> float:
+        """The learning rate of the update at ``step``: ``lr``, decayed linearly to ``lr_end`` over
+        ``lr_decay_steps`` where ``lr_end`` is set."""
+        if self.lr_end is None:
+            return self.lr
+        frac = min(1.0, step / self.lr_decay_steps) if self.lr_decay_steps > 0 else 1.0
+        return self.lr + (self.lr_end - self.lr) * frac
+
+    def last_update(self, stop: int) -> int | None:
+        """The last step before ``stop`` with a gradient update (one every ``train_every`` steps from
+        ``learning_starts``), or None."""
+        last = (stop - 1) // self.train_every * self.train_every
+        return last if stop > 0 and last >= self.learning_starts else None
+
+    def updates(self, stop: int) -> int:
+        """How many gradient updates the steps before ``stop`` make."""
+        last = self.last_update(stop)
+        if last is None:
+            return 0
+        first = -(-self.learning_starts // self.train_every) * self.train_every
+        return (last - first) // self.train_every + 1
+
 
 _ATARI = ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
 

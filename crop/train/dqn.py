@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from crop.envs import env_spec, make_env, to_obs
 from crop.io import derive_seed
-from crop.models import build_network
+from crop.models import build_network, non_finite
 from crop.models.noisy import resample_noise
 from crop.progress import pbar
 from crop.smoothing.engine import resolve_device
@@ -214,7 +214,7 @@ def _resumed(resume: ResumeOptions, key: dict, st: State, cfg: DQNConfig, new_en
             early = term or trunc
         return to_obs(o), ret, early
 
-    p = load(resume.path, key, st, cfg.total_steps,
+    p = load(resume.path, key, st, cfg,
              lambda: _Replay(cfg.buffer_size, st.buf.s.shape[1:], cfg, pixels=st.buf.pixels), replay)
     if p is None:
         for e in made:
@@ -311,9 +311,8 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
             # --- learn
             if step >= cfg.learning_starts and step % cfg.train_every == 0:
                 if cfg.lr_end is not None:
-                    frac = min(1.0, step / cfg.lr_decay_steps) if cfg.lr_decay_steps > 0 else 1.0
                     for group in opt.param_groups:
-                        group["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * frac
+                        group["lr"] = cfg.lr_at(step)
                 beta = cfg.per_beta0 + (1.0 - cfg.per_beta0) * min(1.0, step / cfg.total_steps)
                 idx, batch = buf.sample(rng, cfg.batch_size, beta)
                 if dev.type != "cpu":
@@ -361,6 +360,9 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
                 saver.save_now(st)
             accepted = _summary(greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps),
                                 cfg.total_steps)
+    bad = non_finite(q)
+    if bad:   # no model.pt holds one (crop.models.save_q_network refuses it too)
+        raise TrainingFailed(f"{env_id}/{recipe.name}: the trained network's {bad}")
     if not accepted:
         last = run.evals[-1] if run.evals else None
         raise TrainingFailed(

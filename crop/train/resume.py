@@ -16,13 +16,20 @@ Saving a state takes about 12 ms for CartPole (a full 50k-transition buffer, 3 M
 transitions (590 MB); a periodic save waits at least 100 times as long as the last one took, so that saving
 costs at most 1 % of the training time.
 
-A resume file is untrusted input: an uncompressed ``.npz`` of numeric arrays and a JSON header, each member's
-type and shape checked against the run's own structures before a byte of it is read (nothing pickled, no
-allocation beyond the file's size).  It is keyed by every training setting (the DQN configuration, recipe and
-hyper-parameters, network, environment, profile, seed, device) and a digest of the training code and the
-versions of the libraries it runs on: a file of another run, a damaged one or one that does not replay is
-ignored with one line on stderr and training starts afresh, and nothing of it is used unless every check has
-passed.  Writes are atomic (a temporary file renamed onto it); the caller deletes it once model.pt is written.
+A resume file is untrusted input: a regular file (not a symbolic link, device or FIFO) of at most the bytes the
+largest state of this run takes (:func:`largest_state`), an uncompressed ``.npz`` of numeric arrays and a JSON
+header, each member's type and shape checked against the run's own structures before a byte of it is read
+(nothing pickled, no allocation beyond the file's size).  It is keyed by every training setting (the DQN
+configuration, recipe and hyper-parameters, network, environment, profile, seed, device) and a digest of the
+training code and the versions of the libraries it runs on, compared whole.  Its state is checked against what
+those settings imply: every number finite (weights, Adam's moments, the replay buffer's observations and
+rewards, returns, statistics), Adam's second moments ≥ 0 and its step count the number of updates the saved
+step implies, the learning rate the schedule's at that step, the replay priorities finite, positive and at
+most the largest priority's.  A file of another run, a damaged one, one failing a check or one that does not
+replay is ignored with one line on stderr and training starts afresh, and nothing of it is used unless every
+check has passed.  A finite edit of a weight, a random state or the largest priority is indistinguishable
+from a real state and is not detected (docs/reliability.md says why no signature is kept).  Writes are atomic
+(a temporary file renamed onto it); the caller deletes it once model.pt is written.
 """
 from __future__ import annotations
 
@@ -43,10 +50,10 @@ import numpy as np
 import torch
 
 from crop.io import count_value as _count
-from crop.io import real_value as _real
-from crop.io import sigterm_noted
+from crop.io import finite_value as _real
+from crop.io import open_state_file, sigterm_noted
 
-__all__ = ["CHECKPOINT_EVERY", "ResumeOptions", "Progress", "Checkpointer", "training_key"]
+__all__ = ["CHECKPOINT_EVERY", "ResumeOptions", "Progress", "Checkpointer", "training_key", "largest_state"]
 
 #: Seconds between two saves of the training state: a save of CartPole's state takes milliseconds, an Atari
 #: replay buffer of 100k transitions is 5.6 GB (seconds on a local disk, more on a network file system).
@@ -129,12 +136,12 @@ class _Reader:
     """The members of a resume file, each checked against the (dtype, shape) the run expects before any of
     its bytes is read: a zip of uncompressed members whose sizes sum to at most the file's."""
 
-    def __init__(self, path: Path):
-        self.zip = zipfile.ZipFile(path)
+    def __init__(self, f, size: int):
+        self.zip = zipfile.ZipFile(f)
         infos = self.zip.infolist()
         if any(i.compress_type != zipfile.ZIP_STORED or i.compress_size != i.file_size for i in infos):
             raise ValueError("a compressed member (a resume file is stored uncompressed)")
-        if sum(i.file_size for i in infos) > os.path.getsize(path):
+        if sum(i.file_size for i in infos) > size:
             raise ValueError("members larger than the file")
         self.infos = {i.filename[:-4]: i for i in infos if i.filename.endswith(".npy")}
         if len(self.infos) != len(infos) or len({i.filename for i in infos}) != len(infos):
@@ -294,15 +301,59 @@ def _generators(h: dict, arrays: dict, ctx) -> dict:
             "torch_rng": torch.from_numpy(arrays["torch_rng"].copy()), "np_legacy": legacy, "random": py}
 
 
-def _checked(r: _Reader, h: dict, st: State, total_steps: int, new_buffer, replay) -> dict:
-    """Everything a resume file of this run holds, checked (types, shapes, ranges, the episode's replay); raises
-    ValueError where it does not describe a consistent state of this training.  Nothing of ``st`` changes."""
+def largest_state(st: State, cfg) -> int:
+    """The most bytes a resume file of this training can take: every array at its largest (both networks,
+    Adam's two moments and step per parameter, a full replay buffer, the observation, the random states, an
+    episode of ``total_steps`` actions), a header of 1 MiB plus 1 KiB per evaluation (one every
+    ``eval_every`` steps), and 1 KiB per member for the zip's and ``.npy``'s own headers."""
+    arrays = [t for net in (st.ctx.q, st.ctx.target) for t in _module_tensors(net).values()]
+    params = [p for g in st.opt.param_groups for p in g["params"]]
+    nbytes = sum(t.numel() * t.element_size() for t in arrays) + sum(2 * p.numel() * p.element_size() + 4
+                                                                      for p in params)
+    buf = [x for x in (st.buf.s, st.buf.s2, st.buf.a, st.buf.r, st.buf.d, st.buf.prio) if x is not None]
+    nbytes += sum(x.nbytes for x in buf) + np.asarray(st.obs).nbytes + 8 * cfg.total_steps + 624 * 4
+    nbytes += st.ctx.gen.get_state().numel() + torch.get_rng_state().numel()
+    members = len(arrays) + 3 * len(params) + len(buf) + 6
+    return nbytes + (1 << 20) + 1024 * (cfg.total_steps // max(cfg.eval_every, 1) + 1) + 1024 * members
+
+
+def _all_finite(name: str, x: np.ndarray) -> None:
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise ValueError(f"{name}: a value that is not a finite number (NaN or ±inf)")
+
+
+def _check_optimiser(arrays: dict, h: dict, opt, cfg, next_step: int) -> list:
+    """The learning rates, after checking Adam's state against the training's schedule: saved iff an update
+    was made, every step count the number of updates before ``next_step``, second moments ≥ 0, the learning
+    rate the schedule's at the last update (``lr`` before any)."""
+    updates = cfg.updates(next_step)
+    if h.get("opt_state") is not (updates > 0):
+        raise ValueError(f"opt_state {h.get('opt_state')!r}, but {updates} updates precede step {next_step}")
+    steps = {float(v) for k, v in arrays.items() if k.startswith("opt.") and k.endswith(".step")}
+    if updates and steps != {float(np.float32(min(updates, 2**24)))}:   # float32 counts stop at 2^24
+        raise ValueError(f"Adam's step counts {sorted(steps)[:3]}, not the {updates} updates before step {next_step}")
+    if any(k.endswith(".exp_avg_sq") and (v < 0).any() for k, v in arrays.items()):
+        raise ValueError("a negative second moment in Adam's state")
+    lrs = _reals(h.get("lr"), "lr")
+    last = cfg.last_update(next_step)
+    want = cfg.lr if last is None else cfg.lr_at(last)
+    if len(lrs) != len(opt.param_groups) or any(lr != want for lr in lrs):
+        raise ValueError(f"learning rates {lrs[:3]}, not the schedule's {want} at step {next_step}")
+    return lrs
+
+
+def _checked(r: _Reader, h: dict, st: State, cfg, new_buffer, replay) -> dict:
+    """Everything a resume file of this run holds, checked (types, shapes, ranges, finite values, the
+    optimiser's state against the schedule, the episode's replay); raises ValueError where it does not
+    describe a consistent state of this training.  Nothing of ``st`` changes."""
     ctx, opt = st.ctx, st.opt
-    p = _progress(h, total_steps)
+    p = _progress(h, cfg.total_steps)
     buf = new_buffer()
     buf.n, buf.max_prio = _count(h.get("buf_n"), "buf_n"), _real(h.get("max_prio"), "max_prio")
     if not 1 <= buf.max_prio < math.inf:
         raise ValueError("the largest priority is not a finite number >= 1")
+    if buf.n != p.next_step:   # one transition a step
+        raise ValueError(f"{buf.n} transitions stored in {p.next_step} steps")
     count = min(buf.n, buf.size)
     layout = {f"{net}.{k}": (_dtype(t), tuple(t.shape)) for net in ("q", "target")
               for k, t in _module_tensors(getattr(ctx, net)).items()}
@@ -319,14 +370,16 @@ def _checked(r: _Reader, h: dict, st: State, total_steps: int, new_buffer, repla
     for name in stored:   # straight into the new buffer
         into = getattr(buf, name[4:])
         r.read(name, into.dtype, (count, *into.shape[1:]), out=into[:count])
+        _all_finite(name, into[:count])
+    for name, x in arrays.items():
+        _all_finite(name, x)
     if count and (buf.a[:count].min() < 0 or buf.a[:count].max() >= ctx.n_actions
                   or not np.isin(buf.d[:count], (0.0, 1.0)).all()):
         raise ValueError("stored actions outside the environment's, or done flags other than 0 and 1")
-    if buf.prio is not None and not (np.isfinite(buf.prio[:count]) & (buf.prio[:count] > 0)).all():
-        raise ValueError("a priority that is not a finite positive number")
-    lrs = _reals(h.get("lr"), "lr")
-    if len(lrs) != len(opt.param_groups):
-        raise ValueError("learning rates of another optimiser")
+    if buf.prio is not None and count and not ((buf.prio[:count] > 0).all() and  # stored as priority^α
+                                               buf.prio[:count].max() <= buf.max_prio ** cfg.per_alpha * (1 + 1e-6)):
+        raise ValueError("a priority that is not positive or above the largest priority")
+    lrs = _check_optimiser(arrays, h, opt, cfg, p.next_step)
     p.actions = [int(a) for a in arrays["actions"]]
     if any(not 0 <= a < ctx.n_actions for a in p.actions):
         raise ValueError("an action outside the environment's")
@@ -364,18 +417,20 @@ def _restore(st: State, f: dict) -> None:
     random.setstate(gens["random"])
 
 
-def load(path: Path, key: dict, st: State, total_steps: int, new_buffer, replay) -> Progress | None:
+def load(path: Path, key: dict, st: State, cfg, new_buffer, replay) -> Progress | None:
     """Restore ``st`` in place (its buffer replaced by one from ``new_buffer()``, filled from the file) from
-    ``path`` if it holds a state of this run (``key``) that ``replay(episode, actions)`` — the environment reset
-    with that episode's seed and stepped through the actions, returning (observation, return, ended early) —
-    reproduces.  Returns the progress to continue from, or None: training starts afresh, and one line on
-    stderr says why unless there was no file.  Nothing of ``st`` changes unless every check has passed."""
+    ``path`` if it holds a state of this run (``key``, the DQN configuration ``cfg``) that ``replay(episode,
+    actions)`` — the environment reset with that episode's seed and stepped through the actions, returning
+    (observation, return, ended early) — reproduces.  Returns the progress to continue from, or None: training
+    starts afresh, and one line on stderr says why unless there was no file.  Nothing of ``st`` changes unless
+    every check has passed."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
-    r = None
+    r = f = None
     try:
-        r = _Reader(path)
+        f = open_state_file(path, largest_state(st, cfg))
+        r = _Reader(f, os.fstat(f.fileno()).st_size)
         if "header" not in r.infos:
             raise ValueError("no header")
         h = json.loads(bytes(r.read("header", np.uint8, None)).decode())
@@ -383,7 +438,7 @@ def load(path: Path, key: dict, st: State, total_steps: int, new_buffer, replay)
             print(f"train: {path} belongs to another run (other settings, code or versions); starting afresh",
                   file=sys.stderr)
             return None
-        f = _checked(r, h, st, total_steps, new_buffer, replay)
+        state = _checked(r, h, st, cfg, new_buffer, replay)
     except Exception as exc:  # noqa: BLE001 -- any content of an untrusted file: ignore it, train afresh
         print(f"train: ignoring the resume file {path} ({type(exc).__name__}: {str(exc)[:200]}); starting afresh",
               file=sys.stderr)
@@ -391,7 +446,9 @@ def load(path: Path, key: dict, st: State, total_steps: int, new_buffer, replay)
     finally:
         if r is not None:
             r.close()
-    _restore(st, f)
+        if f is not None:
+            f.close()
+    _restore(st, state)
     return st.progress
 
 

@@ -22,13 +22,29 @@ from crop.workflow.cost_units import CostError
 
 __all__ = ["qrange_seconds", "loact_seconds", "gre_seconds", "gre_memory", "lore_seconds", "lore_memory",
            "lore_reads", "attack_local_seconds", "attack_global_seconds", "env_device", "cpu_device", "lore_nodes",
-           "lore_transitions", "global_episodes", "MAX_PRICED_NODES", "STAGE_MEM_MB"]
+           "lore_transitions", "global_episodes", "MAX_PRICED_NODES", "STAGE_MEM_MB", "rollout_memory",
+           "attack_local_memory", "attack_global_memory", "EPISODE_S", "EPISODE_MB", "ROW_MB"]
 
 #: Memory (MB) of a stage's job beside what its own memory function adds.
 STAGE_MEM_MB = 1000
 
 #: Above this many nodes a LoRe tree cannot be priced: the config needs lore.max_nodes (or a smaller horizon).
 MAX_PRICED_NODES = 1e12
+
+#: An episode of the smoothed policy's rollouts (the V range, LoAct) beside its steps: making and resetting its
+#: environment, its row of the per-episode table and its 81 certified-ratio rows, and, since the episodes run
+#: side by side (lockstep), its environment alive until the last ends.  Measured on CartPole-v0 (2,000 and
+#: 8,000 episodes of 5 steps, m = 100, crop/certify/loact.py with its tables written, one core of the
+#: development machine): 3.4 ms and 31 kB an episode; taken as 4 ms and 50 kB (an environment's own copy,
+#: ``gre_mb_per_copy``, and making it, ``gre_start_s``, are added where the table has them).
+EPISODE_S, EPISODE_MB = 4e-3, 0.05
+#: A step's row of a stage's table (about 10 numbers as a dict, its DataFrame row and CSV line): 2 kB.
+ROW_MB = 0.002
+#: The smoothing engine's noise block on the CPU (crop.smoothing.engine.Engine.NOISE_BLOCK_FLOATS): m samples
+#: of a call's states cost memory up to this many floats (float32 noise, its outputs beside).
+NOISE_BLOCK_FLOATS = 1 << 22
+#: Pending nodes LoRe smooths in one call (crop.certify.lore.Search.batch's default, which the stage keeps).
+LORE_BATCH = 64
 
 
 def env_device(cfg: dict, env: str) -> str:
@@ -45,8 +61,33 @@ def cpu_device(cfg: dict, env: str) -> str:
 
 
 def _rollouts(block: dict, u) -> float:
-    """S × (m × ``smooth_sample_s`` + ``env_step_s``): every state of clean episodes smoothed with m samples."""
-    return block["episodes"] * block["horizon"] * (block["m"] * u("smooth_sample_s") + u("env_step_s"))
+    """S × (m × ``smooth_sample_s`` + ``env_step_s``) + episodes × (:data:`EPISODE_S` + ``gre_start_s`` +
+    ``gre_reset_s``): every state of clean episodes smoothed with m samples, and each episode's environment
+    made, reset and tabled."""
+    episode = EPISODE_S + u.env_units.get("gre_start_s", 0.0) + u("gre_reset_s")
+    return block["episodes"] * (block["horizon"] * (block["m"] * u("smooth_sample_s") + u("env_step_s")) + episode)
+
+
+def _noise_mb(cfg: dict, env: str, m: int, states: int) -> float:
+    """MB of one smoothing call of ``states`` states at m samples each: its noise and outputs, at most the
+    engine's block (:data:`NOISE_BLOCK_FLOATS`, or ``chunk`` samples when larger)."""
+    from crop.envs import env_spec  # gymnasium, not torch
+
+    size = math.prod(env_spec(env).obs_shape)
+    rows = min(m * states, max(int(cfg.get("chunk") or 1), NOISE_BLOCK_FLOATS // size))
+    return 8 * rows * size / 1e6
+
+
+def rollout_memory(cfg: dict, job, u) -> int:
+    """The V range's and LoAct's memory (MB): episodes × (:data:`EPISODE_MB` + one environment copy, all alive
+    side by side) + episodes × H step rows (:data:`ROW_MB`) + one smoothing call of every episode's state at m
+    samples (:func:`_noise_mb`), beside :data:`STAGE_MEM_MB`."""
+    from crop.envs import env_spec  # gymnasium, not torch
+
+    b = cfg["environments"][job.env][job.rule.removesuffix("_replicate")]
+    episodes = b["episodes"] * (EPISODE_MB + env_spec(job.env).gre_mb_per_copy)
+    rows = b["episodes"] * b["horizon"] * ROW_MB
+    return int(STAGE_MEM_MB + episodes + rows + _noise_mb(cfg, job.env, b["m"], b["episodes"]))
 
 
 def qrange_seconds(cfg: dict, job, u) -> tuple[float, str]:
@@ -74,7 +115,8 @@ def gre_seconds(cfg: dict, job, u) -> tuple[float, str]:
 
 
 def gre_memory(cfg: dict, job, u) -> int:
-    """The environment's GRe block of m trajectories on the job's threads (EnvSpec.gre_mem_mb)."""
+    """The environment's GRe block of m trajectories (``gre.batch`` of them at a time) on the job's threads
+    (EnvSpec.gre_mem_mb); its horizon costs no memory (a trajectory steps in place and keeps its return only)."""
     from crop.envs import env_spec  # gymnasium, not torch
 
     g, spec = cfg["environments"][job.env]["gre"], env_spec(job.env)
@@ -153,12 +195,14 @@ def lore_seconds(cfg: dict, job, u) -> tuple[float, str]:
 
 
 def lore_memory(cfg: dict, job, u) -> int:
-    """Its snapshots, one per node of the tree: twice their pickled size (``node_mb``), for Python's objects
-    (a tree too large to price asks for the base; :func:`lore_seconds` refuses it)."""
+    """Its snapshots, one per node of the tree (max_nodes, horizon): twice their pickled size (``node_mb``), for
+    Python's objects, and a smoothing call of a batch of pending nodes at m samples (a tree too large to price
+    asks for the base; :func:`lore_seconds` refuses it)."""
     transitions = _lore_tree(cfg, job)[1]
     if transitions > MAX_PRICED_NODES:
         return STAGE_MEM_MB
-    return STAGE_MEM_MB + int(2 * (transitions + 1) * u("node_mb"))
+    lo = cfg["environments"][job.env]["lore"]
+    return STAGE_MEM_MB + int(2 * (transitions + 1) * u("node_mb") + _noise_mb(cfg, job.env, lo["m"], LORE_BATCH))
 
 
 def attack_local_seconds(cfg: dict, job, u) -> tuple[float, str]:
@@ -169,6 +213,24 @@ def attack_local_seconds(cfg: dict, job, u) -> tuple[float, str]:
     runs = a["local_episodes"] * len(a["local_eps_factors"])
     step = 2 * ec["loact"]["m"] * u("smooth_sample_s") + a["pgd_steps"] * a["local_m_grad"] * u("grad_sample_s")
     return runs * ec["lore"]["horizon"] * (step + u("env_step_s")), ""
+
+
+def attack_local_memory(cfg: dict, job, u) -> int:
+    """The local attack's memory (MB): a row per step of its runs (episodes × ε factors × LoRe's H,
+    :data:`ROW_MB`) and a smoothing call of one state at LoAct's m, beside :data:`STAGE_MEM_MB`."""
+    ec = cfg["environments"][job.env]
+    a = ec["attack"]
+    rows = a["local_episodes"] * len(a["local_eps_factors"]) * ec["lore"]["horizon"]
+    return int(STAGE_MEM_MB + rows * ROW_MB + _noise_mb(cfg, job.env, ec["loact"]["m"], 1))
+
+
+def attack_global_memory(cfg: dict, job, u) -> int:
+    """The global attack's memory (MB): a row per step of its runs (episodes × ε factors × GRe's H,
+    :data:`ROW_MB`), beside :data:`STAGE_MEM_MB`."""
+    ec = cfg["environments"][job.env]
+    a = ec["attack"]
+    return int(STAGE_MEM_MB + global_episodes(cfg, job.env) * len(a["global_eps_factors"]) * ec["gre"]["horizon"]
+               * ROW_MB)
 
 
 def global_episodes(cfg: dict, env: str) -> int:

@@ -154,7 +154,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         (_out("qrange", "qrange.json", "qrange.json: the V range [V_min, V_max]"),),
         {"m": "qrange.m", "episodes": "qrange.episodes", "horizon": "qrange.horizon", "method": "qrange.method",
          "quantile": "qrange.quantile"},
-        v_range=False, replicate=True, cost=_cost("qrange_seconds"), memory=1000,
+        v_range=False, replicate=True, cost=_cost("qrange_seconds"), memory=_cost("rollout_memory"),
         device=_ENV_DEVICE, flags=_PILOT_FLAGS,
         discrete="the V range bounds Q-values over a finite set of actions"),
     StageRow(
@@ -176,7 +176,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode",
          "action_tolerance": "loact.action_tolerance", "reward_range": "rewards.range",
          "clip_rewards": "rewards.clip"},
-        v_range=True, replicate=True, cost=_cost("loact_seconds"), memory=1000,
+        v_range=True, replicate=True, cost=_cost("loact_seconds"), memory=_cost("rollout_memory"),
         device=_ENV_DEVICE,
         caption="m = {m} noise samples per state, {episodes} clean episodes of at most {horizon} steps"),
     StageRow(
@@ -224,7 +224,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         {"m": "loact.m", "horizon": "lore.horizon", "gamma": "lore.gamma", "episodes": "attack.local_episodes",
          "m_grad": "attack.local_m_grad", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.local_eps_factors",
          "alpha": "/alpha", "bound": "/bound", "alpha_mode": "/alpha_mode"},
-        v_range=True, replicate=False, cost=_cost("attack_local_seconds"), memory=1000,
+        v_range=True, replicate=False, cost=_cost("attack_local_seconds"), memory=_cost("attack_local_memory"),
         device=_ENV_DEVICE,
         caption="local (from LoRe's initial state and others): {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}",
         discrete="the local attack targets LoAct's smoothed argmax over a finite set of actions"),
@@ -238,7 +238,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         {"horizon": "gre.horizon", "gamma": "gre.gamma", "episodes": "attack.global_episodes",
          "n_eot": "attack.global_n_eot", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.global_eps_factors",
          "reward_range": "rewards.range", "clip_rewards": "rewards.clip"},
-        v_range=False, replicate=False, cost=_cost("attack_global_seconds"), memory=1000,
+        v_range=False, replicate=False, cost=_cost("attack_global_seconds"), memory=_cost("attack_global_memory"),
         device=_ENV_DEVICE,
         caption="{pgd_steps}-step ℓ2 PGD; global: {episodes} episodes, ε/σ ∈ {{{eps_factors:eps}}}"),
 )}
