@@ -218,7 +218,7 @@ __all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "rewrit
 
 def audit_cli(*args) -> int:
     """``crop audit ARGS…`` in-process; its exit status (0, or the code it exited with)."""
-    from crop.workflow.cli import main
+    from crop.__main__ import main
 
     try:
         main(["audit", *map(str, args)])

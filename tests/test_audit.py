@@ -879,7 +879,7 @@ def test_global_attack_draws_its_initial_states_per_run_and_eps(tmp_path, monkey
     and ε as independent: the global attack's episodes start from initial states drawn afresh for every run
     (algo, σ) and every ε — none shared between two of them."""
     import crop.certify.attack
-    from crop.workflow.cli import main
+    from crop.__main__ import main
 
     starts: list = []
     make_env = crop.certify.attack.make_env
@@ -909,7 +909,7 @@ def test_global_attack_draws_its_initial_states_per_run_and_eps(tmp_path, monkey
 def _tiny_real_run(results: Path) -> Path:
     """A real (tiny) run folder: a random CartPole Q-network, its V range, LoAct and the global attack, each
     stage run by the CLI as the workflow runs it."""
-    from crop.workflow.cli import main
+    from crop.__main__ import main
 
     ck = _tiny_checkpoint(results)
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")

@@ -14,8 +14,8 @@ import yaml
 from test_continuous import _sac
 from test_import import _mlp, _sb3_zip
 
+from crop.__main__ import main
 from crop.workflow.certify_config import REPO, budget_sizes, certify_config
-from crop.workflow.cli import main
 from crop.workflow.config import validate_config
 
 

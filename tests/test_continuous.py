@@ -14,9 +14,9 @@ import torch
 from scipy.stats import binom, norm
 from torch import nn
 
+from crop.__main__ import main
 from crop.agents.importing import PolicyImportError, check_policy_file, import_policy
 from crop.io import meta_name
-from crop.workflow.cli import main
 from crop.workflow.layout import FRAMES_FILE, RUN_FILES
 from crop.workflow.stage_table import STAGES
 

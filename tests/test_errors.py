@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from crop.workflow.cli import main
+from crop.__main__ import main
 from crop.workflow.config import ConfigError, load_config, validate_config
 
 from paths import REPO

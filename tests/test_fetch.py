@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from crop.__main__ import main
 from crop.agents.checkpoints import ArchiveError, FetchError, extract_member, fetch_published
 from crop.agents.registry import resolve_source
 from crop.envs import make_env
 from crop.io import sha256_file
 from crop.models import load_network
-from crop.workflow.cli import main
 
 from paths import SHARED
 

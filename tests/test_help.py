@@ -11,7 +11,8 @@ import yaml
 from test_continuous import _sac
 from test_inputs import _dqn
 
-from crop.workflow.cli import build_parser, main
+from crop.__main__ import main
+from crop.workflow.cli import build_parser
 from crop.workflow.stage_table import STAGES
 
 BOX, DISCRETE = "Pendulum-v1", "CartPole-v1"

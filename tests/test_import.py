@@ -13,11 +13,11 @@ import torch
 import yaml
 from torch import nn
 
+from crop.__main__ import main
 from crop.agents.importing import PolicyImportError, import_policy
 from crop.io import derive_seed, sha256_file
 from crop.models import load_network
 from crop.train.dqn import greedy_returns
-from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.layout import RUN_FILES
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
+from crop.__main__ import main
 from crop.agents.importing import PolicyImportError, import_policy
 from crop.models import load_network
-from crop.workflow.cli import main
 
 X = torch.randn(32, 4, generator=torch.Generator().manual_seed(3))
 

@@ -14,8 +14,8 @@ import torch
 import yaml
 from test_import_policy import _sb3_mlp_policy, _sb3_zip
 
+from crop.__main__ import main
 from crop.models import CheckpointError
-from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, check_policy_files, load_config, validate_config
 from crop.workflow.layout import RUN_FILES
 

@@ -14,9 +14,10 @@ from test_import import _sb3_zip as _sb3_dqn_zip
 from test_import_policy import _sb3_mlp_policy
 from test_import_policy import _sb3_zip as _sb3_ppo_zip
 
+from crop.__main__ import main
 from crop.envs import default_profile, env_shapes
 from crop.models import build_network
-from crop.workflow.cli import build_parser, main
+from crop.workflow.cli import build_parser
 from crop.workflow.config import check_policy_files, load_config, validate_config
 
 from paths import REPO

@@ -75,8 +75,8 @@ def test_an_output_recorded_null_is_still_written_in_the_scratch_folder(results)
 def test_another_network_is_not_reported_identical(results, tmp_path, mlp_factory):
     """loact.csv computed with network B while model.pt (and the metas' sha256) are A's: the record's injected
     ``--checkpoint=B`` is refused, and without it the re-run uses A and differs."""
+    from crop.__main__ import main
     from crop.models import save_q_network
-    from crop.workflow.cli import main
 
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     a = layout.checkpoint_path(results, "CartPole-v0", "StdTrain")
@@ -165,7 +165,7 @@ def test_a_job_predicted_over_the_budget_is_not_started(results, tmp_path):
 
 
 def test_the_budget_is_a_positive_finite_number(results, tmp_path, capsys):
-    from crop.workflow.cli import main
+    from crop.__main__ import main
 
     for bad in ("0", "-1", "inf", "nan"):
         with pytest.raises(SystemExit) as exc:

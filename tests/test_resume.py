@@ -501,8 +501,8 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
     """The stage deletes the resume file only once lore.csv and its meta are written: a failure (or a kill)
     between the end of the search and the outputs leaves it for the rerun, which resumes and then removes it."""
     import crop.handlers.stages
+    from crop.__main__ import main
     from crop.io import OutputError
-    from crop.workflow.cli import main
 
     d = tmp_path / "run"
     argv = _setup(d, "hoeffding")[3:]

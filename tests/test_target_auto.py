@@ -9,12 +9,12 @@ import torch
 import yaml
 from test_continuous import CONTINUOUS, imported  # noqa: F401  (a fixture)
 
+from crop.__main__ import main
 from crop.certify.pilot import CANDIDATES, PilotSettings, choose_target, pilot_states, run_pilot
 from crop.io import derive_seed, meta_name, read_json, sha256_file, write_json
 from crop.models import save_q_network
 from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 from crop.workflow import layout
-from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, run_targets, validate_config
 
 from networks import random_mlp
