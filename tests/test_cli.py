@@ -2,6 +2,7 @@
 source for the workflow and for hand use), optional outputs."""
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from crop.workflow.layout import RUN_FILES
 from crop.workflow.stage_table import STAGES, stage_options, stage_settings
 
 from networks import random_mlp
+from paths import REPO
 
 
 def _subparsers(parser):
@@ -232,3 +234,13 @@ def test_loact_of_a_discrete_agent_refuses_clipped_rewards_in_one_line(tmp_path,
     err = capsys.readouterr().err.strip()
     assert "--clip-rewards: a discrete-action agent's benign returns" in err and "\n" not in err
     assert not (tmp_path / "a.csv").exists()
+
+
+def test_the_workflow_crop_certify_runs_is_the_checkout_or_the_folder_crop_workflow_names(tmp_path):
+    code = "from crop.handlers.certify import SNAKEFILE; print(SNAKEFILE)"
+    env = {k: v for k, v in os.environ.items() if k != "CROP_WORKFLOW"}
+    here = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert Path(here.stdout.strip()) == REPO / "Snakefile" and (REPO / "Snakefile").is_file()
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**env, "CROP_WORKFLOW": str(tmp_path)})
+    assert Path(there.stdout.strip()) == tmp_path / "Snakefile"

@@ -94,7 +94,7 @@ def _write_config(args) -> tuple[Path, dict, bool]:
         raise InputError(str(exc)) from None
     if not SNAKEFILE.is_file():
         raise InputError(f"{SNAKEFILE}: the workflow's Snakefile is not there; run crop certify from a checkout "
-                         "of the repository (pip install -e)")
+                         "of the repository (pip install -e), or set CROP_WORKFLOW to one")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.yaml"
     command = ["crop", "certify", str(policy), "--env", args.env, "--algo", args.algo, "--sigma",

@@ -4,7 +4,8 @@ Each subcommand checks its arguments before doing any work, calls the package, a
 atomically with a provenance file beside each.  Exit status 2 means bad input (config, checkpoint,
 arguments); nothing is written then.  A stage's outputs and settings are its row of the stage table
 (crop/workflow/stage_table.py); each setting takes its type, bounds, default and help from the config schema.  The
-workflow passes a stage's settings block once, as --settings; a flag given by hand takes precedence.
+workflow passes a stage's settings block once, as --settings; a flag given by hand takes precedence.  The
+function each subcommand runs is the entry point's (crop/__main__.py): this module imports no handler.
 """
 from __future__ import annotations
 
