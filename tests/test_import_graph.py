@@ -139,3 +139,15 @@ def test_no_function_is_named_by_a_string():
 def test_a_function_named_by_a_string_is_found():
     assert _BY_NAME.search('HANDLERS = {"qrange": "crop.handlers.stages:cmd_qrange"}')
     assert _BY_NAME.search("crop.handlers.stages:") and not _BY_NAME.search("module:function, crop.io: writes")
+
+
+def test_no_test_module_imports_another():
+    """The tests share helpers through conftest.py's fixtures and the helper modules (networks, paths,
+    synthetic_results, toy_lore), never through another test file."""
+    found = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert found == [], "a test file imports another: " + "; ".join(found)

@@ -20,11 +20,11 @@ RUN = "CartPole-v0/StdTrain/sigma-0.1"
 
 @pytest.fixture(scope="module")
 def received(tmp_path_factory):
-    """A real tiny run folder (test_audit's: V range, LoAct, global attack), built once."""
-    from test_audit import _tiny_real_run
+    """A real tiny run folder (V range, LoAct, global attack), built once."""
+    from synthetic_results import tiny_real_run
 
     root = tmp_path_factory.mktemp("received") / "res"
-    _tiny_real_run(root)
+    tiny_real_run(root)
     return root
 
 

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_lore import ToyWalk, lore_settings
 
 from crop.certify.lore import LoRe, Resume, lore_bound_at, run_lore
 from crop.io import meta_name, sha256_file, write_json
@@ -20,6 +19,7 @@ from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 from crop.workflow.layout import RUN_FILES
 
 from networks import random_mlp
+from toy_lore import ToyWalk, lore_settings
 
 
 class Killed(Exception):

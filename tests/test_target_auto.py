@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from test_continuous import CONTINUOUS, imported  # noqa: F401  (a fixture)
 
 from crop.__main__ import main
 from crop.certify.pilot import CANDIDATES, PilotSettings, choose_target, pilot_states, run_pilot
@@ -178,13 +177,13 @@ def test_another_checkpoints_choice_is_refused(auto_run, tmp_path, capsys):
     assert len(err) == 1 and "checkpoint_sha256" in err[0], err
 
 
-def test_a_continuous_agent_refuses_auto_in_one_line(imported, tmp_path, capsys):  # noqa: F811
+def test_a_continuous_agent_refuses_auto_in_one_line(imported, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["loact", "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported),
               "--target", "auto", "--out", str(tmp_path / "x.csv")])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--target auto: a continuous-action agent" in err[0], err
-    cfg = yaml.safe_load(CONTINUOUS.read_text())
+    cfg = yaml.safe_load((REPO / "tests/configs/continuous.yaml").read_text())
     cfg["environments"]["Pendulum-v1"]["target"] = "auto"
     with pytest.raises(ConfigError) as e:
         validate_config(cfg)
