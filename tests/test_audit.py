@@ -485,10 +485,9 @@ def _plant_every_run(root, plant):
 
 @pytest.mark.slow
 def test_planted_violations_in_27_runs(pristine27, tmp_path):
-    """The sound 27-run folder PASSes with no untestable check; each gross violation the released audit passed
-    (issue 19) comes out violation or suspicious; a fault planted in *every* run, which no single check can
-    prove, is a violation of its pooled count (FAIL); a LoRe tree with α spent >= 1 is untestable, not
-    passed."""
+    """The sound 27-run folder PASSes with no untestable check; each planted gross violation comes out
+    violation or suspicious; a fault planted in *every* run, which no single check can prove, is a violation
+    of its pooled count (FAIL); a LoRe tree with α spent >= 1 is untestable, not passed."""
     def fresh(name):
         root = tmp_path / name
         shutil.copytree(pristine27, root)

@@ -1,4 +1,4 @@
-"""Your own policy (issue 12 item 5): `crop import` turns a PyTorch state dict, a CleanRL checkpoint or the
+"""Your own policy: `crop import` turns a PyTorch state dict, a CleanRL checkpoint or the
 q_net of a Stable-Baselines3 DQN .zip — each made here the way its library writes it — into a checkpoint
 whose network computes exactly the source's Q-values and whose model.json every certifier accepts; hostile
 files are refused before anything is written; a config with `source: file` is validated and planned."""
@@ -219,7 +219,7 @@ def test_snakemake_dry_run_plans_the_import(tmp_path):
     assert len(carrl) == 1 and "--base-checkpoint" in carrl[0] and "--file" not in carrl[0]
 
 
-# ------------------------------------------------------------------------ a corpus of malformed files (issue 17)
+# ------------------------------------------------------------------------ a corpus of malformed files
 
 class _Payload:
     """A pickle that, loaded by a full unpickler, would create MARKER (never: weights_only=True)."""
@@ -246,7 +246,7 @@ def _zip_with_lying_size(path, policy_bytes, field):
 
 
 def _bad_files(tmp_path) -> dict:
-    """name: path of every kind of malformed policy file the issue names (and a few more), built here."""
+    """name: path of every kind of malformed policy file, built here."""
     d = tmp_path / "bad"
     d.mkdir()
     _Payload.marker = str(tmp_path / "PWNED")

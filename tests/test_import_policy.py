@@ -1,4 +1,4 @@
-"""Policy-gradient agents (issue 21): SB3 PPO / A2C ``.zip`` files (MlpPolicy, CnnPolicy) and CleanRL's
+"""Policy-gradient agents: SB3 PPO / A2C ``.zip`` files (MlpPolicy, CnnPolicy) and CleanRL's
 ppo.py / ppo_atari.py agents — each made here the way its library writes it — import as policy networks whose
 output is exactly the actor's logits; the record says ``network: policy``; the certifiers smooth their
 probabilities by default and refuse the q target in one line."""

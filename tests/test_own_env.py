@@ -1,4 +1,4 @@
-"""Certify your own work (issue 20): an environment outside the paper's four, an Atari game other than Pong and
+"""Certify your own work: an environment outside the paper's four, an Atari game other than Pong and
 Freeway, a label of your own; sizes checked against the environment; every missing fact and every mismatch
 refused with one line before anything is written.  Policy files are built here the way Stable-Baselines3
 writes them (no SB3 needed)."""

@@ -1,4 +1,4 @@
-"""``target: auto`` (issue 37): the qrange stage's pilot chooses one smoothing target per run on its own states and
+"""``target: auto``: the qrange stage's pilot chooses one smoothing target per run on its own states and
 noise (crop/certify/pilot.py), and the certification then runs exactly as if that target had been given."""
 import json
 

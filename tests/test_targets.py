@@ -1,4 +1,4 @@
-"""Smoothing targets bounded in [0, 1] (issue 21): ``probs`` (softmax of a policy network's logits) and
+"""Smoothing targets bounded in [0, 1]: ``probs`` (softmax of a policy network's logits) and
 ``vote`` (one-hot of the greedy action).  The adapted Theorem 1 is tested as the Q target is: the bounds
 cover at rate ≥ 1 − α, the certified radius never exceeds what a brute-force search over perturbations finds,
 ties are never certified, and LoRe and GRe on a policy network pass the same checks as on a Q-network."""

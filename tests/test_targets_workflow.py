@@ -1,4 +1,4 @@
-"""Smoothing targets in the workflow (issue 21): a config's `target` / `targets` give each target its own runs
+"""Smoothing targets in the workflow: a config's `target` / `targets` give each target its own runs
 (q in today's folders, another in ENV/ALGO@TARGET/sigma-S), tables and figure lines "StdTrain (vote)", and an
 audit of each against attacks on its own policy; probs and vote run every stage without a qrange job.  At
 smoke size: an SB3-format PPO file, a CleanRL PPO file and a Q-network under `target: vote`."""
