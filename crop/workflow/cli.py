@@ -204,4 +204,3 @@ def run(handlers: dict, argv=None) -> None:
             print(f"crop {args.command}: error: {exc}", file=sys.stderr)
             sys.exit(1)
         raise
-
