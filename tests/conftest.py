@@ -1,4 +1,5 @@
-"""What the tests share: the repository root, random networks, a local HTTP mirror, the shipped cost tables."""
+"""What the tests share: the repository root, random networks, an imported SAC agent, a local HTTP mirror, the
+shipped cost tables (the helpers themselves: networks.py, paths.py, synthetic_results.py, toy_lore.py)."""
 import functools
 import http.server
 import sys
@@ -7,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from networks import random_mlp
+from networks import random_mlp, sb3_sac
 from paths import REPO
 
 sys.path.insert(0, str(REPO))
@@ -28,6 +29,18 @@ def rng():
 def mlp_factory():
     """random_mlp(n_in, n_out, hidden, seed, scale): a seeded random Q-network."""
     return random_mlp
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """model.pt of an SB3 SAC agent for Pendulum-v1 (:func:`networks.sb3_sac`) imported by ``crop import``."""
+    from crop.__main__ import main
+
+    d = tmp_path_factory.mktemp("cont")
+    src, _, _ = sb3_sac(d / "sac.zip")
+    assert main(["import", "--env", "Pendulum-v1", "--algo", "SAC", "--file", str(src), "--eval-episodes", "1",
+                 "--out", str(d / "model.pt")]) in (None, 0)
+    return d / "model.pt"
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""A small, sound results folder in the workflow's file formats, for tests of the report and the audit.
+"""A small, sound results folder in the workflow's file formats, for tests of the report and the audit (and a
+real tiny run folder, each stage run by the CLI: :func:`tiny_real_run`).
 
 Numbers are drawn at random but obey what the certifiers guarantee: bounds fall with ε, every attacked
 return is at or above its bound, no certified step flips.  Tests then plant violations, mismatches and
@@ -8,6 +9,7 @@ editing files directly (which the integrity check must catch).
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,8 @@ from crop.certify.gre import gre_bounds
 from crop.envs import env_spec
 from crop.io import provenance, read_json, write_csv, write_json, write_with_meta
 from crop.workflow.layout import FRAMES_FILE, RUN_FILES, checkpoint_path, needs_frames, run_dir
+
+from networks import random_mlp
 
 EPISODES = 3
 HORIZON = 30
@@ -213,15 +217,53 @@ def write_reference(path: Path, rows: list[dict]) -> Path:
 
 
 __all__ = ["make_results", "make_run", "make_checkpoint", "rewrite_csv", "rewrite_loact", "loact_summaries", "runs_of",
-           "write_reference", "margins", "digest"]
+           "write_reference", "margins", "digest", "tiny_checkpoint", "tiny_real_run"]
 
 
 def audit_cli(*args) -> int:
     """``crop audit ARGS…`` in-process; its exit status (0, or the code it exited with)."""
-    from crop.workflow.cli import main
+    from crop.__main__ import main
 
     try:
         main(["audit", *map(str, args)])
     except SystemExit as e:
         return e.code
     return 0
+
+
+# ------------------------------------------------------------------------- a real run folder
+
+def tiny_checkpoint(results: Path, algo: str = "StdTrain") -> Path:
+    """A random CartPole Q-network with its model.json, where the workflow puts it."""
+    from crop.io import sha256_file, write_json
+    from crop.models import save_q_network
+
+    ck = checkpoint_path(results, "CartPole-v0", algo)
+    ck.parent.mkdir(parents=True)
+    save_q_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), ck)
+    write_json(ck.with_suffix(".json"), {"env": "CartPole-v0", "algo": algo, "profile": "vector",
+                                         "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
+                                         "sha256": sha256_file(ck)})
+    return ck
+
+
+def tiny_real_run(results: Path) -> Path:
+    """A real (tiny) run folder: a random CartPole Q-network, its V range, LoAct and the global attack, each
+    stage run by the CLI as the workflow runs it."""
+    from crop.__main__ import main
+
+    ck = tiny_checkpoint(results)
+    d = run_dir(results, "CartPole-v0", "StdTrain", "0.1")
+    d.mkdir(parents=True)
+    base = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--seed", "3", "--device", "cpu",
+            "--checkpoint", str(ck), "--no-progress"]
+    main(["qrange", *base, "--settings", json.dumps({"m": 100, "episodes": 1, "horizon": 5}),
+          "--out", str(d / RUN_FILES["qrange"])])
+    main(["loact", *base, "--qrange", str(d / RUN_FILES["qrange"]), "--settings",
+          json.dumps({"m": 100, "episodes": 1, "horizon": 5}), "--out", str(d / RUN_FILES["loact"]),
+          "--out-episodes", str(d / RUN_FILES["loact_episodes"]), "--out-ratio", str(d / RUN_FILES["certified_ratio"]),
+          "--out-frames", str(d / RUN_FILES["frames"])])
+    main(["attack-global", *base, "--settings", json.dumps({"episodes": 2, "eps_factors": [0.0, 0.5], "horizon": 5,
+                                                            "n_eot": 2, "pgd_steps": 2}),
+          "--out", str(d / RUN_FILES["attack_global"])])
+    return d

@@ -3,7 +3,6 @@ place, integrity problems are caught, provenance is recorded, strict mode fails 
 import json
 import math
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,7 +18,6 @@ from crop.workflow import layout
 from crop.workflow.config import load_config
 from crop.workflow.layout import RUN_FILES
 
-from networks import random_mlp
 from synthetic_results import (
     GLOBAL_FACTORS,
     GRE_FACTORS,
@@ -27,6 +25,8 @@ from synthetic_results import (
     audit_cli,
     make_results,
     rewrite_csv,
+    tiny_checkpoint,
+    tiny_real_run,
     write_reference,
 )
 
@@ -485,10 +485,9 @@ def _plant_every_run(root, plant):
 
 @pytest.mark.slow
 def test_planted_violations_in_27_runs(pristine27, tmp_path):
-    """The sound 27-run folder PASSes with no untestable check; each gross violation the released audit passed
-    (issue 19) comes out violation or suspicious; a fault planted in *every* run, which no single check can
-    prove, is a violation of its pooled count (FAIL); a LoRe tree with α spent >= 1 is untestable, not
-    passed."""
+    """The sound 27-run folder PASSes with no untestable check; each planted gross violation comes out
+    violation or suspicious; a fault planted in *every* run, which no single check can prove, is a violation
+    of its pooled count (FAIL); a LoRe tree with α spent >= 1 is untestable, not passed."""
     def fresh(name):
         root = tmp_path / name
         shutil.copytree(pristine27, root)
@@ -860,26 +859,12 @@ def test_nothing_tested_is_not_pass_and_vote_runs_are_complete(pristine, tmp_pat
     assert rep["incomplete_runs"] == [] and rep["partial_runs"] == [] and rep["integrity_problems"] == 0
 
 
-def _tiny_checkpoint(results: Path, algo: str = "StdTrain") -> Path:
-    """A random CartPole Q-network with its model.json, where the workflow puts it."""
-    from crop.io import sha256_file, write_json
-    from crop.models import save_q_network
-
-    ck = layout.checkpoint_path(results, "CartPole-v0", algo)
-    ck.parent.mkdir(parents=True)
-    save_q_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), ck)
-    write_json(ck.with_suffix(".json"), {"env": "CartPole-v0", "algo": algo, "profile": "vector",
-                                         "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
-                                         "sha256": sha256_file(ck)})
-    return ck
-
-
 def test_global_attack_draws_its_initial_states_per_run_and_eps(tmp_path, monkeypatch):
     """GRe's bounds are about the return from a random initial state, and the audit counts its checks over runs
     and ε as independent: the global attack's episodes start from initial states drawn afresh for every run
     (algo, σ) and every ε — none shared between two of them."""
     import crop.certify.attack
-    from crop.workflow.cli import main
+    from crop.__main__ import main
 
     starts: list = []
     make_env = crop.certify.attack.make_env
@@ -894,7 +879,7 @@ def test_global_attack_draws_its_initial_states_per_run_and_eps(tmp_path, monkey
     results = tmp_path / "res"
     seeds = {}
     for algo in ("StdTrain", "GaussAug"):
-        ck = _tiny_checkpoint(results, algo)
+        ck = tiny_checkpoint(results, algo)
         for sigma in ("0.1", "0.2"):
             starts.append([])
             main(["attack-global", "--env", "CartPole-v0", "--algo", algo, "--sigma", sigma, "--seed", "3",
@@ -906,28 +891,6 @@ def test_global_attack_draws_its_initial_states_per_run_and_eps(tmp_path, monkey
     assert len(every) == 4 * 2 * 3 and len(set(every)) == len(every)
 
 
-def _tiny_real_run(results: Path) -> Path:
-    """A real (tiny) run folder: a random CartPole Q-network, its V range, LoAct and the global attack, each
-    stage run by the CLI as the workflow runs it."""
-    from crop.workflow.cli import main
-
-    ck = _tiny_checkpoint(results)
-    d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
-    d.mkdir(parents=True)
-    base = ["--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--seed", "3", "--device", "cpu",
-            "--checkpoint", str(ck), "--no-progress"]
-    main(["qrange", *base, "--settings", json.dumps({"m": 100, "episodes": 1, "horizon": 5}),
-          "--out", str(d / RUN_FILES["qrange"])])
-    main(["loact", *base, "--qrange", str(d / RUN_FILES["qrange"]), "--settings",
-          json.dumps({"m": 100, "episodes": 1, "horizon": 5}), "--out", str(d / RUN_FILES["loact"]),
-          "--out-episodes", str(d / RUN_FILES["loact_episodes"]), "--out-ratio", str(d / RUN_FILES["certified_ratio"]),
-          "--out-frames", str(d / RUN_FILES["frames"])])
-    main(["attack-global", *base, "--settings", json.dumps({"episodes": 2, "eps_factors": [0.0, 0.5], "horizon": 5,
-                                                            "n_eot": 2, "pgd_steps": 2}),
-          "--out", str(d / RUN_FILES["attack_global"])])
-    return d
-
-
 @pytest.mark.slow
 def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
     """`--rerun K` re-runs stage jobs from their recorded provenance: a sound folder re-runs byte-identical on
@@ -936,7 +899,7 @@ def test_rerun_catches_a_result_changed_after_the_run(tmp_path, monkeypatch):
     from crop.io import read_json, sha256_file, write_json
 
     results = tmp_path / "res"
-    d = _tiny_real_run(results)
+    d = tiny_real_run(results)
     rep = audit(results, tmp_path / "a", AuditOptions(rerun=5, rerun_seed=1))
     rr = rep["rerun"]
     assert (rr["checked"], rr["identical"], rr["differ"]) == (3, 3, 0) and rep["verdict"] != "FAIL"

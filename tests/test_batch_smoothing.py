@@ -10,22 +10,12 @@ from scipy import stats as sps
 from crop.smoothing.engine import Engine, block_plan
 from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork, SmoothingSettings
 
-
-class _Affine(torch.nn.Module):
-    """Q(x) = W x + b: with clipping inactive, Q̃(s) = W s + b exactly and each sample has std σ‖W_a‖."""
-
-    def __init__(self, w, b):
-        super().__init__()
-        self.w = torch.as_tensor(w, dtype=torch.float32)
-        self.b = torch.as_tensor(b, dtype=torch.float32)
-
-    def forward(self, x):
-        return x @ self.w.T + self.b
+from networks import Affine
 
 
 def _affine(n_in=5, n_out=3, seed=0):
     rng = np.random.default_rng(seed)
-    return _Affine(rng.normal(size=(n_out, n_in)) / np.sqrt(n_in), rng.normal(size=n_out) * 0.1)
+    return Affine(rng.normal(size=(n_out, n_in)) / np.sqrt(n_in), rng.normal(size=n_out) * 0.1)
 
 
 def _z_scores(ests, states, net, sigma, m):
@@ -64,7 +54,7 @@ def test_batched_smoothing_has_the_distribution_of_one_state_at_a_time():
 def test_every_state_of_a_batch_gets_its_own_noise():
     """An identity net returns the noisy input itself: the noise of every state of a batch (and of the next
     batch) is distinct and uncorrelated with every other's, and repeated states get independent means."""
-    net = _Affine(np.eye(4), np.zeros(4))
+    net = Affine(np.eye(4), np.zeros(4))
     sm = SmoothedNetwork(net, SmoothingSettings(1.0, 512, -50, 50, 0.05, bound="empirical_bernstein", seed=0), 4)
     x = np.random.default_rng(2).normal(size=(6, 4)).astype(np.float32)
     s1 = sm.engine.collect(sm.engine.launch(x))[3]   # the m × |A| samples of each state

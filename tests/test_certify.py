@@ -11,17 +11,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from test_continuous import _sac
-from test_import import _mlp, _sb3_zip
 
+from crop.__main__ import main
 from crop.workflow.certify_config import REPO, budget_sizes, certify_config
-from crop.workflow.cli import main
 from crop.workflow.config import validate_config
+
+from networks import mlp, sb3_data, sb3_dqn_state, sb3_sac, sb3_zip
 
 
 def _cartpole_dqn(path: Path) -> Path:
     """A CartPole DQN as Stable-Baselines3 saves it (MlpPolicy [64, 64])."""
-    return _sb3_zip(path, _mlp([4, 64, 64, 2], 0), _mlp([4, 64, 64, 2], 1))
+    return sb3_zip(path, sb3_dqn_state(mlp([4, 64, 64, 2], 0), mlp([4, 64, 64, 2], 1)), sb3_data("DQN"))
 
 
 def _refused(argv, capsys) -> str:
@@ -43,7 +43,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys, monkey
     if case == "no agent":
         path.write_text("not a network")
     elif case == "actor on Discrete":
-        _sac(path)
+        sb3_sac(path)
     elif case == "Q-network on Box":
         _cartpole_dqn(path)
     before = sorted(tmp_path.rglob("*"))

@@ -4,9 +4,9 @@ before any output is written."""
 import pytest
 import torch
 
+from crop.__main__ import main
 from crop.io import read_json, sha256_file, write_json
 from crop.models import CheckpointError, load_network, save_q_network
-from crop.workflow.cli import main
 from crop.workflow.layout import RUN_FILES
 
 from paths import SHARED

@@ -2,6 +2,7 @@
 source for the workflow and for hand use), optional outputs."""
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +11,16 @@ import pandas as pd
 import pytest
 
 import crop
+from crop.__main__ import main
 from crop.io import meta_name, sha256_file, write_json
 from crop.models import save_q_network
-from crop.workflow.cli import build_parser, main
+from crop.workflow.cli import build_parser
 from crop.workflow.config import ALGORITHMS, load_config, load_schema
 from crop.workflow.layout import RUN_FILES
 from crop.workflow.stage_table import STAGES, stage_options, stage_settings
 
 from networks import random_mlp
+from paths import REPO
 
 
 def _subparsers(parser):
@@ -45,10 +48,29 @@ def test_top_level_help_has_no_markup_and_version_prints_the_package_version():
     assert ver.stdout.split() == ["crop", crop.__version__]
 
 
-def test_building_the_parser_imports_no_torch():
-    code = "import sys; from crop.workflow.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+def test_the_command_and_its_parser_import_no_torch():
+    # every handler is imported by the entry point: they import torch (and pandas) only when they run
+    code = ("import sys; from crop.__main__ import HANDLERS; from crop.workflow.cli import build_parser; "
+            "build_parser(); print(sorted({'torch', 'pandas'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_subcommand_has_its_function_and_every_function_a_subcommand():
+    from crop.__main__ import HANDLERS
+
+    assert set(HANDLERS) == set(_subparsers(build_parser()))
+    assert all(callable(f) and f.__module__.startswith(("crop.handlers.", "crop.workflow.")) for f in HANDLERS.values())
+
+
+def test_a_subcommand_without_its_function_is_refused_in_one_line(capsys):
+    from crop.workflow.cli import run
+
+    with pytest.raises(SystemExit) as exc:
+        run({}, ["validate-config", "config.yaml"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "crop: error: validate-config: no function runs this subcommand (crop.__main__.HANDLERS)"
 
 
 def test_derive_lists_only_its_own_options():
@@ -159,7 +181,7 @@ def test_help_and_version_import_nothing_heavy_and_read_the_schema_once():
     code = ("import sys, yaml; n = [0]; load = yaml.load\n"
             "def counted(*a, **k):\n    n[0] += 1\n    return load(*a, **k)\n"
             "yaml.load = counted\n"
-            "from crop.workflow.cli import main\n"
+            "from crop.__main__ import main\n"
             "try:\n    main([sys.argv[1]])\nexcept SystemExit:\n    pass\n"
             "heavy = sorted(m for m in ('torch', 'numpy', 'pandas', 'gymnasium', 'matplotlib') if m in sys.modules)\n"
             "print(n[0], heavy, file=sys.stderr)")
@@ -212,3 +234,13 @@ def test_loact_of_a_discrete_agent_refuses_clipped_rewards_in_one_line(tmp_path,
     err = capsys.readouterr().err.strip()
     assert "--clip-rewards: a discrete-action agent's benign returns" in err and "\n" not in err
     assert not (tmp_path / "a.csv").exists()
+
+
+def test_the_workflow_crop_certify_runs_is_the_checkout_or_the_folder_crop_workflow_names(tmp_path):
+    code = "from crop.handlers.certify import SNAKEFILE; print(SNAKEFILE)"
+    env = {k: v for k, v in os.environ.items() if k != "CROP_WORKFLOW"}
+    here = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert Path(here.stdout.strip()) == REPO / "Snakefile" and (REPO / "Snakefile").is_file()
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**env, "CROP_WORKFLOW": str(tmp_path)})
+    assert Path(there.stdout.strip()) == tmp_path / "Snakefile"

@@ -135,7 +135,7 @@ def test_resource_requests_come_from_the_environment_spec():
     assert ENV_SPECS["CartPole-v0"].replay_mb(100_000) == 0
 
 
-# ------------------------------------------------------------------ hostile values (issue 17 items 1 and 2)
+# ------------------------------------------------------------------ hostile values
 
 SMALL = "environments:\n  CartPole-v0: {algorithms: [StdTrain], sigmas: [0.1]}\n"
 HOSTILE = [

@@ -14,12 +14,13 @@ import torch
 from scipy.stats import binom, norm
 from torch import nn
 
+from crop.__main__ import main
 from crop.agents.importing import PolicyImportError, check_policy_file, import_policy
 from crop.io import meta_name
-from crop.workflow.cli import main
 from crop.workflow.layout import FRAMES_FILE, RUN_FILES
 from crop.workflow.stage_table import STAGES
 
+from networks import box_space, mlp, sb3_sac, sb3_zip
 from paths import REPO
 
 OBS = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
@@ -28,81 +29,33 @@ OBS = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
 PENDULUM_MIN = -math.ceil((math.pi ** 2 + 0.1 * 8 ** 2 + 0.001 * 2 ** 2) * 1e7) / 1e7
 
 
-def _mlp(sizes, seed, act=nn.ReLU, last=None):
-    torch.manual_seed(seed)
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers += [nn.Linear(a, b)] + ([act()] if i < len(sizes) - 2 else [])
-    return nn.Sequential(*layers, *([last()] if last else [])).eval()
-
-
-def _space(low, high, kind="gymnasium.spaces.box.Box"):
-    return {":type:": f"<class '{kind}'>", ":serialized:": "gAWV…", "dtype": "float32", "_shape": [len(low)],
-            "low": str(np.array(low, dtype=np.float32)), "high": str(np.array(high, dtype=np.float32))}
-
-
-def _zip(path, state, data):
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    with zipfile.ZipFile(path, "w") as zf:
-        if data is not None:
-            zf.writestr("data", json.dumps(data))
-        zf.writestr("policy.pth", buf.getvalue())
-        zf.writestr("_stable_baselines3_version", "2.9.2")
-    return path
-
-
-def _sac(path, low=(-2.0,), high=(2.0,), data_extra=None, with_data=True):
-    latent, mu, log_std = _mlp([3, 16, 16], 1), nn.Linear(16, 1), nn.Linear(16, 1)
-    latent = nn.Sequential(*latent, nn.ReLU())
-    q0, q1 = _mlp([4, 16, 16, 1], 2), _mlp([4, 16, 16, 1], 3)
-    state = {**{f"actor.latent_pi.{k}": v for k, v in latent.state_dict().items()},
-             **{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
-             **{f"actor.log_std.{k}": v for k, v in log_std.state_dict().items()},
-             **{f"critic.qf0.{k}": v for k, v in q0.state_dict().items()},
-             **{f"critic.qf1.{k}": v for k, v in q1.state_dict().items()},
-             **{f"critic_target.qf0.{k}": v for k, v in q0.state_dict().items()}}
-    data = {"action_space": _space(low, high), "policy_kwargs": {"net_arch": [16, 16]}, "use_sde": False,
-            **(data_extra or {})}
-    lo, hi = torch.tensor(low), torch.tensor(high)
-
-    def action(x):
-        return lo + 0.5 * (torch.tanh(mu(latent(x))) + 1) * (hi - lo)
-
-    def q(x):
-        a = torch.tanh(mu(latent(x)))
-        return torch.minimum(q0(torch.cat([x, a], 1)), q1(torch.cat([x, a], 1)))[:, 0]
-
-    return _zip(path, state, data if with_data else None), action, q
-
-
 def _td3(path):
-    mu = _mlp([3, 16, 16, 1], 4, last=nn.Tanh)
-    q0 = _mlp([4, 16, 16, 1], 5)
+    mu = mlp([3, 16, 16, 1], 4, last=nn.Tanh)
+    q0 = mlp([4, 16, 16, 1], 5)
     state = {**{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
              **{f"actor_target.mu.{k}": v for k, v in mu.state_dict().items()},
              **{f"critic.qf0.{k}": v for k, v in q0.state_dict().items()},
-             **{f"critic.qf1.{k}": v for k, v in _mlp([4, 16, 16, 1], 6).state_dict().items()}}
-    return _zip(path, state, {"action_space": _space([-2.0], [2.0])}), (lambda x: 2.0 * mu(x)), \
+             **{f"critic.qf1.{k}": v for k, v in mlp([4, 16, 16, 1], 6).state_dict().items()}}
+    return sb3_zip(path, state, {"action_space": box_space([-2.0], [2.0])}), (lambda x: 2.0 * mu(x)), \
         (lambda x: q0(torch.cat([x, mu(x)], 1))[:, 0])
 
 
 def _ppo(path, space=None, kwargs=None):
-    pi = nn.Sequential(*_mlp([3, 16, 16], 7, nn.Tanh), nn.Tanh())
+    pi = nn.Sequential(*mlp([3, 16, 16], 7, nn.Tanh), nn.Tanh())
     action_net = nn.Linear(16, 1)
-    vf = _mlp([3, 16, 16], 8, nn.Tanh)
+    vf = mlp([3, 16, 16], 8, nn.Tanh)
     state = {"log_std": torch.zeros(1), **{f"mlp_extractor.policy_net.{k}": v for k, v in pi.state_dict().items()},
              **{f"mlp_extractor.value_net.{k}": v for k, v in vf.state_dict().items()},
              **{f"action_net.{k}": v for k, v in action_net.state_dict().items()},
              "value_net.weight": torch.zeros(1, 16), "value_net.bias": torch.zeros(1)}
-    data = {"action_space": space or _space([-2.0], [2.0]), "policy_kwargs": kwargs or {}}
-    return _zip(path, state, data), (lambda x: torch.clamp(action_net(pi(x)), -2, 2))
+    data = {"action_space": space or box_space([-2.0], [2.0]), "policy_kwargs": kwargs or {}}
+    return sb3_zip(path, state, data), (lambda x: torch.clamp(action_net(pi(x)), -2, 2))
 
 
 def test_sb3_sac_td3_ppo_import_as_actors_with_their_squashing_and_bounds(tmp_path):
     """SAC: tanh then the rescaling to [low, high]; TD3: its Tanh rescaled; PPO: the mean clipped to the
     bounds; the critics the attack uses (SAC: min of two; TD3: the first); the bounds recorded in the spec."""
-    src, action, q = _sac(tmp_path / "sac.zip")
+    src, action, q = sb3_sac(tmp_path / "sac.zip")
     net, info = check_policy_file(src, "mlp", "auto", None, "Pendulum-v1", "vector")
     assert info["network"] == "actor" and info["net_spec"]["squash"] == "tanh"
     assert info["net_spec"]["low"] == [-2.0] and info["net_spec"]["high"] == [2.0]
@@ -122,7 +75,7 @@ def test_sb3_sac_td3_ppo_import_as_actors_with_their_squashing_and_bounds(tmp_pa
         assert torch.allclose(import_policy(src, "mlp")[0](OBS), action(OBS), atol=1e-6)
     state = torch.load(io.BytesIO(zipfile.ZipFile(src).read("policy.pth")), weights_only=True)
     state["action_net.weight"] *= 40
-    src = _zip(tmp_path / "ppo_big.zip", state, {"action_space": _space([-2.0], [2.0])})
+    src = sb3_zip(tmp_path / "ppo_big.zip", state, {"action_space": box_space([-2.0], [2.0])})
     net, info = import_policy(src, "mlp")
     assert info["net_spec"]["squash"] == "clip" and info["net_spec"]["activation"] == "tanh"
     out = net(OBS).detach()
@@ -152,14 +105,14 @@ class _CleanRLActor(nn.Module):
 def _sac_layout(path, latent_sizes, n_critics, module="stable_baselines3.sac.policies"):
     """An SB3 SAC zip with net_arch ``latent_sizes`` (possibly []) and ``n_critics`` critics, its actions and its
     actor loss's value min_k Q_k(s, tanh(μ(s)))."""
-    latent = nn.Sequential(*_mlp([3, *latent_sizes], 1), nn.ReLU()) if latent_sizes else nn.Identity()
+    latent = nn.Sequential(*mlp([3, *latent_sizes], 1), nn.ReLU()) if latent_sizes else nn.Identity()
     mu = nn.Linear(latent_sizes[-1] if latent_sizes else 3, 1)
-    qs = [_mlp([4, 16, 1], 20 + k) for k in range(n_critics)]
+    qs = [mlp([4, 16, 1], 20 + k) for k in range(n_critics)]
     state = {**{f"actor.latent_pi.{k}": v for k, v in latent.state_dict().items()},
              **{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
              **{f"actor.log_std.{k}": v for k, v in nn.Linear(mu.in_features, 1).state_dict().items()},
              **{f"critic.qf{j}.{k}": v for j, q in enumerate(qs) for k, v in q.state_dict().items()}}
-    data = {"action_space": _space([-2.0], [2.0]), "policy_kwargs": {"net_arch": latent_sizes,
+    data = {"action_space": box_space([-2.0], [2.0]), "policy_kwargs": {"net_arch": latent_sizes,
                                                                      "n_critics": n_critics},
             "policy_class": {":type:": "<class 'abc.ABCMeta'>", "__module__": module}}
 
@@ -167,7 +120,7 @@ def _sac_layout(path, latent_sizes, n_critics, module="stable_baselines3.sac.pol
         a = torch.tanh(mu(latent(x)))
         return torch.stack([c(torch.cat([x, a], 1))[:, 0] for c in qs]).min(0).values
 
-    return _zip(path, state, data), (lambda x: 2.0 * torch.tanh(mu(latent(x)))), q
+    return sb3_zip(path, state, data), (lambda x: 2.0 * torch.tanh(mu(latent(x)))), q
 
 
 def test_sb3_sac_keeps_all_its_critics_and_imports_without_hidden_layers(tmp_path):
@@ -234,7 +187,7 @@ def test_an_over_limit_or_unknown_format_continuous_file_is_refused_before_it_is
         _one_line(lambda: import_policy(tmp_path / "td3.cleanrl_model", "mlp", fmt, max_bytes=size - 1),
                   "over the limit")
     _one_line(lambda: import_policy(tmp_path / "td3.cleanrl_model", "mlp", "bogus"), "unknown format 'bogus'")
-    _one_line(lambda: import_policy(_sac(tmp_path / "s.zip")[0], "mlp", "bogus"), "unknown format 'bogus'")
+    _one_line(lambda: import_policy(sb3_sac(tmp_path / "s.zip")[0], "mlp", "bogus"), "unknown format 'bogus'")
 
 
 def test_a_deeply_nested_data_member_is_one_line(tmp_path):
@@ -249,12 +202,12 @@ def test_a_deeply_nested_data_member_is_one_line(tmp_path):
                 zf.writestr(n, b)
         return path
 
-    _one_line(lambda: import_policy(nested(_sac(tmp_path / "s.zip")[0]), "mlp"), "not SB3's JSON")
+    _one_line(lambda: import_policy(nested(sb3_sac(tmp_path / "s.zip")[0]), "mlp"), "not SB3's JSON")
     ppo = _ppo(tmp_path / "p.zip")[0]
     with zipfile.ZipFile(ppo) as zf:
         state = torch.load(io.BytesIO(zf.read("policy.pth")), weights_only=True)
     del state["log_std"]     # a Categorical policy's actor-critic: read as a discrete policy
-    _one_line(lambda: import_policy(nested(_zip(tmp_path / "d.zip", state, {})), "mlp"), "not SB3's JSON")
+    _one_line(lambda: import_policy(nested(sb3_zip(tmp_path / "d.zip", state, {})), "mlp"), "not SB3's JSON")
 
 
 def _one_line(fn, needle):
@@ -268,13 +221,14 @@ def test_continuous_files_crop_cannot_tell_are_refused_in_one_line(tmp_path):
     """No data member (bounds unknown), a Dict action space, bounds that disagree with the env's, a
     continuous agent on a Discrete env, an actor's size another env's."""
     check = lambda p, env="Pendulum-v1": check_policy_file(p, "mlp", "auto", None, env, "vector")  # noqa: E731
-    _one_line(lambda: check(_sac(tmp_path / "a.zip", with_data=False)[0]), "cannot be told")
+    _one_line(lambda: check(sb3_sac(tmp_path / "a.zip", with_data=False)[0]), "cannot be told")
     bad = _ppo(tmp_path / "b.zip", space={":type:": "<class 'gymnasium.spaces.dict.Dict'>"})[0]
     _one_line(lambda: check(bad), "not a Box")
-    _one_line(lambda: check(_sac(tmp_path / "c.zip", low=(-1.0,), high=(1.0,))[0]), "disagree with Pendulum-v1's")
-    _one_line(lambda: check(_sac(tmp_path / "d.zip")[0], "CartPole-v1"), "Discrete action space")
-    _one_line(lambda: check(_sac(tmp_path / "e.zip", data_extra={"use_sde": True})[0]), "gSDE")
-    _one_line(lambda: import_policy(_sac(tmp_path / "f.zip")[0], {"arch": "mlp", "hidden": [8]}), "read from the file")
+    _one_line(lambda: check(sb3_sac(tmp_path / "c.zip", low=(-1.0,), high=(1.0,))[0]), "disagree with Pendulum-v1's")
+    _one_line(lambda: check(sb3_sac(tmp_path / "d.zip")[0], "CartPole-v1"), "Discrete action space")
+    _one_line(lambda: check(sb3_sac(tmp_path / "e.zip", data_extra={"use_sde": True})[0]), "gSDE")
+    _one_line(lambda: import_policy(sb3_sac(tmp_path / "f.zip")[0], {"arch": "mlp", "hidden": [8]}),
+              "read from the file")
 
 
 class _MultiBinaryEnv(gym.Env):
@@ -295,15 +249,6 @@ def test_an_action_space_crop_cannot_certify_is_one_line():
     with pytest.raises(UnknownEnvError) as e:
         make_env("CropTestMultiBinary-v0")
     assert "neither Discrete(n) from 0 nor a Box" in str(e.value) and "\n" not in str(e.value)
-
-
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cont")
-    src, _, _ = _sac(d / "sac.zip")
-    assert main(["import", "--env", "Pendulum-v1", "--algo", "SAC", "--file", str(src), "--eval-episodes", "1",
-                 "--out", str(d / "model.pt")]) in (None, 0)
-    return d / "model.pt"
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -327,13 +272,13 @@ def _scaled(src, dst, factor):
     """A copy of the SB3 zip ``src`` with every weight multiplied by ``factor``."""
     with zipfile.ZipFile(src) as zf:
         data, state = zf.read("data"), torch.load(io.BytesIO(zf.read("policy.pth")))
-    return _zip(dst, {k: v * factor for k, v in state.items()}, json.loads(data))
+    return sb3_zip(dst, {k: v * factor for k, v in state.items()}, json.loads(data))
 
 
 def test_an_import_whose_greedy_return_is_not_finite_is_refused_and_writes_nothing(tmp_path, capsys):
     """Weights of 1e30 are finite, so the file's checks pass, but the actor's outputs overflow to NaN: the
     import refuses it in one line naming the actor and its weights, before model.pt or model.json exist."""
-    big = _scaled(_sac(tmp_path / "sac.zip")[0], tmp_path / "big.zip", 1e30)
+    big = _scaled(sb3_sac(tmp_path / "sac.zip")[0], tmp_path / "big.zip", 1e30)
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exc:
         main(["import", "--env", "Pendulum-v1", "--algo", "SAC", "--file", str(big), "--eval-episodes", "2",
@@ -362,7 +307,7 @@ def test_an_actor_that_returns_nan_is_called_an_actor(imported):
         sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 4, 5, 1.0, seed=1, env_seed=2))
     with pytest.raises(NonFiniteQError, match=r"^the actor returned NaN or inf during the attack"):
         run_global_attack("Pendulum-v1", net, GlobalAttackSettings(0.1, [0.2], [[5]], 5, steps=2, n_eot=2))
-    policy = _mlp([3, 4, 2], 0)
+    policy = mlp([3, 4, 2], 0)
     policy.network_kind = "policy"
     with torch.no_grad():
         policy[0].weight.fill_(math.nan)
@@ -371,7 +316,7 @@ def test_an_actor_that_returns_nan_is_called_an_actor(imported):
         sm.estimate(np.zeros(3, np.float32), index=3)
     from crop.names import network_name
 
-    assert network_name(_mlp([3, 2], 0)) == "Q-network"
+    assert network_name(mlp([3, 2], 0)) == "Q-network"
 
 
 def test_gre_and_global_attack_run_on_a_continuous_agent(imported):

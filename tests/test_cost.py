@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from crop.__main__ import main
 from crop.workflow import cost
-from crop.workflow.cli import main
 from crop.workflow.config import load_config, validate_config
 from crop.workflow.layout import RUN_FILES
 
@@ -458,7 +458,7 @@ def test_memoised_resources_are_the_prices_and_follow_a_finished_loact(tmp_path)
 @pytest.mark.slow
 def test_plan_imports_no_torch(tmp_path):
     """A planning command on a login node: no torch (seconds of imports) to price a config."""
-    code = ("import sys; from crop.workflow.cli import main; main(['plan', '--configfile', sys.argv[1], '--json']); "
+    code = ("import sys; from crop.__main__ import main; main(['plan', '--configfile', sys.argv[1], '--json']); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code, str(PAPER)], capture_output=True, text=True,
                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from crop.__main__ import main
 from crop.workflow import cost
-from crop.workflow.cli import main
 from crop.workflow.config import load_config
 
 from paths import REPO

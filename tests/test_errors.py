@@ -1,4 +1,4 @@
-"""Errors that say what to do (issue 12 item 4): each bad input is one line on stderr, exit status 2, that
+"""Errors that say what to do: each bad input is one line on stderr, exit status 2, that
 names the problem and the fix, and no traceback."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from crop.workflow.cli import main
+from crop.__main__ import main
 from crop.workflow.config import ConfigError, load_config, validate_config
 
 from paths import REPO

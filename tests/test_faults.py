@@ -5,8 +5,8 @@ import os
 
 import pytest
 
+from crop.__main__ import main
 from crop.io import atomic_write_bytes
-from crop.workflow.cli import main
 from crop.workflow.layout import RUN_FILES
 
 from synthetic_results import make_results

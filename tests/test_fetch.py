@@ -1,6 +1,5 @@
 """Published checkpoints through the same code path users hit: pooch download from a mirror served on
 127.0.0.1, sha256 pinning (registry or lock file), safe archive extraction."""
-import io
 import json
 import tarfile
 import zipfile
@@ -10,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from crop.__main__ import main
 from crop.agents.checkpoints import ArchiveError, FetchError, extract_member, fetch_published
 from crop.agents.registry import resolve_source
 from crop.envs import make_env
 from crop.io import sha256_file
 from crop.models import load_network
-from crop.workflow.cli import main
 
+from archives import state_bytes, tar_archive
 from paths import SHARED
 
 CKPTS = SHARED / "checkpoints"
@@ -84,32 +84,10 @@ def test_every_published_highway_checkpoint_loads_and_plays(tmp_path, serve):
         assert steps >= 1 and np.isfinite(r)
 
 
-def _tar(path, members):
-    """members: list of (TarInfo-kwargs, bytes | None)."""
-    with tarfile.open(path, "w:gz") as tf:
-        for kw, data in members:
-            ti = tarfile.TarInfo(kw.pop("name"))
-            for k, v in kw.items():
-                setattr(ti, k, v)
-            if data is not None:
-                ti.size = len(data)
-                tf.addfile(ti, io.BytesIO(data))
-            else:
-                tf.addfile(ti)
-    return path
-
-
-def _state_bytes(seed=0):
-    torch.manual_seed(seed)
-    buf = io.BytesIO()
-    torch.save({"0.weight": torch.randn(2, 4), "0.bias": torch.zeros(2)}, buf)
-    return buf.getvalue()
-
-
 def test_lock_file_pins_the_first_download_and_refuses_a_change(tmp_path, serve):
     site = tmp_path / "site"
     site.mkdir()
-    _tar(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes(0))])
+    tar_archive(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, state_bytes(0))])
     mirror = serve(site)
     entry = {"url": "http://publisher.invalid/models.tar.gz", "member": "models/Pong-natural.model",
              "mirror_path": "models.tar.gz"}
@@ -118,7 +96,7 @@ def test_lock_file_pins_the_first_download_and_refuses_a_change(tmp_path, serve)
     pinned = json.loads(lock.read_text())[entry["url"]]["sha256"]
     assert pinned == sha256_file(site / "models.tar.gz")
     fetch_published(entry, tmp_path / "b.pt", mirror=mirror, cache=tmp_path / "cache2", lock=lock)  # same file: ok
-    _tar(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes(1))])  # publisher changed it
+    tar_archive(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, state_bytes(1))])  # publisher changed
     with pytest.raises(FetchError, match="refusing"):
         fetch_published(entry, tmp_path / "c.pt", mirror=mirror, cache=tmp_path / "cache3", lock=lock)
     assert not (tmp_path / "c.pt").exists()
@@ -132,7 +110,7 @@ def test_lock_file_pins_the_first_download_and_refuses_a_change(tmp_path, serve)
     [({"name": "dev", "type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 3}, None)],
 ], ids=["dotdot", "absolute", "symlink-escape", "hardlink-absolute", "device"])
 def test_hostile_tar_members_are_refused(tmp_path, hostile):
-    arc = _tar(tmp_path / "a.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes())] + hostile)
+    arc = tar_archive(tmp_path / "a.tar.gz", [({"name": "models/Pong-natural.model"}, state_bytes())] + hostile)
     out = tmp_path / "out" / "model.pt"
     before = set(Path("/tmp").iterdir())
     with pytest.raises(ArchiveError, match="refusing"):
@@ -144,7 +122,7 @@ def test_hostile_tar_members_are_refused(tmp_path, hostile):
 def test_zip_with_dotdot_and_bomb_are_refused(tmp_path):
     z = tmp_path / "evil.zip"
     with zipfile.ZipFile(z, "w") as zf:
-        zf.writestr("ok/Pong.pt", _state_bytes())
+        zf.writestr("ok/Pong.pt", state_bytes())
         zf.writestr("../../escape.pt", b"x")
     with pytest.raises(ArchiveError, match="climbs out"):
         extract_member(z, "ok/Pong.pt", tmp_path / "o1.pt")
@@ -187,14 +165,14 @@ def test_file_url_and_plain_folder_mirrors_with_the_same_sha256_rules(tmp_path, 
 def test_a_local_mirror_pins_an_unpinned_source_and_names_a_missing_file(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
-    _tar(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes(0))])
+    tar_archive(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, state_bytes(0))])
     entry = {"url": "http://publisher.invalid/models.tar.gz", "member": "models/Pong-natural.model",
              "mirror_path": "models.tar.gz"}
     lock = tmp_path / "lock.json"
     fetch_published(entry, tmp_path / "a.pt", mirror=site.as_uri(), cache=tmp_path / "cache", lock=lock)
     assert json.loads(lock.read_text())[entry["url"]]["sha256"] == sha256_file(site / "models.tar.gz")
     assert (site / "models.tar.gz").is_file()  # copied, not moved
-    _tar(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, _state_bytes(1))])
+    tar_archive(site / "models.tar.gz", [({"name": "models/Pong-natural.model"}, state_bytes(1))])
     with pytest.raises(FetchError, match="refusing"):
         fetch_published(entry, tmp_path / "b.pt", mirror=str(site), cache=tmp_path / "cache2", lock=lock)
     with pytest.raises(FetchError, match="no such file in the mirror"):

@@ -13,12 +13,13 @@ import time
 import zipfile
 
 import pytest
-from test_fetch import _state_bytes, _tar
 
+from crop.__main__ import main
 from crop.agents.checkpoints import fetch_published
 from crop.agents.registry import resolve_source
 from crop.io import sha256_file
-from crop.workflow.cli import main
+
+from archives import state_bytes, tar_archive
 
 SA_DQN, RADIAL = "sa-dqn-models.tar.gz", "DQN_trained_models.zip"   # the registry's archives, as a mirror names them
 # The paper's six SA-DQN checkpoint jobs and two RADIAL-RL ones: (env, algo, the stand-in member's seed).
@@ -49,12 +50,12 @@ def mirror(tmp_path):
     the registry's Atari sources come in, published without a checksum."""
     site = tmp_path / "site"
     site.mkdir()
-    _tar(site / SA_DQN, [({"name": _entry(e, a)["member"]}, _state_bytes(seed)) for e, a, seed in JOBS
+    tar_archive(site / SA_DQN, [({"name": _entry(e, a)["member"]}, state_bytes(seed)) for e, a, seed in JOBS
                          if a != "RadialRL"])
     with zipfile.ZipFile(site / RADIAL, "w") as zf:
         for e, a, seed in JOBS:
             if a == "RadialRL":
-                zf.writestr(f"DQN_trained_models/{_entry(e, a)['member']}", _state_bytes(seed))
+                zf.writestr(f"DQN_trained_models/{_entry(e, a)['member']}", state_bytes(seed))
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Counting, directory=str(site)))
     srv.gets = {}
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -93,7 +94,7 @@ def test_concurrent_first_fetches_download_each_archive_once(tmp_path, mirror):
     assert {k: v["sha256"] for k, v in pins.items()} == {_entry("PongNoFrameskip-v4", a)["url"]: sha256_file(site / f)
                                                           for a, f in (("StdTrain", SA_DQN), ("RadialRL", RADIAL))}
     for e, a, seed in JOBS:
-        assert (tmp_path / "out" / e / a / "model.pt").read_bytes() == _state_bytes(seed), (e, a)
+        assert (tmp_path / "out" / e / a / "model.pt").read_bytes() == state_bytes(seed), (e, a)
     left = sorted(p.name for p in cache.iterdir())
     assert left == sorted([f"{sha256_file(site / f)[:16]}-{f}" for f in (SA_DQN, RADIAL)]
                           + [f"{SA_DQN}.lock", f"{RADIAL}.lock"]), left
@@ -133,14 +134,14 @@ def test_a_dead_holder_and_its_half_written_download_are_recovered_in_one_line_e
     assert err[1] == (f"{cache / (SA_DQN + '.partial') / 'tmpx1y2z3'}: a half-written download of {SA_DQN} (13 bytes) "
                       "left by a fetch that ended without finishing; removed")
     assert gets == {}, "the whole download the dead process left was fetched again"
-    assert (tmp_path / "a.pt").read_bytes() == _state_bytes(1)
+    assert (tmp_path / "a.pt").read_bytes() == state_bytes(1)
     assert json.loads(lock.read_text())[_entry("PongNoFrameskip-v4", "StdTrain")["url"]]["sha256"] == \
         sha256_file(site / SA_DQN)
     assert not (cache / f"{SA_DQN}.partial").exists()
     # the next fetch finds the lock free and nobody's name in it: no line, no download
     fetch_published(_entry("PongNoFrameskip-v4", "SA-MDP-CVX"), tmp_path / "b.pt", mirror=url, cache=cache, lock=lock)
     assert capsys.readouterr().err == "" and gets == {}
-    assert (tmp_path / "b.pt").read_bytes() == _state_bytes(2)
+    assert (tmp_path / "b.pt").read_bytes() == state_bytes(2)
 
 
 def test_a_half_written_cache_file_is_fetched_again(tmp_path, mirror, capsys):
@@ -157,7 +158,7 @@ def test_a_half_written_cache_file_is_fetched_again(tmp_path, mirror, capsys):
     assert len(lines) == 1 and lines[0].startswith(f"{cached}: a cache file whose sha256 ")
     assert lines[0].endswith(f"is not the pinned {pinned} (half-written or changed); fetching it again")
     assert gets == {f"/{SA_DQN}": 2} and sha256_file(cached) == pinned
-    assert (tmp_path / "b.pt").read_bytes() == _state_bytes(10)
+    assert (tmp_path / "b.pt").read_bytes() == state_bytes(10)
 
 
 def test_fetch_configfile_fills_the_cache_for_compute_nodes_without_internet(tmp_path, mirror, capsys, monkeypatch):
@@ -178,4 +179,4 @@ def test_fetch_configfile_fills_the_cache_for_compute_nodes_without_internet(tmp
     monkeypatch.setenv("CROP_CHECKPOINT_MIRROR", "https://crop-no-such-host.invalid/")
     fetch_published(_entry("FreewayNoFrameskip-v4", "StdTrain"), tmp_path / "a.pt", cache=tmp_path / "cache",
                     lock=tmp_path / "l.json")
-    assert (tmp_path / "a.pt").read_bytes() == _state_bytes(10) and gets == {f"/{SA_DQN}": 1, f"/{RADIAL}": 1}
+    assert (tmp_path / "a.pt").read_bytes() == state_bytes(10) and gets == {f"/{SA_DQN}": 1, f"/{RADIAL}": 1}

@@ -337,7 +337,7 @@ def test_tables_give_both_conventions(tmp_path):
     assert math.isnan(metric_value(data[(CART, "CARRL", "0.1")], "mean_radius_certified"))
 
 
-# ------------------------------------------------------------------ vacuous bounds (issue 17 item 5)
+# ------------------------------------------------------------------ vacuous bounds
 
 @pytest.mark.slow
 def test_a_bound_below_j_min_is_shown_as_vacuous(tmp_path):
@@ -485,7 +485,7 @@ def test_only_rows_at_or_above_the_stopping_eps_are_marked_truncated(tmp_path):
         assert not rb[rb["algo"] == "StdTrain"]["lore_truncated"].any()
 
 
-# ------------------------------------------------------------------ figures that show the result (issue 36)
+# ------------------------------------------------------------------ figures that show the result
 
 def _far_j_min(root):
     """One CartPole run whose GRe J_min lies far below everything that claims something (as Pendulum-v1's

@@ -8,11 +8,12 @@ import re
 
 import pytest
 import yaml
-from test_continuous import _sac
-from test_inputs import _dqn
 
-from crop.workflow.cli import build_parser, main
+from crop.__main__ import main
+from crop.workflow.cli import build_parser
 from crop.workflow.stage_table import STAGES
+
+from networks import sb3_sac, state_dict_file
 
 BOX, DISCRETE = "Pendulum-v1", "CartPole-v1"
 
@@ -66,9 +67,9 @@ def _accepts(command: str, env: str, tmp_path) -> bool:
         from crop.envs import default_profile
 
         if env == BOX:
-            path = _sac(tmp_path / "sac.zip")[0]
+            path = sb3_sac(tmp_path / "sac.zip")[0]
         else:
-            path = _dqn(tmp_path / "dqn.pt", (4, 8, 2))
+            path = state_dict_file(tmp_path / "dqn.pt", (4, 8, 2))
         try:
             check_policy_file(path, "mlp", "auto", None, env, default_profile(env))
         except PolicyImportError:
@@ -114,7 +115,7 @@ def test_the_documented_rule_for_relative_paths_is_the_readers(tmp_path, capsys,
     cfg.write_text(yaml.safe_dump({"results": "results-mine", "environments": {"CartPole-v1": {
         "source": "file", "files": {"Mine": {"path": "dqn.pt"}}, "algorithms": ["Mine"],
         "rewards": {"range": [0.0, 1.0]}, "sigmas": [0.1]}}}))
-    _dqn(sub / "dqn.pt", (4, 8, 2))             # beside the config: not where the rule looks
+    state_dict_file(sub / "dqn.pt", (4, 8, 2))             # beside the config: not where the rule looks
     monkeypatch.chdir(elsewhere)
     with pytest.raises(SystemExit) as e:
         main(["validate-config", str(cfg)])
@@ -122,7 +123,7 @@ def test_the_documented_rule_for_relative_paths_is_the_readers(tmp_path, capsys,
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert f"files.Mine: dqn.pt: no such policy file (a relative path is read from the working directory, " \
            f"{os.getcwd()})" in err, err
-    _dqn(elsewhere / "dqn.pt", (4, 8, 2))       # in the working directory: found there
+    state_dict_file(elsewhere / "dqn.pt", (4, 8, 2))       # in the working directory: found there
     main(["validate-config", str(cfg)])
     assert "valid (1 certification targets)" in capsys.readouterr().out
 

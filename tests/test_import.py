@@ -1,4 +1,4 @@
-"""Your own policy (issue 12 item 5): `crop import` turns a PyTorch state dict, a CleanRL checkpoint or the
+"""Your own policy: `crop import` turns a PyTorch state dict, a CleanRL checkpoint or the
 q_net of a Stable-Baselines3 DQN .zip — each made here the way its library writes it — into a checkpoint
 whose network computes exactly the source's Q-values and whose model.json every certifier accepts; hostile
 files are refused before anything is written; a config with `source: file` is validated and planned."""
@@ -13,25 +13,18 @@ import torch
 import yaml
 from torch import nn
 
+from crop.__main__ import main
 from crop.agents.importing import PolicyImportError, import_policy
 from crop.io import derive_seed, sha256_file
 from crop.models import load_network
 from crop.train.dqn import greedy_returns
-from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.layout import RUN_FILES
 
+from networks import mlp, sb3_data, sb3_dqn_state, sb3_zip
 from paths import REPO
 
 X = torch.randn(32, 4, generator=torch.Generator().manual_seed(7))
-
-
-def _mlp(sizes, seed):
-    torch.manual_seed(seed)
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(sizes) - 2 else [])
-    return nn.Sequential(*layers).eval()
 
 
 class CleanRLQNetwork(nn.Module):
@@ -44,25 +37,6 @@ class CleanRLQNetwork(nn.Module):
 
     def forward(self, x):
         return self.network(x)
-
-
-def _sb3_zip(path, q_net: nn.Sequential, target: nn.Sequential, policy_bytes=None, extra=()):
-    """An SB3 DQN archive as `model.save()` writes it: data (JSON), policy.pth (online q_net and target
-    q_net_target, ``q_net.q_net.0.weight`` …), an optimizer, pytorch_variables.pth, the version file."""
-    state = {f"q_net.q_net.{k}": v for k, v in q_net.state_dict().items()}
-    state.update({f"q_net_target.q_net.{k}": v for k, v in target.state_dict().items()})
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("data", json.dumps({"policy_class": {":type:": "<class 'abc.ABCMeta'>"},
-                                        "policy_kwargs": {"net_arch": [64, 64]}}))
-        zf.writestr("policy.pth", buf.getvalue() if policy_bytes is None else policy_bytes)
-        zf.writestr("policy.optimizer.pth", b"")
-        zf.writestr("pytorch_variables.pth", b"")
-        zf.writestr("_stable_baselines3_version", "2.3.2")
-        for name, data in extra:
-            zf.writestr(name, data)
-    return path
 
 
 def _import(tmp_path, src, *extra, algo="StdTrain", episodes="3"):
@@ -80,7 +54,7 @@ def _same_q(out, rec, reference):
 
 
 def test_plain_pytorch_state_dict(tmp_path):
-    src_net = _mlp([4, 16, 16, 2], seed=1)
+    src_net = mlp([4, 16, 16, 2], seed=1)
     src = tmp_path / "mine.pt"
     torch.save(src_net.state_dict(), src)
     out, rec = _import(tmp_path, src)  # architecture mlp (default): sizes read from the weights
@@ -108,8 +82,8 @@ def test_cleanrl_checkpoint(tmp_path):
 
 
 def test_sb3_dqn_zip_takes_the_online_q_net(tmp_path):
-    q_net, target = _mlp([4, 64, 64, 2], seed=2), _mlp([4, 64, 64, 2], seed=3)
-    src = _sb3_zip(tmp_path / "dqn_cartpole.zip", q_net, target)
+    q_net, target = mlp([4, 64, 64, 2], seed=2), mlp([4, 64, 64, 2], seed=3)
+    src = sb3_zip(tmp_path / "dqn_cartpole.zip", sb3_dqn_state(q_net, target), sb3_data("DQN"))
     out, rec = _import(tmp_path, src)
     assert rec["imported_from"]["format"] == "sb3" and rec["imported_from"]["member"] == "policy.pth"
     assert rec["net_spec"] == {"arch": "mlp", "in": 4, "hidden": [64, 64], "out": 2}  # MlpPolicy default
@@ -138,7 +112,7 @@ def test_sb3_cnn_policy_maps_onto_nature_cnn(tmp_path):
 
 
 def test_imported_checkpoint_is_certified_by_the_certifiers(tmp_path):
-    src_net = _mlp([4, 16, 2], seed=5)
+    src_net = mlp([4, 16, 2], seed=5)
     torch.save(src_net.state_dict(), tmp_path / "mine.pt")
     out, _ = _import(tmp_path, tmp_path / "mine.pt", episodes="1")
     q = tmp_path / RUN_FILES["qrange"]
@@ -170,25 +144,28 @@ def test_pickled_code_in_policy_pth_is_never_run(tmp_path, capsys):
 
     buf = io.BytesIO()
     torch.save({"q_net.q_net.0.weight": Evil()}, buf)
-    src = _sb3_zip(tmp_path / "evil.zip", _mlp([4, 2], 0), _mlp([4, 2], 0), policy_bytes=buf.getvalue())
+    src = sb3_zip(tmp_path / "evil.zip", sb3_dqn_state(mlp([4, 2], 0), mlp([4, 2], 0)),
+                  sb3_data("DQN"), policy_bytes=buf.getvalue())
     _refused(tmp_path, capsys, src, match="holds code")
     assert not marker.exists()
 
 
 def test_zip_with_a_climbing_member_is_refused(tmp_path, capsys):
-    src = _sb3_zip(tmp_path / "climb.zip", _mlp([4, 2], 0), _mlp([4, 2], 0), extra=[("../../escape", b"x")])
+    src = sb3_zip(tmp_path / "climb.zip", sb3_dqn_state(mlp([4, 2], 0), mlp([4, 2], 0)),
+                  sb3_data("DQN"), extra=[("../../escape", b"x")])
     _refused(tmp_path, capsys, src, match="climbs out")
     assert not (tmp_path.parent / "escape").exists()
 
 
 def test_an_oversized_member_is_not_read(tmp_path):
-    src = _sb3_zip(tmp_path / "big.zip", _mlp([4, 256, 256, 2], 0), _mlp([4, 256, 256, 2], 0))
+    src = sb3_zip(tmp_path / "big.zip", sb3_dqn_state(mlp([4, 256, 256, 2], 0), mlp([4, 256, 256, 2], 0)),
+                  sb3_data("DQN"))
     with pytest.raises(PolicyImportError, match="over the limit"):
         import_policy(src, "mlp", max_bytes=4096)
 
 
 def test_a_pinned_sha256_and_nan_weights_and_a_wrong_architecture(tmp_path, capsys):
-    net = _mlp([4, 16, 2], 0)
+    net = mlp([4, 16, 2], 0)
     src = tmp_path / "mine.pt"
     torch.save(net.state_dict(), src)
     _refused(tmp_path, capsys, src, "--file-sha256", "0" * 64, match="differs from the pinned")
@@ -227,7 +204,8 @@ def test_config_source_file_is_validated(tmp_path):
 
 @pytest.mark.slow
 def test_snakemake_dry_run_plans_the_import(tmp_path):
-    _sb3_zip(tmp_path / "dqn_cartpole.zip", _mlp([4, 64, 64, 2], 0), _mlp([4, 64, 64, 2], 1))
+    sb3_zip(tmp_path / "dqn_cartpole.zip", sb3_dqn_state(mlp([4, 64, 64, 2], 0), mlp([4, 64, 64, 2], 1)),
+            sb3_data("DQN"))
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(_file_config(tmp_path, format="sb3")))
     p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
                         str(tmp_path), "-n", "-p", "--configfile", str(tmp_path / "c.yaml")],
@@ -241,7 +219,7 @@ def test_snakemake_dry_run_plans_the_import(tmp_path):
     assert len(carrl) == 1 and "--base-checkpoint" in carrl[0] and "--file" not in carrl[0]
 
 
-# ------------------------------------------------------------------------ a corpus of malformed files (issue 17)
+# ------------------------------------------------------------------------ a corpus of malformed files
 
 class _Payload:
     """A pickle that, loaded by a full unpickler, would create MARKER (never: weights_only=True)."""
@@ -268,7 +246,7 @@ def _zip_with_lying_size(path, policy_bytes, field):
 
 
 def _bad_files(tmp_path) -> dict:
-    """name: path of every kind of malformed policy file the issue names (and a few more), built here."""
+    """name: path of every kind of malformed policy file, built here."""
     d = tmp_path / "bad"
     d.mkdir()
     _Payload.marker = str(tmp_path / "PWNED")
@@ -278,7 +256,7 @@ def _bad_files(tmp_path) -> dict:
         return d / name
 
     def sd(*sizes):
-        return _mlp(list(sizes), 0).state_dict()
+        return mlp(list(sizes), 0).state_dict()
 
     good = io.BytesIO()
     torch.save(sd(4, 8, 2), good)
@@ -286,7 +264,7 @@ def _bad_files(tmp_path) -> dict:
     files = {
         "empty": d / "empty.pt", "garbage": d / "garbage.pt", "truncated torch zip": d / "trunc.pt",
         "payload in torch.save": save("payload.pt", {"0.weight": _Payload()}),
-        "whole pickled module": save("module.pt", _mlp([4, 8, 2], 0)),
+        "whole pickled module": save("module.pt", mlp([4, 8, 2], 0)),
         "non-chaining layers": save("nonchain.pt", {"0.weight": torch.zeros(8, 4), "0.bias": torch.zeros(8),
                                                     "2.weight": torch.zeros(2, 5), "2.bias": torch.zeros(2)}),
         "input wider than the observation": save("wide.pt", sd(5, 8, 2)),
@@ -303,11 +281,11 @@ def _bad_files(tmp_path) -> dict:
     files["bare pickle payload"] = raw
     buf = io.BytesIO()
     torch.save({"q_net.q_net.0.weight": _Payload()}, buf)
-    files["SB3 zip with a payload"] = _sb3_zip(d / "sb3_payload.zip", _mlp([4, 2], 0), _mlp([4, 2], 0),
-                                               policy_bytes=buf.getvalue())
-    files["SB3 zip with a garbage policy.pth"] = _sb3_zip(d / "sb3_garbage.zip", _mlp([4, 2], 0), _mlp([4, 2], 0),
-                                                          policy_bytes=b"\x00garbage" * 40)
-    sb3 = _sb3_zip(d / "sb3.zip", _mlp([4, 64, 2], 0), _mlp([4, 64, 2], 0)).read_bytes()
+    tiny = sb3_dqn_state(mlp([4, 2], 0), mlp([4, 2], 0))
+    files["SB3 zip with a payload"] = sb3_zip(d / "sb3_payload.zip", tiny, sb3_data("DQN"), policy_bytes=buf.getvalue())
+    files["SB3 zip with a garbage policy.pth"] = sb3_zip(d / "sb3_garbage.zip", tiny, sb3_data("DQN"),
+                                                         policy_bytes=b"\x00garbage" * 40)
+    sb3 = sb3_zip(d / "sb3.zip", sb3_dqn_state(mlp([4, 64, 2], 0), mlp([4, 64, 2], 0)), sb3_data("DQN")).read_bytes()
     corrupt = bytearray(sb3)
     start = sb3.find(b"policy.pth") + 40  # inside policy.pth's deflated data
     corrupt[start:start + 64] = bytes(64)
@@ -354,9 +332,9 @@ def test_every_malformed_file_is_one_line_and_nothing_is_written(tmp_path, capfd
     ('{"arch": "mlp", "in": "x", "hidden": [8], "out": 2}', "does not describe a network of architecture 'mlp'"),
     ('{"arch": "mlp", "in": -4, "hidden": [8], "out": 2}', "sizes must be positive integers"),
     ('{"arch": "mlp", "in": 4, "hidden": 8, "out": 2}', "sizes must be positive integers"),
-    ('{"arch": "mlp", "hidden": [8]}', "KeyError: 'in'"),
+    ('{"arch": "mlp", "hidden": [8]}', "architecture 'mlp': 'in' is missing or unknown"),
 ])
 def test_a_malformed_architecture_is_one_line(tmp_path, capsys, arch, words):
     src = tmp_path / "mine.pt"
-    torch.save(_mlp([4, 8, 2], 0).state_dict(), src)
+    torch.save(mlp([4, 8, 2], 0).state_dict(), src)
     _refused(tmp_path, capsys, src, "--arch", arch, match=words)

@@ -3,6 +3,7 @@ circle, so its modules form layers: nothing imports from a layer above it.  A pa
 own submodules are one unit here (``crop.envs`` and ``crop.envs.atari`` may import each other's names)."""
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,7 @@ def test_the_import_graph_sees_the_imports():
     assert "crop.workflow.config" in g["crop.workflow.stage_table"]  # inside a function
     assert "crop.report.rerun" in g["crop.report.audit"]
     assert "crop.envs" in g["crop.envs.vector"]                      # a package's own name
+    assert "crop.handlers.stages" in g["crop.__main__"]              # the command imports its handlers
 
 
 def test_every_arrow_points_down():
@@ -111,3 +113,41 @@ def test_the_top_of_the_house_holds_few_modules():
 def test_the_lowest_layer_imports_nothing_of_crop(module):
     # the provenance writer, the names of the choices and the column names are read by everything
     assert import_graph()[module] == set()
+
+
+#: ``"crop.module:function"`` (or its start, in an f-string): a function named by a string, imported by name
+#: where it is called, an arrow the graph above cannot see.
+_BY_NAME = re.compile(r"\bcrop(?:\.\w+)+:(?!\s)")
+
+#: The one place left, within its layer: the stage rows' cost, memory and device functions
+#: (crop/workflow/stage_costs.py), named so because that module reads the layout, which reads the rows.
+_NAMED_BY_STRING = {("crop/workflow/stage_table.py", "crop.workflow.stage_costs:")}
+
+
+def test_no_function_is_named_by_a_string():
+    found = set()
+    for path in CROP.rglob("*.py"):
+        rel = str(path.relative_to(REPO))
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found |= {(rel, m.group(), node.lineno) for m in _BY_NAME.finditer(node.value)}
+    named = sorted(f"{rel}:{line}: {text}" for rel, text, line in found if (rel, text) not in _NAMED_BY_STRING)
+    assert named == [], "functions named by a string, not imported (the import graph cannot see them): " + \
+        "; ".join(named)
+
+
+def test_a_function_named_by_a_string_is_found():
+    assert _BY_NAME.search('HANDLERS = {"qrange": "crop.handlers.stages:cmd_qrange"}')
+    assert _BY_NAME.search("crop.handlers.stages:") and not _BY_NAME.search("module:function, crop.io: writes")
+
+
+def test_no_test_module_imports_another():
+    """The tests share helpers through conftest.py's fixtures and the helper modules (networks, paths,
+    synthetic_results, toy_lore), never through another test file."""
+    found = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert found == [], "a test file imports another: " + "; ".join(found)

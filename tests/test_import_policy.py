@@ -1,4 +1,4 @@
-"""Policy-gradient agents (issue 21): SB3 PPO / A2C ``.zip`` files (MlpPolicy, CnnPolicy) and CleanRL's
+"""Policy-gradient agents: SB3 PPO / A2C ``.zip`` files (MlpPolicy, CnnPolicy) and CleanRL's
 ppo.py / ppo_atari.py agents — each made here the way its library writes it — import as policy networks whose
 output is exactly the actor's logits; the record says ``network: policy``; the certifiers smooth their
 probabilities by default and refuse the q target in one line."""
@@ -10,19 +10,13 @@ import pytest
 import torch
 from torch import nn
 
+from crop.__main__ import main
 from crop.agents.importing import PolicyImportError, import_policy
 from crop.models import load_network
-from crop.workflow.cli import main
+
+from networks import CleanRLAgent, mlp, sb3_data, sb3_mlp_policy, sb3_zip
 
 X = torch.randn(32, 4, generator=torch.Generator().manual_seed(3))
-
-
-def _tanh_mlp(sizes, seed, act=nn.Tanh):
-    torch.manual_seed(seed)
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers += [nn.Linear(a, b)] + ([act()] if i < len(sizes) - 2 else [])
-    return nn.Sequential(*layers).eval()
 
 
 def _nature_trunk(seed):
@@ -31,47 +25,14 @@ def _nature_trunk(seed):
                          nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten())
 
 
-def _sb3_zip(path, state: dict, policy_kwargs=None, algo="PPO"):
-    """An SB3 on-policy archive as `model.save()` writes it: data (JSON with the policy class and its
-    kwargs, activation_fn written as the class's text), policy.pth, the optimizer, pytorch_variables.pth,
-    the version file."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    data = {"policy_class": {":type:": "<class 'abc.ABCMeta'>", ":serialized:": "gAWV…",
-                             "__module__": "stable_baselines3.common.policies"},
-            "policy_kwargs": policy_kwargs or {}, "n_steps": 2048 if algo == "PPO" else 5}
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("data", json.dumps(data))
-        zf.writestr("policy.pth", buf.getvalue())
-        zf.writestr("policy.optimizer.pth", b"")
-        zf.writestr("pytorch_variables.pth", b"")
-        zf.writestr("_stable_baselines3_version", "2.3.2")
-    return path
-
-
-def _sb3_mlp_policy(pi_sizes, vf_sizes, n_actions, seed, act=nn.Tanh):
-    """MlpPolicy's state dict: mlp_extractor.policy_net / value_net (Linear + activation), action_net,
-    value_net (FlattenExtractor has no parameters)."""
-    pi = _tanh_mlp(pi_sizes, seed, act)
-    pi = nn.Sequential(*pi, act())  # SB3's policy_net ends with the activation
-    vf = _tanh_mlp(vf_sizes, seed + 1, act)
-    torch.manual_seed(seed + 2)
-    action_net, value_net = nn.Linear(pi_sizes[-1], n_actions), nn.Linear(vf_sizes[-1], 1)
-    state = {**{f"mlp_extractor.policy_net.{k}": v for k, v in pi.state_dict().items()},
-             **{f"mlp_extractor.value_net.{k}": v for k, v in vf.state_dict().items()},
-             **{f"action_net.{k}": v for k, v in action_net.state_dict().items()},
-             **{f"value_net.{k}": v for k, v in value_net.state_dict().items()}}
-    return state, (lambda x: action_net(pi(x)))
-
-
 def _same_logits(net, reference, x=X):
     with torch.no_grad():
         assert torch.allclose(net(x), reference(x), atol=1e-6, rtol=0)
 
 
 def test_sb3_ppo_mlp_policy_is_the_policy_branch_and_action_net(tmp_path):
-    state, logits = _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
-    src = _sb3_zip(tmp_path / "ppo_cartpole.zip", state)
+    state, logits = sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
+    src = sb3_zip(tmp_path / "ppo_cartpole.zip", state, sb3_data())
     net, info = import_policy(src, "mlp")
     assert info["network"] == "policy" and info["format"] == "sb3"
     assert info["net_spec"] == {"arch": "mlp", "in": 4, "hidden": [64, 64], "out": 2, "activation": "tanh"}
@@ -79,15 +40,15 @@ def test_sb3_ppo_mlp_policy_is_the_policy_branch_and_action_net(tmp_path):
 
 
 def test_sb3_a2c_with_relu_from_its_policy_kwargs(tmp_path):
-    state, logits = _sb3_mlp_policy([4, 32], [4, 16, 16], 3, seed=2, act=nn.ReLU)
+    state, logits = sb3_mlp_policy([4, 32], [4, 16, 16], 3, seed=2, act=nn.ReLU)
     kwargs = {":type:": "<class 'dict'>", ":serialized:": "gAWV…",
               "activation_fn": "<class 'torch.nn.modules.activation.ReLU'>", "net_arch": [32]}
-    net, info = import_policy(_sb3_zip(tmp_path / "a2c.zip", state, kwargs, algo="A2C"), "mlp")
+    net, info = import_policy(sb3_zip(tmp_path / "a2c.zip", state, sb3_data("A2C", kwargs)), "mlp")
     assert info["net_spec"] == {"arch": "mlp", "in": 4, "hidden": [32], "out": 3}
     _same_logits(net, logits)
     kwargs["activation_fn"] = "<class 'torch.nn.modules.activation.ELU'>"
     with pytest.raises(PolicyImportError, match="activation .*ELU.* is not supported"):
-        import_policy(_sb3_zip(tmp_path / "elu.zip", state, kwargs), "mlp")
+        import_policy(sb3_zip(tmp_path / "elu.zip", state, sb3_data(policy_kwargs=kwargs)), "mlp")
 
 
 @pytest.mark.slow
@@ -102,19 +63,10 @@ def test_sb3_ppo_cnn_policy_maps_onto_nature_cnn(tmp_path):
     state = {f"{p}features_extractor.{k}": v for p in ("", "pi_", "vf_") for k, v in fe.items()}
     state.update({f"action_net.{k}": v for k, v in action_net.state_dict().items()})
     state.update({f"value_net.{k}": v for k, v in value_net.state_dict().items()})
-    net, info = import_policy(_sb3_zip(tmp_path / "ppo_pong.zip", state),
+    net, info = import_policy(sb3_zip(tmp_path / "ppo_pong.zip", state, sb3_data()),
                               {"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6})
     assert info["network"] == "policy"
     _same_logits(net, lambda x: action_net(linear(cnn(x))), torch.rand(2, 4, 84, 84))
-
-
-class CleanRLAgent(nn.Module):
-    """cleanrl/ppo.py's Agent: critic and actor MLPs of 64 Tanh units."""
-
-    def __init__(self, n_in=4, n_out=2):
-        super().__init__()
-        self.critic = nn.Sequential(nn.Linear(n_in, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
-        self.actor = nn.Sequential(nn.Linear(n_in, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, n_out))
 
 
 class CleanRLAtariAgent(nn.Module):
@@ -145,14 +97,14 @@ def test_cleanrl_ppo_agents(tmp_path):
 
 
 def test_a_q_network_import_stays_a_q_network(tmp_path):
-    q = _tanh_mlp([4, 16, 2], 0, nn.ReLU)
+    q = mlp([4, 16, 2], 0, nn.ReLU)
     torch.save(q.state_dict(), tmp_path / "q.pt")
     assert import_policy(tmp_path / "q.pt", "mlp")[1]["network"] == "q"
 
 
 def _import_ppo(tmp_path):
-    state, logits = _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
-    src = _sb3_zip(tmp_path / "ppo.zip", state)
+    state, logits = sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
+    src = sb3_zip(tmp_path / "ppo.zip", state, sb3_data())
     out = tmp_path / "ck" / "model.pt"
     main(["import", "--env", "CartPole-v0", "--algo", "StdTrain", "--file", str(src), "--eval-episodes", "2",
           "--out", str(out)])
@@ -193,8 +145,8 @@ def _one_line_refusal(match, *args):
 def test_the_files_activation_completes_or_contradicts_an_explicit_mlp_spec(tmp_path):
     """An explicit mlp spec of a Tanh actor gets the file's Tanh, not crop's ReLU default; a spec that says
     otherwise is refused naming both; sizes are still read when the spec gives only the activation."""
-    state, logits = _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
-    src = _sb3_zip(tmp_path / "ppo.zip", state)
+    state, logits = sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
+    src = sb3_zip(tmp_path / "ppo.zip", state, sb3_data())
     sizes = {"arch": "mlp", "in": 4, "hidden": [64, 64], "out": 2}
     net, info = import_policy(src, sizes)
     assert info["net_spec"] == {**sizes, "activation": "tanh"}
@@ -209,14 +161,15 @@ def test_the_files_activation_completes_or_contradicts_an_explicit_mlp_spec(tmp_
 def test_an_actor_critic_whose_activation_the_file_does_not_tell_needs_it_given(tmp_path):
     """No Tanh guess: an SB3 MlpPolicy without a readable `data` (missing, too large) and a state dict with
     actor.* keys that is not CleanRL ppo.py's layout are refused unless the architecture gives the activation."""
-    state, logits = _sb3_mlp_policy([4, 32, 32], [4, 32, 32], 2, seed=3, act=nn.ReLU)
+    state, logits = sb3_mlp_policy([4, 32, 32], [4, 32, 32], 2, seed=3, act=nn.ReLU)
     buf = io.BytesIO()
     torch.save(state, buf)
     no_data = tmp_path / "no_data.zip"
     with zipfile.ZipFile(no_data, "w") as zf:
         zf.writestr("policy.pth", buf.getvalue())
-    big = _sb3_zip(tmp_path / "big.zip", state, {"activation_fn": "<class 'torch.nn.modules.activation.ReLU'>",
-                                                 "pad": "x" * (5 << 20)})
+    big = sb3_zip(tmp_path / "big.zip", state,
+                  sb3_data(policy_kwargs={"activation_fn": "<class 'torch.nn.modules.activation.ReLU'>",
+                                                 "pad": "x" * (5 << 20)}))
     for src, why in ((no_data, "'data' member is missing"), (big, "'data' member is .* over the limit")):
         err = _one_line_refusal(why, src, "mlp")
         assert '--arch \'{"arch": "mlp", "activation": "tanh"}\'' in err
@@ -224,7 +177,7 @@ def test_an_actor_critic_whose_activation_the_file_does_not_tell_needs_it_given(
         assert info["network"] == "policy" and info["net_spec"]["activation"] == "relu"
         _same_logits(net, logits)
     # A user's own ReLU actor-critic saved with actor.* / critic.* keys (two layers each: not ppo.py's three)
-    actor, critic = _tanh_mlp([4, 32, 2], 4, nn.ReLU), _tanh_mlp([4, 32, 1], 5, nn.ReLU)
+    actor, critic = mlp([4, 32, 2], 4, nn.ReLU), mlp([4, 32, 1], 5, nn.ReLU)
     own = {**{f"actor.{k}": v for k, v in actor.state_dict().items()},
            **{f"critic.{k}": v for k, v in critic.state_dict().items()}}
     torch.save(own, tmp_path / "own.pt")
@@ -238,11 +191,13 @@ def test_an_actor_critic_whose_activation_the_file_does_not_tell_needs_it_given(
 def test_sb3_layouts_crop_cannot_smooth_as_they_were_trained_are_refused(tmp_path):
     """SB3 < 1.8's shared_net, a continuous-action policy (log_std) and a CnnPolicy trained on raw pixels
     (normalize_images False) are each refused in one line."""
-    state, _ = _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
+    state, _ = sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
     shared = {**state, "mlp_extractor.shared_net.0.weight": torch.zeros(4, 4),
               "mlp_extractor.shared_net.0.bias": torch.zeros(4)}
-    _one_line_refusal("shared_net", _sb3_zip(tmp_path / "old.zip", shared), "mlp")
-    _one_line_refusal("continuous-action", _sb3_zip(tmp_path / "cont.zip", {**state, "log_std": torch.zeros(2)}),
+    _one_line_refusal("shared_net", sb3_zip(tmp_path / "old.zip", shared,
+                                            sb3_data()), "mlp")
+    _one_line_refusal("continuous-action", sb3_zip(tmp_path / "cont.zip", {**state, "log_std": torch.zeros(2)},
+                                                   sb3_data()),
                       "mlp")
     cnn = _nature_trunk(4)
     torch.manual_seed(5)
@@ -251,14 +206,16 @@ def test_sb3_layouts_crop_cannot_smooth_as_they_were_trained_are_refused(tmp_pat
           **{f"features_extractor.linear.{k}": v for k, v in linear.state_dict().items()},
           **{f"action_net.{k}": v for k, v in action_net.state_dict().items()}}
     spec = {"arch": "nature_cnn", "in_channels": 4, "in_size": 84, "out": 6}
-    raw = _sb3_zip(tmp_path / "raw.zip", fe, {":type:": "<class 'dict'>", "normalize_images": False})
+    raw = sb3_zip(tmp_path / "raw.zip", fe,
+                  sb3_data(policy_kwargs={":type:": "<class 'dict'>", "normalize_images": False}))
     _one_line_refusal("normalize_images", raw, spec)
-    assert import_policy(_sb3_zip(tmp_path / "ok.zip", fe, {"normalize_images": True}), spec)[1]["network"] == "policy"
+    assert import_policy(sb3_zip(tmp_path / "ok.zip", fe,
+                                 sb3_data(policy_kwargs={"normalize_images": True})), spec)[1]["network"] == "policy"
 
 
 def test_probs_of_a_q_network_is_refused_in_one_line(tmp_path, capsys):
     """softmax(Q) depends on the Q-values' scale: a Q-network is smoothed through q or vote, never probs."""
-    q = _tanh_mlp([4, 16, 2], 0, nn.ReLU)
+    q = mlp([4, 16, 2], 0, nn.ReLU)
     torch.save(q.state_dict(), tmp_path / "q.pt")
     out = tmp_path / "ck" / "model.pt"
     main(["import", "--env", "CartPole-v0", "--algo", "StdTrain", "--file", str(tmp_path / "q.pt"),

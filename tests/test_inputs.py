@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_import_policy import _sb3_mlp_policy, _sb3_zip
 
+from crop.__main__ import main
 from crop.models import CheckpointError
-from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, check_policy_files, load_config, validate_config
 from crop.workflow.layout import RUN_FILES
+
+from networks import sb3_data, sb3_mlp_policy, sb3_zip, state_dict_file
 
 
 def _one_line(argv, capsys) -> str:
@@ -31,17 +32,8 @@ def _one_line(argv, capsys) -> str:
 
 def _ppo(path: Path, obs: int, actions: int) -> Path:
     """An SB3 PPO MlpPolicy archive for an environment of ``obs`` inputs and ``actions`` actions."""
-    state, _ = _sb3_mlp_policy([obs, 64, 64], [obs, 64, 64], actions, seed=1)
-    return _sb3_zip(path, state)
-
-
-def _dqn(path: Path, sizes=(6, 32, 3)) -> Path:
-    from crop.models import build_network
-
-    torch.manual_seed(0)
-    net = build_network({"arch": "mlp", "in": sizes[0], "hidden": list(sizes[1:-1]), "out": sizes[-1]})
-    torch.save(net.state_dict(), path)
-    return path
+    state, _ = sb3_mlp_policy([obs, 64, 64], [obs, 64, 64], actions, seed=1)
+    return sb3_zip(path, state, sb3_data())
 
 
 def _config(tmp_path: Path, files: dict, **env) -> Path:
@@ -76,7 +68,7 @@ def test_validate_config_opens_every_policy_file(tmp_path, capsys):
     os.mkfifo(fifo)   # never opened: a reader would block
     err = _one_line(["validate-config", str(_config(tmp_path, {"Mine": fifo}))], capsys)
     assert f"files.Mine: {fifo}: a named pipe (FIFO), not a regular file" in err
-    pinned = {"path": str(_dqn(tmp_path / "dqn.pt")), "sha256": "0" * 64}
+    pinned = {"path": str(state_dict_file(tmp_path / "dqn.pt")), "sha256": "0" * 64}
     err = _one_line(["validate-config", str(_config(tmp_path, {"Mine": pinned}))], capsys)
     assert "files.Mine: " in err and "differs from the pinned" in err
     # a fitting network validates
@@ -138,7 +130,7 @@ def test_whole_numbers_stay_valid():
 
 
 def test_a_declared_architecture_is_bounded_before_allocation(tmp_path, capsys):
-    src = _dqn(tmp_path / "dqn.pt", (4, 16, 2))
+    src = state_dict_file(tmp_path / "dqn.pt", (4, 16, 2))
     err = _one_line(["import", "--env", "CartPole-v0", "--algo", "Mine", "--file", str(src), "--out",
                      str(tmp_path / "out" / "model.pt"), "--arch",
                      '{"arch":"mlp","in":4,"hidden":[1000000000],"out":2}'], capsys)
@@ -183,7 +175,7 @@ def test_a_policy_network_gets_probs_by_default(tmp_path):
     cfg = check_policy_files(load_config(_config(tmp_path, {"MyPPO": ppo})))
     assert cfg["environments"]["Acrobot-v1"]["target"] == "probs"
     # a Q-network keeps the paper's q, written nowhere (the config and its hash are unchanged)
-    plain = load_config(_config(tmp_path, {"MyDQN": _dqn(tmp_path / "dqn.pt")}))
+    plain = load_config(_config(tmp_path, {"MyDQN": state_dict_file(tmp_path / "dqn.pt")}))
     assert check_policy_files(plain) is plain and "target" not in plain["environments"]["Acrobot-v1"]
 
 
@@ -210,7 +202,7 @@ def test_a_passed_policy_check_is_remembered_by_the_files_bytes_and_settings(tmp
     check_policy_files(load_config(_config(tmp_path, {"MyPPO": {"path": str(ppo), "format": "sb3"}})))
     assert len(calls) == 1                                       # another setting of the check
     f = _config(tmp_path, {"MyPPO": ppo})
-    _dqn(ppo, (6, 32, 3))                                        # other bytes at the same path: a Q-network
+    state_dict_file(ppo, (6, 32, 3))                                        # other bytes at the same path: a Q-network
     plain = load_config(f)
     assert check_policy_files(plain) is plain and len(calls) == 2
     for entry in (tmp_path / "cache" / "crop" / "policy-checks").iterdir():
@@ -220,7 +212,7 @@ def test_a_passed_policy_check_is_remembered_by_the_files_bytes_and_settings(tmp
 
 
 def test_a_target_that_does_not_fit_the_network_is_refused_at_validation(tmp_path, capsys):
-    ppo, dqn = _ppo(tmp_path / "ppo.zip", 6, 3), _dqn(tmp_path / "dqn.pt")
+    ppo, dqn = _ppo(tmp_path / "ppo.zip", 6, 3), state_dict_file(tmp_path / "dqn.pt")
     err = _one_line(["validate-config", str(_config(tmp_path, {"MyPPO": ppo}, target="q"))], capsys)
     assert "environments.Acrobot-v1.target: q for MyPPO, which has no Q-values to smooth; use probs or vote" in err
     err = _one_line(["validate-config", str(_config(tmp_path, {"MyDQN": dqn}, targets=["vote", "probs"]))],
@@ -275,7 +267,7 @@ def test_results_follow_the_umask(umask, mode, tmp_path):
 
 @pytest.mark.slow
 def test_an_imported_checkpoint_follows_the_umask(tmp_path):
-    src = _dqn(tmp_path / "dqn.pt", (4, 16, 2))
+    src = state_dict_file(tmp_path / "dqn.pt", (4, 16, 2))
     p = subprocess.run(f"umask 022 && {sys.executable} -m crop import --env CartPole-v0 --algo Mine --file "
                        f"{src} --eval-episodes 1 --out {tmp_path / 'out' / 'model.pt'}", shell=True,
                        capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""A received results folder cannot steer its audit (issue 38): what its own records say it holds is there,
+"""A received results folder cannot steer its audit: what its own records say it holds is there,
 and its files agree with each other.
 
 The folder is the synthetic one (tests/synthetic_results.py) with its figures and tables drawn by

@@ -7,11 +7,12 @@ import math
 
 import numpy as np
 import pytest
-from test_lore import CachedSmoother, ToyWalk, brute_force, lore
 
 from crop.certify.loact import certify_estimate
 from crop.certify.lore import lore_bound_at
 from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
+
+from toy_lore import CachedSmoother, ToyWalk, brute_force, lore, lore_settings
 
 ORDERS = ("best-first", "depth-first")
 
@@ -121,9 +122,8 @@ def test_the_bound_at_twice_the_budget_comes_from_the_same_search(mlp_factory, o
     def run(max_nodes, double=False):
         sm = SmoothedNetwork(mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=0.5),
                              SmoothingSettings(0.3, 200, -6.0, 6.0, 0.05, seed=0), 3)
-        from test_lore import lore_settings
-
         from crop.certify.lore import run_lore
+
         return run_lore("toy", sm, lore_settings(6, 0, prune=False, gamma=0.9, max_nodes=max_nodes,
                                                  reward_min=-1.0, order=order, report_double=double,
                                                  batch=4), make=make, progress=False)

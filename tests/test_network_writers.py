@@ -51,7 +51,7 @@ def test_fetch_refuses_a_published_network_with_nan_weights(tmp_path):
 def test_crop_train_writes_no_model_when_training_diverges(tmp_path, capsys):
     """A learning rate of 1e30 drives the weights to NaN: one line naming the tensor, no model.pt, no
     model.json, no resume file."""
-    from crop.workflow.cli import main
+    from crop.__main__ import main
 
     settings = {"total_steps": 80, "target_return": None, "eval_episodes": 1, "hidden": [8],
                 "dqn": {"learning_starts": 10, "lr": 1e30, "batch_size": 8}}

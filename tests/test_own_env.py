@@ -1,4 +1,4 @@
-"""Certify your own work (issue 20): an environment outside the paper's four, an Atari game other than Pong and
+"""Certify your own work: an environment outside the paper's four, an Atari game other than Pong and
 Freeway, a label of your own; sizes checked against the environment; every missing fact and every mismatch
 refused with one line before anything is written.  Policy files are built here the way Stable-Baselines3
 writes them (no SB3 needed)."""
@@ -17,7 +17,6 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from test_import import _mlp, _sb3_zip
 
 from crop.envs import env_family, env_spec, make_env, profiles, restore, snapshot, snapshot_problem
 from crop.io import meta_name
@@ -27,6 +26,7 @@ from crop.report.metrics import parse_run
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.layout import RUN_FILES
 
+from networks import mlp, sb3_data, sb3_dqn_state, sb3_zip
 from paths import REPO
 
 OWN = yaml.safe_load((REPO / "tests/configs/own_smoke.yaml").read_text())
@@ -222,8 +222,10 @@ def test_own_config_valid_with_any_label_and_atari_without_reward_facts():
 
 @pytest.mark.slow
 def test_import_sizes_checked_against_the_environment(tmp_path):
-    acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 64, 64, 3], 0), _mlp([6, 64, 64, 3], 1))
-    three = _sb3_zip(tmp_path / "three.zip", _mlp([4, 64, 64, 3], 0), _mlp([4, 64, 64, 3], 1))
+    acro = sb3_zip(tmp_path / "acro.zip", sb3_dqn_state(mlp([6, 64, 64, 3], 0), mlp([6, 64, 64, 3], 1)),
+                   sb3_data("DQN"))
+    three = sb3_zip(tmp_path / "three.zip", sb3_dqn_state(mlp([4, 64, 64, 3], 0), mlp([4, 64, 64, 3], 1)),
+                    sb3_data("DQN"))
     cases = [("CartPole-v0", acro, "takes input (6,) and gives 3 outputs, but CartPole-v0 (profile vector) gives "
                                    "observations of shape (4,) and has 2 actions"),
              ("CartPole-v0", three, "takes input (4,) and gives 3 outputs, but CartPole-v0"),
@@ -243,7 +245,7 @@ def test_import_sizes_checked_against_the_environment(tmp_path):
 @pytest.mark.slow
 def test_checkpoint_used_on_another_environment_is_one_line(tmp_path):
     """A model.json edited to name another environment is refused when the checkpoint is used."""
-    acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 16, 3], 0), _mlp([6, 16, 3], 1))
+    acro = sb3_zip(tmp_path / "acro.zip", sb3_dqn_state(mlp([6, 16, 3], 0), mlp([6, 16, 3], 1)), sb3_data("DQN"))
     ck = tmp_path / "Acrobot-v1" / "Mine" / "checkpoint" / "model.pt"
     rc, out, err = _cli("import", "--env", "Acrobot-v1", "--algo", "Mine", "--file", acro, "--eval-episodes", "1",
                         "--out", ck)
@@ -260,7 +262,7 @@ def test_checkpoint_used_on_another_environment_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_gre_and_lore_need_the_reward_range_loact_does_not(tmp_path):
-    acro = _sb3_zip(tmp_path / "acro.zip", _mlp([6, 16, 3], 0), _mlp([6, 16, 3], 1))
+    acro = sb3_zip(tmp_path / "acro.zip", sb3_dqn_state(mlp([6, 16, 3], 0), mlp([6, 16, 3], 1)), sb3_data("DQN"))
     ck = tmp_path / "Acrobot-v1" / "Mine" / "checkpoint" / "model.pt"
     assert _cli("import", "--env", "Acrobot-v1", "--algo", "Mine", "--file", acro, "--eval-episodes", "1",
                 "--out", ck)[0] == 0
@@ -343,7 +345,7 @@ def _workflow(config: str, work: Path) -> None:
 def test_acrobot_whole_workflow_with_a_label_of_its_own(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    _sb3_zip(work / "acrobot_dqn.zip", _mlp([6, 64, 64, 3], 0), _mlp([6, 64, 64, 3], 1))
+    sb3_zip(work / "acrobot_dqn.zip", sb3_dqn_state(mlp([6, 64, 64, 3], 0), mlp([6, 64, 64, 3], 1)), sb3_data("DQN"))
     _workflow("own_smoke.yaml", work)
     res = work / "results-own"
     audit = json.loads((res / "audit/audit.json").read_text())

@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_import import _mlp
-from test_import import _sb3_zip as _sb3_dqn_zip
-from test_import_policy import _sb3_mlp_policy
-from test_import_policy import _sb3_zip as _sb3_ppo_zip
 
+from crop.__main__ import main
 from crop.envs import default_profile, env_shapes
 from crop.models import build_network
-from crop.workflow.cli import build_parser, main
+from crop.workflow.cli import build_parser
 from crop.workflow.config import check_policy_files, load_config, validate_config
 
+from networks import mlp, sb3_data, sb3_dqn_state, sb3_mlp_policy, sb3_zip
 from paths import REPO
 
 PAGE = (REPO / "docs" / "own-policy.md").read_text()
@@ -36,9 +34,9 @@ def _policy_file(path: Path, env: str) -> None:
     library's default MlpPolicy [64, 64] for ``env``."""
     n, (obs,) = env_shapes(env, default_profile(env))
     if "dqn" in path.name:
-        _sb3_dqn_zip(path, _mlp([obs, 64, 64, n], 0), _mlp([obs, 64, 64, n], 1))
+        sb3_zip(path, sb3_dqn_state(mlp([obs, 64, 64, n], 0), mlp([obs, 64, 64, n], 1)), sb3_data("DQN"))
     else:
-        _sb3_ppo_zip(path, _sb3_mlp_policy([obs, 64, 64], [obs, 64, 64], n, seed=0)[0])
+        sb3_zip(path, sb3_mlp_policy([obs, 64, 64], [obs, 64, 64], n, seed=0)[0], sb3_data())
 
 
 def test_the_page_has_a_dqn_and_a_ppo_config():
@@ -87,7 +85,7 @@ def test_each_command_by_hand_parses():
 def test_the_quoted_refusal_is_what_crop_import_prints(tmp_path, monkeypatch, capsys):
     quoted = re.search(r"```\n(crop import: error: acro\.zip: .*?)\n```", PAGE, flags=re.S).group(1)
     monkeypatch.chdir(tmp_path)
-    _sb3_dqn_zip(tmp_path / "acro.zip", _mlp([6, 64, 64, 3], 0), _mlp([6, 64, 64, 3], 1))
+    sb3_zip(tmp_path / "acro.zip", sb3_dqn_state(mlp([6, 64, 64, 3], 0), mlp([6, 64, 64, 3], 1)), sb3_data("DQN"))
     with pytest.raises(SystemExit):
         main(["import", "--env", "CartPole-v0", "--algo", "Mine", "--file", "acro.zip", "--out", "out/model.pt"])
     assert capsys.readouterr().err.strip() == quoted

@@ -1,4 +1,4 @@
-"""Progress in the logs (issue 12 item 6): with stderr not a terminal, a long loop writes whole lines with
+"""Progress in the logs: with stderr not a terminal, a long loop writes whole lines with
 its position, rate and ETA at the configured interval, so `tail -f` on a Snakemake log shows where it is."""
 import re
 import time

@@ -1,4 +1,4 @@
-"""The README tested as written (issue 17 item 4): the `[workflow]` extra its quick start installs provides
+"""The README tested as written: the `[workflow]` extra its quick start installs provides
 everything `snakemake --report` imports, and the quick-start summary it shows is what a run of
 configs/quickstart.yaml prints (the counts computed from that config by the functions the workflow uses)."""
 import ast

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
 
+from crop.__main__ import main
 from crop.io import meta_name
 from crop.report import aggregate as agg
 from crop.report import figures, style, tables
 from crop.report.metrics import load_runs
 from crop.workflow import layout
-from crop.workflow.cli import main
 from crop.workflow.layout import RUN_FILES
 
 from synthetic_results import make_results, runs_of

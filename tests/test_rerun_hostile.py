@@ -20,11 +20,11 @@ RUN = "CartPole-v0/StdTrain/sigma-0.1"
 
 @pytest.fixture(scope="module")
 def received(tmp_path_factory):
-    """A real tiny run folder (test_audit's: V range, LoAct, global attack), built once."""
-    from test_audit import _tiny_real_run
+    """A real tiny run folder (V range, LoAct, global attack), built once."""
+    from synthetic_results import tiny_real_run
 
     root = tmp_path_factory.mktemp("received") / "res"
-    _tiny_real_run(root)
+    tiny_real_run(root)
     return root
 
 
@@ -75,8 +75,8 @@ def test_an_output_recorded_null_is_still_written_in_the_scratch_folder(results)
 def test_another_network_is_not_reported_identical(results, tmp_path, mlp_factory):
     """loact.csv computed with network B while model.pt (and the metas' sha256) are A's: the record's injected
     ``--checkpoint=B`` is refused, and without it the re-run uses A and differs."""
+    from crop.__main__ import main
     from crop.models import save_q_network
-    from crop.workflow.cli import main
 
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     a = layout.checkpoint_path(results, "CartPole-v0", "StdTrain")
@@ -181,7 +181,7 @@ def test_an_oversized_record_is_refused_by_the_budget_naming_its_size(results, m
 
 
 def test_the_budget_is_a_positive_finite_number(results, tmp_path, capsys):
-    from crop.workflow.cli import main
+    from crop.__main__ import main
 
     for bad in ("0", "-1", "inf", "nan"):
         with pytest.raises(SystemExit) as exc:

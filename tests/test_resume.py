@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_lore import ToyWalk, lore_settings
 
 from crop.certify.lore import LoRe, Resume, lore_bound_at, run_lore
 from crop.io import meta_name, sha256_file, write_json
@@ -20,6 +19,7 @@ from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 from crop.workflow.layout import RUN_FILES
 
 from networks import random_mlp
+from toy_lore import ToyWalk, lore_settings
 
 
 class Killed(Exception):
@@ -543,8 +543,8 @@ def test_the_resume_file_outlives_a_failed_write_of_the_outputs(tmp_path, monkey
     """The stage deletes the resume file only once lore.csv and its meta are written: a failure (or a kill)
     between the end of the search and the outputs leaves it for the rerun, which resumes and then removes it."""
     import crop.handlers.stages
+    from crop.__main__ import main
     from crop.io import OutputError
-    from crop.workflow.cli import main
 
     d = tmp_path / "run"
     argv = _setup(d, "hoeffding")[3:]

@@ -129,7 +129,7 @@ def toy_device(cfg, env):
 
 
 add_stage(StageRow(
-    "toy", "a toy stage", "a toy stage's help", "A toy stage: writes its settings.", "toy_stage:cmd_toy",
+    "toy", "a toy stage", "a toy stage's help", "A toy stage: writes its settings.",
     (Output("toy", "toy.json", "out", "toy.json: its settings", meta=False),),
     {"rounds": "toy.rounds", "alpha": "/alpha"}, v_range=True, replicate=True, cost=toy_seconds, memory=500,
     device=toy_device, block=("toy", BLOCK),
@@ -142,7 +142,8 @@ def cmd_toy(args):
 
 #: run with the toy stage added: its plan, its SLURM resources, its subcommand and its files
 TOY_CHECK = """import sys, json, contextlib, io; sys.path.insert(0, sys.argv[1]); import toy_stage
-from crop.workflow import cost, layout; from crop.report import integrity; from crop.workflow.cli import main
+from crop.workflow import cost, layout; from crop.report import integrity; from crop.__main__ import HANDLERS, main
+HANDLERS['toy'] = toy_stage.cmd_toy
 from crop.workflow.config import load_config
 from crop.workflow.stage_table import layout_table
 assert layout.RUN_FILES['toy'] == 'toy.json' and 'toy' in layout.REPLICATE_FILES
@@ -203,7 +204,7 @@ def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_a_price_and_run_files(
 def test_a_row_without_a_cost_memory_or_device_function_is_refused_when_it_is_made():
     from crop.workflow.stage_table import StageRow
 
-    args = ("toy", "t", "h", "d", "toy:cmd", (), {}, False, False)
+    args = ("toy", "t", "h", "d", (), {}, False, False)
     with pytest.raises(ValueError, match=r"^stage toy: cost = None names no cost function \(module:function"):
         StageRow(*args, cost=None, memory=500, device="toy:device")
     with pytest.raises(ValueError, match="^stage toy: cost = 'toy' names no cost function"):

@@ -32,7 +32,7 @@ def test_workflow_parse_imports_neither_torch_nor_pandas():
 def test_a_stage_job_does_not_load_scipy_stats():
     """Φ and Φ⁻¹ come from scipy.special; scipy.stats (about 0.5 s per job) loads only for GRe's order
     statistic."""
-    code = ("import crop.workflow.cli, crop.smoothing.smoothed, crop.certify.loact, crop.certify.lore, "
+    code = ("import crop.__main__, crop.smoothing.smoothed, crop.certify.loact, crop.certify.lore, "
             "crop.certify.gre, crop.certify.attack, crop.certify.qrange")
     assert _loaded(code, ["scipy.stats"]) == []
     order = "\ncrop.smoothing.stats.percentile_order_index(100, 0.5, 0.05)"

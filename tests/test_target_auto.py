@@ -1,4 +1,4 @@
-"""``target: auto`` (issue 37): the qrange stage's pilot chooses one smoothing target per run on its own states and
+"""``target: auto``: the qrange stage's pilot chooses one smoothing target per run on its own states and
 noise (crop/certify/pilot.py), and the certification then runs exactly as if that target had been given."""
 import json
 
@@ -7,14 +7,13 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from test_continuous import CONTINUOUS, imported  # noqa: F401  (a fixture)
 
+from crop.__main__ import main
 from crop.certify.pilot import CANDIDATES, PilotSettings, choose_target, pilot_states, run_pilot
 from crop.io import derive_seed, meta_name, read_json, sha256_file, write_json
 from crop.models import save_q_network
 from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 from crop.workflow import layout
-from crop.workflow.cli import main
 from crop.workflow.config import ConfigError, run_targets, validate_config
 
 from networks import random_mlp
@@ -178,13 +177,13 @@ def test_another_checkpoints_choice_is_refused(auto_run, tmp_path, capsys):
     assert len(err) == 1 and "checkpoint_sha256" in err[0], err
 
 
-def test_a_continuous_agent_refuses_auto_in_one_line(imported, tmp_path, capsys):  # noqa: F811
+def test_a_continuous_agent_refuses_auto_in_one_line(imported, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["loact", "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint", str(imported),
               "--target", "auto", "--out", str(tmp_path / "x.csv")])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--target auto: a continuous-action agent" in err[0], err
-    cfg = yaml.safe_load(CONTINUOUS.read_text())
+    cfg = yaml.safe_load((REPO / "tests/configs/continuous.yaml").read_text())
     cfg["environments"]["Pendulum-v1"]["target"] = "auto"
     with pytest.raises(ConfigError) as e:
         validate_config(cfg)

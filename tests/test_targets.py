@@ -1,4 +1,4 @@
-"""Smoothing targets bounded in [0, 1] (issue 21): ``probs`` (softmax of a policy network's logits) and
+"""Smoothing targets bounded in [0, 1]: ``probs`` (softmax of a policy network's logits) and
 ``vote`` (one-hot of the greedy action).  The adapted Theorem 1 is tested as the Q target is: the bounds
 cover at rate ≥ 1 − α, the certified radius never exceeds what a brute-force search over perturbations finds,
 ties are never certified, and LoRe and GRe on a policy network pass the same checks as on a Q-network."""
@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats as st
-from test_batch_smoothing import _Affine as Linear2  # logits z(x) = W x + b: smoothed values known in closed form
 
 from crop.certify.gre import GReSettings, TrajectoryNoise, sample_randomized_returns
 from crop.certify.loact import certify_estimate, certify_state
 from crop.smoothing.smoothed import BOUNDS, TARGETS, SmoothedNetwork, SmoothingSettings
+
+from networks import Affine as Linear2  # logits z(x) = W x + b: smoothed values known in closed form
 
 TARGETS01 = ("probs", "vote")
 
@@ -195,9 +196,9 @@ def test_ties_are_never_certified(bound):
 def test_lore_on_a_policy_network_equals_brute_force(mlp_factory, target, signed, prune):
     """LoRe's bound over the smoothed probabilities or votes equals the brute-force enumeration of every
     action sequence the radii allow, at every ε (tests/test_lore.py's check of the Q target)."""
-    from test_lore import CachedSmoother, ToyWalk, brute_force, lore_settings
-
     from crop.certify.lore import lore_bound_at, run_lore
+
+    from toy_lore import CachedSmoother, ToyWalk, brute_force, lore_settings
 
     horizon = 6
     net = mlp_factory(n_in=2, n_out=3, hidden=(16,), seed=3, scale=3.0)

@@ -1,4 +1,4 @@
-"""Smoothing targets in the workflow (issue 21): a config's `target` / `targets` give each target its own runs
+"""Smoothing targets in the workflow: a config's `target` / `targets` give each target its own runs
 (q in today's folders, another in ENV/ALGO@TARGET/sigma-S), tables and figure lines "StdTrain (vote)", and an
 audit of each against attacks on its own policy; probs and vote run every stage without a qrange job.  At
 smoke size: an SB3-format PPO file, a CleanRL PPO file and a Q-network under `target: vote`."""
@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from test_import_policy import CleanRLAgent, _sb3_mlp_policy, _sb3_zip
 
 from crop.io import meta_name
 from crop.workflow import layout
 from crop.workflow.config import ConfigError, run_targets, validate_config
 from crop.workflow.layout import RUN_FILES
 
+from networks import CleanRLAgent, sb3_data, sb3_mlp_policy, sb3_zip
 from paths import REPO
 
 ENV = "CartPole-v0"
@@ -72,8 +72,9 @@ def _check_runs(results: Path, expected: dict) -> None:
 
 @pytest.mark.slow
 def test_sb3_ppo_file_runs_through_the_workflow_with_probs_and_vote(tmp_path):
-    state, _ = _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
-    cfg = _config(tmp_path, {"StdTrain": _sb3_zip(tmp_path / "ppo_cartpole.zip", state)}, targets=["probs", "vote"])
+    state, _ = sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, seed=1)
+    cfg = _config(tmp_path, {"StdTrain": sb3_zip(tmp_path / "ppo_cartpole.zip", state,
+                                                 sb3_data())}, targets=["probs", "vote"])
     p = _snakemake(cfg, "--cores", "2")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     _check_runs(tmp_path / "results", {("StdTrain", "probs"): "policy", ("StdTrain", "vote"): "policy"})

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from crop.__main__ import main
 from crop.io import sha256_file, write_json
 from crop.models import CheckpointError, build_network, load_network, save_q_network
 from crop.models.carrl import derive_carrl
@@ -14,7 +15,6 @@ from crop.models.noisy import NoisyLinear, resample_noise
 from crop.train import prepare_training, train_policy
 from crop.train.dqn import Batch, DQNConfig, TrainContext, _Replay, is_pixel_obs
 from crop.train.recipes import RECIPES
-from crop.workflow.cli import main
 from crop.workflow.config import ALGORITHMS, load_schema
 
 torch.set_num_threads(1)

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_import import _mlp
 
 from crop.envs import env_family, untrusted_env_ids
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.cost import shipped_table
 
+from networks import mlp
 from paths import REPO
 
 MODULE = "cropmarkmod"
@@ -30,7 +30,7 @@ def _setup(tmp_path: Path, import_module=None) -> tuple[Path, Path, dict]:
     mods, marker = tmp_path / "mods", tmp_path / "marker"
     mods.mkdir()
     (mods / f"{MODULE}.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n")
-    torch.save(_mlp([4, 8, 2], 0).state_dict(), tmp_path / "policy.pt")
+    torch.save(mlp([4, 8, 2], 0).state_dict(), tmp_path / "policy.pt")
     ec = {"source": "file", "files": {"Mine": {"path": str(tmp_path / "policy.pt")}}, "algorithms": ["Mine"],
           "sigmas": [0.1], "rewards": {"range": [0.0, 1.0]}, "train": {"eval_episodes": 1},
           "qrange": {"m": 10, "episodes": 1, "horizon": 5}, "loact": {"m": 10, "episodes": 1, "horizon": 5},

@@ -20,11 +20,13 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from crop.io import InputError
 from crop.workflow.certify_config import REPO, REWARDS, budget_sizes, certify_config
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SNAKEFILE = REPO / "Snakefile"
 _KIND = {"q": "a Q-network (DQN-style; smoothed Q-values)",
@@ -92,7 +94,7 @@ def _write_config(args) -> tuple[Path, dict, bool]:
         raise InputError(str(exc)) from None
     if not SNAKEFILE.is_file():
         raise InputError(f"{SNAKEFILE}: the workflow's Snakefile is not there; run crop certify from a checkout "
-                         "of the repository (pip install -e)")
+                         "of the repository (pip install -e), or set CROP_WORKFLOW to one")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.yaml"
     command = ["crop", "certify", str(policy), "--env", args.env, "--algo", args.algo, "--sigma",
@@ -123,6 +125,8 @@ def _sigma_lines(run: Path, box: bool, lore_h: int | None) -> list[str]:
     every action dimension stays within its tolerance, and the certified action interval's width), GRe's
     bounds at each ε beside the global attack's returns (Theorems 2–3), LoRe's bound (Algorithm 3) where it
     applies."""
+    import pandas as pd
+
     from crop.workflow.layout import RUN_FILES
 
     loact = pd.read_csv(run / RUN_FILES["loact"])

@@ -31,7 +31,7 @@ def setup(args) -> float:
 def recorded_settings(args, **resolved) -> dict:
     """The settings a result records: every option as it ran (a stage's --settings spelled out, and what the
     stage ``resolved`` itself, such as the target or GRe's block)."""
-    skip = {"handler", "progress"} | ({"settings"} if args.command in STAGES else set())
+    skip = {"progress"} | ({"settings"} if args.command in STAGES else set())
     return {**{k: v for k, v in vars(args).items() if k not in skip}, **resolved}
 
 

@@ -199,9 +199,11 @@ def build_network(spec: dict) -> nn.Module:
         n = _parameter_count(spec)
         if n <= MAX_PARAMETERS:
             return _BUILDERS[arch](spec)
-    except (KeyError, ValueError, TypeError, RuntimeError, OverflowError) as exc:  # sizes not positive integers
+    except KeyError as exc:  # a field the architecture needs is not given (or a nested arch is no known one)
+        raise CheckpointError(f"network spec {spec} does not describe a network of architecture {arch!r}: "
+                              f"{str(exc.args[0])[:50]!r} is missing or unknown") from None
+    except (ValueError, TypeError, RuntimeError, OverflowError) as exc:  # sizes not positive integers
         raise CheckpointError(f"network spec {spec} does not describe a network of architecture {arch!r} ("
-                              f"{type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:200]}); sizes must be positive integers") from None
     raise CheckpointError(f"network spec {spec_summary(spec)} has {n:,} parameters, over the limit of "
                           f"{MAX_PARAMETERS:,} (1 GiB of float32 weights, the largest file crop reads); refusing it")

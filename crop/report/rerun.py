@@ -81,7 +81,7 @@ MEM_FACTOR, MEM_EXTRA_MB = 4, 2048
 
 # The re-run's process: isolated (``-I``: neither the current directory nor PYTHON* variables on sys.path) and
 # with every environment id but the user's own (argv[1], JSON) importing nothing.
-_CHILD = ("import json, sys\nfrom crop.envs import untrusted_env_ids\nfrom crop.workflow.cli import main\n"
+_CHILD = ("import json, sys\nfrom crop.envs import untrusted_env_ids\nfrom crop.__main__ import main\n"
           "with untrusted_env_ids(json.loads(sys.argv[1])):\n    main(sys.argv[2:])")
 
 # What a record may hold besides the stage's settings: the common options (the config schema's top-level nodes),

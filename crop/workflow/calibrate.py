@@ -253,7 +253,7 @@ def _lore_transition_s(env: str, net, k: int, smooth_sample_s: float, device: st
 
 def _start_s() -> float:
     """A stage job's fixed cost: a fresh interpreter importing what ``crop loact`` imports."""
-    code = ("import crop.workflow.cli, crop.handlers.stages, crop.smoothing.smoothed, crop.certify.loact, crop.envs, "
+    code = ("import crop.__main__, crop.smoothing.smoothed, crop.certify.loact, crop.envs, "
             "pandas")
 
     def run():

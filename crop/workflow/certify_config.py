@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-#: The repository the package runs from (the Snakefile and configs/paper.yaml).
-REPO = Path(__file__).resolve().parents[2]
+from crop.workflow import workflow_root
+
+#: The workflow the package runs (the Snakefile and configs/paper.yaml; the setting CROP_WORKFLOW).
+REPO = workflow_root()
 
 #: The stages' sizes per budget; ``paper`` is read from configs/paper.yaml (:func:`budget_sizes`).
 QUICK = {

@@ -4,7 +4,8 @@ Each subcommand checks its arguments before doing any work, calls the package, a
 atomically with a provenance file beside each.  Exit status 2 means bad input (config, checkpoint,
 arguments); nothing is written then.  A stage's outputs and settings are its row of the stage table
 (crop/workflow/stage_table.py); each setting takes its type, bounds, default and help from the config schema.  The
-workflow passes a stage's settings block once, as --settings; a flag given by hand takes precedence.
+workflow passes a stage's settings block once, as --settings; a flag given by hand takes precedence.  The
+function each subcommand runs is the entry point's (crop/__main__.py): this module imports no handler.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from crop.workflow.cli_options import (
 )
 from crop.workflow.stage_table import STAGES
 
-__all__ = ["main", "build_parser", "InputError", "BOUND_NAMES"]
+__all__ = ["run", "build_parser", "stage_params", "InputError", "BOUND_NAMES"]
 
 
 # -------------------------------------------------------------------------------------------------- parser
@@ -102,31 +103,13 @@ COMMANDS = {
 }
 
 
-# What each subcommand runs (``module:function``, imported when it runs: the parser needs none of them); a
-# per-run stage's handler is its row's.
-HANDLERS = {"certify": "crop.handlers.certify:cmd_certify",
-            "train": "crop.handlers.policies:cmd_train", "derive": "crop.handlers.policies:cmd_derive",
-            "fetch": "crop.handlers.policies:cmd_fetch", "checkpoint": "crop.handlers.policies:cmd_checkpoint",
-            "import": "crop.handlers.policies:cmd_import", "aggregate": "crop.handlers.report:cmd_aggregate",
-            "audit": "crop.handlers.report:cmd_audit", "validate-config": "crop.workflow.commands:cmd_validate_config",
-            "calibrate": "crop.workflow.commands:cmd_calibrate", "plan": "crop.workflow.commands:cmd_plan"}
-
-
-def _subcommands() -> dict[str, tuple[str, str, str]]:
-    """``{subcommand: (help, description, handler)}`` in ``crop --help``'s order: the checkpoint's, the stage
-    table's rows, then the report's and the tools'."""
+def _subcommands() -> dict[str, tuple[str, str]]:
+    """``{subcommand: (help, description)}`` in ``crop --help``'s order: the checkpoint's, the stage table's rows,
+    then the report's and the tools'."""
     first = ("train", "derive", "fetch", "checkpoint", "import")
-    rows = {name: (row.help, row.description, row.handler) for name, row in STAGES.items()}
-    rest = {name: (*COMMANDS[name], HANDLERS[name]) for name in COMMANDS}
+    rows = {name: (row.help, row.description) for name, row in STAGES.items()}
+    rest = dict(COMMANDS)
     return {**{name: rest.pop(name) for name in first}, **rows, **rest}
-
-
-def handler(name: str):
-    """The function a ``module:function`` handler names."""
-    import importlib
-
-    module, function = name.split(":")
-    return getattr(importlib.import_module(module), function)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = _subcommands()
     parsers = {name: sub.add_parser(name, help=h, description=d, formatter_class=fmt)
-               for name, (h, d, _) in commands.items()}
+               for name, (h, d) in commands.items()}
     for name in ("train", "derive", "fetch", "checkpoint", "import"):
         common_args(parsers[name], sigma=False, checkpoint=False, required=name != "fetch")
     source = schema_node("environment.source")
@@ -177,8 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
         trust_env_arg(parsers[name], "a module:Id environment id of the config that may import its module, as "
                                       "if the config set import_module: true for it (a received config imports "
                                       "nothing unless you say so)")
-    for name, p in parsers.items():
-        p.set_defaults(handler=commands[name][2])
     return ap
 
 
@@ -201,13 +182,18 @@ def stage_params(args) -> argparse.Namespace:
     return argparse.Namespace(**params)
 
 
-def main(argv=None) -> None:
+def run(handlers: dict, argv=None) -> None:
+    """Parse ``argv`` (the command line's by default) and call its subcommand's function of ``handlers``
+    (``{subcommand: function}``: the ``crop`` command's, :data:`crop.__main__.HANDLERS`); bad input is one line
+    on stderr and exit status 2, nothing written."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command not in handlers:
+        parser.error(f"{args.command}: no function runs this subcommand (crop.__main__.HANDLERS)")
     try:
         args = stage_params(args)
-        handler(args.handler)(args)
+        handlers[args.command](args)
     except InputError as exc:
         print(f"crop {args.command}: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -225,7 +211,3 @@ def main(argv=None) -> None:
             print(f"crop {args.command}: error: {exc}", file=sys.stderr)
             sys.exit(1)
         raise
-
-
-if __name__ == "__main__":
-    main()

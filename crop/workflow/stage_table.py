@@ -1,5 +1,5 @@
 """The workflow's per-run stages, one row each: everything about a stage — what it writes, whether it reads the
-V range, the config settings it takes, the function its ``crop`` subcommand runs, its help, its extra flags,
+V range, the config settings it takes, its ``crop`` subcommand's help, its extra flags,
 what its jobs cost and ask of a cluster (its cost, memory and device functions), whether it is replicated, what the
 report's captions quote of its settings.
 
@@ -9,9 +9,10 @@ names of :mod:`crop.workflow.layout`, the ``crop`` subcommands with their ``--ou
 (:mod:`crop.workflow.cli`), :class:`crop.handlers.stages.StageRun`, the stages a run folder may hold
 (:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.workflow.cost`), the report's captions
 (:mod:`crop.report.captions`) and the rules/flags table of
-docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler,
-its cost function and its algorithm module.  No torch and no environments: the Snakefile and ``crop --help``
-import it (a row names its functions as ``module:function``, imported when a job is priced).
+docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler
+(the function of :data:`crop.__main__.HANDLERS` its subcommand runs), its cost function and its algorithm
+module.  No torch and no environments: the Snakefile and ``crop --help`` import it (a row names its cost,
+memory and device functions as ``module:function``, imported when a job is priced).
 
 A stage's settings are ``option: config key``, where ``/key`` is a top-level key and ``block.key`` a key of
 an environment's block; the option's type, bounds, default and help are the config schema's node of that key
@@ -67,7 +68,6 @@ class StageRow:
     title: str                      # what it computes, with the paper's result (the rule's heading)
     help: str                       # ``crop --help``'s line
     description: str                # ``crop COMMAND --help``'s paragraph
-    handler: str                    # ``module:function`` the subcommand runs (with the parsed arguments)
     outputs: tuple[Output, ...]     # the first is the stage's main result
     settings: dict[str, str]        # ``{option: config key}`` (the module docstring)
     v_range: bool                   # the q target reads its run's qrange.json (and the stage takes --target)
@@ -120,10 +120,6 @@ def _out(key: str, file: str, help: str, option: str = "out", required: bool = T
     return Output(key, file, option, help, required, meta=not file.endswith(".json"))
 
 
-def _cmd(rule: str) -> str:
-    return f"crop.handlers.stages:cmd_{rule}"
-
-
 def _cost(name: str) -> str:
     return f"crop.workflow.stage_costs:{name}"
 
@@ -150,7 +146,6 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         "estimate V_min, V_max (Appendix B.1)",
         "Estimate the range [V_min, V_max] of the network's outputs under σ-noise by rolling the smoothed policy "
         "(Appendix B.1); the certifiers clip to it.",
-        _cmd("qrange"),
         (_out("qrange", "qrange.json", "qrange.json: the V range [V_min, V_max]"),),
         {"m": "qrange.m", "episodes": "qrange.episodes", "horizon": "qrange.horizon", "method": "qrange.method",
          "quantile": "qrange.quantile"},
@@ -164,7 +159,6 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         "clean episodes, the benign returns and the certified ratio. For a continuous-action agent: per step and "
         "action dimension, the certified interval of its median-smoothed action (Chiang et al. 2020) and the "
         "largest ε keeping it within --action-tolerance.",
-        _cmd("loact"),
         (_out("loact", "loact.csv", "loact.csv: the certified radius of every step"),
          _out("loact_episodes", "loact_episodes.csv", "loact_episodes.csv: per-episode benign returns (optional)",
               "out_episodes", False),
@@ -184,7 +178,6 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         "GRe: expectation and percentile bounds (Algorithm 2)",
         "GRe (Algorithm 2, Theorems 2-3): lower bounds of the expected return and of its percentiles under any ℓ2 "
         "attack of budget ε, from m σ-randomized trajectories.",
-        _cmd("gre"),
         (_out("gre", "gre.csv", "gre.csv: the expectation and percentile bounds per ε"),
          _out("gre_returns", "gre_returns.csv", "gre_returns.csv: the m randomized returns", "out_returns")),
         {"m": "gre.m", "horizon": "gre.horizon", "gamma": "gre.gamma", "percentiles": "gre.percentiles",
@@ -199,7 +192,6 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         "LoRe: adaptive search for the absolute reward bound (Algorithm 3)",
         "LoRe (Algorithm 3, Theorem 4): the smallest return of the smoothed policy under any ℓ2 attack of budget "
         "ε, by an adaptive search over the tree of actions the attack can force; resumable.",
-        _cmd("lore"),
         (_out("lore", "lore.csv", "lore.csv: the bound at every critical radius"),
          _out("lore_states", "lore_states.csv", "lore_states.csv: the certificate of every state LoRe smoothed "
               "(optional)", "out_states", False)),
@@ -217,7 +209,6 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         "PGD against the locally smoothed policy",
         "ℓ2 PGD at every step against the smoothed policy (LoAct/LoRe's), over LoRe's horizon: how tight the "
         "certified radii and LoRe's bound are.",
-        _cmd("attack_local"),
         (_out("attack_local", "attack_local.csv", "attack_local.csv: returns under PGD per ε"),
          _out("attack_local_steps", "attack_local_steps.csv", "attack_local_steps.csv: every attacked step's clean "
               "certificate and action (optional)", "out_steps", False)),
@@ -233,7 +224,6 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         "PGD against the σ-randomized policy",
         "ℓ2 PGD at every step against the σ-randomized policy (expectation over transformation): how tight GRe's "
         "bounds are.",
-        _cmd("attack_global"),
         (_out("attack_global", "attack_global.csv", "attack_global.csv: returns under PGD per ε"),),
         {"horizon": "gre.horizon", "gamma": "gre.gamma", "episodes": "attack.global_episodes",
          "n_eot": "attack.global_n_eot", "pgd_steps": "attack.pgd_steps", "eps_factors": "attack.global_eps_factors",
@@ -356,7 +346,7 @@ def layout_table() -> str:
     def code(xs):
         return ", ".join(f"`{x}`" for x in xs) or "—"
 
-    lines = ["| rule | what it computes | `crop` subcommand (handler) | writes (flag: file) | reads | "
+    lines = ["| rule | what it computes | `crop` subcommand | writes (flag: file) | reads | "
              "settings (flag: config key) | flags the rule leaves out | a job's memory, device | priced by |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in STAGES.values():
@@ -367,7 +357,7 @@ def layout_table() -> str:
         settings = [f"--{o.replace('_', '-')}: {k.lstrip('/')}" for o, k in row.settings.items()]
         flags = [f"--{f.option.replace('_', '-')}" for f in row.flags]
         memory = f"{row.memory} MB" if isinstance(row.memory, int) else f"`{_name(row.memory)}`"
-        lines.append(f"| {code(rules)} | {row.title} | `crop {row.command}` (`{row.handler}`) | {code(writes)} | "
+        lines.append(f"| {code(rules)} | {row.title} | `crop {row.command}` | {code(writes)} | "
                      f"{code(reads)} | {code(settings)} | {code(flags)} | {memory}, "
                      f"`{_name(row.device)}` | `{_name(row.cost)}` |")
     return "\n".join([TABLE_BEGIN, *lines, TABLE_END])
