@@ -21,12 +21,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from crop.io import InputError
-from crop.workflow.certify_config import REPO, REWARDS, budget_sizes, certify_config
+from crop.workflow.certify_config import (
+    MARKER,
+    REPO,
+    REWARDS,
+    budget_sizes,
+    certify_config,
+    identity,
+    out_problem,
+)
 
 SNAKEFILE = REPO / "Snakefile"
+_TARGET_WHY = {"auto": ", chosen per σ by a pilot before the certification's noise is drawn; --target fixes it"}
 _KIND = {"q": "a Q-network (DQN-style; smoothed Q-values)",
          "policy": "a policy network (PPO/A2C-style; smoothed action probabilities)",
          "actor": "a continuous-action actor (SAC/TD3/DDPG/PPO on Box actions; percentile smoothing)"}
@@ -37,16 +44,13 @@ def _agent(path: Path, env: str) -> tuple[dict, bool]:
     Discrete environment, a Q-network or policy network for a Box one, sizes that differ are each refused in
     one line) and whether ``env`` has Box actions."""
     from crop.agents.importing import check_policy_file
-    from crop.envs import UnknownEnvError, action_bounds, default_profile, env_family
+    from crop.envs import UnknownEnvError, action_bounds, default_profile
     from crop.models import CheckpointError
 
     try:
-        env_family(env)
         box = action_bounds(env) is not None
     except UnknownEnvError as exc:
         raise InputError(f"--env: {exc}") from None
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
     try:
         _, info = check_policy_file(path, "mlp", "auto", None, env, default_profile(env))
     except CheckpointError as exc:
@@ -74,18 +78,47 @@ def _rewards(env: str, given) -> dict | None:
                      "does not declare; give it as --reward-range LOW HIGH")
 
 
+def _claim(args) -> tuple[Path, Path, dict]:
+    """The checks that need no network library (torch is not imported yet, so a typo is refused at once): the
+    policy file is a readable file, --env an id crop knows, --out a folder this certification may write into
+    (:func:`crop.workflow.certify_config.out_problem`).  Returns the policy's and the folder's absolute paths and
+    the folder's marker."""
+    from crop.envs import UnknownEnvError, env_family
+
+    policy = Path(args.policy).absolute()
+    if not policy.is_file():
+        raise InputError(f"{policy}: no such file" if not policy.exists() else f"{policy}: not a file")
+    try:
+        marker = identity(args.env, args.algo, policy)
+    except OSError as exc:
+        raise InputError(f"{policy}: cannot read the file ({exc.strerror})") from None
+    try:
+        env_family(args.env)
+    except UnknownEnvError as exc:
+        raise InputError(f"--env: {exc}") from None
+    out = Path(args.out).absolute()
+    problem = out_problem(out, marker, args.force)
+    if problem:
+        raise InputError(problem)
+    return policy, out, marker
+
+
 def _write_config(args) -> tuple[Path, dict, bool]:
-    """Every check, then DIR/config.yaml; nothing is written before all checks pass."""
+    """Every check, then DIR/config.yaml beside DIR/crop-certify.json; nothing is written before all checks
+    pass."""
     import yaml
 
     from crop.workflow.config import ConfigError, check_policy_files, validate_config
 
-    policy = Path(args.policy).absolute()
+    policy, out, marker = _claim(args)
     info, box = _agent(policy, args.env)
+    if box and args.target:
+        raise InputError(f"--target: {args.env} has continuous actions, whose LoAct certifies the action per "
+                         "dimension by percentile smoothing, with no smoothing target to choose; leave it out")
+    target = None if box else (args.target or "auto")
     sizes, sigmas = budget_sizes(args.budget, args.env)
-    out = Path(args.out).absolute()
     cfg = certify_config(args.env, args.algo, policy, out, sizes, args.sigma or sigmas,
-                         _rewards(args.env, args.reward_range), box)
+                         _rewards(args.env, args.reward_range), box, target)
     try:   # the checked config has the smoothing target filled in (probs, action), as the workflow's
         checked = check_policy_files(validate_config(cfg, "the config"), "the config")
     except ConfigError as exc:
@@ -94,27 +127,32 @@ def _write_config(args) -> tuple[Path, dict, bool]:
         raise InputError(f"{SNAKEFILE}: the workflow's Snakefile is not there; run crop certify from a checkout "
                          "of the repository (pip install -e)")
     out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     path = out / "config.yaml"
     command = ["crop", "certify", str(policy), "--env", args.env, "--algo", args.algo, "--sigma",
                *map(str, cfg["environments"][args.env]["sigmas"]), "--budget", args.budget, "--out", str(out),
+               *(["--target", target] if target else []),
                *(["--reward-range", *map(str, args.reward_range)] if args.reward_range else [])]
     path.write_text(f"# written by: {shlex.join(command)}\n"
-                    f"# repeat: snakemake -s {SNAKEFILE} --cores {args.cores} --configfile {path}\n"
+                    f"# repeat: snakemake -s {SNAKEFILE} --cores {args.cores} --configfile {path} --directory {out}\n"
                     "# (every path is absolute: any working directory will do)\n"
                     + yaml.safe_dump(cfg, sort_keys=False))
     print(f"agent:  {policy.name}: {_KIND[info['network']]}, {info['format']} format, "
           f"{info['net_spec'].get('arch')} {info['net_spec'].get('hidden', '')}".rstrip(), flush=True)
-    print(f"config: {path} ({args.budget} budget)", flush=True)
+    print(f"config: {path} ({args.budget} budget"
+          + (f"; smoothing target {target}{_TARGET_WHY.get(target, '')}" if target else "") + ")", flush=True)
     return path, checked, box
 
 
-def snakemake(*argv: str) -> subprocess.CompletedProcess:
-    """``python -m snakemake -s SNAKEFILE ARGV…`` with this interpreter's scripts (crop) first on PATH."""
+def snakemake(out: Path, *argv: str) -> subprocess.CompletedProcess:
+    """``python -m snakemake -s SNAKEFILE --directory OUT ARGV…`` with this interpreter's scripts (crop) first
+    on PATH: Snakemake's own state (.snakemake/) lives in ``out``, not in the working directory."""
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), *argv], env=env)
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), "--directory", str(out), *argv],
+                          env=env)
 
 
-def _mean(df: pd.DataFrame, col: str) -> float:
+def _mean(df, col: str) -> float:
     return float(df[col].mean()) if col in df else float("nan")
 
 
@@ -123,6 +161,8 @@ def _sigma_lines(run: Path, box: bool, lore_h: int | None) -> list[str]:
     every action dimension stays within its tolerance, and the certified action interval's width), GRe's
     bounds at each ε beside the global attack's returns (Theorems 2–3), LoRe's bound (Algorithm 3) where it
     applies."""
+    import pandas as pd
+
     from crop.workflow.layout import RUN_FILES
 
     loact = pd.read_csv(run / RUN_FILES["loact"])
@@ -148,6 +188,19 @@ def _sigma_lines(run: Path, box: bool, lore_h: int | None) -> list[str]:
     return lines
 
 
+def _chosen(run: Path) -> str:
+    """`` (target auto chose T; each candidate's predicted radius)`` of a run of ``target: auto``, read from its
+    qrange.json (:mod:`crop.certify.pilot`)."""
+    from crop.workflow.layout import RUN_FILES
+
+    try:
+        choice = json.loads((run / RUN_FILES["qrange"]).read_text())["target_choice"]
+        predicted = ", ".join(f"{t} {v['mean_predicted_radius']:.4g}" for t, v in choice["predicted"].items())
+        return f" (target auto chose {choice['chosen']}; mean predicted radius {predicted})"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return " (target auto: its choice is not readable in qrange.json)"
+
+
 def results_table(cfg: dict, box: bool) -> list[str]:
     """The per-σ table of a finished run of ``cfg`` (one environment, one label)."""
     from crop.workflow.config import run_targets
@@ -155,22 +208,26 @@ def results_table(cfg: dict, box: bool) -> list[str]:
 
     lines = []
     for env, algo, sigma_label, target in run_targets(cfg):
-        lines.append(f"{env} {algo} σ = {sigma_label}" + ("" if target == "q" else f" (target {target})"))
+        run = run_dir(cfg["results"], env, algo, sigma_label, target)
+        lines.append(f"{env} {algo} σ = {sigma_label}" + (
+            _chosen(run) if target == "auto" else "" if target in ("q", "action") else f" (target {target})"))
         lore_h = cfg["environments"][env].get("lore", {}).get("horizon")
-        lines += _sigma_lines(run_dir(cfg["results"], env, algo, sigma_label, target), box, lore_h)
+        lines += _sigma_lines(run, box, lore_h)
     return lines
 
 
 def cmd_certify(args) -> None:
     config, cfg, box = _write_config(args)
+    out, results = config.parent, Path(cfg["results"])
+    rerun = f"snakemake -s {SNAKEFILE} --cores {args.cores} --configfile {config} --directory {out}"
+    print(f"logs:   {results / 'logs'}/ (one per stage, environment, label and σ)", flush=True)
     # progress ("N of M steps (P%) done") without each job's file lists: those are in the run's log
-    if snakemake("--cores", str(args.cores), "--configfile", str(config), "--quiet", "rules", "host").returncode:
-        print(f"crop certify: error: the workflow failed (its log is above); rerun: snakemake -s {SNAKEFILE} "
-              f"--cores {args.cores} --configfile {config}", file=sys.stderr)
+    if snakemake(out, "--cores", str(args.cores), "--configfile", str(config), "--quiet", "rules", "host").returncode:
+        print(f"crop certify: error: the workflow failed (its log is above; each stage's in {results / 'logs'}); "
+              f"rerun: {rerun}", file=sys.stderr)
         sys.exit(1)
-    results = Path(cfg["results"])
-    report = config.parent / "report.html"
-    made = snakemake("--report", str(report), "--configfile", str(config), "--quiet", "all").returncode == 0
+    report = out / "report.html"
+    made = snakemake(out, "--report", str(report), "--configfile", str(config), "--quiet", "all").returncode == 0
     print("\n".join(results_table(cfg, box)))
     from crop.report.audit import verdict_line
 

@@ -13,6 +13,8 @@ any working directory: ``snakemake -s REPO/Snakefile --cores N --configfile DIR/
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 #: The repository the package runs from (the Snakefile and configs/paper.yaml).
@@ -30,6 +32,14 @@ QUICK = {
 }
 QUICK_SIGMAS = [0.05, 0.1]
 BUDGETS = ("quick", "paper")
+#: The smoothing targets --target offers (the config's ``target``); auto is the default.
+TARGETS = ("auto", "q", "probs", "vote")
+
+#: The file that marks a folder as made by `crop certify`: the agent (its sha256), environment and label the
+#: folder's results are of.  Only such a folder, an empty one or a new one is written into without --force.
+MARKER = "crop-certify.json"
+#: What makes two certifications the same agent's: a rerun with these equal writes into the same folder.
+SAME = ("env", "algo", "sha256")
 
 #: Reward facts of the Gymnasium environments crop certifies without a ``--reward-range`` (their
 #: specifications): the per-step range and, where an episode's length is capped, the whole game's range.
@@ -57,10 +67,21 @@ def certify_args(p, algo_type, sigma_type, count_type) -> None:
                    help="the label it gets in the tables, figures and folders")
     p.add_argument("--sigma", type=sigma_type, nargs="+",
                    help=f"the σ to certify (default: quick {QUICK_SIGMAS}, paper: the paper's for the environment)")
-    p.add_argument("--out", default="certify", help="the folder of config.yaml, results/ and report.html")
+    p.add_argument("--out", default="certify",
+                   help="the folder of config.yaml, results/, report.html and Snakemake's .snakemake/: a new or "
+                        "empty folder, or one crop certify made for the same agent, environment and label (then a "
+                        "rerun resumes or finds nothing to do)")
+    p.add_argument("--force", action="store_true",
+                   help="write into --out even if it holds other files (config.yaml and report.html are replaced, "
+                        "results/ is shared)")
     p.add_argument("--cores", type=count_type, default=2, help="cores Snakemake may use")
     p.add_argument("--budget", choices=BUDGETS, default="quick",
                    help="quick: a few CPU-minutes for a classic-control agent; paper: the paper's sizes")
+    p.add_argument("--target", choices=TARGETS,
+                   help="what LoAct, LoRe and the local attack smooth (discrete actions): auto (the default) lets "
+                        "a pilot pick, per σ and before any certification noise is drawn, the target with the "
+                        "largest predicted radius (q or vote for a Q-network, probs or vote for a policy network); "
+                        "q, probs or vote fixes it")
     p.add_argument("--reward-range", type=float, nargs=2, metavar=("LOW", "HIGH"),
                    help="the per-step reward range (GRe and LoRe need it; known for "
                         f"{', '.join(REWARDS)} and the paper's environments)")
@@ -83,11 +104,14 @@ def budget_sizes(budget: str, env: str) -> tuple[dict, list[float]]:
 
 
 def certify_config(env: str, label: str, policy: Path, out: Path, sizes: dict, sigmas: list[float],
-                   rewards: dict | None, box: bool) -> dict:
-    """The workflow config of one policy file (absolute ``policy``) certified on ``env``, results in
-    ``out``/results; a Box-action environment gets its stages only (no V range, LoRe or local attack)."""
+                   rewards: dict | None, box: bool, target: str | None = None) -> dict:
+    """The workflow config of one policy file (absolute ``policy``) certified on ``env`` with the smoothing
+    ``target`` (none: the network's default), results in ``out``/results; a Box-action environment gets its
+    stages only (no V range, LoRe or local attack) and no target."""
     ec = {"source": "file", "files": {label: {"path": str(policy)}}, "algorithms": [label],
           "sigmas": [float(s) for s in sigmas]}
+    if target and not box:
+        ec["target"] = target
     if rewards:
         ec["rewards"] = dict(rewards)
     for stage, settings in sizes.items():
@@ -95,3 +119,44 @@ def certify_config(env: str, label: str, policy: Path, out: Path, sizes: dict, s
             continue
         ec[stage] = {k: v for k, v in settings.items() if not (box and k in _LOCAL_ATTACK)}
     return {"results": str(out / "results"), "seed": 0, "environments": {env: ec}}
+
+
+def policy_sha256(path: Path) -> str:
+    """The sha256 of the policy file: the agent's identity in the folder's :data:`MARKER`."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def out_problem(out: Path, identity: dict, force: bool) -> str | None:
+    """Why ``out`` may not receive this certification (one line naming the folder and --force), or None: it
+    must not exist, be empty, or hold the :data:`MARKER` of the same ``identity`` (env, label, the policy
+    file's sha256); with ``force`` any folder will do.  A file, or a path under a file, is never a folder."""
+    first = next((p for p in (out, *out.parents) if p.exists() or p.is_symlink()), None)
+    if first is not None and not first.is_dir():
+        return f"--out {out}: {'is a file' if first == out else f'{first} is a file'}, not a folder; name a folder"
+    if first != out or force:
+        return None
+    try:
+        held = sorted(p.name for p in out.iterdir())
+    except OSError as exc:
+        return f"--out {out}: cannot read the folder ({exc.strerror})"
+    if not held:
+        return None
+    try:
+        made = json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        made = None
+    if isinstance(made, dict) and all(made.get(k) == identity[k] for k in SAME):
+        return None
+    what = ("crop certify made it for another agent, environment or label" if isinstance(made, dict)
+            else f"it holds {', '.join(held[:3])}{' …' if len(held) > 3 else ''}, not made by crop certify")
+    return (f"--out {out}: {what}; name a new or empty folder, or give --force to write into it anyway "
+            "(config.yaml and report.html replaced, results/ shared)")
+
+
+def identity(env: str, label: str, policy: Path) -> dict:
+    """What :data:`MARKER` records: the environment, the label and the policy file (path and sha256)."""
+    return {"env": env, "algo": label, "policy": str(policy), "sha256": policy_sha256(policy)}

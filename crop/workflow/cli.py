@@ -172,7 +172,21 @@ def build_parser() -> argparse.ArgumentParser:
                                       "nothing unless you say so)")
     for name, p in parsers.items():
         p.set_defaults(handler=commands[name][2])
+    ap.subcommand_parsers = parsers   # for _unknown: a mistyped flag gets its subcommand's usage
     return ap
+
+
+def _unknown(sub: argparse.ArgumentParser, extra: list[str]) -> None:
+    """Arguments the subcommand does not know: its own usage and error (not crop's), naming the closest flag of
+    each mistyped one (exit status 2)."""
+    import difflib
+
+    flags = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for x in extra:
+        close = difflib.get_close_matches(x.split("=", 1)[0], flags, n=1, cutoff=0.6) if x.startswith("-") else []
+        hints.append(f"{x} (did you mean {close[0]}?)" if close else x)
+    sub.error(f"unrecognized arguments: {' '.join(hints)}")
 
 
 def stage_params(args) -> argparse.Namespace:
@@ -197,7 +211,9 @@ def stage_params(args) -> argparse.Namespace:
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unknown(parser.subcommand_parsers[args.command], extra)
     try:
         args = stage_params(args)
         handler(args.handler)(args)

@@ -1,0 +1,134 @@
+"""`crop certify`'s --out (docs/own-policy.md, "In one command"): it writes only into a new or empty folder, or
+one it made for the same agent, environment and label (crop-certify.json says so); anything else is refused in
+one line naming the folder and --force, before anything is written, with every file there byte for byte as it
+was; Snakemake's own state lives in --out.  And a newcomer's errors: a mistyped flag gets certify's usage and
+the closest flag; a missing file is refused before torch is imported."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_certify import _cartpole_dqn
+
+from crop.workflow.certify_config import MARKER, REPO
+from crop.workflow.cli import main
+
+
+def _tree(root: Path) -> dict:
+    """Every file under ``root`` with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(["certify", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("crop certify: error: "), err
+    return err
+
+
+@pytest.fixture
+def agent(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return _cartpole_dqn(tmp_path / "dqn.zip")
+
+
+@pytest.fixture
+def workflow(monkeypatch):
+    """Snakemake's calls, recorded instead of run (the first fails, so certify stops after writing its config)."""
+    calls = []
+
+    def fake(out, *argv):
+        calls.append((out, argv))
+        return subprocess.CompletedProcess(argv, 1)
+
+    monkeypatch.setattr("crop.handlers.certify.snakemake", fake)
+    return calls
+
+
+def _user_folder(root: Path) -> Path:
+    (root / "results").mkdir(parents=True)
+    (root / "config.yaml").write_text("results: mine\n# my own config\n")
+    (root / "report.html").write_text("<html>my report</html>")
+    (root / "results" / "mydata.csv").write_text("a,b\n1,2\n")
+    return root
+
+
+@pytest.mark.parametrize("case", ["user folder", "working directory", "another agent", "another environment"])
+def test_a_folder_of_someone_else_is_refused_and_left_byte_for_byte(case, agent, tmp_path, capsys, workflow):
+    out = _user_folder(tmp_path / "mine")
+    if case == "another agent":     # made by crop certify, for a file of other bytes
+        (out / MARKER).write_text(json.dumps({"env": "CartPole-v1", "algo": "Mine", "policy": "/x/other.zip",
+                                              "sha256": "0" * 64}))
+    if case == "another environment":
+        main_args = ["dqn.zip", "--env", "CartPole-v0", "--out", "mine"]
+        (out / MARKER).write_text(json.dumps({"env": "CartPole-v1", "algo": "Mine", "policy": str(agent),
+                                              "sha256": hashlib.sha256(agent.read_bytes()).hexdigest()}))
+    before = _tree(tmp_path)
+    argv = (["dqn.zip", "--env", "CartPole-v1", "--out", "."] if case == "working directory" else
+            main_args if case == "another environment" else ["dqn.zip", "--env", "CartPole-v1", "--out", "mine"])
+    err = _refused(argv, capsys)
+    named = tmp_path if case == "working directory" else out
+    assert f"--out {named}:" in err and "--force" in err, err
+    assert _tree(tmp_path) == before and not workflow
+    assert not (tmp_path / ".snakemake").exists()
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_out_naming_a_file_is_one_line(under, agent, tmp_path, capsys, workflow):
+    (tmp_path / "notes.txt").write_text("mine")
+    before = _tree(tmp_path)
+    err = _refused(["dqn.zip", "--env", "CartPole-v1", "--out", "notes.txt/sub" if under else "notes.txt"], capsys)
+    assert "is a file, not a folder" in err and str(tmp_path / "notes.txt") in err, err
+    assert _tree(tmp_path) == before and not workflow
+
+
+@pytest.mark.parametrize("case", ["new", "empty", "same agent", "force"])
+def test_a_new_empty_own_or_forced_folder_is_written_and_snakemake_runs_in_it(case, agent, tmp_path, workflow):
+    out = tmp_path / "deep" / "mine"
+    if case == "empty":
+        out.mkdir(parents=True)
+    if case == "force":
+        _user_folder(out)
+    if case == "same agent":   # a first certify made it; the second writes the same config and marker
+        with pytest.raises(SystemExit):
+            main(["certify", "dqn.zip", "--env", "CartPole-v1", "--out", str(out)])
+        (out / "results").mkdir()
+        (out / "results" / "done.csv").write_text("kept\n")
+    before = _tree(out) if out.exists() else {}
+    with pytest.raises(SystemExit) as e:
+        main(["certify", "dqn.zip", "--env", "CartPole-v1", "--out", str(out), *["--force"][:case == "force"]])
+    assert e.value.code == 1    # the (fake) workflow failed, after the config was written
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["env"] == "CartPole-v1" and marker["algo"] == "Mine" and marker["policy"] == str(agent)
+    after = _tree(out)
+    if case == "same agent":
+        assert after == before
+    if case == "force":     # only config.yaml (and the marker) replaced; the user's data left as it was
+        assert {k for k in before if before[k] != after.get(k)} == {"config.yaml"}
+    # Snakemake's state (.snakemake/) is the folder's: every call runs with --directory OUT
+    assert workflow and workflow[-1][0] == out
+    assert "--directory " + str(out) in (out / "config.yaml").read_text().splitlines()[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", "dqn.zip"]
+
+
+def test_a_mistyped_flag_gets_certifys_usage_and_the_closest_flag(agent, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["certify", "dqn.zip", "--env", "CartPole-v1", "--sigmas", "0.1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: crop certify"), err
+    assert "--sigmas (did you mean --sigma?)" in err.splitlines()[-1]
+
+
+def test_a_missing_file_is_refused_before_torch_is_imported(tmp_path):
+    code = ("import sys\nfrom crop.workflow.cli import main\n"
+            "try:\n    main(['certify', 'nothere.zip', '--env', 'CartPole-v1'])\n"
+            "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules, 'pandas' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert p.stdout.split() == ["2", "False", "False"], p.stdout + p.stderr
+    assert p.stderr.strip() == f"crop certify: error: {tmp_path / 'nothere.zip'}: no such file"
+    assert list(tmp_path.iterdir()) == []
