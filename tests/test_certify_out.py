@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_certify import _cartpole_dqn
 
@@ -132,3 +133,86 @@ def test_a_missing_file_is_refused_before_torch_is_imported(tmp_path):
     assert p.stdout.split() == ["2", "False", "False"], p.stdout + p.stderr
     assert p.stderr.strip() == f"crop certify: error: {tmp_path / 'nothere.zip'}: no such file"
     assert list(tmp_path.iterdir()) == []
+
+
+def _linear_sac(path: Path) -> Path:
+    """An SB3 SAC on Pendulum-v1 with no hidden layer: action = 2·tanh(0.5·cos θ), whose slope 0.8–1 makes the
+    percentile interval at ε = 0 narrow and each one at ε > 0 wider by about ε·slope on both sides."""
+    import torch
+    from test_continuous import _mlp, _space, _zip
+
+    mu, log_std = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+    with torch.no_grad():
+        mu.weight.copy_(torch.tensor([[0.5, 0.0, 0.0]]))
+        mu.bias.zero_()
+    state = {**{f"actor.mu.{k}": v for k, v in mu.state_dict().items()},
+             **{f"actor.log_std.{k}": v for k, v in log_std.state_dict().items()},
+             **{f"critic.qf0.{k}": v for k, v in _mlp([4, 16, 1], 20).state_dict().items()}}
+    data = {"action_space": _space([-2.0], [2.0]), "policy_kwargs": {"net_arch": [], "n_critics": 1},
+            "policy_class": {":type:": "<class 'abc.ABCMeta'>", "__module__": "stable_baselines3.sac.policies"}}
+    return _zip(path, state, data)
+
+
+def test_a_box_agent_of_radius_0_at_every_step_certifies_no_step(tmp_path):
+    """A tolerance between every step's interval width at ε = 0 and at the grid's first ε > 0 gives radius 0 at
+    every step: no step is certified — in loact.csv, in the line crop certify prints, in the report's
+    certified fraction and its mean radius of the certified steps."""
+    import pandas as pd
+
+    from crop.handlers.certify import loact_line
+    from crop.report.metrics import _per_step, metric_value
+    from crop.workflow.layout import RUN_FILES
+
+    main(["import", "--env", "Pendulum-v1", "--algo", "SAC", "--file", str(_linear_sac(tmp_path / "sac.zip")),
+          "--eval-episodes", "1", "--out", str(tmp_path / "model.pt")])
+    f = {k: tmp_path / RUN_FILES[k] for k in ("loact", "loact_episodes", "certified_ratio")}
+
+    def loact(tolerance):
+        main(["loact", "--env", "Pendulum-v1", "--algo", "SAC", "--sigma", "0.1", "--checkpoint",
+              str(tmp_path / "model.pt"), "--m", "2000", "--episodes", "2", "--horizon", "10", "--action-tolerance",
+              str(tolerance), "--out", str(f["loact"]), "--out-episodes", str(f["loact_episodes"]),
+              "--out-ratio", str(f["certified_ratio"])])
+        return pd.read_csv(f["loact"])
+
+    wide = loact(4.0)    # the intervals do not depend on the tolerance (same noise): only the radius does
+    at_0, at_1 = wide["upper_e0"] - wide["lower_e0"], wide["upper_e0.25"] - wide["lower_e0.25"]
+    assert at_0.max() < at_1.min(), (at_0.max(), at_1.min())
+    table = loact(float(at_0.max() + at_1.min()) / 2)
+    np.testing.assert_array_equal(table["upper_e0"], wide["upper_e0"])
+    assert (table["radius"] == 0).all() and not table["certified"].any()
+    line = loact_line(table, box=True)
+    assert f"LoAct: 0.0% of {len(table)} steps certified (radius > 0), mean radius 0;" in line, line
+    run = {"loact": table}
+    _per_step(run)
+    assert metric_value(run, "certified_fraction") == 0.0 and metric_value(run, "mean_radius") == 0.0
+    assert pd.read_csv(f["loact_episodes"])["certified_fraction"].eq(0).all()
+    assert wide["certified"].all() and (wide["radius"] > 0).all()   # at a wide tolerance, every step is
+
+
+@pytest.mark.parametrize("env, horizon", [("CartPole-v1", 500), ("MountainCar-v0", 200), ("Pendulum-v1", 200),
+                                          ("CartPole-v0", 200), ("highway-fast-v0", 50)])
+def test_the_quick_horizon_is_the_episode_capped_and_flags_replace_it(env, horizon):
+    from crop.workflow.certify_config import QUICK_MAX_HORIZON, budget_sizes, quick_horizon
+
+    sizes, _ = budget_sizes("quick", env)
+    assert {sizes[s]["horizon"] for s in ("qrange", "loact", "gre")} == {horizon} == {quick_horizon(env)[0]}
+    assert horizon <= QUICK_MAX_HORIZON
+    for budget in ("quick", "paper"):
+        sizes, _ = budget_sizes(budget, env, horizon=7, episodes=3, m=123)
+        assert {sizes[s]["horizon"] for s in ("qrange", "loact", "gre") if s in sizes} == {7}
+        assert sizes["loact"]["episodes"] == 3 and {sizes[s]["m"] for s in ("loact", "gre", "lore")} == {123}
+        assert sizes["lore"]["horizon"] != 7    # LoRe's depth is its own
+
+
+def test_an_episode_longer_than_the_cap_is_cut_to_it():
+    import gymnasium as gym
+
+    from crop.workflow.certify_config import QUICK_MAX_HORIZON, quick_horizon
+
+    gym.register("CropLongCartPole-v1", entry_point="gymnasium.envs.classic_control:CartPoleEnv",
+                 max_episode_steps=10 * QUICK_MAX_HORIZON)
+    try:
+        h, why = quick_horizon("CropLongCartPole-v1")
+    finally:
+        del gym.registry["CropLongCartPole-v1"]
+    assert h == QUICK_MAX_HORIZON and f"episode of {10 * QUICK_MAX_HORIZON} steps, capped" in why

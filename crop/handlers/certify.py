@@ -30,9 +30,11 @@ from crop.workflow.certify_config import (
     certify_config,
     identity,
     out_problem,
+    quick_horizon,
 )
 
 SNAKEFILE = REPO / "Snakefile"
+SIZES = ("horizon", "episodes", "m")   # the flags that replace a budget's sizes
 _TARGET_WHY = {"auto": ", chosen per σ by a pilot before the certification's noise is drawn; --target fixes it"}
 _KIND = {"q": "a Q-network (DQN-style; smoothed Q-values)",
          "policy": "a policy network (PPO/A2C-style; smoothed action probabilities)",
@@ -103,6 +105,14 @@ def _claim(args) -> tuple[Path, Path, dict]:
     return policy, out, marker
 
 
+def _horizon_text(args, sizes: dict) -> str:
+    """The horizon the bounds cover, and why it is that one."""
+    h = sizes["gre"]["horizon"]
+    why = ("--horizon" if args.horizon else quick_horizon(args.env)[1] if args.budget == "quick"
+           else "the paper's")
+    return f"GRe, LoAct and the global attack over the first {h} steps: {why}"
+
+
 def _write_config(args) -> tuple[Path, dict, bool]:
     """Every check, then DIR/config.yaml beside DIR/crop-certify.json; nothing is written before all checks
     pass."""
@@ -116,7 +126,7 @@ def _write_config(args) -> tuple[Path, dict, bool]:
         raise InputError(f"--target: {args.env} has continuous actions, whose LoAct certifies the action per "
                          "dimension by percentile smoothing, with no smoothing target to choose; leave it out")
     target = None if box else (args.target or "auto")
-    sizes, sigmas = budget_sizes(args.budget, args.env)
+    sizes, sigmas = budget_sizes(args.budget, args.env, args.horizon, args.episodes, args.m)
     cfg = certify_config(args.env, args.algo, policy, out, sizes, args.sigma or sigmas,
                          _rewards(args.env, args.reward_range), box, target)
     try:   # the checked config has the smoothing target filled in (probs, action), as the workflow's
@@ -132,6 +142,7 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     command = ["crop", "certify", str(policy), "--env", args.env, "--algo", args.algo, "--sigma",
                *map(str, cfg["environments"][args.env]["sigmas"]), "--budget", args.budget, "--out", str(out),
                *(["--target", target] if target else []),
+               *[x for k in SIZES if getattr(args, k) for x in (f"--{k}", str(getattr(args, k)))],
                *(["--reward-range", *map(str, args.reward_range)] if args.reward_range else [])]
     path.write_text(f"# written by: {shlex.join(command)}\n"
                     f"# repeat: snakemake -s {SNAKEFILE} --cores {args.cores} --configfile {path} --directory {out}\n"
@@ -139,7 +150,7 @@ def _write_config(args) -> tuple[Path, dict, bool]:
                     + yaml.safe_dump(cfg, sort_keys=False))
     print(f"agent:  {policy.name}: {_KIND[info['network']]}, {info['format']} format, "
           f"{info['net_spec'].get('arch')} {info['net_spec'].get('hidden', '')}".rstrip(), flush=True)
-    print(f"config: {path} ({args.budget} budget"
+    print(f"config: {path} ({args.budget} budget; {_horizon_text(args, sizes)}"
           + (f"; smoothing target {target}{_TARGET_WHY.get(target, '')}" if target else "") + ")", flush=True)
     return path, checked, box
 
@@ -156,35 +167,56 @@ def _mean(df, col: str) -> float:
     return float(df[col].mean()) if col in df else float("nan")
 
 
-def _sigma_lines(run: Path, box: bool, lore_h: int | None) -> list[str]:
-    """One σ's rows: LoAct's certified fraction and mean radius (Theorem 1; a Box agent: the steps whose
-    every action dimension stays within its tolerance, and the certified action interval's width), GRe's
-    bounds at each ε beside the global attack's returns (Theorems 2–3), LoRe's bound (Algorithm 3) where it
-    applies."""
+def loact_line(loact, box: bool) -> str:
+    """LoAct's certified fraction and mean radius (Theorem 1) from its table: a step counts as certified where
+    its radius is > 0, as in the report's tables and figures; a Box agent's step is certified when every action
+    dimension is, at the smallest radius over them (:func:`crop.certify.percentile.step_ratio`), and the mean
+    width of its action interval at ε = σ follows."""
+    width = ""
+    if box:
+        from crop.certify.percentile import step_ratio
+
+        width = (loact["upper_e1"] - loact["lower_e1"]).mean()
+        width = f"; mean width of the action interval at eps = sigma {width:.4g}"
+        loact = step_ratio(loact)
+    return (f"  LoAct: {_mean(loact, 'certified'):.1%} of {len(loact)} steps certified (radius > 0), mean radius "
+            f"{_mean(loact, 'radius'):.4g}{width}")
+
+
+def _vacuous(bound: float, floor: float) -> str:
+    """``bound`` as the table prints it, ``(vacuous)`` beside it where it is the return's floor: it claims
+    nothing the reward range did not already say."""
+    return f"{bound:.4g}" + (" (vacuous)" if bound <= floor + 1e-9 * max(1.0, abs(floor)) else "")
+
+
+def _sigma_lines(run: Path, box: bool) -> list[str]:
+    """One σ's rows: LoAct's line (:func:`loact_line`), GRe's bounds at each ε beside the global attack's
+    returns (Theorems 2–3) over GRe's horizon, LoRe's bound (Algorithm 3) over its own, each bound that equals
+    the return's floor J_min marked vacuous."""
     import pandas as pd
 
     from crop.workflow.layout import RUN_FILES
 
-    loact = pd.read_csv(run / RUN_FILES["loact"])
-    if box:   # a step is certified when every action dimension is, at the smallest radius over them
-        width = (loact["upper_e1"] - loact["lower_e1"]).mean()
-        loact = loact.groupby(["episode", "step"]).agg(certified=("certified", "all"), radius=("radius", "min"))
-    lines = [f"  LoAct: {_mean(loact, 'certified'):.1%} of {len(loact)} steps certified, mean radius "
-             f"{_mean(loact, 'radius'):.4g}"
-             + (f"; mean width of the action interval at eps = sigma {width:.4g}" if box else "")]
+    lines = [loact_line(pd.read_csv(run / RUN_FILES["loact"]), box)]
     gre = pd.read_csv(run / RUN_FILES["gre"])
     attack = pd.read_csv(run / RUN_FILES["attack_global"])
-    lines.append(f"  {'eps':>8}  {'GRe J_E':>9}  {'GRe J_p':>9}  {'attack mean':>11}  {'attack median':>13}")
+    j_min, horizon = float(gre["j_min"].iloc[0]), int(gre["horizon"].iloc[0])
+    lines.append(f"  GRe and the global attack: the return over the first {horizon} steps (J_min = {j_min:.4g}; "
+                 "a bound at J_min is vacuous)")
+    lines.append(f"  {'eps':>8}  {'GRe J_E':>14}  {'GRe J_p':>14}  {'attack mean':>11}  {'attack median':>13}")
     for _, g in gre.iterrows():
         a = attack[(attack["eps"] - g["eps"]).abs() < 1e-12]
         mean = f"{a['return'].mean():.4g}" if len(a) else "—"
         median = f"{a['return'].median():.4g}" if len(a) else "—"
-        lines.append(f"  {g['eps']:>8.4g}  {g['expectation_bound']:>9.4g}  {g['percentile_bound']:>9.4g}  "
-                     f"{mean:>11}  {median:>13}")
+        lines.append(f"  {g['eps']:>8.4g}  {_vacuous(g['expectation_bound'], j_min):>14}  "
+                     f"{_vacuous(g['percentile_bound'], j_min):>14}  {mean:>11}  {median:>13}")
     if not box and (run / RUN_FILES["lore"]).is_file():
         lore = pd.read_csv(run / RUN_FILES["lore"])
-        lines.append(f"  LoRe: return over the first {lore_h} steps >= " + ", ".join(
-            f"{r['lower_bound']:.4g} at eps {r['eps']:.4g}" for _, r in lore.iterrows()))
+        settings = json.loads((run / "lore.meta.json").read_text())["settings"]
+        h, gamma, r_min = settings["horizon"], settings["gamma"], settings["reward_range"][0]
+        floor = r_min * sum(gamma ** t for t in range(h))
+        lines.append(f"  LoRe: return over the first {h} steps >= " + ", ".join(
+            f"{_vacuous(r['lower_bound'], floor)} at eps {r['eps']:.4g}" for _, r in lore.iterrows()))
     return lines
 
 
@@ -211,8 +243,7 @@ def results_table(cfg: dict, box: bool) -> list[str]:
         run = run_dir(cfg["results"], env, algo, sigma_label, target)
         lines.append(f"{env} {algo} σ = {sigma_label}" + (
             _chosen(run) if target == "auto" else "" if target in ("q", "action") else f" (target {target})"))
-        lore_h = cfg["environments"][env].get("lore", {}).get("horizon")
-        lines += _sigma_lines(run, box, lore_h)
+        lines += _sigma_lines(run, box)
     return lines
 
 

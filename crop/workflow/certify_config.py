@@ -2,7 +2,8 @@
 certify and the stage sizes of a budget (docs/own-policy.md, "In one command").
 
 ``quick`` is sized to finish a CartPole, Acrobot or Pendulum agent in a few CPU-minutes while every stage
-still runs and the audit has checks to make: LoAct and GRe on short horizons (H = 50) with m in the
+still runs and the audit has checks to make: LoAct and GRe over the environment's whole episode (its
+``max_episode_steps``, at most :data:`QUICK_MAX_HORIZON` steps; 50 for an image environment) with m in the
 thousands and hundreds, LoRe to depth 3, the attacks with few PGD steps and ``global_episodes: auto`` (the
 fewest episodes that let each GRe percentile check fail on its own, as config.yaml).  ``paper`` takes the
 paper's sizes (Appendix E) from configs/paper.yaml: the environment's own block where the paper has it, else
@@ -31,6 +32,9 @@ QUICK = {
                "global_episodes": "auto", "global_n_eot": 4, "global_eps_factors": [0.0, 0.05, 0.1, 0.2]},
 }
 QUICK_SIGMAS = [0.05, 0.1]
+#: The quick budget certifies a vector environment's whole episode up to this many steps (its
+#: ``max_episode_steps``): a classic-control agent's run then stays within a few CPU-minutes.
+QUICK_MAX_HORIZON = 500
 BUDGETS = ("quick", "paper")
 #: The smoothing targets --target offers (the config's ``target``); auto is the default.
 TARGETS = ("auto", "q", "probs", "vote")
@@ -77,6 +81,14 @@ def certify_args(p, algo_type, sigma_type, count_type) -> None:
     p.add_argument("--cores", type=count_type, default=2, help="cores Snakemake may use")
     p.add_argument("--budget", choices=BUDGETS, default="quick",
                    help="quick: a few CPU-minutes for a classic-control agent; paper: the paper's sizes")
+    p.add_argument("--horizon", type=count_type,
+                   help="the steps of an episode the V range, LoAct and GRe (and so the global attack) cover "
+                        f"(default: quick: the environment's max_episode_steps up to {QUICK_MAX_HORIZON}, 50 for "
+                        "an image environment; paper: the paper's)")
+    p.add_argument("--episodes", type=count_type, help="LoAct's episodes (default: the budget's)")
+    p.add_argument("--m", type=count_type,
+                   help="every stage's noise samples per state (the V range, LoAct, LoRe) and GRe's sampled paths "
+                        "(default: the budget's)")
     p.add_argument("--target", choices=TARGETS,
                    help="what LoAct, LoRe and the local attack smooth (discrete actions): auto (the default) lets "
                         "a pilot pick, per σ and before any certification noise is drawn, the target with the "
@@ -95,12 +107,53 @@ def _paper_block(env: str) -> tuple[dict, list[float]]:
     return envs.get(env, envs["CartPole-v0"]), envs.get(env, envs["CartPole-v0"])["sigmas"]
 
 
-def budget_sizes(budget: str, env: str) -> tuple[dict, list[float]]:
-    """``({stage: settings}, default σ)`` of ``budget`` for ``env``."""
+def episode_steps(env: str) -> int | None:
+    """The length Gymnasium caps an episode of ``env`` at (its ``max_episode_steps``), None where it has none
+    or is not a vector environment (an image's every step is a CNN forward per noise sample: the quick budget
+    keeps its short horizon there)."""
+    import gymnasium as gym
+
+    from crop.envs import env_family
+
+    if ":" in env or (env_family(env) != "vector" and env != "CartPole-v0"):   # a module:Id imports nothing here
+        return None
+    try:
+        steps = gym.spec(env).max_episode_steps
+    except Exception:   # not registered under that name in Gymnasium's own registry
+        return None
+    return int(steps) if steps else None
+
+
+def quick_horizon(env: str) -> tuple[int, str]:
+    """The quick budget's horizon of ``env`` and why: the whole episode (``max_episode_steps``) up to
+    :data:`QUICK_MAX_HORIZON`, else QUICK's 50 steps."""
+    steps = episode_steps(env)
+    if steps is None:
+        return QUICK["gre"]["horizon"], f"{env} declares no episode length crop sizes by"
+    if steps > QUICK_MAX_HORIZON:
+        return QUICK_MAX_HORIZON, f"{env}'s episode of {steps} steps, capped by the quick budget"
+    return steps, f"{env}'s whole episode"
+
+
+def budget_sizes(budget: str, env: str, horizon: int | None = None, episodes: int | None = None,
+                 m: int | None = None) -> tuple[dict, list[float]]:
+    """``({stage: settings}, default σ)`` of ``budget`` for ``env``; ``horizon`` (the V range's, LoAct's and
+    GRe's), ``episodes`` (LoAct's) and ``m`` (every stage's noise samples or paths) replace the budget's."""
     if budget == "quick":
-        return {k: dict(v) for k, v in QUICK.items()}, list(QUICK_SIGMAS)
-    block, sigmas = _paper_block(env)
-    return {k: dict(block[k]) for k in QUICK if k in block and k != "train"}, list(sigmas)
+        sizes, sigmas = {k: dict(v) for k, v in QUICK.items()}, list(QUICK_SIGMAS)
+        horizon = horizon or quick_horizon(env)[0]
+    else:
+        block, sigmas = _paper_block(env)
+        sizes = {k: dict(block[k]) for k in QUICK if k in block and k != "train"}
+    for stage in ("qrange", "loact", "gre"):
+        if horizon and stage in sizes:
+            sizes[stage]["horizon"] = int(horizon)
+    if episodes and "loact" in sizes:
+        sizes["loact"]["episodes"] = int(episodes)
+    for stage in ("qrange", "loact", "gre", "lore"):
+        if m and stage in sizes:
+            sizes[stage]["m"] = int(m)
+    return sizes, list(sigmas)
 
 
 def certify_config(env: str, label: str, policy: Path, out: Path, sizes: dict, sigmas: list[float],
