@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_certify import _cartpole_dqn
+from test_certify import _cartpole_dqn, _refused
 
 from crop.workflow.certify_config import MARKER, REPO
 from crop.workflow.cli import main
@@ -21,14 +21,6 @@ from crop.workflow.cli import main
 def _tree(root: Path) -> dict:
     """Every file under ``root`` with its bytes."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _refused(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(["certify", *argv])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("crop certify: error: "), err
-    return err
 
 
 @pytest.fixture
@@ -216,3 +208,23 @@ def test_an_episode_longer_than_the_cap_is_cut_to_it():
     finally:
         del gym.registry["CropLongCartPole-v1"]
     assert h == QUICK_MAX_HORIZON and f"episode of {10 * QUICK_MAX_HORIZON} steps, capped" in why
+
+
+def test_a_box_agents_captions_quote_no_stage_that_never_ran():
+    """A continuous-action agent runs no LoRe and no local attack: no rendered caption of the report
+    (report/{family}.rst) quotes their settings; a discrete agent's still do."""
+    import jinja2
+
+    from crop.report.captions import caption_settings
+    from crop.workflow.config import validate_config
+    from crop.workflow.layout import FIGURE_FAMILIES
+
+    ec = {"source": "file", "files": {"Mine": {"path": "a.pt"}}, "algorithms": ["Mine"], "sigmas": [0.1]}
+    for env, box in (("Pendulum-v1", True), ("CartPole-v0", False)):
+        cfg = validate_config({"environments": {env: {**ec, **({"rewards": {"range": [-16.3, 0.0]}} if box else {})}}})
+        params = {"settings": caption_settings(cfg), "alpha": cfg["alpha"]}
+        texts = [jinja2.Template((REPO / "report" / f"{f}.rst").read_text()).render(snakemake={"params": params})
+                 for f in FIGURE_FAMILIES]
+        lore = caption_settings(cfg)[env]["lore"] if not box else "horizon H = "
+        assert any(lore in t for t in texts) != box and any("local (from LoRe" in t for t in texts) != box
+        assert ("LoRe m = " in params["settings"].text) != box

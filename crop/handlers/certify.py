@@ -185,7 +185,10 @@ def loact_line(loact, box: bool) -> str:
 
 def _vacuous(bound: float, floor: float) -> str:
     """``bound`` as the table prints it, ``(vacuous)`` beside it where it is the return's floor: it claims
-    nothing the reward range did not already say."""
+    nothing the reward range did not already say; ``none`` where there is no bound (a percentile GRe cannot
+    certify with its m paths at that ε)."""
+    if bound != bound:
+        return "none"
     return f"{bound:.4g}" + (" (vacuous)" if bound <= floor + 1e-9 * max(1.0, abs(floor)) else "")
 
 
@@ -202,7 +205,7 @@ def _sigma_lines(run: Path, box: bool) -> list[str]:
     attack = pd.read_csv(run / RUN_FILES["attack_global"])
     j_min, horizon = float(gre["j_min"].iloc[0]), int(gre["horizon"].iloc[0])
     lines.append(f"  GRe and the global attack: the return over the first {horizon} steps (J_min = {j_min:.4g}; "
-                 "a bound at J_min is vacuous)")
+                 "a bound at J_min is vacuous, none: no bound at that eps)")
     lines.append(f"  {'eps':>8}  {'GRe J_E':>14}  {'GRe J_p':>14}  {'attack mean':>11}  {'attack median':>13}")
     for _, g in gre.iterrows():
         a = attack[(attack["eps"] - g["eps"]).abs() < 1e-12]
