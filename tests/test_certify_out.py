@@ -228,3 +228,27 @@ def test_a_box_agents_captions_quote_no_stage_that_never_ran():
         lore = caption_settings(cfg)[env]["lore"] if not box else "horizon H = "
         assert any(lore in t for t in texts) != box and any("local (from LoRe" in t for t in texts) != box
         assert ("LoRe m = " in params["settings"].text) != box
+
+
+def test_the_target_is_auto_unless_target_says_otherwise(agent, tmp_path, capsys, workflow):
+    """A Q-network's config gets target auto, or --target's; a target the network has not, or any --target
+    for a Box agent, is refused in one line naming --target, before anything is written."""
+    import yaml
+    from test_continuous import _sac
+    from test_import_policy import _sb3_mlp_policy, _sb3_zip
+
+    for given, want in ((None, "auto"), ("vote", "vote"), ("q", "q")):
+        out = tmp_path / f"out-{want}"
+        flags = ["--target", given] if given else []
+        with pytest.raises(SystemExit):
+            main(["certify", "dqn.zip", "--env", "CartPole-v1", "--out", str(out), *flags])
+        assert yaml.safe_load((out / "config.yaml").read_text())["environments"]["CartPole-v1"]["target"] == want
+        assert f"smoothing target {want}" in capsys.readouterr().out
+    _sb3_zip(tmp_path / "ppo.zip", _sb3_mlp_policy([4, 64, 64], [4, 64, 64], 2, 0)[0])
+    _sac(tmp_path / "sac.zip")
+    before = _tree(tmp_path)
+    err = _refused(["ppo.zip", "--env", "CartPole-v1", "--target", "q", "--out", "new"], capsys)
+    assert err.startswith("crop certify: error: --target: q for Mine, which has no Q-values"), err
+    err = _refused(["sac.zip", "--env", "Pendulum-v1", "--target", "vote", "--out", "new"], capsys)
+    assert err.startswith("crop certify: error: --target: Pendulum-v1 has continuous actions"), err
+    assert _tree(tmp_path) == before

@@ -131,8 +131,9 @@ def _write_config(args) -> tuple[Path, dict, bool]:
                          _rewards(args.env, args.reward_range), box, target)
     try:   # the checked config has the smoothing target filled in (probs, action), as the workflow's
         checked = check_policy_files(validate_config(cfg, "the config"), "the config")
-    except ConfigError as exc:
-        raise InputError(str(exc)) from None
+    except ConfigError as exc:   # a target the network has not is --target's problem, said so
+        field = f"environments.{args.env}.target: "
+        raise InputError(f"--target: {str(exc).split(field, 1)[1]}" if field in str(exc) else str(exc)) from None
     if not SNAKEFILE.is_file():
         raise InputError(f"{SNAKEFILE}: the workflow's Snakefile is not there; run crop certify from a checkout "
                          "of the repository (pip install -e)")
