@@ -45,8 +45,9 @@ COMMANDS = {
     "certify": ("certify your own agent in one command: detect it, write a config, run the workflow, report",
                 "Certify a policy file (SB3 or CleanRL DQN, PPO, A2C, SAC, TD3, DDPG, or a state dict) on --env: its "
                 "kind is read from the file and checked against the environment's spaces, DIR/config.yaml is "
-                "written (snakemake --configfile repeats the run), the workflow runs, and a table per σ, the "
-                "audit's verdict and a one-file HTML report follow (docs/own-policy.md)."),
+                "written (snakemake --configfile repeats the run) into a new or empty --out, or one crop certify "
+                "made for the same agent (else --force), the workflow runs, and a table per σ, the audit's "
+                "verdict and a one-file HTML report follow (docs/own-policy.md)."),
     "train": ("train a Q-network locally (Double DQN and its variants; Discrete actions)",
               "Train a policy with the recipe of its algorithm (crop/train), seeded; the greedy policy must pass "
               "the acceptance test (target return) before model.pt and its record model.json are written."),
