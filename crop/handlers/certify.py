@@ -2,15 +2,18 @@
 
 The agent's kind is read from the file by `crop import`'s own reader (crop.agents.importing: a Q-network, a
 policy network or a continuous-action actor; SB3, CleanRL or a state dict) and checked against the
-environment's spaces before anything is written.  Then DIR/config.yaml (crop.workflow.certify_config) is
-written and the whole workflow runs on it — the checkpoint, LoAct (Theorem 1; per action dimension for a Box
-agent), GRe (Theorems 2–3), LoRe (Algorithm 3), the attacks, tables, figures and the audit — followed by the
-one-file HTML report.  The table printed per σ is read back from the run's own result files.
+environment's spaces before anything is written, and --out DIR must be new, empty, or made by crop certify
+for the same agent, environment and label (DIR/crop-certify.json), so nothing of the user's is overwritten
+or mixed into the results.  Then DIR/config.yaml (crop.workflow.certify_config) is written and the whole
+workflow runs on it, Snakemake's working directory and its .snakemake/ state in DIR — the checkpoint,
+LoAct (Theorem 1; per action dimension for a Box agent), GRe (Theorems 2–3), LoRe (Algorithm 3), the
+attacks, tables, figures and the audit — followed by the one-file HTML report.  The table printed per σ is
+read back from the run's own result files.
 
 Snakemake runs as a child process of this interpreter (``python -m snakemake``), not through
 ``snakemake.api``: the Snakefile's ``onstart``/``onsuccess`` hooks, Snakemake's logging setup and its
 signal handling then stay out of this process, its progress lines go straight to the terminal, and the run is
-exactly ``snakemake --configfile DIR/config.yaml``, which repeats it.
+exactly ``snakemake --configfile DIR/config.yaml --directory DIR``, which repeats it.
 """
 from __future__ import annotations
 
