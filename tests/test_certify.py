@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,20 +15,8 @@ from crop.__main__ import main
 from crop.workflow.certify_config import REPO, budget_sizes, certify_config
 from crop.workflow.config import validate_config
 
-from networks import mlp, sb3_data, sb3_dqn_state, sb3_sac, sb3_zip
-
-
-def _cartpole_dqn(path: Path) -> Path:
-    """A CartPole DQN as Stable-Baselines3 saves it (MlpPolicy [64, 64])."""
-    return sb3_zip(path, sb3_dqn_state(mlp([4, 64, 64, 2], 0), mlp([4, 64, 64, 2], 1)), sb3_data("DQN"))
-
-
-def _refused(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(["certify", *argv])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("crop certify: error: "), err
-    return err
+from certify_helpers import cartpole_dqn, refused
+from networks import sb3_sac
 
 
 @pytest.mark.parametrize("case", ["missing", "no agent", "actor on Discrete", "Q-network on Box"])
@@ -45,9 +32,9 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys, monkey
     elif case == "actor on Discrete":
         sb3_sac(path)
     elif case == "Q-network on Box":
-        _cartpole_dqn(path)
+        cartpole_dqn(path)
     before = sorted(tmp_path.rglob("*"))
-    err = _refused([str(path.name), "--env", env, "--out", "out"], capsys)
+    err = refused([str(path.name), "--env", env, "--out", "out"], capsys)
     assert str(path) in err, err
     if case.startswith("actor"):
         assert "continuous-action actor" in err and "Discrete" in err, err
@@ -56,12 +43,12 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys, monkey
     assert sorted(tmp_path.rglob("*")) == before
 
 
-def test_an_unknown_environment_and_a_missing_reward_range_are_refused(tmp_path, capsys, monkeypatch):
+def test_an_unknown_environment_and_a_missing_reward_range_arerefused(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    _cartpole_dqn(tmp_path / "dqn.zip")
-    assert "--env: unknown environment 'NoSuch-v0'" in _refused(["dqn.zip", "--env", "NoSuch-v0"], capsys)
+    cartpole_dqn(tmp_path / "dqn.zip")
+    assert "--env: unknown environment 'NoSuch-v0'" in refused(["dqn.zip", "--env", "NoSuch-v0"], capsys)
     # CartPole-v0 is the paper's: its reward facts are the paper's, a range given for it is refused
-    assert "--reward-range" in _refused(["dqn.zip", "--env", "CartPole-v0", "--reward-range", "0", "1"], capsys)
+    assert "--reward-range" in refused(["dqn.zip", "--env", "CartPole-v0", "--reward-range", "0", "1"], capsys)
     with pytest.raises(SystemExit) as e:   # a flag's own type: argparse's usage and error, exit 2
         main(["certify", "dqn.zip", "--env", "CartPole-v1", "--algo", "sigma-x"])
     assert e.value.code == 2 and "argument --algo: 'sigma-x' is not a valid label" in capsys.readouterr().err
@@ -92,27 +79,33 @@ def _printed(out: str, sigma: str) -> str:
 
 @pytest.mark.slow
 def test_certify_a_cartpole_dqn_end_to_end(tmp_path):
-    _cartpole_dqn(tmp_path / "dqn.zip")
+    cartpole_dqn(tmp_path / "dqn.zip")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     p = subprocess.run([sys.executable, "-m", "crop", "certify", "dqn.zip", "--env", "CartPole-v1", "--sigma", "0.1",
                         "--out", "mine", "--cores", "2"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    out, run = p.stdout, tmp_path / "mine/results/CartPole-v1/Mine/sigma-0.1"
-    assert "a Q-network" in out and "sb3 format" in out
+    out, run = p.stdout, tmp_path / "mine/results/CartPole-v1/Mine@auto/sigma-0.1"
+    assert "a Q-network" in out and "sb3 format" in out and "smoothing target auto" in out
+    chosen = json.loads((run / "qrange.json").read_text())["target_choice"]["chosen"]
+    assert f"σ = 0.1 (target auto chose {chosen};" in out
+    assert f"logs:   {tmp_path / 'mine/results/logs'}/" in out
     loact = pd.read_csv(run / "loact.csv")
-    assert f"LoAct: {loact['certified'].mean():.1%} of {len(loact)} steps certified, mean radius " \
+    assert f"LoAct: {loact['certified'].mean():.1%} of {len(loact)} steps certified (radius > 0), mean radius " \
            f"{loact['radius'].mean():.4g}" in out
     table = _printed(out, "0.1")
     gre, attack = pd.read_csv(run / "gre.csv"), pd.read_csv(run / "attack_global.csv")
+    assert "return over the first 500 steps (J_min = 0; a bound at J_min is vacuous" in table
+    cell = r"(\S+(?: \(vacuous\))?)"
     for _, g in gre.iterrows():
-        row = re.search(rf"^\s+{g['eps']:.4g}\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", table, flags=re.M)
-        assert row and row.group(1) == f"{g['expectation_bound']:.4g}", (g, table)
-        assert row.group(2) == f"{g['percentile_bound']:.4g}"
+        row = re.search(rf"^\s+{g['eps']:.4g}\s+{cell}\s+{cell}\s+(\S+)\s+(\S+)$", table, flags=re.M)
+        for k, col in ((1, "expectation_bound"), (2, "percentile_bound")):   # vacuous exactly where at J_min
+            want = "none" if pd.isna(g[col]) else f"{g[col]:.4g}" + (" (vacuous)" if g[col] <= g["j_min"] else "")
+            assert row and row.group(k) == want, table
         a = attack[(attack["eps"] - g["eps"]).abs() < 1e-12]
         assert row.group(3) == (f"{a['return'].mean():.4g}" if len(a) else "—")
     lore = pd.read_csv(run / "lore.csv")
-    assert f"LoRe: return over the first 3 steps >= {lore['lower_bound'].iloc[0]:.4g} at eps 0" in table
+    assert f"LoRe: return over the first 3 steps >= {lore['lower_bound'].iloc[0]:.4g}" in table
     from crop.report.audit import verdict_line
 
     audit = json.loads((tmp_path / "mine/results/audit/audit.json").read_text())
@@ -124,6 +117,13 @@ def test_certify_a_cartpole_dqn_end_to_end(tmp_path):
     assert yaml.safe_load(config.read_text())["environments"]["CartPole-v1"]["files"]["Mine"]["path"] == \
         str(tmp_path / "dqn.zip")
     again = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
-                            "--configfile", str(config), "-n"], cwd=tmp_path / "mine", env=env,
-                           capture_output=True, text=True, timeout=600)
+                            "--configfile", str(config), "--directory", str(tmp_path / "mine"), "-n"],
+                           cwd=tmp_path / "mine" / "results", env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stderr[-2000:]
+    # Snakemake's state is the folder's, nothing else was written beside the agent
+    assert (tmp_path / "mine/.snakemake").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["dqn.zip", "mine"]
+    # and crop certify itself, again: the same agent's folder, where Snakemake finds nothing to do
+    p2 = subprocess.run([sys.executable, "-m", "crop", "certify", "dqn.zip", "--env", "CartPole-v1", "--sigma", "0.1",
+                         "--out", "mine", "--cores", "2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=600)
+    assert p2.returncode == 0 and "Nothing to be done" in p2.stdout + p2.stderr, p2.stderr[-2000:]

@@ -24,7 +24,9 @@ One state's 2·d·G one-sided bounds (two ends, d dimensions, the G points of th
 α_each = α_state / (2·d·G), so by Boole's inequality all hold together with probability ≥ 1 − α_state, and
 the interval at ε = 0 holds the clean smoothed action too.  The certified radius of a dimension is the
 largest ε of the grid whose interval is at most the tolerance wide: the smoothed action then moves by at
-most the tolerance under any ‖δ‖₂ ≤ ε (both h_p(s) and h_p(s + δ) lie in the interval).
+most the tolerance under any ‖δ‖₂ ≤ ε (both h_p(s) and h_p(s + δ) lie in the interval).  A dimension, and
+a step, counts as *certified* only where that radius is > 0, as a discrete action's: an interval within the
+tolerance at ε = 0 alone says where the clean smoothed action lies, not that any perturbation leaves it there.
 """
 from __future__ import annotations
 
@@ -84,7 +86,7 @@ def smoothed_action(samples: np.ndarray, p: float) -> np.ndarray:
 
 def _radius(lower: np.ndarray, upper: np.ndarray, eps_grid: np.ndarray, tolerance: np.ndarray) -> np.ndarray:
     """Per dimension the largest ε of the grid whose interval is at most ``tolerance`` wide (the widths grow
-    with ε); −1 where even ε = 0's is wider (not certified)."""
+    with ε); −1 where even ε = 0's is wider; 0 where only ε = 0's is within it (neither is certified)."""
     ok = (upper - lower) <= tolerance[:, None]
     # the widths are nondecreasing in ε, but take the longest prefix that holds to stay exact regardless
     prefix = np.cumprod(ok, axis=1).astype(bool)
@@ -97,8 +99,9 @@ class PercentileSettings:
     """LoAct of a continuous actor: ``episodes`` episodes of at most ``horizon`` steps (episode i reset with
     ``episode_seeds[i]``), the ``p``-th percentile of ``m`` actions at s + Δ, Δ ∼ N(0, σ²I) from the stream of
     ``seed`` (``chunk`` states per forward), certified over the ε grid ``eps_factors``·σ with all of a state's
-    bounds together at ``alpha_state``; a dimension counts as certified up to the largest ε whose interval is at
-    most ``tolerance`` wide (one value or one per dimension; default: :data:`DEFAULT_TOLERANCE` of its range)."""
+    bounds together at ``alpha_state``; a dimension's radius is the largest ε whose interval is at most
+    ``tolerance`` wide (one value or one per dimension; default: :data:`DEFAULT_TOLERANCE` of its range), and
+    it counts as certified where that radius is > 0."""
 
     sigma: float
     m: int
@@ -165,7 +168,7 @@ def run_loact_continuous(env_id: str, net, settings: PercentileSettings, *, prof
                 r = min(max(float(r), settings.reward_clip[0]), settings.reward_clip[1])
             for k in range(d):
                 row = {cols.EPISODE: ep, cols.STEP: t, "dim": k, "action": float(action[k]),
-                       cols.CERTIFIED: bool(radius[k] >= 0), cols.RADIUS: float(max(radius[k], 0.0)),
+                       cols.CERTIFIED: bool(radius[k] > 0), cols.RADIUS: float(max(radius[k], 0.0)),
                        "tolerance": float(tol[k]), "reward": float(r)}
                 for g, f in enumerate(eps_factors):
                     row[f"lower_e{f:g}"], row[f"upper_e{f:g}"] = float(lower[k, g]), float(upper[k, g])

@@ -55,10 +55,13 @@ def caption_settings(cfg: dict) -> Words:
         if ec.get("target") == ACTION_TARGET:   # crop.workflow.layout.has_lore: no adasearch figures, no J̲ row
             out[env]["no_lore"] = ("continuous actions (a Box): no LoRe or local attack, whose tree branches over a "
                                    "finite set of actions, so no adasearch figure and no J̲ row")
+            # the settings of stages that never ran are not quoted
+            out[env]["lore"], out[env]["attack"] = "not run", quoted(env, "attack-global")
         if AUTO_TARGET in smoothing_targets(ec):
             out[env]["auto"] = ("target auto: each run's smoothing target chosen before certification by a pilot on "
                                 "the qrange stage's own states and noise, labelled \"ALGO (auto: TARGET)\"")
     text = "; ".join(f"{env}: {v['algorithms']} at σ ∈ {{{v['sigmas']}}}; LoAct {v['loact']}; GRe {v['gre']}; "
-                     f"LoRe {v['lore']}; attacks {v['attack']}" + (f"; {v['clip']}" if v.get("clip") else "")
+                     + ("" if v.get("no_lore") else f"LoRe {v['lore']}; ")
+                     + f"attacks {v['attack']}" + (f"; {v['clip']}" if v.get("clip") else "")
                      + (f"; {v['auto']}" if v.get("auto") else "") for env, v in out.items())
     return Words(out, text)

@@ -2,7 +2,8 @@
 certify and the stage sizes of a budget (docs/own-policy.md, "In one command").
 
 ``quick`` is sized to finish a CartPole, Acrobot or Pendulum agent in a few CPU-minutes while every stage
-still runs and the audit has checks to make: LoAct and GRe on short horizons (H = 50) with m in the
+still runs and the audit has checks to make: LoAct and GRe over the environment's whole episode (its
+``max_episode_steps``, at most :data:`QUICK_MAX_HORIZON` steps; 50 for an image environment) with m in the
 thousands and hundreds, LoRe to depth 3, the attacks with few PGD steps and ``global_episodes: auto`` (the
 fewest episodes that let each GRe percentile check fail on its own, as config.yaml).  ``paper`` takes the
 paper's sizes (Appendix E) from configs/paper.yaml: the environment's own block where the paper has it, else
@@ -13,6 +14,8 @@ any working directory: ``snakemake -s REPO/Snakefile --cores N --configfile DIR/
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 from crop.workflow import workflow_root
@@ -31,7 +34,18 @@ QUICK = {
                "global_episodes": "auto", "global_n_eot": 4, "global_eps_factors": [0.0, 0.05, 0.1, 0.2]},
 }
 QUICK_SIGMAS = [0.05, 0.1]
+#: The quick budget certifies a vector environment's whole episode up to this many steps (its
+#: ``max_episode_steps``): a classic-control agent's run then stays within a few CPU-minutes.
+QUICK_MAX_HORIZON = 500
 BUDGETS = ("quick", "paper")
+#: The smoothing targets --target offers (the config's ``target``); auto is the default.
+TARGETS = ("auto", "q", "probs", "vote")
+
+#: The file that marks a folder as made by `crop certify`: the agent (its sha256), environment and label the
+#: folder's results are of.  Only such a folder, an empty one or a new one is written into without --force.
+MARKER = "crop-certify.json"
+#: What makes two certifications the same agent's: a rerun with these equal writes into the same folder.
+SAME = ("env", "algo", "sha256")
 
 #: Reward facts of the Gymnasium environments crop certifies without a ``--reward-range`` (their
 #: specifications): the per-step range and, where an episode's length is capped, the whole game's range.
@@ -59,10 +73,29 @@ def certify_args(p, algo_type, sigma_type, count_type) -> None:
                    help="the label it gets in the tables, figures and folders")
     p.add_argument("--sigma", type=sigma_type, nargs="+",
                    help=f"the σ to certify (default: quick {QUICK_SIGMAS}, paper: the paper's for the environment)")
-    p.add_argument("--out", default="certify", help="the folder of config.yaml, results/ and report.html")
+    p.add_argument("--out", default="certify",
+                   help="the folder of config.yaml, results/, report.html and Snakemake's .snakemake/: a new or "
+                        "empty folder, or one crop certify made for the same agent, environment and label (then a "
+                        "rerun resumes or finds nothing to do)")
+    p.add_argument("--force", action="store_true",
+                   help="write into --out even if it holds other files (config.yaml and report.html are replaced, "
+                        "results/ is shared)")
     p.add_argument("--cores", type=count_type, default=2, help="cores Snakemake may use")
     p.add_argument("--budget", choices=BUDGETS, default="quick",
                    help="quick: a few CPU-minutes for a classic-control agent; paper: the paper's sizes")
+    p.add_argument("--horizon", type=count_type,
+                   help="the steps of an episode the V range, LoAct and GRe (and so the global attack) cover "
+                        f"(default: quick: the environment's max_episode_steps up to {QUICK_MAX_HORIZON}, 50 for "
+                        "an image environment; paper: the paper's)")
+    p.add_argument("--episodes", type=count_type, help="LoAct's episodes (default: the budget's)")
+    p.add_argument("--m", type=count_type,
+                   help="every stage's noise samples per state (the V range, LoAct, LoRe) and GRe's sampled paths "
+                        "(default: the budget's)")
+    p.add_argument("--target", choices=TARGETS,
+                   help="what LoAct, LoRe and the local attack smooth (discrete actions): auto (the default) lets "
+                        "a pilot pick, per σ and before any certification noise is drawn, the target with the "
+                        "largest predicted radius (q or vote for a Q-network, probs or vote for a policy network); "
+                        "q, probs or vote fixes it")
     p.add_argument("--reward-range", type=float, nargs=2, metavar=("LOW", "HIGH"),
                    help="the per-step reward range (GRe and LoRe need it; known for "
                         f"{', '.join(REWARDS)} and the paper's environments)")
@@ -76,20 +109,64 @@ def _paper_block(env: str) -> tuple[dict, list[float]]:
     return envs.get(env, envs["CartPole-v0"]), envs.get(env, envs["CartPole-v0"])["sigmas"]
 
 
-def budget_sizes(budget: str, env: str) -> tuple[dict, list[float]]:
-    """``({stage: settings}, default σ)`` of ``budget`` for ``env``."""
+def episode_steps(env: str) -> int | None:
+    """The length Gymnasium caps an episode of ``env`` at (its ``max_episode_steps``), None where it has none
+    or is not a vector environment (an image's every step is a CNN forward per noise sample: the quick budget
+    keeps its short horizon there)."""
+    import gymnasium as gym
+
+    from crop.envs import env_family
+
+    if ":" in env or (env_family(env) != "vector" and env != "CartPole-v0"):   # a module:Id imports nothing here
+        return None
+    try:
+        steps = gym.spec(env).max_episode_steps
+    except Exception:   # not registered under that name in Gymnasium's own registry
+        return None
+    return int(steps) if steps else None
+
+
+def quick_horizon(env: str) -> tuple[int, str]:
+    """The quick budget's horizon of ``env`` and why: the whole episode (``max_episode_steps``) up to
+    :data:`QUICK_MAX_HORIZON`, else QUICK's 50 steps."""
+    steps = episode_steps(env)
+    if steps is None:
+        return QUICK["gre"]["horizon"], f"{env} declares no episode length crop sizes by"
+    if steps > QUICK_MAX_HORIZON:
+        return QUICK_MAX_HORIZON, f"{env}'s episode of {steps} steps, capped by the quick budget"
+    return steps, f"{env}'s whole episode"
+
+
+def budget_sizes(budget: str, env: str, horizon: int | None = None, episodes: int | None = None,
+                 m: int | None = None) -> tuple[dict, list[float]]:
+    """``({stage: settings}, default σ)`` of ``budget`` for ``env``; ``horizon`` (the V range's, LoAct's and
+    GRe's), ``episodes`` (LoAct's) and ``m`` (every stage's noise samples or paths) replace the budget's."""
     if budget == "quick":
-        return {k: dict(v) for k, v in QUICK.items()}, list(QUICK_SIGMAS)
-    block, sigmas = _paper_block(env)
-    return {k: dict(block[k]) for k in QUICK if k in block and k != "train"}, list(sigmas)
+        sizes, sigmas = {k: dict(v) for k, v in QUICK.items()}, list(QUICK_SIGMAS)
+        horizon = horizon or quick_horizon(env)[0]
+    else:
+        block, sigmas = _paper_block(env)
+        sizes = {k: dict(block[k]) for k in QUICK if k in block and k != "train"}
+    for stage in ("qrange", "loact", "gre"):
+        if horizon and stage in sizes:
+            sizes[stage]["horizon"] = int(horizon)
+    if episodes and "loact" in sizes:
+        sizes["loact"]["episodes"] = int(episodes)
+    for stage in ("qrange", "loact", "gre", "lore"):
+        if m and stage in sizes:
+            sizes[stage]["m"] = int(m)
+    return sizes, list(sigmas)
 
 
 def certify_config(env: str, label: str, policy: Path, out: Path, sizes: dict, sigmas: list[float],
-                   rewards: dict | None, box: bool) -> dict:
-    """The workflow config of one policy file (absolute ``policy``) certified on ``env``, results in
-    ``out``/results; a Box-action environment gets its stages only (no V range, LoRe or local attack)."""
+                   rewards: dict | None, box: bool, target: str | None = None) -> dict:
+    """The workflow config of one policy file (absolute ``policy``) certified on ``env`` with the smoothing
+    ``target`` (none: the network's default), results in ``out``/results; a Box-action environment gets its
+    stages only (no V range, LoRe or local attack) and no target."""
     ec = {"source": "file", "files": {label: {"path": str(policy)}}, "algorithms": [label],
           "sigmas": [float(s) for s in sigmas]}
+    if target and not box:
+        ec["target"] = target
     if rewards:
         ec["rewards"] = dict(rewards)
     for stage, settings in sizes.items():
@@ -97,3 +174,44 @@ def certify_config(env: str, label: str, policy: Path, out: Path, sizes: dict, s
             continue
         ec[stage] = {k: v for k, v in settings.items() if not (box and k in _LOCAL_ATTACK)}
     return {"results": str(out / "results"), "seed": 0, "environments": {env: ec}}
+
+
+def policy_sha256(path: Path) -> str:
+    """The sha256 of the policy file: the agent's identity in the folder's :data:`MARKER`."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def out_problem(out: Path, identity: dict, force: bool) -> str | None:
+    """Why ``out`` may not receive this certification (one line naming the folder and --force), or None: it
+    must not exist, be empty, or hold the :data:`MARKER` of the same ``identity`` (env, label, the policy
+    file's sha256); with ``force`` any folder will do.  A file, or a path under a file, is never a folder."""
+    first = next((p for p in (out, *out.parents) if p.exists() or p.is_symlink()), None)
+    if first is not None and not first.is_dir():
+        return f"--out {out}: {'is a file' if first == out else f'{first} is a file'}, not a folder; name a folder"
+    if first != out or force:
+        return None
+    try:
+        held = sorted(p.name for p in out.iterdir())
+    except OSError as exc:
+        return f"--out {out}: cannot read the folder ({exc.strerror})"
+    if not held:
+        return None
+    try:
+        made = json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        made = None
+    if isinstance(made, dict) and all(made.get(k) == identity[k] for k in SAME):
+        return None
+    what = ("crop certify made it for another agent, environment or label" if isinstance(made, dict)
+            else f"it holds {', '.join(held[:3])}{' …' if len(held) > 3 else ''}, not made by crop certify")
+    return (f"--out {out}: {what}; name a new or empty folder, or give --force to write into it anyway "
+            "(config.yaml and report.html replaced, results/ shared)")
+
+
+def identity(env: str, label: str, policy: Path) -> dict:
+    """What :data:`MARKER` records: the environment, the label and the policy file (path and sha256)."""
+    return {"env": env, "algo": label, "policy": str(policy), "sha256": policy_sha256(policy)}

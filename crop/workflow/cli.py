@@ -46,8 +46,9 @@ COMMANDS = {
     "certify": ("certify your own agent in one command: detect it, write a config, run the workflow, report",
                 "Certify a policy file (SB3 or CleanRL DQN, PPO, A2C, SAC, TD3, DDPG, or a state dict) on --env: its "
                 "kind is read from the file and checked against the environment's spaces, DIR/config.yaml is "
-                "written (snakemake --configfile repeats the run), the workflow runs, and a table per σ, the "
-                "audit's verdict and a one-file HTML report follow (docs/own-policy.md)."),
+                "written (snakemake --configfile repeats the run) into a new or empty --out, or one crop certify "
+                "made for the same agent (else --force), the workflow runs, and a table per σ, the audit's "
+                "verdict and a one-file HTML report follow (docs/own-policy.md)."),
     "train": ("train a Q-network locally (Double DQN and its variants; Discrete actions)",
               "Train a policy with the recipe of its algorithm (crop/train), seeded; the greedy policy must pass "
               "the acceptance test (target return) before model.pt and its record model.json are written."),
@@ -160,7 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
         trust_env_arg(parsers[name], "a module:Id environment id of the config that may import its module, as "
                                       "if the config set import_module: true for it (a received config imports "
                                       "nothing unless you say so)")
+    ap.subcommand_parsers = parsers   # for _unknown: a mistyped flag gets its subcommand's usage
     return ap
+
+
+def _unknown(sub: argparse.ArgumentParser, extra: list[str]) -> None:
+    """Arguments the subcommand does not know: its own usage and error (not crop's), naming the closest flag of
+    each mistyped one (exit status 2)."""
+    import difflib
+
+    flags = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for x in extra:
+        close = difflib.get_close_matches(x.split("=", 1)[0], flags, n=1, cutoff=0.6) if x.startswith("-") else []
+        hints.append(f"{x} (did you mean {close[0]}?)" if close else x)
+    sub.error(f"unrecognized arguments: {' '.join(hints)}")
 
 
 def stage_params(args) -> argparse.Namespace:
@@ -188,7 +203,9 @@ def run(handlers: dict, argv=None) -> None:
     on stderr and exit status 2, nothing written."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unknown(parser.subcommand_parsers[args.command], extra)
     if args.command not in handlers:
         parser.error(f"{args.command}: no function runs this subcommand (crop.__main__.HANDLERS)")
     try:
