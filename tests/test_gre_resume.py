@@ -221,3 +221,34 @@ def test_every_setting_the_network_the_profile_and_the_device_are_in_the_resume_
         assert _key(replace(SETTINGS, **{field: other[field]})) != _key()
     assert _key(net=balancer((0.1, 0.5, 1.0, 0.9))) != _key() and _key(profile="vector:other") != _key()
     assert _key() == _key()
+
+
+@pytest.mark.slow
+def test_a_worker_ended_by_sigterm_stops_the_run_as_sigterm_does(tmp_path, capsys, monkeypatch):
+    """A cluster's SIGTERM reaches the pool's worker processes too, and a worker's end may reach the run before
+    its own signal: a worker ended by SIGTERM stops the run as SIGTERM does (finished blocks saved, one line, 143),
+    and the rerun gives the uninterrupted returns."""
+    import multiprocessing
+
+    from networks import random_mlp
+
+    net = random_mlp(n_in=6, n_out=3, hidden=(16,), seed=1)
+    settings = GReSettings(0.05, 60, 40, 1.0, seed=3, env_seed=7, batch=20, workers=2)
+    clean = sample_randomized_returns("Acrobot-v1", net, settings, progress=False)
+    resume = GReResume(tmp_path / "gre.resume", (-40.0, 0.0))
+    save = gre_resume.save
+
+    def save_then_end_a_worker(*a):
+        save(*a)
+        monkeypatch.setattr(gre_resume, "save", save)
+        worker = multiprocessing.active_children()[0]
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.join(10)
+
+    monkeypatch.setattr(gre_resume, "save", save_then_end_a_worker)
+    with pytest.raises(SystemExit) as e:
+        sample_randomized_returns("Acrobot-v1", net, settings, progress=False, resume=resume)
+    assert e.value.code == 143 and _done(resume.path) == 20
+    assert "SIGTERM: 20 of 60 trajectories saved" in capsys.readouterr().err
+    out = sample_randomized_returns("Acrobot-v1", net, settings, progress=False, resume=resume)
+    assert out.tobytes() == clean.tobytes()

@@ -113,23 +113,22 @@ def sample_randomized_returns(env_id: str, net: torch.nn.Module, settings: GReSe
     noted: list[int] = []
     with sigterm_noted(noted.append) if resume is not None else contextlib.nullcontext():
         done = start
+        # One environment per slot, made once: blocks of `batch` trajectories bound the memory of the copies
+        # (Atari: ~2.6 MB each), and each block resets the slots with its trajectories' seeds (making an Atari
+        # environment loads its ROM: 0.2 s).
+        pool = make_env_pool(env_id, batch, profile, workers=settings.workers)
         try:
-            # One environment per slot, made once: blocks of `batch` trajectories bound the memory of the copies
-            # (Atari: ~2.6 MB each), and each block resets the slots with its trajectories' seeds (making an
-            # Atari environment loads its ROM: 0.2 s).
-            pool = make_env_pool(env_id, batch, profile, workers=settings.workers)
-            try:
-                for b0 in range(start, m, batch):
-                    n = min(batch, m - b0)
-                    returns[b0:b0 + n] = _lockstep(pool, net, dev, settings, b0, n, progress, noted)
-                    done = b0 + n
-                    if resume is not None:
-                        gre_resume.save(resume.path, key, returns[:done])
-            finally:
-                pool.close()
+            for b0 in range(start, m, batch):
+                n = min(batch, m - b0)
+                returns[b0:b0 + n] = _lockstep(pool, net, dev, settings, b0, n, progress, noted)
+                done = b0 + n
+                if resume is not None:
+                    gre_resume.save(resume.path, key, returns[:done])
         except Exception:
-            if not noted:   # the signal may have reached the pool's workers too: stopped, not failed
+            if resume is None or not _terminated(pool, noted):
                 raise
+        finally:
+            pool.close()
         if noted and done < m:
             print(f"GRe: {signal.Signals(noted[0]).name}: {done} of {m} trajectories saved to {resume.path}; "
                   "the same command resumes it", file=sys.stderr)
@@ -184,6 +183,16 @@ def _block(settings: GReSettings) -> int:
     """Trajectories stepped together: ``batch``, all m when None."""
     m = int(settings.m)
     return m if settings.batch is None else max(1, min(int(settings.batch), m))
+
+
+def _terminated(pool, noted: list) -> bool:
+    """Whether the run is being stopped: SIGTERM noted here, or a worker of ``pool`` ended by it (a cluster signals
+    every process of the job, and a worker's end may reach this process before the signal does)."""
+    for p in getattr(pool, "procs", ()):
+        p.join(timeout=1)
+        if not noted and p.exitcode == -signal.SIGTERM:
+            noted.append(signal.SIGTERM)
+    return bool(noted)
 
 
 class _Stopped(Exception):
