@@ -94,22 +94,23 @@ def save(path, key: dict, returns: np.ndarray) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+_NPY_HEADER = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
 def _read_npy(z: zipfile.ZipFile, name: str, dtype, shape) -> np.ndarray:
-    """Member ``name`` as an array of ``dtype`` and ``shape`` (``None``: any 1-D length), its declared shape
-    checked against its bytes before anything is allocated; no object or pickled data."""
+    """Member ``name`` as an array of ``dtype`` and ``shape`` (``None``: 1-D, as long as its bytes make it), its
+    declared dtype and shape checked against these and its bytes before anything is allocated; no object or
+    pickled data."""
     data = z.read(f"{name}.npy")
     fp = io.BytesIO(data)
-    version = np.lib.format.read_magic(fp)
-    if version not in ((1, 0), (2, 0)):
-        raise ValueError(f"{name}: .npy format {version}")
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    got, fortran, got_dtype = read(fp)
-    want = np.dtype(dtype)
-    if got_dtype != want or fortran or (len(got) != 1 if shape is None else got != tuple(shape)):
-        raise ValueError(f"{name}: {got_dtype} {got}, expected {want} {shape if shape is not None else '(n,)'}")
-    body = memoryview(data)[fp.tell():]
-    if math.prod(got) * want.itemsize != len(body):
-        raise ValueError(f"{name}: shape {got} does not match its {len(body)} bytes")
+    header = _NPY_HEADER.get(np.lib.format.read_magic(fp))
+    if header is None:
+        raise ValueError(f"{name}: not a .npy array of a known version")
+    got, fortran, got_dtype = header(fp)
+    body, want = memoryview(data)[fp.tell():], np.dtype(dtype)
+    expected = (len(body) // want.itemsize,) if shape is None else tuple(shape)
+    if (got_dtype, got, fortran) != (want, expected, False) or math.prod(got) * want.itemsize != len(body):
+        raise ValueError(f"{name}: {got_dtype} {got} in {len(body)} bytes, expected {want} {expected}")
     return np.frombuffer(body, want).reshape(got).copy()
 
 
