@@ -188,10 +188,11 @@ def _block(settings: GReSettings) -> int:
 def _terminated(pool, noted: list) -> bool:
     """Whether the run is being stopped: SIGTERM noted here, or a worker of ``pool`` ended by it (a cluster signals
     every process of the job, and a worker's end may reach this process before the signal does)."""
-    for p in getattr(pool, "procs", ()):
-        p.join(timeout=1)
-        if not noted and p.exitcode == -signal.SIGTERM:
+    for p in () if noted else getattr(pool, "procs", ()):
+        p.join(timeout=0.5)   # a worker that has ended is reaped at once
+        if p.exitcode == -signal.SIGTERM:
             noted.append(signal.SIGTERM)
+            break
     return bool(noted)
 
 
