@@ -122,14 +122,16 @@ def test_every_stage_takes_its_settings_block(path):
 
 
 def test_resource_requests_come_from_the_environment_spec():
-    """GRe never steps more copies than trajectories; CartPole steps all m at once (numpy, no copies), the
-    others a bounded block whose memory grows with it; an image policy's replay buffer is budgeted."""
+    """GRe never steps more copies than trajectories; CartPole steps the paper's m = 10,000 at once (numpy, no
+    copies) and a larger m in blocks of 12,288 (what a killed run keeps), the others a bounded block whose memory
+    grows with it; an image policy's replay buffer is budgeted."""
     from crop.envs import ENV_SPECS
 
     for spec in ENV_SPECS.values():
         assert spec.gre_block(50) <= 50 and spec.gre_block(10_000, 300) == 300
         assert spec.gre_mem_mb(spec.gre_block(10_000), 4) >= spec.gre_mem_mb(spec.gre_block(10), 4)
     assert ENV_SPECS["CartPole-v0"].gre_block(10_000) == 10_000
+    assert ENV_SPECS["CartPole-v0"].gre_block(100_000) == 12_288
     assert ENV_SPECS["PongNoFrameskip-v4"].gre_block(10_000) == 1000
     assert ENV_SPECS["PongNoFrameskip-v4"].replay_mb(100_000) * 1e6 >= 100_000 * 2 * 4 * 84 * 84
     assert ENV_SPECS["CartPole-v0"].replay_mb(100_000) == 0

@@ -50,7 +50,7 @@ PAPER = REPO / "configs" / "paper.yaml"
 REHEARSAL = REPO / "configs" / "paper-rehearsal.yaml"
 ENV, ALGO, SIGMA = "CartPole-v0", "StdTrain", "0.1"
 CERTIFICATION_RULES = {"qrange", "loact", "gre", "lore", "attack_local", "attack_global"}
-RESUMABLE_RULES = {"checkpoint", "lore"}   # they save their state on SIGTERM and a rerun resumes it
+RESUMABLE_RULES = {"checkpoint", "gre", "lore"}   # they save their state on SIGTERM and a rerun resumes it
 REQUIRE = os.environ.get("CROP_REQUIRE_HPC") == "1"
 # Provenance keys that legitimately differ between two runs of the same computation: when and how fast
 # (*_utc, runtime_s, *_per_s), how it was called (argv: the absolute path of the `crop` script), where
@@ -227,7 +227,7 @@ def test_certification_rules_ask_for_a_gpu_only_where_they_may_use_one(device, g
         # gre steps environments on CPU cores and asks for no GPU (crop.workflow.cost.stage_device)
         assert int(fields.get("gpu", 0)) == (gpus if rule in CERTIFICATION_RULES - {"gre"} else 0), (rule, res)
         assert int(fields["mem_mb"]) > 0 and int(fields["runtime"]) > 0, (rule, res)
-        # the resumable jobs (training, LoRe) get SIGTERM 300 s before their time limit, to save their state
+        # the resumable jobs (training, GRe, LoRe) get SIGTERM 300 s before their time limit, to save their state
         # for the retry (the plugin accepts the flag in slurm_extra); the others run to their limit
         assert fields.get("slurm_extra") == ("--signal=TERM@300" if rule in RESUMABLE_RULES else None), (rule, res)
     from types import SimpleNamespace

@@ -28,7 +28,10 @@ bound also against adaptive attackers for their setting; we claim only what CROP
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,8 +39,10 @@ import pandas as pd
 import torch
 
 from crop import columns as cols
+from crop.certify import gre_resume
+from crop.certify.gre_resume import GReResume
 from crop.envs import make_env_pool
-from crop.io import derive_seed
+from crop.io import derive_seed, sigterm_noted
 from crop.names import default_of, network_name
 from crop.progress import pbar
 from crop.smoothing import stats
@@ -74,7 +79,8 @@ class GReSettings:
 
 @torch.inference_mode()
 def sample_randomized_returns(env_id: str, net: torch.nn.Module, settings: GReSettings, *,
-                              profile: str | None = None, progress: bool | None = None) -> np.ndarray:
+                              profile: str | None = None, progress: bool | None = None,
+                              resume: GReResume | None = None) -> np.ndarray:
     """Returns of m σ-randomized trajectories (:class:`GReSettings`) of length ≤ ``horizon``, stepped in lockstep
     blocks of ``batch`` trajectories with the environments spread over ``workers`` processes.
 
@@ -83,21 +89,50 @@ def sample_randomized_returns(env_id: str, net: torch.nn.Module, settings: GReSe
     its own stream (:class:`TrajectoryNoise`), so its return depends on neither ``batch``, ``workers``,
     ``chunk`` nor the other trajectories (nor on m: the first m returns of a larger run are these).  A
     continuous actor's actions are floats: across block layouts its returns agree up to the rounding of a
-    batched forward (for a given layout they are byte-reproducible)."""
+    batched forward (for a given layout they are byte-reproducible).
+
+    With ``resume`` (:mod:`crop.certify.gre_resume`) the returns of the finished blocks are saved after each
+    block, and a rerun of the same run continues after the last saved block; SIGTERM (a cluster's wall-time
+    kill) ends the block in flight at its next step, one line says how many trajectories are saved, and the
+    process exits with status 143."""
     dev = resolve_device(settings.device)
     net = net.to(dev).eval()
     m = int(settings.m)
     returns = np.empty(m, dtype=np.float64)
-    batch = m if settings.batch is None else max(1, min(int(settings.batch), m))
-    # One environment per slot, made once: blocks of `batch` trajectories bound the memory of the copies
-    # (Atari: ~2.6 MB each), and each block resets the slots with its trajectories' seeds (making an Atari
-    # environment loads its ROM: 0.2 s).
-    pool = make_env_pool(env_id, batch, profile, workers=settings.workers)
-    try:
-        for b0 in range(0, m, batch):
-            returns[b0:b0 + batch] = _lockstep(pool, net, dev, settings, b0, min(batch, m - b0), progress)
-    finally:
-        pool.close()
+    batch = _block(settings)
+    start, key = 0, None
+    if resume is not None:
+        key = gre_resume.resume_key(env_id, profile, settings, net, dev)
+        saved = gre_resume.load(resume, key, m, batch)
+        if saved is not None:
+            start = saved.size
+            returns[:start] = saved
+            print(f"GRe: resumed {start} of {m} trajectories from {resume.path}", file=sys.stderr)
+        if start == m:
+            return returns
+    noted: list[int] = []
+    with sigterm_noted(noted.append) if resume is not None else contextlib.nullcontext():
+        done = start
+        # One environment per slot, made once: blocks of `batch` trajectories bound the memory of the copies
+        # (Atari: ~2.6 MB each), and each block resets the slots with its trajectories' seeds (making an Atari
+        # environment loads its ROM: 0.2 s).
+        pool = make_env_pool(env_id, batch, profile, workers=settings.workers)
+        try:
+            for b0 in range(start, m, batch):
+                n = min(batch, m - b0)
+                returns[b0:b0 + n] = _lockstep(pool, net, dev, settings, b0, n, progress, noted)
+                done = b0 + n
+                if resume is not None:
+                    gre_resume.save(resume.path, key, returns[:done])
+        except Exception:
+            if resume is None or not _terminated(pool, noted):
+                raise
+        finally:
+            pool.close()
+        if noted and done < m:
+            print(f"GRe: {signal.Signals(noted[0]).name}: {done} of {m} trajectories saved to {resume.path}; "
+                  "the same command resumes it", file=sys.stderr)
+            raise SystemExit(128 + noted[0])
     return returns
 
 
@@ -144,6 +179,27 @@ class TrajectoryNoise:
         return out
 
 
+def _block(settings: GReSettings) -> int:
+    """Trajectories stepped together: ``batch``, all m when None."""
+    m = int(settings.m)
+    return m if settings.batch is None else max(1, min(int(settings.batch), m))
+
+
+def _terminated(pool, noted: list) -> bool:
+    """Whether the run is being stopped: SIGTERM noted here, or a worker of ``pool`` ended by it (a cluster signals
+    every process of the job, and a worker's end may reach this process before the signal does)."""
+    for p in () if noted else getattr(pool, "procs", ()):
+        p.join(timeout=0.5)   # a worker that has ended is reaped at once
+        if p.exitcode == -signal.SIGTERM:
+            noted.append(signal.SIGTERM)
+            break
+    return bool(noted)
+
+
+class _Stopped(Exception):
+    """A block given up on SIGTERM (its trajectories are sampled again by the rerun)."""
+
+
 #: Trajectories a half must hold for a block to be split into double-buffered halves: below it the second forward
 #: call and message per step cost more than the overlap saves on a loaded machine (docs/speed.md).
 HALF_MIN = 16
@@ -152,10 +208,11 @@ HALF_MIN = 16
 PIXELS_ON = ("cuda",)
 
 
-def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
+def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress, noted=()):
     """The m trajectories b0, …, b0 + m − 1 of ``settings`` in lockstep on the first m environments of
-    ``pool``: one batched forward per time step.  A seeded reset restores all of an environment's state
-    (tests/test_gre.py), so a reused environment starts its trajectory as a new one would.
+    ``pool``: one batched forward per time step; given up at the next step once ``noted`` holds a signal.  A
+    seeded reset restores all of an environment's state (tests/test_gre.py), so a reused environment starts its
+    trajectory as a new one would.
 
     Where the pool steps in worker processes and the block has 2 × :data:`HALF_MIN` trajectories or more, it runs
     as two halves, double-buffered: while the workers
@@ -207,7 +264,11 @@ def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress):
         alive[idx] &= ~(np.asarray(terminated) | np.asarray(truncated))
         discount[k] *= gamma
 
-    for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}", progress=progress):
+    batch = _block(settings)
+    blocks = f" block {b0 // batch + 1}/{-(-settings.m // batch)}" if batch < settings.m else ""
+    for t in pbar(range(horizon), desc=f"GRe σ={sigma:g}{blocks}", progress=progress):
+        if noted:
+            raise _Stopped
         for k, (lo, hi, noise) in enumerate(halves):
             if flight[k] is not None:
                 settle(k)

@@ -105,9 +105,11 @@ class EnvSpec:
 
 
 ENV_SPECS: dict[str, EnvSpec] = {
-    # CartPole steps all m trajectories in numpy arrays: no copies to hold, one block.
+    # CartPole steps its trajectories in numpy arrays: no copies to hold.  Its blocks are what a killed GRe run
+    # keeps (crop/certify/gre_resume.py): 12,288 = 3 groups of 4,096 of the noise streams and initial states (no
+    # group drawn twice), so the paper's m = 10,000 is one block.
     "CartPole-v0": EnvSpec("CartPole-v0", "CartPole", "Cartpole", 2, (4,), (0.0, 1.0), "vector",
-                           solved_return=195.0, gre_batch=None),
+                           solved_return=195.0, gre_batch=12288),
     "highway-fast-v0": EnvSpec("highway-fast-v0", "highway-fast", "highway-fast", 5, (25,), (0.0, 1.0),
                                "flat25", gre_mb_per_copy=0.45),
     # Atari: 6 actions in the full minimal set of Pong (3 for Freeway); a checkpoint's own action count

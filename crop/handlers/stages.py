@@ -326,6 +326,7 @@ def cmd_gre(args) -> None:
     import pandas as pd
 
     from crop.certify.gre import GReSettings, gre_bounds, sample_randomized_returns
+    from crop.certify.gre_resume import GReResume
     from crop.io import derive_seed
 
     spec = _spec_with_facts(args)
@@ -336,7 +337,9 @@ def cmd_gre(args) -> None:
     settings = GReSettings(args.sigma, args.m, args.horizon, args.gamma, seed=st.seed,
                            env_seed=derive_seed(args.seed, args.env, "gre-initial-states") % 2**31, chunk=args.chunk,
                            device=args.device, workers=args.workers or args.threads, batch=batch, reward_clip=clip)
-    returns = sample_randomized_returns(args.env, st.net, settings, profile=st.profile, progress=args.progress)
+    resume = Path(args.out).with_name(Path(args.out).name + ".resume")
+    returns = sample_randomized_returns(args.env, st.net, settings, profile=st.profile, progress=args.progress,
+                                        resume=GReResume(resume, (j_min, j_max)))
     if returns.min() < j_min - 1e-9 or returns.max() > j_max + 1e-9:   # the declared facts are false: no bound
         raise InputError(f"{args.env}: randomized returns in [{returns.min():g}, {returns.max():g}] leave [J_min, "
                          f"J_max] = [{j_min:g}, {j_max:g}] of the declared reward range; give the true one "
@@ -347,6 +350,7 @@ def cmd_gre(args) -> None:
               "note": "each bound (expectation_bound, cdf_expectation_bound, percentile_bound) holds with "
                       "probability >= 1 - alpha; empty percentile_bound = no k qualifies"},
              gre=table, gre_returns=pd.DataFrame({cols.RETURN: returns}))
+    resume.unlink(missing_ok=True)  # only now: a kill before gre.csv and its meta are written resumes from it
     print(f"GRe {args.env}/{args.algo} σ={args.sigma}: {args.m} randomized returns, mean {returns.mean():.2f}, "
           f"median {np.median(returns):.1f}")
 

@@ -177,7 +177,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
         "gre", "GRe: expectation and percentile bounds from m σ-randomized trajectories (Algorithm 2)",
         "GRe: expectation and percentile bounds (Algorithm 2)",
         "GRe (Algorithm 2, Theorems 2-3): lower bounds of the expected return and of its percentiles under any ℓ2 "
-        "attack of budget ε, from m σ-randomized trajectories.",
+        "attack of budget ε, from m σ-randomized trajectories; resumable (its finished blocks of trajectories).",
         (_out("gre", "gre.csv", "gre.csv: the expectation and percentile bounds per ε"),
          _out("gre_returns", "gre_returns.csv", "gre_returns.csv: the m randomized returns", "out_returns")),
         {"m": "gre.m", "horizon": "gre.horizon", "gamma": "gre.gamma", "percentiles": "gre.percentiles",
