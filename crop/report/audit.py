@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from crop.io import atomic_write_text, write_json
+from crop.io import atomic_write_text, received_problem, write_json
 from crop.names import default_of
 from crop.report.audit_md import audit_markdown, plain_verdict, verdict_line
 from crop.report.checks import run_checks
@@ -256,6 +256,13 @@ def _folder_problems(results: Path) -> list[dict]:
     from crop.report.completeness import report_inputs_missing
 
     runs = discover_run_folders(results)
+    tables = results / "tables"
+    unread = [{"file": str(f), "problem": f"{found}; the audit reads only regular files of the folder within their "
+                                          "size cap"}
+              for f in (sorted(tables.iterdir()) if tables.is_dir() else []) if f.is_symlink() or not f.is_dir()
+              if (found := received_problem(f, kind="text" if f.suffix != ".csv" else None, root=results))]
+    if unread:   # the tables are read to compare them with their runs
+        return [{"run": FOLDER, **p} for p in report_inputs_missing(results, runs) + unread]
     return [{"run": FOLDER, **p} for p in report_inputs_missing(results, runs) + table_disagreements(results, runs)]
 
 

@@ -238,9 +238,11 @@ def _md_integrity(rep: dict) -> list[str]:
     if rep["integrity"]:
         lines += [pipe_table(rep["integrity"], ["run", "file", "problem"]), ""]
     else:
-        lines += ["Every result file has the sha256 recorded when it was written, every file the folder's records "
-                  "name is there, every summary agrees with the per-step file it was made from and every table "
-                  "with the run files it cites, and every stage used the recorded checkpoint.", ""]
+        lines += ["Every file the audit read is a regular file of the folder within its size cap, every result file "
+                  "has the sha256 recorded when it was written, every file the runs' records name in the folder "
+                  "is there, every recorded setting is one the config schema allows, every summary agrees with "
+                  "the per-step file it was made from and every table with the run files it cites, and every "
+                  "stage used the recorded checkpoint, which is there with its sha256.", ""]
     if rep.get("expected_missing"):
         lines += ["## Expected by the config, missing", "",
                   "Files the given config's workflow writes that the folder lacks (WARN: nothing in the folder "

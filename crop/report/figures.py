@@ -22,7 +22,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from crop import columns as cols  # noqa: E402
 from crop.envs import env_spec  # noqa: E402
-from crop.io import atomic_write_bytes  # noqa: E402
+from crop.io import atomic_write_bytes, load_npz  # noqa: E402
 from crop.report.clips import clip_text  # noqa: E402
 from crop.report.intervals import run_interval  # noqa: E402
 from crop.report.metrics import per_step_mean_radius  # noqa: E402
@@ -64,7 +64,7 @@ def load_frames(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: missing — the LoAct stage writes the game frames of episode 0 for "
                                 "Atari runs; the periodic-pattern figure needs them")
-    with np.load(path) as z:
+    with load_npz(path) as z:
         if "frames" not in z or "steps" not in z:
             raise ValueError(f"{path}: needs arrays 'frames' and 'steps', has {sorted(z.files)}")
         frames, steps = np.asarray(z["frames"]), np.asarray(z["steps"]).astype(int).ravel()
