@@ -3,6 +3,7 @@ complete runs (or the run files given by --inputs) and write the figures and tab
 """
 from __future__ import annotations
 
+import builtins
 import sys
 from pathlib import Path
 
@@ -94,6 +95,10 @@ def _config_hash(args) -> str | None:
 
 def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
     from crop.report.audit import verdict_line
+    from crop.report.markdown import printable
+
+    def print(line):   # a received name holds no newline or escape sequence on the terminal
+        builtins.print(printable(line))
 
     ref = report["reference"]
     print(f"audit of {results}: {len(report['runs'])} runs: {verdict_line(report)} ({out_dir / 'audit.md'})")

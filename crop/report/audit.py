@@ -15,10 +15,12 @@ violation.
 The checks' statuses, the multiple-testing procedure, the verdict (FAIL / WARN / PASS) and the exit status:
 :mod:`crop.report.verdict`; audit.md: :mod:`crop.report.audit_md`.
 
-Integrity: every result file's sha256 must match the one recorded in its ``.meta.json`` (a truncated
-or edited file is reported, not silently used); every stage must have used the checkpoint recorded in
-``model.json`` (and ``model.pt``, when present, must still have that hash); a stage with some but not all of
-its files, or a run folder with no result at all, is an integrity problem; a partial run is not.
+Integrity: every file of a run is a regular file of the folder within its kind's size cap before anything
+opens it (:func:`crop.report.records.received_file_problems`); every result file's sha256 must match the one
+recorded in its ``.meta.json`` (a truncated or edited file is reported, not silently used); every stage must
+have used the checkpoint recorded in ``model.json``, and ``model.pt`` must be there with that hash; every
+recorded setting must be one the config schema allows; a stage with some but not all of its files, or a run
+folder with no result at all, is an integrity problem; a partial run is not.
 Provenance (:mod:`crop.report.provenance`): per run the checkpoint sha256 and source, commits, package
 versions, seeds, devices and runtimes, and the hash of the workflow config the audit ran under.
 Reference (:mod:`crop.report.reference`; ``"paper"`` for the paper's published numbers): each value gets a
@@ -215,7 +217,8 @@ def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
     """One run folder's part of the audit: ``integrity`` problems, ``warnings``, ``incomplete`` (some stage
     lacks its files), ``partial`` (stages absent), and for a run whose files are whole its ``prov``, its checks
     (``items``) and its reward ``clips``.  A record the report cannot read
-    (:func:`crop.report.records.run_record_problems`) is a problem, and nothing else of the run is read."""
+    (:func:`crop.report.records.run_record_problems`) is a problem, and nothing else of the run is read; so is a
+    recorded setting the config schema refuses (:func:`_settings_problems`)."""
     from crop.report.agreement import run_disagreements
     from crop.report.provenance import run_provenance
     from crop.report.records import run_record_problems
@@ -231,7 +234,8 @@ def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
                              "problem": "incomplete run, not audited (no result file)"}] + \
             [{"run": run, **p} for p in gone]
         return out
-    problems = half + check_integrity(results / run, only_present=True) + gone
+    problems = (half + check_integrity(results / run, only_present=True) + gone
+                + _settings_problems(results / run))
     out["integrity"] = [{"run": run, **p} for p in problems]
     if problems:
         return out
@@ -245,6 +249,28 @@ def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
     out.update(prov=prov, warnings=prov_warnings, items=run_checks(results, run, full),
                clips={k: list(v) for k, v in reward_clips(results / run).items() if v is not None})
     return out
+
+
+def _settings_problems(run_dir: Path) -> list[dict]:
+    """Each stage record of a run folder holding a setting its config schema node refuses (the line a re-run
+    would give, :func:`crop.report.rerun._checked_settings`; a key no node names is the re-run's concern only):
+    a value the workflow could not have written is evidence the record was edited, an integrity problem whether
+    or not its job is drawn for a re-run."""
+    from crop.report.rerun import _record, _record_name, _schema_line
+    from crop.workflow.stage_table import STAGES
+
+    problems = []
+    for row in STAGES.values():
+        rec = _record(Path(run_dir), row)
+        if rec is None or not isinstance(rec.get("settings"), dict):
+            continue
+        values = {k: v for k, v in rec["settings"].items() if v is not None}
+        line = _schema_line(values, row, f"{_record_name(row)} settings", whole=False)
+        if line:
+            problems.append({"file": str(Path(run_dir) / _record_name(row)),
+                             "problem": f"{line}: no run of the workflow records such a value (edited after the "
+                                        f"run?); rerun the stage (`snakemake --forcerun {row.rule}`)"})
+    return problems
 
 
 def _folder_problems(results: Path) -> list[dict]:

@@ -30,9 +30,9 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
     """(provenance record, integrity problems, warnings) of one ``ENV/ALGO/sigma-S`` run folder.
 
     Problems (evidence that the results do not belong together): a stage computed from another checkpoint
-    than the one recorded in ``model.json`` (or than the other stages), and a ``model.pt`` whose sha256
-    is not the recorded one.  Warnings: no checkpoint record, uncommitted code, several commits or
-    package-version sets among the stages.
+    than the one recorded in ``model.json`` (or than the other stages), and a ``model.pt`` that is missing or
+    whose sha256 is not the recorded one, wherever the records cite a checkpoint.  Warnings: no checkpoint
+    record, uncommitted code, several commits or package-version sets among the stages.
     """
     from crop.io import meta_path, read_json, sha256_file
     from crop.report.metrics import parse_run

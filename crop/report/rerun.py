@@ -62,8 +62,8 @@ from crop.report.records import error_line
 from crop.workflow.layout import checkpoint_path, split_run_algo
 from crop.workflow.stage_table import STAGES
 
-__all__ = ["rerun_jobs", "recorded_settings_problems", "RERUN_RESULTS", "BUDGET_MINUTES", "TIMEOUT_FACTOR",
-           "TIMEOUT_EXTRA_S", "MEM_FACTOR", "MEM_EXTRA_MB"]
+__all__ = ["rerun_jobs", "RERUN_RESULTS", "BUDGET_MINUTES", "TIMEOUT_FACTOR", "TIMEOUT_EXTRA_S", "MEM_FACTOR",
+           "MEM_EXTRA_MB"]
 
 RERUN_RESULTS = ("identical", "within_interval", "differ")
 
@@ -221,25 +221,6 @@ def _schema_line(values: dict, row, where: str, whole: bool = True) -> str | Non
     while err.context:
         err = sorted(err.context, key=lambda e: len(e.absolute_path))[-1]
     return f"{where}: {err.message}" if err.validator == "required" else f"{where}.{error_line(err)}"
-
-
-def recorded_settings_problems(run_dir: Path) -> list[dict]:
-    """Each stage record of a run folder holding a setting its config schema node refuses (the line a re-run
-    would give, :func:`_checked_settings`; a key no node names is the re-run's concern only): a value the
-    workflow could not have written is evidence the record was edited, an integrity problem whether or not its
-    job is drawn for a re-run."""
-    problems = []
-    for row in STAGES.values():
-        rec = _record(Path(run_dir), row)
-        if rec is None or not isinstance(rec.get("settings"), dict):
-            continue
-        values = {k: v for k, v in rec["settings"].items() if v is not None}
-        line = _schema_line(values, row, f"{_record_name(row)} settings", whole=False)
-        if line:
-            problems.append({"file": str(Path(run_dir) / _record_name(row)),
-                             "problem": f"{line}: no run of the workflow records such a value (edited after the "
-                                        f"run?); rerun the stage (`snakemake --forcerun {row.rule}`)"})
-    return problems
 
 
 def _same_run(settings: dict, run: str) -> None:
