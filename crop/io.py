@@ -172,7 +172,7 @@ def open_received(path: str | Path, mode: str = "rb", *, kind: str | None = None
         if not stat.S_ISREG(st.st_mode) or st.st_size > RECEIVED_CAPS[kind]:
             raise ReceivedFileError(capped(f"{path}: changed while opened ({_mode_words(st.st_mode)}, "
                                            f"{st.st_size:,} bytes)"))
-        f = os.fdopen(fd, mode, encoding=encoding)
+        f = open(fd, mode, encoding=encoding)
     except BaseException:
         os.close(fd)
         raise
