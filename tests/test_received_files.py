@@ -109,18 +109,14 @@ def test_an_npz_whose_arrays_declare_more_than_the_cap_is_refused(tmp_path, monk
             pass
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    root = tmp_path_factory.mktemp("received")
-    make_results(root, PLAN)
-    return root
-
-
 @pytest.fixture
-def received(pristine, tmp_path):
-    root = tmp_path / "results"
-    shutil.copytree(pristine, root, symlinks=True)
-    return root
+def received(tmp_path_factory, tmp_path):
+    """A copy of the synthetic folder, made once for the session's tests of this module."""
+    made = tmp_path_factory.getbasetemp() / "received-files-pristine"
+    if not made.exists():
+        make_results(made, PLAN)
+    shutil.copytree(made, tmp_path / "results", symlinks=True)
+    return tmp_path / "results"
 
 
 def _run(root, algo="GaussAug"):
