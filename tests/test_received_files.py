@@ -217,3 +217,14 @@ def test_an_untouched_folder_passes_and_says_what_was_checked(received, tmp_path
     code, rep, md = _audit(received, tmp_path / "a")
     assert (code, rep["verdict"], rep["integrity"]) == (0, "PASS", [])
     assert "every stage used the recorded checkpoint, which is there with its sha256" in md
+
+
+@pytest.mark.parametrize("special", sorted(SPECIAL))
+def test_a_reference_or_tolerances_file_that_is_special_is_one_line(tmp_path, special):
+    from crop.report.reference import ReferenceError, load_reference, load_tolerances
+
+    for load, name in ((load_reference, "ref.csv"), (load_tolerances, "tol.yaml")):
+        path = SPECIAL[special](tmp_path / name)
+        with pytest.raises(ReferenceError, match="character device|FIFO|over the .*-byte cap") as exc:
+            load(path)
+        assert "\n" not in str(exc.value)
