@@ -111,24 +111,25 @@ def test_another_network_is_not_reported_identical(results, tmp_path, mlp_factor
     meta["settings"]["checkpoint"] = str(a)
     meta["settings"]["frames_window"] = [0, 200, f"--checkpoint={b}"]
     write_json(meta_file, meta)
-    job = _only(results, "loact")
+    # the audit FAILs both ways: the element is an integrity problem itself, and without it the re-run differs
+    rep, job = _audit_rerun(results, tmp_path / "a")
     assert job["result"] == "not_run" and "settings.frames_window[2]" in job["note"]
-    assert _audit_rerun(results, tmp_path / "a")["verdict"] == "FAIL"   # the record's element is a problem itself
+    assert rep["verdict"] == "FAIL" and "settings.frames_window[2]" in rep["integrity"][0]["problem"]
     meta["settings"]["frames_window"] = [0, 200]
     write_json(meta_file, meta)
-    assert _only(results, "loact")["result"] == "differ"
-    rep = _audit_rerun(results, tmp_path / "b")
-    assert (rep["verdict"], rep["rerun"]["differ"]) == ("FAIL", 1)
+    rep, job = _audit_rerun(results, tmp_path / "b")
+    assert (job["result"], rep["verdict"], rep["integrity"]) == ("differ", "FAIL", [])
 
 
-def _audit_rerun(results: Path, out: Path) -> dict:
-    """The audit with every job re-run; audit.md's headline never says nothing was tested when it FAILs."""
+def _audit_rerun(results: Path, out: Path) -> tuple[dict, dict]:
+    """The audit with every job re-run, and its loact job; audit.md's headline says FAIL (never that nothing was
+    tested) when the verdict is FAIL."""
     from crop.report.audit import AuditOptions, audit
 
     rep = audit(results, out, AuditOptions(rerun=5))
     md = (out / "audit.md").read_text()
     assert rep["verdict"] != "FAIL" or (md.split("\n\n")[1].startswith("**FAIL**") and "nothing was tested" not in md)
-    return rep
+    return rep, next(j for j in rep["rerun"]["jobs"] if j["stage"] == "loact")
 
 
 def test_a_string_setting_cannot_become_an_option(results, tmp_path):
@@ -295,10 +296,14 @@ def test_an_environment_without_units_is_priced_by_its_family():
 
 
 def test_every_record_the_workflow_writes_is_one_the_report_reads(received):
-    from crop.report.records import record_problem
+    """Of the shape the report reads, every file a regular one within its cap, every setting one the schema
+    allows: no false alarm on the workflow's own records."""
+    from crop.report.audit import _settings_problems
+    from crop.report.records import record_problem, run_record_problems
 
     records = sorted(received.rglob("*.json"))
     assert len(records) >= 6 and [p.name for p in records if record_problem(p)] == []
+    assert run_record_problems(received / RUN) == [] and _settings_problems(received / RUN) == []
 
 
 def test_the_rerun_does_not_draw_a_run_whose_records_cannot_be_read(results):
