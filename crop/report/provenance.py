@@ -80,8 +80,8 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
         if not ckpt.is_file():
             problems.append({"run": run, "file": str(ckpt),
                              "problem": f"missing: the checkpoint {_short(reference_sha)} that "
-                                        f"{rec_file.name if recorded else 'the stages'} record is not in the folder, "
-                                        "so nothing shows the results came from it"})
+                                        f"{rec_file.name + ' records' if recorded else 'the stages record'} is not "
+                                        "in the folder, so nothing shows the results came from it"})
         else:
             file_verified = sha256_file(ckpt, kind="checkpoint") == reference_sha
             if not file_verified:
