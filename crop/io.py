@@ -116,12 +116,136 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | Path) -> str:
+def sha256_file(path: str | Path, *, kind: str = "file", root: str | Path | None = None) -> str:
+    """The sha256 of a regular file of at most ``kind``'s cap (:func:`open_received`: a device, a FIFO or a
+    sparse 20 GB file is refused before it is read)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_received(path, kind=kind, root=root) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+#: The most bytes a received file of each kind may hold: far above any file the workflow writes (a run's records
+#: are kilobytes, its per-step CSVs megabytes, CROP's largest network tens of MB), so a sparse or endless file is
+#: refused before anything reads it (docs/reliability.md, "Hostile inputs").  ``file``: any other kind.
+RECEIVED_CAPS = {"record": 64 << 20, "table": 1 << 30, "frames": 1 << 30, "text": 64 << 20,
+                 "checkpoint": 4 << 30, "resume": 4 << 30, "file": 16 << 30}
+_KIND_OF_SUFFIX = {".json": "record", ".csv": "table", ".npz": "frames", ".md": "text", ".tex": "text",
+                   ".yaml": "text", ".yml": "text", ".pt": "checkpoint", ".resume": "resume"}
+
+
+def received_kind(path: str | Path) -> str:
+    """The kind of :data:`RECEIVED_CAPS` a file is read as, by its suffix."""
+    return _KIND_OF_SUFFIX.get(Path(path).suffix, "file")
+
+
+class ReceivedFileError(ValueError):
+    """A received file that is not read: not a regular file, a link leaving its folder, or over its kind's cap."""
+
+
+def _mode_words(mode: int) -> str:
+    import stat
+
+    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def received_problem(path: str | Path, *, kind: str | None = None, root: str | Path | None = None) -> str | None:
+    """Why the received file at ``path`` is not read, in words, or None; opens nothing.  Refused: an absent
+    path, anything but a regular file (a device such as ``/dev/zero``, a FIFO, a socket, a folder), a
+    symbolic link that resolves outside ``root`` (when given; without it a link is followed), and a file over
+    ``kind``'s cap (:data:`RECEIVED_CAPS`; None: by its suffix, :func:`received_kind`)."""
+    import stat
+
+    path = Path(path)
+    kind = kind or received_kind(path)
+    try:
+        st = os.lstat(path)
+        link = ""
+        if stat.S_ISLNK(st.st_mode):
+            target = path.resolve()
+            link = f"a link to {target}"
+            if root is not None and not target.is_relative_to(Path(root).resolve()):
+                return f"{link}, outside the folder (a received file is read only from its folder)"
+            st = os.stat(path)
+    except FileNotFoundError:
+        return "missing" + (f" ({link}, which does not exist)" if link else "")
+    except (OSError, RuntimeError) as exc:   # a link loop, a name too long, no permission
+        return f"cannot be examined ({type(exc).__name__}: {exc})"
+    if not stat.S_ISREG(st.st_mode):
+        return (f"{link}, " if link else "") + f"{_mode_words(st.st_mode)}, not a regular file"
+    cap = RECEIVED_CAPS[kind]
+    if st.st_size > cap:
+        return (f"{st.st_size:,} bytes, over the {cap:,}-byte cap of a {kind} file (no file the workflow writes comes "
+                "near it)")
+    return None
+
+
+@contextlib.contextmanager
+def open_received(path: str | Path, mode: str = "rb", *, kind: str | None = None, root: str | Path | None = None,
+                  encoding: str | None = None):
+    """``path`` opened for reading once :func:`received_problem` finds nothing, and checked again on the
+    descriptor (``fstat``: still a regular file within the cap, so a file swapped in between is refused too);
+    :class:`ReceivedFileError` naming the file otherwise.  A FIFO is opened without waiting for a writer."""
+    import stat
+
+    kind = kind or received_kind(path)
+    if not os.path.exists(path):   # absent (or a link to nothing): what open() says of it
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    problem = received_problem(path, kind=kind, root=root)
+    if problem:
+        raise ReceivedFileError(capped(f"{path}: {problem}"))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > RECEIVED_CAPS[kind]:
+            raise ReceivedFileError(capped(f"{path}: changed while opened ({_mode_words(st.st_mode)}, "
+                                           f"{st.st_size:,} bytes)"))
+        f = open(fd, mode, encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        yield f
+
+
+@contextlib.contextmanager
+def load_npz(path: str | Path, *, root: str | Path | None = None):
+    """A received ``.npz`` (numpy's ``NpzFile``, no pickles), opened within a frames file's cap
+    (:func:`open_received`) and refused when its members' declared sizes add up to more (a zip bomb): zipfile
+    never inflates a member past its declared size."""
+    import zipfile
+
+    import numpy as np
+
+    cap = RECEIVED_CAPS["frames"]
+    with open_received(path, kind="frames", root=root) as f:
+        try:
+            declared = sum(i.file_size for i in zipfile.ZipFile(f).infolist())
+        except zipfile.BadZipFile as exc:
+            raise ReceivedFileError(capped(f"{path}: not an npz archive ({exc})")) from None
+        if declared > cap:
+            raise ReceivedFileError(capped(f"{path}: its arrays declare {declared:,} bytes, over the {cap:,}-byte "
+                                           "cap of a frames file"))
+        f.seek(0)
+        with np.load(f, allow_pickle=False) as z:
+            yield z
+
+
+def read_received_bytes(path: str | Path, *, kind: str | None = None, root: str | Path | None = None) -> bytes:
+    """The bytes of a received file (:func:`open_received`), never more than its kind's cap (a file that grows
+    while read is refused)."""
+    kind = kind or received_kind(path)
+    with open_received(path, kind=kind, root=root) as f:
+        data = f.read(RECEIVED_CAPS[kind] + 1)
+    if len(data) > RECEIVED_CAPS[kind]:
+        raise ReceivedFileError(capped(f"{path}: grew past the {RECEIVED_CAPS[kind]:,}-byte cap of a {kind} file "
+                                       "while read"))
+    return data
 
 
 MESSAGE_LIMIT = 600   # characters of an error line: a hostile file must not make a 351 MB one
@@ -256,9 +380,18 @@ def write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, dumps_json(obj))
 
 
-def read_json(path: str | Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+def read_json(path: str | Path, *, root: str | Path | None = None) -> Any:
+    """A JSON file, read within a record's cap (:func:`read_received_bytes`; ``root``: the folder a link must
+    stay in)."""
+    return json.loads(read_received_bytes(path, kind="record", root=root).decode("utf-8"))
+
+
+def read_csv(path: str | Path, *, root: str | Path | None = None, **kw):
+    """A CSV file as a pandas DataFrame, opened within a table's cap (:func:`open_received`)."""
+    import pandas as pd
+
+    with open_received(path, kind="table", root=root) as f:
+        return pd.read_csv(f, **kw)
 
 
 def write_csv(path: str | Path, df) -> None:

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import sys
 
 from crop.workflow import layout
 from crop.workflow.cost import CostError, JobResources, job_priority, stage_device, stage_gpus
@@ -32,7 +33,8 @@ try:
     # Every job's SLURM runtime and mem_mb, priced once per job (and again only when what the price reads changed).
     RESOURCES = JobResources(CFG)
 except (ConfigError, CostError) as exc:
-    raise WorkflowError(str(exc))
+    # the refusal as one line on stderr and exit status 1, with no frame of this file after it
+    sys.exit(str(exc))
 
 R = CFG["results"]
 

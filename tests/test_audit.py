@@ -848,12 +848,15 @@ def test_nothing_tested_is_not_pass_and_vote_runs_are_complete(pristine, tmp_pat
         for g in (src / f, src / f.replace(".csv", ".meta.json").replace(".npz", ".meta.json")):
             if g.is_file():
                 shutil.copy(g, d / g.name)
+    checkpoint = src.parent / "checkpoint"   # the one the records cite: part of the evidence
+    shutil.copytree(checkpoint, d.parent / "checkpoint")
     rep = audit(root, root / "audit")
     assert rep["checked"] == 0 and rep["verdict"] == "WARN"
     assert "**Not decided: nothing was tested.**" in (root / "audit" / "audit.md").read_text()
 
     root = tmp_path / "vote"
     shutil.copytree(src, root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1")
+    shutil.copytree(checkpoint, root / "CartPole-v0" / "StdTrain" / "checkpoint")
     (root / "CartPole-v0" / "StdTrain@vote" / "sigma-0.1" / RUN_FILES["qrange"]).unlink()
     rep = audit(root, root / "audit")
     assert rep["incomplete_runs"] == [] and rep["partial_runs"] == [] and rep["integrity_problems"] == 0

@@ -50,20 +50,34 @@ def _only(results: Path, stage: str) -> dict:
 
 
 def test_a_list_element_cannot_write_outside_the_scratch_folder(results, tmp_path, capsys):
-    """The refusal names the key, in audit.json, audit.md and the printed summary; the verdict is WARN."""
+    """The refusal names the key, in audit.json, audit.md and the printed summary; a record the workflow could
+    not have written is also an integrity problem of its run: FAIL, never only a job not re-run (WARN)."""
     from synthetic_results import audit_cli
 
     victim = tmp_path / "victim"
     _edit(results, RUN_FILES["loact"], lambda s: s.update(frames_window=[0, 200, f"--out-ratio={victim}"],
                                                           out_ratio=None))
-    assert audit_cli(results, "--rerun", "5", "--out-dir", tmp_path / "a") == 0
+    assert audit_cli(results, "--rerun", "5", "--out-dir", tmp_path / "a") == 1
     assert not victim.exists() and not (tmp_path / meta_name("victim")).exists()
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     job = next(j for j in rep["rerun"]["jobs"] if j["stage"] == "loact")
     line = f"loact.meta.json settings.frames_window[2]: '--out-ratio={victim}' is not an integer"
-    assert (job["result"], job["note"], rep["verdict"]) == ("not_run", line, "WARN")
-    assert line in (tmp_path / "a" / "audit.md").read_text()
+    assert (job["result"], job["note"], rep["verdict"]) == ("not_run", line, "FAIL")
+    assert [p["problem"].split(": no run of")[0] for p in rep["integrity"]] == [line]
+    md = (tmp_path / "a" / "audit.md").read_text()
+    assert line in md and md.split("\n\n")[1].startswith("**FAIL**") and "nothing was tested" not in md
     assert f"rerun not_run: {RUN} loact: {line}" in capsys.readouterr().out
+
+
+def test_a_value_the_schema_refuses_fails_the_audit_without_a_rerun(results, tmp_path):
+    """One element added to a recorded list (``frames_window: [0, 200, 7]``): FAIL, naming the record and key."""
+    from crop.report.audit import audit
+
+    _edit(results, RUN_FILES["loact"], lambda s: s.update(frames_window=[0, 200, 7]))
+    rep = audit(results, tmp_path / "a")
+    assert rep["verdict"] == "FAIL"
+    assert [(Path(p["file"]).name, p["problem"].split(":")[0]) for p in rep["integrity"]] == [
+        (meta_name(RUN_FILES["loact"]), "loact.meta.json settings.frames_window")]
 
 
 def test_an_output_recorded_null_is_still_written_in_the_scratch_folder(results):
@@ -97,11 +111,25 @@ def test_another_network_is_not_reported_identical(results, tmp_path, mlp_factor
     meta["settings"]["checkpoint"] = str(a)
     meta["settings"]["frames_window"] = [0, 200, f"--checkpoint={b}"]
     write_json(meta_file, meta)
-    job = _only(results, "loact")
+    # the audit FAILs both ways: the element is an integrity problem itself, and without it the re-run differs
+    rep, job = _audit_rerun(results, tmp_path / "a")
     assert job["result"] == "not_run" and "settings.frames_window[2]" in job["note"]
+    assert rep["verdict"] == "FAIL" and "settings.frames_window[2]" in rep["integrity"][0]["problem"]
     meta["settings"]["frames_window"] = [0, 200]
     write_json(meta_file, meta)
-    assert _only(results, "loact")["result"] == "differ"
+    rep, job = _audit_rerun(results, tmp_path / "b")
+    assert (job["result"], rep["verdict"], rep["integrity"]) == ("differ", "FAIL", [])
+
+
+def _audit_rerun(results: Path, out: Path) -> tuple[dict, dict]:
+    """The audit with every job re-run, and its loact job; audit.md's headline says FAIL (never that nothing was
+    tested) when the verdict is FAIL."""
+    from crop.report.audit import AuditOptions, audit
+
+    rep = audit(results, out, AuditOptions(rerun=5))
+    md = (out / "audit.md").read_text()
+    assert rep["verdict"] != "FAIL" or (md.split("\n\n")[1].startswith("**FAIL**") and "nothing was tested" not in md)
+    return rep, next(j for j in rep["rerun"]["jobs"] if j["stage"] == "loact")
 
 
 def test_a_string_setting_cannot_become_an_option(results, tmp_path):
@@ -284,10 +312,14 @@ def test_an_environment_without_units_is_priced_by_its_family():
 
 
 def test_every_record_the_workflow_writes_is_one_the_report_reads(received):
-    from crop.report.records import record_problem
+    """Of the shape the report reads, every file a regular one within its cap, every setting one the schema
+    allows: no false alarm on the workflow's own records."""
+    from crop.report.audit import _settings_problems
+    from crop.report.records import record_problem, run_record_problems
 
     records = sorted(received.rglob("*.json"))
     assert len(records) >= 6 and [p.name for p in records if record_problem(p)] == []
+    assert run_record_problems(received / RUN) == [] and _settings_problems(received / RUN) == []
 
 
 def test_the_rerun_does_not_draw_a_run_whose_records_cannot_be_read(results):

@@ -141,6 +141,9 @@ def test_the_workflow_refuses_it_before_any_job(tmp_path):
     assert not marker.exists(), (out + err)[-3000:]
     assert rc != 0 and not (tmp_path / "results").exists()
     _refusal(out + err)
+    # the refusal is the last line: no traceback frame of the Snakefile after it
+    assert "common.smk" not in out + err and "Traceback" not in out + err, (out + err)[-3000:]
+    assert f'environments."{ENV}"' in (out + err).strip().splitlines()[-1]
 
 
 @pytest.mark.slow

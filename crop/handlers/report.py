@@ -3,6 +3,7 @@ complete runs (or the run files given by --inputs) and write the figures and tab
 """
 from __future__ import annotations
 
+import builtins
 import sys
 from pathlib import Path
 
@@ -33,10 +34,17 @@ def _results_and_runs(args) -> tuple[Path, list[str] | None]:
 
 
 def _complete_runs(results: Path) -> list[str]:
-    """Every complete run folder under ``results``; InputError naming what incomplete ones miss."""
-    from crop.report.audit import discover_runs
+    """Every complete run folder under ``results``; InputError naming what incomplete ones miss, or the first
+    file that is not a regular file of the folder within its cap
+    (:func:`crop.report.records.received_file_problems`)."""
+    from crop.report.audit import discover_run_folders, discover_runs
+    from crop.report.records import received_file_problems
     from crop.workflow.layout import RUN_FILES
 
+    unread = [p for r in discover_run_folders(results) for p in received_file_problems(results / r)]
+    if unread:
+        raise InputError(f"{unread[0]['file']}: {unread[0]['problem']}"
+                         + (f" ({len(unread) - 1} more such file(s))" if len(unread) > 1 else ""))
     incomplete = discover_runs(results, incomplete=True)
     if incomplete:  # name what is missing rather than silently dropping runs
         missing = {r: sorted(f for f in RUN_FILES.values() if not (results / r / f).is_file()) for r in incomplete}
@@ -46,6 +54,7 @@ def _complete_runs(results: Path) -> list[str]:
 
 
 def cmd_aggregate(args) -> None:
+    from crop.io import ReceivedFileError
     from crop.report.aggregate import aggregate
     from crop.report.integrity import IntegrityError
 
@@ -63,7 +72,7 @@ def cmd_aggregate(args) -> None:
     try:
         written = aggregate(results, runs, table_eps_factors=args.table_eps_factors, figures_dir=figures,
                             tables_dir=tables)
-    except (FileNotFoundError, IntegrityError) as exc:
+    except (FileNotFoundError, IntegrityError, ReceivedFileError) as exc:
         raise InputError(str(exc)) from None
     print(f"aggregate: wrote {len(written)} files for {len(runs)} runs to {figures} and {tables}")
 
@@ -86,6 +95,10 @@ def _config_hash(args) -> str | None:
 
 def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
     from crop.report.audit import verdict_line
+    from crop.report.markdown import printable
+
+    def print(line):   # a received name holds no newline or escape sequence on the terminal
+        builtins.print(printable(line))
 
     ref = report["reference"]
     print(f"audit of {results}: {len(report['runs'])} runs: {verdict_line(report)} ({out_dir / 'audit.md'})")

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from crop import columns as cols
+from crop.io import ReceivedFileError, read_csv, read_received_bytes
 from crop.workflow.layout import ACTION_TARGET, RUN_FILES, base_run, replicate_of, run_files, run_target
 from crop.workflow.stage_table import STAGES
 
@@ -60,7 +61,7 @@ def run_disagreements(run_dir: Path) -> list[dict]:
         if summary not in run_files(target) or not all((d / RUN_FILES[k]).is_file() for k in (summary, source)):
             continue
         try:
-            recorded, src = pd.read_csv(d / RUN_FILES[summary]), pd.read_csv(d / RUN_FILES[source])
+            recorded, src = read_csv(d / RUN_FILES[summary]), read_csv(d / RUN_FILES[source])
             found = recompute(recorded, src, run)
         except _UNUSABLE as exc:
             found = f"cannot be recomputed from it ({type(exc).__name__}: {exc})"
@@ -271,7 +272,7 @@ def table_disagreements(results: Path, runs) -> list[dict]:
         mine = sorted(cited)   # the runs the tables were made from (a folder may hold others, of another config)
         mine += [r for r in runs if replicate_of(r) and any(r.startswith(m + "/") for m in mine)]
         try:
-            factors = _eps_factors(pd.read_csv(bounds))
+            factors = _eps_factors(read_csv(bounds, root=results))
             texts = env_table_texts(env, load_runs(results, mine), factors)
         except (IntegrityError, FileNotFoundError):
             continue   # a run that cannot be read whole: its integrity problem is reported with the run
@@ -282,7 +283,7 @@ def table_disagreements(results: Path, runs) -> list[dict]:
         reported = set()
         for name, text in texts.items():
             f, stem = tables / name, name.rsplit(".", 1)[0]
-            if stem in reported or not f.is_file() or f.read_text() == text:
+            if stem in reported or not f.is_file() or _text(f, results) == text:
                 continue
             reported.add(stem)
             out.append({"file": str(f), "against": ", ".join(str(results / r) for r in mine),
@@ -299,6 +300,15 @@ def _eps_factors(bounds: pd.DataFrame) -> list[float]:
     return list(dict.fromkeys(float(f"{e / s:.10g}") for e, s in zip(bounds[cols.EPS], bounds[cols.SIGMA])))
 
 
+def _text(path: Path, root: Path | None = None) -> str:
+    """A received table's text (:func:`crop.io.read_received_bytes`); a file that cannot be read that way reads
+    as a line naming why, which differs from any table."""
+    try:
+        return read_received_bytes(path, kind="text", root=root).decode("utf-8", errors="replace")
+    except (ReceivedFileError, OSError) as exc:
+        return f"(not read: {exc})"
+
+
 def _text_difference(path: Path, text: str) -> str:
     """The first row and column where a table file differs from its recomputed text: a CSV's cells within the
     round trip (:func:`first_difference`), any other file's first differing line."""
@@ -307,12 +317,12 @@ def _text_difference(path: Path, text: str) -> str:
     if path.suffix == ".csv":
         try:
             want = pd.read_csv(io.StringIO(text))
-            found = first_difference(pd.read_csv(path), want, [c for c in ("algo", "sigma", "eps") if c in want])
+            found = first_difference(read_csv(path), want, [c for c in ("algo", "sigma", "eps") if c in want])
         except (ValueError, pd.errors.ParserError):
             found = ""
         if found:
             return found
-    have, want = path.read_text().splitlines(), text.splitlines()
+    have, want = _text(path).splitlines(), text.splitlines()
     for i, (a, b) in enumerate(zip(have, want)):
         if a != b:
             return f"line {i + 1}: {a!r} recorded, {b!r} recomputed"

@@ -15,10 +15,12 @@ violation.
 The checks' statuses, the multiple-testing procedure, the verdict (FAIL / WARN / PASS) and the exit status:
 :mod:`crop.report.verdict`; audit.md: :mod:`crop.report.audit_md`.
 
-Integrity: every result file's sha256 must match the one recorded in its ``.meta.json`` (a truncated
-or edited file is reported, not silently used); every stage must have used the checkpoint recorded in
-``model.json`` (and ``model.pt``, when present, must still have that hash); a stage with some but not all of
-its files, or a run folder with no result at all, is an integrity problem; a partial run is not.
+Integrity: every file of a run is a regular file of the folder within its kind's size cap before anything
+opens it (:func:`crop.report.records.received_file_problems`); every result file's sha256 must match the one
+recorded in its ``.meta.json`` (a truncated or edited file is reported, not silently used); every stage must
+have used the checkpoint recorded in ``model.json``, and ``model.pt`` must be there with that hash; every
+recorded setting must be one the config schema allows; a stage with some but not all of its files, or a run
+folder with no result at all, is an integrity problem; a partial run is not.
 Provenance (:mod:`crop.report.provenance`): per run the checkpoint sha256 and source, commits, package
 versions, seeds, devices and runtimes, and the hash of the workflow config the audit ran under.
 Reference (:mod:`crop.report.reference`; ``"paper"`` for the paper's published numbers): each value gets a
@@ -41,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from crop.io import atomic_write_text, write_json
+from crop.io import atomic_write_text, received_problem, write_json
 from crop.names import default_of
 from crop.report.audit_md import audit_markdown, plain_verdict, verdict_line
 from crop.report.checks import run_checks
@@ -215,7 +217,8 @@ def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
     """One run folder's part of the audit: ``integrity`` problems, ``warnings``, ``incomplete`` (some stage
     lacks its files), ``partial`` (stages absent), and for a run whose files are whole its ``prov``, its checks
     (``items``) and its reward ``clips``.  A record the report cannot read
-    (:func:`crop.report.records.run_record_problems`) is a problem, and nothing else of the run is read."""
+    (:func:`crop.report.records.run_record_problems`) is a problem, and nothing else of the run is read; so is a
+    recorded setting the config schema refuses (:func:`_settings_problems`)."""
     from crop.report.agreement import run_disagreements
     from crop.report.provenance import run_provenance
     from crop.report.records import run_record_problems
@@ -231,7 +234,8 @@ def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
                              "problem": "incomplete run, not audited (no result file)"}] + \
             [{"run": run, **p} for p in gone]
         return out
-    problems = half + check_integrity(results / run, only_present=True) + gone
+    problems = (half + check_integrity(results / run, only_present=True) + gone
+                + _settings_problems(results / run))
     out["integrity"] = [{"run": run, **p} for p in problems]
     if problems:
         return out
@@ -247,6 +251,28 @@ def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
     return out
 
 
+def _settings_problems(run_dir: Path) -> list[dict]:
+    """Each stage record of a run folder holding a setting its config schema node refuses (the line a re-run
+    would give, :func:`crop.report.rerun._checked_settings`; a key no node names is the re-run's concern only):
+    a value the workflow could not have written is evidence the record was edited, an integrity problem whether
+    or not its job is drawn for a re-run."""
+    from crop.report.rerun import _record, _record_name, _schema_line
+    from crop.workflow.stage_table import STAGES
+
+    problems = []
+    for row in STAGES.values():
+        rec = _record(Path(run_dir), row)
+        if rec is None or not isinstance(rec.get("settings"), dict):
+            continue
+        values = {k: v for k, v in rec["settings"].items() if v is not None}
+        line = _schema_line(values, row, f"{_record_name(row)} settings", whole=False)
+        if line:
+            problems.append({"file": str(Path(run_dir) / _record_name(row)),
+                             "problem": f"{line}: no run of the workflow records such a value (edited after the "
+                                        f"run?); rerun the stage (`snakemake --forcerun {row.rule}`)"})
+    return problems
+
+
 def _folder_problems(results: Path) -> list[dict]:
     """The integrity problems of the folder's tables and figures: one whose input is gone
     (:func:`crop.report.completeness.report_inputs_missing`), a table its runs' files contradict
@@ -256,6 +282,13 @@ def _folder_problems(results: Path) -> list[dict]:
     from crop.report.completeness import report_inputs_missing
 
     runs = discover_run_folders(results)
+    tables = results / "tables"
+    unread = [{"file": str(f), "problem": f"{found}; the audit reads only regular files of the folder within their "
+                                          "size cap"}
+              for f in (sorted(tables.iterdir()) if tables.is_dir() else []) if f.is_symlink() or not f.is_dir()
+              if (found := received_problem(f, kind="text" if f.suffix != ".csv" else None, root=results))]
+    if unread:   # the tables are read to compare them with their runs
+        return [{"run": FOLDER, **p} for p in report_inputs_missing(results, runs) + unread]
     return [{"run": FOLDER, **p} for p in report_inputs_missing(results, runs) + table_disagreements(results, runs)]
 
 

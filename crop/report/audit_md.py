@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from crop.report.clips import clip_text
-from crop.report.markdown import pipe_table
+from crop.report.markdown import md_code, md_text, pipe_table, printable
 from crop.report.verdict import POOLED, STATUSES
 
 __all__ = ["audit_markdown", "verdict_line", "plain_verdict"]
@@ -27,9 +27,9 @@ def verdict_line(rep: dict) -> str:
             + ")"
             + (f", {len(pooled)} pooled counts ({sum(p['violation'] for p in pooled)} violation)" if pooled else "")
             + f", {rep['integrity_problems']} integrity problem(s)"
-            + (f" (first: {rep['integrity'][0]['file']})" if rep.get("integrity") else "")
+            + (f" (first: {printable(rep['integrity'][0]['file'])})" if rep.get("integrity") else "")
             + (f", {len(rep['expected_missing'])} file(s) the config expects missing (first: "
-               f"{rep['expected_missing'][0]['file']})" if rep.get("expected_missing") else ""))
+               f"{printable(rep['expected_missing'][0]['file'])})" if rep.get("expected_missing") else ""))
     rr = rep.get("rerun")
     if rr:
         line += f"; rerun: {rr['checked']} jobs, {rr['differ']} differ" + (
@@ -44,7 +44,8 @@ def verdict_line(rep: dict) -> str:
 def _where(i: dict) -> str:
     if str(i["check"]).startswith(POOLED):
         return f"counted over {i['runs']} runs"
-    return f"in run {i['env']}/{i['algo']}/σ={i['sigma']:g}" + ("" if i.get("eps") is None else f" at ε = {i['eps']:g}")
+    return (f"in run {md_text(i['env'])}/{md_text(i['algo'])}/σ={i['sigma']:g}"
+            + ("" if i.get("eps") is None else f" at ε = {i['eps']:g}"))
 
 
 def plain_verdict(rep: dict) -> str:
@@ -62,14 +63,14 @@ def plain_verdict(rep: dict) -> str:
         parts = []
         if rep["violation_list"]:
             parts.append(f"{len(rep['violation_list'])} soundness violation(s): " + "; ".join(
-                f"{i['check']} {_where(i)} (bound {i['bound']}, observed {i['observed']})"
+                f"{md_text(i['check'])} {_where(i)} (bound {i['bound']}, observed {i['observed']})"
                 for i in rep["violation_list"][:3]))
         if rep["integrity"]:
             parts.append(f"{len(rep['integrity'])} integrity problem(s): " + "; ".join(
-                f"{p['problem']} ({p['file']})" for p in rep["integrity"][:3]))
+                f"{md_text(p['problem'])} ({md_text(p['file'])})" for p in rep["integrity"][:3]))
         differ = [j for j in (rep.get("rerun") or {}).get("jobs", []) if j["result"] == "differ"]
         if differ:
-            parts.append(f"{len(differ)} re-run job(s) differ: " + "; ".join(j["job"] for j in differ[:3]))
+            parts.append(f"{len(differ)} re-run job(s) differ: " + "; ".join(md_text(j["job"]) for j in differ[:3]))
         return "**FAIL**: " + ". ".join(parts) + "." + (" " + _expected_text(rep) if rep.get("expected_missing")
                                                         else "")
     expected = _expected_text(rep)
@@ -78,7 +79,7 @@ def plain_verdict(rep: dict) -> str:
                 "to check a bound against, or every bound vacuous); to decide, run the attacks (local and global "
                 "PGD) beside the certificates." + vac + (" " + expected if expected else ""))
     if rep["verdict"] == "WARN":
-        fixes = sorted({i.get("testable_with") or "" for i in rep["untestable_list"]} - {""})
+        fixes = sorted({md_text(i.get("testable_with") or "") for i in rep["untestable_list"]} - {""})
         text = "**Not decided**: " + (expected + " " if expected else "")
         if st_["untestable"]:
             text += (f"{st_['untestable']} check(s) could not fail"
@@ -86,7 +87,7 @@ def plain_verdict(rep: dict) -> str:
         not_run = [j for j in (rep.get("rerun") or {}).get("jobs", []) if j["result"] == "not_run"]
         if not_run:
             text += (f"{len(not_run)} drawn re-run job(s) could not be re-run: "
-                     + "; ".join(f"{j['job']}: {j['note']}" for j in not_run[:3])
+                     + "; ".join(f"{md_text(j['job'])}: {md_text(j['note'])}" for j in not_run[:3])
                      + ("; …" if len(not_run) > 3 else "") + ". ")
         other = "other " if st_["untestable"] else ""
         return text + f"{tested} {other}check(s) could have caught a broken certificate and none did." + sus + vac
@@ -101,7 +102,7 @@ def _expected_text(rep: dict) -> str:
     if not gone:
         return ""
     return (f"{len(gone)} file(s) or folder(s) the config's workflow writes are not in the folder (the folder lacks "
-            "what the config expects, or comes from another config): " + "; ".join(p["file"] for p in gone[:3])
+            "what the config expects, or comes from another config): " + "; ".join(md_text(p["file"]) for p in gone[:3])
             + (f" and {len(gone) - 3} more" if len(gone) > 3 else "") + ".")
 
 
@@ -119,10 +120,10 @@ def _md_summary(rep: dict) -> list[str]:
         first += (f" **Reproduction** (a separate question: does the run agree with the reference?): {r['agree']} "
                   f"agree, {r['differ']} differ, {r['not_in_run']} not in the run, {r['not_in_reference']} not in "
                   "the reference.")
-    lines = ["# CROP audit", "", first, "", f"`{verdict_line(rep)}`", "",
-             f"Results folder: `{rep['results']}`; runs audited: {len(rep['runs'])}"
+    lines = ["# CROP audit", "", first, "", md_code(verdict_line(rep)), "",
+             f"Results folder: {md_code(rep['results'])}; runs audited: {len(rep['runs'])}"
              + (f" ({len(rep['partial_runs'])} partial)" if rep["partial_runs"] else "")
-             + f"; config hash: `{rep['config_hash'] or 'not given'}`.", "",
+             + f"; config hash: {md_code(rep['config_hash'] or 'not given')}.", "",
              *_md_clipped(rep),
              "| | |", "|---|---|",
              f"| soundness checks | {rep['checked']} |",
@@ -152,7 +153,7 @@ def _md_clipped(rep: dict) -> list[str]:
     clipped = rep.get("clipped_runs") or {}
     if not clipped:
         return []
-    runs = "; ".join(f"`{run}` ({clip_text(sorted({tuple(c) for c in stages.values()}))}: "
+    runs = "; ".join(f"{md_code(run)} ({clip_text(sorted({tuple(c) for c in stages.values()}))}: "
                      f"{', '.join(sorted(stages))})" for run, stages in sorted(clipped.items()))
     return [f"Runs with clipped rewards: {runs}. Their certificates (GRe's bounds) are for the return of the "
             "clipped rewards, not the environment's own, and their benign and attacked returns are of the same "
@@ -232,15 +233,17 @@ def _md_integrity(rep: dict) -> list[str]:
                   f"reordering (a job that ran off the CPU), {rr['differ']} differ"
                   + (f", {rr['not_run']} drawn but not re-run (WARN)" if rr["not_run"] else "") + "."
                   + (f" {rr['not_eligible']} stage(s) recorded no settings and could not be drawn: "
-                     + ", ".join(f"{j['run']} {j['stage']}" for j in rr["not_eligible_list"][:10])
+                     + ", ".join(f"{md_text(j['run'])} {j['stage']}" for j in rr["not_eligible_list"][:10])
                      + ("…" if rr["not_eligible"] > 10 else "") + "." if rr.get("not_eligible") else ""), "",
                   pipe_table(rr["jobs"], ["run", "stage", "device", "result", "note"]), ""]
     if rep["integrity"]:
         lines += [pipe_table(rep["integrity"], ["run", "file", "problem"]), ""]
     else:
-        lines += ["Every result file has the sha256 recorded when it was written, every file the folder's records "
-                  "name is there, every summary agrees with the per-step file it was made from and every table "
-                  "with the run files it cites, and every stage used the recorded checkpoint.", ""]
+        lines += ["Every file the audit read is a regular file of the folder within its size cap, every result file "
+                  "has the sha256 recorded when it was written, every file the runs' records name in the folder "
+                  "is there, every recorded setting is one the config schema allows, every summary agrees with "
+                  "the per-step file it was made from and every table with the run files it cites, and every "
+                  "stage used the recorded checkpoint, which is there with its sha256.", ""]
     if rep.get("expected_missing"):
         lines += ["## Expected by the config, missing", "",
                   "Files the given config's workflow writes that the folder lacks (WARN: nothing in the folder "
@@ -260,8 +263,8 @@ def _md_reference(rep: dict) -> list[str]:
     if not ref:
         return []
     lines = ["## Reference comparison", "",
-             f"Reference `{ref['name']}` (`{ref['file']}`, sha256 `{ref['sha256'][:16]}…`), tolerances "
-             f"{'from `' + ref['tolerances_file'] + '`' if ref['tolerances_file'] else 'built in'}: a "
+             f"Reference {md_code(ref['name'])} ({md_code(ref['file'])}, sha256 `{ref['sha256'][:16]}…`), "
+             f"tolerances {'from ' + md_code(ref['tolerances_file']) if ref['tolerances_file'] else 'built in'}: a "
              "value agrees when the reference lies inside the reproduction's confidence interval "
              "[interval_lo, interval_hi] (over replicates where there are several, else over episodes; the "
              "value itself for bounds and attacks) widened by allowed = max(abs, rel·|reference|); outside = "
@@ -307,7 +310,7 @@ def _md_reference_clipped(rows: list[dict]) -> list[str]:
             marked.setdefault((r["env"], r["algo"], r["sigma"], tuple(r["reward_clip"])), set()).add(r["metric"])
     if not marked:
         return []
-    which = "; ".join(f"{env} {algo} σ = {sigma:g}, {clip_text([clip])}: "
+    which = "; ".join(f"{md_text(env)} {md_text(algo)} σ = {sigma:g}, {clip_text([clip])}: "
                       + ", ".join(f"`{m}`" for m in sorted(metrics))
                       for (env, algo, sigma, clip), metrics in sorted(marked.items()))
     return ["**Returns of clipped rewards.** These reproduced values are returns (or bounds on returns) of "
@@ -367,9 +370,10 @@ def _md_provenance(rep: dict) -> list[str]:
                               for p in rep["provenance"]]), ""]
         versions = {k: v for p in rep["provenance"] for k, v in (p["versions"] or {}).items()}
         if versions:
-            lines += ["Package versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())), ""]
+            lines += ["Package versions: " + ", ".join(f"{md_text(k)} {md_text(v)}"
+                                                       for k, v in sorted(versions.items())), ""]
     if rep["warnings"]:
-        lines += ["## Warnings", ""] + [f"- {w}" for w in rep["warnings"]] + [""]
+        lines += ["## Warnings", ""] + [f"- {md_text(w)}" for w in rep["warnings"]] + [""]
     return lines
 
 

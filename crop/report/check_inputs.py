@@ -10,7 +10,7 @@ import pandas as pd
 
 from crop import columns as cols
 from crop.envs import env_spec
-from crop.io import meta_path, read_json
+from crop.io import meta_path, read_csv, read_json
 from crop.workflow.layout import RUN_FILES
 
 __all__ = ["TOL", "NOT_RECORDED", "row", "chance_inputs", "spec_fact", "radius_columns", "planned_horizon"]
@@ -38,7 +38,7 @@ def chance_inputs(d: Path, env: str, n_actions: int | None = None) -> dict:
     v_max = lm.get("v_max", q.get("v_max"))
     a_set = am.get("settings") or {}
     def table(key):
-        return pd.read_csv(d / RUN_FILES[key]) if (d / RUN_FILES[key]).is_file() else None
+        return read_csv(d / RUN_FILES[key]) if (d / RUN_FILES[key]).is_file() else None
 
     lore_states = table("lore_states")
     if lore_states is not None:

@@ -47,7 +47,7 @@ import pandas as pd
 from scipy import stats as st
 
 from crop import columns as cols
-from crop.io import meta_path, read_json
+from crop.io import meta_path, read_csv, read_json
 from crop.report.check_inputs import TOL, chance_inputs, row, spec_fact
 from crop.report.checks_flips import (
     check_certified_steps_not_flipped,
@@ -139,7 +139,7 @@ def run_checks(results: Path, run: str, stages: list[str]) -> list[dict]:
         key["replicate"] = replicate_of(run)
 
     def table(stage):
-        return pd.read_csv(d / RUN_FILES[stage]) if stage in stages else None
+        return read_csv(d / RUN_FILES[stage]) if stage in stages else None
 
     gre, attack_global, attack_local, lore = table("gre"), table("attack_global"), table("attack_local"), table("lore")
     rows = []

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from crop.io import META_SUFFIX, read_json
+from crop.io import META_SUFFIX, read_csv, read_json
 from crop.workflow import layout
 from crop.workflow.layout import FIGURE_FORMATS, RUN_FILES, base_run, replicate_of, run_files, run_target, series_label
 from crop.workflow.stage_table import STAGES
@@ -150,7 +150,7 @@ def table_runs(csv: Path, env: str, plan: dict) -> list[str]:
     :func:`crop.workflow.layout.series_label`) with its ``sigma`` column, or with each ``sigma=S`` column where it has a
     value."""
     try:
-        df = pd.read_csv(csv)
+        df = read_csv(csv)
     except (ValueError, OSError):
         return []
     if "algo" not in df:

@@ -22,7 +22,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from crop import columns as cols  # noqa: E402
 from crop.envs import env_spec  # noqa: E402
-from crop.io import atomic_write_bytes  # noqa: E402
+from crop.io import atomic_write_bytes, load_npz  # noqa: E402
 from crop.report.clips import clip_text  # noqa: E402
 from crop.report.intervals import run_interval  # noqa: E402
 from crop.report.metrics import per_step_mean_radius  # noqa: E402
@@ -38,9 +38,9 @@ from crop.report.style import (  # noqa: E402
     BOUND_Z,
     LABELS,
     algo_handles,
-    algo_label,
     axes_legend,
     bound_line,
+    figure_label,
     legend_columns,
     line_width,
     marker_size,
@@ -64,7 +64,7 @@ def load_frames(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: missing — the LoAct stage writes the game frames of episode 0 for "
                                 "Atari runs; the periodic-pattern figure needs them")
-    with np.load(path) as z:
+    with load_npz(path) as z:
         if "frames" not in z or "steps" not in z:
             raise ValueError(f"{path}: needs arrays 'frames' and 'steps', has {sorted(z.files)}")
         frames, steps = np.asarray(z["frames"]), np.asarray(z["steps"]).astype(int).ravel()
@@ -295,7 +295,7 @@ def _clean_figure(env: str, data: dict, algos, labels):
         # each other; the σ ticks stay at the true σ.
         dodge = 10.0 ** (0.025 * (i - 0.5 * (len(algos) - 1)))
         ax.errorbar(np.asarray(xs) * dodge, ms, yerr=[below, above], marker=series_marker(a), ms=marker_size(a),
-                    capsize=3, color=series_color(a), lw=line_width(a), label=algo_label(a), zorder=BOUND_Z)
+                    capsize=3, color=series_color(a), lw=line_width(a), label=figure_label(a), zorder=BOUND_Z)
         if len(ms):
             lo, hi = min(lo, float(np.min(ms - below))), max(hi, float(np.max(ms + above)))
     set_ylim(ax, lo, hi, return_span(lo, hi))
@@ -336,13 +336,13 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
     fig = plt.figure(figsize=(1.7 * max(len(picks), 3), 4.6))
     gs = fig.add_gridspec(2, len(picks), height_ratios=[1.0, 1.25], hspace=0.35)
     ax = fig.add_subplot(gs[0, :])
-    ax.plot(window.index, window.to_numpy(), color=series_color(algo), lw=1.2, label=algo_label(algo))
+    ax.plot(window.index, window.to_numpy(), color=series_color(algo), lw=1.2, label=figure_label(algo))
     ax.set_xlim(lo, max(hi, lo + 1))
     ax.set_ylim(bottom=0)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel(LABELS["t"], fontsize=8)
     ax.set_ylabel(LABELS["r"], fontsize=8)
-    ax.set_title(f"{env_spec(env).paper_name}, {algo_label(algo)}, σ={lab}: LoAct episode 0, steps {lo}–{hi}",
+    ax.set_title(f"{env_spec(env).paper_name}, {figure_label(algo)}, σ={lab}: LoAct episode 0, steps {lo}–{hi}",
                  fontsize=9, pad=14)
     ax.tick_params(labelsize=7)
     for n, i in enumerate(picks):

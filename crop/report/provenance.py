@@ -30,9 +30,9 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
     """(provenance record, integrity problems, warnings) of one ``ENV/ALGO/sigma-S`` run folder.
 
     Problems (evidence that the results do not belong together): a stage computed from another checkpoint
-    than the one recorded in ``model.json`` (or than the other stages), and a ``model.pt`` whose sha256
-    is not the recorded one.  Warnings: no checkpoint record, uncommitted code, several commits or
-    package-version sets among the stages.
+    than the one recorded in ``model.json`` (or than the other stages), and a ``model.pt`` that is missing or
+    whose sha256 is not the recorded one, wherever the records cite a checkpoint.  Warnings: no checkpoint
+    record, uncommitted code, several commits or package-version sets among the stages.
     """
     from crop.io import meta_path, read_json, sha256_file
     from crop.report.metrics import parse_run
@@ -76,11 +76,18 @@ def run_provenance(results, run: str) -> tuple[dict, list[dict], list[str]]:
                              "problem": f"stage {stage} was computed from checkpoint {_short(sha)}, not "
                                         f"{what} ({_short(reference_sha)})"})
     file_verified = None
-    if record is not None and ckpt.is_file():
-        file_verified = sha256_file(ckpt) == recorded
-        if not file_verified:
+    if reference_sha is not None:   # the run's records cite a checkpoint: it is part of the evidence
+        if not ckpt.is_file():
             problems.append({"run": run, "file": str(ckpt),
-                             "problem": f"checkpoint sha256 differs from the one recorded in {rec_file.name}"})
+                             "problem": f"missing: the checkpoint {_short(reference_sha)} that "
+                                        f"{rec_file.name + ' records' if recorded else 'the stages record'} is not "
+                                        "in the folder, so nothing shows the results came from it"})
+        else:
+            file_verified = sha256_file(ckpt, kind="checkpoint") == reference_sha
+            if not file_verified:
+                where = rec_file.name if recorded else "the stages' records"
+                problems.append({"run": run, "file": str(ckpt),
+                                 "problem": f"checkpoint sha256 differs from the one recorded in {where}"})
 
     commits = sorted({str(v.get("git_commit")) for v in stages.values() if v.get("git_commit")})
     if any(c.endswith("-dirty") for c in commits):

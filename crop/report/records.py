@@ -9,12 +9,13 @@ Fields the schemas do not name may hold anything (the report does not read them)
 from __future__ import annotations
 
 import functools
-import json
+import os
 from pathlib import Path
 
-from crop.io import META_SUFFIX
+from crop.io import META_SUFFIX, ReceivedFileError, meta_name, read_json, received_problem
 
-__all__ = ["record_problem", "run_record_problems", "error_line", "SCHEMAS"]
+__all__ = ["record_problem", "run_record_problems", "received_files", "received_file_problems", "error_line",
+           "SCHEMAS"]
 
 
 def _of(*types: str, **more) -> dict:
@@ -112,13 +113,15 @@ def _validator(kind: str):
     return cls(schema)
 
 
-def record_problem(path: Path) -> str | None:
-    """What keeps the report from reading the record at ``path``, in one line, or None: not JSON, or its
+def record_problem(path: Path, root: Path | None = None) -> str | None:
+    """What keeps the report from reading the record at ``path``, in one line, or None: not a regular file
+    within a record's cap (a link leaving ``root``, when given: :func:`crop.io.open_received`), not JSON, or its
     first field (the shallowest, then in order) whose value is not of the type the report reads."""
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            rec = json.load(f)
+        rec = read_json(path, root=root)
+    except ReceivedFileError as exc:
+        return str(exc).removeprefix(f"{path}: ")
     except (ValueError, OSError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return f"not readable as JSON ({type(exc).__name__}: {exc})"
     kind = META_SUFFIX if path.name.endswith(META_SUFFIX) else path.name
@@ -127,16 +130,53 @@ def record_problem(path: Path) -> str | None:
     return error_line(errors[0]) if errors else None
 
 
-def run_record_problems(run_dir: Path) -> list[dict]:
-    """The records of a run (or replicate) folder the report cannot read — its ``*.json`` files and its
-    checkpoint's ``model.json`` — one problem each (``{"file", "problem"}``)."""
+def _checkpoint_dir(run_dir: Path) -> Path:
+    """``ENV/ALGO/checkpoint`` of a run (or replicate) folder ``ENV/ALGO[@TARGET]/sigma-S[/rep-K]``."""
     from crop.workflow.layout import base_run, split_run_algo
 
+    base = Path(base_run(run_dir))
+    return base.parent.parent / split_run_algo(base.parent.name)[0] / "checkpoint"
+
+
+def received_files(run_dir: Path) -> list[Path]:
+    """The files of a run (or replicate) folder the report or a re-run may open, wherever a name is there
+    (a link to nothing included): its result files and their records, its other ``*.json`` records, and its
+    checkpoint folder's ``model.pt`` and ``model.json``."""
+    from crop.workflow.layout import RUN_FILES
+
     run_dir = Path(run_dir)
-    base = Path(base_run(run_dir))   # ENV/ALGO[@TARGET]/sigma-S; the checkpoint is ENV/ALGO/checkpoint/
-    model = base.parent.parent / split_run_algo(base.parent.name)[0] / "checkpoint" / "model.json"
-    files = sorted(run_dir.glob("*.json"))
+    names = {n for f in RUN_FILES.values() for n in (f, meta_name(f))}
+    ckpt = _checkpoint_dir(run_dir)
+    found = {run_dir / n for n in names} | set(run_dir.glob("*.json")) | {ckpt / "model.pt", ckpt / "model.json"}
+    return sorted(f for f in found if os.path.lexists(f))
+
+
+def received_file_problems(run_dir: Path) -> list[dict]:
+    """Each file of :func:`received_files` that is not read (:func:`crop.io.received_problem`): anything but a
+    regular file, a link that leaves the run's environment folder ``ENV``, or a file over its kind's cap
+    (:data:`crop.io.RECEIVED_CAPS`) — one problem each, checked before any of them is opened."""
+    root = _checkpoint_dir(run_dir).parent.parent   # ENV: the run folders and the checkpoint of its algorithms
     problems = []
+    for f in received_files(run_dir):
+        found = received_problem(f, root=root)
+        if found:
+            problems.append({"file": str(f), "problem": f"{found}; the report reads only regular files of the "
+                                                        "folder within their size cap, so nothing of its run is "
+                                                        "read"})
+    return problems
+
+
+def run_record_problems(run_dir: Path) -> list[dict]:
+    """The files of a run (or replicate) folder the report cannot read: first any that is not a regular file
+    of the folder within its cap (:func:`received_file_problems`), then its ``*.json`` records and its
+    checkpoint's ``model.json`` that are not of the shape the report reads — one problem each
+    (``{"file", "problem"}``)."""
+    run_dir = Path(run_dir)
+    problems = received_file_problems(run_dir)
+    if problems:
+        return problems
+    model = _checkpoint_dir(run_dir) / "model.json"
+    files = sorted(run_dir.glob("*.json"))
     for f in files + ([model] if model.is_file() else []):
         found = record_problem(f)
         if found:

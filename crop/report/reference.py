@@ -65,7 +65,7 @@ import yaml
 
 from crop import columns as cols
 from crop.envs import ENV_SPECS
-from crop.io import CappedError, sha256_file
+from crop.io import CappedError, ReceivedFileError, read_received_bytes, sha256_file
 from crop.reference import resolve_reference
 from crop.report.clips import clip_text
 from crop.report.intervals import INTERVAL_METRICS, run_interval
@@ -124,9 +124,9 @@ def load_reference(path) -> pd.DataFrame:
     ``mean_radius_certified``), eps, value, convention, source."""
     path = resolve_reference(path)
     try:
-        raw = Path(path).read_bytes()
+        raw = read_received_bytes(path, kind="table")
         raw.decode("utf-8")
-    except OSError as exc:
+    except (OSError, ReceivedFileError) as exc:
         raise ReferenceError(f"{path}: cannot read the reference table: {exc}") from None
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
@@ -208,10 +208,11 @@ def load_tolerances(path) -> dict:
     """Read a tolerances file (YAML or JSON): {metric or "default": {"abs": x, "rel": y}}."""
     path = Path(path)
     try:
-        tol = load_bounded_yaml(path.read_bytes().decode("utf-8"), str(path), ReferenceError) or {}
+        tol = load_bounded_yaml(read_received_bytes(path, kind="text").decode("utf-8"), str(path),
+                                ReferenceError) or {}
     except UnicodeDecodeError as exc:
         raise ReferenceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, ReceivedFileError, yaml.YAMLError) as exc:
         raise ReferenceError(f"{path}: cannot read the tolerances: {exc}") from None
     if not isinstance(tol, dict):
         raise ReferenceError(f"{path}: tolerances must be a mapping of metric -> {{abs, rel}}")

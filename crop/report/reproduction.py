@@ -23,7 +23,7 @@ from scipy import stats as st
 from crop.envs import env_spec
 from crop.io import atomic_write_text
 from crop.report.clips import clip_text
-from crop.report.markdown import pipe_table
+from crop.report.markdown import md_code, pipe_table
 
 __all__ = ["write_reproduction", "figure_name", "KNOWN", "GENERAL_NOTES"]
 
@@ -86,7 +86,7 @@ def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
 
     run_algos = sorted(set(df.loc[df["reproduced"].notna(), "algo"]))
     algos = run_algos or sorted(set(df["algo"]))
-    from crop.report.style import algo_label, series_color, series_marker, series_order
+    from crop.report.style import figure_label, series_color, series_marker, series_order
 
     # the colour and marker of each algorithm (and target: ALGO@TARGET) in every other figure of the project
     series_order(algos)
@@ -106,7 +106,7 @@ def _figure(df: pd.DataFrame, env: str, radius_metric: str, path: Path) -> None:
                     v = v[v[col] > 0]  # log scale: zero radii are not drawn
                 if not len(v):
                     continue
-                ax.plot(v["sigma"], v[col], color=colors[a], label=f"{algo_label(a)} ({label})", **style)
+                ax.plot(v["sigma"], v[col], color=colors[a], label=f"{figure_label(a)} ({label})", **style)
                 if col == "reproduced" and v["interval_lo"].notna().any():  # the confidence interval
                     lo = (v[col] - v["interval_lo"]).clip(lower=0).fillna(0)
                     hi = (v["interval_hi"] - v[col]).clip(lower=0).fillna(0)
@@ -165,14 +165,14 @@ def _env_section(df: pd.DataFrame, env: str, paper: bool, fig: str, tolerances: 
                                                  "algo"]))
     if absent:  # labels of your own, or an environment the reference lacks: nothing to compare them with
         where = "the paper" if paper else "the reference"
-        lines += [f"Not in {where}: {', '.join(f'`{a}`' for a in absent)} — "
+        lines += [f"Not in {where}: {', '.join(md_code(a) for a in absent)} — "
                   f"{'this environment is' if len(absent) == len(set(df['algo'])) else 'these labels are'} not in "
                   f"{where}; their values are listed, not compared.", ""]
     lines += [f"![{env}]({fig})", ""]
     clipped = df[df["reward_clip"].notna() & (df["verdict"] != "missing")]
     if len(clipped):   # returns of clipped rewards (rewards.clip): not the game's own return
         lines += [f"Returns of clipped rewards: {', '.join(f'`{m}`' for m in sorted(set(clipped['metric'])))} of "
-                  f"{', '.join(f'`{a}`' for a in sorted(set(clipped['algo'])))} are reproduced from "
+                  f"{', '.join(md_code(a) for a in sorted(set(clipped['algo'])))} are reproduced from "
                   f"{clip_text(clipped['reward_clip'])} (`rewards.clip`), not the environment's own rewards; a "
                   "published return of the game is not the same quantity.", ""]
     if compared.empty:
@@ -265,9 +265,9 @@ def write_reproduction(ref_block: dict, out_dir: Path, envs) -> dict:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     c = ref_block["counts"]
     lines = ["# Reproduction report", "",
-             f"Reference: `{ref_block['name']}`"
+             f"Reference: {md_code(ref_block['name'])}"
              + (" — the CROP paper's published numbers (Wu et al., ICLR 2022), from the leaderboard's data"
-                if paper else "") + f" (`{ref_block['file']}`).", "",
+                if paper else "") + f" ({md_code(ref_block['file'])}).", "",
              "A published value **agrees** when it lies inside the reproduction's confidence interval (at 1 − α "
              "of the audit: over replicates where the run has several, else over its episodes; bounds and "
              "attacks have no interval), widened on each side by the metric's tolerance; otherwise it "

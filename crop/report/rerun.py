@@ -41,6 +41,7 @@ folder, in its own session, under :func:`crop.envs.untrusted_env_ids`.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -56,7 +57,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from crop.io import InputError, meta_path, read_json, sha256_file
+from crop.io import InputError, load_npz, meta_path, read_csv, read_json, sha256_file
 from crop.names import AUTO_TARGET, TARGET_NAMES
 from crop.report.metrics import parse_run
 from crop.report.records import error_line
@@ -144,6 +145,7 @@ def _base(commit) -> str:
     return str(commit or "").removesuffix("-dirty")
 
 
+@functools.cache
 def _option_names(command: str) -> set[str]:
     """The ``dest`` of every option of ``crop COMMAND``, and ``command``: what a record may hold."""
     import argparse
@@ -177,31 +179,50 @@ def _checked_settings(rec: dict, row) -> dict:
     """The recorded settings that are not null, each checked against its schema node before any command is
     built; :class:`_NotRun` naming the first bad key (``loact.meta.json settings.frames_window[2]: …``).  A null
     setting is left out: the stage took the schema's default for it, as the re-run will."""
-    import jsonschema
-
-    from crop.workflow.schema import _is_integer, _non_finite, _path, schema
-
     where = f"{_record_name(row)} settings"
     settings = rec["settings"]
     unknown = sorted(set(settings) - _option_names(row.command), key=str)
     if unknown:
         raise _NotRun(f"{where}: unknown key(s) {unknown}: no option of `crop {row.command}`")
     values = {k: v for k, v in settings.items() if v is not None}
-    hit = _non_finite(values)
-    if hit:
-        raise _NotRun(f"{where}.{_path(hit[0])}: {hit[1]} is not a finite number")
+    line = _schema_line(values, row, where)
+    if line:
+        raise _NotRun(line)
+    return values
+
+
+@functools.cache
+def _settings_validator(rule: str, whole: bool):
+    """The validator of a stage's recorded settings (:func:`_record_schema`); without ``whole``, of the values
+    it names only (no key required)."""
+    import jsonschema
+
+    from crop.workflow.schema import _is_integer, schema
+
+    row = next(r for r in STAGES.values() if r.rule == rule)
     cls = jsonschema.validators.validator_for(schema())
     cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", _is_integer))
+    record = _record_schema(row)
+    return cls(record if whole else {**record, "required": []})
+
+
+def _schema_line(values: dict, row, where: str, whole: bool = True) -> str | None:
+    """The one line naming the first of ``values`` (settings not null) its schema node refuses, or None."""
+    from crop.workflow.schema import _non_finite, _path
+
+    hit = _non_finite(values)
+    if hit:
+        return f"{where}.{_path(hit[0])}: {hit[1]} is not a finite number"
     # per key, its deepest error first: a list element that is no number before the list's length
-    errors = sorted(cls(_record_schema(row)).iter_errors(values),
+    errors = sorted(_settings_validator(row.rule, whole).iter_errors(values),
                     key=lambda e: (str(e.absolute_path[0]) if e.absolute_path else "", -len(e.absolute_path),
                                    list(map(str, e.absolute_path)), e.message))
-    if errors:
-        err = errors[0]
-        while err.context:
-            err = sorted(err.context, key=lambda e: len(e.absolute_path))[-1]
-        raise _NotRun(f"{where}: {err.message}" if err.validator == "required" else f"{where}.{error_line(err)}")
-    return values
+    if not errors:
+        return None
+    err = errors[0]
+    while err.context:
+        err = sorted(err.context, key=lambda e: len(e.absolute_path))[-1]
+    return f"{where}: {err.message}" if err.validator == "required" else f"{where}.{error_line(err)}"
 
 
 def _same_run(settings: dict, run: str) -> None:
@@ -365,7 +386,7 @@ def _run_child(argv: list[str], scratch: Path, trusted_envs, job) -> subprocess.
 
 
 def _same_numbers(a: Path, b: Path) -> bool:
-    x, y = pd.read_csv(a), pd.read_csv(b)
+    x, y = read_csv(a), read_csv(b)
     if list(x.columns) != list(y.columns) or len(x) != len(y):
         return False
     for c in x.columns:
@@ -390,7 +411,7 @@ def _compare(row, run_dir: Path, scratch: Path, cpu: bool) -> tuple[str, str]:
             a, b = ({k: v for k, v in read_json(p).items() if k != "provenance"} for p in (old, new))
             same = json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
         elif o.file.endswith(".npz"):
-            with np.load(old) as a, np.load(new) as b:
+            with load_npz(old) as a, load_npz(new) as b:
                 same = sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
         else:
             same = sha256_file(old) == sha256_file(new)

@@ -20,9 +20,9 @@ from crop.report.check_inputs import spec_fact
 from crop.report.metrics import lore_valid_until
 from crop.report.style import (
     BOUND_Z,
-    algo_label,
     attack_line,
     bound_line,
+    figure_label,
     line_width,
     marker_size,
     series_color,
@@ -166,7 +166,7 @@ def panel_global(ax, runs: dict, sigma: float, kind: str) -> list:
         # Targets of one label share GRe's σ-randomized policy: identical curves are drawn once, and named.
         key = tuple(np.asarray(v, dtype=float).tobytes() for v in (eps, y, att.index, att.to_numpy()))
         if key in drawn:
-            notes.append(note_handle(f"{algo_label(a)}: the same curves as {algo_label(drawn[key])}"))
+            notes.append(note_handle(f"{figure_label(a)}: the same curves as {figure_label(drawn[key])}"))
             continue
         drawn[key] = a
         j_min = float(d["gre"][cols.J_MIN].min())
@@ -213,7 +213,7 @@ def panel_adasearch(ax, runs: dict, sigma: float, env: str) -> list:
         ys = np.maximum(keep[cols.LOWER_BOUND].to_numpy(float), j_min)   # the trivial bound where J̲ says less
         vacuous = ~(ys > j_min + VACUOUS_TOL)
         xs, ys = np.append(keep[cols.EPS].to_numpy(float), end), np.append(ys, ys[-1])
-        ax.step(xs, ys, where="post", color=series_color(a), label=algo_label(a), lw=line_width(a), zorder=BOUND_Z,
+        ax.step(xs, ys, where="post", color=series_color(a), label=figure_label(a), lw=line_width(a), zorder=BOUND_Z,
                 marker=series_marker(a), ms=marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
         att = d["attack_local"]
         g = att[att[cols.SAME_START_AS_LORE].astype(bool)].groupby(cols.EPS)[cols.RETURN].min()
@@ -226,7 +226,7 @@ def panel_adasearch(ax, runs: dict, sigma: float, env: str) -> list:
     _draw_vacuous(ax, vacuous_at, float(j_lo) if on_axis else ax.get_ylim()[0])
     ax.set_xlim(0, xmax * 1.02 if xmax > 0 else None)
     notes = [_vacuous_handle(float(j_lo), on_axis)] if vacuous_at else []
-    truncated = [algo_label(a) for a, d in runs.items() if (d.get("lore_meta") or {}).get("truncated")]
+    truncated = [figure_label(a) for a, d in runs.items() if (d.get("lore_meta") or {}).get("truncated")]
     if truncated:
         handle = note_handle("truncated search (node budget): " + ", ".join(truncated))
         handle.set_gid("lore-truncated")

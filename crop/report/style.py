@@ -25,7 +25,7 @@ from crop.workflow.layout import ACTION_TARGET, series_label, split_run_algo
 __all__ = ["ALGO_COLORS", "ALGO_MARKERS", "ALGO_LABELS", "EXTRA_COLORS", "EXTRA_MARKERS", "LABELS",
            "TARGET_MARKERS", "BOUND_Z", "ATTACK_Z", "ATTACK_STYLE", "register_labels", "register_auto_choices",
            "algo_color",
-           "algo_marker", "algo_index", "algo_label", "series_color", "series_marker", "series_key",
+           "algo_marker", "algo_index", "algo_label", "figure_label", "series_color", "series_marker", "series_key",
            "series_order", "math_font", "marker_size", "line_width", "bound_line", "attack_line", "algo_handles",
            "style_handles", "legend_columns", "top_legend", "axes_legend"]
 
@@ -142,6 +142,14 @@ def algo_label(algo: str, sigma: float | None = None) -> str:
         else f"{label} (auto)"
 
 
+def figure_label(algo: str, sigma: float | None = None) -> str:
+    """:func:`algo_label` as a figure writes it: one line, each ``$`` escaped, so a received name is text and
+    never mathtext (an odd ``$`` would make matplotlib fail to draw)."""
+    from crop.report.markdown import printable
+
+    return printable(algo_label(algo, sigma)).replace("$", r"\$")
+
+
 def series_color(algo: str) -> str:
     """A run folder's algorithm component (ALGO or ALGO@TARGET): its algorithm's colour, or its own where it
     is a further target of an algorithm (:func:`series_order`)."""
@@ -215,7 +223,7 @@ def bound_line(ax, x, y, algo, *, markevery="auto", **kw):
     (line,) = ax.plot(x, y, color=series_color(algo), marker=series_marker(algo), ls="-",
                       zorder=BOUND_Z,
                       markevery=_markevery(algo, len(x)) if markevery == "auto" else markevery,
-                      label=algo_label(algo), gid=f"bound:{algo}", **kw)
+                      label=figure_label(algo), gid=f"bound:{algo}", **kw)
     return line
 
 
@@ -228,7 +236,7 @@ def attack_line(ax, x, y, algo):
 
 
 def algo_handles(algos) -> list:
-    return [Line2D([], [], color=series_color(a), marker=series_marker(a), ms=6, lw=1.5, label=algo_label(a))
+    return [Line2D([], [], color=series_color(a), marker=series_marker(a), ms=6, lw=1.5, label=figure_label(a))
             for a in algos]
 
 

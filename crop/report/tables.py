@@ -27,7 +27,7 @@ from crop.envs import env_spec
 from crop.io import atomic_write_text
 from crop.report.clips import clip_text
 from crop.report.intervals import INTERVAL_METRICS, METHOD_EPISODES, METHOD_REPLICATES, run_interval
-from crop.report.markdown import pipe_table
+from crop.report.markdown import pipe_table, printable
 from crop.report.metrics import CONVENTIONS, metric_value
 from crop.report.style import algo_label, register_auto_choices, series_key, series_order
 from crop.workflow.layout import ACTION_TARGET, TABLES, series_label, split_run_algo, table_files
@@ -60,11 +60,14 @@ _LATEX_HEADERS = {
     "pgd_local_minus_lore_bound": r"PGD local $-\,\underline{J}$", "lore_truncated": "LoRe truncated",
 }
 _TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}",
+               ">": r"\textgreater{}", "|": r"\textbar{}"}
 
 
 def _tex_escape(text: str) -> str:
-    return "".join(_TEX_ESCAPE.get(ch, ch) for ch in str(text))
+    """A received name or value as LaTeX text: one line (control characters as their escapes, then shown), each
+    character LaTeX reads as markup as the command that prints it."""
+    return "".join(_TEX_ESCAPE.get(ch, ch) for ch in printable(text))
 
 
 def _tex_header(col: str) -> str:
@@ -101,7 +104,7 @@ def latex_table(df: pd.DataFrame, caption: str) -> str:
     df, marks = _vacuous_marks(df)
     align = "".join("r" if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])
                     else "l" for c in df.columns)
-    lines = [f"% {caption}", "% Written by `crop aggregate`; needs \\usepackage{booktabs}.",
+    lines = [f"% {printable(caption)}", "% Written by `crop aggregate`; needs \\usepackage{booktabs}.",
              f"\\begin{{tabular}}{{{align}}}", r"\toprule",
              " & ".join(_tex_header(c) for c in df.columns) + r" \\", r"\midrule"]
     for i, row in enumerate(df.itertuples(index=False)):
