@@ -25,27 +25,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "write_json",
-    "read_json",
-    "write_csv",
-    "sha256_file",
-    "sha256_bytes",
-    "derive_seed",
-    "provenance",
-    "META_SUFFIX",
-    "meta_name",
-    "meta_path",
-    "json_object",
-    "write_with_meta",
-    "InputError",
-    "write_frames",
-    "count_value",
-    "real_value",
-    "finite_value",
-    "open_state_file",
-    "sigterm_noted",
+    "atomic_write_bytes", "atomic_write_text", "write_json", "read_json", "write_csv", "sha256_file",
+    "sha256_bytes", "derive_seed", "provenance", "META_SUFFIX", "meta_name", "meta_path", "json_object",
+    "write_with_meta", "InputError", "write_frames", "count_value", "real_value", "finite_value",
+    "open_state_file", "sigterm_noted",
 ]
 
 

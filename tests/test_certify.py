@@ -64,7 +64,7 @@ def test_each_budget_writes_a_config_the_workflow_accepts(env, box, budget, tmp_
         block = paper.get(env, paper["CartPole-v0"])
         assert sigmas == block["sigmas"] and sizes["gre"] == block["gre"] and sizes["loact"] == block["loact"]
     rewards = None if env == "CartPole-v0" else ({"range": [-16.2736045, 0.0]} if box else {"range": [0, 1]})
-    cfg = certify_config(env, "Mine", tmp_path / "p.zip", tmp_path / "out", sizes, sigmas, rewards, box)
+    cfg = certify_config(env, ("Mine", tmp_path / "p.zip"), tmp_path / "out", sizes, sigmas, rewards, box)
     assert cfg["results"] == str(tmp_path / "out" / "results")
     ec = validate_config(cfg, "crop certify")["environments"][env]
     assert ec["files"]["Mine"]["path"] == str(tmp_path / "p.zip")

@@ -158,7 +158,7 @@ def test_a_special_file_in_a_run_is_one_integrity_problem_naming_it(received, tm
 
 
 def test_aggregate_refuses_a_special_file_in_one_line(received, capsys):
-    from crop.workflow.cli import main
+    from crop.__main__ import main
 
     path = _link(_run(received) / RUN_FILES["qrange"], "/dev/zero")
     with pytest.raises(SystemExit) as exc:
@@ -182,7 +182,7 @@ def test_under_a_3_gb_data_limit_the_audit_ends_in_a_verdict(received, tmp_path)
     _sparse(_run(received) / RUN_FILES["qrange"])
     _link(_run(received, "StdTrain") / meta_name(RUN_FILES["loact"]), "/dev/zero")
     limit = ("import resource, sys; resource.setrlimit(resource.RLIMIT_DATA, (3 << 30, 3 << 30)); "
-             "from crop.workflow.cli import main; main(sys.argv[1:])")
+             "from crop.__main__ import main; main(sys.argv[1:])")
     done = subprocess.run([sys.executable, "-c", limit, "audit", str(received), "--out-dir", str(tmp_path / "a")],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})

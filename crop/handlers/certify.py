@@ -130,7 +130,7 @@ def _write_config(args) -> tuple[Path, dict, bool]:
                          "dimension by percentile smoothing, with no smoothing target to choose; leave it out")
     target = None if box else (args.target or "auto")
     sizes, sigmas = budget_sizes(args.budget, args.env, args.horizon, args.episodes, args.m)
-    cfg = certify_config(args.env, args.algo, policy, out, sizes, args.sigma or sigmas,
+    cfg = certify_config(args.env, (args.algo, policy), out, sizes, args.sigma or sigmas,
                          _rewards(args.env, args.reward_range), box, target)
     try:   # the checked config has the smoothing target filled in (probs, action), as the workflow's
         checked = check_policy_files(validate_config(cfg, "the config"), "the config")

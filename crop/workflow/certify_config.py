@@ -158,11 +158,12 @@ def budget_sizes(budget: str, env: str, horizon: int | None = None, episodes: in
     return sizes, list(sigmas)
 
 
-def certify_config(env: str, label: str, policy: Path, out: Path, sizes: dict, sigmas: list[float],
+def certify_config(env: str, agent: tuple[str, Path], out: Path, sizes: dict, sigmas: list[float],
                    rewards: dict | None, box: bool, target: str | None = None) -> dict:
-    """The workflow config of one policy file (absolute ``policy``) certified on ``env`` with the smoothing
-    ``target`` (none: the network's default), results in ``out``/results; a Box-action environment gets its
-    stages only (no V range, LoRe or local attack) and no target."""
+    """The workflow config of one policy file (``agent``: its label and absolute path) certified on ``env``
+    with the smoothing ``target`` (none: the network's default), results in ``out``/results; a Box-action
+    environment gets its stages only (no V range, LoRe or local attack) and no target."""
+    label, policy = agent
     ec = {"source": "file", "files": {label: {"path": str(policy)}}, "algorithms": [label],
           "sigmas": [float(s) for s in sigmas]}
     if target and not box:
