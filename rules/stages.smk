@@ -18,9 +18,11 @@ for row in STAGES.values():
             benchmark:
                 stage_benchmark(row.command, replicate)
             priority: gpu_first(stage_job_gpus(row.command))
+            group:
+                stage_group(row.rule)
             conda:
                 "../envs/crop.yaml"
-            threads: CFG["threads"]
+            threads: stage_threads(CFG, row.rule)
             resources:
                 **stage_resources(row.command),
             params:

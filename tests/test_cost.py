@@ -113,7 +113,8 @@ def test_plan_json_has_exactly_the_issue_s_fields(capsys):
     out = capsys.readouterr()
     plan = json.loads(out.out)
     assert set(plan) == {"jobs", "total", "makespan_hours"}
-    assert set(plan["total"]) == {"cpu_hours", "gpu_hours", "jobs"}
+    assert set(plan["total"]) == {"cpu_hours", "gpu_hours", "requested_cpu_hours", "requested_gpu_hours",
+                                  "allocations", "jobs"}
     assert plan["total"]["jobs"] == len(plan["jobs"])
     for j in plan["jobs"]:
         assert set(j) == {"rule", "env", "algo", "sigma", "device", "minutes"}
@@ -125,6 +126,35 @@ def test_plan_json_has_exactly_the_issue_s_fields(capsys):
     assert plan["total"]["cpu_hours"] == pytest.approx(total, rel=1e-2)   # threads: 1
     assert total / 2 * 0.99 <= plan["makespan_hours"] <= total * 1.01
     assert "the shipped cpu table" in out.err               # it says which table
+
+
+def test_what_slurm_is_asked_for_is_the_rules_resources_summed_per_allocation():
+    """requested_* are the rules' own requests (job_resources, the Snakefile's) as the profile submits them: a
+    group per (env, algo) of the one-thread stage jobs asking for the sum of its members' minutes with one
+    thread and its GPU once, every other job alone; and every allocation asks for at least what it is
+    predicted to run (with the paper's 4-thread GRe and GPU stages)."""
+    cfg = load_config(PAPER)
+    jobs, _ = cost.predict(cfg, gpus=1)
+    groups, alone = {}, []
+    for j in jobs:
+        res = cost.job_resources(cfg, j.rule, j.wildcards, j.threads, j.gpus)
+        if cost.stage_group(j.rule):
+            assert j.threads == 1, j
+            g = groups.setdefault((j.env, j.algo), [0, 0, 0.0])
+            g[0] += res["runtime"]
+            g[1] = max(g[1], j.gpus)
+            g[2] += j.seconds
+        else:
+            alone.append((res["runtime"], j))
+            assert res["runtime"] * 60 >= j.seconds, j
+    assert {j.threads for _, j in alone if j.rule == "gre"} == {4}
+    cpu = sum(m for m, _, _ in groups.values()) + sum(m * j.threads for m, j in alone)
+    gpu = sum(m * g for m, g, _ in groups.values()) + sum(m * j.gpus for m, j in alone)
+    asked = cost.requested(cfg, jobs)
+    assert asked["cpu_hours"] == pytest.approx(cpu / 60) and asked["gpu_hours"] == pytest.approx(gpu / 60)
+    assert asked["allocations"] == len(groups) + len(alone)
+    for minutes, _, seconds in groups.values():
+        assert minutes * 60 >= 1.2 * seconds   # a group asks for its members' sum with headroom
 
 
 def test_plan_table_names_every_rule(capsys):

@@ -53,12 +53,24 @@ __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predic
            "lore_transitions", "MAX_PRICED_NODES", "Units", "training_settings", "training_work",
            "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "JobResources",
            "makespan", "slurm_caps", "shipped_table", "GLOBAL_UNITS", "MAX_RUNTIME", "MAX_MEM_MB",
-           "stage_device", "stage_gpus", "job_priority"]
+           "stage_device", "stage_gpus", "job_priority", "stage_threads", "stage_group", "job_kind",
+           "RESUMABLE_HEADROOM", "RESUMABLE_MIN", "GROUPED_HEADROOM", "requested"]
 
-#: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model aims at 0.5–2× of a job's
-#: measured time (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the
-#: queue's file system and a GPU's start.
+#: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes where it must finish in one allocation
+#: (a fetch, an aggregate, a stage that cannot resume): the model aims at 0.5–2× of a job's measured time
+#: (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the queue's file
+#: system (and the 300 s that SIGTERM comes before the limit: profiles/slurm).
 HEADROOM, HEADROOM_MIN = 2.0, 5
+#: A resumable job (a training, a stage whose row is :attr:`~crop.workflow.stage_table.StageRow.resumable`) saves
+#: its state when SLURM signals it and its retry resumes: stopped at its limit it loses the wait for the retry,
+#: not its work, so it asks for RESUMABLE_HEADROOM × its prediction + RESUMABLE_MIN minutes.
+RESUMABLE_HEADROOM, RESUMABLE_MIN = 1.25, 5
+#: A grouped job (a stage on one thread: :func:`stage_group`) runs inside its group's one allocation, which asks
+#: for the sum of its members' minutes (Snakemake's group resources); a member asks for GROUPED_HEADROOM × its
+#: prediction in whole minutes (rounded, at least one), so a group of tens of jobs of a minute or less asks for
+#: about GROUPED_HEADROOM × their sum, and a member stopped by the limit leaves the finished ones' files for the
+#: retry, which runs only the rest.
+GROUPED_HEADROOM = 1.5
 
 #: The most a job asks SLURM for where the config's ``slurm`` block gives no cap (null): a week of wall-time
 #: (minutes) and 512,000 MB, the memory of the largest nodes sites commonly have.  A prediction past either
@@ -177,12 +189,19 @@ def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
         (w["updates"] + w["pgd_updates"]) * u("train_update_s")
 
 
-def runtime_minutes(seconds: float, cap: int | None = None) -> int:
-    """The wall-time (minutes) a job asks SLURM for: :data:`HEADROOM` × its prediction + :data:`HEADROOM_MIN`,
-    at most ``cap`` (:func:`slurm_caps`); a prediction past the cap (an infinite one too) asks for the cap."""
+def runtime_minutes(seconds: float, cap: int | None = None, kind: str = "alone") -> int:
+    """The wall-time (minutes) a job asks SLURM for, at most ``cap`` (:func:`slurm_caps`), by its ``kind``
+    (:func:`job_kind`): ``alone`` :data:`HEADROOM` × its prediction + :data:`HEADROOM_MIN`; ``resumable``
+    :data:`RESUMABLE_HEADROOM` × + :data:`RESUMABLE_MIN`; ``grouped`` :data:`GROUPED_HEADROOM` × in whole minutes,
+    at least one.  A prediction past the cap (an infinite one too) asks for the cap."""
     if cap and _over(seconds, cap):
         return cap
-    minutes = math.ceil(HEADROOM * seconds / 60) + HEADROOM_MIN
+    if kind == "grouped":
+        minutes = max(1, round(GROUPED_HEADROOM * seconds / 60))
+    elif kind == "resumable":
+        minutes = math.ceil(RESUMABLE_HEADROOM * seconds / 60) + RESUMABLE_MIN
+    else:
+        minutes = math.ceil(HEADROOM * seconds / 60) + HEADROOM_MIN
     return min(minutes, cap) if cap else minutes
 
 
@@ -203,6 +222,36 @@ def slurm_caps(cfg: dict) -> tuple[int, int]:
 def stage_device(cfg: dict, rule: str, env: str) -> str:
     """The ``--device`` of a stage's jobs: its row's device function's (:mod:`crop.workflow.stage_costs`)."""
     return _function(_row(rule).device)(cfg, env)
+
+
+def stage_threads(cfg: dict, rule: str) -> int:
+    """Threads a stage's job uses and asks for: the config's ``threads`` where its row is ``parallel`` (GRe's
+    worker processes), one otherwise (a stage's torch work on one core; on a GPU, the core that feeds it)."""
+    return cfg["threads"] if _row(rule).parallel else 1
+
+
+def stage_group(rule: str) -> str | None:
+    """The Snakemake group of a rule's jobs on a cluster, or None: every stage on one thread joins the group of
+    its (environment, algorithm), so that one allocation runs all its σ's short jobs (GRe's long, parallel jobs
+    stand alone).  The SLURM profile joins a group's parts (``group-components``) and runs its members one at a
+    time (the local resource ``lane``); a local run ignores groups."""
+    row = _row(rule)
+    return "{env}~{algo}" if row is not None and not row.parallel else None
+
+
+def job_kind(cfg: dict, job: Job) -> str:
+    """How a job asks for its wall-time (:func:`runtime_minutes`): ``grouped`` (:func:`stage_group`),
+    ``resumable`` (a training, a stage whose row is resumable) or ``alone``."""
+    row = _row(job.rule)
+    if row is not None:
+        return "grouped" if stage_group(row.rule) else "resumable" if row.resumable else "alone"
+    if job.rule == "checkpoint" and job.env is not None:
+        from crop.agents.registry import checkpoint_source
+
+        ec = cfg["environments"][job.env]
+        if checkpoint_source(job.env, job.algo, ec["source"], ec.get("files"))["kind"] == "train":
+            return "resumable"
+    return "alone"
 
 
 def stage_gpus(cfg: dict) -> int:
@@ -255,7 +304,8 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
                     continue
                 gpu = gpu_stages and stage_device(cfg, row.rule, env) != "cpu"
                 job = Job(row.rule + ("_replicate" if rep else ""), env, name, sig, rep or None,
-                          device="cuda" if gpu else "cpu", threads=cfg["threads"], gpus=int(gpu), needs=[base])
+                          device="cuda" if gpu else "cpu", threads=stage_threads(cfg, row.rule), gpus=int(gpu),
+                          needs=[base])
                 if row.v_range and q is not None:
                     job.needs.append(q)
                 i = add(job)
@@ -322,7 +372,7 @@ def job_resources(cfg: dict, rule: str, wildcards, threads: int, gpus: int) -> d
         price(cfg, job, table)
     except CostError:
         return {"runtime": cap, "mem_mb": min(job.mem_mb, mem_cap)}
-    return {"runtime": runtime_minutes(job.seconds, cap), "mem_mb": min(job.mem_mb, mem_cap)}
+    return {"runtime": runtime_minutes(job.seconds, cap, job_kind(cfg, job)), "mem_mb": min(job.mem_mb, mem_cap)}
 
 
 class JobResources:
@@ -411,18 +461,40 @@ def makespan(plan_jobs: list[Job], cores: int, gpus: int, nodes: int = 1) -> flo
     return now
 
 
+def requested(cfg: dict, plan_jobs: list[Job]) -> dict:
+    """What the jobs ask SLURM for, as the profile submits them: every group (:func:`stage_group`: the stage
+    jobs of one environment and algorithm) one allocation of the sum of its members' minutes, its members' most
+    threads and GPUs; every other job its own (:func:`runtime_minutes`).  ``{"cpu_hours": threads × minutes,
+    "gpu_hours": GPUs × minutes, "allocations": how many}`` over all of them."""
+    cap = slurm_caps(cfg)[0]
+    allocations: dict = {}
+    for i, j in enumerate(plan_jobs):
+        kind = job_kind(cfg, j)
+        key = (j.env, j.algo) if kind == "grouped" else i
+        minutes, threads, gpus = allocations.get(key, (0, 0, 0))
+        allocations[key] = (minutes + runtime_minutes(j.seconds, cap, kind), max(threads, j.threads),
+                            max(gpus, j.gpus))
+    return {"cpu_hours": sum(m * t for m, t, _ in allocations.values()) / 60,
+            "gpu_hours": sum(m * g for m, _, g in allocations.values()) / 60, "allocations": len(allocations)}
+
+
 def plan(cfg: dict, cores: int, gpus: int, nodes: int = 1, calibration: str | Path | None = None) -> dict:
     """The plan of ``crop plan --json``: every job's rule, wildcards, device and minutes, the totals in CPU-
-    and GPU-hours (a job's threads × its hours; its GPUs × its hours) and the makespan on the machines; with
-    the tables used and the jobs whose wall-time or memory the caps cut (:func:`slurm_caps`) beside."""
+    and GPU-hours (a job's threads × its hours; its GPUs × its hours), what SLURM is asked for
+    (:func:`requested`: ``requested_cpu_hours``, ``requested_gpu_hours``, ``allocations``) and the makespan on the
+    machines; with the tables used and the jobs whose wall-time or memory the caps cut (:func:`slurm_caps`)
+    beside."""
     out, sources = predict(cfg, gpus, calibration)
     cap, mem_cap = slurm_caps(cfg)
+    asked = requested(cfg, out)
     return {
         "jobs": [{"rule": j.rule, "env": j.env, "algo": j.algo, "sigma": j.sigma, "device": j.device,
                   "minutes": round(j.minutes, 3)} for j in out],
         "total": {"cpu_hours": round(sum(j.threads * j.seconds for j in out) / 3600, 3),
                   "gpu_hours": round(sum(j.gpus * j.seconds for j in out) / 3600, 3),
-                  "jobs": len(out)},
+                  "requested_cpu_hours": round(asked["cpu_hours"], 3),
+                  "requested_gpu_hours": round(asked["gpu_hours"], 3),
+                  "allocations": asked["allocations"], "jobs": len(out)},
         "makespan_hours": round(makespan(out, cores, gpus, nodes) / 3600, 3),
     }, {"sources": sources, "over_cap": [j for j in out if _over(j.seconds, cap)], "cap": cap,
         "over_mem": [j for j in out if j.mem_mb > mem_cap], "mem_cap": mem_cap, "jobs": out}

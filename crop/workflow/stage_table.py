@@ -82,6 +82,8 @@ class StageRow:
     caption: str | None = None      # what the report's captions quote of its settings (:func:`caption`)
     discrete: str | None = None     # why it needs a finite set of actions: a continuous-action agent's runs
     #                                 (target action, crop.workflow.layout.run_stages) do not have it
+    parallel: bool = False          # its job spreads its work over the config's ``threads`` (worker processes)
+    #                                 and asks for them; any other stage's job runs on one thread and asks for one
 
     def __post_init__(self):
         for name in ("cost", "memory", "device"):
@@ -93,6 +95,12 @@ class StageRow:
     @property
     def rule(self) -> str:
         return self.command.replace("-", "_")
+
+    @property
+    def resumable(self) -> bool:
+        """Whether its job saves its state (every ``--checkpoint-every`` seconds and on SIGTERM) and a rerun
+        resumes from it: a job stopped at its time limit loses nothing but the wait for its retry."""
+        return any(f.option == "checkpoint_every" for f in self.flags)
 
     @property
     def files(self) -> dict[str, str]:
@@ -192,7 +200,7 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "return_range": "rewards.return_range", "clip_rewards": "rewards.clip"},
         v_range=False, replicate=False, cost=_cost("gre_seconds"), memory=_cost("gre_memory"),
         device=_cost("cpu_device"),
-        flags=(Flag("workers", _POS_INT, "processes stepping the environments (default: --threads)"),),
+        flags=(Flag("workers", _POS_INT, "processes stepping the environments (default: --threads)"),), parallel=True,
         caption="m = {m} randomized trajectories of H = {horizon} steps, γ = {gamma}, ε/σ ∈ {{{eps_factors:eps}}}"),
     StageRow(
         "lore", "LoRe: absolute lower bound of the return by adaptive tree search (Algorithm 3, Theorem 4)",
