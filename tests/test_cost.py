@@ -228,7 +228,7 @@ def test_calibrating_one_environment_keeps_the_others(tmp_path, monkeypatch):
     cpu, cuda = cost.shipped_table("cpu"), cost.shipped_table("cuda")
     now = {k: v if isinstance(v, bool) else v * 2 for k, v in cpu["envs"]["CartPole-v0"].items()}
     monkeypatch.setattr(cal, "_start_s", lambda: 1.0)
-    monkeypatch.setattr(cal, "_env_costs", lambda env, device, log: now)
+    monkeypatch.setattr(cal, "_env_costs", lambda env, device, log, spawn_s: now)
     path = tmp_path / "calibration.json"
     old = {e: cpu["envs"][e] for e in ("CartPole-v0", "highway-fast-v0")}
     path.write_text(json.dumps({"cpu": {**cpu, "envs": old}, "cuda": cuda}))
@@ -411,6 +411,13 @@ def test_paper_dry_run_asks_at_least_the_plan(tmp_path):
         assert runtime * 60 >= jobs[r, tuple(sorted(w.items()))].seconds, (r, w)
 
 
+def _spin(seconds: float) -> None:
+    """Uses ``seconds`` of this process's CPU."""
+    t = time.process_time()
+    while time.process_time() - t < seconds:
+        pass
+
+
 def test_calibration_records_the_machine_and_times_after_a_warm_up():
     """The fast counterpart of the calibration run below: the machine record, and a unit's time taken over
     calls after the first (which pays for imports and caches)."""
@@ -422,10 +429,68 @@ def test_calibration_records_the_machine_and_times_after_a_warm_up():
 
     def unit():
         calls.append(1)
-        if len(calls) == 1:
-            time.sleep(0.3)
+        _spin(0.3 if len(calls) == 1 else 0.02)
 
-    assert _best(unit, repeats=3) < 0.3 and len(calls) == 4
+    assert 0.015 <= _best(unit, repeats=3) < 0.3 and len(calls) == 4
+
+
+def test_a_unit_is_the_cpu_time_of_its_work_and_its_children_s_not_the_wall_clock():
+    """Waiting (another process holding the core) does not enter a unit; the work's CPU seconds do, in this
+    process and in a child it waits for (a job's start is a fresh interpreter's)."""
+    from crop.workflow.calibrate import _best, cpu_seconds
+
+    assert _best(lambda: time.sleep(0.2), repeats=1) < 0.05
+    assert _best(lambda: _spin(0.1), repeats=1) >= 0.09
+    t = cpu_seconds()
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                    "while time.process_time() - t < 0.2: pass"], check=True)
+    assert cpu_seconds() - t >= 0.19
+
+
+def test_gre_prices_the_main_process_apart_from_the_workers():
+    """GRe's main process (noise, forward, lockstep) is one process: more workers divide the workers' stepping,
+    never its part, and on threads cores the whole is shared out; CartPole's one process pays both; a table
+    without the unit prices as before."""
+    from crop.workflow.cost_units import Units
+    from crop.workflow.stage_costs import gre_seconds
+
+    t = cost.shipped_table("cpu")
+    pong = t["envs"]["PongNoFrameskip-v4"]
+    cfg = {"environments": {"PongNoFrameskip-v4": {"gre": {"m": 1000, "horizon": 100, "batch": None}},
+                            "CartPole-v0": {"gre": {"m": 1000, "horizon": 100, "batch": None}}}}
+
+    def seconds(threads, env="PongNoFrameskip-v4", **units):
+        table = copy.deepcopy(t)
+        table["envs"][env].update(units)
+        for k in [k for k, v in units.items() if v is None]:
+            del table["envs"][env][k]
+        return gre_seconds(cfg, cost.Job("gre", env, "StdTrain", "0.1", threads=threads), Units(table, env, "cpu"))[0]
+
+    w, p = pong["gre_step_s"], 4 * pong["gre_step_s"]   # the main process slower than a worker's share
+    steps, rest = 1000 * 100, seconds(1, gre_parent_step_s=None, gre_step_s=1e-9)
+    assert seconds(4, gre_parent_step_s=p) - rest / 4 == pytest.approx(steps * p, rel=1e-3)   # its part bounds it
+    assert seconds(16, gre_parent_step_s=p) == pytest.approx(rest / 16 + steps * p, rel=1e-3)
+    small = w / 100
+    assert seconds(4, gre_parent_step_s=small) - rest / 4 == pytest.approx(steps * (small + w) / 4, rel=1e-3)
+    assert seconds(4, gre_parent_step_s=None) - rest / 4 == pytest.approx(steps * w / 4, rel=1e-3)
+    cart = t["envs"]["CartPole-v0"]
+    one = seconds(4, "CartPole-v0", gre_parent_step_s=cart["gre_step_s"])
+    assert one == pytest.approx(seconds(4, "CartPole-v0", gre_parent_step_s=None) + steps * cart["gre_step_s"])
+
+
+def test_an_algorithm_s_own_network_prices_its_jobs_only():
+    """A calibration's units of an algorithm's own network (CARRL's bound per sample) price that algorithm's
+    jobs, whatever their smoothing target, and no other algorithm's."""
+    cfg = load_config(QUICK)
+    table = copy.deepcopy(cost.shipped_table("cpu"))
+    units = table["envs"]["CartPole-v0"]
+    units["algos"] = {"StdTrain": {"smooth_sample_s": 40 * units["smooth_sample_s"]}}
+    loact = cost.Job("loact", "CartPole-v0", "StdTrain", "0.01")
+    other = cost.Job("loact", "CartPole-v0", "GaussAug", "0.01")
+    plain = cost.price(cfg, dataclasses.replace(loact), cost.shipped_table("cpu")).seconds
+    assert cost.price(cfg, loact, table).seconds > 10 * plain
+    assert cost.price(cfg, dataclasses.replace(loact, algo="StdTrain@probs"), table).seconds == loact.seconds
+    assert cost.price(cfg, other, table).seconds == pytest.approx(plain)
 
 
 @pytest.mark.slow
@@ -438,6 +503,9 @@ def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
         assert table[unit] > 0
     for unit in (*cost.UNITS, "gre_start_s"):   # gre_start_s: optional in a table, written by every calibration
         assert table["envs"]["CartPole-v0"][unit] > 0, unit
+    assert "load" in table["machine"]
+    carrl = table["envs"]["CartPole-v0"]["algos"]["CARRL"]   # its bound per sample: tens of plain forwards
+    assert carrl["smooth_sample_s"] > 5 * table["envs"]["CartPole-v0"]["smooth_sample_s"]
     main(["plan", "--configfile", str(QUICK), "--json", "--calibration", str(path)])
     assert str(path) in capsys.readouterr().err
 
