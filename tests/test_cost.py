@@ -85,6 +85,13 @@ def test_runtime_is_the_prediction_with_headroom_and_the_cap():
     assert cost.runtime_minutes(600, cap=12) == 12
     for s in (1, 59, 61, 3600, 86400):
         assert cost.runtime_minutes(s) * 60 >= s
+        # a resumable job is never signalled (5 min before its limit) when it runs as predicted
+        assert cost.runtime_minutes(s, kind="resumable") * 60 >= s + 300
+        assert cost.runtime_minutes(s, kind="resumable") <= cost.runtime_minutes(s)
+        assert cost.runtime_minutes(s, kind="grouped", cap=12) <= 12
+    assert cost.runtime_minutes(36000, kind="resumable") == 750          # 1.25 × 10 h
+    assert cost.runtime_minutes(1, kind="grouped") == 1                  # at least a minute
+    assert cost.runtime_minutes(600, kind="grouped") == 15               # 1.5 × 10 min
 
 
 def test_makespan_respects_cores_gpus_and_dependencies():
@@ -228,7 +235,7 @@ def test_calibrating_one_environment_keeps_the_others(tmp_path, monkeypatch):
     cpu, cuda = cost.shipped_table("cpu"), cost.shipped_table("cuda")
     now = {k: v if isinstance(v, bool) else v * 2 for k, v in cpu["envs"]["CartPole-v0"].items()}
     monkeypatch.setattr(cal, "_start_s", lambda: 1.0)
-    monkeypatch.setattr(cal, "_env_costs", lambda env, device, log, spawn_s: now)
+    monkeypatch.setattr(cal, "_env_costs", lambda env, device, log: now)
     path = tmp_path / "calibration.json"
     old = {e: cpu["envs"][e] for e in ("CartPole-v0", "highway-fast-v0")}
     path.write_text(json.dumps({"cpu": {**cpu, "envs": old}, "cuda": cuda}))

@@ -156,14 +156,15 @@ def _gre_sizes(env: str, image: bool) -> tuple[int, int, int]:
     return 16, 5, 2
 
 
-def gre_costs(env: str, net, device: str, image: bool, spawn_s: float = 0.0) -> dict:
+def gre_costs(env: str, net, device: str, image: bool) -> dict:
     """GRe's path, in CPU seconds: ``gre_step_s`` per trajectory step of the workers' stepping (what more
     workers divide), ``gre_parent_step_s`` per trajectory step of the main process's noise, forward and lockstep
     (what they do not; where the pool steps in this process, CartPole, all of it is ``gre_step_s``),
     ``gre_reset_s`` per trajectory (its environment's seeded reset, from the second block, whose slots are reused)
-    and ``gre_start_s`` per slot of the pool (the rest of the start: an environment made and closed; less each
-    worker process's own start, ``spawn_s``, an interpreter's imports, which a job pays once per worker and not
-    per slot), each the least of two runs."""
+    and ``gre_start_s`` per slot of the pool (an environment made and closed: where the pool steps in this
+    process, the rest of its start; elsewhere an environment made here, since the worker processes' own start
+    — an interpreter's imports each, paid once per worker, not per slot — is not the slots'), each the least
+    of two runs."""
     gm, gh, workers = _gre_sizes(env, image)
     runs = [gre_phases(env, net, gm, gh, device, workers=workers, batch=gm // 2) for _ in range(2)]
 
@@ -171,11 +172,15 @@ def gre_costs(env: str, net, device: str, image: bool, spawn_s: float = 0.0) -> 
         return float(phase[1] + phase[2])
 
     reset = min(sum(cpu(r) for r, _ in run["resets"][1:]) / sum(n for _, n in run["resets"][1:]) for run in runs)
-    spawned = workers * spawn_s if image or env != "CartPole-v0" and workers > 1 else 0.0
-    first = [cpu(r["start"]) + cpu(r["resets"][0][0]) - r["resets"][0][1] * reset + cpu(r["closing"]) - spawned
-             for r in runs]
     steps = gm * gh
-    out = {"gre_reset_s": reset, "gre_start_s": max(min(first), 0.0) / runs[0]["slots"] or 1e-9}
+    out = {"gre_reset_s": reset}
+    if env == "CartPole-v0":
+        first = [cpu(r["start"]) + cpu(r["resets"][0][0]) - r["resets"][0][1] * reset + cpu(r["closing"]) for r in runs]
+        out["gre_start_s"] = max(min(first) / runs[0]["slots"], 1e-9)
+    else:
+        from crop.envs import make_env
+
+        out["gre_start_s"] = _best(lambda: make_env(env).close(), repeats=2)
     if env == "CartPole-v0":
         out["gre_step_s"] = min(cpu(r["loop"]) for r in runs) / steps
         out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
@@ -185,7 +190,7 @@ def gre_costs(env: str, net, device: str, image: bool, spawn_s: float = 0.0) -> 
     return out
 
 
-def _env_costs(env: str, device: str, log, spawn_s: float) -> dict:
+def _env_costs(env: str, device: str, log) -> dict:
     import pickle
 
     from crop.envs import make_env, snapshot, to_obs
@@ -219,7 +224,7 @@ def _env_costs(env: str, device: str, log, spawn_s: float) -> dict:
     out["lore_transition_s"] = _lore_transition_s(env, net, k, out["smooth_sample_s"], device)
     log(f"{env}: LoRe transition {out['lore_transition_s'] * 1e3:.2f} ms (restore, step, snapshot)")
 
-    out.update(gre_costs(env, net, device, image, spawn_s))
+    out.update(gre_costs(env, net, device, image))
     parent = f" + {out['gre_parent_step_s'] * 1e3:.3f} ms in the main process" if "gre_parent_step_s" in out else ""
     log(f"{env}: GRe {out['gre_step_s'] * 1e3:.3f} ms per trajectory step on a worker{parent}, "
         f"{out['gre_reset_s'] * 1e3:.1f} ms to reset a trajectory's environment, "
@@ -405,7 +410,7 @@ def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=p
         if name != "start_s":   # not measurable by a micro-benchmark: the shipped table's (docs/speed.md)
             table[name] = shipped[name]
     for env in envs:
-        table["envs"][env] = _env_costs(env, device, log, table["start_s"])
+        table["envs"][env] = _env_costs(env, device, log)
     table["machine"]["load"] = f"{load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (1-minute averages)"
     log(f"load average {table['machine']['load']} on {os.cpu_count()} cores (units are CPU seconds: the load "
         "does not enter them)")

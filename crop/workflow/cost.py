@@ -63,7 +63,8 @@ __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predic
 HEADROOM, HEADROOM_MIN = 2.0, 5
 #: A resumable job (a training, a stage whose row is :attr:`~crop.workflow.stage_table.StageRow.resumable`) saves
 #: its state when SLURM signals it and its retry resumes: stopped at its limit it loses the wait for the retry,
-#: not its work, so it asks for RESUMABLE_HEADROOM × its prediction + RESUMABLE_MIN minutes.
+#: not its work, so it asks for RESUMABLE_HEADROOM × its prediction, and at least RESUMABLE_MIN minutes more than
+#: it (the signal's lead: a job as fast as predicted is never signalled).
 RESUMABLE_HEADROOM, RESUMABLE_MIN = 1.25, 5
 #: A grouped job (a stage on one thread: :func:`stage_group`) runs inside its group's one allocation, which asks
 #: for the sum of its members' minutes (Snakemake's group resources); a member asks for GROUPED_HEADROOM × its
@@ -196,14 +197,14 @@ def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
 def runtime_minutes(seconds: float, cap: int | None = None, kind: str = "alone") -> int:
     """The wall-time (minutes) a job asks SLURM for, at most ``cap`` (:func:`slurm_caps`), by its ``kind``
     (:func:`job_kind`): ``alone`` :data:`HEADROOM` × its prediction + :data:`HEADROOM_MIN`; ``resumable``
-    :data:`RESUMABLE_HEADROOM` × + :data:`RESUMABLE_MIN`; ``grouped`` :data:`GROUPED_HEADROOM` × in whole minutes,
-    at least one.  A prediction past the cap (an infinite one too) asks for the cap."""
+    :data:`RESUMABLE_HEADROOM` × and at least :data:`RESUMABLE_MIN` more; ``grouped`` :data:`GROUPED_HEADROOM` × in
+    whole minutes, at least one.  A prediction past the cap (an infinite one too) asks for the cap."""
     if cap and _over(seconds, cap):
         return cap
     if kind == "grouped":
         minutes = max(1, round(GROUPED_HEADROOM * seconds / 60))
     elif kind == "resumable":
-        minutes = math.ceil(RESUMABLE_HEADROOM * seconds / 60) + RESUMABLE_MIN
+        minutes = math.ceil(max(RESUMABLE_HEADROOM * seconds / 60, seconds / 60 + RESUMABLE_MIN))
     else:
         minutes = math.ceil(HEADROOM * seconds / 60) + HEADROOM_MIN
     return min(minutes, cap) if cap else minutes
