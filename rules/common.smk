@@ -138,6 +138,12 @@ def gpu_first(gpus):
     return lambda w: job_priority(gpus(w))
 
 
+def stage_job_threads(name):
+    """Threads of a stage's jobs: those they use (crop.workflow.cost.stage_threads)."""
+    r = stage(name).rule
+    return lambda w: stage_threads(CFG, r, w.env)
+
+
 def stage_resources(name):
     """GPUs (stage_job_gpus), memory and minutes of a stage's jobs; a grouped stage's (crop.workflow.cost.stage_group)
     also one `lane`, which the SLURM profile gives each group once (a local resource), so that a group runs its

@@ -22,7 +22,7 @@ for row in STAGES.values():
                 stage_group(row.rule)
             conda:
                 "../envs/crop.yaml"
-            threads: stage_threads(CFG, row.rule)
+            threads: stage_job_threads(row.command)
             resources:
                 **stage_resources(row.command),
             params:

@@ -72,7 +72,7 @@ def _workers_cpu(pids) -> float:
     return total
 
 
-def _best(fn, repeats: int = 3) -> float:
+def _best(fn, repeats: int = 5) -> float:
     """The least CPU seconds (:func:`cpu_seconds`) ``fn`` took in ``repeats`` calls (after one warm-up call)."""
     fn()
     times = []
@@ -97,10 +97,11 @@ def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers
     pool's worker processes (none where the pool steps in this process): in all (``total``), of making the pool
     (``start``), of each block's seeded resets (``resets``: (phase, trajectories) per block; the first also waits
     for the workers' start and their environments' making), of the lockstep loop (``loop``: the rest until the
-    pool closes) and of closing it (``closing``); the pool's ``slots`` and the ``returns``."""
+    pool closes) and of closing it (``closing``); the pool's ``slots``, the trajectory ``steps`` taken (a trajectory
+    that ends before the horizon takes fewer) and the ``returns``."""
     import crop.certify.gre as gre
 
-    marks = {"resets": []}
+    marks = {"resets": [], "steps": 0}
     make = gre.make_env_pool
 
     def now(pool=None):
@@ -125,7 +126,13 @@ def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers
             close()
             marks["closed"] = now()
 
-        pool.reset, pool.close = timed_reset, timed_close
+        step = pool.step_async
+
+        def counted_step(idx, *a, **k):
+            marks["steps"] += len(idx)
+            return step(idx, *a, **k)
+
+        pool.reset, pool.close, pool.step_async = timed_reset, timed_close, counted_step
         return pool
 
     gre.make_env_pool = timed
@@ -142,17 +149,17 @@ def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers
     closing[2] = 0.0   # the workers have ended: their last CPU seconds are not read
     return {"total": total, "start": marks["start"], "resets": resets,
             "loop": marks["end"] - marks["made"] - sum(r for r, _ in resets), "closing": closing,
-            "slots": marks["slots"], "returns": returns}
+            "slots": marks["slots"], "steps": marks["steps"], "returns": returns}
 
 
 def _gre_sizes(env: str, image: bool) -> tuple[int, int, int]:
-    """(m, H, workers) of the calibration's GRe runs: short trajectories a random network keeps alive to the
-    horizon, in two blocks; worker processes wherever a job's pool has them, so the main process's part is
-    measured apart (CartPole steps in one process)."""
+    """(m, H, workers) of the calibration's GRe runs: short trajectories (the units are per step taken: a random
+    network's CartPole episode ends sooner), in two blocks; worker processes wherever a job's pool has them, so
+    the main process's part is measured apart (CartPole steps in one process)."""
     if image:
         return 64, 40, 1
     if env == "CartPole-v0":
-        return 2000, 8, 1
+        return 4000, 50, 1   # a few tenths of a second of loop: the unit is a microsecond
     return 16, 5, 2
 
 
@@ -172,7 +179,6 @@ def gre_costs(env: str, net, device: str, image: bool) -> dict:
         return float(phase[1] + phase[2])
 
     reset = min(sum(cpu(r) for r, _ in run["resets"][1:]) / sum(n for _, n in run["resets"][1:]) for run in runs)
-    steps = gm * gh
     out = {"gre_reset_s": reset}
     if env == "CartPole-v0":
         first = [cpu(r["start"]) + cpu(r["resets"][0][0]) - r["resets"][0][1] * reset + cpu(r["closing"]) for r in runs]
@@ -182,11 +188,11 @@ def gre_costs(env: str, net, device: str, image: bool) -> dict:
 
         out["gre_start_s"] = _best(lambda: make_env(env).close(), repeats=2)
     if env == "CartPole-v0":
-        out["gre_step_s"] = min(cpu(r["loop"]) for r in runs) / steps
+        out["gre_step_s"] = min(cpu(r["loop"]) / r["steps"] for r in runs)
         out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
     else:
-        out["gre_step_s"] = min(float(r["loop"][2]) for r in runs) / steps
-        out["gre_parent_step_s"] = min(float(r["loop"][1]) for r in runs) / steps
+        out["gre_step_s"] = min(float(r["loop"][2]) / r["steps"] for r in runs)
+        out["gre_parent_step_s"] = min(float(r["loop"][1]) / r["steps"] for r in runs)
     return out
 
 

@@ -229,10 +229,13 @@ def stage_device(cfg: dict, rule: str, env: str) -> str:
     return _function(_row(rule).device)(cfg, env)
 
 
-def stage_threads(cfg: dict, rule: str) -> int:
+def stage_threads(cfg: dict, rule: str, env: str) -> int:
     """Threads a stage's job uses and asks for: the config's ``threads`` where its row is ``parallel`` (GRe's
-    worker processes), one otherwise (a stage's torch work on one core; on a GPU, the core that feeds it)."""
-    return cfg["threads"] if _row(rule).parallel else 1
+    worker processes) and the environment's pool has workers, one otherwise (a stage's torch work on one core;
+    on a GPU, the core that feeds it; CartPole's GRe pool in one process: crop.envs.ONE_PROCESS_POOLS)."""
+    from crop.envs import ONE_PROCESS_POOLS  # gymnasium, not torch
+
+    return cfg["threads"] if _row(rule).parallel and env not in ONE_PROCESS_POOLS else 1
 
 
 def stage_group(rule: str) -> str | None:
@@ -309,7 +312,7 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
                     continue
                 gpu = gpu_stages and stage_device(cfg, row.rule, env) != "cpu"
                 job = Job(row.rule + ("_replicate" if rep else ""), env, name, sig, rep or None,
-                          device="cuda" if gpu else "cpu", threads=stage_threads(cfg, row.rule), gpus=int(gpu),
+                          device="cuda" if gpu else "cpu", threads=stage_threads(cfg, row.rule, env), gpus=int(gpu),
                           needs=[base])
                 if row.v_range and q is not None:
                     job.needs.append(q)
