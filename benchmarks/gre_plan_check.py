@@ -4,10 +4,11 @@ against what the cost model predicts for the same job (crop.workflow.stage_costs
 of crop plan: this machine's calibration file, else the shipped table).
 
 The model counts every trajectory at its full horizon; a random network's CartPole episodes end sooner, so the
-prediction is made for the trajectory steps the run took (counted) as well.  Printed per environment: the
-measured wall seconds and CPU seconds (main process and workers) against the predicted wall seconds and the
-predicted CPU seconds (every step's main-process and worker parts, the resets and the slots' start), and their
-ratios; the goal is 0.7-1.3 on a quiet machine (a busy one stretches the wall-clock, not the CPU seconds).
+prediction is made for the trajectory steps the run took (counted).  Printed per environment: the lockstep loop's
+CPU seconds (main process and workers) against its prediction (every step's main-process and worker parts), and
+the job's wall seconds against the predicted wall seconds; the goal is 0.7-1.3 on a quiet machine (a busy one
+stretches the wall-clock, not the CPU seconds; a job this small also pays its workers' start, which a paper-size
+job spreads over minutes).
 
     python benchmarks/gre_plan_check.py [--env ID ...] [--workers 2] [--calibration FILE]
 """
@@ -18,8 +19,7 @@ import os
 
 import torch
 
-import crop.certify.gre as gre
-from crop.envs import env_spec, make_env, to_obs
+from crop.envs import make_env, to_obs
 from crop.models import build_network
 from crop.workflow.calibrate import PAPER_ENVS, _net_spec, gre_phases
 from crop.workflow.cost import Job, unit_costs
@@ -27,26 +27,8 @@ from crop.workflow.cost_units import Units
 from crop.workflow.stage_costs import gre_seconds
 
 #: (m, H) per environment: a few seconds to a minute of work on two cores.
-SIZES = {"CartPole-v0": (10000, 200), "highway-fast-v0": (48, 30), "PongNoFrameskip-v4": (256, 100),
-         "FreewayNoFrameskip-v4": (256, 100)}
-
-
-def counting_pool(counter: dict):
-    """``crop.certify.gre.make_env_pool`` counting the trajectory steps its pools take."""
-    make = gre.make_env_pool
-
-    def pool(*a, **k):
-        p = make(*a, **k)
-        step = p.step_async
-
-        def counted(idx, *args, **kw):
-            counter["steps"] += len(idx)
-            return step(idx, *args, **kw)
-
-        p.step_async = counted
-        return p
-
-    return make, pool
+SIZES = {"CartPole-v0": (10000, 200), "highway-fast-v0": (48, 30), "PongNoFrameskip-v4": (128, 100),
+         "FreewayNoFrameskip-v4": (128, 100)}
 
 
 def check(env: str, workers: int, table: dict) -> tuple[float, float]:
@@ -55,31 +37,26 @@ def check(env: str, workers: int, table: dict) -> tuple[float, float]:
     obs = to_obs(e.reset(seed=0)[0])
     net = build_network(_net_spec(env, int(e.action_space.n), obs.shape)).eval()
     e.close()
-    counter = {"steps": 0}
-    make, gre.make_env_pool = counting_pool(counter)
-    try:
-        ph = gre_phases(env, net, m, horizon, workers=workers)
-    finally:
-        gre.make_env_pool = make
+    ph = gre_phases(env, net, m, horizon, workers=workers)
     u = Units(table, env, "cpu")
     job = Job("gre", env, "StdTrain", "0.01", threads=workers)
     cfg = {"environments": {env: {"gre": {"m": m, "horizon": horizon, "batch": None}}}}
     full = gre_seconds(cfg, job, u)[0]
-    taken = counter["steps"] / (m * horizon)   # the fraction of the full horizon's steps taken
+    taken = ph["steps"] / (m * horizon)   # the fraction of the full horizon's steps taken
     cfg_taken = {"environments": {env: {"gre": {"m": m, "horizon": horizon * taken, "batch": None}}}}
     predicted = gre_seconds(cfg_taken, job, u)[0]
     single = u.env_units.get("gre_single_process")
     parent = u("gre_parent_step_s") if u.has("gre_parent_step_s") else 0.0
-    slots = env_spec(env).gre_block(m, None)
-    cpu_predicted = counter["steps"] * (parent + u("gre_step_s")) + m * u("gre_reset_s") + \
-        (slots * u("gre_start_s") if u.has("gre_start_s") else 0.0)
-    wall, cpu = float(ph["total"][0]), float(ph["total"][1] + sum(r[2] for r, _ in ph["resets"]) + ph["loop"][2]
-                                           + ph["start"][2])
-    print(f"{env:<24} m={m:<6} H={horizon:<4} workers={1 if single else workers}: {counter['steps']:>9,} steps "
-          f"({taken:.0%} of the horizon's); wall {wall:7.2f} s against {predicted:7.2f} s predicted "
-          f"(full horizon {full:.2f} s): {wall / predicted:.2f}x; CPU {cpu:7.2f} s against {cpu_predicted:7.2f} s: "
-          f"{cpu / cpu_predicted:.2f}x")
-    return wall / predicted, cpu / cpu_predicted
+    steps = ph["steps"]
+    loop_predicted = steps * (parent + u("gre_step_s"))
+    loop = float(ph["loop"][1] + ph["loop"][2])   # the lockstep loop's CPU seconds: main process and workers
+    wall = float(ph["total"][0])
+    print(f"{env:<24} m={m:<6} H={horizon:<4} workers={1 if single else workers}: {steps:>9,} steps "
+          f"({taken:.0%} of the horizon's); loop CPU {loop:7.2f} s against {loop_predicted:7.2f} s predicted: "
+          f"{loop / loop_predicted:.2f}x; wall {wall:7.2f} s against {predicted:7.2f} s predicted (full horizon "
+          f"{full:.2f} s; the workers' own start, an interpreter's imports each, is not priced): "
+          f"{wall / predicted:.2f}x")
+    return wall / predicted, loop / loop_predicted
 
 
 def main(argv=None) -> int:
@@ -93,7 +70,8 @@ def main(argv=None) -> int:
     print(f"unit costs: {source}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     ratios = [check(env, args.workers, table) for env in args.env]
     print(f"load average {os.getloadavg()[0]:.2f} at the end; measured / predicted, wall: "
-          f"{', '.join(f'{w:.2f}' for w, _ in ratios)}; CPU: {', '.join(f'{c:.2f}' for _, c in ratios)} (goal 0.7-1.3)")
+          f"{', '.join(f'{w:.2f}' for w, _ in ratios)}; the loop's CPU: {', '.join(f'{c:.2f}' for _, c in ratios)} "
+          "(goal 0.7-1.3)")
     return 0 if all(0.7 <= c <= 1.3 for _, c in ratios) else 1
 
 

@@ -234,7 +234,7 @@ def test_calibrating_one_environment_keeps_the_others(tmp_path, monkeypatch):
     from crop.workflow import calibrate as cal
 
     cpu, cuda = cost.shipped_table("cpu"), cost.shipped_table("cuda")
-    now = {k: v if isinstance(v, bool) else v * 2 for k, v in cpu["envs"]["CartPole-v0"].items()}
+    now = {k: v if isinstance(v, (bool, dict)) else v * 2 for k, v in cpu["envs"]["CartPole-v0"].items()}
     monkeypatch.setattr(cal, "_start_s", lambda: 1.0)
     monkeypatch.setattr(cal, "_env_costs", lambda env, device, log: now)
     path = tmp_path / "calibration.json"
