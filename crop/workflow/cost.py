@@ -16,12 +16,15 @@ a stage         its row's cost function (qrange, loact, gre, lore, attack_local,
 aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
 ==============  =============================================================================================
 
-GRe runs on CPU cores and asks for no GPU (its row's device function, :func:`stage_device`): its time is
-the environments' stepping, and the network's batched forward is a small part of it even on a CPU core
-(docs/speed.md), so it leaves the node's GPU to the stages that need it, and several GRe jobs share a node.
+GRe runs on CPU cores and asks for no GPU (its row's device function, :func:`stage_device`): its time is the
+environments' stepping in its workers and its main process's noise and batched forward (priced apart: the
+workers divide the one, not the other), so it leaves the node's GPU to the stages that need it, and several GRe
+jobs share a node.
 
-Unit costs are per core (torch threads: 1); a job's threads shorten only GRe (its worker processes), so
-a job with more threads is predicted long.  Episodes are counted at their full horizon (an episode that
+Unit costs are CPU seconds on one core (torch threads: 1).  A job asks for the threads it uses
+(:func:`stage_threads`): GRe its workers, every other job one; the one-thread stage jobs of an environment and
+algorithm run as one SLURM group (:func:`stage_group`), and what every allocation asks for is
+:func:`requested`.  Episodes are counted at their full horizon (an episode that
 ends sooner costs less), and LoRe's tree at its worst case for what can be known before the run
 (:func:`~crop.workflow.stage_costs.lore_nodes`), so a prediction errs long.  No torch is imported here
 (environments' facts only): ``crop plan`` on a login node and the Snakefile's resources read it.

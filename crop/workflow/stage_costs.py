@@ -38,9 +38,9 @@ def env_device(cfg: dict, env: str) -> str:
 
 def cpu_device(cfg: dict, env: str) -> str:
     """The job's CPU cores whatever the device configured (GRe): its time is stepping m environments (Atari,
-    highway: a millisecond and more per step and core), beside which the batched forward is small even on a
-    core (docs/speed.md), so a GPU would idle through nearly all of such a job while the stages that need it
-    wait."""
+    highway: a millisecond and more per step and core) and, in its main process, the noise and the batched
+    forward (on Atari about as long: :func:`gre_seconds`), so a GPU would idle through most of such a job while
+    the stages that need it wait, and its results stay the CPU's."""
     return "cpu"
 
 
