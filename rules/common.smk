@@ -145,9 +145,9 @@ def stage_job_threads(name):
 
 
 def stage_resources(name):
-    """GPUs (stage_job_gpus), memory and minutes of a stage's jobs; a grouped stage's (crop.workflow.cost.stage_group)
-    also one `lane`, which the SLURM profile gives each group once (a local resource), so that a group runs its
-    members one at a time and asks for the sum of their minutes."""
+    """GPUs (stage_job_gpus), memory and minutes of a stage's jobs; a grouped stage's (crop.workflow.cost.stage_group:
+    the SLURM profile's `groups`) also one `lane`, which the profile gives each group once (a local resource), so
+    that a group runs its members one at a time and asks for the sum of their minutes."""
     r, gpus = stage(name).rule, stage_job_gpus(name)
     lane = {"lane": 1} if stage_group(r) else {}
     return {

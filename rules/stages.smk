@@ -18,8 +18,6 @@ for row in STAGES.values():
             benchmark:
                 stage_benchmark(row.command, replicate)
             priority: gpu_first(stage_job_gpus(row.command))
-            group:
-                stage_group(row.rule)
             conda:
                 "../envs/crop.yaml"
             threads: stage_job_threads(row.command)

@@ -204,6 +204,22 @@ def test_the_docs_give_one_slurm_command_and_the_profile_needs_no_accounting():
     assert 1 <= profile["slurm-init-seconds-before-status-checks"] <= 40
 
 
+def test_the_profile_groups_exactly_the_rules_the_plan_groups():
+    """The profile's `groups` (a cluster run's; a local run groups nothing) are the rules crop plan prices as
+    grouped (crop.workflow.cost.stage_group), each in its environment and algorithm's group, joined whole
+    (group-components) and run one at a time (the local resource `lane`)."""
+    from crop.workflow.cost import stage_group
+    from crop.workflow.stage_table import STAGES
+
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    rules = [row.rule + s for row in STAGES.values() for s in (("", "_replicate") if row.replicate else ("",))]
+    want = {r: stage_group(r) for r in rules if stage_group(r)}
+    assert dict(g.split("=", 1) for g in profile["groups"]) == want
+    assert set(want) == {r for r in rules if not r.startswith("gre")} and stage_group("checkpoint") is None
+    assert profile["group-components"] == [f"{g}=100000" for g in set(want.values())]
+    assert profile["resources"] == ["lane=1"] and profile["set-resource-scopes"] == ["lane=local"]
+
+
 def _planned_resources(cfg_path: Path, cfg: dict, tmp_path: Path) -> dict[str, str]:
     out = snakemake(tmp_path, cfg_path, "-n", *target_files(cfg), command=readme_slurm_command())
     # the profile's constant disk_mb spares Snakemake sizing the inputs while it builds the DAG, which

@@ -244,8 +244,9 @@ def stage_threads(cfg: dict, rule: str, env: str) -> int:
 def stage_group(rule: str) -> str | None:
     """The Snakemake group of a rule's jobs on a cluster, or None: every stage on one thread joins the group of
     its (environment, algorithm), so that one allocation runs all its σ's short jobs (GRe's long, parallel jobs
-    stand alone).  The SLURM profile joins a group's parts (``group-components``) and runs its members one at a
-    time (the local resource ``lane``); a local run ignores groups."""
+    stand alone).  The SLURM profile assigns these groups (``groups``), joins a group's parts
+    (``group-components``) and runs its members one at a time (the local resource ``lane``); a local run, without
+    the profile, runs every job on its own."""
     row = _row(rule)
     return "{env}~{algo}" if row is not None and not row.parallel else None
 

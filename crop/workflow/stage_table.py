@@ -10,8 +10,10 @@ names of :mod:`crop.workflow.layout`, the ``crop`` subcommands with their ``--ou
 (:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.workflow.cost`), the report's captions
 (:mod:`crop.report.captions`) and the rules/flags table of
 docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler,
-its cost function and its algorithm module.  No torch and no environments: the Snakefile and ``crop --help``
-import it (a row names its functions as ``module:function``, imported when a job is priced).
+its cost function and its algorithm module (and, for a stage on one thread, its rule in the SLURM profile's
+``groups``, where the plan prices it as grouped: :func:`crop.workflow.cost.stage_group`).  No torch and no
+environments: the Snakefile and ``crop --help`` import it (a row names its functions as ``module:function``,
+imported when a job is priced).
 
 A stage's settings are ``option: config key``, where ``/key`` is a top-level key and ``block.key`` a key of
 an environment's block; the option's type, bounds, default and help are the config schema's node of that key
