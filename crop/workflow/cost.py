@@ -62,7 +62,7 @@ __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predic
 #: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes where it must finish in one allocation
 #: (a fetch, an aggregate, a stage that cannot resume): the model aims at 0.5–2× of a job's measured time
 #: (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the queue's file
-#: system (and the 300 s that SIGTERM comes before the limit: profiles/slurm).
+#: system.
 HEADROOM, HEADROOM_MIN = 2.0, 5
 #: A resumable job (a training, a stage whose row is :attr:`~crop.workflow.stage_table.StageRow.resumable`) saves
 #: its state when SLURM signals it and its retry resumes: stopped at its limit it loses the wait for the retry,
