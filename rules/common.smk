@@ -8,7 +8,15 @@ import shlex
 import sys
 
 from crop.workflow import layout
-from crop.workflow.cost import CostError, JobResources, job_priority, stage_device, stage_gpus
+from crop.workflow.cost import (
+    CostError,
+    JobResources,
+    job_priority,
+    stage_device,
+    stage_gpus,
+    stage_group,
+    stage_threads,
+)
 from crop.envs import env_spec
 from crop.workflow.config import (
     ConfigError,
@@ -131,13 +139,23 @@ def gpu_first(gpus):
     return lambda w: job_priority(gpus(w))
 
 
+def stage_job_threads(name):
+    """Threads of a stage's jobs: those they use (crop.workflow.cost.stage_threads)."""
+    r = stage(name).rule
+    return lambda w: stage_threads(CFG, r, w.env)
+
+
 def stage_resources(name):
-    """GPUs (stage_job_gpus), memory and minutes of a stage's jobs."""
+    """GPUs (stage_job_gpus), memory and minutes of a stage's jobs; a grouped stage's (crop.workflow.cost.stage_group:
+    the SLURM profile's `groups`) also one `lane`, which the profile gives each group once (a local resource), so
+    that a group runs its members one at a time and asks for the sum of their minutes."""
     r, gpus = stage(name).rule, stage_job_gpus(name)
+    lane = {"lane": 1} if stage_group(r) else {}
     return {
         "gpu": gpus,
         "mem_mb": predicted(r, "mem_mb", gpus),
         "runtime": predicted(r, "runtime", gpus),
+        **lane,
     }
 
 

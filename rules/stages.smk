@@ -20,7 +20,7 @@ for row in STAGES.values():
             priority: gpu_first(stage_job_gpus(row.command))
             conda:
                 "../envs/crop.yaml"
-            threads: CFG["threads"]
+            threads: stage_job_threads(row.command)
             resources:
                 **stage_resources(row.command),
             params:

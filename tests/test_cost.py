@@ -85,6 +85,13 @@ def test_runtime_is_the_prediction_with_headroom_and_the_cap():
     assert cost.runtime_minutes(600, cap=12) == 12
     for s in (1, 59, 61, 3600, 86400):
         assert cost.runtime_minutes(s) * 60 >= s
+        # a resumable job is never signalled (5 min before its limit) when it runs as predicted
+        assert cost.runtime_minutes(s, kind="resumable") * 60 >= s + 300
+        assert cost.runtime_minutes(s, kind="resumable") <= cost.runtime_minutes(s)
+        assert cost.runtime_minutes(s, kind="grouped", cap=12) <= 12
+    assert cost.runtime_minutes(36000, kind="resumable") == 750          # 1.25 × 10 h
+    assert cost.runtime_minutes(1, kind="grouped") == 1                  # at least a minute
+    assert cost.runtime_minutes(600, kind="grouped") == 15               # 1.5 × 10 min
 
 
 def test_makespan_respects_cores_gpus_and_dependencies():
@@ -113,7 +120,8 @@ def test_plan_json_has_exactly_the_issue_s_fields(capsys):
     out = capsys.readouterr()
     plan = json.loads(out.out)
     assert set(plan) == {"jobs", "total", "makespan_hours"}
-    assert set(plan["total"]) == {"cpu_hours", "gpu_hours", "jobs"}
+    assert set(plan["total"]) == {"cpu_hours", "gpu_hours", "requested_cpu_hours", "requested_gpu_hours",
+                                  "allocations", "jobs"}
     assert plan["total"]["jobs"] == len(plan["jobs"])
     for j in plan["jobs"]:
         assert set(j) == {"rule", "env", "algo", "sigma", "device", "minutes"}
@@ -125,6 +133,36 @@ def test_plan_json_has_exactly_the_issue_s_fields(capsys):
     assert plan["total"]["cpu_hours"] == pytest.approx(total, rel=1e-2)   # threads: 1
     assert total / 2 * 0.99 <= plan["makespan_hours"] <= total * 1.01
     assert "the shipped cpu table" in out.err               # it says which table
+
+
+def test_what_slurm_is_asked_for_is_the_rules_resources_summed_per_allocation():
+    """requested_* are the rules' own requests (job_resources, the Snakefile's) as the profile submits them: a
+    group per (env, algo) of the one-thread stage jobs asking for the sum of its members' minutes with one
+    thread and its GPU once, every other job alone; and every allocation asks for at least what it is
+    predicted to run (with the paper's 4-thread GRe and GPU stages)."""
+    cfg = load_config(PAPER)
+    jobs, _ = cost.predict(cfg, gpus=1)
+    groups, alone = {}, []
+    for j in jobs:
+        res = cost.job_resources(cfg, j.rule, j.wildcards, j.threads, j.gpus)
+        if cost.stage_group(j.rule):
+            assert j.threads == 1, j
+            g = groups.setdefault((j.env, j.algo), [0, 0, 0.0])
+            g[0] += res["runtime"]
+            g[1] = max(g[1], j.gpus)
+            g[2] += j.seconds
+        else:
+            alone.append((res["runtime"], j))
+            assert res["runtime"] * 60 >= j.seconds, j
+    # GRe's workers on the config's threads, but CartPole's pool, which steps in one process
+    assert {(j.env == "CartPole-v0", j.threads) for _, j in alone if j.rule == "gre"} == {(False, 4), (True, 1)}
+    cpu = sum(m for m, _, _ in groups.values()) + sum(m * j.threads for m, j in alone)
+    gpu = sum(m * g for m, g, _ in groups.values()) + sum(m * j.gpus for m, j in alone)
+    asked = cost.requested(cfg, jobs)
+    assert asked["cpu_hours"] == pytest.approx(cpu / 60) and asked["gpu_hours"] == pytest.approx(gpu / 60)
+    assert asked["allocations"] == len(groups) + len(alone)
+    for minutes, _, seconds in groups.values():
+        assert minutes * 60 >= 1.2 * seconds   # a group asks for its members' sum with headroom
 
 
 def test_plan_table_names_every_rule(capsys):
@@ -196,7 +234,7 @@ def test_calibrating_one_environment_keeps_the_others(tmp_path, monkeypatch):
     from crop.workflow import calibrate as cal
 
     cpu, cuda = cost.shipped_table("cpu"), cost.shipped_table("cuda")
-    now = {k: v if isinstance(v, bool) else v * 2 for k, v in cpu["envs"]["CartPole-v0"].items()}
+    now = {k: v if isinstance(v, (bool, dict)) else v * 2 for k, v in cpu["envs"]["CartPole-v0"].items()}
     monkeypatch.setattr(cal, "_start_s", lambda: 1.0)
     monkeypatch.setattr(cal, "_env_costs", lambda env, device, log: now)
     path = tmp_path / "calibration.json"
@@ -381,6 +419,13 @@ def test_paper_dry_run_asks_at_least_the_plan(tmp_path):
         assert runtime * 60 >= jobs[r, tuple(sorted(w.items()))].seconds, (r, w)
 
 
+def _spin(seconds: float) -> None:
+    """Uses ``seconds`` of this process's CPU."""
+    t = time.process_time()
+    while time.process_time() - t < seconds:
+        pass
+
+
 def test_calibration_records_the_machine_and_times_after_a_warm_up():
     """The fast counterpart of the calibration run below: the machine record, and a unit's time taken over
     calls after the first (which pays for imports and caches)."""
@@ -392,10 +437,68 @@ def test_calibration_records_the_machine_and_times_after_a_warm_up():
 
     def unit():
         calls.append(1)
-        if len(calls) == 1:
-            time.sleep(0.3)
+        _spin(0.3 if len(calls) == 1 else 0.02)
 
-    assert _best(unit, repeats=3) < 0.3 and len(calls) == 4
+    assert 0.015 <= _best(unit, repeats=3) < 0.3 and len(calls) == 4
+
+
+def test_a_unit_is_the_cpu_time_of_its_work_and_its_children_s_not_the_wall_clock():
+    """Waiting (another process holding the core) does not enter a unit; the work's CPU seconds do, in this
+    process and in a child it waits for (a job's start is a fresh interpreter's)."""
+    from crop.workflow.calibrate import _best, cpu_seconds
+
+    assert _best(lambda: time.sleep(0.2), repeats=1) < 0.05
+    assert _best(lambda: _spin(0.1), repeats=1) >= 0.09
+    t = cpu_seconds()
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                    "while time.process_time() - t < 0.2: pass"], check=True)
+    assert cpu_seconds() - t >= 0.19
+
+
+def test_gre_prices_the_main_process_apart_from_the_workers():
+    """GRe's main process (noise, forward, lockstep) is one process: more workers divide the workers' stepping,
+    never its part, and on threads cores the whole is shared out; CartPole's one process pays both; a table
+    without the unit prices as before."""
+    from crop.workflow.cost_units import Units
+    from crop.workflow.stage_costs import gre_seconds
+
+    t = cost.shipped_table("cpu")
+    pong = t["envs"]["PongNoFrameskip-v4"]
+    cfg = {"environments": {"PongNoFrameskip-v4": {"gre": {"m": 1000, "horizon": 100, "batch": None}},
+                            "CartPole-v0": {"gre": {"m": 1000, "horizon": 100, "batch": None}}}}
+
+    def seconds(threads, env="PongNoFrameskip-v4", **units):
+        table = copy.deepcopy(t)
+        table["envs"][env].update(units)
+        for k in [k for k, v in units.items() if v is None]:
+            del table["envs"][env][k]
+        return gre_seconds(cfg, cost.Job("gre", env, "StdTrain", "0.1", threads=threads), Units(table, env, "cpu"))[0]
+
+    w, p = pong["gre_step_s"], 4 * pong["gre_step_s"]   # the main process slower than a worker's share
+    steps, rest = 1000 * 100, seconds(1, gre_parent_step_s=None, gre_step_s=1e-9)
+    assert seconds(4, gre_parent_step_s=p) - rest / 4 == pytest.approx(steps * p, rel=1e-3)   # its part bounds it
+    assert seconds(16, gre_parent_step_s=p) == pytest.approx(rest / 16 + steps * p, rel=1e-3)
+    small = w / 100
+    assert seconds(4, gre_parent_step_s=small) - rest / 4 == pytest.approx(steps * (small + w) / 4, rel=1e-3)
+    assert seconds(4, gre_parent_step_s=None) - rest / 4 == pytest.approx(steps * w / 4, rel=1e-3)
+    cart = t["envs"]["CartPole-v0"]
+    one = seconds(4, "CartPole-v0", gre_parent_step_s=cart["gre_step_s"])
+    assert one == pytest.approx(seconds(4, "CartPole-v0", gre_parent_step_s=None) + steps * cart["gre_step_s"])
+
+
+def test_an_algorithm_s_own_network_prices_its_jobs_only():
+    """A calibration's units of an algorithm's own network (CARRL's bound per sample) price that algorithm's
+    jobs, whatever their smoothing target, and no other algorithm's."""
+    cfg = load_config(QUICK)
+    table = copy.deepcopy(cost.shipped_table("cpu"))
+    units = table["envs"]["CartPole-v0"]
+    units["algos"] = {"StdTrain": {"smooth_sample_s": 40 * units["smooth_sample_s"]}}
+    loact = cost.Job("loact", "CartPole-v0", "StdTrain", "0.01")
+    other = cost.Job("loact", "CartPole-v0", "GaussAug", "0.01")
+    plain = cost.price(cfg, dataclasses.replace(loact), cost.shipped_table("cpu")).seconds
+    assert cost.price(cfg, loact, table).seconds > 10 * plain
+    assert cost.price(cfg, dataclasses.replace(loact, algo="StdTrain@probs"), table).seconds == loact.seconds
+    assert cost.price(cfg, other, table).seconds == pytest.approx(plain)
 
 
 @pytest.mark.slow
@@ -408,6 +511,9 @@ def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
         assert table[unit] > 0
     for unit in (*cost.UNITS, "gre_start_s"):   # gre_start_s: optional in a table, written by every calibration
         assert table["envs"]["CartPole-v0"][unit] > 0, unit
+    assert "load" in table["machine"]
+    carrl = table["envs"]["CartPole-v0"]["algos"]["CARRL"]   # its bound per sample: tens of plain forwards
+    assert carrl["smooth_sample_s"] > 5 * table["envs"]["CartPole-v0"]["smooth_sample_s"]
     main(["plan", "--configfile", str(QUICK), "--json", "--calibration", str(path)])
     assert str(path) in capsys.readouterr().err
 

@@ -71,6 +71,13 @@ HOSTILE = {
                                "not a calibration file ('jobs' is not a device: cpu or cuda)"),
     "an empty object": ({}, "not a calibration file (an empty object"),
     "a wrong device record": ({"cuda": _table()["cpu"]}, "cuda.device = 'cpu' is not 'cuda'"),
+    "an algorithm's unit 1e300": (_table(**{"envs/CartPole-v0/algos": {"CARRL": {"smooth_sample_s": 1e300}}}),
+                                  "cpu.envs.CartPole-v0.algos.CARRL.smooth_sample_s = 1e+300 is outside"),
+    "an algorithm's unknown unit": (_table(**{"envs/CartPole-v0/algos": {"CARRL": {"env_step_s": 1.0}}}),
+                                    "cpu.envs.CartPole-v0.algos.CARRL.env_step_s is not a unit an algorithm's "
+                                    "network changes"),
+    "algorithms not a table": (_table(**{"envs/CartPole-v0/algos": [1]}),
+                               "cpu.envs.CartPole-v0.algos is list, not a table of unit costs per algorithm"),
 }
 
 

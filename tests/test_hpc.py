@@ -50,7 +50,9 @@ PAPER = REPO / "configs" / "paper.yaml"
 REHEARSAL = REPO / "configs" / "paper-rehearsal.yaml"
 ENV, ALGO, SIGMA = "CartPole-v0", "StdTrain", "0.1"
 CERTIFICATION_RULES = {"qrange", "loact", "gre", "lore", "attack_local", "attack_global"}
-RESUMABLE_RULES = {"checkpoint", "gre", "lore"}   # they save their state on SIGTERM and a rerun resumes it
+GROUPED_RULES = CERTIFICATION_RULES - {"gre"}   # one SLURM job per environment and algorithm (profiles/slurm)
+SIGNAL = "--signal=TERM@300"   # training's and GRe's: they save their state on it (a group's members ask for none)
+SIGNALLED_RULES = {"checkpoint", "gre"}
 REQUIRE = os.environ.get("CROP_REQUIRE_HPC") == "1"
 # Provenance keys that legitimately differ between two runs of the same computation: when and how fast
 # (*_utc, runtime_s, *_per_s), how it was called (argv: the absolute path of the `crop` script), where
@@ -203,12 +205,29 @@ def test_the_docs_give_one_slurm_command_and_the_profile_needs_no_accounting():
     assert 1 <= profile["slurm-init-seconds-before-status-checks"] <= 40
 
 
+def test_the_profile_groups_exactly_the_rules_the_plan_groups():
+    """The profile's `groups` (a cluster run's; a local run groups nothing) are the rules crop plan prices as
+    grouped (crop.workflow.cost.stage_group), each in its environment and algorithm's group, joined whole
+    (group-components) and run one at a time (the local resource `lane`)."""
+    from crop.workflow.cost import stage_group
+    from crop.workflow.stage_table import STAGES
+
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    rules = [row.rule + s for row in STAGES.values() for s in (("", "_replicate") if row.replicate else ("",))]
+    want = {r: stage_group(r) for r in rules if stage_group(r)}
+    assert dict(g.split("=", 1) for g in profile["groups"]) == want
+    assert set(want) == {r for r in rules if not r.startswith("gre")} and stage_group("checkpoint") is None
+    assert profile["group-components"] == [f"{g}=100000" for g in set(want.values())]
+    assert profile["resources"] == ["lane=1"] and profile["set-resource-scopes"] == ["lane=local"]
+
+
 def _planned_resources(cfg_path: Path, cfg: dict, tmp_path: Path) -> dict[str, str]:
     out = snakemake(tmp_path, cfg_path, "-n", *target_files(cfg), command=readme_slurm_command())
     # the profile's constant disk_mb spares Snakemake sizing the inputs while it builds the DAG, which
     # printed "RuntimeWarning: coroutine 'InputFiles._predicated_size_files.<locals>.sizes' was never awaited"
     assert "never awaited" not in out, out[-3000:]
-    rules = re.findall(r"^(?:local)?rule (\w+):\n(?:.*\n)*?\s+resources: (.*)$", out, flags=re.M)
+    # a group's jobs are listed indented under "Group job ENV~ALGO"
+    rules = re.findall(r"^[ \t]*(?:local)?rule (\w+):\n(?:.*\n)*?\s+resources: (.*)$", out, flags=re.M)
     assert rules, out[-3000:]
     return dict(rules)
 
@@ -227,14 +246,16 @@ def test_certification_rules_ask_for_a_gpu_only_where_they_may_use_one(device, g
         # gre steps environments on CPU cores and asks for no GPU (crop.workflow.cost.stage_device)
         assert int(fields.get("gpu", 0)) == (gpus if rule in CERTIFICATION_RULES - {"gre"} else 0), (rule, res)
         assert int(fields["mem_mb"]) > 0 and int(fields["runtime"]) > 0, (rule, res)
-        # the resumable jobs (training, GRe, LoRe) get SIGTERM 300 s before their time limit, to save their state
-        # for the retry (the plugin accepts the flag in slurm_extra); the others run to their limit
-        assert fields.get("slurm_extra") == ("--signal=TERM@300" if rule in RESUMABLE_RULES else None), (rule, res)
+        # a training and GRe get SIGTERM 300 s before their time limit, to save their state for the retry (the plugin
+        # accepts the flag in slurm_extra); a group's members ask alike, for none (LoRe resumes from its periodic save)
+        assert fields.get("slurm_extra") == (SIGNAL if rule in SIGNALLED_RULES else None), (rule, res)
+        # a grouped rule's jobs take the group's one lane each: the group runs them one at a time
+        assert fields.get("lane") == ("1" if rule in GROUPED_RULES else None), (rule, res)
     from types import SimpleNamespace
 
     from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 
-    validate_slurm_extra(SimpleNamespace(resources=SimpleNamespace(slurm_extra="--signal=TERM@300")))
+    validate_slurm_extra(SimpleNamespace(resources=SimpleNamespace(slurm_extra=SIGNAL)))
 
 
 def test_comparison_sees_results_and_settings_not_run_provenance(tmp_path):
@@ -297,12 +318,14 @@ def test_slurm_profile_runs_the_target_through_sbatch_with_local_results(slurm_c
     assert "never awaited" not in out, out[-3000:]
     run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
     jobs = slurm_jobs(run_id)
-    rules = [re.match(r"rule_(\w+?)_wildcards", j["Comment"]).group(1) for j in jobs]
-    assert sorted(rules) == sorted(CERTIFICATION_RULES | {"checkpoint"}), (rules, out[-3000:])
+    dag = dag_jobs(load_config(path))
+    rules = [[rule for rule, _, _ in _slurm_job_keys(j, dag)] for j in jobs]
+    assert sorted(r for rs in rules for r in rs) == sorted(CERTIFICATION_RULES | {"checkpoint"}), (rules, out[-3000:])
+    assert sorted(rules) == sorted([["checkpoint"], ["gre"], sorted(GROUPED_RULES)]), rules   # one group
     for j, rule in zip(jobs, rules):
         assert j["JobState"] == "COMPLETED" and j["ExitCode"] == "0:0" and j["BatchFlag"] == "1", j
         assert j["NodeList"] == "crop-ci", j
-        assert ("gpu:1" in j.get("TresPerJob", "")) == (rule in CERTIFICATION_RULES - {"gre"}), j
+        assert ("gpu:1" in j.get("TresPerJob", "")) == (set(rule) <= GROUPED_RULES), j
     assert result_digests(tmp_path, cfg) == local_run
 
 
@@ -338,12 +361,18 @@ def test_the_rehearsal_has_every_rule_environment_and_algorithm_of_the_papers_da
             assert ec["lore"]["max_nodes"] < tree, env
 
 
-def _slurm_job_key(job: dict) -> tuple:
-    """(rule, env, algo) of a SLURM job from its comment (the plugin writes rule_RULE[_wildcards_W1_W2_…]; no
-    environment id or algorithm of these configs holds an underscore)."""
+def _slurm_job_keys(job: dict, dag: set) -> list[tuple]:
+    """(rule, env, algo) of the jobs one SLURM job ran, from its comment: a job's own (the plugin writes
+    rule_RULE[_wildcards_W1_W2_…]; no environment id or algorithm of these configs holds an underscore), or a
+    group's (rule_ENV~ALGO_RULE_RULE…: its environment and algorithm's grouped jobs, crop.workflow.cost.stage_group)."""
+    from crop.workflow.cost import stage_group
+
+    group = re.fullmatch(r"rule_(.+?)~([^_]+)_.+", job["Comment"])
+    if group:
+        return sorted(k for k in dag if k[1:] == group.groups() and stage_group(k[0]))
     rule, wildcards = re.fullmatch(r"rule_(\w+?)(?:_wildcards_(.+))?", job["Comment"]).groups()
     env, algo = (wildcards.split("_") + [None])[:2] if wildcards else (None, None)
-    return rule, env, algo
+    return [(rule, env, algo)]
 
 
 @pytest.mark.slow
@@ -365,8 +394,9 @@ def test_the_paper_rehearsal_runs_every_rule_on_every_environment_through_sbatch
     jobs = slurm_jobs(run_id)
     for j in jobs:
         assert j["JobState"] == "COMPLETED" and j["ExitCode"] == "0:0" and j["BatchFlag"] == "1", j
-    ran = [_slurm_job_key(j) for j in jobs]
-    assert len(ran) == len(set(ran)) and set(ran) == dag_jobs(load_config(path)), out[-3000:]
+    dag = dag_jobs(load_config(path))
+    ran = [key for j in jobs for key in _slurm_job_keys(j, dag)]
+    assert len(ran) == len(set(ran)) and set(ran) == dag, out[-3000:]
     assert {env for _, env, _ in ran} == set(load_config(PAPER)["environments"]) | {None}
     audit = json.loads((work / cfg["results"] / "audit" / "audit.json").read_text())
     assert audit["verdict"] in ("PASS", "WARN", "FAIL"), audit.get("verdict")

@@ -438,6 +438,11 @@ def snapshot_problem(env_id: str, profile: str | None = None) -> str | None:
     return None
 
 
+#: The environments whose GRe pool steps every copy in the calling process (CartPole's numpy arrays): a GRe job
+#: on them has no worker processes to spread over, whatever its threads.
+ONE_PROCESS_POOLS = ("CartPole-v0",)
+
+
 def make_env_pool(env_id: str, num_envs: int, profile: str | None = None, workers: int = 1):
     """``num_envs`` copies for GRe's m trajectories, stepped selectively (:mod:`crop.envs.vector`): CartPole
     vectorised in numpy; Atari in :class:`crop.envs.atari.AtariPool` (the profile's wrapper stack in
@@ -447,7 +452,7 @@ def make_env_pool(env_id: str, num_envs: int, profile: str | None = None, worker
 
     profile = profile or default_profile(env_id)
     check_profile(env_id, profile)
-    if env_id == "CartPole-v0":
+    if env_id in ONE_PROCESS_POOLS:
         return CartPolePool(num_envs, gym.spec(env_id).max_episode_steps)
     if env_id.endswith("NoFrameskip-v4") or env_family(env_id) == "atari":
         from crop.envs.atari import AtariPool

@@ -3,12 +3,16 @@
 Per environment, with a network of the architecture its policies have (random weights: the cost does not
 depend on them): the smoothed step per state and noise sample (:class:`crop.smoothing.smoothed.SmoothedNetwork`, the
 engine every certifier uses), a PGD gradient per sample, an environment step and a snapshot's size, a
-LoRe transition (small full searches of two depths, differenced), GRe's workflow path per trajectory step,
-per trajectory and per slot of its pool (:func:`crop.certify.gre.sample_randomized_returns` with one worker, timed by
-phase), a training's
-environment step and gradient update (:func:`train_costs`); and a job's fixed start
-cost (a fresh interpreter importing what a stage imports).  All on one core (torch threads: 1).  Each is
-the best of a few repetitions: on a shared machine the best is the least disturbed by other processes.
+LoRe transition (small full searches of two depths, differenced), GRe's workflow path per trajectory step —
+its workers' stepping and its main process's noise, forward and lockstep apart —, per trajectory and per slot
+of its pool (:func:`crop.certify.gre.sample_randomized_returns`, timed by phase), a training's environment step
+and gradient update (:func:`train_costs`), an algorithm's own network where it costs more than the plain one
+(CARRL's bound per sample, NoisyNet's layers: :func:`algo_costs`); and a job's fixed start cost (a fresh
+interpreter importing what a stage imports).  All on one core (torch threads: 1).
+
+Each unit is the CPU time of the measured work — this process's and its workers' (user + system), not the
+wall-clock — so other processes on a busy machine do not inflate it (they share the cores, not the work); the
+best of a few repetitions; the load average is recorded beside the units (``machine.load``).
 """
 from __future__ import annotations
 
@@ -21,9 +25,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 from crop.workflow.cost_units import GLOBAL_UNITS, calibration_path, check_table, check_tables, shipped_table
 
-__all__ = ["calibrate", "machine", "PAPER_ENVS"]
+__all__ = ["calibrate", "machine", "PAPER_ENVS", "cpu_seconds", "algo_costs", "ALGO_NETS"]
 
 PAPER_ENVS = ("CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
 
@@ -46,14 +52,34 @@ def machine(device: str) -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu}
 
 
-def _best(fn, repeats: int = 3) -> float:
-    """The least seconds ``fn`` took in ``repeats`` calls (after one warm-up call)."""
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process, all its threads, and of its children that have ended."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def _workers_cpu(pids) -> float:
+    """CPU seconds (user + system) the live processes ``pids`` have used so far (Linux: /proc/PID/stat)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick   # utime, stime (fields 14, 15 of stat)
+    return total
+
+
+def _best(fn, repeats: int = 5) -> float:
+    """The least CPU seconds (:func:`cpu_seconds`) ``fn`` took in ``repeats`` calls (after one warm-up call)."""
     fn()
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = cpu_seconds()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(cpu_seconds() - t)
     return min(times)
 
 
@@ -66,81 +92,115 @@ def _net_spec(env: str, n_actions: int, obs_shape: tuple) -> dict:
 
 def gre_phases(env: str, net, m: int, horizon: int, device: str = "cpu", workers: int = 1, sigma: float = 0.01,
                batch: int | None = None):
-    """GRe's workflow path (:func:`crop.certify.gre.sample_randomized_returns`) timed by phase: seconds in all
-    (``total``), of making the pool (``start``), of each block's seeded resets (``resets``: (seconds,
-    trajectories) per block; the first also waits for the workers' start and their environments' making), of
-    the lockstep loop (``loop``: the rest until the pool closes) and of closing it (``closing``: stopping the
-    workers), the pool's ``slots`` and the ``returns``."""
-    import time
-
+    """GRe's workflow path (:func:`crop.certify.gre.sample_randomized_returns`) timed by phase, each phase as
+    ``(wall, main, workers)`` seconds — the wall-clock and the CPU seconds of this (the main) process and of the
+    pool's worker processes (none where the pool steps in this process): in all (``total``), of making the pool
+    (``start``), of each block's seeded resets (``resets``: (phase, trajectories) per block; the first also waits
+    for the workers' start and their environments' making), of the lockstep loop (``loop``: the rest until the
+    pool closes) and of closing it (``closing``); the pool's ``slots``, the trajectory ``steps`` taken (a trajectory
+    that ends before the horizon takes fewer) and the ``returns``."""
     import crop.certify.gre as gre
 
-    marks = {"resets": []}
+    marks = {"resets": [], "steps": 0}
     make = gre.make_env_pool
 
+    def now(pool=None):
+        pids = [p.pid for p in getattr(pool, "procs", ())] if pool is not None else ()
+        return np.array([time.perf_counter(), time.process_time(), _workers_cpu(pids)])
+
     def timed(*a, **k):
-        t = time.perf_counter()
+        t = now()
         pool = make(*a, **k)
-        marks["made"] = time.perf_counter()
+        marks["made"] = now(pool)
         marks["start"], marks["slots"] = marks["made"] - t, pool.num_envs
         reset, close = pool.reset, pool.close
 
         def timed_reset(*a, **k):
-            t = time.perf_counter()
+            t = now(pool)
             out = reset(*a, **k)
-            marks["resets"].append((time.perf_counter() - t, len(out)))
+            marks["resets"].append((now(pool) - t, len(out)))
             return out
 
         def timed_close():
-            marks["end"] = time.perf_counter()
+            marks["end"] = now(pool)
             close()
-            marks["closed"] = time.perf_counter()
+            marks["closed"] = now()
 
-        pool.reset, pool.close = timed_reset, timed_close
+        step = pool.step_async
+
+        def counted_step(idx, *a, **k):
+            marks["steps"] += len(idx)
+            return step(idx, *a, **k)
+
+        pool.reset, pool.close, pool.step_async = timed_reset, timed_close, counted_step
         return pool
 
     gre.make_env_pool = timed
     try:
-        t0 = time.perf_counter()
+        t0 = now()
         returns = gre.sample_randomized_returns(env, net, gre.GReSettings(sigma, m, horizon, 1.0, seed=0, env_seed=0,
                                                                           chunk=1000, device=device, workers=workers,
                                                                           batch=batch), progress=False)
-        total = time.perf_counter() - t0
+        total = now() - t0
     finally:
         gre.make_env_pool = make
     resets = marks["resets"]
+    closing = marks["closed"] - marks["end"]
+    closing[2] = 0.0   # the workers have ended: their last CPU seconds are not read
     return {"total": total, "start": marks["start"], "resets": resets,
-            "loop": marks["end"] - marks["made"] - sum(s for s, _ in resets), "closing": marks["closed"] - marks["end"],
-            "slots": marks["slots"], "returns": returns}
+            "loop": marks["end"] - marks["made"] - sum(r for r, _ in resets), "closing": closing,
+            "slots": marks["slots"], "steps": marks["steps"], "returns": returns}
+
+
+def _gre_sizes(env: str, image: bool) -> tuple[int, int, int]:
+    """(m, H, workers) of the calibration's GRe runs: short trajectories (the units are per step taken: a random
+    network's CartPole episode ends sooner), in two blocks; worker processes wherever a job's pool has them, so
+    the main process's part is measured apart (CartPole steps in one process)."""
+    if image:
+        return 64, 40, 1
+    if env == "CartPole-v0":
+        return 4000, 50, 1   # a few tenths of a second of loop: the unit is a microsecond
+    return 16, 5, 2
 
 
 def gre_costs(env: str, net, device: str, image: bool) -> dict:
-    """GRe's path on one worker: ``gre_step_s`` per trajectory step (environment, noise, forward: the loop),
-    ``gre_reset_s`` per trajectory (its environment's seeded reset, from the second block, whose slots are
-    reused) and ``gre_start_s`` per slot of the pool (the rest of the start: an environment made and closed,
-    the worker's start shared out), each the least of two runs of short trajectories a random network keeps
-    alive to the horizon."""
-    gm, gh = (32, 50) if image else ((8, 5) if env.startswith("highway") else (2000, 8))
-    runs = [gre_phases(env, net, gm, gh, device, batch=gm // 2) for _ in range(2)]
-    reset = min(sum(s for s, _ in r["resets"][1:]) / sum(n for _, n in r["resets"][1:]) for r in runs)
-    first = [r["start"] + r["resets"][0][0] - r["resets"][0][1] * reset + r["closing"] for r in runs]
-    out = {"gre_step_s": min(r["loop"] for r in runs) / (gm * gh), "gre_reset_s": reset,
-           "gre_start_s": min(first) / runs[0]["slots"]}
+    """GRe's path, in CPU seconds: ``gre_step_s`` per trajectory step of the workers' stepping (what more
+    workers divide), ``gre_parent_step_s`` per trajectory step of the main process's noise, forward and lockstep
+    (what they do not; where the pool steps in this process, CartPole, all of it is ``gre_step_s``),
+    ``gre_reset_s`` per trajectory (its environment's seeded reset, from the second block, whose slots are reused)
+    and ``gre_start_s`` per slot of the pool (an environment made and closed: where the pool steps in this
+    process, the rest of its start; elsewhere an environment made here, since the worker processes' own start
+    — an interpreter's imports each, paid once per worker, not per slot — is not the slots'), each the least
+    of two runs."""
+    gm, gh, workers = _gre_sizes(env, image)
+    runs = [gre_phases(env, net, gm, gh, device, workers=workers, batch=gm // 2) for _ in range(2)]
+
+    def cpu(phase):
+        return float(phase[1] + phase[2])
+
+    reset = min(sum(cpu(r) for r, _ in run["resets"][1:]) / sum(n for _, n in run["resets"][1:]) for run in runs)
+    out = {"gre_reset_s": reset}
     if env == "CartPole-v0":
+        first = [cpu(r["start"]) + cpu(r["resets"][0][0]) - r["resets"][0][1] * reset + cpu(r["closing"]) for r in runs]
+        out["gre_start_s"] = max(min(first) / runs[0]["slots"], 1e-9)
+    else:
+        from crop.envs import make_env
+
+        out["gre_start_s"] = _best(lambda: make_env(env).close(), repeats=2)
+    if env == "CartPole-v0":
+        out["gre_step_s"] = min(cpu(r["loop"]) / r["steps"] for r in runs)
         out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
+    else:
+        out["gre_step_s"] = min(float(r["loop"][2]) / r["steps"] for r in runs)
+        out["gre_parent_step_s"] = min(float(r["loop"][1]) / r["steps"] for r in runs)
     return out
 
 
 def _env_costs(env: str, device: str, log) -> dict:
     import pickle
 
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-
     from crop.envs import make_env, snapshot, to_obs
     from crop.models import build_network
-    from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
     e = make_env(env)
     obs, _ = e.reset(seed=0)
@@ -150,21 +210,8 @@ def _env_costs(env: str, device: str, log) -> dict:
     out = {}
 
     m = 2000 if image and device == "cpu" else 10000
-    sm = SmoothedNetwork(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
-    out["smooth_sample_s"] = _best(lambda: sm.estimate_batch(obs[None])) / m
+    out.update(_network_costs(net, obs, k, device, image, m))
     log(f"{env}: smoothed step {out['smooth_sample_s'] * m * 1e3:.1f} ms per state at m = {m}")
-
-    b = 64 if image else 256
-    x = torch.as_tensor(np.repeat(obs[None], b, 0), device=device)
-
-    def grad():
-        z = x.clone().requires_grad_(True)
-        F.cross_entropy(net(z + 0.01 * torch.randn_like(z)), torch.zeros(b, dtype=torch.long, device=device)) \
-            .backward()
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    out["grad_sample_s"] = _best(grad) / b
 
     n = 200 if image else 500
 
@@ -184,13 +231,88 @@ def _env_costs(env: str, device: str, log) -> dict:
     log(f"{env}: LoRe transition {out['lore_transition_s'] * 1e3:.2f} ms (restore, step, snapshot)")
 
     out.update(gre_costs(env, net, device, image))
-    log(f"{env}: GRe {1 / out['gre_step_s']:.0f} trajectory steps/s on one core, "
-        f"{out['gre_reset_s'] * 1e3:.0f} ms to reset a trajectory's environment, "
-        f"{out['gre_start_s'] * 1e3:.0f} ms to make a slot's")
+    parent = f" + {out['gre_parent_step_s'] * 1e3:.3f} ms in the main process" if "gre_parent_step_s" in out else ""
+    log(f"{env}: GRe {out['gre_step_s'] * 1e3:.3f} ms per trajectory step on a worker{parent}, "
+        f"{out['gre_reset_s'] * 1e3:.1f} ms to reset a trajectory's environment, "
+        f"{out['gre_start_s'] * 1e3:.1f} ms to make a slot's")
+    algos = algo_costs(env, _net_spec(env, k, obs.shape), obs, device, image)
+    if algos:
+        out["algos"] = algos
+        for algo, units in algos.items():
+            log(f"{env}: {algo}'s network {units['smooth_sample_s'] / out['smooth_sample_s']:.1f}x the smoothed "
+                f"step, {units['grad_sample_s'] / out['grad_sample_s']:.1f}x the gradient")
 
     out.update(train_costs(env, device))
     log(f"{env}: training {1 / out['train_step_s']:.0f} env steps/s, "
         f"a gradient update {out['train_update_s'] * 1e3:.2f} ms")
+    return out
+
+
+#: The algorithms whose network costs more per sample than their environment's plain one: CARRL acts on a CROWN
+#: bound computed for every (noisy) input, NoisyNet's linear layers are noisy layers.  (recipe, spec of it).
+ALGO_NETS = ("CARRL", "NoisyNet")
+
+
+def _algo_net(env: str, algo: str, spec: dict):
+    """``algo``'s network on ``env`` over the plain architecture ``spec`` (random weights), or None where the
+    registry has no such algorithm there or its network is the plain one."""
+    from crop.agents.registry import sources
+    from crop.models import build_network
+
+    try:
+        entry = sources(env, algo)
+    except (KeyError, ValueError):
+        return None
+    if algo == "CARRL" and "derive" in entry:
+        from crop.models.carrl import carrl_spec
+
+        d = entry["derive"]
+        return build_network(carrl_spec(spec, d["eps"], d.get("norm", 2), d.get("method", "crown")))
+    if algo == "NoisyNet" and spec["arch"] == "mlp":
+        return build_network({"arch": "noisy_mlp", "in": spec["in"], "hidden": spec["hidden"], "out": spec["out"],
+                              "sigma0": 0.5})
+    return None
+
+
+def algo_costs(env: str, spec: dict, obs, device: str, image: bool) -> dict:
+    """``{algo: units}`` of the algorithms of :data:`ALGO_NETS` that ``env`` has, measured with their own network:
+    ``smooth_sample_s``, ``grad_sample_s`` and GRe's per-step units (:func:`gre_costs`), which the model uses for
+    that algorithm's jobs instead of the environment's (:class:`crop.workflow.cost_units.Units`)."""
+    out = {}
+    for algo in ALGO_NETS:
+        net = _algo_net(env, algo, spec)
+        if net is None:
+            continue
+        net = net.to(device).eval()
+        units = _network_costs(net, obs, spec["out"], device, image, m=2000)
+        g = gre_costs(env, net, device, image)
+        units.update({k: g[k] for k in ("gre_step_s", "gre_parent_step_s") if k in g})
+        out[algo] = units
+    return out
+
+
+def _network_costs(net, obs, k: int, device: str, image: bool, m: int) -> dict:
+    """``smooth_sample_s`` (the smoothed step per state and noise sample, m samples) and ``grad_sample_s`` (a PGD
+    gradient per sample) of ``net``."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
+
+    sm = SmoothedNetwork(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
+    out = {"smooth_sample_s": _best(lambda: sm.estimate_batch(obs[None])) / m}
+    b = 32   # the global attack's batch (attack.global_n_eot): a small batch pays its call's overhead
+    x = torch.as_tensor(np.repeat(obs[None], b, 0), device=device)
+
+    def grad():
+        z = x.clone().requires_grad_(True)
+        F.cross_entropy(net(z + 0.01 * torch.randn_like(z)), torch.zeros(b, dtype=torch.long, device=device)) \
+            .backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    out["grad_sample_s"] = _best(grad) / b
     return out
 
 
@@ -211,9 +333,9 @@ def train_costs(env: str, device: str) -> dict:
                                            "eval_every": 10 * steps, "quick_eval_episodes": 1, "eval_max_steps": 1,
                                            "device": device}, {"total_steps": steps, "target_return": None,
                                                                "eval_episodes": 1})
-        t = time.perf_counter()
+        t = cpu_seconds()
         train_dqn(env, 0, cfg, progress=False)
-        return time.perf_counter() - t
+        return cpu_seconds() - t
 
     short, long, learning = train(n, False), train(3 * n, False), train(n, True)
     # Timing noise can leave a difference at nothing: then the longer run's whole time per step (its start
@@ -284,6 +406,7 @@ def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=p
             check_tables(tables, f"calibration {path} (fix or remove it)")
     torch.set_num_threads(1)   # the unit is one core: a job's threads divide what scales
     shipped = shipped_table(device)
+    load = os.getloadavg()[0]
     table = {"device": device, "machine": machine(device),
              "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "source": "crop calibrate", "envs": {}}
@@ -294,6 +417,9 @@ def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=p
             table[name] = shipped[name]
     for env in envs:
         table["envs"][env] = _env_costs(env, device, log)
+    table["machine"]["load"] = f"{load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (1-minute averages)"
+    log(f"load average {table['machine']['load']} on {os.cpu_count()} cores (units are CPU seconds: the load "
+        "does not enter them)")
     old = tables.get(device) or {}
     table["envs"] = {**(old.get("envs") or {}), **table["envs"]}
     check_table(table, device, f"calibrate --device {device} measured")

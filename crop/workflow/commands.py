@@ -69,3 +69,10 @@ def cmd_plan(args) -> None:
     t = result["total"]
     print(f"{t['jobs']} jobs: {t['cpu_hours']:.3g} CPU-hours, {t['gpu_hours']:.3g} GPU-hours; makespan "
           f"{result['makespan_hours']:.3g} h on {args.nodes} × ({args.cores} cores, {gpus} GPU)")
+    print(f"asked of SLURM ({t['allocations']} allocations, the stage jobs grouped per environment and algorithm): "
+          f"{t['requested_cpu_hours']:.3g} CPU-hours ({_ratio(t['requested_cpu_hours'], t['cpu_hours'])} planned), "
+          f"{t['requested_gpu_hours']:.3g} GPU-hours ({_ratio(t['requested_gpu_hours'], t['gpu_hours'])} planned)")
+
+
+def _ratio(asked: float, planned: float) -> str:
+    return f"{asked / planned:.2f}× the" if planned else "none"

@@ -16,12 +16,15 @@ a stage         its row's cost function (qrange, loact, gre, lore, attack_local,
 aggregate       figures × ``figure_s``; audit: run folders × ``audit_run_s``
 ==============  =============================================================================================
 
-GRe runs on CPU cores and asks for no GPU (its row's device function, :func:`stage_device`): its time is
-the environments' stepping, and the network's batched forward is a small part of it even on a CPU core
-(docs/speed.md), so it leaves the node's GPU to the stages that need it, and several GRe jobs share a node.
+GRe runs on CPU cores and asks for no GPU (its row's device function, :func:`stage_device`): its time is the
+environments' stepping in its workers and its main process's noise and batched forward (priced apart: the
+workers divide the one, not the other), so it leaves the node's GPU to the stages that need it, and several GRe
+jobs share a node.
 
-Unit costs are per core (torch threads: 1); a job's threads shorten only GRe (its worker processes), so
-a job with more threads is predicted long.  Episodes are counted at their full horizon (an episode that
+Unit costs are CPU seconds on one core (torch threads: 1).  A job asks for the threads it uses
+(:func:`stage_threads`): GRe its workers, every other job one; the one-thread stage jobs of an environment and
+algorithm run as one SLURM group (:func:`stage_group`), and what every allocation asks for is
+:func:`requested`.  Episodes are counted at their full horizon (an episode that
 ends sooner costs less), and LoRe's tree at its worst case for what can be known before the run
 (:func:`~crop.workflow.stage_costs.lore_nodes`), so a prediction errs long.  No torch is imported here
 (environments' facts only): ``crop plan`` on a login node and the Snakefile's resources read it.
@@ -48,17 +51,31 @@ from crop.workflow.cost_units import (
 )
 from crop.workflow.stage_costs import MAX_PRICED_NODES, STAGE_MEM_MB, env_device, lore_nodes, lore_transitions
 from crop.workflow.stage_table import STAGES
+from crop.workflow.training_cost import EPISODE_STEPS, training_settings, training_work
 
 __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predict", "lore_nodes",
            "lore_transitions", "MAX_PRICED_NODES", "Units", "training_settings", "training_work",
            "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "JobResources",
            "makespan", "slurm_caps", "shipped_table", "GLOBAL_UNITS", "MAX_RUNTIME", "MAX_MEM_MB",
-           "stage_device", "stage_gpus", "job_priority"]
+           "stage_device", "stage_gpus", "job_priority", "stage_threads", "stage_group", "job_kind",
+           "RESUMABLE_HEADROOM", "RESUMABLE_MIN", "GROUPED_HEADROOM", "requested"]
 
-#: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes: the model aims at 0.5–2× of a job's
-#: measured time (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the
-#: queue's file system and a GPU's start.
+#: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes where it must finish in one allocation
+#: (a fetch, an aggregate, a stage that cannot resume): the model aims at 0.5–2× of a job's measured time
+#: (docs/speed.md), so 2× covers a node half as fast as the table's, and the minutes cover the queue's file
+#: system.
 HEADROOM, HEADROOM_MIN = 2.0, 5
+#: A resumable job (a training, a stage whose row is :attr:`~crop.workflow.stage_table.StageRow.resumable`) saves
+#: its state when SLURM signals it and its retry resumes: stopped at its limit it loses the wait for the retry,
+#: not its work, so it asks for RESUMABLE_HEADROOM × its prediction, and at least RESUMABLE_MIN minutes more than
+#: it (the signal's lead: a job as fast as predicted is never signalled).
+RESUMABLE_HEADROOM, RESUMABLE_MIN = 1.25, 5
+#: A grouped job (a stage on one thread: :func:`stage_group`) runs inside its group's one allocation, which asks
+#: for the sum of its members' minutes (Snakemake's group resources); a member asks for GROUPED_HEADROOM × its
+#: prediction in whole minutes (rounded, at least one), so a group of tens of jobs of a minute or less asks for
+#: about GROUPED_HEADROOM × their sum, and a member stopped by the limit leaves the finished ones' files for the
+#: retry, which runs only the rest.
+GROUPED_HEADROOM = 1.5
 
 #: The most a job asks SLURM for where the config's ``slurm`` block gives no cap (null): a week of wall-time
 #: (minutes) and 512,000 MB, the memory of the largest nodes sites commonly have.  A prediction past either
@@ -109,56 +126,6 @@ def _row(rule: str):
     return STAGES.get(rule.removesuffix("_replicate").replace("_", "-"))
 
 
-#: An evaluation episode's steps where the environment's own end fixes them: CartPole-v0's 200 steps,
-#: highway-fast-v0's 30 decisions, Freeway's 2 min 16 s clock (2,043 and 2,047 decisions measured under the
-#: ``cleanrl`` profile, always-up and random play).  Elsewhere the DQN settings' cut (eval_max_steps), else the
-#: config's GRe horizon.
-_EPISODE_STEPS = {"CartPole-v0": 200, "highway-fast-v0": 30, "FreewayNoFrameskip-v4": 2050}
-
-
-def training_settings(env: str, algo: str, settings: dict) -> dict:
-    """What the model counts of a training of ``algo`` on ``env`` under a config's ``train`` settings
-    (:func:`crop.workflow.config.train_settings`): the DQN schedule (total_steps, learning_starts,
-    train_every, eval_every, quick_eval_episodes, eval_episodes, eval_max_steps, target_return) and the
-    recipe's PGD (pgd_steps, pgd_fraction, pgd_start; 0 steps for a recipe without PGD)."""
-    from crop.names import schema_default
-    from crop.train.defaults import dqn_config, pgd_schedule, recipe_hyperparameters
-    from crop.workflow.config import target_return
-
-    dqn = dqn_config(env, algo, settings.get("dqn"))
-    out = {k: getattr(dqn, k) for k in ("learning_starts", "train_every", "eval_every", "quick_eval_episodes",
-                                         "eval_max_steps")}
-    out["total_steps"] = settings.get("total_steps", schema_default("environment.train.total_steps"))
-    out["eval_episodes"] = settings.get("eval_episodes", schema_default("environment.train.eval_episodes"))
-    out["target_return"] = target_return(env, settings.get("target_return"))
-    hp = recipe_hyperparameters(algo, env, (settings.get("recipes") or {}).get(algo))
-    out["pgd_steps"], out["pgd_fraction"], out["pgd_start"] = pgd_schedule(algo, hp)
-    return out
-
-
-def _multiples(k: int, start: int, stop: int) -> int:
-    """How many steps s in [start, stop) have s % k == 0."""
-    start = max(start, 0)
-    return max(0, -(-stop // k) - -(-start // k)) if stop > start else 0
-
-
-def training_work(s: dict, episode_steps: int) -> dict:
-    """A training's work in the units it is priced by (:func:`crop.train.dqn.train_dqn`, read top to bottom):
-    ``env_steps`` (act, step, store), ``updates`` (one gradient update of a batch every ``train_every`` steps
-    from ``learning_starts``), ``pgd_updates`` (the updates' PGD: pgd_steps × the fraction attacked, each step a
-    forward and backward of that fraction, per update from the recipe's ramp start) and ``eval_steps`` (greedy
-    episodes of ``episode_steps``: ``quick_eval_episodes`` every ``eval_every`` steps from ``learning_starts``
-    and one acceptance evaluation of ``eval_episodes`` with a target return; without one, the final
-    ``eval_episodes``).  All at ``total_steps``: a training accepted sooner costs less."""
-    n = s["total_steps"]
-    updates = _multiples(s["train_every"], s["learning_starts"], n)
-    attacked = _multiples(s["train_every"], max(s["learning_starts"], s["pgd_start"]), n)
-    quick = _multiples(s["eval_every"], s["learning_starts"], n) if s["target_return"] is not None else 0
-    episodes = quick * s["quick_eval_episodes"] + s["eval_episodes"]
-    return {"env_steps": n, "updates": updates, "pgd_updates": attacked * s["pgd_steps"] * s["pgd_fraction"],
-            "eval_steps": episodes * episode_steps}
-
-
 def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
     """A checkpoint's seconds: a download (``fetch_s``), or a training's work (:func:`training_work`) priced as
     (env steps + evaluation steps) × ``train_step_s`` + (updates + PGD updates) × ``train_update_s``."""
@@ -170,19 +137,26 @@ def _checkpoint_seconds(cfg: dict, job: Job, t: dict) -> float:
     if src["kind"] != "train":
         return u("fetch_s")
     s = training_settings(job.env, job.algo, train_settings(ec, job.algo))
-    episode = min(n for n in (s["eval_max_steps"], _EPISODE_STEPS.get(job.env)) if n) \
-        if s["eval_max_steps"] or job.env in _EPISODE_STEPS else ec["gre"]["horizon"]
+    episode = min(n for n in (s["eval_max_steps"], EPISODE_STEPS.get(job.env)) if n) \
+        if s["eval_max_steps"] or job.env in EPISODE_STEPS else ec["gre"]["horizon"]
     w = training_work(s, episode)
     return (w["env_steps"] + w["eval_steps"]) * u("train_step_s") + \
         (w["updates"] + w["pgd_updates"]) * u("train_update_s")
 
 
-def runtime_minutes(seconds: float, cap: int | None = None) -> int:
-    """The wall-time (minutes) a job asks SLURM for: :data:`HEADROOM` × its prediction + :data:`HEADROOM_MIN`,
-    at most ``cap`` (:func:`slurm_caps`); a prediction past the cap (an infinite one too) asks for the cap."""
+def runtime_minutes(seconds: float, cap: int | None = None, kind: str = "alone") -> int:
+    """The wall-time (minutes) a job asks SLURM for, at most ``cap`` (:func:`slurm_caps`), by its ``kind``
+    (:func:`job_kind`): ``alone`` :data:`HEADROOM` × its prediction + :data:`HEADROOM_MIN`; ``resumable``
+    :data:`RESUMABLE_HEADROOM` × and at least :data:`RESUMABLE_MIN` more; ``grouped`` :data:`GROUPED_HEADROOM` × in
+    whole minutes, at least one.  A prediction past the cap (an infinite one too) asks for the cap."""
     if cap and _over(seconds, cap):
         return cap
-    minutes = math.ceil(HEADROOM * seconds / 60) + HEADROOM_MIN
+    if kind == "grouped":
+        minutes = max(1, round(GROUPED_HEADROOM * seconds / 60))
+    elif kind == "resumable":
+        minutes = math.ceil(max(RESUMABLE_HEADROOM * seconds / 60, seconds / 60 + RESUMABLE_MIN))
+    else:
+        minutes = math.ceil(HEADROOM * seconds / 60) + HEADROOM_MIN
     return min(minutes, cap) if cap else minutes
 
 
@@ -203,6 +177,40 @@ def slurm_caps(cfg: dict) -> tuple[int, int]:
 def stage_device(cfg: dict, rule: str, env: str) -> str:
     """The ``--device`` of a stage's jobs: its row's device function's (:mod:`crop.workflow.stage_costs`)."""
     return _function(_row(rule).device)(cfg, env)
+
+
+def stage_threads(cfg: dict, rule: str, env: str) -> int:
+    """Threads a stage's job uses and asks for: the config's ``threads`` where its row is ``parallel`` (GRe's
+    worker processes) and the environment's pool has workers, one otherwise (a stage's torch work on one core;
+    on a GPU, the core that feeds it; CartPole's GRe pool in one process: crop.envs.ONE_PROCESS_POOLS)."""
+    from crop.envs import ONE_PROCESS_POOLS  # gymnasium, not torch
+
+    return cfg["threads"] if _row(rule).parallel and env not in ONE_PROCESS_POOLS else 1
+
+
+def stage_group(rule: str) -> str | None:
+    """The Snakemake group of a rule's jobs on a cluster, or None: every stage on one thread joins the group of
+    its (environment, algorithm), so that one allocation runs all its σ's short jobs (GRe's long, parallel jobs
+    stand alone).  The SLURM profile assigns these groups (``groups``), joins a group's parts
+    (``group-components``) and runs its members one at a time (the local resource ``lane``); a local run, without
+    the profile, runs every job on its own."""
+    row = _row(rule)
+    return "{env}~{algo}" if row is not None and not row.parallel else None
+
+
+def job_kind(cfg: dict, job: Job) -> str:
+    """How a job asks for its wall-time (:func:`runtime_minutes`): ``grouped`` (:func:`stage_group`),
+    ``resumable`` (a training, a stage whose row is resumable) or ``alone``."""
+    row = _row(job.rule)
+    if row is not None:
+        return "grouped" if stage_group(row.rule) else "resumable" if row.resumable else "alone"
+    if job.rule == "checkpoint" and job.env is not None:
+        from crop.agents.registry import checkpoint_source
+
+        ec = cfg["environments"][job.env]
+        if checkpoint_source(job.env, job.algo, ec["source"], ec.get("files"))["kind"] == "train":
+            return "resumable"
+    return "alone"
 
 
 def stage_gpus(cfg: dict) -> int:
@@ -255,7 +263,8 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
                     continue
                 gpu = gpu_stages and stage_device(cfg, row.rule, env) != "cpu"
                 job = Job(row.rule + ("_replicate" if rep else ""), env, name, sig, rep or None,
-                          device="cuda" if gpu else "cpu", threads=cfg["threads"], gpus=int(gpu), needs=[base])
+                          device="cuda" if gpu else "cpu", threads=stage_threads(cfg, row.rule, env), gpus=int(gpu),
+                          needs=[base])
                 if row.v_range and q is not None:
                     job.needs.append(q)
                 i = add(job)
@@ -271,7 +280,7 @@ def price(cfg: dict, job: Job, table: dict) -> Job:
     """Fill in ``job``'s predicted seconds and memory from a unit-cost table (the module docstring's model):
     a stage's from its row's memory and cost function, beside the start every job pays; :class:`CostError`
     naming what to calibrate or set when it cannot."""
-    u = Units(table, job.env, job.device)
+    u = Units(table, job.env, job.device, job.algo)
     start = job.start_s = u("start_s")
     job.mem_mb = STAGE_MEM_MB
     if job.rule == "checkpoint":
@@ -322,7 +331,7 @@ def job_resources(cfg: dict, rule: str, wildcards, threads: int, gpus: int) -> d
         price(cfg, job, table)
     except CostError:
         return {"runtime": cap, "mem_mb": min(job.mem_mb, mem_cap)}
-    return {"runtime": runtime_minutes(job.seconds, cap), "mem_mb": min(job.mem_mb, mem_cap)}
+    return {"runtime": runtime_minutes(job.seconds, cap, job_kind(cfg, job)), "mem_mb": min(job.mem_mb, mem_cap)}
 
 
 class JobResources:
@@ -411,18 +420,40 @@ def makespan(plan_jobs: list[Job], cores: int, gpus: int, nodes: int = 1) -> flo
     return now
 
 
+def requested(cfg: dict, plan_jobs: list[Job]) -> dict:
+    """What the jobs ask SLURM for, as the profile submits them: every group (:func:`stage_group`: the stage
+    jobs of one environment and algorithm) one allocation of the sum of its members' minutes, its members' most
+    threads and GPUs; every other job its own (:func:`runtime_minutes`).  ``{"cpu_hours": threads × minutes,
+    "gpu_hours": GPUs × minutes, "allocations": how many}`` over all of them."""
+    cap = slurm_caps(cfg)[0]
+    allocations: dict = {}
+    for i, j in enumerate(plan_jobs):
+        kind = job_kind(cfg, j)
+        key = (j.env, j.algo) if kind == "grouped" else i
+        minutes, threads, gpus = allocations.get(key, (0, 0, 0))
+        allocations[key] = (minutes + runtime_minutes(j.seconds, cap, kind), max(threads, j.threads),
+                            max(gpus, j.gpus))
+    return {"cpu_hours": sum(m * t for m, t, _ in allocations.values()) / 60,
+            "gpu_hours": sum(m * g for m, _, g in allocations.values()) / 60, "allocations": len(allocations)}
+
+
 def plan(cfg: dict, cores: int, gpus: int, nodes: int = 1, calibration: str | Path | None = None) -> dict:
     """The plan of ``crop plan --json``: every job's rule, wildcards, device and minutes, the totals in CPU-
-    and GPU-hours (a job's threads × its hours; its GPUs × its hours) and the makespan on the machines; with
-    the tables used and the jobs whose wall-time or memory the caps cut (:func:`slurm_caps`) beside."""
+    and GPU-hours (a job's threads × its hours; its GPUs × its hours), what SLURM is asked for
+    (:func:`requested`: ``requested_cpu_hours``, ``requested_gpu_hours``, ``allocations``) and the makespan on the
+    machines; with the tables used and the jobs whose wall-time or memory the caps cut (:func:`slurm_caps`)
+    beside."""
     out, sources = predict(cfg, gpus, calibration)
     cap, mem_cap = slurm_caps(cfg)
+    asked = requested(cfg, out)
     return {
         "jobs": [{"rule": j.rule, "env": j.env, "algo": j.algo, "sigma": j.sigma, "device": j.device,
                   "minutes": round(j.minutes, 3)} for j in out],
         "total": {"cpu_hours": round(sum(j.threads * j.seconds for j in out) / 3600, 3),
                   "gpu_hours": round(sum(j.gpus * j.seconds for j in out) / 3600, 3),
-                  "jobs": len(out)},
+                  "requested_cpu_hours": round(asked["cpu_hours"], 3),
+                  "requested_gpu_hours": round(asked["gpu_hours"], 3),
+                  "allocations": asked["allocations"], "jobs": len(out)},
         "makespan_hours": round(makespan(out, cores, gpus, nodes) / 3600, 3),
     }, {"sources": sources, "over_cap": [j for j in out if _over(j.seconds, cap)], "cap": cap,
         "over_mem": [j for j in out if j.mem_mb > mem_cap], "mem_cap": mem_cap, "jobs": out}

@@ -16,8 +16,8 @@ import os
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["CostError", "Units", "UNIT_TABLE", "UNITS", "OPTIONAL_UNITS", "GLOBAL_UNITS", "DEVICES", "check_tables",
-           "check_table", "calibration_path", "shipped_table", "unit_costs"]
+__all__ = ["CostError", "Units", "UNIT_TABLE", "UNITS", "OPTIONAL_UNITS", "ALGO_UNITS", "GLOBAL_UNITS", "DEVICES",
+           "check_tables", "check_table", "calibration_path", "shipped_table", "unit_costs"]
 
 
 class CostError(ValueError):
@@ -33,6 +33,7 @@ UNIT_TABLE = {
     "grad_sample_s": (True, 1e-10, 1.0, "a PGD gradient through the network, per sample"),
     "env_step_s": (True, 1e-9, 60.0, "one environment step"),
     "gre_step_s": (True, 1e-9, 60.0, "one step of a GRe trajectory on one worker"),
+    "gre_parent_step_s": (True, 1e-9, 60.0, "GRe's main process per trajectory step: noise, forward, lockstep"),
     "gre_reset_s": (True, 1e-9, 600.0, "a GRe trajectory's environment reset (and made, without gre_start_s)"),
     "gre_start_s": (True, 1e-9, 600.0, "a GRe slot's environment made, its worker started and closed"),
     "lore_transition_s": (True, 1e-9, 600.0, "a LoRe child created: restore, step, snapshot"),
@@ -46,8 +47,11 @@ UNIT_TABLE = {
 }
 #: Per-environment unit costs the model needs (in ``envs.<id>``), and the global ones.
 #: ``gre_start_s`` may be absent: a table measured before GRe reused its slots counts the making of an
-#: environment in ``gre_reset_s``, per trajectory, which errs long.
-OPTIONAL_UNITS = ("gre_start_s",)
+#: environment in ``gre_reset_s``, per trajectory, which errs long; so may ``gre_parent_step_s`` (a pool in one
+#: process, CARTPOLE's, or a table that measured the main process's part inside ``gre_step_s``).
+OPTIONAL_UNITS = ("gre_start_s", "gre_parent_step_s")
+#: The units an algorithm's own network changes (``envs.<id>.algos.<algo>``: crop.workflow.calibrate.algo_costs).
+ALGO_UNITS = ("smooth_sample_s", "grad_sample_s", "gre_step_s", "gre_parent_step_s")
 UNITS = tuple(name for name, row in UNIT_TABLE.items() if row[0] and name not in OPTIONAL_UNITS)
 GLOBAL_UNITS = tuple(name for name, row in UNIT_TABLE.items() if not row[0])
 
@@ -78,6 +82,8 @@ def _env(units, device: str, env, where: str) -> None:
     for name in units:
         if name in OPTIONAL_UNITS:
             _number(units[name], f"{key}.{name}", where)
+        elif name == "algos":
+            _algos(units[name], f"{key}.algos", where)
         elif name not in UNITS and name != "gre_single_process":
             raise CostError(f"{where}: {key}.{name} is not a unit cost (known: {', '.join(UNITS)}); {again}")
     for name in UNITS:
@@ -87,6 +93,20 @@ def _env(units, device: str, env, where: str) -> None:
     if not isinstance(units.get("gre_single_process", False), bool):
         raise CostError(f"{where}: {key}.gre_single_process = {units['gre_single_process']!r:.40} is not true or "
                         "false")
+
+
+def _algos(algos, key: str, where: str) -> None:
+    """``envs.<id>.algos``: per algorithm, a table of some of :data:`ALGO_UNITS`."""
+    if not isinstance(algos, dict):
+        raise CostError(f"{where}: {key} is {type(algos).__name__}, not a table of unit costs per algorithm")
+    for algo, units in algos.items():
+        if not isinstance(units, dict):
+            raise CostError(f"{where}: {key}.{algo} is {type(units).__name__}, not a table of unit costs")
+        for name, value in units.items():
+            if name not in ALGO_UNITS:
+                raise CostError(f"{where}: {key}.{algo}.{name} is not a unit an algorithm's network changes "
+                                f"(known: {', '.join(ALGO_UNITS)})")
+            _number(value, f"{key}.{algo}.{name}", where)
 
 
 def check_table(table, device: str, where: str) -> None:
@@ -188,17 +208,27 @@ class Units:
     device.  ``u(name)`` is a unit; a missing one (in a checked table: an environment it has no units for) is
     an error naming the calibration that gives it, never a silent 0."""
 
-    def __init__(self, table: dict, env: str | None, device: str):
+    def __init__(self, table: dict, env: str | None, device: str, algo: str | None = None):
         self.table, self.env, self.device = table, env, device
+        self.algo = algo.split("@", 1)[0] if algo else None   # a run folder's ALGO@TARGET: its algorithm
 
     @property
     def env_units(self) -> dict:
         """The environment's own entries of the table (a unit it may leave out, ``gre_single_process``)."""
         return self.table.get("envs", {}).get(self.env, {})
 
+    def has(self, name: str) -> bool:
+        """Whether the table gives ``name`` for this job (an optional unit may be absent)."""
+        return name in self.env_units or name in self.algo_units
+
+    @property
+    def algo_units(self) -> dict:
+        """The units the job's algorithm's own network changes (CARRL, NoisyNet), else none."""
+        return (self.env_units.get("algos") or {}).get(self.algo) or {}
+
     def __call__(self, name: str) -> float:
         glob = name in GLOBAL_UNITS
-        value = self.table.get(name) if glob else self.env_units.get(name)
+        value = self.table.get(name) if glob else self.algo_units.get(name, self.env_units.get(name))
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 \
                 or not math.isfinite(value):
             what = name + ("" if glob else f" of {self.env}")

@@ -54,9 +54,9 @@ def env_device(cfg: dict, env: str) -> str:
 
 def cpu_device(cfg: dict, env: str) -> str:
     """The job's CPU cores whatever the device configured (GRe): its time is stepping m environments (Atari,
-    highway: a millisecond and more per step and core), beside which the batched forward is small even on a
-    core (docs/speed.md), so a GPU would idle through nearly all of such a job while the stages that need it
-    wait."""
+    highway: a millisecond and more per step and core) and, in its main process, the noise and the batched
+    forward (on Atari about as long: :func:`gre_seconds`), so a GPU would idle through most of such a job while
+    the stages that need it wait, and its results stay the CPU's."""
     return "cpu"
 
 
@@ -101,17 +101,21 @@ def loact_seconds(cfg: dict, job, u) -> tuple[float, str]:
 
 
 def gre_seconds(cfg: dict, job, u) -> tuple[float, str]:
-    """GRe (Algorithm 2): (slots × ``gre_start_s`` + m × (``gre_reset_s`` + H × ``gre_step_s``)) / workers, the
-    pool path per core: an environment made per slot of a block, reset per trajectory; one process where the
-    table says so (CartPole).  A table without ``gre_start_s`` measured the making in ``gre_reset_s``, per
-    trajectory, so it errs long."""
+    """GRe (Algorithm 2): slots × ``gre_start_s`` + m × ``gre_reset_s`` spread over the job's workers, and the
+    m × H trajectory steps of the lockstep loop, each a worker's ``gre_step_s`` (which the workers divide) and the
+    main process's ``gre_parent_step_s`` (noise, forward, lockstep: one process, which they do not): per step
+    the larger of the main process's part and the whole over the job's threads.  One process where the table says
+    so (CartPole: all of it ``gre_step_s``).  A table without ``gre_start_s`` measured the making in
+    ``gre_reset_s``, per trajectory, so it errs long."""
     g = cfg["environments"][job.env]["gre"]
     workers = 1 if u.env_units.get("gre_single_process") else job.threads
     start = 0.0
-    if "gre_start_s" in u.env_units:
+    if u.has("gre_start_s"):
         from crop.envs import env_spec  # gymnasium, not torch
         start = env_spec(job.env).gre_block(g["m"], g.get("batch")) * u("gre_start_s")   # one per slot
-    return (start + g["m"] * (u("gre_reset_s") + g["horizon"] * u("gre_step_s"))) / workers, ""
+    parent = u("gre_parent_step_s") if u.has("gre_parent_step_s") else 0.0
+    step = max(parent, (parent + u("gre_step_s")) / workers)
+    return (start + g["m"] * u("gre_reset_s")) / workers + g["m"] * g["horizon"] * step, ""
 
 
 def gre_memory(cfg: dict, job, u) -> int:

@@ -11,8 +11,10 @@ names of :mod:`crop.workflow.layout`, the ``crop`` subcommands with their ``--ou
 (:mod:`crop.report.captions`) and the rules/flags table of
 docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler
 (the function of :data:`crop.__main__.HANDLERS` its subcommand runs), its cost function and its algorithm
-module.  No torch and no environments: the Snakefile and ``crop --help`` import it (a row names its cost,
-memory and device functions as ``module:function``, imported when a job is priced).
+module (and, for a stage on one thread, its rule in the SLURM profile's ``groups``, where the plan prices it as
+grouped: :func:`crop.workflow.cost.stage_group`).  No torch and no environments: the Snakefile and ``crop
+--help`` import it (a row names its cost, memory and device functions as ``module:function``, imported when a
+job is priced).
 
 A stage's settings are ``option: config key``, where ``/key`` is a top-level key and ``block.key`` a key of
 an environment's block; the option's type, bounds, default and help are the config schema's node of that key
@@ -82,6 +84,9 @@ class StageRow:
     caption: str | None = None      # what the report's captions quote of its settings (:func:`caption`)
     discrete: str | None = None     # why it needs a finite set of actions: a continuous-action agent's runs
     #                                 (target action, crop.workflow.layout.run_stages) do not have it
+    parallel: bool = False          # its job spreads its work over the config's ``threads`` (worker processes)
+    #                                 and asks for them; any other stage's job runs on one thread and asks for one
+    saves: bool = False             # its job saves its finished work as it goes and on SIGTERM (GRe's blocks)
 
     def __post_init__(self):
         for name in ("cost", "memory", "device"):
@@ -93,6 +98,12 @@ class StageRow:
     @property
     def rule(self) -> str:
         return self.command.replace("-", "_")
+
+    @property
+    def resumable(self) -> bool:
+        """Whether its job saves its state (as it goes, or every ``--checkpoint-every`` seconds, and on SIGTERM)
+        and a rerun resumes from it: a job stopped at its time limit loses nothing but the wait for its retry."""
+        return self.saves or any(f.option == "checkpoint_every" for f in self.flags)
 
     @property
     def files(self) -> dict[str, str]:
@@ -185,7 +196,8 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
          "return_range": "rewards.return_range", "clip_rewards": "rewards.clip"},
         v_range=False, replicate=False, cost=_cost("gre_seconds"), memory=_cost("gre_memory"),
         device=_cost("cpu_device"),
-        flags=(Flag("workers", _POS_INT, "processes stepping the environments (default: --threads)"),),
+        flags=(Flag("workers", _POS_INT, "processes stepping the environments (default: --threads)"),), parallel=True,
+        saves=True,
         caption="m = {m} randomized trajectories of H = {horizon} steps, γ = {gamma}, ε/σ ∈ {{{eps_factors:eps}}}"),
     StageRow(
         "lore", "LoRe: absolute lower bound of the return by adaptive tree search (Algorithm 3, Theorem 4)",
