@@ -185,7 +185,7 @@ def test_a_job_predicted_over_the_budget_is_not_started(results, tmp_path):
     rr = rep["rerun"]
     job = next(j for j in rr["jobs"] if j["stage"] == "attack_global")
     assert job["result"] == "not_run" and "over the re-run budget of 1 min" in job["note"]
-    assert job["predicted_s"] > 60 and job["note"].startswith(f"predicted {job['predicted_s'] / 60:.1f} min")
+    assert job["predicted_s"] > 60 and job["note"].startswith(f"predicted {job['predicted_s'] / 60:.3g} min for ")
     assert rr["budget_min"] == 1 and all(j["predicted_s"] is not None for j in rr["jobs"])
     assert (rr["identical"], rr["not_run"]) == (2, 1) and rep["verdict"] != "PASS"
     md = (tmp_path / "a" / "audit.md").read_text()
