@@ -3,6 +3,7 @@ config schema's checks use them; the implementations key their tables by them).
 
 * ``BOUND_NAMES``: the confidence bounds of the smoothed Q-values, :data:`crop.smoothing.smoothed.BOUNDS`
   (implemented in :mod:`crop.smoothing.stats`).
+* ``CONTINUOUS_BOUND``: the bound a continuous agent's LoAct records (percentile smoothing).
 * ``ALPHA_MODES``: how α is spent over states, :func:`crop.smoothing.stats.loact_state_alpha` and
   :func:`crop.smoothing.stats.lore_state_alpha`.
 * ``DEVICES``: where networks run, :func:`crop.smoothing.engine.resolve_device`.
@@ -20,14 +21,17 @@ import copy
 import functools
 from importlib import resources
 
-__all__ = ["BOUND_NAMES", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "ACTION_TARGET", "MAX_PARAMETERS",
-           "smoothing_targets", "AUTO_TARGET", "NETWORK_NAMES", "network_name", "schema_default"]
+__all__ = ["BOUND_NAMES", "CONTINUOUS_BOUND", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "ACTION_TARGET",
+           "MAX_PARAMETERS", "smoothing_targets", "AUTO_TARGET", "NETWORK_NAMES", "network_name", "schema_default"]
 
 #: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.agents.checkpoints
 #: MAX_MEMBER_BYTES), so no accepted file can fill a larger network.
 MAX_PARAMETERS = (1 << 30) // 4
 
 BOUND_NAMES = ("hoeffding", "empirical_bernstein", "betting", "clopper_pearson")
+#: The bound a continuous agent's LoAct records (``bound``): percentiles of the action by exact binomial order
+#: statistics (:mod:`crop.certify.percentile`), no bound of BOUND_NAMES to choose.
+CONTINUOUS_BOUND = "exact binomial order statistics"
 
 #: ``state``: every smoothed state's certificate holds with prob ≥ 1 − α (the paper; joint statements over
 #: N states hold with prob ≥ 1 − N·α by the union bound).  ``family``: α is split so a whole LoAct episode

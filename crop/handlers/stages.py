@@ -15,7 +15,7 @@ from pathlib import Path
 from crop import columns as cols
 from crop.handlers.auto_target import pilot_flags, pilot_settings, predicted_text, resolve_auto
 from crop.io import InputError, write_frames
-from crop.names import AUTO_TARGET
+from crop.names import AUTO_TARGET, CONTINUOUS_BOUND
 from crop.workflow.stage_table import STAGES
 
 __all__ = ["StageRun", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global"]
@@ -234,10 +234,6 @@ def cmd_loact(args) -> None:
     print(f"LoAct {args.env}/{args.algo} σ={args.sigma} target {st.target}: {steps['certified'].mean():.1%} of "
           f"{len(steps)} steps certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
           f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
-
-
-#: The confidence bound of a continuous agent's LoAct, as its results record it (``bound``).
-CONTINUOUS_BOUND = "exact binomial order statistics"
 
 
 def _loact_continuous(st: StageRun, args) -> None:

@@ -256,15 +256,20 @@ def _settings_problems(run_dir: Path) -> list[dict]:
     would give, :func:`crop.report.rerun._checked_settings`; a key no node names is the re-run's concern only):
     a value the workflow could not have written is evidence the record was edited, an integrity problem whether
     or not its job is drawn for a re-run."""
+    from crop.names import ACTION_TARGET, CONTINUOUS_BOUND
     from crop.report.rerun import _record, _record_name, _schema_line
+    from crop.workflow.layout import split_run_algo
     from crop.workflow.stage_table import STAGES
 
+    action = split_run_algo(Path(run_dir).parent.name)[1] == ACTION_TARGET
     problems = []
     for row in STAGES.values():
         rec = _record(Path(run_dir), row)
         if rec is None or not isinstance(rec.get("settings"), dict):
             continue
-        values = {k: v for k, v in rec["settings"].items() if v is not None}
+        # a continuous agent's LoAct records the bound it used, which no --bound chooses
+        values = {k: v for k, v in rec["settings"].items()
+                  if v is not None and not (action and k == "bound" and v == CONTINUOUS_BOUND)}
         line = _schema_line(values, row, f"{_record_name(row)} settings", whole=False)
         if line:
             problems.append({"file": str(Path(run_dir) / _record_name(row)),

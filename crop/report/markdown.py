@@ -60,7 +60,8 @@ def pipe_table(rows, columns=None, *, floatfmt: str = ".6g", colalign=None, limi
     df = df.rename(columns=md_text)   # every name and text cell escaped: a received one is no markup
     for c in df.columns:
         if not pd.api.types.is_numeric_dtype(df[c]):   # object or string cells (bools are numeric)
-            df[c] = [v if v is None or isinstance(v, (bool, int, float, complex)) else md_text(v) for v in df[c]]
+            df[c] = pd.Series([v if v is None or isinstance(v, (bool, int, float, complex)) else md_text(v)
+                               for v in df[c]], index=df.index, dtype=object)   # a None stays None: "—"
     more = ""
     if limit is not None and len(df) > limit:
         more = f"\n\n… and {len(df) - limit} more rows ({rest})."
