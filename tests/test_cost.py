@@ -573,7 +573,8 @@ def test_plan_imports_no_torch(tmp_path):
 
 
 @pytest.mark.parametrize("env, units_of", [("Acrobot-v1", "CartPole-v0"), ("CartPole-v1", "CartPole-v0"),
-                                           ("BreakoutNoFrameskip-v4", "PongNoFrameskip-v4")])
+                                           ("BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"),
+                                           ("merge-v0", "highway-fast-v0")])
 def test_an_environment_without_units_borrows_its_family_s_and_says_so(env, units_of, tmp_path, capsys):
     """`crop certify --budget paper`'s config of an environment the table has no units of is priced with its
     family's units, and the plan names them and the calibration that measures the environment's own."""
