@@ -25,6 +25,7 @@ from synthetic_results import (
     audit_cli,
     make_results,
     rewrite_csv,
+    rewrite_loact,
     tiny_checkpoint,
     tiny_real_run,
     write_reference,
@@ -835,6 +836,34 @@ def test_yaml_aliases_cannot_blow_up_and_errors_are_capped(tmp_path):
     long = str(ConfigError("x" * 10 ** 6))
     assert len(long) <= MESSAGE_LIMIT and "1,000,000 characters" in long
     assert len(str(ReferenceError("y\n" * 10 ** 5))) <= MESSAGE_LIMIT
+
+
+def test_nothing_tested_after_the_attacks_names_what_would_test_never_the_attacks(pristine, tmp_path):
+    """Attacks that ran but tested nothing (one global episode per ε, every LoRe and LoAct bound vacuous): the
+    audit's advice names more episodes and tighter bounds, never to run the attacks the run holds."""
+    root = tmp_path / "results"
+    shutil.copytree(pristine, root)
+    d = _run(root)
+    ag = pd.read_csv(d / RUN_FILES["attack_global"])
+    rewrite_csv(d / RUN_FILES["attack_global"], ag[ag["episode"] == 0])
+    lore = pd.read_csv(d / RUN_FILES["lore"])
+    rewrite_csv(d / RUN_FILES["lore"], lore.assign(lower_bound=-1e6))
+    steps = pd.read_csv(d / RUN_FILES["loact"])
+    rewrite_loact(d, steps.assign(certified=False, radius=0.0), 0.1)
+    for other in [r for r in root.glob("*/*/sigma-*") if r != d]:
+        shutil.rmtree(other)
+    rep = audit(root, root / "audit")
+    assert rep["statuses"]["ok"] == rep["statuses"]["suspicious"] == 0 and rep["verdict"] == "WARN"
+    first = (root / "audit" / "audit.md").read_text().split("\n\n")[1]
+    assert first.startswith("**Not decided: nothing was tested.**") and "run the attacks" not in first
+    need = max(int(i["testable_with"].rsplit(" ", 1)[1]) for i in rep["untestable_list"])
+    assert f"attack.global_episodes ≥ {need}" in first and first.count("attack.global_episodes ≥") == 1
+    assert "lore.m" in first and "attack.local_eps_factors" in first
+    # without its global attack the run is advised to run it
+    for f in d.glob("attack_global*"):
+        f.unlink()
+    audit(root, root / "audit2")
+    assert "run the attacks" in (root / "audit2" / "audit.md").read_text().split("\n\n")[1]
 
 
 def test_nothing_tested_is_not_pass_and_vote_runs_are_complete(pristine, tmp_path):

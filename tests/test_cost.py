@@ -570,3 +570,36 @@ def test_plan_imports_no_torch(tmp_path):
                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["total"]["jobs"] == 1328
+
+
+@pytest.mark.parametrize("env, units_of", [("Acrobot-v1", "CartPole-v0"), ("CartPole-v1", "CartPole-v0"),
+                                           ("BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"),
+                                           ("merge-v0", "highway-fast-v0")])
+def test_an_environment_without_units_borrows_its_family_s_and_says_so(env, units_of, tmp_path, capsys):
+    """`crop certify --budget paper`'s config of an environment the table has no units of is priced with its
+    family's units, and the plan names them and the calibration that measures the environment's own."""
+    from crop.workflow.certify_config import budget_sizes, certify_config
+
+    sizes, sigmas = budget_sizes("paper", env)
+    cfg = certify_config(env, ("Mine", tmp_path / "p.zip"), tmp_path / "out", sizes, sigmas,
+                         {"range": [-1, 0]}, False)
+    path = tmp_path / "certify.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    main(["plan", "--configfile", str(path), "--cores", "4", "--gpus", "0", "--json"])
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    assert result["total"]["cpu_hours"] > 0 and all(j["minutes"] > 0 for j in result["jobs"])
+    assert result["borrowed_units"] == [{"env": env, "device": "cpu", "units_of": units_of,
+                                         "note": cost.borrowed_note(env, "cpu", units_of)}]
+    assert f"units of {units_of} (no calibration of {env}" in out.err
+    assert f"crop calibrate --device cpu --env {env}" in out.err
+    # its own units, once calibrated, price it and nothing is borrowed
+    table = cost.shipped_table("cpu")
+    table["envs"][env] = {k: v * 2 for k, v in table["envs"][units_of].items()
+                         if not isinstance(v, (bool, dict))}
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({"cpu": table}))
+    main(["plan", "--configfile", str(path), "--cores", "4", "--gpus", "0", "--json", "--calibration",
+          str(calibration)])
+    own = json.loads(capsys.readouterr().out)
+    assert "borrowed_units" not in own and own["total"]["cpu_hours"] > result["total"]["cpu_hours"]

@@ -3,6 +3,8 @@
 verdicts (:func:`verdict_line`, which ``crop audit`` prints)."""
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from crop.report.clips import clip_text
@@ -75,11 +77,12 @@ def plain_verdict(rep: dict) -> str:
                                                         else "")
     expected = _expected_text(rep)
     if not tested:
-        return ("**Not decided: nothing was tested.** No check could have caught a broken certificate (no attack "
-                "to check a bound against, or every bound vacuous); to decide, run the attacks (local and global "
-                "PGD) beside the certificates." + vac + (" " + expected if expected else ""))
+        why = ("no attack to check a bound against" if _attacks_lacking(rep) or not rep["checks"] else
+               "the attacks ran, but every bound they test is vacuous or their episodes too few to reach significance")
+        return (f"**Not decided: nothing was tested.** No check could have caught a broken certificate ({why}); to "
+                "decide: " + "; ".join(_advice(rep)) + "." + vac + (" " + expected if expected else ""))
     if rep["verdict"] == "WARN":
-        fixes = sorted({md_text(i.get("testable_with") or "") for i in rep["untestable_list"]} - {""})
+        fixes = _untestable_fixes(rep)
         text = "**Not decided**: " + (expected + " " if expected else "")
         if st_["untestable"]:
             text += (f"{st_['untestable']} check(s) could not fail"
@@ -94,6 +97,43 @@ def plain_verdict(rep: dict) -> str:
     return (f"**Sound as far as tested**: {tested} checks could have caught a broken certificate and none did "
             f"({alone} on their own, {tested - alone} only as part of a count over runs, which catches a fault "
             "shared by the runs)." + sus + vac)
+
+
+#: What would make a vacuous check's bound claim something, by the stage whose bound it tests.
+_VACUOUS_FIX = {"gre": "GRe bounds above J_min (smaller ε in gre.eps_factors, or more trajectories: gre.m)",
+                "lore": "LoRe bounds above J_min (smaller ε, or more noise samples: lore.m)",
+                "loact": "steps LoAct certifies beyond the attacked ε (smaller ε in attack.local_eps_factors, or "
+                         "more noise samples: loact.m)"}
+_ATTACKS = ("attack_local", "attack_global")
+
+
+def _attacks_lacking(rep: dict) -> list[dict]:
+    """The partial runs without an attack stage."""
+    return [p for p in rep.get("partial_runs") or [] if set(_ATTACKS) & set(p["absent"])]
+
+
+def _untestable_fixes(rep: dict) -> list[str]:
+    """The untestable checks' ``testable_with``, once each; of the ``KEY ≥ N`` among them the largest N only."""
+    fixes = {md_text(i.get("testable_with") or "") for i in rep["untestable_list"]} - {""}
+    least: dict = {}
+    for f in fixes:
+        if (m := re.fullmatch(r"(\S+) ≥ (\d+)", f)):
+            least[m[1]] = max(least.get(m[1], 0), int(m[2]))
+    return sorted({f for f in fixes if not re.fullmatch(r"\S+ ≥ \d+", f)} | {f"{k} ≥ {n}" for k, n in least.items()})
+
+
+def _advice(rep: dict) -> list[str]:
+    """What would make the audit's checks testable, from what its runs hold: the attacks where a run lacks
+    them, each untestable check's ``testable_with`` (more episodes, a tighter bound), and for each vacuous
+    bound what would make it claim something — never a stage every run already holds."""
+    lacking = _attacks_lacking(rep)
+    fixes = [f"run the attacks (local and global PGD) in the {len(lacking)} run(s) that lack them "
+             f"(first: {md_text(lacking[0]['run'])})"] if lacking else []
+    fixes += _untestable_fixes(rep)
+    fixes += sorted({_VACUOUS_FIX[i["check"].split("_")[0]] for i in rep.get("vacuous_list") or []
+                     if i["check"].split("_")[0] in _VACUOUS_FIX})
+    return fixes or ["run the attacks (local and global PGD) beside the certificates" if not rep["checks"] else
+                     "more attacked episodes (attack.global_episodes, attack.local_episodes)"]
 
 
 def _expected_text(rep: dict) -> str:

@@ -54,6 +54,8 @@ def cmd_plan(args) -> None:
         raise InputError(str(exc)) from None
     for dev, src in extra["sources"].items():
         print(f"unit costs ({dev}): {src}", file=sys.stderr)
+    for b in result.get("borrowed_units", []):
+        print(f"borrowed unit costs: {b['note']}", file=sys.stderr)
     for j in extra["over_cap"]:
         where = "/".join(str(x) for x in (j.env, j.algo, j.sigma) if x is not None)
         print(f"over slurm.max_runtime = {extra['cap']} min: {j.rule} {where} is predicted {j.minutes:.0f} min "

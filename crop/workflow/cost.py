@@ -58,7 +58,7 @@ __all__ = ["CostError", "Job", "unit_costs", "calibration_path", "jobs", "predic
            "runtime_minutes", "HEADROOM", "HEADROOM_MIN", "plan", "UNITS", "price", "job_resources", "JobResources",
            "makespan", "slurm_caps", "shipped_table", "GLOBAL_UNITS", "MAX_RUNTIME", "MAX_MEM_MB",
            "stage_device", "stage_gpus", "job_priority", "stage_threads", "stage_group", "job_kind",
-           "RESUMABLE_HEADROOM", "RESUMABLE_MIN", "GROUPED_HEADROOM", "requested"]
+           "RESUMABLE_HEADROOM", "RESUMABLE_MIN", "GROUPED_HEADROOM", "requested", "borrowed_note"]
 
 #: A job asks SLURM for HEADROOM × its prediction + HEADROOM_MIN minutes where it must finish in one allocation
 #: (a fetch, an aggregate, a stage that cannot resume): the model aims at 0.5–2× of a job's measured time
@@ -100,6 +100,7 @@ class Job:
     mem_mb: int = 1000
     needs: list = field(default_factory=list)   # indices of the jobs it waits for
     note: str = ""
+    borrowed: str | None = None   # the environment whose units priced it, where its own has none (Units.borrowed)
 
     @property
     def wildcards(self) -> dict:
@@ -281,6 +282,7 @@ def price(cfg: dict, job: Job, table: dict) -> Job:
     a stage's from its row's memory and cost function, beside the start every job pays; :class:`CostError`
     naming what to calibrate or set when it cannot."""
     u = Units(table, job.env, job.device, job.algo)
+    job.borrowed = u.borrowed
     start = job.start_s = u("start_s")
     job.mem_mb = STAGE_MEM_MB
     if job.rule == "checkpoint":
@@ -437,16 +439,25 @@ def requested(cfg: dict, plan_jobs: list[Job]) -> dict:
             "gpu_hours": sum(m * g for m, _, g in allocations.values()) / 60, "allocations": len(allocations)}
 
 
+def borrowed_note(env: str, device: str, units_of: str) -> str:
+    """The line saying a price is borrowed: whose units, and what measures the environment's own."""
+    return (f"{env} ({device}): units of {units_of} (no calibration of {env}; `crop calibrate --device {device} "
+            f"--env {env}` measures its own)")
+
+
 def plan(cfg: dict, cores: int, gpus: int, nodes: int = 1, calibration: str | Path | None = None) -> dict:
     """The plan of ``crop plan --json``: every job's rule, wildcards, device and minutes, the totals in CPU-
     and GPU-hours (a job's threads × its hours; its GPUs × its hours), what SLURM is asked for
     (:func:`requested`: ``requested_cpu_hours``, ``requested_gpu_hours``, ``allocations``) and the makespan on the
     machines; with the tables used and the jobs whose wall-time or memory the caps cut (:func:`slurm_caps`)
-    beside."""
+    beside.  A job priced with another environment's units (:func:`~crop.workflow.cost_units.lender`) is
+    named in ``borrowed_units``, a key present only then."""
     out, sources = predict(cfg, gpus, calibration)
     cap, mem_cap = slurm_caps(cfg)
     asked = requested(cfg, out)
-    return {
+    borrowed = [{"env": env, "device": dev, "units_of": of, "note": borrowed_note(env, dev, of)}
+                for env, dev, of in dict.fromkeys((j.env, j.device, j.borrowed) for j in out if j.borrowed)]
+    result = {
         "jobs": [{"rule": j.rule, "env": j.env, "algo": j.algo, "sigma": j.sigma, "device": j.device,
                   "minutes": round(j.minutes, 3)} for j in out],
         "total": {"cpu_hours": round(sum(j.threads * j.seconds for j in out) / 3600, 3),
@@ -455,5 +466,7 @@ def plan(cfg: dict, cores: int, gpus: int, nodes: int = 1, calibration: str | Pa
                   "requested_gpu_hours": round(asked["gpu_hours"], 3),
                   "allocations": asked["allocations"], "jobs": len(out)},
         "makespan_hours": round(makespan(out, cores, gpus, nodes) / 3600, 3),
-    }, {"sources": sources, "over_cap": [j for j in out if _over(j.seconds, cap)], "cap": cap,
+        **({"borrowed_units": borrowed} if borrowed else {}),
+    }
+    return result, {"sources": sources, "over_cap": [j for j in out if _over(j.seconds, cap)], "cap": cap,
         "over_mem": [j for j in out if j.mem_mb > mem_cap], "mem_cap": mem_cap, "jobs": out}

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 __all__ = ["CostError", "Units", "UNIT_TABLE", "UNITS", "OPTIONAL_UNITS", "ALGO_UNITS", "GLOBAL_UNITS", "DEVICES",
-           "check_tables", "check_table", "calibration_path", "shipped_table", "unit_costs"]
+           "check_tables", "check_table", "calibration_path", "shipped_table", "unit_costs", "LENDERS", "lender"]
 
 
 class CostError(ValueError):
@@ -203,19 +203,49 @@ def unit_costs(device: str, calibration: str | Path | None = None) -> tuple[dict
     return t, f"the shipped {device} table (crop/workflow/costs/{device}.json: {t['source']}, {t['measured']})"
 
 
+#: Whose units price an environment the table has none of, by its family (crop.envs.env_family): the first of
+#: these the table holds.  A borrowed price is a guess (``crop plan`` says so); ``crop calibrate --env ID``
+#: measures the environment's own.  The paper's four environments never borrow: their units are shipped.
+LENDERS = {"atari": ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4"), "highway": ("highway-fast-v0",),
+           "vector": ("CartPole-v0",)}
+
+
+def lender(table: dict, env: str | None) -> str | None:
+    """The environment whose units price ``env``: ``env`` itself where the table holds it (or for a global
+    job, env None), else the first of its family's :data:`LENDERS` the table holds, else ``env`` (whose
+    missing units :class:`Units` names)."""
+    envs = table.get("envs", {})
+    if env is None or env in envs:
+        return env
+    from crop.envs import UnknownEnvError, env_family  # gymnasium, not torch
+
+    try:
+        family = env_family(env)
+    except UnknownEnvError:
+        return env
+    return next((e for e in LENDERS.get(family, ()) if e in envs), env)
+
+
 class Units:
     """The unit costs one job is priced from: a table (:func:`unit_costs`) read for the job's environment and
-    device.  ``u(name)`` is a unit; a missing one (in a checked table: an environment it has no units for) is
-    an error naming the calibration that gives it, never a silent 0."""
+    device, or of the environment it borrows them from (:func:`lender`: ``borrowed``).  ``u(name)`` is a unit; a
+    missing one (in a checked table: an environment it has no units for) is an error naming the calibration
+    that gives it, never a silent 0."""
 
     def __init__(self, table: dict, env: str | None, device: str, algo: str | None = None):
         self.table, self.env, self.device = table, env, device
+        self.units_of = lender(table, env)
         self.algo = algo.split("@", 1)[0] if algo else None   # a run folder's ALGO@TARGET: its algorithm
 
     @property
     def env_units(self) -> dict:
         """The environment's own entries of the table (a unit it may leave out, ``gre_single_process``)."""
-        return self.table.get("envs", {}).get(self.env, {})
+        return self.table.get("envs", {}).get(self.units_of, {})
+
+    @property
+    def borrowed(self) -> str | None:
+        """The environment whose units price this one's job where it has none of its own, else None."""
+        return self.units_of if self.units_of != self.env else None
 
     def has(self, name: str) -> bool:
         """Whether the table gives ``name`` for this job (an optional unit may be absent)."""
