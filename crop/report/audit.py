@@ -261,7 +261,8 @@ def _settings_problems(run_dir: Path) -> list[dict]:
     from crop.workflow.layout import split_run_algo
     from crop.workflow.stage_table import STAGES
 
-    action = split_run_algo(Path(run_dir).parent.name)[1] == ACTION_TARGET
+    # ENV/ALGO@TARGET/sigma-S, or a replicate's ENV/ALGO@TARGET/sigma-S/rep-K
+    action = any(split_run_algo(part)[1] == ACTION_TARGET for part in Path(run_dir).parts[-3:])
     problems = []
     for row in STAGES.values():
         rec = _record(Path(run_dir), row)
