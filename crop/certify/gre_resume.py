@@ -19,7 +19,6 @@ import io
 import json
 import math
 import os
-import stat
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from crop.certify.lore_resume import _net_digest, key_of
-from crop.io import count_value
+from crop.io import count_value, open_state_file
 
 __all__ = ["GReResume", "RESUME_FORMAT", "resume_key", "save", "load"]
 
@@ -115,14 +114,9 @@ def _read_npy(z: zipfile.ZipFile, name: str, dtype, shape) -> np.ndarray:
 
 
 def _contents(path: Path, cap: int) -> bytes:
-    """The bytes of ``path`` if it is a regular file (not a symlink) of at most ``cap`` bytes."""
-    st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError("not a regular file (a symlink, folder or device)")
-    if st.st_size > cap:
-        raise ValueError(f"{st.st_size} bytes, more than a file of this run's returns takes ({cap})")
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
+    """The bytes of ``path`` if it is a regular file (no symlink, device or FIFO) of at most ``cap`` bytes
+    (:func:`crop.io.open_state_file`, checked on the file opened), never more than ``cap`` read."""
+    with open_state_file(path, cap) as f:
         data = f.read(cap + 1)
     if len(data) > cap:
         raise ValueError(f"more than {cap} bytes")
