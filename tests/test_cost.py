@@ -501,6 +501,50 @@ def test_an_algorithm_s_own_network_prices_its_jobs_only():
     assert cost.price(cfg, other, table).seconds == pytest.approx(plain)
 
 
+def test_the_attacks_runs_share_each_gradient_call():
+    """The attacks step their runs in lockstep, one gradient call per PGD step over runs × samples: with
+    ``grad_call_s`` the call's cost is paid once per step whatever the runs (so twice the episodes cost less than
+    twice), and a table without it prices every sample at ``grad_sample_s``, the call inside it."""
+    from crop.workflow.cost_units import Units
+    from crop.workflow.stage_costs import attack_global_seconds
+
+    cfg = copy.deepcopy(load_config(QUICK))
+    table = copy.deepcopy(cost.shipped_table("cpu"))
+    units = table["envs"]["CartPole-v0"]
+    units.pop("algos", None)
+    job = cost.Job("attack_global", "CartPole-v0", "StdTrain", "0.01")
+
+    def seconds(episodes):
+        cfg["environments"]["CartPole-v0"]["attack"]["global_episodes"] = episodes
+        return attack_global_seconds(cfg, job, Units(table, "CartPole-v0", "cpu"))[0]
+
+    units["grad_call_s"] = 1000 * units["grad_sample_s"]
+    one, two = seconds(1), seconds(2)
+    a = cfg["environments"]["CartPole-v0"]["attack"]
+    calls = cfg["environments"]["CartPole-v0"]["gre"]["horizon"] * (a["pgd_steps"] + 1)
+    assert two - one == pytest.approx(one - calls * units["grad_call_s"])   # the call paid once per step
+    del units["grad_call_s"]
+    assert seconds(2) == pytest.approx(2 * seconds(1))
+
+
+def test_a_gradient_s_units_are_a_call_and_a_sample():
+    import numpy as np
+    import torch
+
+    from crop.workflow.calibrate import grad_costs
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    units = grad_costs(net, np.zeros(4, dtype=np.float32), "cpu", image=False)
+    assert set(units) == {"grad_sample_s", "grad_call_s"}
+    assert units["grad_sample_s"] > 0 and units["grad_call_s"] >= 0
+    table = copy.deepcopy(cost.shipped_table("cpu"))
+    table["envs"]["CartPole-v0"]["grad_call_s"] = -1.0
+    from crop.workflow.cost_units import check_table
+
+    with pytest.raises(cost.CostError, match="grad_call_s"):
+        check_table(table, "cpu", "calibration.json")
+
+
 @pytest.mark.slow
 def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
     path = tmp_path / "calibration.json"
@@ -511,6 +555,7 @@ def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
         assert table[unit] > 0
     for unit in (*cost.UNITS, "gre_start_s"):   # gre_start_s: optional in a table, written by every calibration
         assert table["envs"]["CartPole-v0"][unit] > 0, unit
+    assert table["envs"]["CartPole-v0"]["grad_call_s"] >= 0
     assert "load" in table["machine"]
     carrl = table["envs"]["CartPole-v0"]["algos"]["CARRL"]   # its bound per sample: tens of plain forwards
     assert carrl["smooth_sample_s"] > 5 * table["envs"]["CartPole-v0"]["smooth_sample_s"]

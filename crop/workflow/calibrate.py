@@ -29,7 +29,7 @@ import numpy as np
 
 from crop.workflow.cost_units import GLOBAL_UNITS, calibration_path, check_table, check_tables, shipped_table
 
-__all__ = ["calibrate", "machine", "PAPER_ENVS", "cpu_seconds", "algo_costs", "ALGO_NETS"]
+__all__ = ["calibrate", "machine", "PAPER_ENVS", "cpu_seconds", "algo_costs", "grad_costs", "ALGO_NETS"]
 
 PAPER_ENVS = ("CartPole-v0", "highway-fast-v0", "PongNoFrameskip-v4", "FreewayNoFrameskip-v4")
 
@@ -292,28 +292,41 @@ def algo_costs(env: str, spec: dict, obs, device: str, image: bool) -> dict:
 
 
 def _network_costs(net, obs, k: int, device: str, image: bool, m: int) -> dict:
-    """``smooth_sample_s`` (the smoothed step per state and noise sample, m samples) and ``grad_sample_s`` (a PGD
-    gradient per sample) of ``net``."""
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-
+    """``smooth_sample_s`` (the smoothed step per state and noise sample, m samples) and a PGD gradient's units
+    (:func:`grad_costs`) of ``net``."""
     from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 
     sm = SmoothedNetwork(net, SmoothingSettings(0.01, m, -1.0, 1.0, 0.05, chunk=1000, device=device), k)
     out = {"smooth_sample_s": _best(lambda: sm.estimate_batch(obs[None])) / m}
-    b = 32   # the global attack's batch (attack.global_n_eot): a small batch pays its call's overhead
-    x = torch.as_tensor(np.repeat(obs[None], b, 0), device=device)
-
-    def grad():
-        z = x.clone().requires_grad_(True)
-        F.cross_entropy(net(z + 0.01 * torch.randn_like(z)), torch.zeros(b, dtype=torch.long, device=device)) \
-            .backward()
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    out["grad_sample_s"] = _best(grad) / b
+    out.update(grad_costs(net, obs, device, image))
     return out
+
+
+def grad_costs(net, obs, device: str, image: bool) -> dict:
+    """A PGD gradient of ``net`` as a call's fixed cost plus a cost per sample: ``grad_call_s`` and
+    ``grad_sample_s``, from the least CPU time of batches of 32 samples (the global attack's ``n_eot`` for one
+    run) and of ``big`` samples, differenced.  The attacks step every run in lockstep, one call per PGD step over
+    runs × samples, where a price per sample measured at 32 samples a call overstates a CartPole job of 160 runs
+    about 5×."""
+    import torch
+    import torch.nn.functional as F
+
+    def per_call(b: int) -> float:
+        x = torch.as_tensor(np.repeat(obs[None], b, 0), device=device)
+
+        def grad():
+            z = x.clone().requires_grad_(True)
+            F.cross_entropy(net(z + 0.01 * torch.randn_like(z)), torch.zeros(b, dtype=torch.long, device=device)) \
+                .backward()
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        return _best(grad)
+
+    small, big = 32, 256 if image else 1024
+    t_small, t_big = per_call(small), per_call(big)
+    sample = max((t_big - t_small) / (big - small), t_big / big / 4)   # timing noise cannot make it vanish
+    return {"grad_sample_s": sample, "grad_call_s": max(t_small - small * sample, 0.0)}
 
 
 def train_costs(env: str, device: str) -> dict:

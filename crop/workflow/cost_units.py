@@ -31,6 +31,7 @@ class CostError(ValueError):
 UNIT_TABLE = {
     "smooth_sample_s": (True, 1e-10, 1.0, "one noisy state through the network when smoothing, per sample"),
     "grad_sample_s": (True, 1e-10, 1.0, "a PGD gradient through the network, per sample"),
+    "grad_call_s": (True, 0.0, 60.0, "a PGD gradient call's fixed cost, whatever its batch"),
     "env_step_s": (True, 1e-9, 60.0, "one environment step"),
     "gre_step_s": (True, 1e-9, 60.0, "one step of a GRe trajectory on one worker"),
     "gre_parent_step_s": (True, 1e-9, 60.0, "GRe's main process per trajectory step: noise, forward, lockstep"),
@@ -48,10 +49,11 @@ UNIT_TABLE = {
 #: Per-environment unit costs the model needs (in ``envs.<id>``), and the global ones.
 #: ``gre_start_s`` may be absent: a table measured before GRe reused its slots counts the making of an
 #: environment in ``gre_reset_s``, per trajectory, which errs long; so may ``gre_parent_step_s`` (a pool in one
-#: process, CARTPOLE's, or a table that measured the main process's part inside ``gre_step_s``).
-OPTIONAL_UNITS = ("gre_start_s", "gre_parent_step_s")
+#: process, CARTPOLE's, or a table that measured the main process's part inside ``gre_step_s``); so may
+#: ``grad_call_s`` (a table that measured ``grad_sample_s`` at 32 samples a call holds the call's cost in it).
+OPTIONAL_UNITS = ("gre_start_s", "gre_parent_step_s", "grad_call_s")
 #: The units an algorithm's own network changes (``envs.<id>.algos.<algo>``: crop.workflow.calibrate.algo_costs).
-ALGO_UNITS = ("smooth_sample_s", "grad_sample_s", "gre_step_s", "gre_parent_step_s")
+ALGO_UNITS = ("smooth_sample_s", "grad_sample_s", "grad_call_s", "gre_step_s", "gre_parent_step_s")
 UNITS = tuple(name for name, row in UNIT_TABLE.items() if row[0] and name not in OPTIONAL_UNITS)
 GLOBAL_UNITS = tuple(name for name, row in UNIT_TABLE.items() if not row[0])
 

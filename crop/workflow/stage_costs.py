@@ -21,7 +21,8 @@ from crop.workflow import layout
 from crop.workflow.cost_units import CostError
 
 __all__ = ["qrange_seconds", "loact_seconds", "gre_seconds", "gre_memory", "lore_seconds", "lore_memory",
-           "lore_reads", "attack_local_seconds", "attack_global_seconds", "env_device", "cpu_device", "lore_nodes",
+           "lore_reads", "attack_local_seconds", "attack_global_seconds", "grad_call", "env_device", "cpu_device",
+           "lore_nodes",
            "lore_transitions", "global_episodes", "MAX_PRICED_NODES", "STAGE_MEM_MB", "rollout_memory",
            "attack_local_memory", "attack_global_memory", "EPISODE_S", "EPISODE_MB", "ROW_MB"]
 
@@ -210,13 +211,19 @@ def lore_memory(cfg: dict, job, u) -> int:
 
 
 def attack_local_seconds(cfg: dict, job, u) -> tuple[float, str]:
-    """The local attack: runs × H × (2m × ``smooth_sample_s`` + steps × m_grad × ``grad_sample_s`` +
-    ``env_step_s``) over LoRe's horizon, LoAct's m."""
+    """The local attack, its runs in lockstep over LoRe's horizon: H × (2 × runs × m × ``smooth_sample_s`` +
+    steps × :func:`grad_call`(runs × m_grad) + runs × ``env_step_s``), at LoAct's m."""
     ec = cfg["environments"][job.env]
     a = ec["attack"]
     runs = a["local_episodes"] * len(a["local_eps_factors"])
-    step = 2 * ec["loact"]["m"] * u("smooth_sample_s") + a["pgd_steps"] * a["local_m_grad"] * u("grad_sample_s")
-    return runs * ec["lore"]["horizon"] * (step + u("env_step_s")), ""
+    step = 2 * runs * ec["loact"]["m"] * u("smooth_sample_s") + a["pgd_steps"] * grad_call(u, runs * a["local_m_grad"])
+    return ec["lore"]["horizon"] * (step + runs * u("env_step_s")), ""
+
+
+def grad_call(u, samples: int) -> float:
+    """One PGD gradient call over ``samples`` noisy states: ``grad_call_s`` (0 in a table that holds it in
+    ``grad_sample_s``) + samples × ``grad_sample_s``."""
+    return (u("grad_call_s") if u.has("grad_call_s") else 0.0) + samples * u("grad_sample_s")
 
 
 def attack_local_memory(cfg: dict, job, u) -> int:
@@ -249,10 +256,10 @@ def global_episodes(cfg: dict, env: str) -> int:
 
 
 def attack_global_seconds(cfg: dict, job, u) -> tuple[float, str]:
-    """The global attack: runs × H × ((steps + 1) × n_eot × ``grad_sample_s`` + ``env_step_s``) over GRe's
-    horizon."""
+    """The global attack, its runs in lockstep over GRe's horizon: H × ((steps + 1) × :func:`grad_call`(runs ×
+    n_eot) + runs × ``env_step_s``)."""
     ec = cfg["environments"][job.env]
     a = ec["attack"]
     runs = global_episodes(cfg, job.env) * len(a["global_eps_factors"])
-    step = (a["pgd_steps"] + 1) * a["global_n_eot"] * u("grad_sample_s")
-    return runs * ec["gre"]["horizon"] * (step + u("env_step_s")), ""
+    step = (a["pgd_steps"] + 1) * grad_call(u, runs * a["global_n_eot"])
+    return ec["gre"]["horizon"] * (step + runs * u("env_step_s")), ""
