@@ -53,7 +53,8 @@ def import_graph() -> dict[str, set[str]]:
 
 # The layers of docs/layout.md, lowest first: a module imports only from its own layer or the layers below.
 LAYERS = (
-    ("crop", "crop.names", "crop.columns", "crop.io", "crop.progress"),  # read by everything; no torch
+    # read by everything; no torch
+    ("crop", "crop.names", "crop.columns", "crop.io", "crop.progress", "crop.fingerprint"),
     ("crop.envs",),
     ("crop.models",),
     ("crop.smoothing",),

@@ -14,7 +14,6 @@ ignored with one line on stderr and sampling starts from the first trajectory.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from crop.certify.lore_resume import _net_digest, key_of
+from crop.fingerprint import code_digest, library_versions
 from crop.io import count_value, open_state_file
 
 __all__ = ["GReResume", "RESUME_FORMAT", "resume_key", "save", "load"]
@@ -35,7 +35,6 @@ __all__ = ["GReResume", "RESUME_FORMAT", "resume_key", "save", "load"]
 RESUME_FORMAT = 1
 #: What a trajectory's return depends on (paths under crop/): a change there makes older files another run's.
 _CODE = ("certify/gre.py", "certify/gre_resume.py", "envs", "models", "smoothing/engine.py", "io.py")
-_LIBRARIES = ("torch", "numpy", "gymnasium", "highway-env", "ale-py")
 #: Bytes a resume file may hold beyond its returns (zip and .npy headers, the JSON header).
 _SLACK = 1 << 16
 
@@ -49,35 +48,13 @@ class GReResume:
     j_range: tuple[float, float] | None = None
 
 
-def _code_digest() -> str:
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for part in _CODE:
-        files = sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]
-        for f in files:
-            h.update(f"{f.relative_to(root)};".encode() + f.read_bytes())
-    return h.hexdigest()
-
-
-def _library_versions() -> dict:
-    from importlib import metadata
-
-    out = {}
-    for lib in _LIBRARIES:
-        try:
-            out[lib] = metadata.version(lib)
-        except metadata.PackageNotFoundError:
-            out[lib] = None
-    return out
-
-
 def resume_key(env_id: str, profile, settings, net, device) -> dict:
     """What identifies a GRe run: a resume file written under another key is ignored.  Every field of
     ``settings`` (a field added there is in the key without a word here), ``device`` as resolved, the
     environment and profile, the network's parameters, the code's digest and the library versions; as a file
     holds it (tuples are lists)."""
     key = {"format": RESUME_FORMAT, "env_id": env_id, "profile": profile, **key_of(settings), "device": str(device),
-           "network": _net_digest(net), "code": _code_digest(), "versions": _library_versions(),
+           "network": _net_digest(net), "code": code_digest(_CODE), "versions": library_versions(),
            "python": list(sys.version_info[:2])}
     return json.loads(json.dumps(key, default=repr))
 

@@ -33,7 +33,6 @@ from a real state and is not detected (docs/reliability.md says why no signature
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -49,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from crop.fingerprint import code_digest, library_versions
 from crop.io import count_value as _count
 from crop.io import finite_value as _real
 from crop.io import open_state_file, sigterm_noted
@@ -61,7 +61,6 @@ CHECKPOINT_EVERY = 600.0
 #: The layout of the file: a file of another layout never matches, training starts afresh.
 FORMAT = 1
 _CODE = ("train", "models", "envs", "certify/attack.py")
-_LIBRARIES = ("torch", "numpy", "gymnasium", "highway-env", "ale-py")
 
 
 @dataclass(frozen=True)
@@ -89,29 +88,11 @@ class Progress:
     resumed_at: list = field(default_factory=list)  # the steps this training was resumed at
 
 
-def _code_digest() -> str:
-    """sha256 of the training code (crop/train, models, envs, the attacks and bounds its recipes use)."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for part in _CODE:
-        for f in sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]:
-            h.update(f"{f.relative_to(root)};".encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
-
-
 def training_key(run: dict) -> dict:
     """What identifies a training: ``run`` (every setting: env, profile, seed, recipe, hyper-parameters, DQN
     configuration, network, device), the file's layout, the training code's digest and the library versions."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = {}
-    for lib in _LIBRARIES:
-        try:
-            versions[lib] = version(lib)
-        except PackageNotFoundError:
-            versions[lib] = None
-    key = {"format": FORMAT, **run, "code": _code_digest(), "versions": versions, "python": list(sys.version_info[:2])}
+    key = {"format": FORMAT, **run, "code": code_digest(_CODE), "versions": library_versions(),
+           "python": list(sys.version_info[:2])}
     return json.loads(json.dumps(key, default=repr))   # as a file holds it: tuples are lists
 
 
