@@ -141,7 +141,8 @@ def test_lore_on_an_environment_it_cannot_snapshot_needs_skip(tmp_path):
 
 
 @pytest.mark.parametrize("given, said", [("nope", "no such stage"), ("gre", "GRe always runs"),
-                                         ("qrange", "the V range always runs"), ("lore,attack", "no such stage")])
+                                         ("qrange", "the V range always runs"), ("lore,attack", "no such stage"),
+                                         (",", "names no stage")])
 def test_certify_refuses_a_stage_it_cannot_skip_in_one_line(given, said, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cartpole_dqn(tmp_path / "dqn.zip")

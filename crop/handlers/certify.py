@@ -121,10 +121,10 @@ def _skip(args) -> list[str]:
     from crop.workflow.layout import SKIPPABLE
 
     names = list(dict.fromkeys(n.strip() for given in args.skip or () for n in given.split(",") if n.strip()))
-    for name in names:
+    for name in names or ([""] if args.skip else []):
         if name not in SKIPPABLE:
-            why = _ALWAYS.get(name, "no such stage")
-            raise InputError(f"--skip {name}: {why}; the stages crop certify may skip: {', '.join(SKIPPABLE)}")
+            why = _ALWAYS.get(name, "no such stage" if name else "names no stage")
+            raise InputError(f"--skip {name or repr(name)}: {why}; the stages crop certify may skip: {', '.join(SKIPPABLE)}")
     return names
 
 
@@ -193,7 +193,8 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     print(f"config: {path} ({args.budget} budget; {_horizon_text(args, sizes)}"
           + (f"; smoothing target {target}{_TARGET_WHY.get(target, '')}" if target else "") + ")", flush=True)
     if given:
-        print(f"skip:   {', '.join(given)} (--skip): not run, nor shown in the report or the audit", flush=True)
+        print(f"skip:   {', '.join(given)} (--skip): not run; the report shows the stages that ran, the audit lists "
+              "it as not run", flush=True)
     if lore_problem:
         print(f"skip:   lore: {lore_problem}; the other stages run without it", flush=True)
     return path, checked, box
