@@ -40,15 +40,19 @@ def _config(tmp_path, skip) -> dict:
     return cfg
 
 
-@pytest.fixture
-def without_lore(tmp_path):
-    """A synthetic results folder whose one run never ran LoRe (no file of the stage, no record of it)."""
+def _without(tmp_path, stage: str):
+    """A synthetic results folder whose one run never ran ``stage`` (no file of it, no record of it)."""
     root = tmp_path / "results"
     make_results(root, {ENV: {"StdTrain": [0.1]}})
-    for name in STAGES["lore"].files.values():
+    for name in STAGES[stage].files.values():
         for f in (root / RUN / name, root / RUN / meta_name(name)):
             f.unlink(missing_ok=True)
     return root
+
+
+@pytest.fixture
+def without_lore(tmp_path):
+    return _without(tmp_path, "lore")
 
 
 def test_the_skip_field_is_the_schema_s_and_the_layout_s():
@@ -88,11 +92,7 @@ def test_a_skipped_lore_is_not_asked_for_drawn_quoted_or_called_missing(without_
 
 
 def test_a_skipped_local_attack_is_neither_drawn_nor_advised(tmp_path):
-    root = tmp_path / "results"
-    make_results(root, {ENV: {"StdTrain": [0.1]}})
-    for name in STAGES["attack-local"].files.values():
-        for f in (root / RUN / name, root / RUN / meta_name(name)):
-            f.unlink(missing_ok=True)
+    root = _without(tmp_path, "attack-local")
     cfg = validate_config(_config(tmp_path, ["attack-local"]), "config")
     files = [f for main_files, _ in config_run_files(cfg, root).values() for f in main_files]
     written = agg.aggregate(root, [RUN], table_eps_factors=[0.0, 0.1], figures_dir=root / "figures",

@@ -124,7 +124,8 @@ def _skip(args) -> list[str]:
     for name in names or ([""] if args.skip else []):
         if name not in SKIPPABLE:
             why = _ALWAYS.get(name, "no such stage" if name else "names no stage")
-            raise InputError(f"--skip {name or repr(name)}: {why}; the stages crop certify may skip: {', '.join(SKIPPABLE)}")
+            raise InputError(f"--skip {name or repr(name)}: {why}; the stages crop certify may skip: "
+                             f"{', '.join(SKIPPABLE)}")
     return names
 
 
