@@ -310,8 +310,8 @@ TABLES = f"{R}/tables"
 def figure_outputs(fmt, family=None):
     """Figure files the aggregate rule writes in format ``fmt`` (of one family of crop.workflow.layout, or all)."""
     out = []
-    for env, (algos, labels) in config_plan(CFG).items():
-        for fam, stems in layout.figure_families(env, labels, algos).items():
+    for env, (algos, labels, skip) in config_plan(CFG).items():
+        for fam, stems in layout.figure_families(env, labels, algos, skip).items():
             if family in (None, fam):
                 out += [f"{FIGURES}/{stem}.{fmt}" for stem in stems]
     return out

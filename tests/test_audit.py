@@ -36,6 +36,7 @@ PLAN = {"CartPole-v0": {"StdTrain": [0.05, 0.1], "GaussAug": [0.1]},
 
 AUDIT_KEYS = {"schema_version", "results", "runs", "alpha", "config_hash", "strict", "passed", "checked",
               "violations", "empirical_below", "integrity_problems", "integrity", "incomplete_runs", "partial_runs",
+              "skipped_runs",
               "violation_list", "checks", "provenance", "warnings", "mismatches", "reference_missing", "reference",
               "reproduction", "multiple_testing", "verdict", "statuses", "suspicious", "untestable",
               "suspicious_list", "untestable_list", "reproduction_report", "vacuous", "vacuous_list", "pooled", "rerun",

@@ -108,6 +108,37 @@ def _claim(args) -> tuple[Path, Path, dict]:
     return policy, out, marker
 
 
+#: Why a stage of crop certify's runs is not one --skip offers: the report and the audit are built on it.
+_ALWAYS = {"qrange": "the V range always runs (LoAct, LoRe and the local attack read it)",
+           "loact": "LoAct always runs (the report's certified actions)",
+           "gre": "GRe always runs (the report's certified returns)",
+           "attack-global": "the global attack always runs (the audit's test of GRe's bounds)"}
+
+
+def _skip(args) -> list[str]:
+    """The stages --skip names (repeated or comma lists), checked before any work: each must be one of
+    :data:`crop.workflow.layout.SKIPPABLE`; another stage, or no stage, is refused in one line naming those."""
+    from crop.workflow.layout import SKIPPABLE
+
+    names = list(dict.fromkeys(n.strip() for given in args.skip or () for n in given.split(",") if n.strip()))
+    for name in names or ([""] if args.skip else []):
+        if name not in SKIPPABLE:
+            why = _ALWAYS.get(name, "no such stage" if name else "names no stage")
+            raise InputError(f"--skip {name or repr(name)}: {why}; the stages crop certify may skip: "
+                             f"{', '.join(SKIPPABLE)}")
+    return names
+
+
+def _lore_skip(env: str, box: bool, skip: list[str]) -> str | None:
+    """Why LoRe cannot run on ``env`` (``crop.envs.snapshot_problem``: no faithful snapshots, as of a Box2D
+    world), where it would otherwise: then it is skipped, and the line printed says why."""
+    if box or "lore" in skip:
+        return None
+    from crop.envs import snapshot_problem
+
+    return snapshot_problem(env)
+
+
 def _horizon_text(args, sizes: dict) -> str:
     """The horizon the bounds cover, and why it is that one."""
     h = sizes["gre"]["horizon"]
@@ -124,7 +155,10 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     from crop.workflow.config import ConfigError, check_policy_files, validate_config
 
     policy, out, marker = _claim(args)
+    given = _skip(args)
     info, box = _agent(policy, args.env)
+    lore_problem = _lore_skip(args.env, box, given)
+    skip = given + (["lore"] if lore_problem else [])
     if box and args.target:
         raise InputError(f"--target: {args.env} has continuous actions, whose LoAct certifies the action per "
                          "dimension by percentile smoothing, with no smoothing target to choose; leave it out")
@@ -132,6 +166,8 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     sizes, sigmas = budget_sizes(args.budget, args.env, args.horizon, args.episodes, args.m)
     cfg = certify_config(args.env, (args.algo, policy), out, sizes, args.sigma or sigmas,
                          _rewards(args.env, args.reward_range), box, target)
+    if skip:   # the stages the workflow, the report and the audit leave out (the config's skip)
+        cfg["environments"][args.env]["skip"] = skip
     try:   # the checked config has the smoothing target filled in (probs, action), as the workflow's
         checked = check_policy_files(validate_config(cfg, "the config"), "the config")
     except ConfigError as exc:   # a target the network has not is --target's problem, said so
@@ -147,7 +183,8 @@ def _write_config(args) -> tuple[Path, dict, bool]:
                *map(str, cfg["environments"][args.env]["sigmas"]), "--budget", args.budget, "--out", str(out),
                *(["--target", target] if target else []),
                *[x for k in SIZES if getattr(args, k) for x in (f"--{k}", str(getattr(args, k)))],
-               *(["--reward-range", *map(str, args.reward_range)] if args.reward_range else [])]
+               *(["--reward-range", *map(str, args.reward_range)] if args.reward_range else []),
+               *(["--skip", ",".join(given)] if given else [])]
     path.write_text(f"# written by: {shlex.join(command)}\n"
                     f"# repeat: snakemake -s {SNAKEFILE} --cores {args.cores} --configfile {path} --directory {out}\n"
                     "# (every path is absolute: any working directory will do)\n"
@@ -156,6 +193,11 @@ def _write_config(args) -> tuple[Path, dict, bool]:
           f"{info['net_spec'].get('arch')} {info['net_spec'].get('hidden', '')}".rstrip(), flush=True)
     print(f"config: {path} ({args.budget} budget; {_horizon_text(args, sizes)}"
           + (f"; smoothing target {target}{_TARGET_WHY.get(target, '')}" if target else "") + ")", flush=True)
+    if given:
+        print(f"skip:   {', '.join(given)} (--skip): not run; the report shows the stages that ran, the audit lists "
+              "it as not run", flush=True)
+    if lore_problem:
+        print(f"skip:   lore: {lore_problem}; the other stages run without it", flush=True)
     return path, checked, box
 
 

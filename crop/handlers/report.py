@@ -130,12 +130,44 @@ def cmd_audit(args) -> None:
         options = AuditOptions(alpha=args.alpha, reference=args.reference, tolerances=args.tolerances,
                                abs_tol=args.abs_tol, rel_tol=args.rel_tol, config_hash=_config_hash(args),
                                strict=args.strict, trusted_envs=tuple(_config_envs(args)), rerun=args.rerun,
-                               rerun_seed=args.seed, rerun_budget=args.rerun_budget, config=args.config)
+                               rerun_seed=args.seed, rerun_budget=args.rerun_budget, config=args.config,
+                               skipped=_declared_skips(args, results, runs))
         report = audit(results, out_dir, options, runs=runs)
     except ReferenceError as exc:
         raise InputError(str(exc)) from None
     _print_audit(results, out_dir, report)
     sys.exit(exit_status(report, strict=args.strict, report_only=args.report_only))
+
+
+def _declared_skips(args, results: Path, runs) -> tuple:
+    """``(run, stages)`` of each run folder whose config skips stages (its ``skip``): read from --config, or
+    from --inputs, the run files the workflow's audit rule gives (the config's: a skippable stage of the run
+    with no file among them is one its config skips)."""
+    from crop.report.metrics import parse_run
+    from crop.workflow.layout import SKIPPABLE, replicate_of, run_stages, run_target
+    from crop.workflow.stage_table import STAGES
+
+    if args.config:
+        from crop.report.audit import discover_run_folders
+        from crop.workflow.config import ConfigError, load_config
+
+        try:
+            envs = load_config(args.config, args.trust_env)["environments"]
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
+        return tuple((r, tuple(envs[parse_run(r)[0]]["skip"])) for r in runs or discover_run_folders(results)
+                     if not replicate_of(r) and (envs.get(parse_run(r)[0]) or {}).get("skip"))
+    if not args.inputs:
+        return ()
+    given: dict[str, set] = {}
+    for f in map(Path, args.inputs):
+        given.setdefault(str(f.parent.relative_to(results)), set()).add(f.name)
+    out = []
+    for run in (r for r in runs if not replicate_of(r)):
+        stages = tuple(s for s in SKIPPABLE if s in run_stages(run_target(run))
+                       and not set(STAGES[s].files.values()) & given.get(run, set()))
+        out += [(run, stages)] if stages else []
+    return tuple(out)
 
 
 def _config_envs(args) -> list[str]:

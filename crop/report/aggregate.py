@@ -12,7 +12,7 @@ from pathlib import Path
 
 import seaborn as sns
 
-from crop.report.figures import iter_env_figures, save_figure
+from crop.report.figures import iter_env_figures, lore_skip, save_figure
 from crop.report.metrics import load_runs
 from crop.report.style import register_labels, series_order
 from crop.report.tables import write_env_tables
@@ -32,7 +32,7 @@ def aggregate(results: Path, runs, *, table_eps_factors, figures_dir: Path, tabl
     plan = {}
     for env in envs:
         plan[env] = (series_order(k[1] for k in data if k[0] == env),
-                     sorted({k[2] for k in data if k[0] == env}, key=float))
+                     sorted({k[2] for k in data if k[0] == env}, key=float), lore_skip(env, data))
         for (e, _algo, _lab), d in data.items():
             if e == env and needs_frames(env) and not d["frames_path"].is_file():
                 raise FileNotFoundError(f"{d['frames_path']}: missing (the Pong periodic-pattern figure needs "

@@ -256,11 +256,13 @@ def table_disagreements(results: Path, runs) -> list[dict]:
     from crop.report.integrity import IntegrityError
     from crop.report.metrics import load_runs, parse_run
     from crop.report.tables import env_table_texts
+    from crop.workflow.layout import absent_skippable
 
     results = Path(results)
     tables = results / "tables"
     complete = [r for r in runs if not replicate_of(r)
-                and all((results / r / f).is_file() for f in run_files(run_target(r)).values())]
+                and all((results / r / f).is_file()
+                        for f in run_files(run_target(r), absent_skippable(results / r)).values())]
     plan = folder_plan(results, [r for r in runs if not replicate_of(r)])
     out = []
     for env in sorted({parse_run(r)[0] for r in complete} & set(plan)):

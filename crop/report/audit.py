@@ -61,7 +61,7 @@ from crop.report.verdict import (
     unit_level,
     verdict_of,
 )
-from crop.workflow.layout import REPLICATE_PREFIX, replicate_of, run_files, run_target
+from crop.workflow.layout import REPLICATE_PREFIX, absent_skippable, replicate_of, run_files, run_target
 
 # The audit's public face: what `crop audit` and the summary call, with the verdict's pieces it decides by.
 __all__ = ["audit", "AuditOptions", "discover_runs", "discover_run_folders", "classify", "tarone_holm",
@@ -73,9 +73,10 @@ SCHEMA_VERSION = 8
 
 def discover_runs(results: Path, incomplete: bool = False) -> list[str]:
     """``ENV/ALGO/sigma-S`` folders under ``results`` holding every result file (or, with ``incomplete``,
-    those missing some)."""
+    those missing some); a skippable stage the folder holds nothing of is one its run went without."""
     return [r for r in discover_run_folders(results) if not replicate_of(r)
-            and all((Path(results) / r / f).is_file() for f in run_files(run_target(r)).values()) != incomplete]
+            and all((Path(results) / r / f).is_file()
+                    for f in run_files(run_target(r), absent_skippable(Path(results) / r)).values()) != incomplete]
 
 
 def discover_run_folders(results: Path) -> list[str]:
@@ -103,7 +104,10 @@ class AuditOptions:
     drawn with ``rerun_seed`` and compare (:mod:`crop.report.rerun`); a differing one FAILs; a job predicted over
     ``rerun_budget`` minutes (None: the module's default) is not started (``not_run``, at best WARN).
     ``config``: the workflow config the folder should come from (a path); the files its jobs write and the
-    folder lacks are listed (``expected_missing``, WARN: :func:`crop.report.completeness.config_missing`)."""
+    folder lacks are listed (``expected_missing``, WARN: :func:`crop.report.completeness.config_missing`).
+    ``skipped``: ``(run, stages)`` pairs, the stages (:data:`crop.workflow.layout.SKIPPABLE`) the config skips
+    in that run (its ``skip``): absent, they are listed as not run by choice (``skipped_runs``), not as a
+    partial run's absent stages, and no check or advice counts on them."""
 
     alpha: float = default_of("audit.alpha")
     reference: str | Path | None = None
@@ -117,6 +121,7 @@ class AuditOptions:
     rerun_seed: int = 0
     rerun_budget: float | None = None
     config: str | Path | None = None
+    skipped: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def audit(results: Path, out_dir: Path, options: AuditOptions = AuditOptions(), runs=None) -> dict:
@@ -144,7 +149,7 @@ def _audit(results: Path, out_dir: Path, runs, o: AuditOptions) -> dict:
         rerun_block = rerun_jobs(results, runs, o.rerun, o.rerun_seed, tuple(o.trusted_envs), o.rerun_budget)
     items, provs, integrity, warnings, sound_runs = [], [], [], [], []
     clipped: dict = {}   # run → {stage: [low, high]}: the stages whose returns are of clipped rewards
-    incomplete, partial = [], []
+    incomplete, partial, skipped = [], [], []
     for run in runs:
         try:
             r = _audit_run(results, run, o)
@@ -156,6 +161,7 @@ def _audit(results: Path, out_dir: Path, runs, o: AuditOptions) -> dict:
         warnings += r.get("warnings", [])
         incomplete += [run] if r.get("incomplete") else []
         partial += [r["partial"]] if r.get("partial") else []
+        skipped += [{"run": run, "stages": r["skipped"]}] if r.get("skipped") else []
         if "items" in r:
             provs.append(r["prov"])
             items += r["items"]
@@ -196,7 +202,8 @@ def _audit(results: Path, out_dir: Path, runs, o: AuditOptions) -> dict:
               "empirical_below": sum(bool(i.get("empirical_below")) for i in items),
               "integrity_problems": len(integrity), "integrity": integrity, "expected_missing": expected,
               "incomplete_runs": incomplete,
-              "partial_runs": partial, "violation_list": violations, "checks": items, "provenance": provs,
+              "partial_runs": partial, "skipped_runs": skipped,
+              "violation_list": violations, "checks": items, "provenance": provs,
               "warnings": warnings, "mismatches": mismatches, "clipped_runs": clipped,
               "reference_missing": ref_block["counts"]["missing"] if ref_block else 0,
               "reference": ref_block, "reproduction_report": None}
@@ -241,6 +248,10 @@ def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
         return out
     # A summary its per-step file contradicts FAILs the audit; the checks still run on the files as they are.
     out["integrity"] += [{"run": run, **p} for p in run_disagreements(results / run)]
+    declared = {stage.replace("-", "_") for r, stages in o.skipped if r == run for stage in stages}
+    if declared & set(absent):   # not run by the config's choice (skip): no partial run for it
+        out["skipped"] = [stage for stage in absent if stage in declared]
+        absent = [stage for stage in absent if stage not in declared]
     if absent:
         out["partial"] = {"run": run, "stages": full, "absent": absent}
     prov, prov_problems, prov_warnings = run_provenance(results, run)

@@ -289,6 +289,11 @@ def _md_integrity(rep: dict) -> list[str]:
                   "Files the given config's workflow writes that the folder lacks (WARN: nothing in the folder "
                   "says they were written):", "", pipe_table(rep["expected_missing"], ["file", "problem"], limit=100,
                                                              rest="all in audit.json"), ""]
+    if rep.get("skipped_runs"):
+        lines += ["## Stages not run", "",
+                  "Not run by the config's choice (its `skip`), so none of their checks ran:", ""]
+        lines += [pipe_table([{"run": p["run"], "not run": ", ".join(p["stages"])} for p in rep["skipped_runs"]]),
+                  ""]
     if rep["partial_runs"]:
         lines += ["## Partial runs", "", "Audited for the stages they have (not an integrity problem):", ""]
         lines += [pipe_table([{"run": p["run"], "stages": ", ".join(p["stages"]), "absent": ", ".join(p["absent"])}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from crop.names import ACTION_TARGET, AUTO_TARGET, smoothing_targets
 from crop.workflow.config import sigma_label
+from crop.workflow.layout import run_stages
 from crop.workflow.stage_table import caption, stage_settings
 
 __all__ = ["caption_settings", "audit_settings", "Words"]
@@ -52,11 +53,14 @@ def caption_settings(cfg: dict) -> Words:
             # quoted only by the captions of figures that show returns (radii never depend on the rewards)
             out[env]["clip"] = (f"returns and bounds of rewards clipped to [{rewards['range'][0]:g}, "
                                 f"{rewards['range'][1]:g}] (rewards.clip), not the environment's own")
-        if ec.get("target") == ACTION_TARGET:   # crop.workflow.layout.has_lore: no adasearch figures, no J̲ row
-            out[env]["no_lore"] = ("continuous actions (a Box): no LoRe or local attack, whose tree branches over a "
-                                   "finite set of actions, so no adasearch figure and no J̲ row")
-            # the settings of stages that never ran are not quoted
-            out[env]["lore"], out[env]["attack"] = "not run", quoted(env, "attack-global")
+        ran = {name for t in smoothing_targets(ec) for name in run_stages(t, ec.get("skip", ()))}
+        if "lore" not in ran:   # crop.workflow.layout.has_lore: no adasearch figures, no J̲ row
+            out[env]["no_lore"] = (("continuous actions (a Box): no LoRe or local attack, whose tree branches over "
+                                    "a finite set of actions" if ec.get("target") == ACTION_TARGET else
+                                    "LoRe not run (the config's skip: lore)") + ", so no adasearch figure and no J̲ row")
+            out[env]["lore"] = "not run"   # the settings of stages that never ran are not quoted
+        if "attack-local" not in ran:
+            out[env]["attack"] = quoted(env, "attack-global")
         if AUTO_TARGET in smoothing_targets(ec):
             out[env]["auto"] = ("target auto: each run's smoothing target chosen before certification by a pilot on "
                                 "the qrange stage's own states and noise, labelled \"ALGO (auto: TARGET)\"")

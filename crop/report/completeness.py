@@ -25,7 +25,16 @@ import pandas as pd
 
 from crop.io import META_SUFFIX, read_csv, read_json
 from crop.workflow import layout
-from crop.workflow.layout import FIGURE_FORMATS, RUN_FILES, base_run, replicate_of, run_files, run_target, series_label
+from crop.workflow.layout import (
+    FIGURE_FORMATS,
+    RUN_FILES,
+    absent_skippable,
+    base_run,
+    replicate_of,
+    run_files,
+    run_target,
+    series_label,
+)
 from crop.workflow.stage_table import STAGES
 
 __all__ = ["recorded_missing", "report_inputs_missing", "config_missing", "folder_plan", "table_runs"]
@@ -72,25 +81,27 @@ def _in_folder(path: str, run_dir: Path) -> bool:
     return len(Path(path).parent.parts) >= depth and Path(path).parent.parts[-depth:] == want
 
 
-def folder_plan(results: Path, runs) -> dict[str, tuple[list[str], list[str]]]:
-    """``{env: (run folder algorithms, σ labels)}`` of the run folders ``runs`` (replicates count with their
-    run): what :func:`crop.workflow.layout.aggregate_files` names the figures and tables of.  An environment id crop
-    cannot resolve here (an untrusted ``module:Id`` folder name: no figure or table can be made of it) is left
-    out."""
+def folder_plan(results: Path, runs) -> dict[str, tuple[list[str], list[str], tuple[str, ...]]]:
+    """``{env: (run folder algorithms, σ labels, ("lore",) where none of them has LoRe)}`` of the run folders
+    ``runs`` (replicates count with their run): what :func:`crop.workflow.layout.aggregate_files` names the
+    figures and tables of.  An environment id crop cannot resolve here (an untrusted ``module:Id`` folder name:
+    no figure or table can be made of it) is left out."""
     from crop.envs import env_spec
     from crop.report.metrics import parse_run
 
-    plan: dict[str, tuple[list[str], list[str]]] = {}
+    plan: dict[str, tuple[list[str], list[str], list[bool]]] = {}
     for run in runs:
         env, algo, lab = parse_run(base_run(run))
         try:
             env_spec(env)
         except (KeyError, ValueError):
             continue
-        algos, labels = plan.setdefault(env, ([], []))
+        algos, labels, lore = plan.setdefault(env, ([], [], []))
         algos += [algo] if algo not in algos else []
         labels += [lab] if lab not in labels else []
-    return {env: (algos, sorted(labels, key=float)) for env, (algos, labels) in plan.items()}
+        lore.append("lore" not in absent_skippable(results / base_run(run)))
+    return {env: (algos, sorted(labels, key=float), () if any(lore) else ("lore",))
+            for env, (algos, labels, lore) in plan.items()}
 
 
 def report_inputs_missing(results: Path, runs) -> list[dict]:
@@ -103,7 +114,8 @@ def report_inputs_missing(results: Path, runs) -> list[dict]:
     figures, tables = results / "figures", results / "tables"
     own = [r for r in runs if not replicate_of(r)]
     plan = folder_plan(results, own)
-    drawn = {p.name for env, (algos, labels) in plan.items() for p in layout.figure_files(figures, env, labels, algos)}
+    drawn = {p.name for env, (algos, labels, skip) in plan.items()
+             for p in layout.figure_files(figures, env, labels, algos, skip)}
     made = {p.name: env for env in plan for p in layout.table_files(tables, env)}
     # The files of an environment crop cannot resolve here (an untrusted module:Id) cannot be named: where the
     # folder has one, only a file named after a resolved environment can be called lost.
@@ -129,7 +141,8 @@ def report_inputs_missing(results: Path, runs) -> list[dict]:
                 cited.setdefault(run, []).append(f.name)
     for run, names in sorted(cited.items()):
         d = results / run
-        gone = [n for n in run_files(run_target(run)).values() if not (d / n).is_file()] if d.is_dir() else []
+        gone = ([n for n in run_files(run_target(run), absent_skippable(d)).values() if not (d / n).is_file()]
+                if d.is_dir() else [])
         if not d.is_dir() or gone:
             what = f"run folder {run}" if not d.is_dir() else ", ".join(gone)
             problems.append({"file": str(d if not d.is_dir() else d / gone[0]),
@@ -189,7 +202,7 @@ def config_missing(results: Path, cfg: dict) -> list[dict]:
         elif stage in STAGES and job.env is not None:
             d = run_dir(results, job.env, job.algo, job.sigma, replicate=job.rep or 0)
             files[i] = [d / f for f in STAGES[stage].files.values()]
-            algos, labels = plan.setdefault(job.env, ([], []))
+            algos, labels, _ = plan.setdefault(job.env, ([], [], tuple(cfg["environments"][job.env].get("skip", ()))))
             algos += [job.algo] if job.algo not in algos else []
             labels += [job.sigma] if job.sigma not in labels else []
     expected = [(p, jobs[i].rule.removesuffix("_replicate"), i) for i, fs in files.items() for p in fs]

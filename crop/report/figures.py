@@ -54,7 +54,8 @@ from crop.report.style import (  # noqa: E402
 )
 from crop.workflow.layout import FIGURE_FORMATS, figure_families, large_sigma_labels, main_sigma_labels  # noqa: E402
 
-__all__ = ["iter_env_figures", "save_figure", "legend_figure", "load_frames", "gre_curve", "PERIODIC_FRAMES"]
+__all__ = ["iter_env_figures", "lore_skip", "save_figure",
+           "legend_figure", "load_frames", "gre_curve", "PERIODIC_FRAMES"]
 
 PERIODIC_FRAMES = 6  # frames shown under the periodic-pattern plot
 
@@ -360,16 +361,22 @@ def _periodic_figure(env: str, algo: str, lab: str, run: dict):
     return fig
 
 
+def lore_skip(env: str, data: dict) -> tuple[str, ...]:
+    """``("lore",)`` where no run of ``env`` among ``data`` has LoRe's bound (its config's ``skip``, or
+    continuous actions): :func:`crop.workflow.layout.figure_families` then draws no adasearch figure."""
+    return () if any("lore" in d for k, d in data.items() if k[0] == env) else ("lore",)
+
+
 def iter_env_figures(env: str, data: dict):
     """Yield (stem, Figure) for every figure of ``env`` in :func:`crop.workflow.layout.figure_families`."""
     register_auto_choices(env, data)
     keys = [k for k in data if k[0] == env]
     algos = series_order(k[1] for k in keys)
     labels = sorted({k[2] for k in keys}, key=float)
-    fam = figure_families(env, labels, algos)
+    fam = figure_families(env, labels, algos, lore_skip(env, data))
     main = main_sigma_labels(env, labels)
     spec = env_spec(env)
-    lore = bool(fam["adasearch"])   # none where every run is a continuous-action agent's (no LoRe)
+    lore = bool(fam["adasearch"])   # none where no run has LoRe (continuous actions, or skip: lore)
     for kind in ("stepwise", "certified_ratio", "global_mean", "global_median", "adasearch"):
         for lab in labels if fam[kind] else []:
             stem = f"{spec.paper_name}_{kind}_sigma-{lab}"
@@ -384,8 +391,8 @@ def iter_env_figures(env: str, data: dict):
     yield fam["legend"][0], legend_figure(algos, title=spec.paper_name)
     if fam["large_sigma"]:
         large = large_sigma_labels(env, labels)
-        yield fam["large_sigma"][0], _grid_figure(env, data, algos, ["stepwise", "adasearch"], large,
-                                                  row_names=["(a)", "(b)"])
+        yield fam["large_sigma"][0], _grid_figure(env, data, algos, ["stepwise", *(["adasearch"] if lore else [])],
+                                                  large, row_names=["(a)", "(b)"][:1 + lore])
     for stem in fam["periodic"]:
         lab, algo = stem[len(f"{spec.paper_name}_periodic_sigma-"):].split("_", 1)
         yield stem, _periodic_figure(env, algo, lab, data[(env, algo, lab)])

@@ -58,12 +58,13 @@ def check_integrity(run_dir: Path, only_present: bool = False) -> list[dict]:
     folder) return stages that ran with another reward clip than the run's (:func:`replicate_clip_problems`);
     with ``only_present``, the files of a partial run's stages only (absent stages are not problems)."""
     from crop.report.records import run_record_problems
-    from crop.workflow.layout import run_files, run_target
+    from crop.workflow.layout import absent_skippable, run_files, run_target
 
     problems = run_record_problems(run_dir)
     if problems:   # what follows reads those records
         return problems
-    for key, name in run_files(run_target(run_dir)).items():  # a probs/vote run has no qrange.json
+    # a probs/vote run has no qrange.json; a stage the run went without (its config's skip) nothing
+    for key, name in run_files(run_target(run_dir), absent_skippable(run_dir)).items():
         f = run_dir / name
         if not f.is_file():
             if not only_present:

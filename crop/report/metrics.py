@@ -52,6 +52,7 @@ from crop.workflow.layout import (
     FRAMES_FILE,
     REPLICATE_PREFIX,
     RUN_FILES,
+    absent_skippable,
     replicate_of,
     run_files,
     run_target,
@@ -204,7 +205,8 @@ def load_runs(results: Path, runs, *, partial: bool = False) -> dict:
                 _per_step(found)
             replicates.setdefault(parse_run(run), []).append((replicate_of(run), found))
             continue
-        data = _read_files(d, run_files(run_target(run)), required=not partial)
+        # a stage the run went without (its config's skip) is absent, as a continuous-action run's LoRe
+        data = _read_files(d, run_files(run_target(run), absent_skippable(d)), required=not partial)
         if run_target(run) == ACTION_TARGET:
             _per_step(data)
         data["lore_meta"] = read_lore_meta(d)

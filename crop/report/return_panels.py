@@ -201,7 +201,8 @@ def panel_adasearch(ax, runs: dict, sigma: float, env: str) -> list:
     bound ≤ the full search's, still sound."""
     xmax = 0.0
     for d in runs.values():
-        xmax = max(xmax, float(d["attack_local"][cols.EPS].max()), float(d["lore"][cols.EPS].max()))
+        xmax = max(xmax, float(d["attack_local"][cols.EPS].max()) if "attack_local" in d else 0.0,
+                   float(d["lore"][cols.EPS].max()))
     j_lo = np.inf
     claims, vacuous_at = [], []
     for a, d in runs.items():
@@ -215,10 +216,12 @@ def panel_adasearch(ax, runs: dict, sigma: float, env: str) -> list:
         xs, ys = np.append(keep[cols.EPS].to_numpy(float), end), np.append(ys, ys[-1])
         ax.step(xs, ys, where="post", color=series_color(a), label=figure_label(a), lw=line_width(a), zorder=BOUND_Z,
                 marker=series_marker(a), ms=marker_size(a), markevery=list(range(len(keep))), gid=f"bound:{a}")
-        att = d["attack_local"]
-        g = att[att[cols.SAME_START_AS_LORE].astype(bool)].groupby(cols.EPS)[cols.RETURN].min()
-        attack_line(ax, g.index, g.to_numpy(), a)
-        claims += [ys[:-1][~vacuous], g.to_numpy(float)]
+        claims.append(ys[:-1][~vacuous])
+        if "attack_local" in d:   # none where the config skips the local attack
+            att = d["attack_local"]
+            g = att[att[cols.SAME_START_AS_LORE].astype(bool)].groupby(cols.EPS)[cols.RETURN].min()
+            attack_line(ax, g.index, g.to_numpy(), a)
+            claims.append(g.to_numpy(float))
         if vacuous.any():
             vacuous_at.append((a, xs[:-1][vacuous]))
     # J_min joins the axis only for a vacuous point to sit at: without one LoRe's axis is its claims'

@@ -96,6 +96,10 @@ def certify_args(p, algo_type, sigma_type, count_type) -> None:
                         "a pilot pick, per σ and before any certification noise is drawn, the target with the "
                         "largest predicted radius (q or vote for a Q-network, probs or vote for a policy network); "
                         "q, probs or vote fixes it")
+    p.add_argument("--skip", action="append", metavar="STAGE",
+                   help="a stage not to run (repeat it, or a comma list): lore (LoRe; skipped with a line saying "
+                        "why where it cannot run, as on a Box2D environment), attack-local (the local PGD attack); "
+                        "the report and the audit then show only the stages that ran")
     p.add_argument("--reward-range", type=float, nargs=2, metavar=("LOW", "HIGH"),
                    help="the per-step reward range (GRe and LoRe need it; known for "
                         f"{', '.join(REWARDS)} and the paper's environments)")

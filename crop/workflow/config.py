@@ -314,12 +314,12 @@ def _check_environment(env: str, ec: dict, source: str) -> None:
     if spec.reward_range is None:
         raise ConfigError(f"{source}: {missing_reward_range(env)}")
 
-    if ec.get("target") == ACTION_TARGET:   # no LoRe for a continuous-action agent (crop.workflow.layout.run_stages)
+    if ec.get("target") == ACTION_TARGET or "lore" in ec.get("skip", ()):   # no LoRe (layout.run_stages)
         return
     problem = snapshot_problem(env)
     if problem:
-        raise ConfigError(f"{where}: {problem}; the workflow runs LoRe on every environment (crop loact and "
-                          "crop gre run without it)")
+        raise ConfigError(f"{where}: {problem}; LoRe cannot run on it: give skip: [lore] (the other stages run "
+                          "without it)")
 
 
 def load_config(path: str | Path, trust=()) -> dict:

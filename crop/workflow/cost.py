@@ -256,7 +256,7 @@ def jobs(cfg: dict, gpus: int | None = None) -> list[Job]:
     for env, algo, sig, target in run_targets(cfg):
         name = layout.run_algo(algo, target)
         base = ckpt[env, algo]
-        stages = layout.run_stages(target)
+        stages = layout.run_stages(target, cfg["environments"][env].get("skip", ()))
         for rep in range(cfg["replicates"]):
             q = None
             for stage, row in STAGES.items():

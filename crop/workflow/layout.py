@@ -97,14 +97,21 @@ def series_label(name: str) -> str:
 
 
 
-def run_stages(target: str = "q") -> list[str]:
+def run_stages(target: str = "q", skip=()) -> list[str]:
     """The stages a run of ``target`` runs (the one place that decides): every row of the stage table, less
     qrange for the targets bounded in [0, 1] (probs, vote), which need no V range (auto keeps it: its pilot
-    chooses the target there), and less every stage that needs a finite set of actions (the row's
-    ``discrete``) for a continuous-action agent's target."""
+    chooses the target there), less every stage that needs a finite set of actions (the row's
+    ``discrete``) for a continuous-action agent's target, and less the stages its environment's config
+    ``skip`` lists (:data:`SKIPPABLE`)."""
     return [name for name, row in stage_table.STAGES.items()
             if not (name == "qrange" and target not in QRANGE_TARGETS)
-            and not (row.discrete and target == ACTION_TARGET)]
+            and not (row.discrete and target == ACTION_TARGET) and name not in skip]
+
+
+#: The stages a run may go without (an environment's config ``skip``): those a continuous-action agent's run
+#: already goes without (the rows' ``discrete``), which the report and the audit read as optional, less the V
+#: range that other stages read.
+SKIPPABLE = tuple(name for name, row in stage_table.STAGES.items() if row.discrete and name != "qrange")
 
 
 #: The targets whose runs have a qrange stage: q (the V range) and auto (the pilot's choice, and the V range
@@ -112,9 +119,20 @@ def run_stages(target: str = "q") -> list[str]:
 QRANGE_TARGETS = ("q", AUTO_TARGET)
 
 
-def run_files(target: str = "q") -> dict:
-    """The files of a complete run of ``target``: the files of its stages (:func:`run_stages`)."""
-    return {k: v for name in run_stages(target) for k, v in stage_table.STAGES[name].files.items()}
+def run_files(target: str = "q", skip=()) -> dict:
+    """The files of a complete run of ``target`` without the stages ``skip``: the files of its stages
+    (:func:`run_stages`)."""
+    return {k: v for name in run_stages(target, skip) for k, v in stage_table.STAGES[name].files.items()}
+
+
+def absent_skippable(run) -> tuple[str, ...]:
+    """The :data:`SKIPPABLE` stages of which the run folder ``run`` holds no file, result or record: stages it
+    went without (its config's ``skip``), which the report and the audit do not ask of it.  A stage whose
+    file is gone while another record names it is :func:`crop.report.completeness.recorded_missing`'s."""
+    d = Path(run)
+    return tuple(name for name in SKIPPABLE
+                 if not any((d / f).exists() or (d / stage_table.meta_name(f)).exists()
+                            for f in stage_table.STAGES[name].files.values()))
 
 
 def run_target(run) -> str:
@@ -183,13 +201,13 @@ def needs_frames(env: str) -> bool:
     return env in PERIODIC_ENVS
 
 
-def has_lore(algos) -> bool:
+def has_lore(algos, skip=()) -> bool:
     """Whether an environment's runs ``algos`` (run folder names, ``ALGO`` or ``ALGO@TARGET``) include one with
-    LoRe and the local attack: not where every one is a continuous-action agent's (``ALGO@action``), whose
-    stages leave them out (:func:`run_stages`); its adasearch figures are then not drawn at all, and
-    all_bounds has no LoRe row.  Without ``algos`` (not known): True."""
+    LoRe: not where its config skips LoRe (``skip``), nor where every one is a continuous-action agent's
+    (``ALGO@action``), whose stages leave it out (:func:`run_stages`); its adasearch figures are then not drawn
+    at all, and all_bounds has no LoRe row.  Without ``algos`` (not known): True unless skipped."""
     algos = list(algos)
-    return not algos or any(split_run_algo(a)[1] != ACTION_TARGET for a in algos)
+    return "lore" not in skip and (not algos or any(split_run_algo(a)[1] != ACTION_TARGET for a in algos))
 
 
 def large_sigma_labels(env: str, sigma_labels) -> list[str]:
@@ -206,10 +224,10 @@ def main_sigma_labels(env: str, sigma_labels) -> list[str]:
     return [lab for lab in labs if lab not in large] or labs
 
 
-def figure_families(env: str, sigma_labels, algos=()) -> dict[str, list[str]]:
+def figure_families(env: str, sigma_labels, algos=(), skip=()) -> dict[str, list[str]]:
     """Figure stems of one environment by family (see the module docstring); ``algos`` names the
     algorithms run (the periodic-pattern figure depends on them, and adasearch, which an environment whose runs
-    are all continuous-action agents' has none of: :func:`has_lore`)."""
+    are all continuous-action agents' has none of, nor one whose config skips LoRe: :func:`has_lore`)."""
     s = env_spec(env)
     p, c = s.paper_name, s.clean_name
     labs = sorted(sigma_labels, key=float)
@@ -218,7 +236,7 @@ def figure_families(env: str, sigma_labels, algos=()) -> dict[str, list[str]]:
         "certified_ratio": [f"{p}_certified_ratio_sigma-{lab}" for lab in labs] + [f"{p}_certified_ratio"],
         "global_mean": [f"{p}_global_mean_sigma-{lab}" for lab in labs],
         "global_median": [f"{p}_global_median_sigma-{lab}" for lab in labs],
-        "adasearch": [f"{p}_adasearch_sigma-{lab}" for lab in labs] if has_lore(algos) else [],
+        "adasearch": [f"{p}_adasearch_sigma-{lab}" for lab in labs] if has_lore(algos, skip) else [],
         "all_bounds": [f"{p}_all_bounds"],
         "loact_clean": [f"{c}_loact_clean"],
         "legend": [f"{c}_legend"],
@@ -230,12 +248,12 @@ def figure_families(env: str, sigma_labels, algos=()) -> dict[str, list[str]]:
     return fam
 
 
-def figure_stems(env: str, sigma_labels, algos=()) -> list[str]:
-    return [stem for stems in figure_families(env, sigma_labels, algos).values() for stem in stems]
+def figure_stems(env: str, sigma_labels, algos=(), skip=()) -> list[str]:
+    return [stem for stems in figure_families(env, sigma_labels, algos, skip).values() for stem in stems]
 
 
-def figure_files(figures_dir, env: str, sigma_labels, algos=()) -> list[Path]:
-    return [Path(figures_dir) / f"{stem}.{fmt}" for stem in figure_stems(env, sigma_labels, algos)
+def figure_files(figures_dir, env: str, sigma_labels, algos=(), skip=()) -> list[Path]:
+    return [Path(figures_dir) / f"{stem}.{fmt}" for stem in figure_stems(env, sigma_labels, algos, skip)
             for fmt in FIGURE_FORMATS]
 
 
@@ -245,9 +263,10 @@ def table_files(tables_dir, env: str) -> list[Path]:
 
 
 def aggregate_files(figures_dir, tables_dir, plan: dict) -> list[Path]:
-    """Every file ``crop aggregate`` writes for ``plan`` = {env: (algos, sigma_labels)}, nothing else."""
+    """Every file ``crop aggregate`` writes for ``plan`` = {env: (algos, sigma_labels[, skip])}, nothing else
+    (``skip``: the stages no run of the environment has, its config's ``skip``)."""
     out = []
-    for env, (algos, labels) in plan.items():
-        out += figure_files(figures_dir, env, labels, algos)
+    for env, (algos, labels, *skip) in plan.items():
+        out += figure_files(figures_dir, env, labels, algos, *skip)
         out += table_files(tables_dir, env)
     return out

@@ -33,11 +33,12 @@ from crop.workflow.config import run_targets, sigma_label, smoothing_targets
 __all__ = ["config_plan", "config_run_files", "report_finished", "wants_report"]
 
 
-def config_plan(cfg: dict) -> dict[str, tuple[list[str], list[str]]]:
-    """``{env: (run folder algorithms, σ labels)}`` of a validated config: what the aggregate draws and tabulates
+def config_plan(cfg: dict) -> dict[str, tuple[list[str], list[str], tuple[str, ...]]]:
+    """``{env: (run folder algorithms, σ labels, the stages its config skips)}`` of a validated
+    config: what the aggregate draws and tabulates
     (:func:`crop.workflow.layout.aggregate_files`)."""
     return {env: ([layout.run_algo(a, t) for a in ec["algorithms"] for t in smoothing_targets(ec)],
-                  [sigma_label(s) for s in ec["sigmas"]])
+                  [sigma_label(s) for s in ec["sigmas"]], tuple(ec.get("skip", ())))
             for env, ec in cfg["environments"].items()}
 
 
@@ -47,7 +48,7 @@ def config_run_files(cfg: dict, results) -> dict[str, tuple[list[str], list[str]
     out = {}
     for env, algo, sig, t in run_targets(cfg):
         d = layout.run_dir(results, env, algo, sig, t)
-        names = layout.run_files(t)
+        names = layout.run_files(t, cfg["environments"][env].get("skip", ()))
         reps = [str(layout.run_dir(results, env, algo, sig, t, replicate=k) / layout.RUN_FILES[key])
                 for k in range(1, cfg["replicates"]) for key in layout.REPLICATE_FILES if key in names]
         out[str(d)] = ([str(d / n) for n in names.values()], reps)
