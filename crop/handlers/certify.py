@@ -202,7 +202,9 @@ def _obs_bounds(env: str | None) -> tuple:
     try:
         from crop.envs import make_env
 
-        space = make_env(env).unwrapped.observation_space   # the game's own bounds, before any wrapper
+        game = make_env(env)
+        space = game.unwrapped.observation_space   # the game's own bounds, before any wrapper
+        game.close()
         return space.low, space.high
     except Exception:   # a reason's aside only: no bounds, no aside
         return None, None
