@@ -87,6 +87,8 @@ def test_certify_a_cartpole_dqn_end_to_end(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out, run = p.stdout, tmp_path / "mine/results/CartPole-v1/Mine@auto/sigma-0.1"
     assert "a Q-network" in out and "sb3 format" in out and "smoothing target auto" in out
+    assert "bound clopper_pearson" in out and yaml.safe_load((tmp_path / "mine/config.yaml").read_text())["bound"] \
+        == "clopper_pearson"
     chosen = json.loads((run / "qrange.json").read_text())["target_choice"]["chosen"]
     assert f"σ = 0.1 (target auto chose {chosen};" in out
     assert f"logs:   {tmp_path / 'mine/results/logs'}/" in out
@@ -98,12 +100,13 @@ def test_certify_a_cartpole_dqn_end_to_end(tmp_path):
     assert "return over the first 500 steps (J_min = 0; a bound at J_min is vacuous" in table
     cell = r"(\S+(?: \(vacuous\))?)"
     for _, g in gre.iterrows():
-        row = re.search(rf"^\s+{g['eps']:.4g}\s+{cell}\s+{cell}\s+(\S+)\s+(\S+)$", table, flags=re.M)
-        for k, col in ((1, "expectation_bound"), (2, "percentile_bound")):   # vacuous exactly where at J_min
-            want = "none" if pd.isna(g[col]) else f"{g[col]:.4g}" + (" (vacuous)" if g[col] <= g["j_min"] else "")
+        row = re.search(rf"^\s+{g['eps']:.4g}\s+{cell}\s+{cell}\s+{cell}\s+(\S+)\s+(\S+)$", table, flags=re.M)
+        for k, col in ((1, "expectation_bound"), (2, "cdf_expectation_bound"), (3, "percentile_bound")):
+            at_floor = g[col] <= g["j_min"] + 1e-9 * max(1.0, abs(g["j_min"]))   # vacuous exactly where at J_min
+            want = "none" if pd.isna(g[col]) else f"{g[col]:.4g}" + (" (vacuous)" if at_floor else "")
             assert row and row.group(k) == want, table
         a = attack[(attack["eps"] - g["eps"]).abs() < 1e-12]
-        assert row.group(3) == (f"{a['return'].mean():.4g}" if len(a) else "—")
+        assert row.group(4) == (f"{a['return'].mean():.4g}" if len(a) else "—")
     lore = pd.read_csv(run / "lore.csv")
     assert f"LoRe: return over the first 3 steps >= {lore['lower_bound'].iloc[0]:.4g}" in table
     from crop.report.audit import verdict_line

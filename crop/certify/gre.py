@@ -49,7 +49,7 @@ from crop.smoothing import stats
 from crop.smoothing.engine import check_noise, resolve_device
 from crop.smoothing.smoothed import NonFiniteQError
 
-__all__ = ["GReSettings", "sample_randomized_returns", "gre_bounds", "TrajectoryNoise"]
+__all__ = ["GReSettings", "sample_randomized_returns", "gre_bounds", "TrajectoryNoise", "vacuity_reason"]
 
 
 @dataclass(frozen=True)
@@ -314,3 +314,56 @@ def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float,
                 cols.J_MIN: j_min, cols.J_MAX: j_max,
             })
     return pd.DataFrame(rows)
+
+
+#: A bound within this fraction of |J_min| (at least this much) of J_min says nothing more than J_min: vacuous.
+VACUOUS_TOL = 1e-9
+
+
+def _above(bound: float, j_min: float) -> bool:
+    return bool(bound == bound and bound > j_min + VACUOUS_TOL * max(1.0, abs(j_min)))
+
+
+def vacuity_reason(returns, bounds: pd.DataFrame, obs_low=None, obs_high=None) -> str | None:
+    """Why no GRe bound (J̲_E, J̲_CDF, J̲_p of :func:`gre_bounds`' table ``bounds``) at an ε > 0 is above J_min,
+    from the m σ-randomized ``returns`` themselves; None when one is, or the grid has no ε > 0.
+
+    Every bound is at most the returns it bounds: where all m returns are J_min, no m and no horizon lifts one
+    (only a smaller σ or a more noise-robust agent can; ``obs_low``/``obs_high``, the observation space's
+    bounds, put σ beside the narrowest finite range).  Otherwise the CDF bound's limit as m → ∞ (DKW's band
+    → 0, the same empirical returns) at the smallest ε > 0 says whether more paths (``--m``) would lift it, or
+    whether ε√H/σ itself pushes every return's survival probability to nothing (then a shorter horizon or
+    a smaller ε)."""
+    first = bounds.iloc[0]
+    j_min, sigma, horizon, m = float(first[cols.J_MIN]), float(first[cols.SIGMA]), int(first[cols.HORIZON]), \
+        int(first["m"])
+    positive = bounds[bounds[cols.EPS] > 0]
+    if positive.empty or any(_above(float(r[c]), j_min) for _, r in positive.iterrows()
+                             for c in (cols.EXPECTATION_BOUND, "cdf_expectation_bound", cols.PERCENTILE_BOUND)):
+        return None
+    x = np.sort(np.asarray(returns, dtype=np.float64))
+    above = float(np.mean(x > j_min + VACUOUS_TOL * max(1.0, abs(j_min))))
+    if above == 0.0:
+        why = (f"no GRe bound is above J_min = {j_min:g} at any eps, and no m or horizon can lift one: all {m} "
+               f"sigma-randomized paths returned J_min over the first {horizon} steps, and a bound is at most "
+               "the returns it bounds; a smaller sigma (or an agent robust to this noise) can")
+        if obs_low is not None and obs_high is not None:
+            width = np.asarray(obs_high, np.float64).ravel() - np.asarray(obs_low, np.float64).ravel()
+            finite = np.flatnonzero(np.isfinite(width) & (width > 0))
+            if finite.size:
+                d = int(finite[np.argmin(width[finite])])
+                why += f" (sigma {sigma:g} is {sigma / width[d]:.0%} of observation {d}'s range {width[d]:.4g})"
+        return why
+    eps = float(positive[cols.EPS].min())
+    widths = np.diff(np.concatenate([[j_min], x]))
+    surv = (x.size - np.arange(x.size)) / x.size
+    limit = j_min + float(stats.Phi(stats.Phi_inv(surv) - eps * math.sqrt(horizon) / sigma) @ widths)
+    if _above(limit, j_min) and limit - j_min >= 1e-3 * (float(first[cols.J_MAX]) - j_min):
+        band = stats.dkw_margin(m, float(first[cols.ALPHA]))
+        return (f"no GRe bound at eps > 0 is above J_min = {j_min:g} with m = {m}: {above:.1%} of the paths "
+                f"returned more than J_min, too few beside DKW's band {band:.3g} at this m; more paths (--m) lift "
+                f"the CDF bound at eps {eps:g} towards {limit:.4g}, its limit as m grows")
+    return (f"no GRe bound at eps > 0 is above J_min = {j_min:g}, and more paths would not help: {above:.1%} of "
+            f"the {m} paths returned more than J_min, and at eps {eps:g} the shift eps*sqrt(H)/sigma = "
+            f"{eps * math.sqrt(horizon) / sigma:.3g} (H = {horizon} steps) leaves the CDF bound at most J_min + "
+            f"{limit - j_min:.3g} even as m grows; a smaller sigma, a shorter --horizon or a smaller eps can")

@@ -192,7 +192,8 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     print(f"agent:  {policy.name}: {_KIND[info['network']]}, {info['format']} format, "
           f"{info['net_spec'].get('arch')} {info['net_spec'].get('hidden', '')}".rstrip(), flush=True)
     print(f"config: {path} ({args.budget} budget; {_horizon_text(args, sizes)}"
-          + (f"; smoothing target {target}{_TARGET_WHY.get(target, '')}" if target else "") + ")", flush=True)
+          + (f"; smoothing target {target}{_TARGET_WHY.get(target, '')}; bound {cfg['bound']}" if target else "")
+          + ")", flush=True)
     if given:
         print(f"skip:   {', '.join(given)} (--skip): not run; the report shows the stages that ran, the audit lists "
               "it as not run", flush=True)
@@ -238,12 +239,27 @@ def _vacuous(bound: float, floor: float) -> str:
     return f"{bound:.4g}" + (" (vacuous)" if bound <= floor + 1e-9 * max(1.0, abs(floor)) else "")
 
 
-def _sigma_lines(run: Path, box: bool) -> list[str]:
+def _obs_bounds(env: str | None) -> tuple:
+    """The observation space's low and high of ``env`` (None, None where it has none to read)."""
+    try:
+        from crop.envs import make_env
+
+        game = make_env(env)
+        space = game.unwrapped.observation_space   # the game's own bounds, before any wrapper
+        game.close()
+        return space.low, space.high
+    except Exception:   # a reason's aside only: no bounds, no aside
+        return None, None
+
+
+def _sigma_lines(run: Path, box: bool, env: str | None = None) -> list[str]:
     """One σ's rows: LoAct's line (:func:`loact_line`), GRe's bounds at each ε beside the global attack's
-    returns (Theorems 2–3) over GRe's horizon, LoRe's bound (Algorithm 3) over its own, each bound that equals
-    the return's floor J_min marked vacuous."""
+    returns (Theorems 2–3, with Kumar et al.'s CDF bound) over GRe's horizon, each bound that equals the
+    return's floor J_min marked vacuous and, where every bound at ε > 0 is, the reason
+    (:func:`crop.certify.gre.vacuity_reason`); LoRe's bound (Algorithm 3) over its own horizon."""
     import pandas as pd
 
+    from crop.certify.gre import vacuity_reason
     from crop.workflow.layout import RUN_FILES
 
     lines = [loact_line(pd.read_csv(run / RUN_FILES["loact"]), box)]
@@ -252,13 +268,18 @@ def _sigma_lines(run: Path, box: bool) -> list[str]:
     j_min, horizon = float(gre["j_min"].iloc[0]), int(gre["horizon"].iloc[0])
     lines.append(f"  GRe and the global attack: the return over the first {horizon} steps (J_min = {j_min:.4g}; "
                  "a bound at J_min is vacuous, none: no bound at that eps)")
-    lines.append(f"  {'eps':>8}  {'GRe J_E':>14}  {'GRe J_p':>14}  {'attack mean':>11}  {'attack median':>13}")
+    lines.append(f"  {'eps':>8}  {'GRe J_E':>14}  {'GRe J_CDF':>14}  {'GRe J_p':>14}  {'attack mean':>11}  "
+                 f"{'attack median':>13}")
     for _, g in gre.iterrows():
         a = attack[(attack["eps"] - g["eps"]).abs() < 1e-12]
         mean = f"{a['return'].mean():.4g}" if len(a) else "—"
         median = f"{a['return'].median():.4g}" if len(a) else "—"
         lines.append(f"  {g['eps']:>8.4g}  {_vacuous(g['expectation_bound'], j_min):>14}  "
+                     f"{_vacuous(g['cdf_expectation_bound'], j_min):>14}  "
                      f"{_vacuous(g['percentile_bound'], j_min):>14}  {mean:>11}  {median:>13}")
+    reason = vacuity_reason(pd.read_csv(run / RUN_FILES["gre_returns"])["return"], gre, *_obs_bounds(env))
+    if reason:
+        lines.append(f"  why vacuous: {reason}")
     if not box and (run / RUN_FILES["lore"]).is_file():
         lore = pd.read_csv(run / RUN_FILES["lore"])
         settings = json.loads((run / "lore.meta.json").read_text())["settings"]
@@ -292,7 +313,7 @@ def results_table(cfg: dict, box: bool) -> list[str]:
         run = run_dir(cfg["results"], env, algo, sigma_label, target)
         lines.append(f"{env} {algo} σ = {sigma_label}" + (
             _chosen(run) if target == "auto" else "" if target in ("q", "action") else f" (target {target})"))
-        lines += _sigma_lines(run, box)
+        lines += _sigma_lines(run, box, env)
     return lines
 
 

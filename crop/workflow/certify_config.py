@@ -40,6 +40,10 @@ QUICK_MAX_HORIZON = 500
 BUDGETS = ("quick", "paper")
 #: The smoothing targets --target offers (the config's ``target``); auto is the default.
 TARGETS = ("auto", "q", "probs", "vote")
+#: The confidence bound of a discrete agent's smoothed outputs (the config's ``bound``): Clopper–Pearson, exact
+#: for the vote's 0/1 samples (there it is never looser than Hoeffding, the workflow's default, whose margin
+#: bounds the same binomial tail), so ``auto`` can weigh the vote at Cohen et al.'s own bound.
+CERTIFY_BOUND = "clopper_pearson"
 
 #: The file that marks a folder as made by `crop certify`: the agent (its sha256), environment and label the
 #: folder's results are of.  Only such a folder, an empty one or a new one is written into without --force.
@@ -165,8 +169,9 @@ def budget_sizes(budget: str, env: str, horizon: int | None = None, episodes: in
 def certify_config(env: str, agent: tuple[str, Path], out: Path, sizes: dict, sigmas: list[float],
                    rewards: dict | None, box: bool, target: str | None = None) -> dict:
     """The workflow config of one policy file (``agent``: its label and absolute path) certified on ``env``
-    with the smoothing ``target`` (none: the network's default), results in ``out``/results; a Box-action
-    environment gets its stages only (no V range, LoRe or local attack) and no target."""
+    with the smoothing ``target`` (none: the network's default) and :data:`CERTIFY_BOUND`, results in
+    ``out``/results; a Box-action environment gets its stages only (no V range, LoRe or local attack), no
+    target and no bound (its LoAct's are exact order statistics)."""
     label, policy = agent
     ec = {"source": "file", "files": {label: {"path": str(policy)}}, "algorithms": [label],
           "sigmas": [float(s) for s in sigmas]}
@@ -178,7 +183,8 @@ def certify_config(env: str, agent: tuple[str, Path], out: Path, sizes: dict, si
         if box and stage not in _BOX_STAGES:
             continue
         ec[stage] = {k: v for k, v in settings.items() if not (box and k in _LOCAL_ATTACK)}
-    return {"results": str(out / "results"), "seed": 0, "environments": {env: ec}}
+    return {"results": str(out / "results"), "seed": 0, **({} if box else {"bound": CERTIFY_BOUND}),
+            "environments": {env: ec}}
 
 
 def policy_sha256(path: Path) -> str:
