@@ -1,7 +1,7 @@
 # Stages 2-3 of every run folder results/{env}/{algo}/sigma-{sigma}: the V range, then the three certificates
 # (LoAct, GRe, LoRe).  A run of another smoothing target than q is {algo} = ALGO@TARGET; every stage reads its
 # algorithm's checkpoint (run_checkpoint), and LoAct and LoRe the run's qrange.json for the targets q and auto
-# (qrange_input; none for probs and vote, which need no V range).  QRange and LoAct also run in each replicate
+# (qrange_input; none for probs and vote, which need no V range).  qrange and LoAct also run in each replicate
 # folder rep-{rep} (config `replicates`), with the replicate's own derived seed.  The command line is
 # `crop COMMAND` with its flags from the stage table (stage_args: the run, its settings, each output after its
 # flag); threads, memory, minutes and GPU are priced by the cost model (rules/common.smk).  Every rule's shell

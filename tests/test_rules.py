@@ -18,7 +18,8 @@ from paths import REPO
 SMOKE = REPO / "tests" / "configs" / "smoke.yaml"
 
 #: Reads the workflow with Snakemake's API (no DAG, no job) and prints each rule's files, params and inputs,
-#: its patterns without the wildcards' constraints.
+#: its patterns without the wildcards' constraints.  ``WorkflowApi._workflow`` is the parsed workflow of the
+#: Snakemake pyproject.toml pins (9.27.1); in a process of its own, since parsing it changes the working folder.
 LOAD = r"""
 import json, sys
 from pathlib import Path
