@@ -58,7 +58,8 @@ onstart:
 
 
 include: "rules/checkpoint.smk"
-include: "rules/stages.smk"
+include: "rules/certify.smk"
+include: "rules/attacks.smk"
 include: "rules/aggregate.smk"
 include: "rules/audit.smk"
 

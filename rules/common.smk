@@ -1,6 +1,6 @@
-# Shared set-up: validate the config (before any job is scheduled), input functions, and the per-run rules'
-# blocks (rules/stages.smk) built from the stage table (crop/workflow/stage_table.py); every path comes from
-# crop/workflow/layout.py.
+# Shared set-up: validate the config (before any job is scheduled), input functions, and the helpers the per-run
+# rules (rules/certify.smk, rules/attacks.smk) read the stage table (crop/workflow/stage_table.py) through: their
+# command lines and what their jobs ask for; every other path comes from crop/workflow/layout.py.
 import json
 import os
 import re
@@ -29,7 +29,7 @@ from crop.workflow.config import (
 from crop.agents.registry import checkpoint_source
 from crop.report.provenance import config_hash
 from crop.workflow.partial import config_plan, config_run_files
-from crop.workflow.stage_table import STAGES, meta_name, stage, stage_settings
+from crop.workflow.stage_table import stage, stage_settings
 
 # Every policy file is opened and checked here too (crop validate-config's checks), before any job; a policy
 # network's default target (probs) is filled in from its file.  A module:Id environment imports its module
@@ -87,28 +87,10 @@ def floats(xs):
     return " ".join(repr(float(x)) for x in xs)
 
 
-# A run folder and its replicate k >= 1 (config `replicates`), as Snakemake patterns (crop.workflow.layout.run_dir).
-def run_pattern(root=None, replicate=False):
-    return str(layout.run_dir(root or R, "{env}", "{algo}", "{sigma}", replicate="{rep}" if replicate else 0))
-
-
-def stage_outputs(name, replicate=False):
-    """A stage's output block: each output of its row of the stage table, and the provenance file beside it."""
-    d, out = run_pattern(replicate=replicate), {}
-    for o in stage(name).outputs:
-        out[o.key] = f"{d}/{o.file}"
-        if o.meta:
-            out[f"{o.key}_meta"] = f"{d}/{meta_name(o.file)}"
-    return out
-
-
-def stage_log(name, replicate=False, kind="logs", ext="log"):
-    rep = "{rep}" if replicate else 0
-    return str(layout.job_log(R, stage(name).rule, "{env}", "{algo}", "{sigma}", rep, kind, ext))
-
-
-def stage_benchmark(name, replicate=False):
-    return stage_log(name, replicate, "benchmarks", "tsv")
+# A run folder and its replicate k >= 1 (config `replicates`) below the results folder, as Snakemake patterns
+# (crop.workflow.layout.run_dir; tests/test_rules.py checks the rules' files against the layout).
+RUN = "{env}/{algo}/sigma-{sigma}"
+REP = "{env}/{algo}/sigma-{sigma}/rep-{rep}"
 
 
 def predicted(name, key, gpus=None):
@@ -157,18 +139,6 @@ def stage_resources(name):
         "runtime": predicted(r, "runtime", gpus),
         **lane,
     }
-
-
-def stage_inputs(name):
-    """Input function of a stage: its algorithm's checkpoint, and the run's V range where the row reads one."""
-    row = stage(name)
-
-    def inputs(w):
-        files = {"model": run_checkpoint(w), "record": run_checkpoint_record(w)}
-        qrange = qrange_input(w) if row.v_range else []
-        return {**files, "qrange": qrange} if qrange else files
-
-    return inputs
 
 
 def stage_args(name, replicate=False):

@@ -145,6 +145,38 @@ def cmd_toy(args):
     write_json(args.out, {"rounds": args.rounds, "alpha": args.alpha, "knob": args.knob, "target": args.target})
 '''
 
+#: the toy's rule and its replicate rule, written like those of rules/certify.smk
+TOY_RULES = """
+
+rule toy:
+    input:
+        model=run_checkpoint,
+        record=run_checkpoint_record,
+        qrange=qrange_input,
+    output:
+        toy=f"{R}/{RUN}/toy.json",
+    log:
+        f"{R}/logs/{RUN}/toy.log",
+    threads: stage_job_threads("toy")
+    resources:
+        **stage_resources("toy"),
+    params:
+        command="toy",
+        args=stage_args("toy"),
+    shell:
+        "crop {params.command} {params.args} > {log:q} 2>&1"
+
+
+use rule toy as toy_replicate with:
+    output:
+        toy=f"{R}/{REP}/toy.json",
+    log:
+        f"{R}/logs/{REP}/toy.log",
+    params:
+        command="toy",
+        args=stage_args("toy", replicate=True),
+"""
+
 #: run with the toy stage added: its plan, its SLURM resources, its subcommand and its files
 TOY_CHECK = """import sys, json, contextlib, io; sys.path.insert(0, sys.argv[1]); import toy_stage
 from crop.workflow import cost, layout; from crop.report import integrity; from crop.__main__ import HANDLERS, main
@@ -172,12 +204,12 @@ main(['toy', '--env', 'CartPole-v0', '--algo', 'StdTrain', '--sigma', '0.1', '--
 
 @pytest.mark.slow
 def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_a_price_and_run_files(tmp_path):
-    """Adding a per-run stage is its row (with its own settings block and cost function) and its handler: the
-    dry run, crop plan, the SLURM resources, the CLI and the layout take it up."""
+    """Adding a per-run stage is its row (with its own settings block and cost function), its handler and its
+    rule: the dry run, crop plan, the SLURM resources, the CLI and the layout take it up."""
     (tmp_path / "toy_stage.py").write_text(TOY)
-    # the workflow: the repository's Snakefile read after the row is added
+    # the workflow: the repository's Snakefile read after the row is added, then the toy's rules
     (tmp_path / "Snakefile").write_text(f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport toy_stage\n\n"
-                                        f"include: {str(REPO / 'Snakefile')!r}\n")
+                                        f"include: {str(REPO / 'Snakefile')!r}\n" + TOY_RULES)
     cfg = yaml.safe_load((REPO / "tests/configs/smoke.yaml").read_text())
     cfg["replicates"] = 2
     cfg["environments"]["CartPole-v0"].update(algorithms=["StdTrain"], sigmas=[0.1], toy={"rounds": 5})

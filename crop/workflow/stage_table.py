@@ -3,13 +3,14 @@ V range, the config settings it takes, its ``crop`` subcommand's help, its extra
 what its jobs cost and ask of a cluster (its cost, memory and device functions), whether it is replicated, what the
 report's captions quote of its settings.
 
-Every other statement of these facts is derived from this table: the per-run rules (one rule per row, and a
-replicate rule where the row says so: ``rules/stages.smk``, with the blocks of ``rules/common.smk``), the file
-names of :mod:`crop.workflow.layout`, the ``crop`` subcommands with their ``--out*`` flags and settings
-(:mod:`crop.workflow.cli`), :class:`crop.handlers.stages.StageRun`, the stages a run folder may hold
+Every other statement of these facts is derived from this table: the per-run rules' command lines, threads and
+resources (``rules/common.smk``; the rules themselves, one per row and a replicate rule where the row says so, are
+written out in ``rules/certify.smk`` and ``rules/attacks.smk`` with their files, which tests/test_rules.py checks
+against this table), the file names of :mod:`crop.workflow.layout`, the ``crop`` subcommands with their ``--out*``
+flags and settings (:mod:`crop.workflow.cli`), :class:`crop.handlers.stages.StageRun`, the stages a run folder may hold
 (:mod:`crop.report.integrity`), the jobs of the cost model (:mod:`crop.workflow.cost`), the report's captions
 (:mod:`crop.report.captions`) and the rules/flags table of
-docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its handler
+docs/layout.md (:func:`layout_table`).  Adding a per-run stage is its row (:func:`add_stage`), its rule, its handler
 (the function of :data:`crop.__main__.HANDLERS` its subcommand runs), its cost function and its algorithm
 module (and, for a stage on one thread, its rule in the SLURM profile's ``groups``, where the plan prices it as
 grouped: :func:`crop.workflow.cost.stage_group`).  No torch and no environments: the Snakefile and ``crop
@@ -250,9 +251,10 @@ RUN_FILES: dict[str, str] = {k: f for row in STAGES.values() for k, f in row.fil
 
 
 def add_stage(row: StageRow) -> None:
-    """Add a per-run stage after the others: its rule, its subcommand, its files and its jobs' price follow from
-    the row, and its ``block`` (settings of its own) joins the config schema's environment blocks.  Call it
-    before the Snakefile is read and before :mod:`crop.workflow.layout` or the report is imported (they keep what
+    """Add a per-run stage after the others: its subcommand, its files, its rule's command line and its jobs'
+    price follow from the row, and its ``block`` (settings of its own) joins the config schema's environment
+    blocks; its rule is written like those of ``rules/certify.smk``.  Call it before the Snakefile is read and
+    before :mod:`crop.workflow.layout` or the report is imported (they keep what
     they derive from the table); refuses then, and refuses a name, a file or a block another stage has."""
     import sys
 
