@@ -297,22 +297,22 @@ def test_an_actor_that_returns_nan_is_called_an_actor(imported):
     from crop.certify.attack import GlobalAttackSettings, run_global_attack
     from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.models import load_checkpoint
-    from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork, SmoothingSettings
+    from crop.smoothing.smoothed import NonFiniteOutputError, SmoothedNetwork, SmoothingSettings
 
     net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
     with torch.no_grad():
         for p in net.actor.parameters():
             p.fill_(math.nan)
-    with pytest.raises(NonFiniteQError, match=r"^the actor returned NaN or inf at step 0"):
+    with pytest.raises(NonFiniteOutputError, match=r"^the actor returned NaN or inf at step 0"):
         sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 4, 5, 1.0, seed=1, env_seed=2))
-    with pytest.raises(NonFiniteQError, match=r"^the actor returned NaN or inf during the attack"):
+    with pytest.raises(NonFiniteOutputError, match=r"^the actor returned NaN or inf during the attack"):
         run_global_attack("Pendulum-v1", net, GlobalAttackSettings(0.1, [0.2], [[5]], 5, steps=2, n_eot=2))
     policy = mlp([3, 4, 2], 0)
     policy.network_kind = "policy"
     with torch.no_grad():
         policy[0].weight.fill_(math.nan)
     sm = SmoothedNetwork(policy, SmoothingSettings(0.1, 8, 0.0, 1.0, 0.05, target="probs"), 2)
-    with pytest.raises(NonFiniteQError, match=r"^the policy network returned NaN or inf at state 3"):
+    with pytest.raises(NonFiniteOutputError, match=r"^the policy network returned NaN or inf at state 3"):
         sm.estimate(np.zeros(3, np.float32), index=3)
     from crop.names import network_name
 

@@ -367,9 +367,9 @@ def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path, re
     import socket
     import time
 
-    from crop.models import save_q_network
+    from crop.models import save_network
 
-    save_q_network(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)),
+    save_network(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)),
                    tmp_path / "p.pt")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"results": "results", "environments": {"CartPole-v0": {
         "source": "file", "files": {"StdTrain": {"path": "p.pt"}}, "algorithms": ["StdTrain"], "sigmas": [0.1],

@@ -90,13 +90,13 @@ def test_another_network_is_not_reported_identical(results, tmp_path, mlp_factor
     """loact.csv computed with network B while model.pt (and the metas' sha256) are A's: the record's injected
     ``--checkpoint=B`` is refused, and without it the re-run uses A and differs."""
     from crop.__main__ import main
-    from crop.models import save_q_network
+    from crop.models import save_network
 
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     a = layout.checkpoint_path(results, "CartPole-v0", "StdTrain")
     b = tmp_path / "B" / "model.pt"
     b.parent.mkdir()
-    save_q_network(mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=7, scale=3.0), b)
+    save_network(mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=7, scale=3.0), b)
     write_json(b.with_suffix(".json"), {**read_json(a.with_suffix(".json")), "sha256": sha256_file(b)})
     before = (d / RUN_FILES["loact"]).read_bytes()
     main(["loact", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--seed", "3", "--device", "cpu",

@@ -45,10 +45,10 @@ def _train_settings(args) -> dict:
 
 def _save_policy(args, net, record: dict, stage: str, device: str, started: float, inputs=None) -> None:
     from crop.io import provenance, sha256_file, write_json
-    from crop.models import save_q_network
+    from crop.models import save_network
 
     out = Path(args.out)
-    save_q_network(net, out)
+    save_network(net, out)
     record.update(env=args.env, algo=args.algo, sha256=sha256_file(out),
                   provenance=provenance(stage, recorded_settings(args), seed=args.seed, device=device, started=started,
                                         inputs=inputs))

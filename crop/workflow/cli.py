@@ -221,10 +221,10 @@ def run(handlers: dict, argv=None) -> None:
         if isinstance(exc, OutputError):  # full disk, read-only folder: one line, nothing half-written
             print(f"crop {args.command}: error: {exc.strerror}", file=sys.stderr)
             sys.exit(1)
-        from crop.smoothing.smoothed import NonFiniteQError
+        from crop.smoothing.smoothed import NonFiniteOutputError
         from crop.train.dqn import TrainingFailed
 
-        if isinstance(exc, (NonFiniteQError, CheckpointError, TrainingFailed)):
+        if isinstance(exc, (NonFiniteOutputError, CheckpointError, TrainingFailed)):
             print(f"crop {args.command}: error: {exc}", file=sys.stderr)
             sys.exit(1)
         raise
