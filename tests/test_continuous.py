@@ -354,6 +354,18 @@ def test_order_indices_are_the_exact_binomial_ones():
         assert k == max(ok_lo) and k2 == min(ok_hi)
 
 
+def test_the_schema_states_the_default_action_tolerance_the_certifier_uses():
+    """loact.action_tolerance's null means percentile.DEFAULT_TOLERANCE of each range: the schema's text (which
+    --action-tolerance's help shows) says that number, and no other percentage."""
+    import re
+
+    from crop.certify.percentile import DEFAULT_TOLERANCE
+    from crop.workflow.cli_options import schema_node
+
+    text = schema_node("environment.loact")["properties"]["action_tolerance"]["description"]
+    assert re.findall(r"(\d+(?:\.\d+)?) %", text) == [f"{100 * DEFAULT_TOLERANCE:g}"], text
+
+
 def test_the_played_action_is_the_empirical_h_p_the_intervals_certify():
     """π̃ plays sup{y : F_m(y) ≤ p} of the m samples' empirical CDF (the sup definition of h_p the certificate
     is for), per dimension, for m·p whole or not."""
