@@ -167,7 +167,7 @@ def run_loact_continuous(env_id: str, net, settings: PercentileSettings, *, prof
             if settings.reward_clip is not None:
                 r = min(max(float(r), settings.reward_clip[0]), settings.reward_clip[1])
             for k in range(d):
-                row = {cols.EPISODE: ep, cols.STEP: t, "dim": k, "action": float(action[k]),
+                row = {cols.EPISODE: ep, cols.STEP: t, "dim": k, cols.ACTION: float(action[k]),
                        cols.CERTIFIED: bool(radius[k] > 0), cols.RADIUS: float(max(radius[k], 0.0)),
                        "tolerance": float(tol[k]), "reward": float(r)}
                 for g, f in enumerate(eps_factors):
