@@ -359,9 +359,9 @@ def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path, repo):
-    """The race as reproduced: run A is stopped (SIGSTOP) just after Snakemake took its lock, before onstart
-    records it as the owner, while the record still names the previous run's dead PID.  Run B, started then,
-    must be stopped by A's lock (it used to clear it and proceed); A then finishes."""
+    """The race: run A is stopped (SIGSTOP) just after Snakemake took its lock, before onstart records it as the
+    owner, while the record still names the previous run's dead PID.  Run B, started then, must be stopped by A's
+    lock, not clear it and proceed; A then finishes."""
     import json
     import signal
     import socket
