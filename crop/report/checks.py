@@ -48,7 +48,7 @@ from scipy import stats as st
 
 from crop import columns as cols
 from crop.io import meta_path, read_csv, read_json
-from crop.report.check_inputs import TOL, chance_inputs, row, spec_fact
+from crop.report.check_inputs import TOL, chance_inputs, row
 from crop.report.checks_flips import (
     check_certified_steps_not_flipped,
     flip_probability_bound,
@@ -65,7 +65,7 @@ from crop.report.checks_lore import (
     lore_root_bound,
 )
 from crop.report.clips import clip_text, reward_clips
-from crop.report.metrics import parse_run, read_lore_meta
+from crop.report.metrics import parse_run, read_lore_meta, spec_fact
 from crop.workflow.layout import RUN_FILES, base_run, checkpoint_record, replicate_of, split_run_algo
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",

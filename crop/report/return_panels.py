@@ -16,8 +16,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from crop import columns as cols
-from crop.report.check_inputs import spec_fact
-from crop.report.metrics import lore_valid_until
+from crop.report.metrics import lore_valid_until, spec_fact
 from crop.report.style import (
     BOUND_Z,
     attack_line,
