@@ -27,7 +27,7 @@ from crop.workflow.config import (
     validate_config,
 )
 from crop.agents.registry import checkpoint_source
-from crop.report.provenance import config_hash
+from crop.audit.provenance import config_hash
 from crop.workflow.partial import config_plan, config_run_files
 from crop.workflow.stage_table import STAGES, meta_name, stage, stage_settings
 

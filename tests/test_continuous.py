@@ -863,8 +863,8 @@ def test_a_gre_bound_and_attacked_returns_of_different_rewards_are_untestable_no
     (GRe clipped, the attack not) they say nothing of the certificate: p = 1, untestable, with why."""
     import pandas as pd
 
-    from crop.report.audit import classify
-    from crop.report.checks import _same_rewards, check_gre_vs_global_attack
+    from crop.audit.audit import classify
+    from crop.audit.checks import _same_rewards, check_gre_vs_global_attack
 
     gre = pd.DataFrame({"eps": [0.0], "p": [0.5], "expectation_bound": [8.0], "percentile_bound": [9.0],
                         "percentile_certified": [True], "j_min": [-10.0], "j_max": [30.0]})
@@ -953,7 +953,7 @@ def test_a_mujoco_replicate_is_pooled_only_with_its_runs_clip(tmp_path):
     _need_mujoco()
     import shutil
 
-    from crop.report.audit import audit
+    from crop.audit.audit import audit
     from crop.report.integrity import IntegrityError
     from crop.report.metrics import load_runs
 
@@ -983,11 +983,11 @@ def test_a_mujoco_replicate_is_pooled_only_with_its_runs_clip(tmp_path):
 
 def test_a_continuous_agents_loact_summaries_agree_with_its_steps_until_edited(imported, tmp_path):
     """The audit recomputes a continuous-action agent's certified_ratio.csv and loact_episodes.csv from its
-    per-step-and-dimension loact.csv (crop.report.agreement): the stage's own files agree; an edited summary
+    per-step-and-dimension loact.csv (crop.audit.agreement): the stage's own files agree; an edited summary
     with its meta's hash rewritten does not."""
     import pandas as pd
 
-    from crop.report.agreement import run_disagreements
+    from crop.audit.agreement import run_disagreements
 
     from synthetic_results import rewrite_csv
 

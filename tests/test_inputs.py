@@ -340,7 +340,7 @@ def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
     """A policy network's run (ENV/ALGO@probs/sigma-S) has no qrange stage: the audit takes it as complete."""
     import shutil
 
-    from crop.report.audit import audit
+    from crop.audit.audit import audit
     from crop.report.integrity import stages_present
 
     from synthetic_results import make_results, runs_of

@@ -236,7 +236,7 @@ def test_the_rules_pass_the_pilot_to_qrange_and_the_choice_to_the_certifiers(tmp
 
 
 def test_the_audit_rerun_checks_the_pilot_flags_and_accepts_the_chosen_target():
-    from crop.report.rerun import _checked_settings, _NotRun, _same_run
+    from crop.audit.rerun import _checked_settings, _NotRun, _same_run
     from crop.workflow.stage_table import STAGES
 
     row = STAGES["qrange"]
@@ -263,7 +263,7 @@ def test_the_audit_rerun_checks_the_pilot_flags_and_accepts_the_chosen_target():
 ])
 def test_the_audit_names_an_auto_runs_target_and_refuses_stages_that_certified_another(tmp_path, stage_target,
                                                                                         chosen, needle):
-    from crop.report.provenance import run_provenance
+    from crop.audit.provenance import run_provenance
 
     run = "CartPole-v0/StdTrain@auto/sigma-0.1"
     d = tmp_path / run

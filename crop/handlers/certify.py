@@ -268,7 +268,7 @@ def cmd_certify(args) -> None:
     report = out / "report.html"
     made = snakemake(out, "--report", str(report), "--configfile", str(config), "--quiet", "all").returncode == 0
     print("\n".join(results_table(cfg, box)))
-    from crop.report.audit import verdict_line
+    from crop.audit.audit import verdict_line
 
     audit = results / "audit" / "audit.json"
     print(f"audit:  {verdict_line(json.loads(audit.read_text()))} ({audit.with_suffix('.md')})")

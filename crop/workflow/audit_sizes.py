@@ -1,7 +1,7 @@
 """Sample sizes from the audit's needs: the fewest attacked episodes that let every check of the audit a
 config will produce fail on its own (docs/audit.md, "Sizes from the audit's needs").
 
-The audit (:mod:`crop.report.audit`) judges its chance-based checks by Tarone's restriction and Holm's
+The audit (:mod:`crop.audit.audit`) judges its chance-based checks by Tarone's restriction and Holm's
 step-down at ``audit.alpha``: a check is in the audit's family — can be significant on its own — when its
 smallest achievable p-value is at most α/K, with K at most the number T of chance-based tests.  So a check
 whose smallest p is ≤ α/T is testable whatever K turns out to be.  A GRe percentile check of n attacked

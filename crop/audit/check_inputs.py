@@ -26,7 +26,7 @@ def row(check: str, eps: float, bound, observed, violation: bool = False, **evid
 
 def chance_inputs(d: Path, env: str, n_actions: int | None = None) -> dict:
     """What the chance estimates need, from the run's files; missing entries are None.  ``n_actions``: the
-    smoothed network's outputs (read from its checkpoint's model.json by :func:`crop.report.checks.run_checks`),
+    smoothed network's outputs (read from its checkpoint's model.json by :func:`crop.audit.checks.run_checks`),
     the actions a flip can go to."""
     def meta(key):
         f = meta_path(d / RUN_FILES[key])
