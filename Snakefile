@@ -72,9 +72,9 @@ rule all:
 
 
 # At the end of every run (not dry runs, not the jobs SLURM runs): the audit's verdict and where the
-# figures, tables and report are (crop/report/summary.py).
+# figures, tables and report are (crop/audit/summary.py).
 onsuccess:
-    from crop.report.summary import print_summary
+    from crop.audit.summary import print_summary
 
     print_summary(R, workflow.overwrite_configfiles)
 
@@ -84,7 +84,7 @@ onsuccess:
 # (crop/workflow/partial.py; docs/hpc.md).  Not after an interrupt (Ctrl-C, SIGTERM), nor for a run asked
 # for some run files only.
 onerror:
-    from crop.report.summary import print_summary
+    from crop.audit.summary import print_summary
     from crop.workflow.partial import report_finished, wants_report
 
     words = ["--table-eps-factors", *floats(CFG["report"]["table_eps_factors"]).split()]

@@ -36,7 +36,7 @@ from crop.certify.gre import GReSettings, sample_randomized_returns
 from crop.certify.gre_resume import GReResume
 from crop.envs import ENV_SPECS
 from crop.io import sha256_file, write_json
-from crop.models import build_network, save_q_network
+from crop.models import build_network, save_network
 
 SPEC = {"arch": "mlp", "in": 4, "hidden": [128, 128], "out": 2}
 
@@ -97,7 +97,7 @@ def _run(cmd, kill_after=None):
 
 
 def kill_and_resume(m: int, kill_at: float, folder: Path) -> None:
-    save_q_network(balancer(), folder / "model.pt")
+    save_network(balancer(), folder / "model.pt")
     write_json(folder / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector", "net_spec": SPEC,
                                        "sha256": sha256_file(folder / "model.pt")})
 

@@ -1,5 +1,5 @@
 """GRe at the simulator's speed: GRe's trajectory steps per core beside a plain loop of the same environment, and
-what a trajectory's start costs (issue 35).
+what a trajectory's start costs.
 
     python benchmarks/gre_reuse.py [--envs CartPole-v0 highway-fast-v0 PongNoFrameskip-v4 FreewayNoFrameskip-v4]
 

@@ -1,4 +1,4 @@
-"""Bounded LoRe on Atari: best-first vs depth-first at the same node budget (issue 37, item 2).
+"""Bounded LoRe on Atari: best-first vs depth-first at the same node budget.
 
 Runs ``crop lore`` (the stage itself) on each given checkpoint directory ``ROOT/ENV/ALGO/checkpoint/model.pt``
 with ``--max-nodes``, ``--report-double`` and both orders, and prints per job: truncated?, the bound at the

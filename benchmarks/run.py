@@ -8,7 +8,7 @@ chunks.  Goal ≤ 1.15.  For the Nature-CNN the Gaussian draw itself costs about
 ``bound_cost_<name>_ms``: the cost of each confidence bound per state at m samples and |A| = 6 (milliseconds, not a
 ratio).
 
-``--device cuda`` (issue 13) prints the GPU lines instead, designed to finish in a few minutes on an
+``--device cuda`` prints the GPU lines instead, designed to finish in a few minutes on an
 H100/H200: ``smoothing_nature_cnn_vs_randn_plus_cl_forward`` (one smoothed step at m against a bare
 ``randn`` + channels-last forward of the same m samples; goal ≤ 1.15), ``per_state_<net>_b<B>_vs_b64_floor``
 (an MLP's cost per state when B states are smoothed in one ``estimate_batch`` call, against the bare forward
@@ -391,7 +391,7 @@ def main():
     ap.add_argument("--skip-cnn", action="store_true")
     ap.add_argument("--bounds-only", action="store_true", help="only the bound_cost_* lines")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                    help="cuda: the GPU lines of issue 13 (see the module docstring) instead of the CPU ones")
+                    help="cuda: the GPU lines (see the module docstring) instead of the CPU ones")
     a = ap.parse_args()
     if a.device == "cuda":
         main_cuda(a)

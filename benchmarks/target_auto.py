@@ -1,4 +1,4 @@
-"""``target: auto`` against the best fixed target, per run of ``config.yaml`` (issue 37): LoAct's mean radius with
+"""``target: auto`` against the best fixed target, per run of ``config.yaml``: LoAct's mean radius with
 ``q`` and with ``vote``, the target the pilot chose, auto/best with a bootstrap interval over episodes, and
 the pilot's time beside LoAct's.
 

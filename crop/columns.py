@@ -1,5 +1,6 @@
 """Column names of the per-run result tables (the CSV files of :data:`crop.workflow.layout.RUN_FILES`) that the report
-reads: each spelled once, here, for the stages that write them and for :mod:`crop.report` that reads them.
+reads: each spelled once, here, for the stages that write them and for :mod:`crop.report` and :mod:`crop.audit`
+that read them.
 Standard library only (nothing is imported).
 
 =====================  ====================================================================================

@@ -7,7 +7,7 @@ from crop.report.captions import audit_settings
 from crop.reference import resolve_reference
 
 AUDIT_REFERENCE = CFG["audit"].get("reference")
-# With a reference: reproduction.md and one figure per environment (crop.report.reproduction).
+# With a reference: reproduction.md and one figure per environment (crop.audit.reproduction).
 REPRODUCTION_MD = [f"{R}/audit/reproduction.md"] if AUDIT_REFERENCE else []
 REPRODUCTION_FIGURES = [f"{R}/audit/reproduction_{env_spec(e).paper_name}.png" for e in ENVS if AUDIT_REFERENCE]
 
@@ -35,7 +35,7 @@ rule audit:
     params:
         out_dir=lambda w, output: os.path.dirname(output.json),
         options=audit_options(),
-        # without audit.strict the job keeps audit.md whatever the verdict (crop.report.audit.exit_status)
+        # without audit.strict the job keeps audit.md whatever the verdict (crop.audit.audit.exit_status)
         keep="" if CFG["audit"].get("strict") else "--report-only",
         config_hash=CONFIG_HASH,
         # read by the captions (report/audit.rst, report/reproduction.rst)

@@ -27,7 +27,7 @@ from crop.workflow.config import (
     validate_config,
 )
 from crop.agents.registry import checkpoint_source
-from crop.report.provenance import config_hash
+from crop.audit.provenance import config_hash
 from crop.workflow.partial import config_plan, config_run_files
 from crop.workflow.stage_table import stage, stage_settings
 
@@ -74,7 +74,7 @@ ALGOS = sorted(
 # {algo} of a run folder is ALGO, or ALGO@TARGET for a smoothing target other than q (crop/workflow/layout.py).
 wildcard_constraints:
     env="|".join(map(re.escape, ENVS)),
-    algo="(?:" + "|".join(map(re.escape, ALGOS)) + ")(?:@(?:probs|vote|auto|action))?",
+    algo=layout.run_algo_pattern(ALGOS),
     sigma=r"[0-9][0-9.e+-]*",
     rep=r"[1-9][0-9]*",
 

@@ -236,11 +236,11 @@ def audit_cli(*args) -> int:
 def tiny_checkpoint(results: Path, algo: str = "StdTrain") -> Path:
     """A random CartPole Q-network with its model.json, where the workflow puts it."""
     from crop.io import sha256_file, write_json
-    from crop.models import save_q_network
+    from crop.models import save_network
 
     ck = checkpoint_path(results, "CartPole-v0", algo)
     ck.parent.mkdir(parents=True)
-    save_q_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), ck)
+    save_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), ck)
     write_json(ck.with_suffix(".json"), {"env": "CartPole-v0", "algo": algo, "profile": "vector",
                                          "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
                                          "sha256": sha256_file(ck)})

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from scipy import stats
 
+from crop.audit.audit import AuditOptions, audit
+from crop.audit.provenance import config_hash
+from crop.audit.reference import DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances, tolerance_for
 from crop.io import meta_name
-from crop.report.audit import AuditOptions, audit
-from crop.report.provenance import config_hash
-from crop.report.reference import DEFAULT_TOLERANCES, ReferenceError, load_reference, load_tolerances, tolerance_for
 from crop.workflow import layout
 from crop.workflow.config import load_config
 from crop.workflow.layout import RUN_FILES
@@ -408,7 +408,7 @@ def test_holm_controls_the_family_of_chance_based_checks():
     audit's family (here every check could reach significance, so Tarone keeps them all) a p-value is a
     violation only when it stays below α after Holm's adjustment; deterministic checks (no p-value) keep their
     verdict."""
-    from crop.report.audit import classify
+    from crop.audit.audit import classify
 
     rng = np.random.default_rng(0)
     base = {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.1, "check": "gre_expectation_vs_pgd_mean",
@@ -580,7 +580,7 @@ def test_auto_sizes_make_every_percentile_check_testable(pristine27, tmp_path):
     exactly those of the 27-run folder, pooled counts included) and picks the fewest episodes whose percentile
     checks are in the audit's family on their own (conservatively: Tarone's K is at most that count, so the
     smaller real K may admit one episode fewer)."""
-    from crop.report.audit import tarone_holm
+    from crop.audit.audit import tarone_holm
     from crop.workflow.audit_sizes import planned_chance_checks
     from crop.workflow.config import validate_config
 
@@ -603,7 +603,7 @@ def test_auto_sizes_make_every_percentile_check_testable(pristine27, tmp_path):
 
 def _null_pvalue(check: dict, rng) -> float:
     """A p-value of ``check`` on attacked data drawn *at* its certified bound (the worst sound case)."""
-    from crop.report.checks import _binom_p, _hoeffding_p
+    from crop.audit.checks import _binom_p, _hoeffding_p
 
     c = check["check"]
     if check.get("vacuous"):   # nothing can fall below a bound that claims nothing
@@ -624,13 +624,13 @@ def _null_pvalue(check: dict, rng) -> float:
 def test_sound_27_runs_fail_at_most_alpha_over_repeated_draws(pristine27, tmp_path):
     """False FAILs over repeated sound draws: every chance-based check of the 27-run folder redrawn at its
     bound (the attacked data as bad as a valid certificate allows, independently across checks), then the
-    audit's families, pooled counts and statuses (crop.report.verdict.classify).  The share of FAILs stays within
+    audit's families, pooled counts and statuses (crop.audit.verdict.classify).  The share of FAILs stays within
     α (binomial slack); so does it for the real audit of a sound folder.  Per-check testing at α without the
     correction would fail nearly always; a fault shared by every run (each check at its own failure level)
     FAILs every time."""
     from scipy import stats as sst
 
-    from crop.report.audit import classify, unit_level
+    from crop.audit.audit import classify, unit_level
 
     rep = audit(pristine27, tmp_path / "audit")
     assert rep["verdict"] != "FAIL"
@@ -711,7 +711,7 @@ def test_hostile_reference_files_are_refused(results, tmp_path, capsys):
 def test_untestable_checks_say_why_even_at_the_edges():
     """A bound at J_min (nothing can fall below it) and a LoRe tree with α spent >= 1 are untestable with a
     reason, never a crash and never passed."""
-    from crop.report.audit import classify
+    from crop.audit.audit import classify
 
     base = {"env": "CartPole-v0", "algo": "StdTrain", "sigma": 0.1, "eps": 0.0, "bound": 0.0, "observed": 1.0,
             "violation": False}
@@ -1005,8 +1005,8 @@ def test_rerun_counts_what_it_cannot_rerun(tmp_path):
     write_json(layout.run_dir(results, "evilmod:Evil-v0", "StdTrain", "0.2") / meta_name(RUN_FILES["attack_global"]),
                {"settings": {"command": "attack-global", "env": "evilmod:Evil-v0", "algo": "StdTrain", "sigma": 0.2},
                 "git_commit": _git_commit(), "device": "cpu"})
-    from crop.report.audit import verdict_of
-    from crop.report.rerun import rerun_jobs
+    from crop.audit.audit import verdict_of
+    from crop.audit.rerun import rerun_jobs
 
     rr = rerun_jobs(results, ["CartPole-v1/StdTrain/sigma-0.2", "evilmod:Evil-v0/StdTrain/sigma-0.2"], 5)
     assert (rr["not_eligible"], rr["not_run"], rr["checked"]) == (1, 1, 0)
@@ -1018,7 +1018,7 @@ def test_chances_use_the_planned_horizon_not_the_realised_length():
     """Every min_p is fixed before the attack ran: a flip count's by the planned steps (horizon × episodes), not
     the realised ones (an attack that succeeds may end its episode early); and a LoRe check whose attacked
     horizon is shorter than LoRe's (a return over fewer steps may lie below J̲ inside the tree) is unassessed."""
-    from crop.report.checks import check_certified_steps_not_flipped, check_lore_vs_local_attack, ville_min_p
+    from crop.audit.checks import check_certified_steps_not_flipped, check_lore_vs_local_attack, ville_min_p
 
     h, sigma = 10, 0.1
     steps = pd.DataFrame({"eps": 0.0, "episode": [0], "step": [0], "obs_digest": ["s0"], "clean_action": 0,
@@ -1042,8 +1042,8 @@ def test_lore_leave_chance_trusts_loact_only_where_lore_certifies_no_more(result
     """P[leave] counts a two-action step LoAct did not certify beyond ε as 0 (both actions stay in LoRe's tree)
     only while LoRe's per-state α is at most LoAct's; a LoRe with a larger α may have certified it, and the
     step then counts 1."""
-    from crop.report.check_inputs import chance_inputs
-    from crop.report.checks_lore import lore_leave_chance
+    from crop.audit.check_inputs import chance_inputs
+    from crop.audit.checks_lore import lore_leave_chance
 
     c = chance_inputs(_run(results), "CartPole-v0", 2)
     steps = c["steps"]
@@ -1083,8 +1083,8 @@ def test_lore_near_tie_is_checked_over_the_piece_of_its_bound(pristine27, tmp_pa
     every piece whose tree excludes an action at LoRe's s0 costs every attacked path a leave bound near 1 there,
     and the check moves to the whole search's piece, which excludes nothing; a return planted below it in
     every run FAILs too."""
-    from crop.report.check_inputs import chance_inputs
-    from crop.report.checks_lore import lore_leave_chance
+    from crop.audit.check_inputs import chance_inputs
+    from crop.audit.checks_lore import lore_leave_chance
 
     root = tmp_path / "tie"
     shutil.copytree(pristine27, root)
@@ -1133,8 +1133,8 @@ def test_flip_bounds_count_the_networks_actions_not_the_envs(results):
     (model.json's net_spec), which may exceed the game's action count, and never falls below the radius columns
     LoRe wrote for the smoother it used (model.json is not hashed); with neither, the flip check is unassessed
     with why, never priced with the environment's count."""
-    from crop.report.check_inputs import chance_inputs
-    from crop.report.checks import _network_actions, check_certified_steps_not_flipped
+    from crop.audit.check_inputs import chance_inputs
+    from crop.audit.checks import _network_actions, check_certified_steps_not_flipped
 
     d = _run(results)
     run = str(d.relative_to(results))

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sst
 
-from crop.report.audit import classify, verdict_of
-from crop.report.checks import (
+from crop.audit.audit import classify, verdict_of
+from crop.audit.checks import (
     check_certified_steps_not_flipped,
     check_lore_vs_local_attack,
     flip_probability_bound,
@@ -361,7 +361,7 @@ def test_lore_secured_keeps_a_rounding_margin_where_rewards_can_be_negative():
     """With r_min < 0 the worst continuation is one product in the audit and a sum of H products in LoRe, both
     rounded to the CSV's digits: a return so far that secures J̲ only within that rounding is not secured (else a
     later leave, a chance event, would be ruled impossible); a clear margin is."""
-    from crop.report.checks_lore import lore_secured
+    from crop.audit.checks_lore import lore_secured
 
     gamma, t, j_t = 0.97, 3, 105.7027822
     worst = sum(gamma ** k for k in range(t, H))

@@ -8,7 +8,7 @@ import torch
 from scipy import stats as sps
 
 from crop.smoothing.engine import Engine, block_plan
-from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork, SmoothingSettings
+from crop.smoothing.smoothed import NonFiniteOutputError, SmoothedNetwork, SmoothingSettings
 
 from networks import Affine
 
@@ -115,7 +115,7 @@ def test_nan_names_the_state_of_the_batch():
     x = np.zeros((4, 3), np.float32)
     x[2, 0] = 100.0
     sm = SmoothedNetwork(_NaNWhereLarge(), SmoothingSettings(0.1, 50, -1, 1, 0.05), 2)
-    with pytest.raises(NonFiniteQError, match="state episode 2 step 0"):
+    with pytest.raises(NonFiniteOutputError, match="state episode 2 step 0"):
         sm.estimate_batch(x, indices=[f"episode {i} step 0" for i in range(4)])
     with pytest.raises(ValueError, match="2 indices for 4 states"):
         sm.estimate_batch(x, indices=[0, 1])

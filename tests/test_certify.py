@@ -109,7 +109,7 @@ def test_certify_a_cartpole_dqn_end_to_end(tmp_path):
         assert row.group(4) == (f"{a['return'].mean():.4g}" if len(a) else "—")
     lore = pd.read_csv(run / "lore.csv")
     assert f"LoRe: return over the first 3 steps >= {lore['lower_bound'].iloc[0]:.4g}" in table
-    from crop.report.audit import verdict_line
+    from crop.audit.audit import verdict_line
 
     audit = json.loads((tmp_path / "mine/results/audit/audit.json").read_text())
     assert f"audit:  {verdict_line(audit)}" in out and audit["verdict"] in ("PASS", "WARN")

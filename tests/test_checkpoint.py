@@ -6,7 +6,7 @@ import torch
 
 from crop.__main__ import main
 from crop.io import read_json, sha256_file, write_json
-from crop.models import CheckpointError, load_network, save_q_network
+from crop.models import CheckpointError, load_network, save_network
 from crop.workflow.layout import RUN_FILES
 
 from paths import SHARED
@@ -16,7 +16,7 @@ SPEC = {"arch": "mlp", "in": 4, "hidden": [16], "out": 2}
 
 def _policy(tmp_path, net, spec=SPEC, sha=None):
     model = tmp_path / "model.pt"
-    save_q_network(net, model)
+    save_network(net, model)
     write_json(tmp_path / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "net_spec": spec,
                                          "sha256": sha or sha256_file(model), "profile": "vector"})
     return model
@@ -65,7 +65,7 @@ def test_pickled_code_is_never_run(tmp_path):
 def test_nan_q_values_abort_with_the_state(tmp_path, mlp_factory, capsys):
     net = mlp_factory(hidden=(16,))
     model = _policy(tmp_path, net)
-    with torch.no_grad():   # a model.pt no crop writer writes (save_q_network refuses it): put in place by hand
+    with torch.no_grad():   # a model.pt no crop writer writes (save_network refuses it): put in place by hand
         net[0].bias.fill_(float("nan"))
     torch.save(net.state_dict(), model)
     write_json(tmp_path / "model.json", {**read_json(tmp_path / "model.json"),

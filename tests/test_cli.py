@@ -13,7 +13,7 @@ import pytest
 import crop
 from crop.__main__ import main
 from crop.io import meta_name, sha256_file, write_json
-from crop.models import save_q_network
+from crop.models import save_network
 from crop.workflow.cli import build_parser
 from crop.workflow.config import ALGORITHMS, load_config, load_schema
 from crop.workflow.layout import RUN_FILES
@@ -122,7 +122,7 @@ def test_the_local_attack_borrows_explicitly(repo):
 def _policy(d: Path):
     d.mkdir(parents=True, exist_ok=True)
     net = random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
-    save_q_network(net, d / "model.pt")
+    save_network(net, d / "model.pt")
     write_json(d / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
                                   "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
                                   "sha256": sha256_file(d / "model.pt")})

@@ -194,11 +194,11 @@ def test_shell_metacharacters_in_paths_are_data(tmp_path, mlp_factory):
     `results:` and in a policy file's path: nothing is executed, and every output lands at the path as written."""
     import torch
 
-    from crop.models import save_q_network
+    from crop.models import save_network
 
     results = "r$(touch PWNED1); `touch PWNED2` 'q\" & x"
     policy = tmp_path / "my policy $(touch PWNED3);'.pt"
-    save_q_network(mlp_factory(hidden=(8,)), policy)
+    save_network(mlp_factory(hidden=(8,)), policy)
     cfg = {"results": results, "environments": {"CartPole-v0": {
         "source": "file", "files": {"StdTrain": {"path": str(policy)}}, "algorithms": ["StdTrain"],
         "sigmas": [0.1], "train": {"eval_episodes": 1}, "qrange": {"m": 10, "episodes": 1, "horizon": 3}}}}

@@ -297,22 +297,22 @@ def test_an_actor_that_returns_nan_is_called_an_actor(imported):
     from crop.certify.attack import GlobalAttackSettings, run_global_attack
     from crop.certify.gre import GReSettings, sample_randomized_returns
     from crop.models import load_checkpoint
-    from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork, SmoothingSettings
+    from crop.smoothing.smoothed import NonFiniteOutputError, SmoothedNetwork, SmoothingSettings
 
     net, _ = load_checkpoint(imported, "Pendulum-v1", "SAC")
     with torch.no_grad():
         for p in net.actor.parameters():
             p.fill_(math.nan)
-    with pytest.raises(NonFiniteQError, match=r"^the actor returned NaN or inf at step 0"):
+    with pytest.raises(NonFiniteOutputError, match=r"^the actor returned NaN or inf at step 0"):
         sample_randomized_returns("Pendulum-v1", net, GReSettings(0.1, 4, 5, 1.0, seed=1, env_seed=2))
-    with pytest.raises(NonFiniteQError, match=r"^the actor returned NaN or inf during the attack"):
+    with pytest.raises(NonFiniteOutputError, match=r"^the actor returned NaN or inf during the attack"):
         run_global_attack("Pendulum-v1", net, GlobalAttackSettings(0.1, [0.2], [[5]], 5, steps=2, n_eot=2))
     policy = mlp([3, 4, 2], 0)
     policy.network_kind = "policy"
     with torch.no_grad():
         policy[0].weight.fill_(math.nan)
     sm = SmoothedNetwork(policy, SmoothingSettings(0.1, 8, 0.0, 1.0, 0.05, target="probs"), 2)
-    with pytest.raises(NonFiniteQError, match=r"^the policy network returned NaN or inf at state 3"):
+    with pytest.raises(NonFiniteOutputError, match=r"^the policy network returned NaN or inf at state 3"):
         sm.estimate(np.zeros(3, np.float32), index=3)
     from crop.names import network_name
 
@@ -352,6 +352,18 @@ def test_order_indices_are_the_exact_binomial_ones():
         ok_lo = [j for j in range(1, m + 1) if binom.cdf(j - 1, m, p_lo) <= alpha]
         ok_hi = [j for j in range(1, m + 1) if binom.sf(j - 1, m, p_hi) <= alpha]
         assert k == max(ok_lo) and k2 == min(ok_hi)
+
+
+def test_the_schema_states_the_default_action_tolerance_the_certifier_uses():
+    """loact.action_tolerance's null means percentile.DEFAULT_TOLERANCE of each range: the schema's text (which
+    --action-tolerance's help shows) says that number, and no other percentage."""
+    import re
+
+    from crop.certify.percentile import DEFAULT_TOLERANCE
+    from crop.workflow.cli_options import schema_node
+
+    text = schema_node("environment.loact")["properties"]["action_tolerance"]["description"]
+    assert re.findall(r"(\d+(?:\.\d+)?) %", text) == [f"{100 * DEFAULT_TOLERANCE:g}"], text
 
 
 def test_the_played_action_is_the_empirical_h_p_the_intervals_certify():
@@ -851,8 +863,8 @@ def test_a_gre_bound_and_attacked_returns_of_different_rewards_are_untestable_no
     (GRe clipped, the attack not) they say nothing of the certificate: p = 1, untestable, with why."""
     import pandas as pd
 
-    from crop.report.audit import classify
-    from crop.report.checks import _same_rewards, check_gre_vs_global_attack
+    from crop.audit.audit import classify
+    from crop.audit.checks import _same_rewards, check_gre_vs_global_attack
 
     gre = pd.DataFrame({"eps": [0.0], "p": [0.5], "expectation_bound": [8.0], "percentile_bound": [9.0],
                         "percentile_certified": [True], "j_min": [-10.0], "j_max": [30.0]})
@@ -941,7 +953,7 @@ def test_a_mujoco_replicate_is_pooled_only_with_its_runs_clip(tmp_path):
     _need_mujoco()
     import shutil
 
-    from crop.report.audit import audit
+    from crop.audit.audit import audit
     from crop.report.integrity import IntegrityError
     from crop.report.metrics import load_runs
 
@@ -971,11 +983,11 @@ def test_a_mujoco_replicate_is_pooled_only_with_its_runs_clip(tmp_path):
 
 def test_a_continuous_agents_loact_summaries_agree_with_its_steps_until_edited(imported, tmp_path):
     """The audit recomputes a continuous-action agent's certified_ratio.csv and loact_episodes.csv from its
-    per-step-and-dimension loact.csv (crop.report.agreement): the stage's own files agree; an edited summary
+    per-step-and-dimension loact.csv (crop.audit.agreement): the stage's own files agree; an edited summary
     with its meta's hash rewritten does not."""
     import pandas as pd
 
-    from crop.report.agreement import run_disagreements
+    from crop.audit.agreement import run_disagreements
 
     from synthetic_results import rewrite_csv
 

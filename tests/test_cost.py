@@ -115,7 +115,7 @@ def test_a_job_on_the_gpu_goes_first():
 
 # --------------------------------------------------------------------------------------------- crop plan
 
-def test_plan_json_has_exactly_the_issue_s_fields(capsys):
+def test_plan_json_has_exactly_its_documented_fields(capsys):
     main(["plan", "--configfile", str(QUICK), "--cores", "2", "--json"])
     out = capsys.readouterr()
     plan = json.loads(out.out)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from crop.models import build_network
-from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork, SmoothingSettings
+from crop.smoothing.smoothed import NonFiniteOutputError, SmoothedNetwork, SmoothingSettings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEV = "cuda"
@@ -56,7 +56,7 @@ def test_results_in_submission_order_and_nan_named_under_graphs():
     sm.estimate_batch(np.zeros((3, 4), np.float32))           # captures the graph for B = 3
     bad = np.zeros((3, 4), np.float32)
     bad[1, 0] = 10
-    with pytest.raises(NonFiniteQError, match="s1"):
+    with pytest.raises(NonFiniteOutputError, match="s1"):
         sm.estimate_batch(bad, indices=["s0", "s1", "s2"])
 
 

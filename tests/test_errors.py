@@ -69,9 +69,9 @@ def test_a_missing_checkpoint_file_is_named(capsys, tmp_path):
 
 
 def test_a_checkpoint_without_its_record_says_how_to_make_one(capsys, tmp_path, mlp_factory):
-    from crop.models import save_q_network
+    from crop.models import save_network
 
-    save_q_network(mlp_factory(hidden=(16,)), tmp_path / "model.pt")
+    save_network(mlp_factory(hidden=(16,)), tmp_path / "model.pt")
     err = _one_line_error(["qrange", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint",
                            str(tmp_path / "model.pt"), "--out", str(tmp_path / "q.json")], capsys)
     assert "no checkpoint record model.json beside it" in err and "crop import --file" in err

@@ -60,9 +60,9 @@ def test_a_full_disk_leaves_no_partial_file(tmp_path, monkeypatch):
 def test_cli_reports_a_full_disk_in_one_line(tmp_path, monkeypatch, capsys, mlp_factory):
     import crop.io as cio
     from crop.io import sha256_file, write_json
-    from crop.models import save_q_network
+    from crop.models import save_network
 
-    save_q_network(mlp_factory(hidden=(16,)), tmp_path / "model.pt")
+    save_network(mlp_factory(hidden=(16,)), tmp_path / "model.pt")
     write_json(tmp_path / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
                                          "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
                                          "sha256": sha256_file(tmp_path / "model.pt")})

@@ -661,7 +661,7 @@ def test_lore_vacuous_points_are_marked_and_the_legend_says_so_once(tmp_path):
 def test_gre_csv_bounds_are_at_least_j_min_and_drawn_as_written(tmp_path):
     """Every bound gre.csv holds is ≥ J_min (Theorem 2's below it is clipped to it, its value kept in
     expectation_bound_raw), the agreement check recomputes the same, and the figure draws what gre.csv holds."""
-    from crop.report.agreement import run_disagreements
+    from crop.audit.agreement import run_disagreements
 
     runs = make_results(tmp_path, {CART: {"StdTrain": [0.1]}})
     d = runs[(CART, "StdTrain", "0.1")]
@@ -687,7 +687,7 @@ def test_gre_csv_bounds_are_at_least_j_min_and_drawn_as_written(tmp_path):
 def test_a_gre_csv_of_the_previous_release_still_agrees_with_its_returns(tmp_path):
     """Before the raw column, gre.csv held Theorem 2's value itself as expectation_bound: a folder made then is
     not a disagreement; the same file with a changed bound still is."""
-    from crop.report.agreement import run_disagreements
+    from crop.audit.agreement import run_disagreements
 
     runs = make_results(tmp_path, {CART: {"StdTrain": [0.1]}})
     d = runs[(CART, "StdTrain", "0.1")]

@@ -21,7 +21,7 @@ from crop.certify import gre_resume
 from crop.certify.gre import GReSettings, sample_randomized_returns
 from crop.certify.gre_resume import GReResume
 from crop.io import sha256_file, write_json
-from crop.models import build_network, save_q_network
+from crop.models import build_network, save_network
 from crop.workflow.layout import RUN_FILES
 
 SPEC = {"arch": "mlp", "in": 4, "hidden": [2], "out": 2}
@@ -43,7 +43,7 @@ def balancer(w=(0.1, 0.5, 1.0, 1.0)):
 def _command(d):
     """``crop gre`` on CartPole with :func:`balancer`, 8 blocks of 50 trajectories, writing into ``d``."""
     d.mkdir(parents=True, exist_ok=True)
-    save_q_network(balancer(), d / "model.pt")
+    save_network(balancer(), d / "model.pt")
     write_json(d / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector", "net_spec": SPEC,
                                   "sha256": sha256_file(d / "model.pt")})
     return ["gre", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.05", "--checkpoint",

@@ -340,7 +340,7 @@ def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
     """A policy network's run (ENV/ALGO@probs/sigma-S) has no qrange stage: the audit takes it as complete."""
     import shutil
 
-    from crop.report.audit import audit
+    from crop.audit.audit import audit
     from crop.report.integrity import stages_present
 
     from synthetic_results import make_results, runs_of
@@ -359,17 +359,17 @@ def test_a_probs_run_without_a_v_range_is_complete_for_the_audit(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_starting_in_the_lock_gap_is_stopped_by_the_live_lock(tmp_path, repo):
-    """The race as reproduced: run A is stopped (SIGSTOP) just after Snakemake took its lock, before onstart
-    records it as the owner, while the record still names the previous run's dead PID.  Run B, started then,
-    must be stopped by A's lock (it used to clear it and proceed); A then finishes."""
+    """The race: run A is stopped (SIGSTOP) just after Snakemake took its lock, before onstart records it as the
+    owner, while the record still names the previous run's dead PID.  Run B, started then, must be stopped by A's
+    lock, not clear it and proceed; A then finishes."""
     import json
     import signal
     import socket
     import time
 
-    from crop.models import save_q_network
+    from crop.models import save_network
 
-    save_q_network(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)),
+    save_network(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)),
                    tmp_path / "p.pt")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"results": "results", "environments": {"CartPole-v0": {
         "source": "file", "files": {"StdTrain": {"path": "p.pt"}}, "algorithms": ["StdTrain"], "sigmas": [0.1],

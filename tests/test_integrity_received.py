@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from crop.audit.audit import AuditOptions, audit, verdict_line
 from crop.io import meta_name, meta_path, read_json, write_json
 from crop.report import aggregate as agg
-from crop.report.audit import AuditOptions, audit, verdict_line
 from crop.workflow import layout
 from crop.workflow.layout import RUN_FILES
 
@@ -322,8 +322,8 @@ def test_a_record_the_report_cannot_read_is_one_problem_naming_file_and_field(re
 
 def test_a_field_no_schema_names_is_a_problem_of_its_run_not_a_traceback(received, tmp_path, monkeypatch):
     """The audit's last guard: whatever a received value makes a check raise is a problem of that run."""
-    from crop.report import audit as audit_module
-    from crop.report.checks import run_checks
+    from crop.audit import audit as audit_module
+    from crop.audit.checks import run_checks
 
     def checks(received, run, full):
         if "GaussAug" in run:
@@ -343,7 +343,7 @@ def test_no_received_record_makes_the_audit_raise(received, tmp_path):
     """Every record of a run and its checkpoint replaced whole, and each of its fields (and the fields of its
     settings, inputs, output and search) set to a value of another type: the audit always ends in a verdict, the
     record's run with an integrity problem or audited as before, never a traceback."""
-    from crop.report.audit import AuditOptions, audit
+    from crop.audit.audit import AuditOptions, audit
 
     run = _run(received, "GaussAug")
     records = sorted(run.glob("*.json")) + [layout.checkpoint_record(received, "CartPole-v0", "GaussAug")]

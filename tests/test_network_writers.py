@@ -1,5 +1,5 @@
 """No model.pt holds a value that is not a finite number: every writer of a network checks it before its
-atomic write (``crop train``, ``crop import``, ``crop derive`` through crop.models.save_q_network; ``crop
+atomic write (``crop train``, ``crop import``, ``crop derive`` through crop.models.save_network; ``crop
 fetch`` before the download is put in place), and a refusal is one line with nothing written."""
 import io
 import json
@@ -9,7 +9,7 @@ import torch
 
 from crop.agents.checkpoints import fetch_checkpoint
 from crop.io import InputError, sha256_file
-from crop.models import CheckpointError, build_network, save_q_network
+from crop.models import CheckpointError, build_network, save_network
 
 SPEC = {"arch": "mlp", "in": 4, "hidden": [8], "out": 2}
 
@@ -24,12 +24,12 @@ def _net(bad: float | None = None):
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_save_q_network_refuses_a_non_finite_network_and_writes_nothing(tmp_path, bad):
+def test_save_network_refuses_a_non_finite_network_and_writes_nothing(tmp_path, bad):
     out = tmp_path / "model.pt"
     with pytest.raises(CheckpointError, match=r"not written: the network's 2.bias: 1 of 2 values NaN or ±inf"):
-        save_q_network(_net(bad), out)
+        save_network(_net(bad), out)
     assert not list(tmp_path.iterdir())
-    save_q_network(_net(), out)   # a finite one is written
+    save_network(_net(), out)   # a finite one is written
     assert out.is_file()
 
 

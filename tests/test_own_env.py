@@ -18,10 +18,10 @@ import pytest
 import torch
 import yaml
 
+from crop.audit.audit import discover_run_folders
 from crop.envs import env_family, env_spec, make_env, profiles, restore, snapshot, snapshot_problem
 from crop.io import meta_name
 from crop.models import build_network
-from crop.report.audit import discover_run_folders
 from crop.report.metrics import parse_run
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.layout import RUN_FILES

@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from crop.report.provenance import config_hash
+from crop.audit.provenance import config_hash
 from crop.workflow.config import validate_config
 
 from paths import REPO
@@ -77,7 +77,7 @@ def _quickstart(plan: dict) -> dict:
 def test_expected_missing_names_the_failed_job_and_its_log_or_the_one_a_run_waited_on(tmp_path):
     """A folder whose GaussAug checkpoint job failed (its log is there, its model is not): the checkpoint folder
     names its job and log, GaussAug's run folder names the job it waited on; without the log, neither says why."""
-    from crop.report.completeness import config_missing
+    from crop.audit.completeness import config_missing
 
     from synthetic_results import make_results
 

@@ -12,7 +12,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from crop.report.audit import audit
+from crop.audit.audit import audit
 from crop.workflow import layout
 from crop.workflow.config import sigma_label, validate_config
 
@@ -100,7 +100,7 @@ def _readme_summary() -> dict[str, str]:
 
 
 def _checks_per_run(global_eps, gre_eps, percentiles, local_eps) -> int:
-    """The audit's soundness checks of one complete run (crop/report/audit.py `_audit_run`) when every
+    """The audit's soundness checks of one complete run (crop/audit/audit.py `_audit_run`) when every
     percentile bound is certified and LoRe's bound is finite at every ε attacked (as in the quick start):
     at each ε both the global attack and GRe have, the expectation bound and each percentile bound against
     the attacked returns; at each ε of the local attack, LoRe's bound against the episode that starts where
@@ -133,7 +133,7 @@ def test_the_readme_summary_is_what_the_quick_start_prints():
         ec["attack"]["global_eps_factors"], ec["gre"]["eps_factors"], ec["gre"]["percentiles"],
         ec["attack"]["local_eps_factors"]) for ec in cfg["environments"].values())
     assert got["Summary"] == f"results in {results}/"
-    # the audit's verdict line (crop/report/audit.py verdict_line): every check counted once, none violated;
+    # the audit's verdict line (crop/audit/audit.py verdict_line): every check counted once, none violated;
     # which of them could not fail is the audit's to say (a WARN, not a pass)
     line = re.fullmatch(r"soundness (PASS|WARN): (\d+) checks \((\d+) ok, 0 violation, 0 suspicious, (\d+) untestable, "
                         r"(\d+) vacuous(?:, (\d+) reported outside the guarantee)?\), "

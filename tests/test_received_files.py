@@ -221,7 +221,7 @@ def test_an_untouched_folder_passes_and_says_what_was_checked(received, tmp_path
 
 @pytest.mark.parametrize("special", sorted(SPECIAL))
 def test_a_reference_or_tolerances_file_that_is_special_is_one_line(tmp_path, special):
-    from crop.report.reference import ReferenceError, load_reference, load_tolerances
+    from crop.audit.reference import ReferenceError, load_reference, load_tolerances
 
     for load, name in ((load_reference, "ref.csv"), (load_tolerances, "tol.yaml")):
         path = SPECIAL[special](tmp_path / name)

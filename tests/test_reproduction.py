@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from crop.audit.audit import AuditOptions, audit
+from crop.audit.checks import flip_probability_bound
+from crop.audit.reference import load_reference
 from crop.io import meta_path, read_json, write_json
 from crop.reference import PAPER_REFERENCE
-from crop.report.audit import AuditOptions, audit
-from crop.report.checks import flip_probability_bound
-from crop.report.reference import load_reference
 from crop.workflow import layout
 from crop.workflow.layout import RUN_FILES
 from crop.workflow.stage_table import STAGES

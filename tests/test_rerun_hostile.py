@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from crop.audit import rerun
+from crop.audit.rerun import rerun_jobs
 from crop.io import meta_name, read_json, sha256_file, write_json
-from crop.report import rerun
-from crop.report.rerun import rerun_jobs
 from crop.workflow import layout
 from crop.workflow.layout import RUN_FILES
 
@@ -71,7 +71,7 @@ def test_a_list_element_cannot_write_outside_the_scratch_folder(results, tmp_pat
 
 def test_a_value_the_schema_refuses_fails_the_audit_without_a_rerun(results, tmp_path):
     """One element added to a recorded list (``frames_window: [0, 200, 7]``): FAIL, naming the record and key."""
-    from crop.report.audit import audit
+    from crop.audit.audit import audit
 
     _edit(results, RUN_FILES["loact"], lambda s: s.update(frames_window=[0, 200, 7]))
     rep = audit(results, tmp_path / "a")
@@ -90,13 +90,13 @@ def test_another_network_is_not_reported_identical(results, tmp_path, mlp_factor
     """loact.csv computed with network B while model.pt (and the metas' sha256) are A's: the record's injected
     ``--checkpoint=B`` is refused, and without it the re-run uses A and differs."""
     from crop.__main__ import main
-    from crop.models import save_q_network
+    from crop.models import save_network
 
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
     a = layout.checkpoint_path(results, "CartPole-v0", "StdTrain")
     b = tmp_path / "B" / "model.pt"
     b.parent.mkdir()
-    save_q_network(mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=7, scale=3.0), b)
+    save_network(mlp_factory(n_in=4, n_out=2, hidden=(16,), seed=7, scale=3.0), b)
     write_json(b.with_suffix(".json"), {**read_json(a.with_suffix(".json")), "sha256": sha256_file(b)})
     before = (d / RUN_FILES["loact"]).read_bytes()
     main(["loact", "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--seed", "3", "--device", "cpu",
@@ -124,7 +124,7 @@ def test_another_network_is_not_reported_identical(results, tmp_path, mlp_factor
 def _audit_rerun(results: Path, out: Path) -> tuple[dict, dict]:
     """The audit with every job re-run, and its loact job; audit.md's headline says FAIL (never that nothing was
     tested) when the verdict is FAIL."""
-    from crop.report.audit import AuditOptions, audit
+    from crop.audit.audit import AuditOptions, audit
 
     rep = audit(results, out, AuditOptions(rerun=5))
     md = (out / "audit.md").read_text()
@@ -178,7 +178,7 @@ def test_a_size_above_the_schema_maximum_is_refused(results):
 def test_a_job_predicted_over_the_budget_is_not_started(results, tmp_path):
     """Sizes within the schema whose product is over the budget: predicted, named and not started; the audit
     says so and is at best WARN; audit.json's rerun block holds the budget and each prediction."""
-    from crop.report.audit import AuditOptions, audit
+    from crop.audit.audit import AuditOptions, audit
 
     _edit(results, RUN_FILES["attack_global"], lambda s: s.update(pgd_steps=10_000, n_eot=100 * s["n_eot"]))
     rep = audit(results, tmp_path / "a", AuditOptions(rerun=5, rerun_budget=1))
@@ -260,7 +260,7 @@ def test_a_job_past_its_memory_cap_is_not_run(results, monkeypatch):
 def test_the_command_is_built_from_values_and_parses_as_the_workflow_passes_it(results, tmp_path):
     """Every word of the rebuilt command is one ``--name=value`` the code built, and the CLI reads it as it
     reads the workflow's ``--settings`` block: the recorded settings again."""
-    from crop.report.rerun import _argv, _checked_settings, _jobs
+    from crop.audit.rerun import _argv, _checked_settings, _jobs
     from crop.workflow.cli import build_parser, stage_params
 
     (run, row, rec), = [j for j in _jobs(results, [RUN])[0] if j[1].rule == "loact"]
@@ -278,7 +278,7 @@ def test_the_command_is_built_from_values_and_parses_as_the_workflow_passes_it(r
 def test_a_record_is_checked_before_anything_runs(received):
     """Checked without a child process: a missing key the command needs, a σ written as text, a size
     recorded as a float, a flag of the wrong type, and inputs that are not a mapping each give one line."""
-    from crop.report.rerun import _checked_settings, _jobs, _NotRun, _verified
+    from crop.audit.rerun import _checked_settings, _jobs, _NotRun, _verified
 
     (_, row, rec), = [j for j in _jobs(received, [RUN])[0] if j[1].rule == "attack_global"]
     cases = [({"command": None}, "attack_global.meta.json settings: 'command' is a required property"),
@@ -314,7 +314,7 @@ def test_an_environment_without_units_is_priced_by_its_family():
 def test_every_record_the_workflow_writes_is_one_the_report_reads(received):
     """Of the shape the report reads, every file a regular one within its cap, every setting one the schema
     allows: no false alarm on the workflow's own records."""
-    from crop.report.audit import _settings_problems
+    from crop.audit.audit import _settings_problems
     from crop.report.records import record_problem, run_record_problems
 
     records = sorted(received.rglob("*.json"))

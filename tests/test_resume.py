@@ -13,7 +13,7 @@ import pytest
 
 from crop.certify.lore import LoRe, Resume, lore_bound_at, run_lore
 from crop.io import meta_name, sha256_file, write_json
-from crop.models import save_q_network
+from crop.models import save_network
 from crop.smoothing import stats
 from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 from crop.workflow.layout import RUN_FILES
@@ -135,7 +135,7 @@ def test_a_resume_file_of_another_run_is_ignored(tmp_path):
 def _setup(d: Path, bound: str):
     d.mkdir(parents=True)
     net = random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0)
-    save_q_network(net, d / "model.pt")
+    save_network(net, d / "model.pt")
     write_json(d / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
                                   "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
                                   "sha256": sha256_file(d / "model.pt")})

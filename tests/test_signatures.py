@@ -33,7 +33,7 @@ def test_at_most_eight_parameters(module):
 
 
 def test_every_module_is_counted():
-    assert {"certify/lore.py", "report/audit.py", "workflow/cli.py", "envs/atari.py"} <= set(MODULES)
+    assert {"certify/lore.py", "audit/audit.py", "workflow/cli.py", "envs/atari.py"} <= set(MODULES)
 
 
 def test_the_count_sees_a_wide_function(tmp_path):

@@ -5,7 +5,7 @@ import torch
 
 from crop.certify.attack import pgd_l2
 from crop.certify.loact import certify_state
-from crop.smoothing.smoothed import BOUNDS, NonFiniteQError, SmoothedNetwork, SmoothingSettings
+from crop.smoothing.smoothed import BOUNDS, NonFiniteOutputError, SmoothedNetwork, SmoothingSettings
 
 
 def test_fresh_noise_for_every_state_and_reproducible_by_seed(mlp_factory):
@@ -46,7 +46,7 @@ class _NaNAfter(torch.nn.Module):
 
 def test_nan_q_values_abort_with_state_index():
     sm = SmoothedNetwork(_NaNAfter(), SmoothingSettings(0.1, 100, -1, 1, 0.05), 2)
-    with pytest.raises(NonFiniteQError, match="state 7"):
+    with pytest.raises(NonFiniteOutputError, match="state 7"):
         sm.estimate(np.zeros(4, np.float32), index=7)
 
 

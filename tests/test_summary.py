@@ -1,4 +1,4 @@
-"""The closing summary of a workflow run (crop/report/summary.py, the Snakefile's onsuccess): the audit's
+"""The closing summary of a workflow run (crop/audit/summary.py, the Snakefile's onsuccess): the audit's
 verdict as audit.json states it, or that there is none; where the figures, tables and report are."""
 import json
 import os
@@ -7,8 +7,8 @@ import time
 import pandas as pd
 import pytest
 
-from crop.report.audit import audit
-from crop.report.summary import run_summary
+from crop.audit.audit import audit
+from crop.audit.summary import run_summary
 from crop.workflow.layout import RUN_FILES
 
 from synthetic_results import make_results, rewrite_csv

@@ -11,7 +11,7 @@ import yaml
 from crop.__main__ import main
 from crop.certify.pilot import CANDIDATES, PilotSettings, choose_target, pilot_states, run_pilot
 from crop.io import derive_seed, meta_name, read_json, sha256_file, write_json
-from crop.models import save_q_network
+from crop.models import save_network
 from crop.smoothing.smoothed import SmoothedNetwork, SmoothingSettings
 from crop.workflow import layout
 from crop.workflow.config import ConfigError, run_targets, validate_config
@@ -76,7 +76,7 @@ def test_the_pilot_takes_a_generator_never_a_smoother():
 
 def _checkpoint(d):
     d.mkdir(parents=True, exist_ok=True)
-    save_q_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), d / "model.pt")
+    save_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=1, scale=3.0), d / "model.pt")
     write_json(d / "model.json", {"env": "CartPole-v0", "algo": "StdTrain", "profile": "vector",
                                   "net_spec": {"arch": "mlp", "in": 4, "hidden": [16], "out": 2},
                                   "sha256": sha256_file(d / "model.pt")})
@@ -167,7 +167,7 @@ def test_auto_without_its_inputs_is_one_line(auto_run, tmp_path, capsys, stage, 
 def test_another_checkpoints_choice_is_refused(auto_run, tmp_path, capsys):
     d, _ = auto_run
     other = _checkpoint(tmp_path / "other")
-    save_q_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=2), tmp_path / "other" / "model.pt")
+    save_network(random_mlp(n_in=4, n_out=2, hidden=(16,), seed=2), tmp_path / "other" / "model.pt")
     rec = read_json(tmp_path / "other" / "model.json")
     write_json(tmp_path / "other" / "model.json", {**rec, "sha256": sha256_file(tmp_path / "other" / "model.pt")})
     with pytest.raises(SystemExit):
@@ -236,7 +236,7 @@ def test_the_rules_pass_the_pilot_to_qrange_and_the_choice_to_the_certifiers(tmp
 
 
 def test_the_audit_rerun_checks_the_pilot_flags_and_accepts_the_chosen_target():
-    from crop.report.rerun import _checked_settings, _NotRun, _same_run
+    from crop.audit.rerun import _checked_settings, _NotRun, _same_run
     from crop.workflow.stage_table import STAGES
 
     row = STAGES["qrange"]
@@ -263,7 +263,7 @@ def test_the_audit_rerun_checks_the_pilot_flags_and_accepts_the_chosen_target():
 ])
 def test_the_audit_names_an_auto_runs_target_and_refuses_stages_that_certified_another(tmp_path, stage_target,
                                                                                         chosen, needle):
-    from crop.report.provenance import run_provenance
+    from crop.audit.provenance import run_provenance
 
     run = "CartPole-v0/StdTrain@auto/sigma-0.1"
     d = tmp_path / run

@@ -129,3 +129,19 @@ def test_config_targets_and_layout():
             assert layout.run_target(layout.run_dir("R", ENV, label, "0.1", t)) == t
     assert layout.split_run_algo("my-method_v1.2+x") == ("my-method_v1.2+x", "q")
     assert "qrange" not in layout.run_files("vote") and layout.run_files("q") == layout.RUN_FILES
+
+
+def test_the_rules_algo_wildcard_matches_every_run_folder_name_and_no_other():
+    """rules/common.smk's {algo} constraint (layout.run_algo_pattern): each algorithm alone (q) and with each
+    target a folder's name spells; no other label, target or separator."""
+    import re
+
+    from crop.names import ACTION_TARGET, AUTO_TARGET, TARGET_NAMES
+
+    labels = ("StdTrain", "my-method_v1.2+x")
+    pattern = re.compile(layout.run_algo_pattern(labels))
+    for label in labels:
+        for t in (*TARGET_NAMES, AUTO_TARGET, ACTION_TARGET):
+            assert pattern.fullmatch(layout.run_algo(label, t)), (label, t)
+    for other in ("GaussAug", "StdTrain@logits", "StdTrain@q", "StdTrain@", "my-method_v1.2xx", "StdTrain-vote"):
+        assert not pattern.fullmatch(other), other

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from crop.__main__ import main
 from crop.io import sha256_file, write_json
-from crop.models import CheckpointError, build_network, load_network, save_q_network
+from crop.models import CheckpointError, build_network, load_network, save_network
 from crop.models.carrl import derive_carrl
 from crop.models.noisy import NoisyLinear, resample_noise
 from crop.train import prepare_training, train_policy
@@ -227,7 +227,7 @@ def test_noisynet_eval_forward_is_deterministic_and_equals_the_mean_network(tmp_
     # State dict: μ and σ only (no noise), and it round-trips through a checkpoint.
     assert sorted(net.state_dict()) == sorted(f"{i}.{p}_{s}" for i in (0, 2, 4) for p in ("weight", "bias")
                                               for s in ("mu", "sigma"))
-    save_q_network(net, tmp_path / "m.pt")
+    save_network(net, tmp_path / "m.pt")
     loaded = load_network(tmp_path / "m.pt", spec)
     assert not loaded.training
     torch.testing.assert_close(loaded(x), mu(x), rtol=0, atol=0)
@@ -254,7 +254,7 @@ def test_carrl_output_is_a_lower_bound_of_q_in_the_l2_ball_and_deterministic(tmp
     torch.testing.assert_close(derive_carrl(base, SPEC, eps=0.0)[0](x), base(x))
     # The checkpoint is the base weights; the spec makes load_network rebuild CARRL.
     assert set(net.state_dict()) == set(base.state_dict())
-    save_q_network(net, tmp_path / "carrl.pt")
+    save_network(net, tmp_path / "carrl.pt")
     loaded = load_network(tmp_path / "carrl.pt", spec)
     torch.testing.assert_close(loaded(x), lb)
     with torch.inference_mode():                             # as the smoothing engine calls it
@@ -314,7 +314,7 @@ def _fake_stdtrain(tmp_path, spec=SPEC, algo="StdTrain"):
     d = tmp_path / "StdTrain"
     d.mkdir()
     net = _net(7, spec)
-    save_q_network(net, d / "model.pt")
+    save_network(net, d / "model.pt")
     write_json(d / "model.json", {"env": "CartPole-v0", "algo": algo, "net_spec": spec, "profile": "vector",
                                   "sha256": sha256_file(d / "model.pt")})
     return d / "model.pt", net
@@ -483,7 +483,7 @@ def test_tiny_atari_training_is_a_deterministic_cnn_that_loads_back(tmp_path):
     for k, v in a.state_dict().items():
         assert torch.equal(v, b.state_dict()[k]), k                      # same seed, same weights (CPU)
     assert any(not torch.equal(v, init.state_dict()[k]) for k, v in a.state_dict().items())   # it learned
-    save_q_network(a, tmp_path / "model.pt")
+    save_network(a, tmp_path / "model.pt")
     loaded = load_network(tmp_path / "model.pt", spec, expected_sha256=sha256_file(tmp_path / "model.pt"))
     x = torch.as_tensor(_pong_frames(8))
     with torch.no_grad():

@@ -36,7 +36,7 @@ SHORT = {**SMALL, "total_steps": 600}
 
 
 def _bytes(net) -> bytes:
-    """model.pt's bytes (crop.models.save_q_network's format)."""
+    """model.pt's bytes (crop.models.save_network's format)."""
     buf = io.BytesIO()
     torch.save({k: v.detach().cpu() for k, v in net.state_dict().items()}, buf)
     return buf.getvalue()

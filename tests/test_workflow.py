@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from crop.audit.provenance import config_hash
 from crop.certify.lore import lore_bound_at
-from crop.report.provenance import config_hash
 from crop.workflow import layout
 from crop.workflow.config import load_config, sigma_label
 from crop.workflow.layout import RUN_FILES

@@ -29,7 +29,7 @@ from crop.envs import make_env, to_obs
 from crop.names import default_of, network_name
 from crop.progress import pbar
 from crop.smoothing.engine import check_noise, resolve_device
-from crop.smoothing.smoothed import NonFiniteQError, SmoothedNetwork
+from crop.smoothing.smoothed import NonFiniteOutputError, SmoothedNetwork
 
 __all__ = ["LocalAttackSettings", "GlobalAttackSettings", "pgd_l2", "project_l2", "run_local_attack",
            "run_global_attack", "global_pgd"]
@@ -91,7 +91,7 @@ def project_l2(delta: torch.Tensor, eps: torch.Tensor, x: torch.Tensor | None = 
 
 def _check(q: torch.Tensor, net, where: str) -> None:
     if not torch.isfinite(q).all():
-        raise NonFiniteQError(f"the {network_name(net)} returned NaN or inf during the attack ({where})")
+        raise NonFiniteOutputError(f"the {network_name(net)} returned NaN or inf during the attack ({where})")
 
 
 class _Runs:

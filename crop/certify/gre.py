@@ -47,7 +47,7 @@ from crop.names import default_of, network_name
 from crop.progress import pbar
 from crop.smoothing import stats
 from crop.smoothing.engine import check_noise, resolve_device
-from crop.smoothing.smoothed import NonFiniteQError
+from crop.smoothing.smoothed import NonFiniteOutputError
 
 __all__ = ["GReSettings", "sample_randomized_returns", "gre_bounds", "TrajectoryNoise", "vacuity_reason"]
 
@@ -248,7 +248,7 @@ def _lockstep(pool, net, dev, settings: GReSettings, b0, m, progress, noted=()):
         for s in range(0, len(idx), chunk):
             q = net(noisy[s:s + chunk])
             if not torch.isfinite(q).all():
-                raise NonFiniteQError(f"the {network_name(net)} returned NaN or inf at step {t} (trajectories "
+                raise NonFiniteOutputError(f"the {network_name(net)} returned NaN or inf at step {t} (trajectories "
                                       f"{b0 + idx[s]}…)")
             actions[s:s + chunk] = q if out_shape else q.argmax(1)
         return actions.cpu().numpy()

@@ -41,7 +41,7 @@ from crop import columns as cols
 from crop.names import default_of
 from crop.smoothing import stats
 from crop.smoothing.engine import check_noise
-from crop.smoothing.smoothed import NonFiniteQError
+from crop.smoothing.smoothed import NonFiniteOutputError
 
 __all__ = ["EPS_FACTORS", "PercentileSettings", "order_indices", "action_intervals", "smoothed_action",
            "run_loact_continuous", "step_ratio"]
@@ -156,7 +156,7 @@ def run_loact_continuous(env_id: str, net, settings: PercentileSettings, *, prof
         noisy = (x.unsqueeze(1) + sigma * torch.randn((len(live), m, *x.shape[1:]), generator=gen)).flatten(0, 1)
         acts = torch.cat([net(noisy[s:s + chunk]) for s in range(0, len(noisy), chunk)])
         if not torch.isfinite(acts).all():
-            raise NonFiniteQError(f"the actor returned NaN or inf at step {t}")
+            raise NonFiniteOutputError(f"the actor returned NaN or inf at step {t}")
         acts = acts.reshape(len(live), m, d).numpy()
         ended = []
         for j, ep in enumerate(live):
@@ -167,7 +167,7 @@ def run_loact_continuous(env_id: str, net, settings: PercentileSettings, *, prof
             if settings.reward_clip is not None:
                 r = min(max(float(r), settings.reward_clip[0]), settings.reward_clip[1])
             for k in range(d):
-                row = {cols.EPISODE: ep, cols.STEP: t, "dim": k, "action": float(action[k]),
+                row = {cols.EPISODE: ep, cols.STEP: t, "dim": k, cols.ACTION: float(action[k]),
                        cols.CERTIFIED: bool(radius[k] > 0), cols.RADIUS: float(max(radius[k], 0.0)),
                        "tolerance": float(tol[k]), "reward": float(r)}
                 for g, f in enumerate(eps_factors):

@@ -27,7 +27,7 @@ import torch
 from crop.certify.loact import certify_estimate
 from crop.names import TARGET_NAMES
 from crop.smoothing.engine import check_noise
-from crop.smoothing.smoothed import BOUNDS, TARGET_RANGE, Estimate, NonFiniteQError
+from crop.smoothing.smoothed import BOUNDS, TARGET_RANGE, Estimate, NonFiniteOutputError
 from crop.smoothing.stats import per_bound_alpha
 
 __all__ = ["PilotSettings", "CANDIDATES", "pilot_states", "run_pilot", "choose_target", "MAX_PILOT_STATES"]
@@ -122,7 +122,7 @@ def run_pilot(net: torch.nn.Module, states: np.ndarray, generator: torch.Generat
             parts.append(net(noisy))
         out = torch.cat(parts)
         if not torch.isfinite(out).all():
-            raise NonFiniteQError(f"the network returned NaN or inf at pilot state {b}")
+            raise NonFiniteOutputError(f"the network returned NaN or inf at pilot state {b}")
         raw_mean = out.double().mean(0).cpu().numpy()
         for t in s.targets:
             r, c = _predicted(_target_samples(out, t, s.v_range).double().cpu().numpy(), raw_mean, t, s, rng)

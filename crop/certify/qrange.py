@@ -33,7 +33,7 @@ from crop.envs import make_env, to_obs
 from crop.names import default_of, network_name
 from crop.progress import pbar
 from crop.smoothing.engine import Engine, block_plan, check_noise, resolve_device
-from crop.smoothing.smoothed import NonFiniteQError
+from crop.smoothing.smoothed import NonFiniteOutputError
 
 __all__ = ["QRangeSettings", "estimate_qrange", "load_qrange", "check_qrange_run", "METHODS"]
 
@@ -137,7 +137,7 @@ def estimate_qrange(env_id: str, net: torch.nn.Module, settings: QRangeSettings,
             q = torch.cat([net(noisy[i:i + step]) for i in range(0, k * c, step)])
             if not torch.isfinite(q).all():
                 b = s0 + int(torch.nonzero(~torch.isfinite(q).view(k, -1).all(1))[0])
-                raise NonFiniteQError(f"the {network_name(net)} returned NaN or inf at episode {live[b]} step {t}")
+                raise NonFiniteOutputError(f"the {network_name(net)} returned NaN or inf at episode {live[b]} step {t}")
             q3 = q.view(k, c, -1)
             if total is None:
                 total = torch.zeros((n, q3.shape[-1]), dtype=torch.float64, device=dev)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from crop import columns as cols
 from crop.io import InputError
 from crop.workflow.certify_config import (
     MARKER,
@@ -226,8 +227,8 @@ def loact_line(loact, box: bool) -> str:
         width = (loact["upper_e1"] - loact["lower_e1"]).mean()
         width = f"; mean width of the action interval at eps = sigma {width:.4g}"
         loact = step_ratio(loact)
-    return (f"  LoAct: {_mean(loact, 'certified'):.1%} of {len(loact)} steps certified (radius > 0), mean radius "
-            f"{_mean(loact, 'radius'):.4g}{width}")
+    return (f"  LoAct: {_mean(loact, cols.CERTIFIED):.1%} of {len(loact)} steps certified (radius > 0), mean radius "
+            f"{_mean(loact, cols.RADIUS):.4g}{width}")
 
 
 def _vacuous(bound: float, floor: float) -> str:
@@ -265,19 +266,19 @@ def _sigma_lines(run: Path, box: bool, env: str | None = None) -> list[str]:
     lines = [loact_line(pd.read_csv(run / RUN_FILES["loact"]), box)]
     gre = pd.read_csv(run / RUN_FILES["gre"])
     attack = pd.read_csv(run / RUN_FILES["attack_global"])
-    j_min, horizon = float(gre["j_min"].iloc[0]), int(gre["horizon"].iloc[0])
+    j_min, horizon = float(gre[cols.J_MIN].iloc[0]), int(gre[cols.HORIZON].iloc[0])
     lines.append(f"  GRe and the global attack: the return over the first {horizon} steps (J_min = {j_min:.4g}; "
                  "a bound at J_min is vacuous, none: no bound at that eps)")
     lines.append(f"  {'eps':>8}  {'GRe J_E':>14}  {'GRe J_CDF':>14}  {'GRe J_p':>14}  {'attack mean':>11}  "
                  f"{'attack median':>13}")
     for _, g in gre.iterrows():
-        a = attack[(attack["eps"] - g["eps"]).abs() < 1e-12]
-        mean = f"{a['return'].mean():.4g}" if len(a) else "—"
-        median = f"{a['return'].median():.4g}" if len(a) else "—"
-        lines.append(f"  {g['eps']:>8.4g}  {_vacuous(g['expectation_bound'], j_min):>14}  "
+        a = attack[(attack[cols.EPS] - g[cols.EPS]).abs() < 1e-12]
+        mean = f"{a[cols.RETURN].mean():.4g}" if len(a) else "—"
+        median = f"{a[cols.RETURN].median():.4g}" if len(a) else "—"
+        lines.append(f"  {g[cols.EPS]:>8.4g}  {_vacuous(g[cols.EXPECTATION_BOUND], j_min):>14}  "
                      f"{_vacuous(g['cdf_expectation_bound'], j_min):>14}  "
-                     f"{_vacuous(g['percentile_bound'], j_min):>14}  {mean:>11}  {median:>13}")
-    reason = vacuity_reason(pd.read_csv(run / RUN_FILES["gre_returns"])["return"], gre, *_obs_bounds(env))
+                     f"{_vacuous(g[cols.PERCENTILE_BOUND], j_min):>14}  {mean:>11}  {median:>13}")
+    reason = vacuity_reason(pd.read_csv(run / RUN_FILES["gre_returns"])[cols.RETURN], gre, *_obs_bounds(env))
     if reason:
         lines.append(f"  why vacuous: {reason}")
     if not box and (run / RUN_FILES["lore"]).is_file():
@@ -286,7 +287,7 @@ def _sigma_lines(run: Path, box: bool, env: str | None = None) -> list[str]:
         h, gamma, r_min = settings["horizon"], settings["gamma"], settings["reward_range"][0]
         floor = r_min * sum(gamma ** t for t in range(h))
         lines.append(f"  LoRe: return over the first {h} steps >= " + ", ".join(
-            f"{_vacuous(r['lower_bound'], floor)} at eps {r['eps']:.4g}" for _, r in lore.iterrows()))
+            f"{_vacuous(r[cols.LOWER_BOUND], floor)} at eps {r[cols.EPS]:.4g}" for _, r in lore.iterrows()))
     return lines
 
 
@@ -330,7 +331,7 @@ def cmd_certify(args) -> None:
     report = out / "report.html"
     made = snakemake(out, "--report", str(report), "--configfile", str(config), "--quiet", "all").returncode == 0
     print("\n".join(results_table(cfg, box)))
-    from crop.report.audit import verdict_line
+    from crop.audit.audit import verdict_line
 
     audit = results / "audit" / "audit.json"
     print(f"audit:  {verdict_line(json.loads(audit.read_text()))} ({audit.with_suffix('.md')})")

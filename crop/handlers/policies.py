@@ -45,10 +45,10 @@ def _train_settings(args) -> dict:
 
 def _save_policy(args, net, record: dict, stage: str, device: str, started: float, inputs=None) -> None:
     from crop.io import provenance, sha256_file, write_json
-    from crop.models import save_q_network
+    from crop.models import save_network
 
     out = Path(args.out)
-    save_q_network(net, out)
+    save_network(net, out)
     record.update(env=args.env, algo=args.algo, sha256=sha256_file(out),
                   provenance=provenance(stage, recorded_settings(args), seed=args.seed, device=device, started=started,
                                         inputs=inputs))
@@ -60,8 +60,9 @@ def cmd_train(args) -> None:
     status 143), and the same command resumes from it; it is deleted once model.pt and model.json are written,
     or when training fails its acceptance test (a final result as well)."""
     from crop.train import prepare_training, train_policy
+    from crop.train.defaults import CHECKPOINT_EVERY
     from crop.train.dqn import TrainingFailed
-    from crop.train.resume import CHECKPOINT_EVERY, ResumeOptions
+    from crop.train.resume import ResumeOptions
 
     started, src = setup(args), _source(args, "train", "train", "is not trained locally")
     recipe, settings = src.get("recipe", args.algo), _train_settings(args)
@@ -214,11 +215,6 @@ def _fill_cache(args) -> None:
           f"of {args.configfile}")
 
 
-# Episodes of the clean greedy return of `crop fetch` / `crop import` run by hand (few: a highway episode
-# steps slowly); the workflow uses the config's train.eval_episodes.
-EVAL_EPISODES_ALONE = 10
-
-
 def _eval_settings(args) -> tuple[int, float | None]:
     """Episodes and target of the clean greedy return of a fetched or imported checkpoint: under the workflow
     (`crop checkpoint`) the config's train block, as for a trained policy; on its own --eval-episodes, else
@@ -226,6 +222,7 @@ def _eval_settings(args) -> tuple[int, float | None]:
     if hasattr(args, "settings"):
         settings = _train_settings(args)
         return settings["eval_episodes"], settings.get("target_return")
+    from crop.train.defaults import EVAL_EPISODES_ALONE
     from crop.workflow.config import target_return
 
     return args.eval_episodes or EVAL_EPISODES_ALONE, target_return(args.env, None)

@@ -37,7 +37,7 @@ def _complete_runs(results: Path) -> list[str]:
     """Every complete run folder under ``results``; InputError naming what incomplete ones miss, or the first
     file that is not a regular file of the folder within its cap
     (:func:`crop.report.records.received_file_problems`)."""
-    from crop.report.audit import discover_run_folders, discover_runs
+    from crop.audit.audit import discover_run_folders, discover_runs
     from crop.report.records import received_file_problems
     from crop.workflow.layout import RUN_FILES
 
@@ -81,7 +81,7 @@ def _config_hash(args) -> str | None:
     """--config-hash, or the hash of --config (validated); InputError when both are given and differ."""
     if not args.config:
         return args.config_hash
-    from crop.report.provenance import config_hash
+    from crop.audit.provenance import config_hash
     from crop.workflow.config import ConfigError, load_config
 
     try:
@@ -94,7 +94,7 @@ def _config_hash(args) -> str | None:
 
 
 def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
-    from crop.report.audit import verdict_line
+    from crop.audit.audit import verdict_line
     from crop.report.markdown import printable
 
     def print(line):   # a received name holds no newline or escape sequence on the terminal
@@ -121,8 +121,8 @@ def _print_audit(results: Path, out_dir: Path, report: dict) -> None:
 
 
 def cmd_audit(args) -> None:
-    from crop.report.audit import AuditOptions, audit, exit_status
-    from crop.report.reference import ReferenceError
+    from crop.audit.audit import AuditOptions, audit, exit_status
+    from crop.audit.reference import ReferenceError
 
     results, runs = _results_and_runs(args)
     out_dir = Path(args.out_dir) if args.out_dir else results / "audit"
@@ -148,7 +148,7 @@ def _declared_skips(args, results: Path, runs) -> tuple:
     from crop.workflow.stage_table import STAGES
 
     if args.config:
-        from crop.report.audit import discover_run_folders
+        from crop.audit.audit import discover_run_folders
         from crop.workflow.config import ConfigError, load_config
 
         try:

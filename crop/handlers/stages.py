@@ -221,7 +221,7 @@ def cmd_loact(args) -> None:
     settings = LoActSettings(args.episodes, args.horizon, _episode_seeds(args.seed, args.env, args.episodes),
                              frames_window=tuple(args.frames_window))
     steps, episodes = run_loact(args.env, sm, settings, profile=st.profile, progress=args.progress, frames=frames)
-    longest = int(episodes["steps"].max())
+    longest = int(episodes[cols.STEPS].max())
     st.write({"target": st.target, "v_min": st.v_min, "v_max": st.v_max, "states_certified": int(len(steps)),
               "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha, "per_bound_alpha": sm.alpha_each,
               "confidence": {"per_state": 1 - sm.alpha, "per_episode": episode_confidence(sm.alpha, longest),
@@ -231,9 +231,9 @@ def cmd_loact(args) -> None:
              loact=steps, loact_episodes=episodes,
              certified_ratio=certified_ratio(steps, args.sigma * np.linspace(0, 4, 81)),
              frames=(lambda p: write_frames(p, frames, args.env), len(frames)))
-    print(f"LoAct {args.env}/{args.algo} σ={args.sigma} target {st.target}: {steps['certified'].mean():.1%} of "
-          f"{len(steps)} steps certified, mean radius {steps['radius'].mean():.4g} (uncertified = 0), "
-          f"benign return {episodes['return'].mean():.1f} ± {episodes['return'].std(ddof=0):.1f}")
+    print(f"LoAct {args.env}/{args.algo} σ={args.sigma} target {st.target}: {steps[cols.CERTIFIED].mean():.1%} of "
+          f"{len(steps)} steps certified, mean radius {steps[cols.RADIUS].mean():.4g} (uncertified = 0), "
+          f"benign return {episodes[cols.RETURN].mean():.1f} ± {episodes[cols.RETURN].std(ddof=0):.1f}")
 
 
 def _loact_continuous(st: StageRun, args) -> None:
@@ -260,7 +260,7 @@ def _loact_continuous(st: StageRun, args) -> None:
                                   tolerance=getattr(args, "action_tolerance", None), seed=st.seed, chunk=args.chunk,
                                   reward_clip=clip)
     steps, episodes, info = run_loact_continuous(args.env, st.net, settings, profile=st.profile, progress=args.progress)
-    longest = int(episodes["steps"].max())
+    longest = int(episodes[cols.STEPS].max())
     per_step = step_ratio(steps)
     st.write({"target": st.target, "certificate": "percentile smoothing per action dimension (Chiang et al. 2020, "
               "Theorem 1)", **info, "alpha_mode": args.alpha_mode, "per_state_alpha": alpha_state,
@@ -277,9 +277,9 @@ def _loact_continuous(st: StageRun, args) -> None:
              # no game frames (vector observations), as a vector environment's: the workflow's one rule
              frames=(lambda p: write_frames(p, [], args.env), 0))
     print(f"LoAct {args.env}/{args.algo} σ={args.sigma} (percentile smoothing, {len(info['tolerance'])} action "
-          f"dimension(s)): {per_step['certified'].mean():.1%} of {len(per_step)} steps certified, mean radius "
-          f"{per_step['radius'].mean():.4g} (uncertified = 0), benign return {episodes['return'].mean():.1f} ± "
-          f"{episodes['return'].std(ddof=0):.1f}")
+          f"dimension(s)): {per_step[cols.CERTIFIED].mean():.1%} of {len(per_step)} steps certified, mean radius "
+          f"{per_step[cols.RADIUS].mean():.4g} (uncertified = 0), benign return {episodes[cols.RETURN].mean():.1f} ± "
+          f"{episodes[cols.RETURN].std(ddof=0):.1f}")
 
 
 def _spec_with_facts(args):
@@ -424,7 +424,7 @@ def cmd_lore(args) -> None:
     print(f"LoRe {args.env}/{args.algo} σ={args.sigma}: {len(table)} critical radii, "
           f"{info['nodes']} nodes{' (budget spent: truncated)' if info['truncated'] else ''}, "
           f"{info['distinct_states_smoothed']} states smoothed, {info['nodes_per_s']} nodes/s, "
-          f"bound at ε=0: {table['lower_bound'].iloc[0]}{_lore_budget_text(info)}")
+          f"bound at ε=0: {table[cols.LOWER_BOUND].iloc[0]}{_lore_budget_text(info)}")
 
 
 def _lore_budget_text(info: dict) -> str:
@@ -463,7 +463,7 @@ def cmd_attack_local(args) -> None:
                              "per_episode": episode_confidence(sm.alpha, args.horizon)}},
              attack_local=table, attack_local_steps=pd.DataFrame(steps))
     print(f"local PGD {args.env}/{args.algo} σ={args.sigma}: min return per ε "
-          f"{_per_eps(table.groupby('eps')['return'].min())}")
+          f"{_per_eps(table.groupby(cols.EPS)[cols.RETURN].min())}")
 
 
 def cmd_attack_global(args) -> None:
@@ -479,7 +479,7 @@ def cmd_attack_global(args) -> None:
     table = run_global_attack(args.env, st.net, settings, profile=st.profile, progress=args.progress)
     st.write(_clip_record(clip), attack_global=table)
     print(f"global PGD {args.env}/{args.algo} σ={args.sigma}: median return per ε "
-          f"{_per_eps(table.groupby('eps')['return'].median())}")
+          f"{_per_eps(table.groupby(cols.EPS)[cols.RETURN].median())}")
 
 
 def _per_eps(values) -> str:

@@ -1,4 +1,4 @@
-"""Q-network architectures and a loader that refuses what it cannot trust.
+"""Network architectures and a loader that refuses what it cannot trust.
 
 An architecture is described by a small JSON-able *spec* (``{"arch": "mlp", "in": 4, "hidden": [128, 128],
 "out": 2}``) that travels with every checkpoint, so a reader of the results knows exactly which function
@@ -16,7 +16,7 @@ from torch import nn
 from crop.io import sha256_file
 from crop.names import MAX_PARAMETERS
 
-__all__ = ["build_network", "load_network", "load_checkpoint", "load_state", "save_q_network", "non_finite",
+__all__ = ["build_network", "load_network", "load_checkpoint", "load_state", "save_network", "non_finite",
            "load_refusal", "pickled_globals", "CheckpointError", "spec_summary", "n_actions", "input_shape",
            "fit_problem"]
 
@@ -290,7 +290,7 @@ def non_finite(net: nn.Module) -> str | None:
     return None
 
 
-def save_q_network(net: nn.Module, path: str | Path) -> None:
+def save_network(net: nn.Module, path: str | Path) -> None:
     """Save a state dict (CPU tensors) atomically; :class:`CheckpointError` (nothing written) where a value is
     not a finite number (:func:`non_finite`)."""
     from crop.io import atomic_write_bytes

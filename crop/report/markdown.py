@@ -1,5 +1,5 @@
 """The one Markdown table writer of the report: tables (:mod:`crop.report.tables`), ``audit.md``
-(:mod:`crop.report.audit`) and ``reproduction.md`` (:mod:`crop.report.reproduction`); and the escapes of a
+(:mod:`crop.audit.audit`) and ``reproduction.md`` (:mod:`crop.audit.reproduction`); and the escapes of a
 received name or value for Markdown text (:func:`md_text`), a code span (:func:`md_code`) and a terminal line
 (:func:`printable`): a folder named ``<img src=x onerror=alert(1)>``, or one whose name holds a newline and
 ``| **PASS** |``, is shown as it is named, never as markup or a row of its own."""

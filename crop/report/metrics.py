@@ -59,7 +59,7 @@ from crop.workflow.layout import (
 )
 
 __all__ = ["load_runs", "read_lore_meta", "RETURN_METRICS",
-           "metric_clip",
+           "metric_clip", "spec_fact",
            "REPLICATE_TABLES", "parse_run", "METRICS", "EPS_METRICS", "metric_value",
            "is_metric", "metric_has_eps", "lore_valid_until", "CONVENTIONS", "mean_radius", "per_step_mean_radius"]
 
@@ -84,6 +84,19 @@ METRICS = {
 EPS_METRICS = {"expectation_bound", "percentile_bound", "lore_bound", "pgd_global_mean", "pgd_global_median",
                "pgd_local_return"}
 _PERCENTILE = re.compile(r"^percentile_bound_p(0?\.\d+|1(\.0*)?|0)$")
+
+
+def spec_fact(env: str, fact: str, *args):
+    """A fact of ``env``'s spec (an attribute, or a method called with ``args``); None when the id names no
+    environment this process knows — an id read from a results folder never imports a module
+    (:func:`crop.envs.env_spec` refuses ``module:Id`` ids the user's config did not give)."""
+    from crop.envs import env_spec
+
+    try:
+        value = getattr(env_spec(env), fact)
+        return value(*args) if args else value
+    except (ValueError, KeyError):
+        return None
 
 
 def parse_run(run: str) -> tuple[str, str, str]:

@@ -28,7 +28,7 @@ _NUMBERS = _of("array", "null", items=_of("number"))
 _PAIR = _of("array", "null", items=_of("number"), minItems=2, maxItems=2)
 
 #: The settings a stage records (its command line's values) that the report reads, by their JSON type (the
-#: re-run checks every setting against its config node itself, :mod:`crop.report.rerun`).
+#: re-run checks every setting against its config node itself, :mod:`crop.audit.rerun`).
 SETTINGS = _of("object", properties={
     "env": _STR, "algo": _STR, "target": _STR, "sigma": _NUM, "alpha": _NUM, "gamma": _NUM, "m": _INT,
     "horizon": _INT, "reward_range": _PAIR, "return_range": _PAIR})

@@ -16,8 +16,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from crop import columns as cols
-from crop.report.check_inputs import spec_fact
-from crop.report.metrics import lore_valid_until
+from crop.report.metrics import lore_valid_until, spec_fact
 from crop.report.style import (
     BOUND_Z,
     attack_line,
@@ -32,7 +31,7 @@ from crop.report.style import (
 __all__ = ["gre_curve", "panel_global", "panel_adasearch", "set_ylim", "return_span", "note_handle",
            "merge_vacuous", "lore_j_min", "VACUOUS_TOL", "VACUOUS_MARKER"]
 
-#: A bound within this of J_min claims nothing (the audit's tolerance, crop.report.checks.TOL).
+#: A bound within this of J_min claims nothing (the audit's tolerance, crop.audit.checks.TOL).
 VACUOUS_TOL = 1e-9
 #: Vacuous points: hollow ▽ (SA-MDP (PGD)'s ▼ is filled).
 VACUOUS_MARKER = {"marker": "v", "mfc": "white", "mew": 1.0, "ls": "none"}
@@ -186,7 +185,7 @@ def panel_global(ax, runs: dict, sigma: float, kind: str) -> list:
 
 def lore_j_min(d: dict, env: str) -> float:
     """The least return over LoRe's horizon (its ``settings``' horizon and γ; the audit's J_min for LoRe,
-    crop.report.checks); −∞ where the run records no horizon or ``env`` is unknown."""
+    crop.audit.checks); −∞ where the run records no horizon or ``env`` is unknown."""
     ls = (d.get("lore_meta") or {}).get("settings") or {}
     rng = spec_fact(env, "return_range", int(ls["horizon"]), float(ls.get("gamma", 1.0))) if ls.get("horizon") else None
     return float(rng[0]) if rng else -np.inf

@@ -315,7 +315,7 @@ def env_tables(env: str, data: dict, table_eps_factors) -> dict[str, tuple[pd.Da
 def env_table_texts(env: str, data: dict, table_eps_factors) -> dict[str, str]:
     """``{file name: text}`` of every table file of ``env``: what :func:`write_env_tables` writes, and what the
     audit recomputes from the runs' files to compare with a received folder's tables byte for byte
-    (:mod:`crop.report.agreement`)."""
+    (:mod:`crop.audit.agreement`)."""
     spec = env_spec(env)
     texts: dict[str, str] = {}
     register_auto_choices(env, data)

@@ -37,7 +37,8 @@ from crop.names import TARGET_NAMES, default_of, network_name
 from crop.smoothing import stats
 from crop.smoothing.engine import Engine, Launched, Noise, check_noise
 
-__all__ = ["SmoothedNetwork", "SmoothingSettings", "Estimate", "NonFiniteQError", "BOUNDS", "TARGETS", "TARGET_RANGE"]
+__all__ = ["SmoothedNetwork", "SmoothingSettings", "Estimate", "NonFiniteOutputError", "BOUNDS", "TARGETS",
+           "TARGET_RANGE"]
 
 #: The smoothing targets (see the module docstring).
 TARGETS = TARGET_NAMES
@@ -45,7 +46,7 @@ TARGETS = TARGET_NAMES
 TARGET_RANGE = {"probs": (0.0, 1.0), "vote": (0.0, 1.0)}
 
 
-class NonFiniteQError(FloatingPointError):
+class NonFiniteOutputError(FloatingPointError):
     """The smoothed network — a Q-network, a policy network or an actor — produced NaN or ±inf; the message
     names it as what it is (:func:`crop.names.network_name`) and where (the state, step or trajectory)."""
 
@@ -251,7 +252,7 @@ class SmoothedNetwork:
         if bad.size:
             b = int(bad[0])
             where = "" if indices is None or indices[b] is None else f" at state {indices[b]}"
-            raise NonFiniteQError(f"the {network_name(self.net)} returned NaN or inf{where} (sigma={self.sigma})")
+            raise NonFiniteOutputError(f"the {network_name(self.net)} returned NaN or inf{where} (sigma={self.sigma})")
         self.calls += job.n
         fn, lo, hi, m = BOUNDS[self.bound][0], self.v_min, self.v_max, self.m
         a_each = stats.per_bound_alpha(alphas, self.n_actions)

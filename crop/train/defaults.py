@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from crop.names import default_of
 
 __all__ = ["DQNConfig", "ENV_DQN_DEFAULTS", "RECIPE_DQN_DEFAULTS", "HYPERPARAMETERS", "dqn_config",
-           "recipe_hyperparameters", "pgd_schedule"]
+           "recipe_hyperparameters", "pgd_schedule", "CHECKPOINT_EVERY", "EVAL_EPISODES_ALONE"]
+
+#: Seconds between two saves of the training state: a save of CartPole's state takes milliseconds, an Atari
+#: replay buffer of 100k transitions is 5.6 GB (seconds on a local disk, more on a network file system).
+CHECKPOINT_EVERY = 600.0
+#: Episodes of the clean greedy return of `crop fetch` / `crop import` run by hand (few: a highway episode
+#: steps slowly); the workflow uses the config's train.eval_episodes.
+EVAL_EPISODES_ALONE = 10
 
 
 @dataclass

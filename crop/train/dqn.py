@@ -361,7 +361,7 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
             accepted = _summary(greedy_returns(q, env_id, accept_seeds, profile, cfg.eval_max_steps),
                                 cfg.total_steps)
     bad = non_finite(q)
-    if bad:   # no model.pt holds one (crop.models.save_q_network refuses it too)
+    if bad:   # no model.pt holds one (crop.models.save_network refuses it too)
         raise TrainingFailed(f"{env_id}/{recipe.name}: the trained network's {bad}")
     if not accepted:
         last = run.evals[-1] if run.evals else None

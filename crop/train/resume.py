@@ -52,12 +52,10 @@ from crop.fingerprint import code_digest, library_versions
 from crop.io import count_value as _count
 from crop.io import finite_value as _real
 from crop.io import open_state_file, sigterm_noted
+from crop.train.defaults import CHECKPOINT_EVERY
 
 __all__ = ["CHECKPOINT_EVERY", "ResumeOptions", "Progress", "Checkpointer", "training_key", "largest_state"]
 
-#: Seconds between two saves of the training state: a save of CartPole's state takes milliseconds, an Atari
-#: replay buffer of 100k transitions is 5.6 GB (seconds on a local disk, more on a network file system).
-CHECKPOINT_EVERY = 600.0
 #: The layout of the file: a file of another layout never matches, training starts afresh.
 FORMAT = 1
 _CODE = ("train", "models", "envs", "certify/attack.py")

@@ -89,7 +89,8 @@ def certify_args(p, algo_type, sigma_type, count_type) -> None:
                    help="quick: a few CPU-minutes for a classic-control agent; paper: the paper's sizes")
     p.add_argument("--horizon", type=count_type,
                    help="the steps of an episode the V range, LoAct and GRe (and so the global attack) cover "
-                        f"(default: quick: the environment's max_episode_steps up to {QUICK_MAX_HORIZON}, 50 for "
+                        f"(default: quick: the environment's max_episode_steps up to {QUICK_MAX_HORIZON}, "
+                        f"{QUICK['gre']['horizon']} for "
                         "an image environment; paper: the paper's)")
     p.add_argument("--episodes", type=count_type, help="LoAct's episodes (default: the budget's)")
     p.add_argument("--m", type=count_type,

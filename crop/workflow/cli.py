@@ -15,6 +15,7 @@ import sys
 
 from crop.io import InputError, json_object
 from crop.names import BOUND_NAMES
+from crop.train.defaults import CHECKPOINT_EVERY, EVAL_EPISODES_ALONE
 from crop.workflow.certify_config import certify_args
 from crop.workflow.cli_options import (
     POS_INT,
@@ -134,15 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("train", "checkpoint"):
         parsers[name].add_argument("--checkpoint-every", type=schema_type({"exclusiveMinimum": 0}), metavar="SECONDS",
                                    help="seconds between saves of the resumable training state (OUT.resume, "
-                                        "also saved on SIGTERM; default: 600, longer for a state that takes "
-                                        "long to save)")
+                                        f"also saved on SIGTERM; default: {CHECKPOINT_EVERY:g}, longer for a state "
+                                        "that takes long to save)")
     for name in ("fetch", "checkpoint"):
         fetch_args(parsers[name])
     for name in ("import", "checkpoint"):
         import_args(parsers[name])
     for name in ("fetch", "import"):
         parsers[name].add_argument("--eval-episodes", type=schema_type(POS_INT),
-                                   help="episodes of the clean greedy return recorded in model.json (default: 10)")
+                                   help="episodes of the clean greedy return recorded in model.json (default: "
+                                        f"{EVAL_EPISODES_ALONE})")
     for name in ("train", "derive", "fetch", "checkpoint", "import"):
         parsers[name].add_argument("--out", required=name != "fetch",
                                    help="model.pt (its record model.json is written beside)")
@@ -221,10 +223,10 @@ def run(handlers: dict, argv=None) -> None:
         if isinstance(exc, OutputError):  # full disk, read-only folder: one line, nothing half-written
             print(f"crop {args.command}: error: {exc.strerror}", file=sys.stderr)
             sys.exit(1)
-        from crop.smoothing.smoothed import NonFiniteQError
+        from crop.smoothing.smoothed import NonFiniteOutputError
         from crop.train.dqn import TrainingFailed
 
-        if isinstance(exc, (NonFiniteQError, CheckpointError, TrainingFailed)):
+        if isinstance(exc, (NonFiniteOutputError, CheckpointError, TrainingFailed)):
             print(f"crop {args.command}: error: {exc}", file=sys.stderr)
             sys.exit(1)
         raise

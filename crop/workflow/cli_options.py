@@ -8,6 +8,7 @@ import math
 
 from crop.io import InputError
 from crop.names import ALPHA_MODES, AUTO_TARGET, BOUND_NAMES, DEVICES, TARGET_NAMES
+from crop.workflow.audit_sizes import BUDGET_MINUTES, TIMEOUT_EXTRA_S, TIMEOUT_FACTOR
 from crop.workflow.stage_table import STAGES, StageRow
 
 __all__ = ["CHOICES", "POS_INT", "HelpFormatter", "schema_type", "schema_help", "schema_node", "common_args",
@@ -253,8 +254,9 @@ def report_args(agg, aud) -> None:
                      help="seed of the draw of --rerun's jobs")
     aud.add_argument("--rerun-budget", type=schema_type({"type": "number", "exclusiveMinimum": 0}),
                      metavar="MINUTES", help="minutes a --rerun job may be predicted to take (crop plan's cost model "
-                                             "on this machine's CPU; default: 10): a job predicted longer is not "
-                                             "started, and a started one is ended past 4x its prediction + 2 "
+                                             f"on this machine's CPU; default: {BUDGET_MINUTES:g}): a job predicted "
+                                             f"longer is not started, and a started one is ended past "
+                                             f"{TIMEOUT_FACTOR:g}x its prediction + {TIMEOUT_EXTRA_S / 60:g} "
                                              "minutes (not re-run: WARN)")
     trust_env_arg(aud, "an environment id whose module:Id form may import its module (ids read from the results "
                         "folder or a reference never import anything; --config trusts its ids that set "

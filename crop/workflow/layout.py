@@ -49,10 +49,11 @@ Figure families (:func:`figure_families`; every file as PDF and PNG), per enviro
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from crop.envs import env_spec
-from crop.names import ACTION_TARGET, AUTO_TARGET
+from crop.names import ACTION_TARGET, AUTO_TARGET, TARGET_NAMES
 from crop.workflow import stage_table
 
 #: ``{key: file name}`` of a complete run folder (the stage table's outputs, crop/workflow/stage_table.py).
@@ -81,6 +82,20 @@ TARGET_SEP = "@"
 def run_algo(algo: str, target: str = "q") -> str:
     """The run folder's algorithm component: ``algo`` for the target q, else algo@target."""
     return algo if target == "q" else f"{algo}{TARGET_SEP}{target}"
+
+
+#: The targets a run folder's name spells after :data:`TARGET_SEP`: every smoothing target but q, the pilot's
+#: choice (auto) and a continuous-action agent's (action).
+SPELLED_TARGETS = tuple(t for t in (*TARGET_NAMES, AUTO_TARGET, ACTION_TARGET) if t != "q")
+
+
+def run_algo_pattern(algos) -> str:
+    """The regular expression of the run folders' algorithm components of ``algos`` (:func:`run_algo` of each
+    with each target): the rules' ``{algo}`` wildcard."""
+    def one_of(names):
+        return "(?:" + "|".join(map(re.escape, names)) + ")"
+
+    return f"{one_of(algos)}(?:{re.escape(TARGET_SEP)}{one_of(SPELLED_TARGETS)})?"
 
 
 def split_run_algo(name: str) -> tuple[str, str]:
@@ -128,7 +143,7 @@ def run_files(target: str = "q", skip=()) -> dict:
 def absent_skippable(run) -> tuple[str, ...]:
     """The :data:`SKIPPABLE` stages of which the run folder ``run`` holds no file, result or record: stages it
     went without (its config's ``skip``), which the report and the audit do not ask of it.  A stage whose
-    file is gone while another record names it is :func:`crop.report.completeness.recorded_missing`'s."""
+    file is gone while another record names it is :func:`crop.audit.completeness.recorded_missing`'s."""
     d = Path(run)
     return tuple(name for name in SKIPPABLE
                  if not any((d / f).exists() or (d / stage_table.meta_name(f)).exists()

@@ -12,7 +12,7 @@ exits with its error, :func:`report_finished` does what those two rules would ha
 * ``crop audit --config`` over every run folder with a file in it: a run a failed stage cut short is audited as
   a partial run, and every checkpoint, run file, figure and table the config's jobs write and the folder lacks
   is listed in ``expected_missing`` (WARN at best), with the job that failed and its log
-  (:func:`crop.report.completeness.config_missing`).
+  (:func:`crop.audit.completeness.config_missing`).
 
 Their output goes to the rules' own logs (``logs/aggregate.log``, ``logs/audit.log``).  Once the cause is fixed,
 rerunning the same command runs the failed jobs and everything after them, the aggregate and audit rules

@@ -9,11 +9,11 @@ from pathlib import Path
 import pandas as pd
 
 from crop import columns as cols
-from crop.envs import env_spec
 from crop.io import meta_path, read_csv, read_json
+from crop.report.metrics import spec_fact
 from crop.workflow.layout import RUN_FILES
 
-__all__ = ["TOL", "NOT_RECORDED", "row", "chance_inputs", "spec_fact", "radius_columns", "planned_horizon"]
+__all__ = ["TOL", "NOT_RECORDED", "row", "chance_inputs", "radius_columns", "planned_horizon"]
 
 TOL = 1e-9
 
@@ -26,7 +26,7 @@ def row(check: str, eps: float, bound, observed, violation: bool = False, **evid
 
 def chance_inputs(d: Path, env: str, n_actions: int | None = None) -> dict:
     """What the chance estimates need, from the run's files; missing entries are None.  ``n_actions``: the
-    smoothed network's outputs (read from its checkpoint's model.json by :func:`crop.report.checks.run_checks`),
+    smoothed network's outputs (read from its checkpoint's model.json by :func:`crop.audit.checks.run_checks`),
     the actions a flip can go to."""
     def meta(key):
         f = meta_path(d / RUN_FILES[key])
@@ -78,15 +78,6 @@ def _lore_largest_state_alpha(lmeta: dict):
             return float(a)
     return None
 
-def spec_fact(env: str, fact: str, *args):
-    """A fact of ``env``'s spec (an attribute, or a method called with ``args``); None when the id names no
-    environment this process knows — an id read from a results folder never imports a module
-    (:func:`crop.envs.env_spec` refuses ``module:Id`` ids the user's config did not give)."""
-    try:
-        value = getattr(env_spec(env), fact)
-        return value(*args) if args else value
-    except (ValueError, KeyError):
-        return None
 
 def radius_columns(states: pd.DataFrame) -> list[str]:
     """lore_states.csv's ``radius_a`` columns in action order: one per output of the smoothed network, which

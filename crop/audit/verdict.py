@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as st
 
-from crop.report.checks import lore_alpha_exhausted, untestable_reason
+from crop.audit.checks import lore_alpha_exhausted, untestable_reason
 
 __all__ = ["classify", "tarone_holm", "pooled_tests", "unit_level", "poisson_binomial_sf", "verdict_of",
            "exit_status", "STATUSES", "POOLED"]

@@ -246,13 +246,13 @@ _PAIRS = (("attack_local", "attack_local_steps", _local_attack),
 
 def table_disagreements(results: Path, runs) -> list[dict]:
     """Each table in ``results/tables`` whose files differ from what :func:`crop.report.tables.env_table_texts`
-    writes for the runs its environment's tables cite (:func:`crop.report.completeness.table_runs`, with their
+    writes for the runs its environment's tables cite (:func:`crop.audit.completeness.table_runs`, with their
     replicates) at the ε factors its reward-bounds table shows: one problem per table, at its first differing
     file (CSV, Markdown, LaTeX).  Nothing for an environment without that table, or whose tables cite a run
-    that is absent or incomplete (a lost input: :func:`crop.report.completeness.report_inputs_missing`) or
+    that is absent or incomplete (a lost input: :func:`crop.audit.completeness.report_inputs_missing`) or
     cannot be read whole (an integrity problem of the run)."""
+    from crop.audit.completeness import folder_plan, table_runs
     from crop.envs import env_spec
-    from crop.report.completeness import folder_plan, table_runs
     from crop.report.integrity import IntegrityError
     from crop.report.metrics import load_runs, parse_run
     from crop.report.tables import env_table_texts

@@ -2,7 +2,7 @@
 one function over the run's result files and returns its rows (``check``, ``eps``, ``bound``, ``observed``,
 ``violation``, and its evidence); :func:`run_checks` runs those whose files the run has.  Whether a
 chance-based row (one with a ``p_value``) is a violation is decided over the audit's families
-(:func:`crop.report.verdict.classify`), not here: its ``violation`` is False until then.  A raw failure
+(:func:`crop.audit.verdict.classify`), not here: its ``violation`` is False until then.  A raw failure
 (``empirical_below``) within what chance allows is listed but is not a violation.
 
 * **a bound rising with ε** (J̲_E, J̲_p, J̲): deterministic, always a violation;
@@ -10,7 +10,7 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
   these bounds are about the *distribution* of returns; p-values P[Bin(n, p) ≥ #returns below J̲_p] and
   Hoeffding's exp(−2n·shortfall²/(J_max − J_min)²);
 * **a flip at a certified attacked step** (``loact_certified_steps_not_flipped``, per run and ε;
-  :mod:`crop.report.checks_flips`).  The local
+  :mod:`crop.audit.checks_flips`).  The local
   attack records every attacked step (attack_local_steps.csv): its clean state's certificate (Theorem 1, the
   attack's own per-state α) and the attacked action.  If the clean bounds L(a₁) (``q_top_lower``) and max U(a)
   (``q_others_upper_max``) hold, Lemma 3 (σΦ⁻¹ of the clipped smoothed Q is 1-Lipschitz) gives, for ‖δ‖ ≤ ε,
@@ -19,7 +19,7 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
   (:func:`flip_probability_bound`).  The flips at the steps certified beyond ε are tested against these
   per-step bounds and α by a mixture of Ville supermartingales (:func:`ville_flip_p`), valid whatever the
   attacker does;
-* **LoRe bound above the local PGD return** from LoRe's own initial state (:mod:`crop.report.checks_lore`). LoRe's
+* **LoRe bound above the local PGD return** from LoRe's own initial state (:mod:`crop.audit.checks_lore`). LoRe's
   bound (Theorem 4) holds for every path of its tree; the exact smoothed policy stays in the tree when LoRe's
   certificates hold (probability ≥ 1 − α_spent, from LoRe's meta file); the m-sample attacked policy leaves it at a
   node only by taking an action the tree excludes, with probability ≤ b(node) from LoRe's own certificate there
@@ -33,9 +33,9 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
 
 A check's ``min_p`` is the smallest p-value its data could give (every attacked return at J_min, every
 attacked step flipped), fixed by the sample sizes and bounds before the attack ran; Tarone's restriction
-(:func:`crop.report.verdict.tarone_holm`) leaves out the checks whose ``min_p`` cannot reach significance, and
+(:func:`crop.audit.verdict.tarone_holm`) leaves out the checks whose ``min_p`` cannot reach significance, and
 :func:`untestable_reason` says why and what would make one testable.  What the checks read from the run's
-files, and the row each returns: :mod:`crop.report.check_inputs`.
+files, and the row each returns: :mod:`crop.audit.check_inputs`.
 """
 from __future__ import annotations
 
@@ -47,15 +47,14 @@ import pandas as pd
 from scipy import stats as st
 
 from crop import columns as cols
-from crop.io import meta_path, read_csv, read_json
-from crop.report.check_inputs import TOL, chance_inputs, row, spec_fact
-from crop.report.checks_flips import (
+from crop.audit.check_inputs import TOL, chance_inputs, row
+from crop.audit.checks_flips import (
     check_certified_steps_not_flipped,
     flip_probability_bound,
     ville_flip_p,
     ville_min_p,
 )
-from crop.report.checks_lore import (
+from crop.audit.checks_lore import (
     check_lore_vs_local_attack,
     choose_lore_interval,
     lore_alpha_exhausted,
@@ -64,8 +63,9 @@ from crop.report.checks_lore import (
     lore_path_bound,
     lore_root_bound,
 )
+from crop.io import meta_path, read_csv, read_json
 from crop.report.clips import clip_text, reward_clips
-from crop.report.metrics import parse_run, read_lore_meta
+from crop.report.metrics import parse_run, read_lore_meta, spec_fact
 from crop.workflow.layout import RUN_FILES, base_run, checkpoint_record, replicate_of, split_run_algo
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",

@@ -8,7 +8,7 @@ in plain words and one figure per environment.  Written by ``crop audit --refere
   (dashed) value per (algorithm, σ): LoAct mean radius in the reference's convention (log scale) and benign
   return.
 
-Input: the ``reference`` block of the audit (:func:`crop.report.reference.reference_summary`).
+Input: the ``reference`` block of the audit (:func:`crop.audit.reference.reference_summary`).
 """
 from __future__ import annotations
 
@@ -143,9 +143,9 @@ def _with_interval(r) -> str:
 
 
 def _agrees(r, published: float, tolerances: dict) -> tuple[bool, float]:
-    """The audit's rule (:func:`crop.report.reference.agreement`, with the audit's tolerances: file, flags,
+    """The audit's rule (:func:`crop.audit.reference.agreement`, with the audit's tolerances: file, flags,
     defaults) for a published value from another row; returns (agrees, distance outside the interval)."""
-    from crop.report.reference import agreement, tolerance_for
+    from crop.audit.reference import agreement, tolerance_for
 
     lo = r.reproduced if pd.isna(r.interval_lo) else min(r.reproduced, r.interval_lo)
     hi = r.reproduced if pd.isna(r.interval_hi) else max(r.reproduced, r.interval_hi)

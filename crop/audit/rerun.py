@@ -61,6 +61,7 @@ from crop.io import InputError, load_npz, meta_path, read_csv, read_json, sha256
 from crop.names import AUTO_TARGET, TARGET_NAMES
 from crop.report.metrics import parse_run
 from crop.report.records import error_line
+from crop.workflow.audit_sizes import BUDGET_MINUTES, TIMEOUT_EXTRA_S, TIMEOUT_FACTOR
 from crop.workflow.layout import checkpoint_path, split_run_algo
 from crop.workflow.stage_table import STAGES
 
@@ -69,12 +70,6 @@ __all__ = ["rerun_jobs", "RERUN_RESULTS", "BUDGET_MINUTES", "TIMEOUT_FACTOR", "T
 
 RERUN_RESULTS = ("identical", "within_interval", "differ")
 
-#: Minutes a re-run job may be predicted to take (``crop audit --rerun-budget``'s default).
-BUDGET_MINUTES = 10.0
-#: A started job is ended past TIMEOUT_FACTOR × its predicted seconds + TIMEOUT_EXTRA_S: the cost model aims at
-#: 0.5–2× of a job's time (docs/speed.md), so 4× covers a machine twice as slow as its table, and the seconds
-#: cover the child's imports on a loaded machine.
-TIMEOUT_FACTOR, TIMEOUT_EXTRA_S = 4.0, 120.0
 #: A job's data segment (heap and private writable mappings, RLIMIT_DATA) is capped at MEM_FACTOR × its
 #: predicted MB + MEM_EXTRA_MB.  Not its address space: torch maps its libraries (gigabytes in a CUDA build)
 #: and reserves address space it never touches, so an RLIMIT_AS that fits the job would break the import.

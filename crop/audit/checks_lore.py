@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from crop import columns as cols
-from crop.report.check_inputs import NOT_RECORDED, TOL, planned_horizon, radius_columns, row
-from crop.report.checks_flips import margins_ok, step_flip_bounds
+from crop.audit.check_inputs import NOT_RECORDED, TOL, planned_horizon, radius_columns, row
+from crop.audit.checks_flips import margins_ok, step_flip_bounds
 from crop.report.metrics import lore_valid_until
 from crop.smoothing.stats import Phi, Phi_inv, normalise
 
@@ -27,7 +27,7 @@ def lore_secured(c: dict, path: pd.DataFrame, bound: float) -> np.ndarray:
     return of the remaining steps, min(0, r_min·Σ_{k=t}^{H-1} γ^k), is ≥ J̲ (with a rounding margin where
     r_min < 0).  r_min is 0 where LoRe pruned (it does so only with every reward ≥ 0 declared, and checks each
     reward it sees), else the lowest reward LoRe counted (``reward_min`` of
-    :func:`crop.report.check_inputs.chance_inputs`).  From there on the return cannot fall below J̲ unless a
+    :func:`crop.audit.check_inputs.chance_inputs`).  From there on the return cannot fall below J̲ unless a
     reward leaves the declared range, so the check cannot fail there.  LoRe smooths
     neither a pruned node (J_t ≥ J̲) nor an open node of a truncated search (J_t plus its worst case ≥ J̲): an
     attacked path that reaches one is secured there."""
@@ -237,7 +237,7 @@ def check_lore_vs_local_attack(lore: pd.DataFrame, lore_meta: dict, attack: pd.D
     at ``j_min`` (the lowest return over LoRe's horizon) claims nothing: ``vacuous``.  A return below J̲ that no
     noise explains (:func:`lore_path_impossible`: the path stayed in the tree throughout, or reached a state LoRe
     did not certify while in it) is named in ``impossible``: a violation with no chance involved, outside Tarone's
-    family's arithmetic (as :func:`crop.report.checks.check_monotone`)."""
+    family's arithmetic (as :func:`crop.audit.checks.check_monotone`)."""
     valid_until = lore_valid_until({"lore_meta": lore_meta})
     a_lore = _lore_alpha(lore_meta)
     steps = chance.get("attack_steps")

@@ -28,7 +28,7 @@ def _audit_line(results: Path) -> list[str]:
     if not audit_json.is_file():
         return [f"audit:   none in {_shown(results)} yet (the default target runs it; "
                 f"or: crop audit {shlex.quote(_shown(results))})"]
-    from crop.report.audit_md import verdict_line
+    from crop.audit.audit_md import verdict_line
 
     try:
         rep = json.loads(audit_json.read_text())

@@ -1,11 +1,11 @@
 """Audit of a results folder: integrity, soundness, provenance, and agreement with a reference — with
 evidence for every verdict.  Writes ``audit.json`` (machine-readable) and ``audit.md`` (for people), and with a
-reference also ``reproduction.md`` and one figure per environment (:mod:`crop.report.reproduction`).
+reference also ``reproduction.md`` and one figure per environment (:mod:`crop.audit.reproduction`).
 
 A run folder may hold any subset of the stages (a LoAct-only or GRe-only run): each check runs where its
 files are there, and the reference comparison covers every value the run has.
 
-Soundness checks, per (env, algo, σ, ε) (:mod:`crop.report.checks` and the modules it names, one function each): a
+Soundness checks, per (env, algo, σ, ε) (:mod:`crop.audit.checks` and the modules it names, one function each): a
 bound rising with ε (deterministic), GRe's bounds against the global PGD returns, LoRe's bound against the local
 PGD return from its initial state, LoAct's certified steps that a local attack flipped.  The last three are
 chance-based: a certificate holds with probability ≥ 1 − α for the exact smoothed policy, so each records the
@@ -13,7 +13,7 @@ p-value of its observation under sound certificates, and a raw failure (``empiri
 violation.
 
 The checks' statuses, the multiple-testing procedure, the verdict (FAIL / WARN / PASS) and the exit status:
-:mod:`crop.report.verdict`; audit.md: :mod:`crop.report.audit_md`.
+:mod:`crop.audit.verdict`; audit.md: :mod:`crop.audit.audit_md`.
 
 Integrity: every file of a run is a regular file of the folder within its kind's size cap before anything
 opens it (:func:`crop.report.records.received_file_problems`); every result file's sha256 must match the one
@@ -21,9 +21,9 @@ recorded in its ``.meta.json`` (a truncated or edited file is reported, not sile
 have used the checkpoint recorded in ``model.json``, and ``model.pt`` must be there with that hash; every
 recorded setting must be one the config schema allows; a stage with some but not all of its files, or a run
 folder with no result at all, is an integrity problem; a partial run is not.
-Provenance (:mod:`crop.report.provenance`): per run the checkpoint sha256 and source, commits, package
+Provenance (:mod:`crop.audit.provenance`): per run the checkpoint sha256 and source, commits, package
 versions, seeds, devices and runtimes, and the hash of the workflow config the audit ran under.
-Reference (:mod:`crop.report.reference`; ``"paper"`` for the paper's published numbers): each value gets a
+Reference (:mod:`crop.audit.reference`; ``"paper"`` for the paper's published numbers): each value gets a
 verdict match / differs / missing (not in the run) / not_in_reference; a value agrees when the published one
 lies in the reproduction's confidence interval (:mod:`crop.report.intervals`) widened by the metric's
 tolerance.  Replicate folders (``ENV/ALGO/sigma-S/rep-K``) are audited for integrity and provenance and feed
@@ -43,15 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from crop.io import atomic_write_text, received_problem, write_json
-from crop.names import default_of
-from crop.report.audit_md import audit_markdown, plain_verdict, verdict_line
-from crop.report.checks import run_checks
-from crop.report.clips import reward_clips
-from crop.report.completeness import recorded_missing
-from crop.report.integrity import check_integrity, stages_present
-from crop.report.metrics import load_runs, namespaced_env, parse_run
-from crop.report.verdict import (
+from crop.audit.audit_md import audit_markdown, plain_verdict, verdict_line
+from crop.audit.checks import run_checks
+from crop.audit.completeness import recorded_missing
+from crop.audit.verdict import (
     STATUSES,
     classify,
     exit_status,
@@ -61,6 +56,11 @@ from crop.report.verdict import (
     unit_level,
     verdict_of,
 )
+from crop.io import atomic_write_text, received_problem, write_json
+from crop.names import default_of
+from crop.report.clips import reward_clips
+from crop.report.integrity import check_integrity, stages_present
+from crop.report.metrics import load_runs, namespaced_env, parse_run
 from crop.workflow.layout import REPLICATE_PREFIX, absent_skippable, replicate_of, run_files, run_target
 
 # The audit's public face: what `crop audit` and the summary call, with the verdict's pieces it decides by.
@@ -95,16 +95,16 @@ def discover_run_folders(results: Path) -> list[str]:
 class AuditOptions:
     """What an audit compares against and how (:func:`audit`).
 
-    ``alpha``: the family-wise level of the soundness verdict (:mod:`crop.report.verdict`).  ``reference``: a
+    ``alpha``: the family-wise level of the soundness verdict (:mod:`crop.audit.verdict`).  ``reference``: a
     CSV, or ``"paper"``, for the reproduction report; ``tolerances``: a YAML/JSON tolerances file;
     ``abs_tol``/``rel_tol`` override both for every metric.  ``config_hash``: the hash of the workflow config the
     folder came from (None: a standalone audit, with a warning); ``strict``: recorded in audit.json (the exit
     status reads it).  ``trusted_envs``: the ids of the user's own config, whose ``module:Id`` form may import its
     module (ids read from the folder or the reference import nothing).  ``rerun``: re-run that many stage jobs
-    drawn with ``rerun_seed`` and compare (:mod:`crop.report.rerun`); a differing one FAILs; a job predicted over
+    drawn with ``rerun_seed`` and compare (:mod:`crop.audit.rerun`); a differing one FAILs; a job predicted over
     ``rerun_budget`` minutes (None: the module's default) is not started (``not_run``, at best WARN).
     ``config``: the workflow config the folder should come from (a path); the files its jobs write and the
-    folder lacks are listed (``expected_missing``, WARN: :func:`crop.report.completeness.config_missing`).
+    folder lacks are listed (``expected_missing``, WARN: :func:`crop.audit.completeness.config_missing`).
     ``skipped``: ``(run, stages)`` pairs, the stages (:data:`crop.workflow.layout.SKIPPABLE`) the config skips
     in that run (its ``skip``): absent, they are listed as not run by choice (``skipped_runs``), not as a
     partial run's absent stages, and no check or advice counts on them."""
@@ -128,7 +128,7 @@ def audit(results: Path, out_dir: Path, options: AuditOptions = AuditOptions(), 
     """Audit ``runs`` (default: every run folder under ``results``, complete or partial) under ``options``
     and write ``audit.{json,md}`` — and, with a reference, the reproduction report.
 
-    Raises :class:`crop.report.reference.ReferenceError` on a malformed reference or tolerances file, before
+    Raises :class:`crop.audit.reference.ReferenceError` on a malformed reference or tolerances file, before
     writing anything."""
     from crop.envs import untrusted_env_ids
 
@@ -137,14 +137,14 @@ def audit(results: Path, out_dir: Path, options: AuditOptions = AuditOptions(), 
 
 
 def _audit(results: Path, out_dir: Path, runs, o: AuditOptions) -> dict:
-    from crop.report.reference import compare_reference, load_reference, load_tolerances, reference_summary
+    from crop.audit.reference import compare_reference, load_reference, load_tolerances, reference_summary
 
     ref = load_reference(o.reference) if o.reference is not None else None
     file_tol = load_tolerances(o.tolerances) if o.tolerances is not None else None
     runs = list(runs) if runs else discover_run_folders(results)
     rerun_block = None
     if o.rerun:   # first: a refused re-run (another commit) writes nothing
-        from crop.report.rerun import rerun_jobs
+        from crop.audit.rerun import rerun_jobs
 
         rerun_block = rerun_jobs(results, runs, o.rerun, o.rerun_seed, tuple(o.trusted_envs), o.rerun_budget)
     items, provs, integrity, warnings, sound_runs = [], [], [], [], []
@@ -208,7 +208,7 @@ def _audit(results: Path, out_dir: Path, runs, o: AuditOptions) -> dict:
               "reference_missing": ref_block["counts"]["missing"] if ref_block else 0,
               "reference": ref_block, "reproduction_report": None}
     if ref_block is not None:
-        from crop.report.reproduction import write_reproduction
+        from crop.audit.reproduction import write_reproduction
 
         report["reproduction_report"] = write_reproduction(ref_block, out_dir, sorted({parse_run(r)[0] for r in runs}))
     write_json(out_dir / "audit.json", report)
@@ -226,8 +226,8 @@ def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
     (``items``) and its reward ``clips``.  A record the report cannot read
     (:func:`crop.report.records.run_record_problems`) is a problem, and nothing else of the run is read; so is a
     recorded setting the config schema refuses (:func:`_settings_problems`)."""
-    from crop.report.agreement import run_disagreements
-    from crop.report.provenance import run_provenance
+    from crop.audit.agreement import run_disagreements
+    from crop.audit.provenance import run_provenance
     from crop.report.records import run_record_problems
 
     unreadable = run_record_problems(results / run)
@@ -264,11 +264,11 @@ def _audit_run(results: Path, run: str, o: AuditOptions) -> dict:
 
 def _settings_problems(run_dir: Path) -> list[dict]:
     """Each stage record of a run folder holding a setting its config schema node refuses (the line a re-run
-    would give, :func:`crop.report.rerun._checked_settings`; a key no node names is the re-run's concern only):
+    would give, :func:`crop.audit.rerun._checked_settings`; a key no node names is the re-run's concern only):
     a value the workflow could not have written is evidence the record was edited, an integrity problem whether
     or not its job is drawn for a re-run."""
+    from crop.audit.rerun import _record, _record_name, _schema_line
     from crop.names import ACTION_TARGET, CONTINUOUS_BOUND
-    from crop.report.rerun import _record, _record_name, _schema_line
     from crop.workflow.layout import split_run_algo
     from crop.workflow.stage_table import STAGES
 
@@ -292,11 +292,11 @@ def _settings_problems(run_dir: Path) -> list[dict]:
 
 def _folder_problems(results: Path) -> list[dict]:
     """The integrity problems of the folder's tables and figures: one whose input is gone
-    (:func:`crop.report.completeness.report_inputs_missing`), a table its runs' files contradict
-    (:func:`crop.report.agreement.table_disagreements`) — over every run folder the folder holds, as
+    (:func:`crop.audit.completeness.report_inputs_missing`), a table its runs' files contradict
+    (:func:`crop.audit.agreement.table_disagreements`) — over every run folder the folder holds, as
     ``crop aggregate`` reads them."""
-    from crop.report.agreement import table_disagreements
-    from crop.report.completeness import report_inputs_missing
+    from crop.audit.agreement import table_disagreements
+    from crop.audit.completeness import report_inputs_missing
 
     runs = discover_run_folders(results)
     tables = results / "tables"
@@ -314,7 +314,7 @@ def _expected_missing(results: Path, config, integrity: list[dict], trusted=()) 
     already an integrity problem; ``trusted``: the ``module:Id`` ids the user lets import (``--trust-env``)."""
     if config is None:
         return []
-    from crop.report.completeness import config_missing
+    from crop.audit.completeness import config_missing
     from crop.workflow.config import load_config
 
     known = {p["file"] for p in integrity}

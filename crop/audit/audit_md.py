@@ -7,9 +7,9 @@ import re
 
 import pandas as pd
 
+from crop.audit.verdict import POOLED, STATUSES
 from crop.report.clips import clip_text
 from crop.report.markdown import md_code, md_text, pipe_table, printable
-from crop.report.verdict import POOLED, STATUSES
 
 __all__ = ["audit_markdown", "verdict_line", "plain_verdict"]
 
@@ -348,7 +348,7 @@ def _md_reference(rep: dict) -> list[str]:
 
 def _md_reference_clipped(rows: list[dict]) -> list[str]:
     """A sentence naming, per run, the reproduced values that are returns of clipped rewards (``reward_clip``
-    of a comparison, :func:`crop.report.reference.compare_reference`); nothing where none is."""
+    of a comparison, :func:`crop.audit.reference.compare_reference`); nothing where none is."""
     marked: dict = {}
     for r in rows:
         if r.get("reward_clip") and r["verdict"] != "missing":

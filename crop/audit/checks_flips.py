@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from crop import columns as cols
-from crop.report.check_inputs import planned_horizon, row
+from crop.audit.check_inputs import planned_horizon, row
 from crop.smoothing.stats import Phi, Phi_inv, normalise
 
 __all__ = ["flip_probability_bound", "margins_ok", "step_flip_bounds", "ville_flip_p", "ville_min_p",
