@@ -7,7 +7,16 @@ import argparse
 import math
 
 from crop.io import InputError
-from crop.names import ALPHA_MODES, AUTO_TARGET, BOUND_NAMES, DEVICES, TARGET_NAMES
+from crop.names import (
+    ALPHA_MODES,
+    AUTO_TARGET,
+    BOUND_NAMES,
+    DEVICES,
+    TARGET_NAMES,
+    resolved,
+    schema_default,
+    schema_node,
+)
 from crop.workflow.stage_table import STAGES, StageRow
 
 __all__ = ["CHOICES", "POS_INT", "HelpFormatter", "schema_type", "schema_help", "schema_node", "common_args",
@@ -77,16 +86,6 @@ def _flag(p, option: str, node: dict, **kw) -> None:
     p.add_argument("--" + option.replace("_", "-"), **kw)
 
 
-def schema_node(key: str) -> dict:
-    """The schema node of a top-level key, or of ``environment.KEY``."""
-    from crop.workflow.config import schema as _schema
-
-    schema = _schema()
-    if key.startswith("environment."):
-        return schema["$defs"]["environment"]["properties"][key.split(".")[1]]
-    return schema["properties"][key]
-
-
 def _env(text: str) -> str:
     """The paper's four ids or any Gymnasium id crop can make (crop.envs.env_family)."""
     from crop.envs import UnknownEnvError, env_family
@@ -102,9 +101,7 @@ def algo_type(text: str) -> str:
     """A label as the config's (crop/schemas: $defs.label): the paper's nine or one of your own."""
     import re
 
-    from crop.workflow.config import schema
-
-    label = schema()["$defs"]["label"]
+    label = schema_node("label")
     if not re.fullmatch(label["pattern"], text):
         raise argparse.ArgumentTypeError(f"{text!r} {label['x-message']}")
     return text
@@ -121,9 +118,7 @@ def _return_or_none(text: str) -> float | None:
 
 def _accepted(key: str) -> str:
     """What a config accepts for an environment id or an algorithm label (the schema's words), for help."""
-    from crop.workflow.config import schema
-
-    node = schema()["$defs"]["env_id" if key == "env" else "label"]
+    node = schema_node("env_id" if key == "env" else "label")
     return " ".join(node.get("description", "").split()) or "see crop/schemas/config.schema.yaml"
 
 
@@ -156,8 +151,6 @@ def common_args(p, sigma: bool = True, checkpoint: bool = True, required: bool =
 
 def train_args(p, budget: bool = True) -> None:
     p.add_argument("--settings", help="the config's train block as JSON (hidden, total_steps, …, dqn, recipes)")
-    from crop.workflow.schema import resolved
-
     train = {k: resolved(v) for k, v in schema_node("environment.train")["properties"].items()}
     if budget:
         p.add_argument("--hidden", type=schema_type(resolved(train["hidden"]["items"])), nargs="+",
@@ -178,7 +171,7 @@ def fetch_args(p) -> None:
     p.add_argument("--mirror", help="mirror: base URL, file:// URL or folder (default: $CROP_CHECKPOINT_MIRROR)")
     p.add_argument("--cache", help="download cache (default: $CROP_CACHE or the user cache)")
     p.add_argument("--lock", help="lock file pinning first downloads of sources published without a checksum "
-                                  f"(default: {schema_node('checkpoints')['properties']['lock']['default']})")
+                                  f"(default: {schema_default('checkpoints.lock')})")
 
 
 def import_args(p) -> None:
@@ -225,7 +218,7 @@ def report_args(agg, aud) -> None:
     agg.add_argument("results", nargs="?", help="results folder (every complete run in it, or --runs)")
     agg.add_argument("--results", dest="results_opt", help=argparse.SUPPRESS)
     agg.add_argument("--runs", nargs="+", help="only these ENV/ALGO/sigma-S folders under RESULTS")
-    eps_node = schema_node("report")["properties"]["table_eps_factors"]
+    eps_node = schema_node("report.table_eps_factors")
     agg.add_argument("--table-eps-factors", type=schema_type(eps_node["items"]), nargs="+",
                      default=list(eps_node["default"]), help=schema_help(eps_node))
     agg.add_argument("--figures", help="figures folder (default: RESULTS/figures)")

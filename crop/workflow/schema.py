@@ -2,7 +2,8 @@
 defaults filled in, and a failed check said in one line that names the field.
 
 The schema (crop/schemas/config.schema.yaml) is the one place a setting's default lives: the workflow, the CLI's
-flags (:mod:`crop.workflow.cli`) and every settings object (:func:`crop.names.schema_default`) read it.
+flags (:mod:`crop.workflow.cli`) and every settings object (:func:`crop.names.schema_default`) read it, through
+the accessor of :mod:`crop.names` (:func:`crop.names.schema_node`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from crop.io import CappedError
 from crop.names import parsed_schema, schema_default
 
 __all__ = ["ConfigError", "MAX_EXPANDED_VALUES", "check_expansion", "load_bounded_yaml", "schema", "load_schema",
-           "schema_default", "resolved"]
+           "schema_default"]
 
 
 class ConfigError(CappedError):
@@ -90,28 +91,14 @@ def _bounded_document(loader, source: str, error):
     return loader.construct_document(node)
 
 
-def _parsed_schema() -> dict:
-    return parsed_schema()
-
-
-def schema() -> dict:
-    """The config schema, parsed once and shared: read it, never change it (:func:`load_schema` gives a copy)."""
-    return _parsed_schema()
-
-
-def resolved(node: dict) -> dict:
-    """A schema node with its ``$ref`` (to ``#/$defs/…``) merged in; the node's own keywords win."""
-    if "$ref" not in node:
-        return node
-    target = schema()
-    for part in node["$ref"].removeprefix("#/").split("/"):
-        target = target[part]
-    return {**resolved(target), **{k: v for k, v in node.items() if k != "$ref"}}
+#: The config schema, parsed once and shared: read it, never change it (:func:`load_schema` gives a copy).
+#: The accessor of crop.names, the one every layer reads.
+schema = parsed_schema
 
 
 def load_schema() -> dict:
     """A fresh copy of the config schema, for callers that change it."""
-    return copy.deepcopy(_parsed_schema())
+    return copy.deepcopy(schema())
 
 
 def _is_integer(checker, instance) -> bool:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crop.io import META_SUFFIX, meta_name
-from crop.names import ALPHA_MODES, BOUND_NAMES
+from crop.names import ALPHA_MODES, BOUND_NAMES, schema_node
 
 __all__ = ["Output", "Flag", "StageRow", "STAGES", "stage", "add_stage", "RUN_FILES", "META_SUFFIX", "meta_name",
            "stage_options", "stage_settings", "caption", "layout_table",
@@ -283,31 +283,10 @@ def stage(name: str) -> StageRow:
 
 # ----------------------------------------------------------------------------------- settings (the schema's)
 
-def _resolve(node: dict, schema: dict) -> dict:
-    """A schema node with its ``$ref`` (to ``#/$defs/…``) merged in; the node's own keywords win."""
-    if "$ref" not in node:
-        return node
-    target = schema
-    for part in node["$ref"].removeprefix("#/").split("/"):
-        target = target[part]
-    return {**_resolve(target, schema), **{k: v for k, v in node.items() if k != "$ref"}}
-
-
 @functools.cache
 def _options(command: str, keys: tuple[tuple[str, str], ...]) -> dict[str, tuple[str, dict]]:
-    from crop.workflow.config import schema
-
-    s = schema()
-    env_props = s["$defs"]["environment"]["properties"]
-    out = {}
-    for option, key in keys:
-        if key.startswith("/"):
-            node = s["properties"][key[1:]]
-        else:
-            block, name = key.split(".")
-            node = env_props[block]["properties"][name]
-        out[option] = (key, _resolve(node, s))
-    return out
+    return {option: (key, schema_node(key[1:] if key.startswith("/") else f"environment.{key}"))
+            for option, key in keys}
 
 
 def stage_options(command: str) -> dict[str, tuple[str, dict]]:
