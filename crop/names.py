@@ -89,11 +89,12 @@ def resolved(node: dict) -> dict:
     return {**resolved(target), **{k: v for k, v in node.items() if k != "$ref"}}
 
 
-def schema_node(key: str) -> dict:
+def schema_node(key: str, schema: dict | None = None) -> dict:
     """The schema node of ``key``, its ``$ref`` resolved: a top-level setting (``"chunk"``,
     ``"report.table_eps_factors"``) or a definition's (``"label"``; ``"environment.gre.batch"``, a key of an
-    environment's block), each dot a step into ``properties``.  Read it, never change it."""
-    schema = parsed_schema()
+    environment's block), each dot a step into ``properties``; of ``schema``, the loaded one by default (or
+    one with the added stages' blocks, crop.workflow.stage_table.config_schema).  Read it, never change it."""
+    schema = parsed_schema() if schema is None else schema
     first, *rest = key.split(".")
     node = resolved(schema["properties"][first] if first in schema["properties"] else schema["$defs"][first])
     for part in rest:

@@ -28,6 +28,7 @@ from crop.workflow.schema import (
     load_schema,
     schema,
 )
+from crop.workflow.stage_table import config_schema
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "certifications",
            "run_targets", "smoothing_targets", "sigma_label", "trusted_env_ids", "load_bounded_yaml",
@@ -137,7 +138,7 @@ def validate_config(config: dict, source: str = "config", trust=()) -> dict:
     if both:
         raise ConfigError(f"{source}: invalid configuration: environments.{both[0]}: give target or targets, not "
                           "both (targets lists several, target names one)")
-    full = schema()
+    full = config_schema()
     cls = _with_defaults(jsonschema.validators.validator_for(full))
     # At one path an unknown key comes first: a misspelt 'sigmaz' also makes 'sigmas' missing, and the
     # message should name the key that was written.
