@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import json
 import math
 import re
@@ -20,7 +21,7 @@ from crop.io import CappedError
 from crop.names import parsed_schema, schema_default
 
 __all__ = ["ConfigError", "MAX_EXPANDED_VALUES", "check_expansion", "load_bounded_yaml", "schema", "load_schema",
-           "schema_default"]
+           "schema_default", "node_errors"]
 
 
 class ConfigError(CappedError):
@@ -105,6 +106,19 @@ def _is_integer(checker, instance) -> bool:
     """JSON Schema's ``integer`` as the workflow needs it: a whole number written as one.  The standard counts
     2.0 as an integer, but a count or a seed reaches Python code and command lines as it is written."""
     return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def node_errors(node: dict, value) -> list[jsonschema.ValidationError]:
+    """Every way ``value`` fails ``node`` (a node of the config schema, or an object of such nodes), by the
+    validator configs are checked with: its ``integer`` is :func:`_is_integer`'s, its ``$ref``s resolve against
+    the schema's ``$defs``.  It reads ``value``, never changes it (no defaults filled in)."""
+    return list(_node_validator()({**node, "$defs": schema()["$defs"]}).iter_errors(value))
+
+
+@functools.cache
+def _node_validator():
+    base = jsonschema.validators.validator_for(schema())
+    return jsonschema.validators.extend(base, type_checker=base.TYPE_CHECKER.redefine("integer", _is_integer))
 
 
 def _with_defaults(validator_class):
