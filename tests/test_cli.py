@@ -244,3 +244,35 @@ def test_the_workflow_crop_certify_runs_is_the_checkout_or_the_folder_crop_workf
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**env, "CROP_WORKFLOW": str(tmp_path)})
     assert Path(there.stdout.strip()) == tmp_path / "Snakefile"
+
+
+def test_a_setting_past_its_bound_is_refused_alike_as_a_flag_and_in_the_settings_block(capsys):
+    """A flag and the --settings block are checked against the same schema node by the jsonschema validator:
+    a number just past each stage setting's bound is refused by both, in the same words."""
+    from crop.io import InputError
+    from crop.workflow.cli import stage_params
+
+    parser = build_parser()
+    past = {"minimum": -1, "exclusiveMinimum": 0, "maximum": 1, "exclusiveMaximum": 0}
+    checked = 0
+    for name, row in STAGES.items():
+        base = [name, "--env", "CartPole-v0", "--algo", "StdTrain", "--sigma", "0.1", "--checkpoint", "m.pt",
+                *[x for o in row.outputs if o.required for x in (f"--{o.option.replace('_', '-')}", "f")]]
+        for option, (_, node) in row.options.items():
+            if "array" in node.get("type", []) or "enum" in node:
+                continue
+            for bound, step in past.items():
+                if bound not in node:
+                    continue
+                bad = node[bound] + step
+                with pytest.raises(SystemExit):
+                    parser.parse_args([*base, f"--{option.replace('_', '-')}", str(bad)])
+                flag = capsys.readouterr().err.strip().splitlines()[-1]
+                with pytest.raises(InputError) as e:
+                    stage_params(parser.parse_args([*base, "--settings", json.dumps({option: bad})]))
+                words = f"must be {'>' if 'inimum' in bound else '<'}{'=' if 'exclusive' not in bound else ''} " \
+                        f"{node[bound]}, got {bad}"
+                assert str(e.value) == f"--settings: {option}: {words}", (name, option)
+                assert flag.endswith(f"argument --{option.replace('_', '-')}: {words}"), (name, option, flag)
+                checked += 1
+    assert checked >= 20, checked

@@ -236,3 +236,15 @@ def test_exact_ties_of_the_clipped_means_are_broken_by_the_unclipped_means():
     with torch.no_grad():
         net.bias.copy_(torch.tensor([0.6, 0.4]))
     assert certify_state(sm, np.zeros(4, np.float32)).action == 0
+
+
+def test_the_smoother_and_its_engine_read_sigma_and_the_others_from_their_settings():
+    """σ, m, α, the V range, the target and the bound are held once, in the frozen settings: SmoothedNetwork
+    and its Engine read them from there and keep no copy."""
+    settings = SmoothingSettings(0.25, 64, -1.0, 1.0, 0.05, bound="empirical_bernstein")
+    sm = SmoothedNetwork(torch.nn.Linear(3, 2), settings, 2)
+    for name in ("sigma", "m", "alpha", "v_min", "v_max", "target", "bound"):
+        assert name not in vars(sm) and getattr(sm, name) == getattr(settings, name), name
+    for name in ("sigma", "m"):
+        assert name not in vars(sm.engine) and getattr(sm.engine, name) == getattr(settings, name), name
+    assert sm.engine.noise == settings.noise

@@ -238,6 +238,43 @@ def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_a_price_and_run_files(
                                                                "target": "vote"}
 
 
+#: add the toy stage: the loaded schema stays as it was, the toy's block is validated and filled in
+TOY_SCHEMA = """import sys, copy; sys.path.insert(0, sys.argv[1])
+import yaml
+from crop.names import parsed_schema
+before = copy.deepcopy(parsed_schema())
+import toy_stage
+from crop.workflow.config import ConfigError, validate_config
+from crop.workflow.stage_table import STAGES, add_stage, stage_options
+assert parsed_schema() == before and 'toy' not in parsed_schema()['$defs']['environment']['properties']
+assert stage_options('toy')['rounds'] == ('toy.rounds', toy_stage.BLOCK['properties']['rounds'])
+cfg = yaml.safe_load(open(sys.argv[2]).read())
+envs = cfg['environments']['CartPole-v0']
+assert validate_config(cfg)['environments']['CartPole-v0']['toy'] == {'rounds': 3}
+envs['toy'] = {'rounds': 0}
+try:
+    validate_config(cfg)
+    raise AssertionError('rounds 0 accepted')
+except ConfigError as exc:
+    assert 'environments.CartPole-v0.toy.rounds: 0 must be >= 1' in str(exc), exc
+try:
+    add_stage(STAGES['toy'].__class__(**{**vars(STAGES['toy']), 'command': 'toy2',
+                                        'outputs': (), 'block': ('toy', toy_stage.BLOCK)}))
+    raise AssertionError('a second toy block accepted')
+except ValueError as exc:
+    assert "environment block 'toy' already" in str(exc), exc
+assert parsed_schema() == before
+"""
+
+
+def test_an_added_stage_brings_its_block_and_leaves_the_loaded_schema_as_it_was(tmp_path):
+    """add_stage keeps a stage's own settings block beside the table: configs are validated against a copy
+    that holds it (its defaults filled in, its bounds named), the schema every reader loaded is unchanged."""
+    (tmp_path / "toy_stage.py").write_text(TOY)
+    subprocess.run([sys.executable, "-c", TOY_SCHEMA, str(tmp_path), str(REPO / "tests/configs/smoke.yaml")],
+                   check=True, cwd=REPO)
+
+
 def test_a_row_without_a_cost_memory_or_device_function_is_refused_when_it_is_made():
     from crop.workflow.stage_table import StageRow
 

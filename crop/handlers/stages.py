@@ -15,7 +15,7 @@ from pathlib import Path
 from crop import columns as cols
 from crop.handlers.auto_target import pilot_flags, pilot_settings, predicted_text, resolve_auto
 from crop.io import InputError, write_frames
-from crop.names import AUTO_TARGET, CONTINUOUS_BOUND
+from crop.names import AUTO_TARGET, CONTINUOUS_BOUND, schema_default
 from crop.workflow.stage_table import STAGES
 
 __all__ = ["StageRun", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global"]
@@ -245,9 +245,8 @@ def _loact_continuous(st: StageRun, args) -> None:
     from crop.certify.loact import certified_ratio
     from crop.certify.percentile import PercentileSettings, run_loact_continuous, step_ratio
     from crop.smoothing.stats import episode_confidence, loact_state_alpha
-    from crop.workflow.config import schema
 
-    if args.bound != schema()["properties"]["bound"]["default"]:
+    if args.bound != schema_default("bound"):
         raise InputError(f"--bound {args.bound}: a continuous-action agent's LoAct bounds percentiles of the action "
                          "by exact binomial order statistics, not smoothed Q-values by a bound to choose; leave "
                          "--bound out")

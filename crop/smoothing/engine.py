@@ -159,10 +159,15 @@ class Engine:
     #: more than the copies cost.
     S2D_INNER = True
 
+    #: σ and m: the noise's own, read from it (never copied).
+    sigma = property(lambda self: self.noise.sigma, doc="``noise.sigma``")
+    m = property(lambda self: self.noise.m, doc="``noise.m``")
+
     def __init__(self, net: torch.nn.Module, noise: Noise, n_actions: int, target, *, keep_samples: bool = False):
+        self.noise = noise
         self.device = resolve_device(noise.device)
         self.net = net.to(self.device).eval()
-        self.sigma, self.m, self.n_actions = noise.sigma, noise.m, int(n_actions)
+        self.n_actions = int(n_actions)
         self.target, self.keep_samples = target, bool(keep_samples)
         self.chunk = self._chunk = max(1, min(int(noise.chunk), self.m))  # _chunk: the caller's, kept for a new shape
         self.generator = torch.Generator(device=self.device)

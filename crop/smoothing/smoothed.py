@@ -181,6 +181,11 @@ class Submitted:
         return self._result
 
 
+def _of_settings(name: str) -> property:
+    """``settings.NAME`` read as the smoother's own attribute."""
+    return property(lambda self: getattr(self.settings, name), doc=f"``settings.{name}``")
+
+
 class SmoothedNetwork:
     """Monte-Carlo estimate of a smoothed network in the style of Cohen et al.'s ``Smooth`` class: the mean under
     N(0, σ²I) of a bounded function of the network's output, for each of its ``n_actions`` outputs — the
@@ -196,11 +201,12 @@ class SmoothedNetwork:
     returns, so a caller can step environments while the card works.
     """
 
+    #: σ, m, α, the V range, the target and the bound: the settings' own, read from them (never copied).
+    sigma, m, alpha, v_min, v_max, target, bound = map(
+        _of_settings, ("sigma", "m", "alpha", "v_min", "v_max", "target", "bound"))
+
     def __init__(self, net: torch.nn.Module, settings: SmoothingSettings, n_actions: int):
         self.settings = settings
-        self.target, self.bound = settings.target, settings.bound
-        self.sigma, self.m, self.alpha = settings.sigma, settings.m, settings.alpha
-        self.v_min, self.v_max = settings.v_min, settings.v_max
         self.n_actions = int(n_actions)
         self.alpha_each = stats.per_bound_alpha(self.alpha, self.n_actions)
         self.engine = Engine(net, settings.noise, self.n_actions, self._samples,

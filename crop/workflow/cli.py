@@ -21,7 +21,7 @@ from crop.workflow.cli_options import (
     POS_INT,
     HelpFormatter,
     algo_type,
-    check_setting,
+    checked_settings,
     common_args,
     fetch_args,
     import_args,
@@ -191,11 +191,10 @@ def stage_params(args) -> argparse.Namespace:
     if unknown:
         raise InputError(f"--settings: unknown setting(s) {unknown}; known: {sorted(row.options)}")
     params = vars(args).copy()
+    taken = checked_settings(row, {o: v for o, v in given.items() if o not in params and v is not None})
     for option, (_, node) in row.options.items():
-        if option in params:
-            continue
-        value = given.get(option)
-        params[option] = copy.deepcopy(node.get("default")) if value is None else check_setting(option, node, value)
+        if option not in params:
+            params[option] = taken[option] if option in taken else copy.deepcopy(node.get("default"))
     return argparse.Namespace(**params)
 
 

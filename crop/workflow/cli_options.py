@@ -1,19 +1,28 @@
 """The crop command's options, built from the config schema: each setting's flag takes its type, bounds,
-choices, default and help from the schema node it sets (crop/schemas/config.schema.yaml), and a --settings
-value is checked as its flag's would be."""
+choices, default and help from the schema node it sets (crop/schemas/config.schema.yaml), and a value, given
+as a flag or in --settings, is checked against that node by the jsonschema validator."""
 from __future__ import annotations
 
 import argparse
 import math
 
 from crop.io import InputError
-from crop.names import ALPHA_MODES, AUTO_TARGET, BOUND_NAMES, DEVICES, TARGET_NAMES
+from crop.names import (
+    ALPHA_MODES,
+    AUTO_TARGET,
+    BOUND_NAMES,
+    DEVICES,
+    TARGET_NAMES,
+    resolved,
+    schema_default,
+    schema_node,
+)
 from crop.workflow.audit_sizes import BUDGET_MINUTES, TIMEOUT_EXTRA_S, TIMEOUT_FACTOR
 from crop.workflow.stage_table import STAGES, StageRow
 
 __all__ = ["CHOICES", "POS_INT", "HelpFormatter", "schema_type", "schema_help", "schema_node", "common_args",
            "train_args", "fetch_args", "import_args", "stage_args", "report_args", "trust_env_arg", "plan_args",
-           "check_setting"]
+           "checked_settings"]
 # Choices come from the code that implements them, not from the schema's copy of the list.
 CHOICES = {"bound": BOUND_NAMES, "alpha_mode": ALPHA_MODES, "device": DEVICES}
 POS_INT = {"type": "integer", "minimum": 1}
@@ -32,26 +41,73 @@ def _types(node: dict) -> list[str]:
     return [t] if isinstance(t, str) else t
 
 
-_BOUNDS = [("minimum", ">=", lambda v, b: v >= b), ("exclusiveMinimum", ">", lambda v, b: v > b),
-           ("maximum", "<=", lambda v, b: v <= b), ("exclusiveMaximum", "<", lambda v, b: v < b)]
+#: A refused bound in a flag's words: ``must be >= 1, got 0``.
+_BOUND_WORDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
 
 
-def _check_number(node: dict, v, shown) -> int | float:
-    """``v`` checked against a schema number/integer node's bounds; ArgumentTypeError naming ``shown``."""
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {shown}")
-    for key, op, ok in _BOUNDS:
-        if key in node and not ok(v, node[key]):
-            raise argparse.ArgumentTypeError(f"must be {op} {node[key]}, got {shown}")
-    return v
+def _as_flag(node: dict) -> dict:
+    """A setting's node as its flag takes it: a number only, where the config also accepts a word or null for it
+    (``auto``, resolved when the config is validated; null, the default)."""
+    for kind in ("integer", "number"):
+        if kind in _types(node) and "enum" not in node:
+            return {**node, "type": kind}
+    return node
+
+
+#: At one place in a value, what is refused first: its shape (type, choices, length), then a number that is not
+#: finite, then a bound.
+_SHAPE = ("type", "enum", "minItems", "maxItems")
+
+
+def _refusal(node: dict, value, shown, errors: list, depth: int = 0) -> str | None:
+    """Why ``value`` is refused for ``node``, in a flag's words (``must be >= 1, got 0``; ``shown``: how it was
+    written), else None: ``errors`` are the jsonschema validator's of ``value`` against the node as its flag
+    takes it (:func:`_as_flag`), at ``depth`` in the document validated; the first place in ``value`` with one
+    is named.  A number must also be finite, which JSON Schema cannot say."""
+    from crop.workflow.schema import _non_finite
+
+    found = [(tuple(e.absolute_path)[depth:], 0 if e.validator in _SHAPE else 2, e) for e in errors]
+    hit = _non_finite(value)
+    if hit:
+        found.append((tuple(hit[0]), 1, None))
+    if not found:
+        return None
+    where, _, err = min(found, key=lambda f: f[:2])
+    if err is None:
+        return f"must be a finite number, got {shown if not where else hit[1]}"
+    return _words(err, node, not where, shown if not where else err.instance)
+
+
+def _words(err, node: dict, top: bool, shown) -> str:
+    """A validation error of a setting's value (``top``: of the value itself, not of an item) as its flag's
+    refusal says it."""
+    where, value = err.schema, err.instance
+    if top and "array" in _types(node) and err.validator in ("type", "minItems", "maxItems"):
+        return f"must be a list of {node.get('minItems') or 'one or more'} numbers, got {value!r}"
+    if "enum" in where:
+        return f"must be one of {list(where['enum'])}, got {value!r}"
+    if err.validator in _BOUND_WORDS:
+        return f"must be {_BOUND_WORDS[err.validator]} {err.validator_value}, got {shown}"
+    if err.validator == "type":
+        kinds = _types(where)
+        want = ("true or false" if kinds == ["boolean"] else "an integer" if "integer" in kinds else
+                "a number" if "number" in kinds else " or ".join(kinds))
+        return f"must be {want}, got {value!r}"
+    return err.message
 
 
 def schema_type(node: dict):
-    """An argparse type for a schema number/integer node that enforces its bounds."""
+    """An argparse type for a schema number/integer node: the text parsed, then checked against the node."""
     kind = int if "integer" in _types(node) else float
 
     def parse(text: str):
-        return _check_number(node, kind(text), text)
+        from crop.workflow.schema import node_errors
+
+        value = kind(text)
+        refused = _refusal(node, value, text, node_errors(_as_flag(node), value))
+        if refused:
+            raise argparse.ArgumentTypeError(refused)
+        return value
 
     parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
     return parse
@@ -78,16 +134,6 @@ def _flag(p, option: str, node: dict, **kw) -> None:
     p.add_argument("--" + option.replace("_", "-"), **kw)
 
 
-def schema_node(key: str) -> dict:
-    """The schema node of a top-level key, or of ``environment.KEY``."""
-    from crop.workflow.config import schema as _schema
-
-    schema = _schema()
-    if key.startswith("environment."):
-        return schema["$defs"]["environment"]["properties"][key.split(".")[1]]
-    return schema["properties"][key]
-
-
 def _env(text: str) -> str:
     """The paper's four ids or any Gymnasium id crop can make (crop.envs.env_family)."""
     from crop.envs import UnknownEnvError, env_family
@@ -103,9 +149,7 @@ def algo_type(text: str) -> str:
     """A label as the config's (crop/schemas: $defs.label): the paper's nine or one of your own."""
     import re
 
-    from crop.workflow.config import schema
-
-    label = schema()["$defs"]["label"]
+    label = schema_node("label")
     if not re.fullmatch(label["pattern"], text):
         raise argparse.ArgumentTypeError(f"{text!r} {label['x-message']}")
     return text
@@ -122,9 +166,7 @@ def _return_or_none(text: str) -> float | None:
 
 def _accepted(key: str) -> str:
     """What a config accepts for an environment id or an algorithm label (the schema's words), for help."""
-    from crop.workflow.config import schema
-
-    node = schema()["$defs"]["env_id" if key == "env" else "label"]
+    node = schema_node("env_id" if key == "env" else "label")
     return " ".join(node.get("description", "").split()) or "see crop/schemas/config.schema.yaml"
 
 
@@ -157,8 +199,6 @@ def common_args(p, sigma: bool = True, checkpoint: bool = True, required: bool =
 
 def train_args(p, budget: bool = True) -> None:
     p.add_argument("--settings", help="the config's train block as JSON (hidden, total_steps, …, dqn, recipes)")
-    from crop.workflow.schema import resolved
-
     train = {k: resolved(v) for k, v in schema_node("environment.train")["properties"].items()}
     if budget:
         p.add_argument("--hidden", type=schema_type(resolved(train["hidden"]["items"])), nargs="+",
@@ -179,7 +219,7 @@ def fetch_args(p) -> None:
     p.add_argument("--mirror", help="mirror: base URL, file:// URL or folder (default: $CROP_CHECKPOINT_MIRROR)")
     p.add_argument("--cache", help="download cache (default: $CROP_CACHE or the user cache)")
     p.add_argument("--lock", help="lock file pinning first downloads of sources published without a checksum "
-                                  f"(default: {schema_node('checkpoints')['properties']['lock']['default']})")
+                                  f"(default: {schema_default('checkpoints.lock')})")
 
 
 def import_args(p) -> None:
@@ -226,7 +266,7 @@ def report_args(agg, aud) -> None:
     agg.add_argument("results", nargs="?", help="results folder (every complete run in it, or --runs)")
     agg.add_argument("--results", dest="results_opt", help=argparse.SUPPRESS)
     agg.add_argument("--runs", nargs="+", help="only these ENV/ALGO/sigma-S folders under RESULTS")
-    eps_node = schema_node("report")["properties"]["table_eps_factors"]
+    eps_node = schema_node("report.table_eps_factors")
     agg.add_argument("--table-eps-factors", type=schema_type(eps_node["items"]), nargs="+",
                      default=list(eps_node["default"]), help=schema_help(eps_node))
     agg.add_argument("--figures", help="figures folder (default: RESULTS/figures)")
@@ -288,27 +328,26 @@ def plan_args(pl, cal) -> None:
     cal.add_argument("--env", nargs="+", help="environments (default: the paper's four)")
 
 
-def check_setting(option: str, node: dict, value):
-    """A --settings value checked as its flag's would be (type, bounds, choices, length); InputError naming
-    it."""
-    try:
-        if option in CHOICES or "enum" in node:
-            choices = CHOICES.get(option) or node["enum"]
-            if value not in choices:
-                raise argparse.ArgumentTypeError(f"must be one of {list(choices)}, got {value!r}")
-            return value
-        if "array" in _types(node):
-            n = node.get("minItems")
-            if not isinstance(value, list) or not value or (n and n == node.get("maxItems") and len(value) != n):
-                raise argparse.ArgumentTypeError(f"must be a list of {n or 'one or more'} numbers, got {value!r}")
-            return [check_setting(option, node["items"], v) for v in value]
-        if _types(node) == ["boolean"]:
-            if not isinstance(value, bool):
-                raise argparse.ArgumentTypeError(f"must be true or false, got {value!r}")
-            return value
-        integer = "integer" in _types(node)
-        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-            raise argparse.ArgumentTypeError(f"must be {'an integer' if integer else 'a number'}, got {value!r}")
-        return _check_number(node, (int if integer else float)(value), value)
-    except argparse.ArgumentTypeError as exc:
-        raise InputError(f"--settings: {option}: {exc}") from None
+def _as_parsed(node: dict, value):
+    """A --settings value as its flag's type gives it (a number node's 1 as 1.0)."""
+    if "enum" in node or _types(node) == ["boolean"]:
+        return value
+    if "array" in _types(node):
+        return [_as_parsed(node["items"], v) for v in value]
+    return int(value) if "integer" in _types(node) else float(value)
+
+
+def checked_settings(row: StageRow, values: dict) -> dict:
+    """A stage's --settings values (``{option: value}``, none null), checked as their flags' would be, in one
+    pass of the jsonschema validator over the block; InputError naming the first bad one (in the row's
+    order).  Returns them as their flags' types give them."""
+    from crop.workflow.schema import node_errors
+
+    options = row.options
+    errors = node_errors({"type": "object", "properties": {o: _as_flag(options[o][1]) for o in values}}, values)
+    for option in (o for o in options if o in values):
+        why = _refusal(options[option][1], values[option], values[option],
+                       [e for e in errors if list(e.absolute_path)[:1] == [option]], depth=1)
+        if why:
+            raise InputError(f"--settings: {option}: {why}")
+    return {o: _as_parsed(options[o][1], v) for o, v in values.items()}

@@ -14,14 +14,13 @@ import jsonschema
 import yaml
 
 from crop.agents.registry import resolve_source
-from crop.names import ACTION_TARGET, MAX_PARAMETERS, smoothing_targets
+from crop.names import ACTION_TARGET, MAX_PARAMETERS, schema_node, smoothing_targets
 from crop.workflow.policy_checks import check_policy_files
 from crop.workflow.schema import (
     ConfigError,
     _did_you_mean,
     _message,
     _non_finite,
-    _parsed_schema,
     _path,
     _with_defaults,
     check_expansion,
@@ -29,6 +28,7 @@ from crop.workflow.schema import (
     load_schema,
     schema,
 )
+from crop.workflow.stage_table import config_schema
 
 __all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "certifications",
            "run_targets", "smoothing_targets", "sigma_label", "trusted_env_ids", "load_bounded_yaml",
@@ -138,11 +138,11 @@ def validate_config(config: dict, source: str = "config", trust=()) -> dict:
     if both:
         raise ConfigError(f"{source}: invalid configuration: environments.{both[0]}: give target or targets, not "
                           "both (targets lists several, target names one)")
-    schema = _parsed_schema()
-    cls = _with_defaults(jsonschema.validators.validator_for(schema))
+    full = config_schema()
+    cls = _with_defaults(jsonschema.validators.validator_for(full))
     # At one path an unknown key comes first: a misspelt 'sigmaz' also makes 'sigmas' missing, and the
     # message should name the key that was written.
-    errors = sorted(cls(schema).iter_errors(cfg), key=lambda e: (list(map(str, e.absolute_path)),
+    errors = sorted(cls(full).iter_errors(cfg), key=lambda e: (list(map(str, e.absolute_path)),
                                                                  e.validator != "additionalProperties", e.message))
     if errors:
         # Descend to the most specific error of a group (oneOf/anyOf) when there is one.
@@ -153,7 +153,7 @@ def validate_config(config: dict, source: str = "config", trust=()) -> dict:
     trusted = trusted_env_ids(cfg, trust)
     _check_module_ids(cfg, trusted, source)
     # A second pass fills defaults inside objects that were themselves just defaulted.
-    list(cls(schema).iter_errors(cfg))
+    list(cls(full).iter_errors(cfg))
     bad = _check_strings(cfg)
     if bad:
         raise ConfigError(f"{source}: invalid configuration: {bad}")
@@ -362,7 +362,7 @@ def run_targets(cfg: dict) -> list[tuple[str, str, str, str]]:
 
 def train_defaults() -> dict:
     """The defaults of an environment's ``train`` block, from the schema (the one place they live)."""
-    props = schema()["$defs"]["environment"]["properties"]["train"]["properties"]
+    props = schema_node("environment.train")["properties"]
     return {k: copy.deepcopy(v["default"]) for k, v in props.items() if "default" in v}
 
 

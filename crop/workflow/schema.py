@@ -2,12 +2,14 @@
 defaults filled in, and a failed check said in one line that names the field.
 
 The schema (crop/schemas/config.schema.yaml) is the one place a setting's default lives: the workflow, the CLI's
-flags (:mod:`crop.workflow.cli`) and every settings object (:func:`crop.names.schema_default`) read it.
+flags (:mod:`crop.workflow.cli`) and every settings object (:func:`crop.names.schema_default`) read it, through
+the accessor of :mod:`crop.names` (:func:`crop.names.schema_node`).
 """
 from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import json
 import math
 import re
@@ -19,7 +21,7 @@ from crop.io import CappedError
 from crop.names import parsed_schema, schema_default
 
 __all__ = ["ConfigError", "MAX_EXPANDED_VALUES", "check_expansion", "load_bounded_yaml", "schema", "load_schema",
-           "schema_default", "resolved"]
+           "schema_default", "node_errors"]
 
 
 class ConfigError(CappedError):
@@ -90,34 +92,33 @@ def _bounded_document(loader, source: str, error):
     return loader.construct_document(node)
 
 
-def _parsed_schema() -> dict:
-    return parsed_schema()
-
-
-def schema() -> dict:
-    """The config schema, parsed once and shared: read it, never change it (:func:`load_schema` gives a copy)."""
-    return _parsed_schema()
-
-
-def resolved(node: dict) -> dict:
-    """A schema node with its ``$ref`` (to ``#/$defs/…``) merged in; the node's own keywords win."""
-    if "$ref" not in node:
-        return node
-    target = schema()
-    for part in node["$ref"].removeprefix("#/").split("/"):
-        target = target[part]
-    return {**resolved(target), **{k: v for k, v in node.items() if k != "$ref"}}
+#: The config schema, parsed once and shared: read it, never change it (:func:`load_schema` gives a copy).
+#: The accessor of crop.names, the one every layer reads.
+schema = parsed_schema
 
 
 def load_schema() -> dict:
     """A fresh copy of the config schema, for callers that change it."""
-    return copy.deepcopy(_parsed_schema())
+    return copy.deepcopy(schema())
 
 
 def _is_integer(checker, instance) -> bool:
     """JSON Schema's ``integer`` as the workflow needs it: a whole number written as one.  The standard counts
     2.0 as an integer, but a count or a seed reaches Python code and command lines as it is written."""
     return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def node_errors(node: dict, value) -> list[jsonschema.ValidationError]:
+    """Every way ``value`` fails ``node`` (a node of the config schema, or an object of such nodes), by the
+    validator configs are checked with: its ``integer`` is :func:`_is_integer`'s, its ``$ref``s resolve against
+    the schema's ``$defs``.  It reads ``value``, never changes it (no defaults filled in)."""
+    return list(_node_validator()({**node, "$defs": schema()["$defs"]}).iter_errors(value))
+
+
+@functools.cache
+def _node_validator():
+    base = jsonschema.validators.validator_for(schema())
+    return jsonschema.validators.extend(base, type_checker=base.TYPE_CHECKER.redefine("integer", _is_integer))
 
 
 def _with_defaults(validator_class):

@@ -24,7 +24,8 @@ else: the local attack attacks the smoothed policy LoAct certifies (``loact.m`` 
 (``lore.horizon``, ``lore.gamma``), so its returns compare with LoRe's bound; the global attack plays GRe's
 trajectories (``gre.horizon``, ``gre.gamma``).  The ``rewards`` block (an environment's reward facts) has no
 default: its keys are left out of ``--settings`` when the config has no such block.  A stage with settings of
-its own brings their block (``block``: its name and schema node), which joins the schema's environment blocks.
+its own brings their block (``block``: its name and schema node), which joins the environment blocks of the
+schema a config is validated against (:func:`config_schema`; the loaded schema itself is never changed).
 """
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crop.io import META_SUFFIX, meta_name
-from crop.names import ALPHA_MODES, BOUND_NAMES
+from crop.names import ALPHA_MODES, BOUND_NAMES, parsed_schema, schema_node
 
 __all__ = ["Output", "Flag", "StageRow", "STAGES", "stage", "add_stage", "RUN_FILES", "META_SUFFIX", "meta_name",
-           "stage_options", "stage_settings", "caption", "layout_table",
+           "stage_options", "stage_settings", "config_schema", "caption", "layout_table",
            "with_layout_table"]
 
 
@@ -250,12 +251,30 @@ STAGES: dict[str, StageRow] = {row.command: row for row in (
 RUN_FILES: dict[str, str] = {k: f for row in STAGES.values() for k, f in row.files.items()}
 
 
+#: The environment blocks of the stages :func:`add_stage` added (``{name: schema node}``): kept here, beside the
+#: table, and merged into a copy of the loaded schema by :func:`config_schema`, never into the loaded schema.
+_BLOCKS: dict[str, dict] = {}
+
+
+def config_schema() -> dict:
+    """The schema a config is validated against: the loaded one (:func:`crop.names.parsed_schema`), with the
+    added stages' blocks among an environment's where there are any — then a copy along the path to them, so
+    the loaded schema is never changed.  Read it, never change it."""
+    loaded = parsed_schema()
+    if not _BLOCKS:
+        return loaded
+    env = loaded["$defs"]["environment"]
+    return {**loaded, "$defs": {**loaded["$defs"], "environment": {**env, "properties": {**env["properties"],
+                                                                                          **_BLOCKS}}}}
+
+
 def add_stage(row: StageRow) -> None:
     """Add a per-run stage after the others: its subcommand, its files, its rule's command line and its jobs'
-    price follow from the row, and its ``block`` (settings of its own) joins the config schema's environment
-    blocks; its rule is written like those of ``rules/certify.smk``.  Call it before the Snakefile is read and
-    before :mod:`crop.workflow.layout` or the report is imported (they keep what
-    they derive from the table); refuses then, and refuses a name, a file or a block another stage has."""
+    price follow from the row, and its ``block`` (settings of its own) joins the environment blocks of the
+    schema configs are validated against (:func:`config_schema`); its rule is written like those of
+    ``rules/certify.smk``.  Call it before the Snakefile is read and before :mod:`crop.workflow.layout` or the
+    report is imported (they keep what they derive from the table); refuses then, and refuses a name, a file or
+    a block another stage has."""
     import sys
 
     early = [m for m in ("crop.workflow.layout", "crop.report.integrity") if m in sys.modules]
@@ -266,12 +285,9 @@ def add_stage(row: StageRow) -> None:
     if clash:
         raise ValueError(f"stage {row.command}: {sorted(clash)} already in the stage table")
     if row.block:
-        from crop.workflow.config import schema
-
-        blocks = schema()["$defs"]["environment"]["properties"]
-        if row.block[0] in blocks:
+        if row.block[0] in config_schema()["$defs"]["environment"]["properties"]:
             raise ValueError(f"stage {row.command}: environment block {row.block[0]!r} already in the config schema")
-        blocks[row.block[0]] = row.block[1]   # the schema every config is validated against, from now on
+        _BLOCKS[row.block[0]] = row.block[1]
     STAGES[row.command] = row
     RUN_FILES.update(row.files)
 
@@ -283,31 +299,11 @@ def stage(name: str) -> StageRow:
 
 # ----------------------------------------------------------------------------------- settings (the schema's)
 
-def _resolve(node: dict, schema: dict) -> dict:
-    """A schema node with its ``$ref`` (to ``#/$defs/…``) merged in; the node's own keywords win."""
-    if "$ref" not in node:
-        return node
-    target = schema
-    for part in node["$ref"].removeprefix("#/").split("/"):
-        target = target[part]
-    return {**_resolve(target, schema), **{k: v for k, v in node.items() if k != "$ref"}}
-
-
 @functools.cache
 def _options(command: str, keys: tuple[tuple[str, str], ...]) -> dict[str, tuple[str, dict]]:
-    from crop.workflow.config import schema
-
-    s = schema()
-    env_props = s["$defs"]["environment"]["properties"]
-    out = {}
-    for option, key in keys:
-        if key.startswith("/"):
-            node = s["properties"][key[1:]]
-        else:
-            block, name = key.split(".")
-            node = env_props[block]["properties"][name]
-        out[option] = (key, _resolve(node, s))
-    return out
+    schema = config_schema()
+    return {option: (key, schema_node(key[1:] if key.startswith("/") else f"environment.{key}", schema))
+            for option, key in keys}
 
 
 def stage_options(command: str) -> dict[str, tuple[str, dict]]:
