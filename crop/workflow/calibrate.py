@@ -159,7 +159,7 @@ def _gre_sizes(env: str, image: bool) -> tuple[int, int, int]:
     if image:
         return 64, 40, 1
     if env == "CartPole-v0":
-        return 4000, 50, 1   # a few tenths of a second of loop: the unit is a microsecond
+        return 10000, 50, 1   # the paper's m: each lockstep step's calls are shared by its m trajectories
     return 16, 5, 2
 
 
