@@ -56,6 +56,23 @@ def test_the_command_and_its_parser_import_no_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_command_line_builds_its_subcommand_alone_with_the_same_options_and_help():
+    """``crop X …`` builds X's options only: X's help and flags are those of the parser of every subcommand,
+    the others are listed without theirs, and ``crop --help`` is the same either way."""
+    from crop.workflow.cli import chosen
+
+    top = build_parser()
+    full = _subparsers(top)
+    assert chosen(["--version"]) == "" and chosen(["-h", "loact", "--m", "3"]) == "loact"
+    for name, p in full.items():
+        alone = build_parser(name)
+        subs = _subparsers(alone)
+        assert subs[name].format_help() == p.format_help(), name
+        assert [a.dest for a in subs[name]._actions] == [a.dest for a in p._actions], name
+        assert all(len(q._actions) == 1 for other, q in subs.items() if other != name)   # -h only
+        assert alone.format_help() == top.format_help() == build_parser("").format_help()
+
+
 def test_every_subcommand_has_its_function_and_every_function_a_subcommand():
     from crop.__main__ import HANDLERS
 
@@ -176,18 +193,19 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capsys, bad, words):
 
 
 def test_help_and_version_import_nothing_heavy_and_read_the_schema_once():
-    """`crop --help`/`--version` answer without torch, numpy or the environments, and the 500-line schema is
-    parsed once per process (it was parsed 53 times: most of the 1.7 s `--version` took)."""
+    """`crop --help`/`--version`/`crop loact --help` answer without torch, numpy or the environments, and the
+    500-line schema is parsed at most once per process (it was parsed 53 times: most of the 1.7 s `--version`
+    took); `crop --help` builds no subcommand's options, so it needs no schema."""
     code = ("import sys, yaml; n = [0]; load = yaml.load\n"
             "def counted(*a, **k):\n    n[0] += 1\n    return load(*a, **k)\n"
             "yaml.load = counted\n"
             "from crop.__main__ import main\n"
-            "try:\n    main([sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "heavy = sorted(m for m in ('torch', 'numpy', 'pandas', 'gymnasium', 'matplotlib') if m in sys.modules)\n"
             "print(n[0], heavy, file=sys.stderr)")
-    for flag in ("--help", "--version"):
-        out = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, check=True)
-        assert out.stderr.split("\n")[-2] == "1 []", (flag, out.stderr)
+    for argv, parsed in ((["--help"], "0"), (["--version"], "0"), (["loact", "--help"], "1")):
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
+        assert out.stderr.split("\n")[-2] == f"{parsed} []", (argv, out.stderr)
 
 
 def test_env_and_algo_help_list_what_they_accept():

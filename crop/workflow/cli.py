@@ -5,28 +5,31 @@ atomically with a provenance file beside each.  Exit status 2 means bad input (c
 arguments); nothing is written then.  A stage's outputs and settings are its row of the stage table
 (crop/workflow/stage_table.py); each setting takes its type, bounds, default and help from the config schema.  The
 workflow passes a stage's settings block once, as --settings; a flag given by hand takes precedence.  The
-function each subcommand runs is the entry point's (crop/__main__.py): this module imports no handler.
+function each subcommand runs is the entry point's (crop/__main__.py): this module imports no handler.  A
+command line builds its own subcommand's options only (every subcommand is listed, for crop --help and the
+choices of a mistyped one).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import sys
+from functools import partial
 
 from crop.io import InputError, json_object
 from crop.names import BOUND_NAMES
-from crop.train.defaults import CHECKPOINT_EVERY, EVAL_EPISODES_ALONE
-from crop.workflow.certify_config import certify_args
 from crop.workflow.cli_options import (
     POS_INT,
     HelpFormatter,
+    aggregate_args,
     algo_type,
+    audit_args,
+    calibrate_args,
     checked_settings,
     common_args,
     fetch_args,
     import_args,
     plan_args,
-    report_args,
     schema_help,
     schema_node,
     schema_type,
@@ -114,7 +117,75 @@ def _subcommands() -> dict[str, tuple[str, str]]:
     return {**{name: rest.pop(name) for name in first}, **rows, **rest}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _checkpoint_args(p, name: str) -> None:
+    """The options of a subcommand that writes a checkpoint (train, derive, fetch, checkpoint, import)."""
+    from crop.train.defaults import CHECKPOINT_EVERY, EVAL_EPISODES_ALONE
+
+    common_args(p, sigma=False, checkpoint=False, required=name != "fetch")
+    if name == "checkpoint":
+        source = schema_node("environment.source")
+        p.add_argument("--source", choices=source["enum"], default=source["default"], help=schema_help(source))
+    if name in ("train", "derive", "checkpoint"):
+        train_args(p, budget=name != "derive")
+    if name in ("train", "checkpoint"):
+        p.add_argument("--checkpoint-every", type=schema_type({"exclusiveMinimum": 0}), metavar="SECONDS",
+                       help="seconds between saves of the resumable training state (OUT.resume, also saved on "
+                            f"SIGTERM; default: {CHECKPOINT_EVERY:g}, longer for a state that takes long to save)")
+    if name in ("fetch", "checkpoint"):
+        fetch_args(p)
+    if name in ("import", "checkpoint"):
+        import_args(p)
+    if name in ("fetch", "import"):
+        p.add_argument("--eval-episodes", type=schema_type(POS_INT),
+                       help="episodes of the clean greedy return recorded in model.json (default: "
+                            f"{EVAL_EPISODES_ALONE})")
+    p.add_argument("--out", required=name != "fetch", help="model.pt (its record model.json is written beside)")
+    if name == "fetch":
+        p.add_argument("--configfile", metavar="FILE",
+                       help="instead of --env, --algo and --out: fill the cache with every published checkpoint the "
+                            "workflow config FILE fetches (its checkpoints block's mirror, cache and lock unless given "
+                            "here), e.g. on a login node for compute nodes without internet (docs/hpc.md)")
+
+
+def _certify_args(p) -> None:
+    from crop.workflow.certify_config import certify_args
+
+    certify_args(p, algo_type, schema_type({"exclusiveMinimum": 0}), schema_type(POS_INT))
+
+
+def _config_args(p, name: str) -> None:
+    """validate-config's and plan's options: the config file, and the ids it may import."""
+    if name == "plan":
+        plan_args(p)
+    else:
+        p.add_argument("config", help="the workflow config file (YAML)")
+    trust_env_arg(p, "a module:Id environment id of the config that may import its module, as if the config set "
+                     "import_module: true for it (a received config imports nothing unless you say so)")
+
+
+#: ``{subcommand: function(parser) adding its options}`` for those that are not per-run stages (a stage's are
+#: its row's: :func:`crop.workflow.cli_options.stage_args`).
+OPTIONS = {
+    **{name: partial(_checkpoint_args, name=name) for name in ("train", "derive", "fetch", "checkpoint", "import")},
+    "certify": _certify_args,
+    "aggregate": aggregate_args,
+    "audit": audit_args,
+    "calibrate": calibrate_args,
+    "plan": partial(_config_args, name="plan"),
+    "validate-config": partial(_config_args, name="validate-config"),
+}
+
+
+def chosen(argv: list[str]) -> str:
+    """The subcommand ``argv`` names: its first word that is not an option (crop's own options, --help and
+    --version, take no value), else "" (crop's own help and errors need no subcommand's options)."""
+    return next((word for word in argv if not word.startswith("-")), "")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """``crop``'s parser: every subcommand listed, with its options; with ``only``, only that subcommand's
+    options are built (what one command line needs; "": none, for ``crop --help``, which lists the subcommands
+    without theirs)."""
     from crop import __version__
 
     fmt = HelpFormatter
@@ -122,47 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands = _subcommands()
     parsers = {name: sub.add_parser(name, help=h, description=d, formatter_class=fmt)
-               for name, (h, d) in commands.items()}
-    for name in ("train", "derive", "fetch", "checkpoint", "import"):
-        common_args(parsers[name], sigma=False, checkpoint=False, required=name != "fetch")
-    source = schema_node("environment.source")
-    parsers["checkpoint"].add_argument("--source", choices=source["enum"], default=source["default"],
-                                       help=schema_help(source))
-    for name in ("train", "derive", "checkpoint"):
-        train_args(parsers[name], budget=name != "derive")
-    for name in ("train", "checkpoint"):
-        parsers[name].add_argument("--checkpoint-every", type=schema_type({"exclusiveMinimum": 0}), metavar="SECONDS",
-                                   help="seconds between saves of the resumable training state (OUT.resume, "
-                                        f"also saved on SIGTERM; default: {CHECKPOINT_EVERY:g}, longer for a state "
-                                        "that takes long to save)")
-    for name in ("fetch", "checkpoint"):
-        fetch_args(parsers[name])
-    for name in ("import", "checkpoint"):
-        import_args(parsers[name])
-    for name in ("fetch", "import"):
-        parsers[name].add_argument("--eval-episodes", type=schema_type(POS_INT),
-                                   help="episodes of the clean greedy return recorded in model.json (default: "
-                                        f"{EVAL_EPISODES_ALONE})")
-    for name in ("train", "derive", "fetch", "checkpoint", "import"):
-        parsers[name].add_argument("--out", required=name != "fetch",
-                                   help="model.pt (its record model.json is written beside)")
-    parsers["fetch"].add_argument("--configfile", metavar="FILE",
-                                  help="instead of --env, --algo and --out: fill the cache with every published "
-                                       "checkpoint the workflow config FILE fetches (its checkpoints block's mirror, "
-                                       "cache and lock unless given here), e.g. on a login node for compute nodes "
-                                       "without internet (docs/hpc.md)")
-    for name, row in STAGES.items():
-        stage_args(parsers[name], row)
-    report_args(parsers["aggregate"], parsers["audit"])
-    parsers["validate-config"].add_argument("config", help="the workflow config file (YAML)")
-    plan_args(parsers["plan"], parsers["calibrate"])
-    certify_args(parsers["certify"], algo_type, schema_type({"exclusiveMinimum": 0}), schema_type(POS_INT))
-    for name in ("validate-config", "plan"):
-        trust_env_arg(parsers[name], "a module:Id environment id of the config that may import its module, as "
-                                      "if the config set import_module: true for it (a received config imports "
-                                      "nothing unless you say so)")
+               for name, (h, d) in _subcommands().items()}
+    for name, p in parsers.items():
+        if only is None or name == only:
+            if name in STAGES:
+                stage_args(p, STAGES[name])
+            else:
+                OPTIONS[name](p)
     ap.subcommand_parsers = parsers   # for _unknown: a mistyped flag gets its subcommand's usage
     return ap
 
@@ -203,7 +241,7 @@ def run(handlers: dict, argv=None) -> None:
     (``{subcommand: function}``: the ``crop`` command's, :data:`crop.__main__.HANDLERS`); bad input is one line
     on stderr and exit status 2, nothing written."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(chosen(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
         _unknown(parser.subcommand_parsers[args.command], extra)

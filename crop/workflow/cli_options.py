@@ -17,12 +17,11 @@ from crop.names import (
     schema_default,
     schema_node,
 )
-from crop.workflow.audit_sizes import BUDGET_MINUTES, TIMEOUT_EXTRA_S, TIMEOUT_FACTOR
 from crop.workflow.stage_table import STAGES, StageRow
 
 __all__ = ["CHOICES", "POS_INT", "HelpFormatter", "schema_type", "schema_help", "schema_node", "common_args",
-           "train_args", "fetch_args", "import_args", "stage_args", "report_args", "trust_env_arg", "plan_args",
-           "checked_settings"]
+           "train_args", "fetch_args", "import_args", "stage_args", "aggregate_args", "audit_args", "trust_env_arg",
+           "plan_args", "calibrate_args", "checked_settings"]
 # Choices come from the code that implements them, not from the schema's copy of the list.
 CHOICES = {"bound": BOUND_NAMES, "alpha_mode": ALPHA_MODES, "device": DEVICES}
 POS_INT = {"type": "integer", "minimum": 1}
@@ -262,7 +261,11 @@ def stage_args(p, row: StageRow) -> None:
         p.add_argument("--" + flag.option.replace("_", "-"), **kind, help=flag.help)
 
 
-def report_args(agg, aud) -> None:
+_INPUTS_HELP = "the run files themselves (instead of RESULTS)"
+_CALIBRATION_HELP = "calibration file (default: $XDG_CACHE_HOME/crop/calibration.json)"
+
+
+def aggregate_args(agg) -> None:
     agg.add_argument("results", nargs="?", help="results folder (every complete run in it, or --runs)")
     agg.add_argument("--results", dest="results_opt", help=argparse.SUPPRESS)
     agg.add_argument("--runs", nargs="+", help="only these ENV/ALGO/sigma-S folders under RESULTS")
@@ -271,11 +274,16 @@ def report_args(agg, aud) -> None:
                      default=list(eps_node["default"]), help=schema_help(eps_node))
     agg.add_argument("--figures", help="figures folder (default: RESULTS/figures)")
     agg.add_argument("--tables", help="tables folder (default: RESULTS/tables)")
+    agg.add_argument("--inputs", nargs="+", help=_INPUTS_HELP)
+
+
+def audit_args(aud) -> None:
+    from crop.workflow.audit_sizes import BUDGET_MINUTES, TIMEOUT_EXTRA_S, TIMEOUT_FACTOR
+
     aud.add_argument("results", nargs="?", help="results folder (every run folder in it is audited)")
     aud.add_argument("--out-dir", help="where audit.md and audit.json go (default: RESULTS/audit)")
     aud.add_argument("--runs", nargs="*", help="only these ENV/ALGO/sigma-S folders")
-    for p in (agg, aud):
-        p.add_argument("--inputs", nargs="+", help="the run files themselves (instead of RESULTS)")
+    aud.add_argument("--inputs", nargs="+", help=_INPUTS_HELP)
     audit_node = schema_node("audit")["properties"]
     _flag(aud, "alpha", audit_node["alpha"])
     aud.add_argument("--reference", help=schema_help(audit_node["reference"]))
@@ -311,7 +319,7 @@ def trust_env_arg(p, text: str) -> None:
     p.add_argument("--trust-env", action="append", default=[], metavar="ID", help=text)
 
 
-def plan_args(pl, cal) -> None:
+def plan_args(pl) -> None:
     import os
 
     pl.add_argument("--configfile", required=True, help="the workflow config file (YAML)")
@@ -321,9 +329,11 @@ def plan_args(pl, cal) -> None:
                          "config's, is not cpu; else 0)")
     pl.add_argument("--nodes", type=schema_type(POS_INT), default=1, help="machines")
     pl.add_argument("--json", action="store_true", help="the plan as JSON: jobs, total, makespan_hours")
-    for p in (pl, cal):
-        p.add_argument("--calibration" if p is pl else "--out", default=None,
-                       help="calibration file (default: $XDG_CACHE_HOME/crop/calibration.json)")
+    pl.add_argument("--calibration", default=None, help=_CALIBRATION_HELP)
+
+
+def calibrate_args(cal) -> None:
+    cal.add_argument("--out", default=None, help=_CALIBRATION_HELP)
     cal.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="what to measure on")
     cal.add_argument("--env", nargs="+", help="environments (default: the paper's four)")
 
