@@ -205,23 +205,35 @@ def cmd_qrange(args) -> None:
 
 
 def cmd_loact(args) -> None:
-    import numpy as np
+    """LoAct (Algorithm 1, Theorem 1) in the steps of Cohen et al.'s ``certify``: load the checkpoint and its V
+    range, smooth it, certify every step of clean episodes, write the tables with their provenance."""
+    from crop.certify.loact import LoActSettings, run_loact
+    from crop.smoothing.stats import loact_state_alpha
 
-    from crop.certify.loact import LoActSettings, certified_ratio, run_loact
-    from crop.smoothing.stats import episode_confidence, loact_state_alpha
-
-    st = StageRun(args)
+    st = StageRun(args)   # load: the checkpoint (verified), its smoothing target and V range
     if st.target == "action":   # a continuous-action agent: percentile smoothing per action dimension
         return _loact_continuous(st, args)
     if getattr(args, "clip_rewards", False):
         raise InputError("--clip-rewards: a discrete-action agent's benign returns are compared with LoRe's bound "
                          "and the local attack's returns, of the environment's own rewards; leave it out")
-    sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))
-    frames: list = []
+    sm = st.smoother(loact_state_alpha(args.alpha, args.alpha_mode, args.horizon))   # smooth: Q̃ of Eq. (2)
+    # certify every step of clean episodes, from the initial states every algorithm and σ share
     settings = LoActSettings(args.episodes, args.horizon, _episode_seeds(args.seed, args.env, args.episodes),
                              frames_window=tuple(args.frames_window))
+    frames: list = []
     steps, episodes = run_loact(args.env, sm, settings, profile=st.profile, progress=args.progress, frames=frames)
-    longest = int(episodes[cols.STEPS].max())
+    _write_loact(st, sm, steps, episodes, frames)   # write: the tables with their provenance
+
+
+def _write_loact(st: StageRun, sm, steps, episodes, frames: list) -> None:
+    """LoAct's tables (steps, episodes, the certified ratio per radius, frames) with the confidence their radii
+    hold at, and the run's line."""
+    import numpy as np
+
+    from crop.certify.loact import certified_ratio
+    from crop.smoothing.stats import episode_confidence
+
+    args, longest = st.args, int(episodes[cols.STEPS].max())
     st.write({"target": st.target, "v_min": st.v_min, "v_max": st.v_max, "states_certified": int(len(steps)),
               "alpha_mode": args.alpha_mode, "per_state_alpha": sm.alpha, "per_bound_alpha": sm.alpha_each,
               "confidence": {"per_state": 1 - sm.alpha, "per_episode": episode_confidence(sm.alpha, longest),
