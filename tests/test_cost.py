@@ -536,7 +536,7 @@ def test_a_gradient_s_units_are_a_call_and_a_sample():
     net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     units = grad_costs(net, np.zeros(4, dtype=np.float32), "cpu", image=False)
     assert set(units) == {"grad_sample_s", "grad_call_s"}
-    assert units["grad_sample_s"] > 0 and units["grad_call_s"] >= 0
+    assert units["grad_sample_s"] > 0 and units["grad_call_s"] > 0
     table = copy.deepcopy(cost.shipped_table("cpu"))
     table["envs"]["CartPole-v0"]["grad_call_s"] = -1.0
     from crop.workflow.cost_units import check_table
@@ -555,7 +555,7 @@ def test_calibrate_writes_every_unit_with_the_machine(tmp_path, capsys):
         assert table[unit] > 0
     for unit in (*cost.UNITS, "gre_start_s"):   # gre_start_s: optional in a table, written by every calibration
         assert table["envs"]["CartPole-v0"][unit] > 0, unit
-    assert table["envs"]["CartPole-v0"]["grad_call_s"] >= 0
+    assert table["envs"]["CartPole-v0"]["grad_call_s"] > 0
     assert "load" in table["machine"]
     carrl = table["envs"]["CartPole-v0"]["algos"]["CARRL"]   # its bound per sample: tens of plain forwards
     assert carrl["smooth_sample_s"] > 5 * table["envs"]["CartPole-v0"]["smooth_sample_s"]

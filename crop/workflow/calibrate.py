@@ -326,7 +326,7 @@ def grad_costs(net, obs, device: str, image: bool) -> dict:
     small, big = 32, 256 if image else 1024
     t_small, t_big = per_call(small), per_call(big)
     sample = max((t_big - t_small) / (big - small), t_big / big / 4)   # timing noise cannot make it vanish
-    return {"grad_sample_s": sample, "grad_call_s": max(t_small - small * sample, 0.0)}
+    return {"grad_sample_s": sample, "grad_call_s": max(t_small - small * sample, 1e-9)}   # within its range
 
 
 def train_costs(env: str, device: str) -> dict:

@@ -31,7 +31,7 @@ class CostError(ValueError):
 UNIT_TABLE = {
     "smooth_sample_s": (True, 1e-10, 1.0, "one noisy state through the network when smoothing, per sample"),
     "grad_sample_s": (True, 1e-10, 1.0, "a PGD gradient through the network, per sample"),
-    "grad_call_s": (True, 0.0, 60.0, "a PGD gradient call's fixed cost, whatever its batch"),
+    "grad_call_s": (True, 1e-10, 60.0, "a PGD gradient call's fixed cost, whatever its batch"),
     "env_step_s": (True, 1e-9, 60.0, "one environment step"),
     "gre_step_s": (True, 1e-9, 60.0, "one step of a GRe trajectory on one worker"),
     "gre_parent_step_s": (True, 1e-9, 60.0, "GRe's main process per trajectory step: noise, forward, lockstep"),
