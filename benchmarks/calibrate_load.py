@@ -27,7 +27,7 @@ def _spin() -> None:
 
 
 def _calibrate(envs, out: Path) -> dict:
-    subprocess.run([sys.executable, "-m", "crop.workflow.cli", "calibrate", "--device", "cpu", "--env", *envs,
+    subprocess.run([sys.executable, "-m", "crop", "calibrate", "--device", "cpu", "--env", *envs,
                     "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())["cpu"]
 
