@@ -49,7 +49,8 @@ from crop.smoothing import stats
 from crop.smoothing.engine import check_noise, resolve_device
 from crop.smoothing.smoothed import NonFiniteOutputError
 
-__all__ = ["GReSettings", "sample_randomized_returns", "gre_bounds", "TrajectoryNoise", "vacuity_reason"]
+__all__ = ["GReSettings", "sample_randomized_returns", "gre_bounds", "TrajectoryNoise", "vacuity_reason",
+           "vacuity_floor"]
 
 
 @dataclass(frozen=True)
@@ -320,8 +321,14 @@ def gre_bounds(returns: np.ndarray, *, sigma: float, horizon: int, alpha: float,
 VACUOUS_TOL = 1e-9
 
 
+def vacuity_floor(j_min: float) -> float:
+    """The largest value that says nothing more than ``j_min`` (:data:`VACUOUS_TOL`): a bound or return at
+    most this is vacuous."""
+    return j_min + VACUOUS_TOL * max(1.0, abs(j_min))
+
+
 def _above(bound: float, j_min: float) -> bool:
-    return bool(bound == bound and bound > j_min + VACUOUS_TOL * max(1.0, abs(j_min)))
+    return bool(bound == bound and bound > vacuity_floor(j_min))
 
 
 def vacuity_reason(returns, bounds: pd.DataFrame, obs_low=None, obs_high=None) -> str | None:
@@ -342,7 +349,7 @@ def vacuity_reason(returns, bounds: pd.DataFrame, obs_low=None, obs_high=None) -
                              for c in (cols.EXPECTATION_BOUND, "cdf_expectation_bound", cols.PERCENTILE_BOUND)):
         return None
     x = np.sort(np.asarray(returns, dtype=np.float64))
-    above = float(np.mean(x > j_min + VACUOUS_TOL * max(1.0, abs(j_min))))
+    above = float(np.mean(x > vacuity_floor(j_min)))
     if above == 0.0:
         why = (f"no GRe bound is above J_min = {j_min:g} at any eps, and no m or horizon can lift one: all {m} "
                f"sigma-randomized paths returned J_min over the first {horizon} steps, and a bound is at most "

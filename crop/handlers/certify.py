@@ -235,9 +235,11 @@ def _vacuous(bound: float, floor: float) -> str:
     """``bound`` as the table prints it, ``(vacuous)`` beside it where it is the return's floor: it claims
     nothing the reward range did not already say; ``none`` where there is no bound (a percentile GRe cannot
     certify with its m paths at that ε)."""
+    from crop.certify.gre import vacuity_floor
+
     if bound != bound:
         return "none"
-    return f"{bound:.4g}" + (" (vacuous)" if bound <= floor + 1e-9 * max(1.0, abs(floor)) else "")
+    return f"{bound:.4g}" + (" (vacuous)" if bound <= vacuity_floor(floor) else "")
 
 
 def _obs_bounds(env: str | None) -> tuple:
