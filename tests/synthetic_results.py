@@ -82,7 +82,7 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
             radius = sigma * (0.5 + 0.5 * np.sin(t / 3.0 + e)) * rng.uniform(0.5, 1.5) if certified else 0.0
             rows.append({"episode": e, "step": t, "action": int(rng.integers(spec.n_actions)),
                          "certified": certified, "radius": radius if certified else 0.0,
-                         "reward": float(rng.integers(0, 2)), "q_top": 1.0, "q_runner_up": 0.5,
+                         "reward": float(rng.integers(0, 2)), "smoothed_top": 1.0, "smoothed_runner_up": 0.5,
                          **margins(radius if certified else 0.0, sigma)})
     steps = pd.DataFrame(rows)
     m = _meta("loact", sha, seed + 1)
@@ -112,7 +112,7 @@ def make_run(root: Path, env: str, algo: str, sigma: float, sha: str, seed: int 
     # LoRe's smoothed states: those the local attack from s₀ visits, every other action far out of the tree.
     path = [digest(d, t) for t in range(LOCAL_HORIZON)]
     states = pd.DataFrame({"obs_digest": path, "step": range(LOCAL_HORIZON), "eps": 0.0, "action": 0,
-                           "certified": True, "q_top_lower": V_MIN + (V_MAX - V_MIN) * P_TOP_LOWER,
+                           "certified": True, "smoothed_top_lower": V_MIN + (V_MAX - V_MIN) * P_TOP_LOWER,
                            "alpha": LORE_ALPHA_SPENT / LOCAL_HORIZON,
                            **{f"radius_{a}": 0.0 if a == 0 else LORE_FAR * sigma for a in range(spec.n_actions)}})
     write_with_meta(d / RUN_FILES["lore_states"], lambda p: write_csv(p, states), m, rows=len(states))
@@ -184,7 +184,7 @@ def margins(radius: float, sigma: float) -> dict:
     w = V_MAX - V_MIN
     z_l = norm.ppf(P_TOP_LOWER)
     p_u = norm.cdf(z_l - 2 * radius / sigma) if radius > 0 else P_TOP_LOWER + 0.05
-    return {"q_top_lower": V_MIN + w * P_TOP_LOWER, "q_others_upper_max": V_MIN + w * float(p_u)}
+    return {"smoothed_top_lower": V_MIN + w * P_TOP_LOWER, "smoothed_others_upper_max": V_MIN + w * float(p_u)}
 
 
 def make_results(root: Path, plan: dict, seed: int = 0) -> dict:

@@ -122,7 +122,7 @@ def test_local_attack_records_every_attacked_step(mlp_factory):
     assert [int(flips[(e, ep)]) for e, ep in zip(table["eps"], table["episode"])] == table["flips"].tolist()
     first = steps[(steps["step"] == 0) & (steps["episode"] == 0)]["obs_digest"]
     assert len(first) == len(eps_grid) and first.nunique() == 1
-    assert (steps["q_top_lower"] > steps["q_others_upper_max"])[steps["certified"]].all()
+    assert (steps["smoothed_top_lower"] > steps["smoothed_others_upper_max"])[steps["certified"]].all()
 
 
 def test_local_attack_records_the_return_before_each_step_as_lore_sums_it(mlp_factory):

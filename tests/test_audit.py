@@ -1022,9 +1022,10 @@ def test_chances_use_the_planned_horizon_not_the_realised_length():
 
     h, sigma = 10, 0.1
     steps = pd.DataFrame({"eps": 0.0, "episode": [0], "step": [0], "obs_digest": ["s0"], "clean_action": 0,
-                          "action": 1, "certified": True, "radius": 0.5, "q_top_lower": 0.62,
-                          "q_others_upper_max": 0.375})
-    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "q_top_lower": 0.62, "radius_0": 0.0, "radius_1": 0.5})
+                          "action": 1, "certified": True, "radius": 0.5, "smoothed_top_lower": 0.62,
+                          "smoothed_others_upper_max": 0.375})
+    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "smoothed_top_lower": 0.62, "radius_0": 0.0,
+                           "radius_1": 0.5})
     chance = {"steps": None, "attack_steps": steps, "lore_states": states, "v_min": 0.0, "v_max": 1.0, "m": 100,
               "alpha": 1e-3, "n_actions": 2, "horizon": h, "lore_horizon": h}
     attack = pd.DataFrame({"eps": 0.0, "episode": [0, 1], "return": [0.0, 10.0], "steps": [1, 10],

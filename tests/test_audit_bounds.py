@@ -61,13 +61,13 @@ def _lore_units(rng, units: int, planted: np.ndarray) -> tuple[pd.DataFrame, pd.
         t_out = int(np.argmax(leave)) if leave.any() and not planted[u] else H
         below = planted[u] or t_out < H
         digests = ["s0"] + [f"u{u}s{t}" for t in range(1, H)]
-        states.append(pd.DataFrame({"obs_digest": digests, "step": range(H), "q_top_lower": P_L, "radius_0": 0.0,
+        states.append(pd.DataFrame({"obs_digest": digests, "step": range(H), "smoothed_top_lower": P_L, "radius_0": 0.0,
                                     "radius_1": radii}))
         n = min(t_out + 1, H)
         steps.append(pd.DataFrame({"eps": 0.0, "episode": u, "step": range(n), "obs_digest": digests[:n],
                                    "clean_action": 0, "action": [0] * (n - 1) + [1 if t_out < H else 0],
-                                   "certified": True, "radius": 0.0, "q_top_lower": P_L,
-                                   "q_others_upper_max": 0.5}))
+                                   "certified": True, "radius": 0.0, "smoothed_top_lower": P_L,
+                                   "smoothed_others_upper_max": 0.5}))
         attack.append({"eps": 0.0, "episode": u, "return": H - 1.0 if below else float(H), "steps": n,
                        "flips_certified": 0, "same_start_as_lore": True, "horizon": H})
     return pd.concat(states).drop_duplicates("obs_digest"), pd.concat(steps), pd.DataFrame(attack)
@@ -76,11 +76,11 @@ def _lore_units(rng, units: int, planted: np.ndarray) -> tuple[pd.DataFrame, pd.
 def _one_step(radius: float, state: str, action: int, ret: float, lore: pd.DataFrame = LORE) -> dict:
     """The LoRe row of a one-step attacked episode from s₀ (LoRe's state ``s0``, the other action's radius
     ``radius``) that starts at ``state``, takes ``action`` and returns ``ret``."""
-    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "q_top_lower": P_L, "radius_0": 0.0,
+    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "smoothed_top_lower": P_L, "radius_0": 0.0,
                            "radius_1": [radius]})
     path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0], "obs_digest": [state], "action": [action],
-                         "clean_action": 0, "certified": True, "radius": 0.0, "q_top_lower": P_L,
-                         "q_others_upper_max": 0.5})
+                         "clean_action": 0, "certified": True, "radius": 0.0, "smoothed_top_lower": P_L,
+                         "smoothed_others_upper_max": 0.5})
     attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": ret, "steps": 1, "flips_certified": 0,
                            "same_start_as_lore": True, "horizon": H})
     row, = check_lore_vs_local_attack(lore, {"search": {"alpha_spent": A_SPENT}}, attack,
@@ -99,7 +99,7 @@ def test_lore_path_bound_sums_the_leave_bounds_up_to_where_the_path_left():
     """A = Σ b_t up to and including the step where the attacked action is one LoRe's tree excludes; inf where
     a step's state is not among LoRe's (a replay that differs, a pruned or unexpanded node)."""
     radii = np.array([0.05, 0.02, 0.003, 0.05])
-    states = pd.DataFrame({"obs_digest": list("abcd"), "q_top_lower": P_L, "radius_0": 0.0, "radius_1": radii})
+    states = pd.DataFrame({"obs_digest": list("abcd"), "smoothed_top_lower": P_L, "radius_0": 0.0, "radius_1": radii})
     path = pd.DataFrame({"step": range(4), "obs_digest": list("abcd"), "action": [0, 0, 1, 0]})
     c = _lore_chance(states, path)
     a, note = lore_path_bound(c, SIGMA, 0.0, TREE_UNTIL, path)
@@ -155,7 +155,8 @@ def _flip_unit(rng, eps: float, episodes: int, rate_planted: float | None) -> tu
     flip = np.where(counted, rng.random(n) < chance, rng.random(n) < 0.5)
     steps = pd.DataFrame({"eps": eps, "episode": np.repeat(np.arange(episodes), H), "step": np.tile(np.arange(H),
                           episodes), "clean_action": 0, "action": flip.astype(int), "certified": counted,
-                          "radius": np.where(counted, radius, 0.0), "q_top_lower": P_L, "q_others_upper_max": upper})
+                          "radius": np.where(counted, radius, 0.0), "smoothed_top_lower": P_L,
+                          "smoothed_others_upper_max": upper})
     attack = pd.DataFrame({"eps": eps, "episode": range(episodes), "return": 1.0, "steps": H, "horizon": H,
                            "flips_certified": steps[counted & flip].groupby("episode").size()
                            .reindex(range(episodes), fill_value=0).to_numpy(), "same_start_as_lore": False})
@@ -250,13 +251,13 @@ def test_flip_row_whose_attack_counted_no_step_is_vacuous_yet_in_the_family():
 def _two_steps(second: str, action: int, ret: float, chance: dict | None = None) -> dict:
     """The classified LoRe row (with the family's K) of a two-step attacked episode from s₀ through ``second``,
     taking action 0 then ``action``, returning ``ret`` against J̲ = H − 0.5."""
-    states = pd.DataFrame({"obs_digest": ["s0", "s1"], "step": [0, 1], "q_top_lower": P_L, "radius_0": 0.0,
+    states = pd.DataFrame({"obs_digest": ["s0", "s1"], "step": [0, 1], "smoothed_top_lower": P_L, "radius_0": 0.0,
                            "radius_1": 0.05})
     attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": ret, "steps": 2, "flips_certified": 0,
                            "same_start_as_lore": True, "horizon": H})
     path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0, 1], "obs_digest": ["s0", second],
                          "action": [0, action], "clean_action": 0, "certified": True, "radius": 0.0,
-                         "q_top_lower": P_L, "q_others_upper_max": 0.5})
+                         "smoothed_top_lower": P_L, "smoothed_others_upper_max": 0.5})
     row, = check_lore_vs_local_attack(LORE, {"search": {"alpha_spent": A_SPENT}}, attack,
                                       {**_lore_chance(states, path), **(chance or {})}, SIGMA, j_min=0.0)
     out, _, block = classify([{**row, "env": "CartPole-v0", "algo": "A", "sigma": SIGMA}], ALPHA)
@@ -286,13 +287,14 @@ def test_lore_path_whose_return_secured_the_bound_is_tested_not_untestable():
     tested 'ok', not 'untestable'); a return below J̲ after it is a reward below the declared range: a
     violation.  Before the return secures J̲, an unknown state stays untestable."""
     lore = pd.DataFrame({"eps": [0.0, TREE_UNTIL], "lower_bound": [1.0, 0.0]})
-    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "q_top_lower": P_L, "radius_0": 0.0,
+    states = pd.DataFrame({"obs_digest": ["s0"], "step": [0], "smoothed_top_lower": P_L, "radius_0": 0.0,
                            "radius_1": 0.05})
 
     def row_of(so_far: float, ret: float, pruning: bool = True) -> dict:
         path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": [0, 1], "obs_digest": ["s0", "pruned"],
                              "action": [0, 0], "clean_action": 0, "certified": True, "radius": 0.0,
-                             "q_top_lower": P_L, "q_others_upper_max": 0.5, "return_so_far": [0.0, so_far]})
+                             "smoothed_top_lower": P_L, "smoothed_others_upper_max": 0.5,
+                             "return_so_far": [0.0, so_far]})
         attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": ret, "steps": 2, "flips_certified": 0,
                                "same_start_as_lore": True, "horizon": H})
         chance = {**_lore_chance(states, path), "lore_pruning": pruning, "lore_gamma": 1.0, "attack_gamma": 1.0,
@@ -317,13 +319,13 @@ def test_lore_path_that_stayed_in_the_tree_below_its_bound_fails_whatever_alpha(
     """J̲ is the least return over every path of LoRe's tree: a 10-step attacked path that never left it and
     returned 3.0 against J̲ = 9.5 is impossible for a correct search whatever the noise — a violation even where
     α_spent (0.045) leaves the chance-based p-value above α; the same return after leaving is judged by chance."""
-    states = pd.DataFrame({"obs_digest": [f"s{t}" for t in range(H)], "step": range(H), "q_top_lower": P_L,
+    states = pd.DataFrame({"obs_digest": [f"s{t}" for t in range(H)], "step": range(H), "smoothed_top_lower": P_L,
                            "radius_0": 0.0, "radius_1": 0.05})
 
     def row_of(last_action: int, steps: int = H, chance: dict | None = None) -> dict:
         path = pd.DataFrame({"eps": 0.0, "episode": 0, "step": range(H), "obs_digest": states["obs_digest"],
                              "action": [0] * (H - 1) + [last_action], "clean_action": 0, "certified": True,
-                             "radius": 0.0, "q_top_lower": P_L, "q_others_upper_max": 0.5})
+                             "radius": 0.0, "smoothed_top_lower": P_L, "smoothed_others_upper_max": 0.5})
         attack = pd.DataFrame({"eps": [0.0], "episode": 0, "return": 3.0, "steps": steps, "flips_certified": 0,
                                "same_start_as_lore": True, "horizon": H})
         row, = check_lore_vs_local_attack(LORE, {"search": {"alpha_spent": 0.045}}, attack,

@@ -12,11 +12,12 @@ import pytest
 import yaml
 
 from crop.__main__ import main
-from crop.workflow.certify_config import REPO, budget_sizes, certify_config
+from crop.workflow.certify_config import budget_sizes, certify_config
 from crop.workflow.config import validate_config
 
 from certify_helpers import cartpole_dqn, refused
 from networks import sb3_sac
+from paths import REPO
 
 
 @pytest.mark.parametrize("case", ["missing", "no agent", "actor on Discrete", "Q-network on Box"])

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from crop.__main__ import main
-from crop.workflow.certify_config import MARKER, REPO
+from crop.workflow.certify_config import MARKER
 
 from certify_helpers import cartpole_dqn, refused
 from networks import box_space, mlp, sb3_data, sb3_mlp_policy, sb3_sac, sb3_zip
+from paths import REPO
 
 
 def _tree(root: Path) -> dict:

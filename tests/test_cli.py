@@ -255,7 +255,7 @@ def test_loact_of_a_discrete_agent_refuses_clipped_rewards_in_one_line(tmp_path,
 
 
 def test_the_workflow_crop_certify_runs_is_the_checkout_or_the_folder_crop_workflow_names(tmp_path):
-    code = "from crop.handlers.certify import SNAKEFILE; print(SNAKEFILE)"
+    code = "from crop.handlers.certify import workflow_snakefile; print(workflow_snakefile())"
     env = {k: v for k, v in os.environ.items() if k != "CROP_WORKFLOW"}
     here = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert Path(here.stdout.strip()) == REPO / "Snakefile" and (REPO / "Snakefile").is_file()

@@ -308,7 +308,8 @@ def test_tables_give_both_conventions(tmp_path):
     base = pd.read_csv(std / RUN_FILES["loact"]).iloc[:0]
     planted = _planted_steps()
     rewrite_csv(std / RUN_FILES["loact"], pd.concat([base, planted], ignore_index=True)
-                .assign(action=0, reward=1.0, q_top=1.0, q_runner_up=0.5, q_top_lower=0.9, q_others_upper_max=0.6))
+                .assign(action=0, reward=1.0, smoothed_top=1.0, smoothed_runner_up=0.5, smoothed_top_lower=0.9,
+                        smoothed_others_upper_max=0.6))
     carrl = runs[(CART, "CARRL", "0.1")]
     st = pd.read_csv(carrl / RUN_FILES["loact"])
     rewrite_csv(carrl / RUN_FILES["loact"], st.assign(certified=False, radius=0.0))

@@ -35,7 +35,7 @@ def _run(seed, lockstep, episodes=16, horizon=60, pipeline=False):
 def _q_right(steps):
     """Q̃(s, push right) of every step, from the top and runner-up means (two actions)."""
     right = steps["action"].to_numpy() == 1
-    return np.where(right, steps["q_top"].to_numpy(), steps["q_runner_up"].to_numpy())
+    return np.where(right, steps["smoothed_top"].to_numpy(), steps["smoothed_runner_up"].to_numpy())
 
 
 @pytest.mark.slow
@@ -47,7 +47,7 @@ def test_lockstep_smooths_every_live_episode_in_one_call_and_is_deterministic():
     pd.testing.assert_frame_equal(steps, again)
     pd.testing.assert_frame_equal(eps, eps2)
     other, _, _ = _run(2, True)
-    assert not np.array_equal(steps["q_top"].to_numpy(), other["q_top"].to_numpy())
+    assert not np.array_equal(steps["smoothed_top"].to_numpy(), other["smoothed_top"].to_numpy())
 
 
 def test_pipelined_halves_alternate_and_are_deterministic():

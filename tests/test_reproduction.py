@@ -261,8 +261,8 @@ def test_flips_far_beyond_their_bounds_are_violations(results, tmp_path):
     attacked steps are a violation; one flip is not."""
     sigma, eps = 0.1, 0.05
     d = layout.run_dir(results, "CartPole-v0", "StdTrain", "0.1")
-    bound = float(flip_probability_bound(margins(3 * sigma, sigma)["q_top_lower"],
-                                         margins(3 * sigma, sigma)["q_others_upper_max"], 0.0, 10.0, sigma, eps,
+    bound = float(flip_probability_bound(margins(3 * sigma, sigma)["smoothed_top_lower"],
+                                         margins(3 * sigma, sigma)["smoothed_others_upper_max"], 0.0, 10.0, sigma, eps,
                                          M_ATTACK, 2))
     assert bound < 1e-12
     _set_attack_steps(d, sigma, eps, 3 * sigma, flipped=6)

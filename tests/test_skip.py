@@ -16,13 +16,13 @@ from crop.io import meta_name
 from crop.report import aggregate as agg
 from crop.report.captions import caption_settings
 from crop.workflow import cost, layout
-from crop.workflow.certify_config import REPO
 from crop.workflow.config import ConfigError, validate_config
 from crop.workflow.partial import config_plan, config_run_files
 from crop.workflow.stage_table import STAGES
 
 from certify_helpers import cartpole_dqn, refused
 from networks import mlp, sb3_data, sb3_dqn_state, sb3_zip
+from paths import REPO
 from synthetic_results import audit_cli, make_results
 
 ENV, RUN = "CartPole-v0", "CartPole-v0/StdTrain/sigma-0.1"

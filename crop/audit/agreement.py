@@ -32,6 +32,7 @@ import pandas as pd
 
 from crop import columns as cols
 from crop.io import ReceivedFileError, read_csv, read_received_bytes
+from crop.report.records import read_table
 from crop.workflow.layout import ACTION_TARGET, RUN_FILES, base_run, replicate_of, run_files, run_target
 from crop.workflow.stage_table import STAGES
 
@@ -61,7 +62,7 @@ def run_disagreements(run_dir: Path) -> list[dict]:
         if summary not in run_files(target) or not all((d / RUN_FILES[k]).is_file() for k in (summary, source)):
             continue
         try:
-            recorded, src = read_csv(d / RUN_FILES[summary]), read_csv(d / RUN_FILES[source])
+            recorded, src = read_table(d / RUN_FILES[summary]), read_table(d / RUN_FILES[source])
             found = recompute(recorded, src, run)
         except _UNUSABLE as exc:
             found = f"cannot be recomputed from it ({type(exc).__name__}: {exc})"

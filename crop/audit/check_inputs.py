@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from crop import columns as cols
-from crop.io import meta_path, read_csv, read_json
+from crop.io import meta_path, read_json
 from crop.report.metrics import spec_fact
+from crop.report.records import read_table
 from crop.workflow.layout import RUN_FILES
 
 __all__ = ["TOL", "NOT_RECORDED", "row", "chance_inputs", "radius_columns", "planned_horizon"]
@@ -38,7 +39,7 @@ def chance_inputs(d: Path, env: str, n_actions: int | None = None) -> dict:
     v_max = lm.get("v_max", q.get("v_max"))
     a_set = am.get("settings") or {}
     def table(key):
-        return read_csv(d / RUN_FILES[key]) if (d / RUN_FILES[key]).is_file() else None
+        return read_table(d / RUN_FILES[key]) if (d / RUN_FILES[key]).is_file() else None
 
     lore_states = table("lore_states")
     if lore_states is not None:

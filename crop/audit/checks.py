@@ -10,10 +10,10 @@ chance-based row (one with a ``p_value``) is a violation is decided over the aud
   these bounds are about the *distribution* of returns; p-values P[Bin(n, p) ≥ #returns below J̲_p] and
   Hoeffding's exp(−2n·shortfall²/(J_max − J_min)²);
 * **a flip at a certified attacked step** (``loact_certified_steps_not_flipped``, per run and ε;
-  :mod:`crop.audit.checks_flips`).  The local
-  attack records every attacked step (attack_local_steps.csv): its clean state's certificate (Theorem 1, the
-  attack's own per-state α) and the attacked action.  If the clean bounds L(a₁) (``q_top_lower``) and max U(a)
-  (``q_others_upper_max``) hold, Lemma 3 (σΦ⁻¹ of the clipped smoothed Q is 1-Lipschitz) gives, for ‖δ‖ ≤ ε,
+  :mod:`crop.audit.checks_flips`).  The local attack records every attacked step (attack_local_steps.csv): its
+  clean state's certificate (Theorem 1, the attack's own per-state α) and the attacked action.  If the clean
+  bounds L(a₁) (``smoothed_top_lower``) and max U(a) (``smoothed_others_upper_max``) hold, Lemma 3 (σΦ⁻¹ of the
+  clipped smoothed Q is 1-Lipschitz) gives, for ‖δ‖ ≤ ε,
   Q̃(s+δ, a₁) − Q̃(s+δ, a) ≥ Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)), p = (bound − V_min)/w, and by
   Hoeffding the m-sample argmax is not a₁ with probability ≤ (|A| − 1)·exp(−m·Δ²/(2w²))
   (:func:`flip_probability_bound`).  The flips at the steps certified beyond ε are tested against these
@@ -63,9 +63,10 @@ from crop.audit.checks_lore import (
     lore_path_bound,
     lore_root_bound,
 )
-from crop.io import meta_path, read_csv, read_json
+from crop.io import meta_path, read_json
 from crop.report.clips import clip_text, reward_clips
 from crop.report.metrics import parse_run, read_lore_meta, spec_fact
+from crop.report.records import read_table
 from crop.workflow.layout import RUN_FILES, base_run, checkpoint_record, replicate_of, split_run_algo
 
 __all__ = ["run_checks", "check_gre_vs_global_attack", "check_monotone", "check_lore_vs_local_attack",
@@ -139,7 +140,7 @@ def run_checks(results: Path, run: str, stages: list[str]) -> list[dict]:
         key["replicate"] = replicate_of(run)
 
     def table(stage):
-        return read_csv(d / RUN_FILES[stage]) if stage in stages else None
+        return read_table(d / RUN_FILES[stage]) if stage in stages else None
 
     gre, attack_global, attack_local, lore = table("gre"), table("attack_global"), table("attack_local"), table("lore")
     rows = []

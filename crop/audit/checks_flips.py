@@ -17,17 +17,17 @@ __all__ = ["flip_probability_bound", "margins_ok", "step_flip_bounds", "ville_fl
            "check_certified_steps_not_flipped", "VILLE_LAMBDAS"]
 
 
-def flip_probability_bound(q_top_lower, q_others_upper_max, v_min: float, v_max: float, sigma: float,
+def flip_probability_bound(top_lower, others_upper_max, v_min: float, v_max: float, sigma: float,
                            eps: float, m: int, n_actions: int) -> np.ndarray:
     """Upper bound on P[the m-sample smoothed action at s + δ is not a₁], for every ‖δ‖₂ ≤ ε, given that the
-    clean state's bounds L(a₁) = ``q_top_lower`` and max_{a≠a₁} U(a) = ``q_others_upper_max`` hold.
+    clean state's bounds L(a₁) = ``top_lower`` and max_{a≠a₁} U(a) = ``others_upper_max`` hold.
 
     Lemma 3 (Φ⁻¹ of the normalised clipped smoothed Q moves by at most ‖δ‖/σ) bounds the true gap at s + δ
     below by Δ = w·(Φ(Φ⁻¹(p_L) − ε/σ) − Φ(Φ⁻¹(p_U) + ε/σ)); Hoeffding on the m differences of clipped
     samples (each in [−w, w]) and a union over the |A| − 1 other actions give (|A| − 1)·exp(−mΔ²/(2w²)).
     Where Δ ≤ 0 (ε reaches the radius) the bound is 1."""
     w = float(v_max - v_min)
-    pl, pu = normalise(q_top_lower, v_min, v_max), normalise(q_others_upper_max, v_min, v_max)
+    pl, pu = normalise(top_lower, v_min, v_max), normalise(others_upper_max, v_min, v_max)
     with np.errstate(invalid="ignore"):
         gap = w * (Phi(Phi_inv(pl) - eps / sigma) - Phi(Phi_inv(pu) + eps / sigma))
     gap = np.where(np.isnan(gap), 0.0, np.maximum(gap, 0.0))
@@ -37,8 +37,8 @@ def margins_ok(c: dict) -> str:
     """Why the chance of a flip cannot be estimated ('' when it can)."""
     if c["steps"] is None:
         return "no loact.csv: no recorded margins"
-    if not {cols.Q_TOP_LOWER, cols.Q_OTHERS_UPPER_MAX} <= set(c["steps"].columns):
-        return "loact.csv lacks q_top_lower / q_others_upper_max"
+    if not {cols.SMOOTHED_TOP_LOWER, cols.SMOOTHED_OTHERS_UPPER_MAX} <= set(c["steps"].columns):
+        return f"loact.csv lacks {cols.SMOOTHED_TOP_LOWER} / {cols.SMOOTHED_OTHERS_UPPER_MAX}"
     if c["n_actions"] is None:
         return "no network output size: the checkpoint's model.json (net_spec) is missing or names none"
     if c["v_min"] is None or c["v_max"] is None or not c["v_max"] > c["v_min"]:
@@ -48,8 +48,8 @@ def margins_ok(c: dict) -> str:
     return ""
 
 def step_flip_bounds(c: dict, sigma: float, eps: float, steps: pd.DataFrame) -> np.ndarray:
-    return flip_probability_bound(steps[cols.Q_TOP_LOWER], steps[cols.Q_OTHERS_UPPER_MAX], c["v_min"],
-                                  c["v_max"], sigma, eps, int(c["m"]), c["n_actions"])
+    return flip_probability_bound(steps[cols.SMOOTHED_TOP_LOWER], steps[cols.SMOOTHED_OTHERS_UPPER_MAX],
+                                  c["v_min"], c["v_max"], sigma, eps, int(c["m"]), c["n_actions"])
 
 #: The mixture of Ville supermartingales a flip count is tested with: λ with e^λ = 2, 4, …, 2²⁰, equal weights
 #: (fixed in advance, so the mixture is itself a supermartingale).

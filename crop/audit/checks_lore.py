@@ -115,7 +115,7 @@ def _leave_bounds(c: dict, sigma: float, eps: float, tree_until: float,
     ε-perturbation of it is one the tree of every ε'' < ``tree_until`` excludes, and which actions it excludes
     (:func:`lore_path_bound`)."""
     radii = states[radius_columns(states)].to_numpy(float)
-    z_l = Phi_inv(normalise(states[cols.Q_TOP_LOWER].to_numpy(float), c["v_min"], c["v_max"]))[:, None]
+    z_l = Phi_inv(normalise(states[cols.SMOOTHED_TOP_LOWER].to_numpy(float), c["v_min"], c["v_max"]))[:, None]
     w, m = float(c["v_max"] - c["v_min"]), int(c["m"])
     out = radii >= tree_until
     with np.errstate(invalid="ignore"):

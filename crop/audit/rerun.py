@@ -57,10 +57,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from crop.io import InputError, load_npz, meta_path, read_csv, read_json, sha256_file
+from crop.io import InputError, load_npz, meta_path, read_json, sha256_file
 from crop.names import AUTO_TARGET, TARGET_NAMES
 from crop.report.metrics import parse_run
-from crop.report.records import error_line
+from crop.report.records import error_line, read_table, same_table
 from crop.workflow.audit_sizes import BUDGET_MINUTES, TIMEOUT_EXTRA_S, TIMEOUT_FACTOR
 from crop.workflow.layout import checkpoint_path, split_run_algo
 from crop.workflow.stage_table import STAGES
@@ -381,7 +381,7 @@ def _run_child(argv: list[str], scratch: Path, trusted_envs, job) -> subprocess.
 
 
 def _same_numbers(a: Path, b: Path) -> bool:
-    x, y = read_csv(a), read_csv(b)
+    x, y = read_table(a), read_table(b)
     if list(x.columns) != list(y.columns) or len(x) != len(y):
         return False
     for c in x.columns:
@@ -408,6 +408,8 @@ def _compare(row, run_dir: Path, scratch: Path, cpu: bool) -> tuple[str, str]:
         elif o.file.endswith(".npz"):
             with load_npz(old) as a, load_npz(new) as b:
                 same = sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
+        elif o.file.endswith(".csv"):
+            same = same_table(old, new)
         else:
             same = sha256_file(old) == sha256_file(new)
         if same:

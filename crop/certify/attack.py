@@ -258,8 +258,8 @@ def _step_record(runs: _Runs, i: int, t: int, action: int, cert, upper) -> dict:
     return {cols.EPS: runs.runs[i][0], cols.EPISODE: runs.runs[i][1], cols.STEP: t,
             cols.OBS_DIGEST: obs_digest(runs.obs[i]), cols.CLEAN_ACTION: int(cert.action), cols.ACTION: int(action),
             cols.CERTIFIED: bool(cert.certified), cols.RADIUS: float(cert.radius),
-            cols.Q_TOP_LOWER: float(cert.estimate.lower[cert.action]),
-            cols.Q_OTHERS_UPPER_MAX: float(np.max(np.delete(upper, cert.action))),
+            cols.SMOOTHED_TOP_LOWER: float(cert.estimate.lower[cert.action]),
+            cols.SMOOTHED_OTHERS_UPPER_MAX: float(np.max(np.delete(upper, cert.action))),
             cols.RETURN_SO_FAR: float(runs.ret[i])}
 
 

@@ -153,10 +153,11 @@ def _run_group(env_id, smoother, settings, group, halves, profile, bar, frames):
                 ret[ep] += float(reward)
                 steps[ep] = t + 1
                 rows.append({
-                    cols.EPISODE: ep, cols.STEP: t, "action": cert.action, cols.CERTIFIED: cert.certified,
-                    cols.RADIUS: cert.radius, "reward": float(reward), "q_top": float(est.mean[cert.action]),
-                    "q_runner_up": float(runner.max()), cols.Q_TOP_LOWER: float(est.lower[cert.action]),
-                    cols.Q_OTHERS_UPPER_MAX: float(np.max(np.delete(est.upper, cert.action))),
+                    cols.EPISODE: ep, cols.STEP: t, cols.ACTION: cert.action, cols.CERTIFIED: cert.certified,
+                    cols.RADIUS: cert.radius, "reward": float(reward),
+                    cols.SMOOTHED_TOP: float(est.mean[cert.action]), cols.SMOOTHED_RUNNER_UP: float(runner.max()),
+                    cols.SMOOTHED_TOP_LOWER: float(est.lower[cert.action]),
+                    cols.SMOOTHED_OTHERS_UPPER_MAX: float(np.max(np.delete(est.upper, cert.action))),
                 })
                 if terminated or truncated:
                     ended.append(ep)

@@ -429,8 +429,8 @@ class LoRe:
     def states_table(self) -> pd.DataFrame:
         """Every state the search smoothed, in smoothing order (``lore_states.csv``): its observation's digest
         (:func:`obs_digest`), the depth ``t`` and critical ε at which the search first needed it, its
-        certificate's top action a₁, whether certified, L(a₁) (``q_top_lower``), the radius r(a) of every action
-        (``radius_a``: Theorem 4's; 0 for a₁ and for actions the bounds cannot separate from it) and its
+        certificate's top action a₁, whether certified, L(a₁) (``smoothed_top_lower``), the radius r(a) of every
+        action (``radius_a``: Theorem 4's; 0 for a₁ and for actions the bounds cannot separate from it) and its
         per-state α.  With the V range and σ this is what the audit needs to bound, at each state an attacked
         episode visits, the chance that the m-sample policy takes an action LoRe's tree excludes (Lemma 3:
         U(a) = V_min + w·Φ(Φ⁻¹(p_L) − 2r(a)/σ) for every a with r(a) > 0)."""
@@ -439,7 +439,7 @@ class LoRe:
             cols.OBS_DIGEST: [hashlib.blake2b(k, digest_size=16).hexdigest() for k in self.memo],
             cols.STEP: [t for t, _, _ in self.smoothed], cols.EPS: [e for _, e, _ in self.smoothed],
             cols.ACTION: [c.action for c in certs], cols.CERTIFIED: [c.certified for c in certs],
-            cols.Q_TOP_LOWER: [low for _, _, low in self.smoothed], cols.ALPHA: self.alphas})
+            cols.SMOOTHED_TOP_LOWER: [low for _, _, low in self.smoothed], cols.ALPHA: self.alphas})
         radii = np.array([c.radii for c in certs], np.float64).reshape(len(certs), self.smoother.n_actions)
         for a in range(self.smoother.n_actions):
             out[f"{cols.RADIUS}_{a}"] = radii[:, a]

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from crop import columns as cols
 from crop.io import InputError
+from crop.workflow import workflow_root
 from crop.workflow.certify_config import (
     MARKER,
-    REPO,
     REWARDS,
     budget_sizes,
     certify_config,
@@ -37,7 +37,6 @@ from crop.workflow.certify_config import (
     quick_horizon,
 )
 
-SNAKEFILE = REPO / "Snakefile"
 SIZES = ("horizon", "episodes", "m")   # the flags that replace a budget's sizes
 _TARGET_WHY = {"auto": ", chosen per σ by a pilot before the certification's noise is drawn; --target fixes it"}
 _KIND = {"q": "a Q-network (DQN-style; smoothed Q-values)",
@@ -174,8 +173,9 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     except ConfigError as exc:   # a target the network has not is --target's problem, said so
         field = f"environments.{args.env}.target: "
         raise InputError(f"--target: {str(exc).split(field, 1)[1]}" if field in str(exc) else str(exc)) from None
-    if not SNAKEFILE.is_file():
-        raise InputError(f"{SNAKEFILE}: the workflow's Snakefile is not there; run crop certify from a checkout "
+    snakefile = workflow_snakefile()
+    if not snakefile.is_file():
+        raise InputError(f"{snakefile}: the workflow's Snakefile is not there; run crop certify from a checkout "
                          "of the repository (pip install -e), or set CROP_WORKFLOW to one")
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
@@ -187,7 +187,7 @@ def _write_config(args) -> tuple[Path, dict, bool]:
                *(["--reward-range", *map(str, args.reward_range)] if args.reward_range else []),
                *(["--skip", ",".join(given)] if given else [])]
     path.write_text(f"# written by: {shlex.join(command)}\n"
-                    f"# repeat: snakemake -s {SNAKEFILE} --cores {args.cores} --configfile {path} --directory {out}\n"
+                    f"# repeat: snakemake -s {snakefile} --cores {args.cores} --configfile {path} --directory {out}\n"
                     "# (every path is absolute: any working directory will do)\n"
                     + yaml.safe_dump(cfg, sort_keys=False))
     print(f"agent:  {policy.name}: {_KIND[info['network']]}, {info['format']} format, "
@@ -203,12 +203,18 @@ def _write_config(args) -> tuple[Path, dict, bool]:
     return path, checked, box
 
 
+def workflow_snakefile() -> Path:
+    """The Snakefile of the workflow the package runs (:func:`crop.workflow.workflow_root`)."""
+    return workflow_root() / "Snakefile"
+
+
 def snakemake(out: Path, *argv: str) -> subprocess.CompletedProcess:
-    """``python -m snakemake -s SNAKEFILE --directory OUT ARGV…`` with this interpreter's scripts (crop) first
-    on PATH: Snakemake's own state (.snakemake/) lives in ``out``, not in the working directory."""
+    """``python -m snakemake -s SNAKEFILE --directory OUT ARGV…`` (:func:`workflow_snakefile`) with this
+    interpreter's scripts (crop) first on PATH: Snakemake's own state (.snakemake/) lives in ``out``, not in the
+    working directory."""
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), "--directory", str(out), *argv],
-                          env=env)
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(workflow_snakefile()), "--directory", str(out),
+                           *argv], env=env)
 
 
 def _mean(df, col: str) -> float:
@@ -323,7 +329,7 @@ def results_table(cfg: dict, box: bool) -> list[str]:
 def cmd_certify(args) -> None:
     config, cfg, box = _write_config(args)
     out, results = config.parent, Path(cfg["results"])
-    rerun = f"snakemake -s {SNAKEFILE} --cores {args.cores} --configfile {config} --directory {out}"
+    rerun = f"snakemake -s {workflow_snakefile()} --cores {args.cores} --configfile {config} --directory {out}"
     print(f"logs:   {results / 'logs'}/ (one per stage, environment, label and σ)", flush=True)
     # progress ("N of M steps (P%) done") without each job's file lists: those are in the run's log
     if snakemake(out, "--cores", str(args.cores), "--configfile", str(config), "--quiet", "rules", "host").returncode:

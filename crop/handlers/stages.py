@@ -246,9 +246,7 @@ def _write_loact(st: StageRun, sm, steps, episodes, frames: list) -> None:
              loact=steps, loact_episodes=episodes,
              certified_ratio=certified_ratio(steps, args.sigma * np.linspace(0, 4, 81)),
              frames=(lambda p: write_frames(p, frames, args.env), len(frames)))
-    print(f"LoAct {args.env}/{args.algo} σ={args.sigma} target {st.target}: {steps[cols.CERTIFIED].mean():.1%} of "
-          f"{len(steps)} steps certified, mean radius {steps[cols.RADIUS].mean():.4g} (uncertified = 0), "
-          f"benign return {episodes[cols.RETURN].mean():.1f} ± {episodes[cols.RETURN].std(ddof=0):.1f}")
+    _loact_line(args, f"target {st.target}", steps, episodes)
 
 
 def _loact_continuous(st: StageRun, args) -> None:
@@ -290,10 +288,14 @@ def _loact_continuous(st: StageRun, args) -> None:
              certified_ratio=certified_ratio(per_step, args.sigma * np.linspace(0, 4, 81)),
              # no game frames (vector observations), as a vector environment's: the workflow's one rule
              frames=(lambda p: write_frames(p, [], args.env), 0))
-    print(f"LoAct {args.env}/{args.algo} σ={args.sigma} (percentile smoothing, {len(info['tolerance'])} action "
-          f"dimension(s)): {per_step[cols.CERTIFIED].mean():.1%} of {len(per_step)} steps certified, mean radius "
-          f"{per_step[cols.RADIUS].mean():.4g} (uncertified = 0), benign return {episodes[cols.RETURN].mean():.1f} ± "
-          f"{episodes[cols.RETURN].std(ddof=0):.1f}")
+    _loact_line(args, f"(percentile smoothing, {len(info['tolerance'])} action dimension(s))", per_step, episodes)
+
+
+def _loact_line(args, smoothing: str, steps, episodes) -> None:
+    """LoAct's line (``smoothing``: how it smoothed): the share of steps certified, mean radius, benign return."""
+    print(f"LoAct {args.env}/{args.algo} σ={args.sigma} {smoothing}: {steps[cols.CERTIFIED].mean():.1%} of "
+          f"{len(steps)} steps certified, mean radius {steps[cols.RADIUS].mean():.4g} (uncertified = 0), "
+          f"benign return {episodes[cols.RETURN].mean():.1f} ± {episodes[cols.RETURN].std(ddof=0):.1f}")
 
 
 def _spec_with_facts(args):

@@ -333,10 +333,12 @@ class CrownSettings:
 
 
 def crown_bounds(net, x: torch.Tensor, eps, norm="inf", C: torch.Tensor | None = None, domain=None,
-                 settings: CrownSettings = CrownSettings()):
+                 settings: CrownSettings | None = None):
     """CROWN bounds of ``C · net(x′)`` (or ``net(x′)``) over the input set, computed as ``settings`` say
-    (:class:`CrownSettings`); see the module docstring.  A bound not asked for is returned as ``None``.
+    (:class:`CrownSettings`; None: its defaults); see the module docstring.  A bound not asked for is returned as
+    ``None``.
     """
+    settings = settings or CrownSettings()
     intermediate, intersect_ibp = settings.intermediate, settings.intersect_ibp
     bound_lower, bound_upper = settings.lower, settings.upper
     layers = _layers(net)

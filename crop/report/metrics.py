@@ -44,9 +44,10 @@ import pandas as pd
 
 from crop import columns as cols
 from crop.certify.lore import lore_bound_at
-from crop.io import meta_path, read_csv, read_json
+from crop.io import meta_path, read_json
 from crop.report.clips import clip_text, reward_clips
 from crop.report.intervals import benign_return_range
+from crop.report.records import read_table
 from crop.workflow.layout import (
     ACTION_TARGET,
     FRAMES_FILE,
@@ -174,7 +175,7 @@ def _read_files(run_dir: Path, files: dict, required: bool) -> dict:
                 raise FileNotFoundError(f"missing result file {f}")
             continue
         if name != FRAMES_FILE:  # frames.npz: read on demand by the Pong figure
-            data[key] = read_json(f) if name.endswith(".json") else read_csv(f)
+            data[key] = read_json(f) if name.endswith(".json") else read_table(f)
     return data
 
 

@@ -5,6 +5,9 @@ bad field (``loact.meta.json: settings.horizon: 'x' is not an integer``), and no
 further: a folder written by someone else cannot turn the audit into a traceback.
 
 Fields the schemas do not name may hold anything (the report does not read them); a named field may be absent.
+
+A run's tables are read by :func:`read_table`, under their columns' current names (an older folder's names for
+LoAct's smoothed-output columns included: :func:`crop.columns.current_names`).
 """
 from __future__ import annotations
 
@@ -12,10 +15,11 @@ import functools
 import os
 from pathlib import Path
 
-from crop.io import META_SUFFIX, ReceivedFileError, meta_name, read_json, received_problem
+from crop.columns import current_names
+from crop.io import META_SUFFIX, ReceivedFileError, meta_name, open_received, read_csv, read_json, received_problem
 
 __all__ = ["record_problem", "run_record_problems", "received_files", "received_file_problems", "error_line",
-           "SCHEMAS"]
+           "SCHEMAS", "read_table", "same_table"]
 
 
 def _of(*types: str, **more) -> dict:
@@ -183,3 +187,30 @@ def run_record_problems(run_dir: Path) -> list[dict]:
             problems.append({"file": str(f), "problem": f"{found}; the report cannot read this record, so "
                                                         "nothing of its run is read (rerun the stage that wrote it)"})
     return problems
+
+
+def read_table(path: str | Path, *, root: str | Path | None = None):
+    """A run's CSV table (:func:`crop.io.read_csv`, within a table's cap) with its columns under their current
+    names (:func:`crop.columns.current_names`): how the report and the audit read a received run's table."""
+    df = read_csv(path, root=root)
+    df.columns = current_names(df.columns)
+    return df
+
+
+def same_table(a: str | Path, b: str | Path) -> bool:
+    """Whether two CSV tables hold the same bytes once their header lines name the columns by their current names
+    (:func:`crop.columns.current_names`): a re-run's table against an older folder's."""
+    import hashlib
+
+    digests = []
+    for path in (a, b):
+        h = hashlib.sha256()
+        with open_received(path, kind="table") as f:
+            head = f.readline()
+            names = head.rstrip(b"\r\n")
+            text = ",".join(current_names(names.decode("utf-8", "surrogateescape").split(",")))
+            h.update(text.encode("utf-8", "surrogateescape") + head[len(names):])
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        digests.append(h.digest())
+    return digests[0] == digests[1]

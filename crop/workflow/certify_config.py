@@ -10,7 +10,8 @@ paper's sizes (Appendix E) from configs/paper.yaml: the environment's own block 
 CartPole's, the protocol of the paper's vector environment.
 
 Every path in the config is absolute (the policy file, ``results``), so the config re-runs the same DAG from
-any working directory: ``snakemake -s REPO/Snakefile --cores N --configfile DIR/config.yaml``.
+any working directory: ``snakemake -s WORKFLOW/Snakefile --cores N --configfile DIR/config.yaml`` (WORKFLOW:
+:func:`crop.workflow.workflow_root`).
 """
 from __future__ import annotations
 
@@ -19,9 +20,6 @@ import json
 from pathlib import Path
 
 from crop.workflow import workflow_root
-
-#: The workflow the package runs (the Snakefile and configs/paper.yaml; the setting CROP_WORKFLOW).
-REPO = workflow_root()
 
 #: The stages' sizes per budget; ``paper`` is read from configs/paper.yaml (:func:`budget_sizes`).
 QUICK = {
@@ -114,7 +112,7 @@ def _paper_block(env: str) -> tuple[dict, list[float]]:
     """configs/paper.yaml's block of ``env``, else its CartPole-v0 block (the vector protocol)."""
     import yaml
 
-    envs = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())["environments"]
+    envs = yaml.safe_load((workflow_root() / "configs" / "paper.yaml").read_text())["environments"]
     return envs.get(env, envs["CartPole-v0"]), envs.get(env, envs["CartPole-v0"])["sigmas"]
 
 
