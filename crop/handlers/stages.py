@@ -24,10 +24,7 @@ __all__ = ["StageRun", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_at
 def setup(args) -> float:
     import torch
 
-    from crop.smoothing.engine import keep_freed_memory
-
     torch.set_num_threads(args.threads)
-    keep_freed_memory()
     return time.time()
 
 

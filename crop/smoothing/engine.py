@@ -33,31 +33,13 @@ import torch
 from crop.models.s2d import space_to_depth_input
 from crop.names import default_of
 
-__all__ = ["Engine", "Launched", "Noise", "block_plan", "resolve_device", "check_noise", "keep_freed_memory"]
+__all__ = ["Engine", "Launched", "Noise", "block_plan", "resolve_device", "check_noise"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def keep_freed_memory() -> None:
-    """Let this process's allocator (glibc's malloc; elsewhere nothing is done) keep the memory it frees for
-    the next block instead of giving it back to the system: blocks up to 32 MB from its heap, never trimmed.
-    A block's tensors are the same at every call; given back, they are mapped and faulted in anew each time,
-    which costs a CARRL network's smoothing (its bound's matrices: crop.models.carrl) 1.2-1.6x its CPU time
-    and more on a busy machine, so that its cost could not be measured.  Process-wide and idempotent: every
-    ``crop`` job calls it first (:func:`crop.handlers.stages.setup`), and so does ``crop calibrate``, which
-    measures what the jobs do."""
-    import ctypes
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
-    libc = ctypes.CDLL(None)
-    libc.mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD: glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
-    libc.mallopt(-1, 1 << 30)    # M_TRIM_THRESHOLD
 
 
 def block_plan(n_states: int, m: int, rows: int):

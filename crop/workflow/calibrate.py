@@ -429,10 +429,7 @@ def calibrate(device: str, envs=PAPER_ENVS, out: str | Path | None = None, log=p
             tables = {}
         else:
             check_tables(tables, f"calibration {path} (fix or remove it)")
-    from crop.smoothing.engine import keep_freed_memory
-
     torch.set_num_threads(1)   # the unit is one core: a job's threads divide what scales
-    keep_freed_memory()        # as every job does
     shipped = shipped_table(device)
     load = os.getloadavg()[0]
     table = {"device": device, "machine": machine(device),
