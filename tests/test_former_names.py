@@ -59,3 +59,25 @@ def test_a_former_header_is_read_and_audited_as_the_current_one(tmp_path):
     for check in ("loact_certified_steps_not_flipped", "lore_vs_pgd_local"):
         statuses = {c["status"] for c in reps[1]["checks"] if c["check"] == check}
         assert "ok" in statuses and statuses <= {"ok", "vacuous"}
+
+
+def test_a_former_name_beside_its_current_one_is_an_integrity_problem_not_a_crash(tmp_path):
+    """A received table naming one column twice (``q_top_lower`` beside ``smoothed_top_lower``): which of the
+    two is meant is not guessed; the table is refused in one line naming both, and the audit fails on it."""
+    make_results(tmp_path, PLAN)
+    path = run_dir(tmp_path, "CartPole-v0", "StdTrain", "0.1") / RUN_FILES["loact"]
+    head, rest = path.read_text().split("\n", 1)
+    path.write_text(head.replace(cols.SMOOTHED_TOP + ",", "q_top_lower,", 1) + "\n" + rest)
+    meta = read_json(meta_path(path))
+    meta["output"].update(sha256=sha256_file(path), bytes=path.stat().st_size)
+    write_json(meta_path(path), meta)
+    try:
+        read_table(path)
+    except ValueError as exc:
+        assert str(exc).endswith(f"column(s) {cols.SMOOTHED_TOP_LOWER} named twice (a former name beside the "
+                                 "current one)")
+    else:
+        raise AssertionError("a column named twice was read")
+    rep = audit(tmp_path, tmp_path / "audit", AuditOptions(config_hash="abc123"))
+    assert rep["verdict"] == "FAIL" and rep["integrity_problems"] >= 1
+    assert cols.SMOOTHED_TOP_LOWER in (tmp_path / "audit" / "audit.md").read_text()

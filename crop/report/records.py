@@ -193,7 +193,12 @@ def read_table(path: str | Path, *, root: str | Path | None = None):
     """A run's CSV table (:func:`crop.io.read_csv`, within a table's cap) with its columns under their current
     names (:func:`crop.columns.current_names`): how the report and the audit read a received run's table."""
     df = read_csv(path, root=root)
-    df.columns = current_names(df.columns)
+    names = current_names(df.columns)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:   # a former name beside its current one: which column is meant is not for the report to guess
+        raise ReceivedFileError(f"{path}: column(s) {', '.join(twice)} named twice (a former name beside the "
+                                "current one)")
+    df.columns = names
     return df
 
 
