@@ -280,7 +280,7 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
     quick_seeds = [derive_seed(seed, "quick-eval", i) for i in range(cfg.quick_eval_episodes)]
     # Acceptance seeds are disjoint from training and quick-evaluation seeds.
     accept_seeds = [derive_seed(seed, "accept-eval", i) for i in range(cfg.eval_episodes)]
-    accepted = None
+    accepted, update_cpu_s = None, 0.0
     bar = pbar(range(run.next_step, cfg.total_steps), desc=f"train {env_id} {recipe.name}", progress=progress)
     with saver.on_sigterm() if saver else contextlib.nullcontext():
         for step in bar:
@@ -310,6 +310,7 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
 
             # --- learn
             if step >= cfg.learning_starts and step % cfg.train_every == 0:
+                update_started = time.process_time()   # an update's own CPU time: crop calibrate's unit
                 if cfg.lr_end is not None:
                     for group in opt.param_groups:
                         group["lr"] = cfg.lr_at(step)
@@ -333,6 +334,7 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
                 torch.nn.utils.clip_grad_norm_(q.parameters(), cfg.max_grad_norm)
                 opt.step()
                 buf.update(idx, (pred - y).detach().abs().cpu().numpy())
+                update_cpu_s += time.process_time() - update_started
             if step % cfg.target_update == 0:
                 target.load_state_dict(q.state_dict())
 
@@ -373,7 +375,8 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
             "accept_after_step": accept_after, "evaluations": run.evals, "device": str(dev),
             "replay_dtype": str(buf.s.dtype), "eps_decay_steps": eps_decay,
             "runtime_s": round(run.runtime_s + time.time() - started, 2),
-            "cpu_s": round(run.cpu_s + time.process_time() - cpu_started, 2)}
+            "cpu_s": round(run.cpu_s + time.process_time() - cpu_started, 2),
+            "update_cpu_s": update_cpu_s}   # this process's updates (a resumed run's earlier ones not counted)
     if run.resumed_at:
         info["resumed_at_steps"] = run.resumed_at
     return q.cpu().eval(), info

@@ -163,7 +163,7 @@ def _gre_sizes(env: str, image: bool) -> tuple[int, int, int]:
         return 64, 40, 1
     if env == "CartPole-v0":
         return 10000, 50, 1   # the paper's m: each lockstep step's calls are shared by its m trajectories
-    return 16, 5, 2
+    return 48, 10, 2   # 480 steps: the main process's part (0.1 ms a step on highway) over tens of milliseconds
 
 
 def gre_costs(env: str, net, device: str, image: bool) -> dict:
@@ -172,27 +172,29 @@ def gre_costs(env: str, net, device: str, image: bool) -> dict:
     (what they do not; where the pool steps in this process, CartPole, all of it is ``gre_step_s``),
     ``gre_reset_s`` per trajectory (its environment's seeded reset, from the second block, whose slots are reused)
     and ``gre_start_s`` per slot of the pool (an environment made and closed: where the pool steps in this
-    process, the rest of its start; elsewhere an environment made here, since the worker processes' own start
+    process, a pool made and closed; elsewhere an environment made here, since the worker processes' own start
     — an interpreter's imports each, paid once per worker, not per slot — is not the slots'), each the least
     of a few runs."""
+    from crop.envs import make_env, make_env_pool
+
     gm, gh, workers = _gre_sizes(env, image)
-    # CartPole's units are fractions of a microsecond, differenced from runs of a fraction of a second: the
-    # least of five (in one process, cheap); elsewhere each run starts worker processes: of two.
-    repeats = 5 if env == "CartPole-v0" else 2
-    runs = [gre_phases(env, net, gm, gh, device, workers=workers, batch=gm // 2) for _ in range(repeats)]
+    runs = [gre_phases(env, net, gm, gh, device, workers=workers, batch=gm // 2) for _ in range(2 if image else 3)]
 
     def cpu(phase):
         return float(phase[1] + phase[2])
 
-    reset = min(sum(cpu(r) for r, _ in run["resets"][1:]) / sum(n for _, n in run["resets"][1:]) for run in runs)
-    out = {"gre_reset_s": reset}
     if env == "CartPole-v0":
-        first = [cpu(r["start"]) + cpu(r["resets"][0][0]) - r["resets"][0][1] * reset + cpu(r["closing"]) for r in runs]
-        out["gre_start_s"] = max(min(first) / runs[0]["slots"], 1e-9)
+        # One process, numpy arrays: a slot's making and a reset are fractions of a microsecond, measured on
+        # their own over a second each (from a run's phases they were differences of a millisecond or two).
+        n = gm // 2
+        pool = make_env_pool(env, n)
+        out = {"gre_reset_s": _best(lambda: pool.reset(0, n)) / n,
+               "gre_start_s": max(_best(lambda: make_env_pool(env, n).close()) / n, 1e-9)}
+        pool.close()
     else:
-        from crop.envs import make_env
-
-        out["gre_start_s"] = _best(lambda: make_env(env).close(), repeats=2)
+        out = {"gre_reset_s": min(sum(cpu(r) for r, _ in run["resets"][1:]) / sum(n for _, n in run["resets"][1:])
+                                  for run in runs),
+               "gre_start_s": _best(lambda: make_env(env).close(), repeats=2)}
     if env == "CartPole-v0":
         out["gre_step_s"] = min(cpu(r["loop"]) / r["steps"] for r in runs)
         out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
@@ -316,10 +318,9 @@ def _network_costs(net, obs, k: int, device: str, image: bool, m: int) -> dict:
 
 def grad_costs(net, obs, device: str, image: bool) -> dict:
     """A PGD gradient of ``net`` as a call's fixed cost plus a cost per sample: ``grad_call_s`` and
-    ``grad_sample_s``, from the least CPU time of batches of 32 samples (the global attack's ``n_eot`` for one
-    run) and of ``big`` samples, differenced.  The attacks step every run in lockstep, one call per PGD step over
-    runs × samples, where a price per sample measured at 32 samples a call overstates a CartPole job of 160 runs
-    about 5×."""
+    ``grad_sample_s``, from the least CPU time of a batch of one sample and of ``big`` samples, differenced.
+    The attacks step every run in lockstep, one call per PGD step over runs × samples, where a price per sample
+    measured at 32 samples a call overstates a CartPole job of 160 runs about 5×."""
     import torch
     import torch.nn.functional as F
 
@@ -335,10 +336,12 @@ def grad_costs(net, obs, device: str, image: bool) -> dict:
 
         return _best(grad)
 
-    small, big = 32, 256 if image else 1024
-    t_small, t_big = per_call(small), per_call(big)
-    sample = max((t_big - t_small) / (big - small), t_big / big / 4)   # timing noise cannot make it vanish
-    return {"grad_sample_s": sample, "grad_call_s": max(t_small - small * sample, 1e-9)}   # within its range
+    # One sample and many: the call's cost is then the one-sample call less one sample, where from 32 samples
+    # less 32 it was a small difference of large times (CARRL's: 1.2 of 18 ms) that moved 2x between runs.
+    big = 256 if image else 1024
+    t_one, t_big = per_call(1), per_call(big)
+    sample = max((t_big - t_one) / (big - 1), t_big / big / 4)   # timing noise cannot make it vanish
+    return {"grad_sample_s": sample, "grad_call_s": max(t_one - sample, 1e-9)}   # within its range
 
 
 def train_costs(env: str, device: str) -> dict:
@@ -346,27 +349,31 @@ def train_costs(env: str, device: str) -> dict:
     the environment's DQN settings (StdTrain's network, batch and replay): ``train_step_s``, an environment step
     with a greedy action (ε = 0) and no update, from runs of n and 3n steps (what a run pays once, making its
     environment and its one-step final evaluation, cancels out); ``train_update_s``, a gradient update of a
-    batch every step from the first, over a run of n steps with updates against the one without."""
+    batch, as the training times its updates (``update_cpu_s``) over a run of n steps with one every step from
+    the first; each the least of three runs."""
     from crop.train import dqn_config
     from crop.train.dqn import train_dqn
 
     n = 100 if env in ("PongNoFrameskip-v4", "FreewayNoFrameskip-v4") else (150 if env.startswith("highway") else 500)
 
-    def train(steps: int, updates: bool) -> float:
+    def train(steps: int, updates: bool) -> tuple[float, float]:
         cfg = dqn_config(env, "StdTrain", {"learning_starts": 0 if updates else steps, "train_every": 1,
                                            "buffer_size": 1000, "eps_start": 0.0, "eps_end": 0.0,
                                            "eval_every": 10 * steps, "quick_eval_episodes": 1, "eval_max_steps": 1,
                                            "device": device}, {"total_steps": steps, "target_return": None,
                                                                "eval_episodes": 1})
         t = cpu_seconds()
-        train_dqn(env, 0, cfg, progress=False)
-        return cpu_seconds() - t
+        _, info = train_dqn(env, 0, cfg, progress=False)
+        return cpu_seconds() - t, info["update_cpu_s"]
 
-    short, long, learning = train(n, False), train(3 * n, False), train(n, True)
+    # The least of three runs each.  The update is timed by the training itself (its updates' own CPU time):
+    # as a difference of runs with and without updates it was a small part of their time (a highway step takes
+    # 12x an update), which moved it up to 2.6x between calibrations.
+    short, long = (min(train(steps, False)[0] for _ in range(3)) for steps in (n, 3 * n))
+    update = min(train(n, True)[1] for _ in range(3)) / n
     # Timing noise can leave a difference at nothing: then the longer run's whole time per step (its start
     # included), which errs long, never a free step (a calibration holds no zero: crop.workflow.cost_units).
     step = (long - short) / (2 * n) if long > short else long / (3 * n)
-    update = (learning - short) / n if learning > short else learning / n
     return {"train_step_s": step, "train_update_s": update}
 
 
