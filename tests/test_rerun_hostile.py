@@ -180,7 +180,7 @@ def test_a_job_predicted_over_the_budget_is_not_started(results, tmp_path):
     says so and is at best WARN; audit.json's rerun block holds the budget and each prediction."""
     from crop.audit.audit import AuditOptions, audit
 
-    _edit(results, RUN_FILES["attack_global"], lambda s: s.update(pgd_steps=10_000, n_eot=100 * s["n_eot"]))
+    _edit(results, RUN_FILES["attack_global"], lambda s: s.update(pgd_steps=10_000, n_eot=1000 * s["n_eot"]))
     rep = audit(results, tmp_path / "a", AuditOptions(rerun=5, rerun_budget=1))
     rr = rep["rerun"]
     job = next(j for j in rr["jobs"] if j["stage"] == "attack_global")
