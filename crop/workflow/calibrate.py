@@ -10,9 +10,11 @@ and gradient update (:func:`train_costs`), an algorithm's own network where it c
 (CARRL's bound per sample, NoisyNet's layers: :func:`algo_costs`); and a job's fixed start cost (a fresh
 interpreter importing what a stage imports).  All on one core (torch threads: 1).
 
-Each unit is the CPU time of the measured work — this process's and its workers' (user + system), not the
-wall-clock — so other processes on a busy machine do not inflate it (they share the cores, not the work); the
-best of a few repetitions; the load average is recorded beside the units (``machine.load``).
+Each unit is the CPU time of the measured work — this process's and its workers', not the wall-clock — so other
+processes on a busy machine do not inflate it (they share the cores, not the work); the least of repetitions
+spread over a second (:func:`_best`), on networks seeded alike, in a process whose allocator is set as every
+``crop`` process's (:func:`crop.__main__.keep_freed_memory`); the load average is recorded beside the units
+(``machine.load``).  ``benchmarks/calibrate_load.py`` measures how far a busy machine moves them.
 """
 from __future__ import annotations
 
