@@ -12,8 +12,8 @@ interpreter importing what a stage imports).  All on one core (torch threads: 1)
 
 Each unit is the CPU time of the measured work — this process's and its workers', not the wall-clock — so other
 processes on a busy machine do not inflate it (they share the cores, not the work); the least of repetitions
-spread over a second (:func:`_best`), on networks seeded alike, in a process whose allocator is set as every
-``crop`` process's (:func:`crop.__main__.keep_freed_memory`); the load average is recorded beside the units
+spread over a second (:func:`_best`), on networks seeded alike (``crop calibrate``, like every ``crop`` job, runs
+with the allocator :func:`crop.__main__.keep_freed_memory` sets); the load average is recorded beside the units
 (``machine.load``).  ``benchmarks/calibrate_load.py`` measures how far a busy machine moves them.
 """
 from __future__ import annotations
