@@ -376,7 +376,7 @@ def train_dqn(env_id: str, seed: int, cfg: DQNConfig, profile: str | None = None
             "replay_dtype": str(buf.s.dtype), "eps_decay_steps": eps_decay,
             "runtime_s": round(run.runtime_s + time.time() - started, 2),
             "cpu_s": round(run.cpu_s + time.process_time() - cpu_started, 2),
-            "update_cpu_s": update_cpu_s}   # this process's updates (a resumed run's earlier ones not counted)
+            "update_cpu_s": round(update_cpu_s, 6)}   # this process's updates (not a resumed run's earlier ones)
     if run.resumed_at:
         info["resumed_at_steps"] = run.resumed_at
     return q.cpu().eval(), info
