@@ -651,3 +651,22 @@ def test_an_environment_without_units_borrows_its_family_s_and_says_so(env, unit
           str(calibration)])
     own = json.loads(capsys.readouterr().out)
     assert "borrowed_units" not in own and own["total"]["cpu_hours"] > result["total"]["cpu_hours"]
+
+
+def test_a_training_times_its_updates_and_only_them():
+    """``update_cpu_s`` (crop calibrate's ``train_update_s``): the CPU time of the gradient updates, none in a run
+    without updates, and within the run's own CPU time in one with an update every step."""
+    from crop.train import dqn_config
+    from crop.train.dqn import train_dqn
+
+    def info(learning_starts: int) -> dict:
+        cfg = dqn_config("CartPole-v0", "StdTrain", {"learning_starts": learning_starts, "train_every": 1,
+                                                     "buffer_size": 500, "eps_start": 0.0, "eps_end": 0.0,
+                                                     "eval_every": 10_000, "quick_eval_episodes": 1,
+                                                     "eval_max_steps": 1, "device": "cpu"},
+                         {"total_steps": 200, "target_return": None, "eval_episodes": 1})
+        return train_dqn("CartPole-v0", 0, cfg, progress=False)[1]
+
+    assert info(200)["update_cpu_s"] == 0.0
+    learned = info(0)
+    assert 0 < learned["update_cpu_s"] <= learned["cpu_s"] + 0.01
