@@ -42,17 +42,17 @@ class CarrlQ(nn.Sequential):
             crown_bounds(self, torch.zeros(1, base[0].in_features), 0.0, self.norm)
         except (UnsupportedNetwork, AttributeError) as exc:
             raise UnsupportedNetwork(f"CARRL needs an MLP base network: {exc}") from None
+        # CROWN holds a (rows, width, width) matrix per layer: in blocks of at most 2^22 entries (16 MB) the
+        # allocator reuses its memory, where a whole chunk's (65 MB for 1,000 rows of width 128) is mapped and
+        # faulted in anew at every call, 1.2-1.6x the time.  Each row's bound is its own: the same bits.
+        self.rows = max(1, 2 ** 22 // max(layer.out_features for layer in base if isinstance(layer, nn.Linear)) ** 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.method == "ibp":
             return ibp_bounds(self, x, self.eps, self.norm)[0]
-        # CROWN holds a (rows, width, width) matrix per layer: in blocks of at most 2^22 entries (16 MB) the
-        # allocator reuses its memory, where a whole chunk's (65 MB for 1,000 rows of width 128) is mapped and
-        # faulted in anew at every call, 1.2-1.6x the time.  Each row's bound is its own: the same bits.
-        rows = max(1, 2 ** 22 // max(layer.out_features for layer in self if isinstance(layer, nn.Linear)) ** 2)
         settings = CrownSettings(intermediate="crown" if self.method == "crown" else "ibp", upper=False)
         return torch.cat([crown_bounds(self, block, self.eps, self.norm, settings=settings)[0]
-                          for block in x.split(rows)])
+                          for block in x.split(self.rows)])
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}, norm={self.norm}, method={self.method}"

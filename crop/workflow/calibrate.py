@@ -200,19 +200,16 @@ def gre_costs(env: str, net, device: str, image: bool) -> dict:
         n = gm // 2
         pool = make_env_pool(env, n)
         out = {"gre_reset_s": _best(lambda: pool.reset(0, n)) / n,
-               "gre_start_s": max(_best(lambda: make_env_pool(env, n).close()) / n, 1e-9)}
+               "gre_start_s": max(_best(lambda: make_env_pool(env, n).close()) / n, 1e-9),
+               "gre_step_s": min(cpu(r["loop"]) / r["steps"] for r in runs),
+               "gre_single_process": True}   # numpy arrays in one process: no workers to spread over
         pool.close()
-    else:
-        out = {"gre_reset_s": min(sum(cpu(r) for r, _ in run["resets"][1:]) / sum(n for _, n in run["resets"][1:])
-                                  for run in runs),
-               "gre_start_s": _best(lambda: make_env(env).close(), repeats=2)}
-    if env == "CartPole-v0":
-        out["gre_step_s"] = min(cpu(r["loop"]) / r["steps"] for r in runs)
-        out["gre_single_process"] = True   # numpy arrays in one process: no workers to spread over
-    else:
-        out["gre_step_s"] = min(float(r["loop"][2]) / r["steps"] for r in runs)
-        out["gre_parent_step_s"] = min(float(r["loop"][1]) / r["steps"] for r in runs)
-    return out
+        return out
+    return {"gre_reset_s": min(sum(cpu(r) for r, _ in run["resets"][1:]) / sum(n for _, n in run["resets"][1:])
+                               for run in runs),
+            "gre_start_s": _best(lambda: make_env(env).close(), repeats=2),
+            "gre_step_s": min(float(r["loop"][2]) / r["steps"] for r in runs),
+            "gre_parent_step_s": min(float(r["loop"][1]) / r["steps"] for r in runs)}
 
 
 def _env_costs(env: str, device: str, log) -> dict:
