@@ -14,18 +14,11 @@ config schema's checks use them; the implementations key their tables by them).
   :func:`network_name`.
 * ``MAX_PARAMETERS``: the most parameters a network may declare, :func:`crop.models.build_network` (and the
   config's ``train.hidden``, checked at validation).
-* The config schema (crop/schemas/config.schema.yaml), the one place a setting's type, bounds and default
-  live, read by every layer through one accessor: :func:`parsed_schema` (the whole, parsed once),
-  :func:`schema_node` (a setting's node, its ``$ref`` resolved by :func:`resolved`, the one resolver) and
-  :func:`schema_default` (a setting's default: the settings objects of every layer take theirs from it).
-"""
-import copy
-import functools
-from importlib import resources
 
+The config schema's accessor is :mod:`crop.schema`'s.
+"""
 __all__ = ["BOUND_NAMES", "CONTINUOUS_BOUND", "ALPHA_MODES", "DEVICES", "TARGET_NAMES", "ACTION_TARGET",
-           "MAX_PARAMETERS", "smoothing_targets", "AUTO_TARGET", "NETWORK_NAMES", "network_name", "parsed_schema",
-           "resolved", "schema_node", "schema_default", "default_of"]
+           "MAX_PARAMETERS", "smoothing_targets", "AUTO_TARGET", "NETWORK_NAMES", "network_name"]
 
 #: 1 GiB of float32 weights, the largest policy file or checkpoint crop reads (crop.agents.checkpoints
 #: MAX_MEMBER_BYTES), so no accepted file can fill a larger network.
@@ -68,48 +61,3 @@ def network_name(net) -> str:
     actor where it is a continuous-action one, else a Q-network."""
     kind = getattr(net, "network_kind", None) or ("actor" if getattr(net, "continuous", False) else "q")
     return NETWORK_NAMES.get(kind, "network")
-
-
-@functools.lru_cache(maxsize=1)
-def parsed_schema() -> dict:
-    """The config schema, parsed once and shared by every reader: read it, never change it."""
-    import yaml
-
-    text = resources.files("crop").joinpath("schemas/config.schema.yaml").read_text()
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
-def resolved(node: dict) -> dict:
-    """A schema node with its ``$ref`` (to ``#/$defs/…``) merged in; the node's own keywords win."""
-    if "$ref" not in node:
-        return node
-    target = parsed_schema()
-    for part in node["$ref"].removeprefix("#/").split("/"):
-        target = target[part]
-    return {**resolved(target), **{k: v for k, v in node.items() if k != "$ref"}}
-
-
-def schema_node(key: str, schema: dict | None = None) -> dict:
-    """The schema node of ``key``, its ``$ref`` resolved: a top-level setting (``"chunk"``,
-    ``"report.table_eps_factors"``) or a definition's (``"label"``; ``"environment.gre.batch"``, a key of an
-    environment's block), each dot a step into ``properties``; of ``schema``, the loaded one by default (or
-    one with the added stages' blocks, crop.workflow.stage_table.config_schema).  Read it, never change it."""
-    schema = parsed_schema() if schema is None else schema
-    first, *rest = key.split(".")
-    node = resolved(schema["properties"][first] if first in schema["properties"] else schema["$defs"][first])
-    for part in rest:
-        node = resolved(node["properties"][part])
-    return node
-
-
-def schema_default(key: str):
-    """The schema's default of a top-level key (``"chunk"``) or of an environment's (``"environment.gre.batch"``),
-    a fresh copy: a settings field's ``default_factory``, so a library caller computes what the workflow does."""
-    return copy.deepcopy(schema_node(key)["default"])
-
-
-def default_of(key: str):
-    """``dataclasses.field`` whose default is :func:`schema_default` of ``key``, read when an object is made."""
-    import dataclasses
-
-    return dataclasses.field(default_factory=functools.partial(schema_default, key))

@@ -14,8 +14,9 @@ import crop
 from crop.__main__ import main
 from crop.io import meta_name, sha256_file, write_json
 from crop.models import save_network
+from crop.schema import load_schema
 from crop.workflow.cli import build_parser
-from crop.workflow.config import ALGORITHMS, load_config, load_schema
+from crop.workflow.config import ALGORITHMS, load_config
 from crop.workflow.layout import RUN_FILES
 from crop.workflow.stage_table import STAGES, stage_options, stage_settings
 

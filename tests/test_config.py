@@ -247,22 +247,20 @@ def test_a_key_that_is_not_a_plain_name_is_named_as_json_in_the_error():
 
 
 def test_every_reader_takes_the_schema_from_one_accessor_and_one_resolver():
-    """crop.names holds the one accessor of the schema and the one resolver of its ``$ref``s: a key names one
+    """crop.schema holds the one accessor of the schema and the one resolver of its ``$ref``s: a key names one
     node (no definition shares a top-level setting's name), an environment's setting comes with its ``$ref``
-    merged in and its own keywords, and the workflow's schema and the stages' options are those nodes."""
-    from crop import names
-    from crop.workflow import schema as workflow_schema
+    merged in and its own keywords, and the stages' options are those nodes."""
+    from crop import schema
     from crop.workflow.stage_table import stage_options
 
-    whole = names.parsed_schema()
+    whole = schema.parsed_schema()
     assert not set(whole["properties"]) & set(whole["$defs"])
-    assert workflow_schema.schema is names.parsed_schema
-    node = names.schema_node("environment.loact.m")
+    node = schema.schema_node("environment.loact.m")
     assert (node["type"], node["minimum"], node["default"]) == ("integer", 1, 10000)
-    assert names.schema_node("label")["pattern"] == whole["$defs"]["label"]["pattern"]
-    assert names.schema_node("report.table_eps_factors") is whole["properties"]["report"]["properties"][
+    assert schema.schema_node("label")["pattern"] == whole["$defs"]["label"]["pattern"]
+    assert schema.schema_node("report.table_eps_factors") is whole["properties"]["report"]["properties"][
         "table_eps_factors"]
     assert stage_options("loact")["m"] == ("loact.m", node) and stage_options("loact")["alpha"][1] is \
         whole["properties"]["alpha"]
     resolvers = [p.name for p in (REPO / "crop").rglob("*.py") if '"$ref"' in p.read_text()]
-    assert resolvers == ["names.py"], resolvers
+    assert resolvers == ["schema.py"], resolvers

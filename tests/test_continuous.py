@@ -360,7 +360,7 @@ def test_the_schema_states_the_default_action_tolerance_the_certifier_uses():
     import re
 
     from crop.certify.percentile import DEFAULT_TOLERANCE
-    from crop.workflow.cli_options import schema_node
+    from crop.schema import schema_node
 
     text = schema_node("environment.loact")["properties"]["action_tolerance"]["description"]
     assert re.findall(r"(\d+(?:\.\d+)?) %", text) == [f"{100 * DEFAULT_TOLERANCE:g}"], text

@@ -79,7 +79,7 @@ def test_a_figure_draws_a_received_name_as_text():
 def test_the_captions_quote_only_names_the_config_schema_allows():
     """The report's captions quote the validated config (crop.report.captions): its algorithm and environment
     names match the schema's patterns, which no hostile name does."""
-    from crop.workflow.config import schema
+    from crop.schema import parsed_schema as schema
 
     defs = schema()["$defs"]
     patterns = [defs["label"]["pattern"]] + [d["pattern"] for d in defs.values()

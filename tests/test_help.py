@@ -127,7 +127,7 @@ def test_the_documented_rule_for_relative_paths_is_the_readers(tmp_path, capsys,
     main(["validate-config", str(cfg)])
     assert "valid (1 certification targets)" in capsys.readouterr().out
 
-    from crop.workflow.config import schema
+    from crop.schema import parsed_schema as schema
 
     files = schema()["$defs"]["environment"]["properties"]["files"]["additionalProperties"]
     words = " ".join(files["properties"]["path"]["description"].split())

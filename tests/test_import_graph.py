@@ -54,7 +54,7 @@ def import_graph() -> dict[str, set[str]]:
 # The layers of docs/layout.md, lowest first: a module imports only from its own layer or the layers below.
 LAYERS = (
     # read by everything; no torch
-    ("crop", "crop.names", "crop.columns", "crop.io", "crop.progress", "crop.fingerprint"),
+    ("crop", "crop.names", "crop.columns", "crop.io", "crop.progress", "crop.fingerprint", "crop.schema"),
     ("crop.envs",),
     ("crop.models",),
     ("crop.smoothing",),

@@ -177,8 +177,8 @@ def test_nearly_tight_radius_is_not_beaten_and_is_close_to_the_boundary():
 
 
 def test_every_bound_is_offered_by_the_cli_and_the_schema():
+    from crop.schema import load_schema
     from crop.workflow.cli import BOUND_NAMES
-    from crop.workflow.config import load_schema
 
     assert sorted(BOUND_NAMES) == sorted(BOUNDS)
     assert sorted(load_schema()["properties"]["bound"]["enum"]) == sorted(BOUNDS)

@@ -241,7 +241,7 @@ def test_a_stage_added_at_run_time_is_a_rule_a_subcommand_a_price_and_run_files(
 #: add the toy stage: the loaded schema stays as it was, the toy's block is validated and filled in
 TOY_SCHEMA = """import sys, copy; sys.path.insert(0, sys.argv[1])
 import yaml
-from crop.names import parsed_schema
+from crop.schema import parsed_schema
 before = copy.deepcopy(parsed_schema())
 import toy_stage
 from crop.workflow.config import ConfigError, validate_config

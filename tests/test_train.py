@@ -12,10 +12,11 @@ from crop.io import sha256_file, write_json
 from crop.models import CheckpointError, build_network, load_network, save_network
 from crop.models.carrl import derive_carrl
 from crop.models.noisy import NoisyLinear, resample_noise
+from crop.schema import load_schema
 from crop.train import prepare_training, train_policy
 from crop.train.dqn import Batch, DQNConfig, TrainContext, _Replay, is_pixel_obs
 from crop.train.recipes import RECIPES
-from crop.workflow.config import ALGORITHMS, load_schema
+from crop.workflow.config import ALGORITHMS
 
 torch.set_num_threads(1)
 

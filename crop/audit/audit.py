@@ -57,10 +57,10 @@ from crop.audit.verdict import (
     verdict_of,
 )
 from crop.io import atomic_write_text, received_problem, write_json
-from crop.names import default_of
 from crop.report.clips import reward_clips
 from crop.report.integrity import check_integrity, stages_present
 from crop.report.metrics import load_runs, namespaced_env, parse_run
+from crop.schema import default_of
 from crop.workflow.layout import REPLICATE_PREFIX, absent_skippable, replicate_of, run_files, run_target
 
 # The audit's public face: what `crop audit` and the summary call, with the verdict's pieces it decides by.

@@ -71,7 +71,8 @@ from crop.report.clips import clip_text
 from crop.report.intervals import INTERVAL_METRICS, run_interval
 from crop.report.metrics import is_metric as _is_project_metric
 from crop.report.metrics import lore_valid_until, mean_radius, metric_clip, metric_has_eps, metric_value
-from crop.workflow.config import ALGORITHMS, load_bounded_yaml, load_schema
+from crop.schema import load_bounded_yaml, load_schema
+from crop.workflow.config import ALGORITHMS
 
 __all__ = ["ReferenceError", "DEFAULT_TOLERANCES", "REFERENCE_COLUMNS", "VERDICTS", "load_reference",
            "load_tolerances", "tolerance_for", "compare_reference", "reference_summary", "resolve_reference",

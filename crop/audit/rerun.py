@@ -155,9 +155,9 @@ def _record_schema(row) -> dict:
     """The schema a stage's recorded settings must meet: each setting its config key's node, each common
     option its top-level node, each flag its own node; σ a positive number; env and algo strings (compared
     with the run folder's after); paths and the rest strings or null."""
-    from crop.workflow.config import schema
+    from crop.schema import parsed_schema
 
-    s = schema()
+    s = parsed_schema()
     props = {option: node for option, (_, node) in row.options.items()}
     props.update({key: s["properties"][key] for key in _COMMON})
     props.update({f.option: f.node if "enum" in f.node else {"type": "number", **f.node} for f in row.flags})
@@ -190,24 +190,21 @@ def _checked_settings(rec: dict, row) -> dict:
 def _settings_validator(rule: str, whole: bool):
     """The validator of a stage's recorded settings (:func:`_record_schema`); without ``whole``, of the values
     it names only (no key required)."""
-    import jsonschema
-
-    from crop.workflow.schema import _is_integer, schema
+    from crop.schema import parsed_schema, validator_for
 
     row = next(r for r in STAGES.values() if r.rule == rule)
-    cls = jsonschema.validators.validator_for(schema())
-    cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", _is_integer))
+    cls = validator_for(parsed_schema())
     record = _record_schema(row)
     return cls(record if whole else {**record, "required": []})
 
 
 def _schema_line(values: dict, row, where: str, whole: bool = True) -> str | None:
     """The one line naming the first of ``values`` (settings not null) its schema node refuses, or None."""
-    from crop.workflow.schema import _non_finite, _path
+    from crop.schema import field_path, non_finite
 
-    hit = _non_finite(values)
+    hit = non_finite(values)
     if hit:
-        return f"{where}.{_path(hit[0])}: {hit[1]} is not a finite number"
+        return f"{where}.{field_path(hit[0])}: {hit[1]} is not a finite number"
     # per key, its deepest error first: a list element that is no number before the list's length
     errors = sorted(_settings_validator(row.rule, whole).iter_errors(values),
                     key=lambda e: (str(e.absolute_path[0]) if e.absolute_path else "", -len(e.absolute_path),

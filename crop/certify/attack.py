@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from crop import columns as cols
 from crop.certify.loact import certify_estimate
 from crop.envs import make_env, to_obs
-from crop.names import default_of, network_name
+from crop.names import network_name
 from crop.progress import pbar
+from crop.schema import default_of
 from crop.smoothing.engine import check_noise, resolve_device
 from crop.smoothing.smoothed import NonFiniteOutputError, SmoothedNetwork
 

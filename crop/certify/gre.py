@@ -43,8 +43,9 @@ from crop.certify import gre_resume
 from crop.certify.gre_resume import GReResume
 from crop.envs import make_env_pool
 from crop.io import derive_seed, sigterm_noted
-from crop.names import default_of, network_name
+from crop.names import network_name
 from crop.progress import pbar
+from crop.schema import default_of
 from crop.smoothing import stats
 from crop.smoothing.engine import check_noise, resolve_device
 from crop.smoothing.smoothed import NonFiniteOutputError

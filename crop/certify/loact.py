@@ -21,8 +21,8 @@ import pandas as pd
 
 from crop import columns as cols
 from crop.envs import make_env, to_obs
-from crop.names import default_of
 from crop.progress import pbar
+from crop.schema import default_of
 from crop.smoothing import stats
 from crop.smoothing.smoothed import Estimate, SmoothedNetwork
 

@@ -61,8 +61,8 @@ from crop.certify import lore_budget, lore_resume
 from crop.certify.loact import Certificate, certify_estimate
 from crop.certify.lore_resume import CHECKPOINT_EVERY, Resume, fn_digest, key_of, schedule_key, state_digest
 from crop.envs import make_env, restore, snapshot, to_obs
-from crop.names import default_of
 from crop.progress import pbar
+from crop.schema import default_of
 from crop.smoothing import stats
 from crop.smoothing.smoothed import SmoothedNetwork
 

@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 from crop import columns as cols
-from crop.names import default_of
+from crop.schema import default_of
 from crop.smoothing import stats
 from crop.smoothing.engine import check_noise
 from crop.smoothing.smoothed import NonFiniteOutputError

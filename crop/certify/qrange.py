@@ -30,8 +30,9 @@ import torch
 
 from crop.certify.pilot import PilotSettings, pilot_states, run_pilot
 from crop.envs import make_env, to_obs
-from crop.names import default_of, network_name
+from crop.names import network_name
 from crop.progress import pbar
+from crop.schema import default_of
 from crop.smoothing.engine import Engine, block_plan, check_noise, resolve_device
 from crop.smoothing.smoothed import NonFiniteOutputError
 

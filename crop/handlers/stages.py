@@ -15,7 +15,8 @@ from pathlib import Path
 from crop import columns as cols
 from crop.handlers.auto_target import pilot_flags, pilot_settings, predicted_text, resolve_auto
 from crop.io import InputError, write_frames
-from crop.names import AUTO_TARGET, CONTINUOUS_BOUND, schema_default
+from crop.names import AUTO_TARGET, CONTINUOUS_BOUND
+from crop.schema import schema_default
 from crop.workflow.stage_table import STAGES
 
 __all__ = ["StageRun", "cmd_qrange", "cmd_loact", "cmd_gre", "cmd_lore", "cmd_attack_local", "cmd_attack_global"]
@@ -273,8 +274,7 @@ def _loact_continuous(st: StageRun, args) -> None:
     per_step = step_ratio(steps)
     st.write({"target": st.target, "certificate": "percentile smoothing per action dimension (Chiang et al. 2020, "
               "Theorem 1)", **info, "alpha_mode": args.alpha_mode, "per_state_alpha": alpha_state,
-              "states_certified": int(len(per_step)),
-              **_clip_record(clip),
+              "states_certified": int(len(per_step)), **_clip_record(clip),
               "confidence": {"per_state": 1 - alpha_state, "per_episode": episode_confidence(alpha_state, longest),
                              "rule": "union bound: the 2·d·G one-sided bounds of a state (two ends, d dimensions, G "
                                      "grid points) each at per_bound_alpha; an episode of <= "

@@ -94,27 +94,23 @@ def _shown(value) -> str:
 
 def error_line(err) -> str:
     """One line for a schema error of a record: its path and what is wrong, in the config's words."""
-    from crop.workflow.schema import _as_list, _message, _path
+    from crop.schema import as_list, error_message, field_path
 
     if err.validator == "type":
-        want = " or ".join(_TYPE_WORDS.get(t, t) for t in _as_list(err.validator_value))
-        return f"{_path(err.absolute_path)}: {_shown(err.instance)} is not {want}"
+        want = " or ".join(_TYPE_WORDS.get(t, t) for t in as_list(err.validator_value))
+        return f"{field_path(err.absolute_path)}: {_shown(err.instance)} is not {want}"
     if err.validator == "const":
-        return f"{_path(err.absolute_path)}: {_shown(err.instance)} is not {err.validator_value!r}"
-    return _message(err)
+        return f"{field_path(err.absolute_path)}: {_shown(err.instance)} is not {err.validator_value!r}"
+    return error_message(err)
 
 
 @functools.cache
 def _validator(kind: str):
     """The validator of a kind of record (:data:`SCHEMAS`'s name, or the meta files' suffix), made once."""
-    import jsonschema
-
-    from crop.workflow.schema import _is_integer
+    from crop.schema import validator_for
 
     schema = _META if kind == META_SUFFIX else SCHEMAS.get(kind, _of("object"))
-    cls = jsonschema.validators.validator_for(schema)
-    cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", _is_integer))
-    return cls(schema)
+    return validator_for(schema)(schema)
 
 
 def record_problem(path: Path, root: Path | None = None) -> str | None:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from crop.models.s2d import space_to_depth_input
-from crop.names import default_of
+from crop.schema import default_of
 
 __all__ = ["Engine", "Launched", "Noise", "block_plan", "resolve_device", "check_noise"]
 

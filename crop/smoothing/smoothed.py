@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from crop.names import TARGET_NAMES, default_of, network_name
+from crop.names import TARGET_NAMES, network_name
+from crop.schema import default_of
 from crop.smoothing import stats
 from crop.smoothing.engine import Engine, Launched, Noise, check_noise
 

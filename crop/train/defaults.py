@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crop.names import default_of
+from crop.schema import default_of
 
 __all__ = ["DQNConfig", "ENV_DQN_DEFAULTS", "RECIPE_DQN_DEFAULTS", "HYPERPARAMETERS", "dqn_config",
            "recipe_hyperparameters", "pgd_schedule", "CHECKPOINT_EVERY", "EVAL_EPISODES_ALONE"]

@@ -13,10 +13,8 @@ from crop.names import (
     BOUND_NAMES,
     DEVICES,
     TARGET_NAMES,
-    resolved,
-    schema_default,
-    schema_node,
 )
+from crop.schema import resolved, schema_default, schema_node
 from crop.workflow.stage_table import STAGES, StageRow
 
 __all__ = ["CHOICES", "POS_INT", "HelpFormatter", "schema_type", "schema_help", "schema_node", "common_args",
@@ -63,10 +61,10 @@ def _refusal(node: dict, value, shown, errors: list, depth: int = 0) -> str | No
     written), else None: ``errors`` are the jsonschema validator's of ``value`` against the node as its flag
     takes it (:func:`_as_flag`), at ``depth`` in the document validated; the first place in ``value`` with one
     is named.  A number must also be finite, which JSON Schema cannot say."""
-    from crop.workflow.schema import _non_finite
+    from crop.schema import non_finite
 
     found = [(tuple(e.absolute_path)[depth:], 0 if e.validator in _SHAPE else 2, e) for e in errors]
-    hit = _non_finite(value)
+    hit = non_finite(value)
     if hit:
         found.append((tuple(hit[0]), 1, None))
     if not found:
@@ -100,7 +98,7 @@ def schema_type(node: dict):
     kind = int if "integer" in _types(node) else float
 
     def parse(text: str):
-        from crop.workflow.schema import node_errors
+        from crop.schema import node_errors
 
         value = kind(text)
         refused = _refusal(node, value, text, node_errors(_as_flag(node), value))
@@ -351,7 +349,7 @@ def checked_settings(row: StageRow, values: dict) -> dict:
     """A stage's --settings values (``{option: value}``, none null), checked as their flags' would be, in one
     pass of the jsonschema validator over the block; InputError naming the first bad one (in the row's
     order).  Returns them as their flags' types give them."""
-    from crop.workflow.schema import node_errors
+    from crop.schema import node_errors
 
     options = row.options
     errors = node_errors({"type": "object", "properties": {o: _as_flag(options[o][1]) for o in values}}, values)

@@ -1,4 +1,4 @@
-"""The workflow configuration: validation against the schema (:mod:`crop.workflow.schema`), the checks the
+"""The workflow configuration: validation against the schema (:mod:`crop.schema`), the checks the
 schema cannot make, and the target list.
 
 Used by the Snakefile (before any job is scheduled) and by the CLI, so a bad config is refused with one
@@ -10,29 +10,27 @@ import copy
 import re
 from pathlib import Path
 
-import jsonschema
 import yaml
 
 from crop.agents.registry import resolve_source
-from crop.names import ACTION_TARGET, MAX_PARAMETERS, schema_node, smoothing_targets
-from crop.workflow.policy_checks import check_policy_files
-from crop.workflow.schema import (
+from crop.names import ACTION_TARGET, MAX_PARAMETERS, smoothing_targets
+from crop.schema import (
     ConfigError,
-    _did_you_mean,
-    _message,
-    _non_finite,
-    _path,
-    _with_defaults,
     check_expansion,
+    did_you_mean,
+    error_message,
+    field_path,
     load_bounded_yaml,
-    load_schema,
-    schema,
+    non_finite,
+    schema_node,
+    validator_for,
 )
+from crop.workflow.policy_checks import check_policy_files
 from crop.workflow.stage_table import config_schema
 
-__all__ = ["ConfigError", "load_schema", "validate_config", "check_policy_files", "load_config", "certifications",
-           "run_targets", "smoothing_targets", "sigma_label", "trusted_env_ids", "load_bounded_yaml",
-           "ALGORITHMS", "train_defaults", "train_settings", "target_return", "schema"]
+__all__ = ["ConfigError", "validate_config", "check_policy_files", "load_config", "certifications",
+           "run_targets", "smoothing_targets", "sigma_label", "trusted_env_ids",
+           "ALGORITHMS", "train_defaults", "train_settings", "target_return"]
 
 ALGORITHMS = ["StdTrain", "GaussAug", "AdvTrain", "SA-MDP-PGD", "SA-MDP-CVX", "RadialRL", "CARRL",
               "NoisyNet", "GradDQN"]
@@ -59,11 +57,11 @@ def _check_strings(cfg: dict) -> str | None:
     character (a newline, an escape) anywhere, or a path key that is empty or holds a brace."""
     def walk(obj, parts=()):
         if isinstance(obj, str) and _CONTROL.search(obj):
-            return f"{_path(parts)}: {obj!r} contains a control character; give it without one"
+            return f"{field_path(parts)}: {obj!r} contains a control character; give it without one"
         items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
         for k, v in items:
             if isinstance(k, str) and _CONTROL.search(k):
-                return f"{_path(parts)}: key {k!r} contains a control character"
+                return f"{field_path(parts)}: key {k!r} contains a control character"
             bad = walk(v, (*parts, k))
             if bad:
                 return bad
@@ -77,12 +75,12 @@ def _check_strings(cfg: dict) -> str | None:
             if not isinstance(value, str):
                 continue
             if not value.strip():
-                return f"{_path(parts)}: {value!r} is not a path; give a non-empty relative or absolute path"
+                return f"{field_path(parts)}: {value!r} is not a path; give a non-empty relative or absolute path"
             if value.startswith("-"):
-                return (f"{_path(parts)}: {value!r} starts with '-', which a command reads as an option; write "
+                return (f"{field_path(parts)}: {value!r} starts with '-', which a command reads as an option; write "
                         f"./{value} for a relative path")
             if "{" in value or "}" in value:
-                return (f"{_path(parts)}: {value!r} contains a brace, which Snakemake reads as a wildcard; give "
+                return (f"{field_path(parts)}: {value!r} contains a brace, which Snakemake reads as a wildcard; give "
                         "the path without braces")
     return None
 
@@ -129,9 +127,9 @@ def validate_config(config: dict, source: str = "config", trust=()) -> dict:
         raise ConfigError(f"{source}: the configuration must be a mapping, got {type(config).__name__}")
     check_expansion(config, source)
     cfg = copy.deepcopy(config)
-    hit = _non_finite(cfg)
+    hit = non_finite(cfg)
     if hit:
-        raise ConfigError(f"{source}: invalid configuration: {_path(hit[0])}: {hit[1]} is not a finite number")
+        raise ConfigError(f"{source}: invalid configuration: {field_path(hit[0])}: {hit[1]} is not a finite number")
     envs = cfg.get("environments")
     both = [env for env, ec in envs.items() if isinstance(ec, dict) and "target" in ec and "targets" in ec] \
         if isinstance(envs, dict) else []
@@ -139,7 +137,7 @@ def validate_config(config: dict, source: str = "config", trust=()) -> dict:
         raise ConfigError(f"{source}: invalid configuration: environments.{both[0]}: give target or targets, not "
                           "both (targets lists several, target names one)")
     full = config_schema()
-    cls = _with_defaults(jsonschema.validators.validator_for(full))
+    cls = validator_for(full, defaults=True)
     # At one path an unknown key comes first: a misspelt 'sigmaz' also makes 'sigmas' missing, and the
     # message should name the key that was written.
     errors = sorted(cls(full).iter_errors(cfg), key=lambda e: (list(map(str, e.absolute_path)),
@@ -149,7 +147,7 @@ def validate_config(config: dict, source: str = "config", trust=()) -> dict:
         err = errors[0]
         while err.context:
             err = sorted(err.context, key=lambda e: len(e.absolute_path))[-1]
-        raise ConfigError(f"{source}: invalid configuration: {_message(err)}")
+        raise ConfigError(f"{source}: invalid configuration: {error_message(err)}")
     trusted = trusted_env_ids(cfg, trust)
     _check_module_ids(cfg, trusted, source)
     # A second pass fills defaults inside objects that were themselves just defaulted.
@@ -179,7 +177,7 @@ def _check_environments(cfg: dict, config: dict, source: str) -> None:
         for i, algo in enumerate(ec["algorithms"]):
             if algo not in ALGORITHMS and ec["source"] != "file":
                 raise ConfigError(f"{source}: environments.{env}.algorithms[{i}]: {algo!r} is not one of the paper's "
-                                  f"nine labels {ALGORITHMS}{_did_you_mean(algo, ALGORITHMS)}; a label of your own "
+                                  f"nine labels {ALGORITHMS}{did_you_mean(algo, ALGORITHMS)}; a label of your own "
                                   "needs source: file and "
                                   f"environments.{env}.files.{algo} (docs/own-policy.md)")
             try:

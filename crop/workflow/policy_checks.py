@@ -12,7 +12,7 @@ from pathlib import Path
 from crop.agents.registry import resolve_source
 from crop.io import sha256_file
 from crop.names import ACTION_TARGET, smoothing_targets
-from crop.workflow.schema import ConfigError
+from crop.schema import ConfigError
 
 __all__ = ["check_policy_files"]
 

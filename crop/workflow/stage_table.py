@@ -35,7 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crop.io import META_SUFFIX, meta_name
-from crop.names import ALPHA_MODES, BOUND_NAMES, parsed_schema, schema_node
+from crop.names import ALPHA_MODES, BOUND_NAMES
+from crop.schema import parsed_schema, schema_node
 
 __all__ = ["Output", "Flag", "StageRow", "STAGES", "stage", "add_stage", "RUN_FILES", "META_SUFFIX", "meta_name",
            "stage_options", "stage_settings", "config_schema", "caption", "layout_table",
@@ -257,7 +258,7 @@ _BLOCKS: dict[str, dict] = {}
 
 
 def config_schema() -> dict:
-    """The schema a config is validated against: the loaded one (:func:`crop.names.parsed_schema`), with the
+    """The schema a config is validated against: the loaded one (:func:`crop.schema.parsed_schema`), with the
     added stages' blocks among an environment's where there are any — then a copy along the path to them, so
     the loaded schema is never changed.  Read it, never change it."""
     loaded = parsed_schema()

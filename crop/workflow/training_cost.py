@@ -21,7 +21,7 @@ def training_settings(env: str, algo: str, settings: dict) -> dict:
     (:func:`crop.workflow.config.train_settings`): the DQN schedule (total_steps, learning_starts,
     train_every, eval_every, quick_eval_episodes, eval_episodes, eval_max_steps, target_return) and the
     recipe's PGD (pgd_steps, pgd_fraction, pgd_start; 0 steps for a recipe without PGD)."""
-    from crop.names import schema_default
+    from crop.schema import schema_default
     from crop.train.defaults import dqn_config, pgd_schedule, recipe_hyperparameters
     from crop.workflow.config import target_return
 
