@@ -13,7 +13,7 @@ Clopper–Pearson lower bound p̲ = Beta⁻¹(α; k, m − k + 1); radius σ·Φ
 (reset seeds ``seed``, ``seed + 1``, …), and the mean radius counts every step (abstentions as 0), as crop's.
 
 Prints per σ: crop's target, certified fraction and mean radius, the vote certificate's, and the ratio
-crop ÷ vote (issue 45's goal: ≥ 0.8 on the Acrobot A2C at σ 0.1, same α).
+crop ÷ vote (at least 0.8 expected on the Acrobot A2C at σ 0.1, same α).
 """
 from __future__ import annotations
 
