@@ -17,7 +17,7 @@ from crop.names import (
 from crop.schema import resolved, schema_default, schema_node
 from crop.workflow.stage_table import STAGES, StageRow
 
-__all__ = ["CHOICES", "POS_INT", "HelpFormatter", "schema_type", "schema_help", "schema_node", "common_args",
+__all__ = ["CHOICES", "POS_INT", "HelpFormatter", "schema_type", "schema_help", "common_args",
            "train_args", "fetch_args", "import_args", "stage_args", "aggregate_args", "audit_args", "trust_env_arg",
            "plan_args", "calibrate_args", "checked_settings"]
 # Choices come from the code that implements them, not from the schema's copy of the list.
