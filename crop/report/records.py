@@ -11,6 +11,7 @@ LoAct's smoothed-output columns included: :func:`crop.columns.current_names`).
 """
 from __future__ import annotations
 
+import collections
 import functools
 import os
 from pathlib import Path
@@ -190,7 +191,7 @@ def read_table(path: str | Path, *, root: str | Path | None = None):
     names (:func:`crop.columns.current_names`): how the report and the audit read a received run's table."""
     df = read_csv(path, root=root)
     names = current_names(df.columns)
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted(n for n, k in collections.Counter(names).items() if k > 1)   # linear in a hostile header
     if twice:   # a former name beside its current one: which column is meant is not for the report to guess
         raise ReceivedFileError(f"{path}: column(s) {', '.join(twice)} named twice (a former name beside the "
                                 "current one)")
