@@ -199,12 +199,14 @@ def gre_costs(env: str, net, device: str, image: bool) -> dict:
         # their own over a second each (from a run's phases they were differences of a millisecond or two).
         n = gm // 2
         pool = make_env_pool(env, n)
-        out = {"gre_reset_s": _best(lambda: pool.reset(0, n)) / n,
-               "gre_start_s": max(_best(lambda: make_env_pool(env, n).close()) / n, 1e-9),
-               "gre_step_s": min(cpu(r["loop"]) / r["steps"] for r in runs),
-               "gre_single_process": True}   # numpy arrays in one process: no workers to spread over
-        pool.close()
-        return out
+        try:
+            reset = _best(lambda: pool.reset(0, n)) / n
+        finally:
+            pool.close()
+        return {"gre_reset_s": reset,
+                "gre_start_s": max(_best(lambda: make_env_pool(env, n).close()) / n, 1e-9),
+                "gre_step_s": min(cpu(r["loop"]) / r["steps"] for r in runs),
+                "gre_single_process": True}   # numpy arrays in one process: no workers to spread over
     return {"gre_reset_s": min(sum(cpu(r) for r, _ in run["resets"][1:]) / sum(n for _, n in run["resets"][1:])
                                for run in runs),
             "gre_start_s": _best(lambda: make_env(env).close(), repeats=2),
